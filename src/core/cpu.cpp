@@ -1,0 +1,31 @@
+#include "core/cpu.h"
+
+#include <omp.h>
+
+#include <fstream>
+
+namespace anvil {
+
+const CpuInfo& cpu_info() {
+  static const CpuInfo info = [] {
+    CpuInfo c;
+    __builtin_cpu_init();
+    c.avx2 = __builtin_cpu_supports("avx2");
+    c.fma = __builtin_cpu_supports("fma");
+    c.avx512f = __builtin_cpu_supports("avx512f");
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (c.model.empty() && line.rfind("model name", 0) == 0) c.model = line.substr(line.find(':') + 2);
+      if (line.rfind("flags", 0) == 0) {
+        c.avx512bf16 = line.find(" avx512_bf16") != std::string::npos;
+        break;
+      }
+    }
+    c.threads = omp_get_max_threads();
+    return c;
+  }();
+  return info;
+}
+
+}  // namespace anvil

@@ -1,0 +1,15 @@
+// Facts about the host CPU that choose kernels and report the machine.
+#pragma once
+#include <string>
+
+namespace anvil {
+
+struct CpuInfo {
+  std::string model;  // from /proc/cpuinfo
+  bool avx2 = false, fma = false, avx512f = false, avx512bf16 = false;
+  int threads = 1;    // OpenMP threads anvil will use
+};
+
+const CpuInfo& cpu_info();
+
+}  // namespace anvil

@@ -1,0 +1,87 @@
+#include "core/fs.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace anvil {
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path, std::string_view what) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  ANVIL_CHECK(f, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  bool failed = std::ferror(f);
+  std::fclose(f);
+  ANVIL_CHECK(!failed, "error reading {} '{}'", what, path);
+  return out;
+}
+
+void make_dirs(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  ANVIL_CHECK(!ec, "cannot create directory '{}': {}", path, ec.message());
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  tmp_ = path_ + fmt::format(".tmp.{}", ::getpid());
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  ANVIL_CHECK(f_, "cannot create '{}': {}", tmp_, std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  ANVIL_CHECK(f_, "write to '{}' after commit", path_);
+  ANVIL_CHECK(std::fwrite(data, 1, bytes, f_) == bytes, "cannot write '{}': {} (disk full?)", tmp_,
+              std::strerror(errno));
+}
+
+void AtomicFile::commit() {
+  ANVIL_CHECK(f_, "'{}' committed twice", path_);
+  bool ok = std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
+  int err = errno;
+  ok = (std::fclose(f_) == 0) && ok;
+  f_ = nullptr;
+  if (!ok) {
+    std::remove(tmp_.c_str());
+    ANVIL_FAIL("cannot write '{}': {} (disk full?)", path_, std::strerror(err));
+  }
+  ANVIL_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp_,
+              path_, std::strerror(errno));
+  fsync_dir(fs::path(path_).parent_path().string());
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  AtomicFile f(path);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+uint64_t hash64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+}  // namespace anvil

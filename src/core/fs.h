@@ -1,0 +1,35 @@
+// Files: whole-file reads with clear errors, and atomic writes (temporary name, fsync, rename,
+// fsync of the directory) so that a crash never leaves a half-written file under the final name.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace anvil {
+
+std::string read_file(const std::string& path, std::string_view what = "file");
+void write_file_atomic(const std::string& path, std::string_view bytes);
+void make_dirs(const std::string& path);
+void fsync_dir(const std::string& dir);
+
+// A file built up in pieces and published atomically by commit(); dropped if never committed.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  void write(const void* data, size_t bytes);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+};
+
+// xxHash3 (64-bit) of a byte range: the checksum of anvil's own files.
+uint64_t hash64(const void* data, size_t bytes);
+std::string hex64(uint64_t v);
+
+}  // namespace anvil

@@ -1,0 +1,29 @@
+// Softmax cross-entropy over the vocabulary, fused: probabilities are never stored; the backward
+// pass rebuilds them from the logits and the saved log-sum-exp, and may overwrite the logits.
+#pragma once
+#include <cstdint>
+
+namespace anvil {
+
+constexpr int32_t kIgnoreIndex = -100;  // a target with this value contributes no loss (PyTorch's)
+
+// losses (N) = lse - logits[target] per row (0 where target == kIgnoreIndex); lse (N) = the
+// log-sum-exp of each row of logits (N,V). Targets must be in [0, V) or kIgnoreIndex.
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                          int N, int V);
+// dlogits (N,V) = dloss · (softmax(logits) - onehot(target)), rows with an ignored target = 0.
+// dloss is the weight of each row's loss in the objective (1 / target tokens in the global
+// batch). dlogits may alias logits.
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V);
+
+namespace ref {
+void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
+void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
+}  // namespace ref
+namespace cpu {
+void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
+void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
+}  // namespace cpu
+
+}  // namespace anvil

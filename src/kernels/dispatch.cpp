@@ -1,0 +1,80 @@
+// The one place each op chooses its implementation. Call sites never name ref:: or cpu::.
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/impl.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+
+namespace anvil {
+namespace {
+KernelImpl g_impl = KernelImpl::kCpu;
+}
+
+void set_kernel_impl(KernelImpl impl) { g_impl = impl; }
+KernelImpl kernel_impl() { return g_impl; }
+
+KernelImpl parse_kernel_impl(const std::string& name) {
+  if (name == "ref") return KernelImpl::kRef;
+  if (name == "cpu") return KernelImpl::kCpu;
+  ANVIL_FAIL("unknown kernel implementation '{}': expected 'ref' or 'cpu'", name);
+}
+
+#define ANVIL_DISPATCH(op, ...) \
+  return g_impl == KernelImpl::kRef ? ref::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                     int T, int C) {
+  ANVIL_DISPATCH(encoder_forward, out, tokens, wte, wpe, B, T, C);
+}
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                      int T, int C) {
+  ANVIL_DISPATCH(encoder_backward, dwte, dwpe, dout, tokens, B, T, C);
+}
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  ANVIL_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  ANVIL_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+  ANVIL_DISPATCH(matmul_forward, out, inp, weight, bias, N, C, OC);
+}
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  ANVIL_DISPATCH(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_forward, out, inp, N); }
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
+  ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N);
+}
+void residual_forward(float* out, const float* a, const float* b, long N) {
+  ANVIL_DISPATCH(residual_forward, out, a, b, N);
+}
+void residual_backward(float* da, float* db, const float* dout, long N) {
+  ANVIL_DISPATCH(residual_backward, da, db, dout, N);
+}
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  ANVIL_DISPATCH(attention_forward, out, lse, qkv, B, T, C, NH);
+}
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+  ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                          int N, int V) {
+  ANVIL_DISPATCH(crossentropy_forward, losses, lse, logits, targets, N, V);
+}
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V) {
+  ANVIL_DISPATCH(crossentropy_backward, dlogits, logits, lse, targets, dloss, N, V);
+}
+
+}  // namespace anvil

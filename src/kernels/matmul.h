@@ -1,0 +1,23 @@
+// Linear layer: a matrix product with an optional bias, weights stored (out, in) as in PyTorch.
+#pragma once
+
+namespace anvil {
+
+// out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+// dinp (N,C) = dout · weight (dinp may be null: not needed); dweight (OC,C) += doutᵀ · inp;
+// dbias (OC) += column sums of dout (dbias may be null).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
+
+namespace ref {
+void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+}  // namespace ref
+namespace cpu {
+void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+}  // namespace cpu
+
+}  // namespace anvil

@@ -1,0 +1,270 @@
+// The reference implementation of every op: plain scalar loops that read like the math, with
+// double accumulators. It is the executable specification the fast kernels are tested against.
+#include <cmath>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+
+namespace anvil::ref {
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                     int T, int C) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const float* e = wte + static_cast<long>(tokens[b * T + t]) * C;
+      const float* p = wpe + static_cast<long>(t) * C;
+      float* o = out + (static_cast<long>(b) * T + t) * C;
+      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                      int T, int C) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const float* d = dout + (static_cast<long>(b) * T + t) * C;
+      float* de = dwte + static_cast<long>(tokens[b * T + t]) * C;
+      float* dp = dwpe + static_cast<long>(t) * C;
+      for (int c = 0; c < C; c++) {
+        de[c] += d[c];
+        dp[c] += d[c];
+      }
+    }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    double m = 0;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    double v = 0;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    double s = 1.0 / std::sqrt(v + kLayerNormEps);
+    float* o = out + static_cast<long>(n) * C;
+    for (int c = 0; c < C; c++) o[c] = static_cast<float>((x[c] - m) * s * weight[c] + bias[c]);
+    mean[n] = static_cast<float>(m);
+    rstd[n] = static_cast<float>(s);
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    const float* d = dout + static_cast<long>(n) * C;
+    float* dx = dinp + static_cast<long>(n) * C;
+    // With xhat = (x - mean)·rstd and g = dout·weight:
+    // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)).
+    double g_mean = 0, gx_mean = 0;
+    for (int c = 0; c < C; c++) {
+      double xhat = (x[c] - mean[n]) * static_cast<double>(rstd[n]);
+      double g = static_cast<double>(d[c]) * weight[c];
+      g_mean += g;
+      gx_mean += g * xhat;
+    }
+    g_mean /= C;
+    gx_mean /= C;
+    for (int c = 0; c < C; c++) {
+      double xhat = (x[c] - mean[n]) * static_cast<double>(rstd[n]);
+      double g = static_cast<double>(d[c]) * weight[c];
+      dbias[c] += d[c];
+      dweight[c] += static_cast<float>(d[c] * xhat);
+      dx[c] += static_cast<float>(rstd[n] * (g - g_mean - xhat * gx_mean));
+    }
+  }
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      double acc = bias ? bias[o] : 0.0;
+      for (int c = 0; c < C; c++)
+        acc += static_cast<double>(inp[static_cast<long>(n) * C + c]) * weight[static_cast<long>(o) * C + c];
+      out[static_cast<long>(n) * OC + o] = static_cast<float>(acc);
+    }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  if (dinp)
+    for (int n = 0; n < N; n++)
+      for (int c = 0; c < C; c++) {
+        double acc = 0;
+        for (int o = 0; o < OC; o++)
+          acc += static_cast<double>(dout[static_cast<long>(n) * OC + o]) * weight[static_cast<long>(o) * C + c];
+        dinp[static_cast<long>(n) * C + c] = static_cast<float>(acc);
+      }
+  for (int o = 0; o < OC; o++) {
+    for (int c = 0; c < C; c++) {
+      double acc = 0;
+      for (int n = 0; n < N; n++)
+        acc += static_cast<double>(dout[static_cast<long>(n) * OC + o]) * inp[static_cast<long>(n) * C + c];
+      dweight[static_cast<long>(o) * C + c] += static_cast<float>(acc);
+    }
+    if (dbias) {
+      double acc = 0;
+      for (int n = 0; n < N; n++) acc += dout[static_cast<long>(n) * OC + o];
+      dbias[o] += static_cast<float>(acc);
+    }
+  }
+}
+
+namespace {
+constexpr double kGeluScale = 0.7978845608028654;  // √(2/π)
+}
+
+void gelu_forward(float* out, const float* inp, long N) {
+  for (long i = 0; i < N; i++) {
+    double x = inp[i];
+    out[i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
+  for (long i = 0; i < N; i++) {
+    double x = inp[i];
+    double u = kGeluScale * (x + 0.044715 * x * x * x);
+    double th = std::tanh(u);
+    double du = kGeluScale * (1.0 + 3.0 * 0.044715 * x * x);
+    double grad = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+    dinp[i] = static_cast<float>(grad * dout[i]);
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, long N) {
+  for (long i = 0; i < N; i++) out[i] = a[i] + b[i];
+}
+
+void residual_backward(float* da, float* db, const float* dout, long N) {
+  for (long i = 0; i < N; i++) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const int HS = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  std::vector<double> scores(static_cast<size_t>(T) * T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      auto q = [&](int t) { return qkv + (static_cast<long>(b) * T + t) * 3 * C + h * HS; };
+      auto k = [&](int t) { return q(t) + C; };
+      auto v = [&](int t) { return q(t) + 2 * C; };
+      for (int i = 0; i < T; i++)
+        for (int j = 0; j <= i; j++) {
+          double s = 0;
+          for (int d = 0; d < HS; d++) s += static_cast<double>(q(i)[d]) * k(j)[d];
+          scores[static_cast<size_t>(i) * T + j] = s * scale;
+        }
+      for (int i = 0; i < T; i++) {
+        double* row = &scores[static_cast<size_t>(i) * T];
+        double mx = row[0];
+        for (int j = 1; j <= i; j++) mx = std::max(mx, row[j]);
+        double sum = 0;
+        for (int j = 0; j <= i; j++) sum += std::exp(row[j] - mx);
+        lse[(static_cast<long>(b) * NH + h) * T + i] = static_cast<float>(mx + std::log(sum));
+        float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
+        for (int d = 0; d < HS; d++) {
+          double acc = 0;
+          for (int j = 0; j <= i; j++) acc += std::exp(row[j] - mx) / sum * v(j)[d];
+          o[d] = static_cast<float>(acc);
+        }
+      }
+    }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+  const int HS = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  std::vector<double> p(T), dp(T);
+  std::vector<double> dq(static_cast<size_t>(T) * HS), dk(dq.size()), dv(dq.size());
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      auto row = [&](const float* base, int t, int part) {
+        return base + (static_cast<long>(b) * T + t) * 3 * C + part * C + h * HS;
+      };
+      std::fill(dq.begin(), dq.end(), 0.0);
+      std::fill(dk.begin(), dk.end(), 0.0);
+      std::fill(dv.begin(), dv.end(), 0.0);
+      for (int i = 0; i < T; i++) {
+        const float* qi = row(qkv, i, 0);
+        const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
+        // Rebuild the probability row from the scores, independently of the saved lse.
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; j++) {
+          double s = 0;
+          for (int d = 0; d < HS; d++) s += static_cast<double>(qi[d]) * row(qkv, j, 1)[d];
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; j++) sum += (p[j] = std::exp(p[j] - mx));
+        double pdp = 0;
+        for (int j = 0; j <= i; j++) {
+          p[j] /= sum;
+          double s = 0;
+          for (int d = 0; d < HS; d++) s += static_cast<double>(doi[d]) * row(qkv, j, 2)[d];
+          dp[j] = s;
+          pdp += p[j] * s;
+        }
+        for (int j = 0; j <= i; j++) {
+          double ds = p[j] * (dp[j] - pdp) * scale;
+          const float* kj = row(qkv, j, 1);
+          for (int d = 0; d < HS; d++) {
+            dq[static_cast<size_t>(i) * HS + d] += ds * kj[d];
+            dk[static_cast<size_t>(j) * HS + d] += ds * qi[d];
+            dv[static_cast<size_t>(j) * HS + d] += p[j] * doi[d];
+          }
+        }
+      }
+      for (int t = 0; t < T; t++)
+        for (int d = 0; d < HS; d++) {
+          float* base = dqkv + (static_cast<long>(b) * T + t) * 3 * C + h * HS + d;
+          base[0] = static_cast<float>(dq[static_cast<size_t>(t) * HS + d]);
+          base[C] = static_cast<float>(dk[static_cast<size_t>(t) * HS + d]);
+          base[2 * C] = static_cast<float>(dv[static_cast<size_t>(t) * HS + d]);
+        }
+    }
+}
+
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                          int N, int V) {
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + static_cast<long>(n) * V;
+    double mx = x[0];
+    for (int v = 1; v < V; v++) mx = std::max(mx, static_cast<double>(x[v]));
+    double sum = 0;
+    for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
+    double l = mx + std::log(sum);
+    lse[n] = static_cast<float>(l);
+    losses[n] = targets[n] == kIgnoreIndex ? 0.0f : static_cast<float>(l - x[targets[n]]);
+  }
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V) {
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + static_cast<long>(n) * V;
+    float* dx = dlogits + static_cast<long>(n) * V;
+    bool ignored = targets[n] == kIgnoreIndex;
+    for (int v = 0; v < V; v++) {
+      double p = std::exp(static_cast<double>(x[v]) - lse[n]);
+      dx[v] = ignored ? 0.0f : static_cast<float>(dloss * (p - (v == targets[n] ? 1.0 : 0.0)));
+    }
+  }
+}
+
+}  // namespace anvil::ref

@@ -1,0 +1,175 @@
+// Every fast CPU op against its reference, over shapes that reach each branch: sizes of one,
+// odd sizes, T not a multiple of the attention tiles, a single head, accumulation (+=) outputs.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "compare.h"
+#include "core/rng.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+
+namespace anvil {
+namespace {
+using testing::all_close;
+using testing::kFp32Elementwise;
+using testing::kFp32Reduction;
+using testing::kFp32RelNorm;
+using testing::rel_norm_close;
+
+std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = scale * static_cast<float>(normal_at(1234, stream, i));
+  return v;
+}
+
+TEST(Encoder, MatchesReference) {
+  struct Shape { int B, T, C, V; };
+  for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C);
+    std::vector<int32_t> tokens(s.B * s.T);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>((i * 7 + 3) % s.V);
+    auto wte = randn(s.V * s.C, 1), wpe = randn(s.T * s.C, 2), dout = randn(s.B * s.T * s.C, 3);
+    std::vector<float> out_ref(s.B * s.T * s.C), out_cpu(out_ref.size());
+    ref::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
+    cpu::encoder_forward(out_cpu.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
+    EXPECT_TRUE(all_close(out_cpu.data(), out_ref.data(), out_ref.size(), kFp32Elementwise));
+    auto dwte_ref = randn(wte.size(), 4), dwpe_ref = randn(wpe.size(), 5);  // += onto these
+    auto dwte_cpu = dwte_ref, dwpe_cpu = dwpe_ref;
+    ref::encoder_backward(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
+    cpu::encoder_backward(dwte_cpu.data(), dwpe_cpu.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
+    EXPECT_TRUE(all_close(dwte_cpu.data(), dwte_ref.data(), dwte_ref.size(), kFp32Elementwise));
+    EXPECT_TRUE(all_close(dwpe_cpu.data(), dwpe_ref.data(), dwpe_ref.size(), kFp32Elementwise));
+  }
+}
+
+TEST(LayerNorm, MatchesReference) {
+  struct Shape { int N, C; };
+  for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{33, 64}, Shape{17, 768}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C);
+    auto inp = randn(s.N * s.C, 1, 2.0f), w = randn(s.C, 2), b = randn(s.C, 3),
+         dout = randn(s.N * s.C, 4);
+    std::vector<float> out_ref(inp.size()), out_cpu(inp.size()), m_ref(s.N), m_cpu(s.N),
+        r_ref(s.N), r_cpu(s.N);
+    ref::layernorm_forward(out_ref.data(), m_ref.data(), r_ref.data(), inp.data(), w.data(), b.data(), s.N, s.C);
+    cpu::layernorm_forward(out_cpu.data(), m_cpu.data(), r_cpu.data(), inp.data(), w.data(), b.data(), s.N, s.C);
+    EXPECT_TRUE(all_close(out_cpu.data(), out_ref.data(), out_ref.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(m_cpu.data(), m_ref.data(), s.N, kFp32Reduction));
+    EXPECT_TRUE(all_close(r_cpu.data(), r_ref.data(), s.N, kFp32Reduction));
+    auto dinp_ref = randn(inp.size(), 5), dw_ref = randn(s.C, 6), db_ref = randn(s.C, 7);
+    auto dinp_cpu = dinp_ref, dw_cpu = dw_ref, db_cpu = db_ref;
+    ref::layernorm_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(),
+                            w.data(), m_ref.data(), r_ref.data(), s.N, s.C);
+    cpu::layernorm_backward(dinp_cpu.data(), dw_cpu.data(), db_cpu.data(), dout.data(), inp.data(),
+                            w.data(), m_ref.data(), r_ref.data(), s.N, s.C);
+    EXPECT_TRUE(all_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(dw_cpu.data(), dw_ref.data(), s.C, kFp32Reduction));
+    EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), s.C, kFp32Reduction));
+  }
+}
+
+TEST(Matmul, MatchesReference) {
+  struct Shape { int N, C, OC; bool bias; };
+  for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false},
+                  Shape{64, 96, 130, true}, Shape{1, 256, 1000, false}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC << " bias=" << s.bias);
+    auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3),
+         dout = randn(s.N * s.OC, 4);
+    const float* bias = s.bias ? b.data() : nullptr;
+    std::vector<float> out_ref(s.N * s.OC), out_cpu(out_ref.size());
+    ref::matmul_forward(out_ref.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+    cpu::matmul_forward(out_cpu.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+    EXPECT_TRUE(rel_norm_close(out_cpu.data(), out_ref.data(), out_ref.size(), kFp32RelNorm));
+    std::vector<float> dinp_ref(inp.size()), dinp_cpu(inp.size());
+    auto dw_ref = randn(w.size(), 5), db_ref = randn(s.OC, 6);
+    auto dw_cpu = dw_ref, db_cpu = db_ref;
+    float* dbias_ref = s.bias ? db_ref.data() : nullptr;
+    float* dbias_cpu = s.bias ? db_cpu.data() : nullptr;
+    ref::matmul_backward(dinp_ref.data(), dw_ref.data(), dbias_ref, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    cpu::matmul_backward(dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    EXPECT_TRUE(rel_norm_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32RelNorm));
+    EXPECT_TRUE(rel_norm_close(dw_cpu.data(), dw_ref.data(), dw_ref.size(), kFp32RelNorm));
+    EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), s.OC, kFp32Reduction));
+  }
+}
+
+TEST(Gelu, MatchesReference) {
+  for (long n : {1L, 7L, 4099L}) {
+    auto inp = randn(n, 1, 3.0f), dout = randn(n, 2);
+    std::vector<float> out_ref(n), out_cpu(n), d_ref(n), d_cpu(n);
+    ref::gelu_forward(out_ref.data(), inp.data(), n);
+    cpu::gelu_forward(out_cpu.data(), inp.data(), n);
+    EXPECT_TRUE(all_close(out_cpu.data(), out_ref.data(), n, kFp32Elementwise));
+    ref::gelu_backward(d_ref.data(), inp.data(), dout.data(), n);
+    cpu::gelu_backward(d_cpu.data(), inp.data(), dout.data(), n);
+    EXPECT_TRUE(all_close(d_cpu.data(), d_ref.data(), n, kFp32Elementwise));
+  }
+}
+
+TEST(Residual, MatchesReference) {
+  for (long n : {1L, 13L, 4099L}) {
+    auto a = randn(n, 1), b = randn(n, 2), dout = randn(n, 3);
+    std::vector<float> out_ref(n), out_cpu(n);
+    ref::residual_forward(out_ref.data(), a.data(), b.data(), n);
+    cpu::residual_forward(out_cpu.data(), a.data(), b.data(), n);
+    EXPECT_TRUE(all_close(out_cpu.data(), out_ref.data(), n, kFp32Elementwise));
+    auto da_ref = randn(n, 4), db_ref = randn(n, 5);
+    auto da_cpu = da_ref, db_cpu = db_ref;
+    ref::residual_backward(da_ref.data(), db_ref.data(), dout.data(), n);
+    cpu::residual_backward(da_cpu.data(), db_cpu.data(), dout.data(), n);
+    EXPECT_TRUE(all_close(da_cpu.data(), da_ref.data(), n, kFp32Elementwise));
+    EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), n, kFp32Elementwise));
+  }
+}
+
+TEST(Attention, TiledMatchesFullSoftmaxReference) {
+  struct Shape { int B, T, C, NH; };
+  // T=1; T below, equal to, and not a multiple of the 32-wide tiles; one head; HS from 2 to 64.
+  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3},
+                  Shape{1, 64, 32, 4}, Shape{1, 100, 128, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+    auto qkv = randn(s.B * s.T * 3 * s.C, 1), dout = randn(s.B * s.T * s.C, 2);
+    std::vector<float> out_ref(s.B * s.T * s.C), out_cpu(out_ref.size()), lse_ref(s.B * s.NH * s.T),
+        lse_cpu(lse_ref.size());
+    ref::attention_forward(out_ref.data(), lse_ref.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    cpu::attention_forward(out_cpu.data(), lse_cpu.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    EXPECT_TRUE(all_close(out_cpu.data(), out_ref.data(), out_ref.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(lse_cpu.data(), lse_ref.data(), lse_ref.size(), kFp32Reduction));
+    std::vector<float> dqkv_ref(qkv.size()), dqkv_cpu(qkv.size(), 123.0f);  // cpu must overwrite
+    ref::attention_backward(dqkv_ref.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), s.B, s.T, s.C, s.NH);
+    cpu::attention_backward(dqkv_cpu.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), s.B, s.T, s.C, s.NH);
+    EXPECT_TRUE(rel_norm_close(dqkv_cpu.data(), dqkv_ref.data(), dqkv_ref.size(), kFp32RelNorm));
+    EXPECT_TRUE(all_close(dqkv_cpu.data(), dqkv_ref.data(), dqkv_ref.size(), kFp32Reduction));
+  }
+}
+
+TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
+  struct Shape { int N, V; };
+  for (Shape s : {Shape{1, 1}, Shape{3, 5}, Shape{17, 1000}, Shape{4, 50257}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V);
+    auto logits = randn(s.N * static_cast<size_t>(s.V), 1, 3.0f);
+    std::vector<int32_t> targets(s.N);
+    for (int n = 0; n < s.N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % s.V;
+    std::vector<float> l_ref(s.N), l_cpu(s.N), lse_ref(s.N), lse_cpu(s.N);
+    ref::crossentropy_forward(l_ref.data(), lse_ref.data(), logits.data(), targets.data(), s.N, s.V);
+    cpu::crossentropy_forward(l_cpu.data(), lse_cpu.data(), logits.data(), targets.data(), s.N, s.V);
+    EXPECT_TRUE(all_close(l_cpu.data(), l_ref.data(), s.N, kFp32Reduction));
+    EXPECT_TRUE(all_close(lse_cpu.data(), lse_ref.data(), s.N, kFp32Reduction));
+    std::vector<float> d_ref(logits.size());
+    ref::crossentropy_backward(d_ref.data(), logits.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
+    auto d_cpu = logits;  // in place, as the model runs it
+    cpu::crossentropy_backward(d_cpu.data(), d_cpu.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
+    EXPECT_TRUE(all_close(d_cpu.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
+    for (int n = 0; n < s.N; n++) {
+      if (targets[n] == kIgnoreIndex) EXPECT_EQ(l_cpu[n], 0.0f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace anvil

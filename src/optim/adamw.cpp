@@ -1,0 +1,66 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace anvil {
+
+AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params)
+    : cfg_(cfg), layout_(layout), m_(num_params, 0.0f), v_(num_params, 0.0f) {
+  ANVIL_CHECK(cfg.name == "adamw" || cfg.name == "decoupled_adamw",
+              "optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", cfg.name);
+}
+
+void AdamW::step(float* params, const float* grads, double lr) {
+  t_++;
+  const float beta1 = static_cast<float>(cfg_.beta1), beta2 = static_cast<float>(cfg_.beta2);
+  const float eps = static_cast<float>(cfg_.eps);
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
+  const float step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const double decay_rate = cfg_.name == "adamw" ? lr * cfg_.weight_decay
+                                                 : (cfg_.lr > 0 ? lr / cfg_.lr : 1.0) * cfg_.weight_decay;
+  for (const ParamTensor& t : layout_) {
+    const float keep = t.weight_decay ? static_cast<float>(1.0 - decay_rate) : 1.0f;
+    float* p = params + t.offset;
+    const float* g = grads + t.offset;
+    float* m = m_.data() + t.offset;
+    float* v = v_.data() + t.offset;
+    const long n = static_cast<long>(t.numel);
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < n; i++) {
+      p[i] *= keep;
+      m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+      v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+    }
+  }
+}
+
+double clip_grad_norm(float* grads, size_t n, double max_norm) {
+  // Partial sums over fixed 64K-element chunks, then added in chunk order: the same bits for
+  // any number of threads.
+  constexpr size_t kChunk = 1 << 16;
+  const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static)
+  for (long c = 0; c < chunks; c++) {
+    const size_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    double s = 0;
+    for (size_t i = lo; i < hi; i++) s += static_cast<double>(grads[i]) * grads[i];
+    partial[c] = s;
+  }
+  double sum = 0;
+  for (double s : partial) sum += s;
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0 && norm > max_norm) {
+    const float coef = static_cast<float>(max_norm / (norm + 1e-6));
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) grads[i] *= coef;
+  }
+  return norm;
+}
+
+}  // namespace anvil

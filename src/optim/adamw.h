@@ -1,0 +1,43 @@
+// AdamW with decoupled weight decay, and global-norm gradient clipping over the flat gradient.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gpt2.h"
+
+namespace anvil {
+
+struct OptimizerConfig {
+  // "adamw": PyTorch's AdamW, decay p -= lr·wd·p. "decoupled_adamw": Composer's (LLM Foundry's
+  // default), decay p -= (lr / initial lr)·wd·p, so weight_decay is not multiplied by the lr.
+  std::string name = "decoupled_adamw";
+  double lr = 6e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params);
+  // One update with this step's learning rate (the schedule already applied).
+  void step(float* params, const float* grads, double lr);
+  int64_t steps_taken() const { return t_; }
+  std::vector<float>& exp_avg() { return m_; }
+  std::vector<float>& exp_avg_sq() { return v_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+
+ private:
+  OptimizerConfig cfg_;
+  std::vector<ParamTensor> layout_;
+  std::vector<float> m_, v_;
+  int64_t t_ = 0;
+};
+
+// The L2 norm of the whole gradient, summed in a fixed order whatever the thread count. When
+// max_norm > 0 and the norm exceeds it, scales grads by max_norm / (norm + 1e-6) as PyTorch's
+// clip_grad_norm_ does. Returns the norm before clipping.
+double clip_grad_norm(float* grads, size_t n, double max_norm);
+
+}  // namespace anvil

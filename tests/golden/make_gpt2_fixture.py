@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""Writes gpt2_tiny.safetensors, the golden fixture for anvil's GPT-2 against PyTorch.
+
+Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_gpt2_fixture.py
+It builds a tiny GPT-2 in the same parameter layout anvil uses (per-layer tensors stacked on a
+leading L dimension, tied embeddings), with fixed weights and a fixed batch (some targets set to
+the ignore index -100), and records: the logits, the mean loss over non-ignored targets, every
+parameter's gradient, then the loss, gradient norm and parameters through 10 steps of
+torch.optim.AdamW (weight decay on matmul weights only), a linear warmup then cosine schedule as
+Composer defines it, and global-norm clipping.
+"""
+import json
+import math
+import os
+import struct
+
+import torch
+import torch.nn.functional as F
+
+L, NH, C, V, MAX_T = 2, 3, 24, 61, 12
+B, T = 3, 9
+LR, BETAS, EPS, WD = 1e-2, (0.9, 0.95), 1e-8, 0.1
+T_WARMUP, T_MAX, ALPHA_F, CLIP = 3, 10, 0.1, 0.5
+NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
+         "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
+DECAY = {"qkvw", "attprojw", "fcw", "fcprojw"}
+
+
+def shapes():
+    return {"wte": (V, C), "wpe": (MAX_T, C), "ln1w": (L, C), "ln1b": (L, C), "qkvw": (L, 3 * C, C),
+            "qkvb": (L, 3 * C), "attprojw": (L, C, C), "attprojb": (L, C), "ln2w": (L, C),
+            "ln2b": (L, C), "fcw": (L, 4 * C, C), "fcb": (L, 4 * C), "fcprojw": (L, C, 4 * C),
+            "fcprojb": (L, C), "lnfw": (C,), "lnfb": (C,)}
+
+
+def forward(P, tokens):
+    hs = C // NH
+    x = P["wte"][tokens] + P["wpe"][:T]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for l in range(L):
+        h = F.layer_norm(x, (C,), P["ln1w"][l], P["ln1b"][l], 1e-5)
+        qkv = h @ P["qkvw"][l].T + P["qkvb"][l]
+        q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in qkv.split(C, dim=-1))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ P["attprojw"][l].T + P["attprojb"][l]
+        h = F.layer_norm(x, (C,), P["ln2w"][l], P["ln2b"][l], 1e-5)
+        h = F.gelu(h @ P["fcw"][l].T + P["fcb"][l], approximate="tanh")
+        x = x + h @ P["fcprojw"][l].T + P["fcprojb"][l]
+    x = F.layer_norm(x, (C,), P["lnfw"], P["lnfb"], 1e-5)
+    return x @ P["wte"].T
+
+
+def lr_multiplier(t):
+    if t < T_WARMUP:
+        return t / T_WARMUP
+    tau = min(1.0, (t - T_WARMUP) / (T_MAX - T_WARMUP))
+    return ALPHA_F + (1 - ALPHA_F) * 0.5 * (1 + math.cos(math.pi * tau))
+
+
+def flat(tensors):
+    return torch.cat([tensors[n].detach().reshape(-1) for n in NAMES])
+
+
+def write_safetensors(path, tensors, metadata):
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        dtype = {torch.float32: "F32", torch.int32: "I32"}[t.dtype]
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def main():
+    torch.manual_seed(20261122)
+    P = {}
+    for name, shape in shapes().items():
+        if name.startswith("ln") and name.endswith("w"):
+            P[name] = 1.0 + 0.1 * torch.randn(shape)
+        elif name.endswith("b"):
+            P[name] = 0.05 * torch.randn(shape)
+        else:
+            P[name] = 0.1 * torch.randn(shape)
+        P[name].requires_grad_(True)
+    tokens = torch.randint(0, V, (B, T))
+    targets = torch.roll(tokens, -1, dims=1)
+    targets[:, -1] = torch.randint(0, V, (B,))
+    targets[0, 2] = targets[2, 5] = targets[1, 8] = -100
+    out = {"params_init": flat(P), "tokens": tokens.to(torch.int32), "targets": targets.to(torch.int32)}
+
+    logits = forward(P, tokens)
+    loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+    loss.backward()
+    out["logits"] = logits.detach()
+    out["loss"] = loss.detach().reshape(1)
+    out["grads"] = torch.cat([P[n].grad.reshape(-1) for n in NAMES])
+
+    params = [P[n] for n in NAMES]
+    opt = torch.optim.AdamW([{"params": [P[n] for n in NAMES if n in DECAY], "weight_decay": WD},
+                             {"params": [P[n] for n in NAMES if n not in DECAY], "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier)
+    losses, norms = [], []
+    for _ in range(T_MAX):
+        opt.zero_grad()
+        loss = F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
+        losses.append(float(loss))
+        opt.step()
+        sched.step()
+    out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
+    out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
+    out["params_final"] = flat(P)
+
+    metadata = {"n_layers": L, "n_heads": NH, "d_model": C, "vocab_size": V, "max_seq_len": MAX_T,
+                "batch": B, "seq_len": T, "lr": LR, "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS,
+                "weight_decay": WD, "t_warmup": T_WARMUP, "steps": T_MAX, "alpha_f": ALPHA_F,
+                "clip": CLIP, "torch": torch.__version__}
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_tiny.safetensors")
+    write_safetensors(path, out, {k: str(v) for k, v in metadata.items()})
+    print(f"wrote {path}: loss {float(out['loss'][0]):.6f}, final step loss {losses[-1]:.6f}")
+
+
+if __name__ == "__main__":
+    main()

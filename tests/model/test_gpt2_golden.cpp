@@ -1,0 +1,173 @@
+// GPT-2 end to end against PyTorch (fixture from tests/golden/make_gpt2_fixture.py): logits, loss,
+// every parameter's gradient, and 10 AdamW steps with warmup, cosine decay and clipping. Run with
+// both the reference and the fast kernels. Tolerance: relative norm error <= 1e-5 per tensor.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "ckpt/safetensors.h"
+#include "compare.h"
+#include "kernels/crossentropy.h"
+#include "kernels/impl.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+
+namespace anvil {
+namespace {
+using testing::kFp32RelNorm;
+using testing::rel_norm_close;
+
+SafeTensorsFile load_fixture() {
+  const char* src = std::getenv("ANVIL_SOURCE_DIR");
+  return read_safetensors(std::string(src ? src : ".") + "/tests/golden/gpt2_tiny.safetensors");
+}
+
+int meta_int(const SafeTensorsFile& f, const char* key) { return std::stoi(f.metadata.at(key)); }
+double meta_double(const SafeTensorsFile& f, const char* key) { return std::stod(f.metadata.at(key)); }
+
+GptConfig fixture_config(const SafeTensorsFile& f) {
+  return {meta_int(f, "n_layers"), meta_int(f, "n_heads"), meta_int(f, "d_model"),
+          meta_int(f, "vocab_size"), meta_int(f, "max_seq_len")};
+}
+
+// Compares two flat parameter-shaped arrays tensor by tensor, naming the tensor on failure.
+void expect_params_close(const Gpt2& model, const float* got, const float* want, double tol) {
+  for (const ParamTensor& t : model.tensors()) {
+    EXPECT_TRUE(rel_norm_close(got + t.offset, want + t.offset, t.numel, tol)) << "tensor " << t.name;
+  }
+}
+
+class Gpt2Golden : public ::testing::TestWithParam<KernelImpl> {
+ protected:
+  void SetUp() override { set_kernel_impl(GetParam()); }
+  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
+};
+
+TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
+  SafeTensorsFile f = load_fixture();
+  const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
+  Gpt2 model(fixture_config(f), B, T);
+  ASSERT_EQ(model.num_params(), f.at("params_init").numel());
+  std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
+
+  int64_t n_targets = 0;
+  double loss_sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n_targets);
+  EXPECT_EQ(n_targets, B * T - 3);  // the fixture ignores three targets
+  const size_t n_logits = f.at("logits").numel();
+  EXPECT_TRUE(rel_norm_close(model.logits(), f.at("logits").f32(), n_logits, kFp32RelNorm));
+  const float loss = static_cast<float>(loss_sum / n_targets);
+  EXPECT_TRUE(rel_norm_close(&loss, f.at("loss").f32(), 1, kFp32RelNorm));
+
+  model.zero_grad();
+  model.backward(1.0f / static_cast<float>(n_targets));
+  expect_params_close(model, model.grads(), f.at("grads").f32(), kFp32RelNorm);
+}
+
+TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
+  SafeTensorsFile f = load_fixture();
+  const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len"), steps = meta_int(f, "steps");
+  Gpt2 model(fixture_config(f), B, T);
+  std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
+  OptimizerConfig oc;
+  oc.name = "adamw";
+  oc.lr = meta_double(f, "lr");
+  oc.beta1 = meta_double(f, "beta1");
+  oc.beta2 = meta_double(f, "beta2");
+  oc.eps = meta_double(f, "eps");
+  oc.weight_decay = meta_double(f, "weight_decay");
+  SchedulerConfig sc{"cosine_with_warmup", meta_int(f, "t_warmup"), meta_double(f, "alpha_f")};
+  AdamW opt(oc, model.tensors(), model.num_params());
+
+  std::vector<float> losses, norms;
+  for (int step = 0; step < steps; step++) {
+    int64_t n = 0;
+    double sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n);
+    model.zero_grad();
+    model.backward(1.0f / static_cast<float>(n));
+    norms.push_back(static_cast<float>(clip_grad_norm(model.grads(), model.num_params(), meta_double(f, "clip"))));
+    losses.push_back(static_cast<float>(sum / n));
+    opt.step(model.params(), model.grads(), oc.lr * lr_multiplier(sc, step, steps));
+  }
+  EXPECT_TRUE(rel_norm_close(losses.data(), f.at("step_losses").f32(), steps, kFp32RelNorm));
+  EXPECT_TRUE(rel_norm_close(norms.data(), f.at("step_grad_norms").f32(), steps, kFp32RelNorm));
+
+  // The key bias has an exactly zero gradient (adding a constant to every key shifts each score
+  // row by a constant, which softmax ignores), so what both implementations compute there is
+  // rounding noise that Adam normalises into lr-sized steps of arbitrary sign. Compare the rest
+  // of qkvb exactly, and bound the key bias by the largest distance Adam can move it.
+  const float* want = f.at("params_final").f32();
+  const float* init = f.at("params_init").f32();
+  const int C = model.config().d_model;
+  double lr_sum = 0;
+  for (int step = 0; step < steps; step++) lr_sum += oc.lr * lr_multiplier(sc, step, steps);
+  for (const ParamTensor& t : model.tensors()) {
+    const float* got = model.params() + t.offset;
+    if (t.name != "qkvb") {
+      EXPECT_TRUE(rel_norm_close(got, want + t.offset, t.numel, kFp32RelNorm)) << "tensor " << t.name;
+      continue;
+    }
+    for (int l = 0; l < model.config().n_layers; l++) {
+      const size_t row = t.offset + static_cast<size_t>(l) * 3 * C;
+      EXPECT_TRUE(rel_norm_close(model.params() + row, want + row, C, kFp32RelNorm)) << "query bias, layer " << l;
+      EXPECT_TRUE(rel_norm_close(model.params() + row + 2 * C, want + row + 2 * C, C, kFp32RelNorm))
+          << "value bias, layer " << l;
+      for (int c = C; c < 2 * C; c++)
+        EXPECT_LE(std::fabs(model.params()[row + c] - init[row + c]), 3.0 * lr_sum) << "key bias " << c;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Gpt2Golden, ::testing::Values(KernelImpl::kRef, KernelImpl::kCpu),
+                         [](const auto& info) { return info.param == KernelImpl::kRef ? "ref" : "cpu"; });
+
+// k microbatches of B sequences give the gradient of one batch of k·B, when each loss is
+// weighted by 1 / (target tokens of the whole batch): to fp32 rounding.
+TEST(Gpt2, MicrobatchesGiveTheSameGradientAsOneBatch) {
+  SafeTensorsFile f = load_fixture();
+  const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
+  const int32_t* tokens = f.at("tokens").i32();
+  const int32_t* targets = f.at("targets").i32();
+  Gpt2 whole(fixture_config(f), B, T), micro(fixture_config(f), 1, T);
+  std::copy_n(f.at("params_init").f32(), whole.num_params(), whole.params());
+  std::copy_n(f.at("params_init").f32(), micro.num_params(), micro.params());
+
+  int64_t n = 0;
+  whole.forward(tokens, targets, B, T, &n);
+  whole.zero_grad();
+  whole.backward(1.0f / static_cast<float>(n));
+
+  micro.zero_grad();
+  for (int b = 0; b < B; b++) {
+    micro.forward(tokens + b * T, targets + b * T, 1, T, nullptr);
+    micro.backward(1.0f / static_cast<float>(n));
+  }
+  expect_params_close(whole, micro.grads(), whole.grads(), kFp32RelNorm);
+}
+
+TEST(Gpt2, InitIsDeterministicAndScaled) {
+  GptConfig cfg{4, 4, 64, 500, 32};
+  Gpt2 a(cfg, 1, 8), b(cfg, 1, 8), c(cfg, 1, 8);
+  a.init_weights(42);
+  b.init_weights(42);
+  c.init_weights(43);
+  EXPECT_TRUE(std::equal(a.params(), a.params() + a.num_params(), b.params()));
+  EXPECT_FALSE(std::equal(a.params(), a.params() + a.num_params(), c.params()));
+  for (const ParamTensor& t : a.tensors()) {
+    const float* p = a.params() + t.offset;
+    double sq = 0;
+    for (size_t i = 0; i < t.numel; i++) sq += static_cast<double>(p[i]) * p[i];
+    const double rms = std::sqrt(sq / t.numel);
+    if (t.init_std > 0) {
+      EXPECT_NEAR(rms, t.init_std, 0.05 * t.init_std) << t.name;
+    } else {
+      EXPECT_EQ(rms, t.init_value) << t.name;
+    }
+  }
+  // Residual projections are scaled by 1/sqrt(2·n_layers).
+  EXPECT_FLOAT_EQ(a.tensors()[6].init_std, 0.02f / std::sqrt(8.0f));
+}
+
+}  // namespace
+}  // namespace anvil

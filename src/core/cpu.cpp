@@ -12,7 +12,8 @@ const CpuInfo& cpu_info() {
     __builtin_cpu_init();
     c.avx2 = __builtin_cpu_supports("avx2");
     c.fma = __builtin_cpu_supports("fma");
-    c.avx512f = __builtin_cpu_supports("avx512f");
+    c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     std::ifstream in("/proc/cpuinfo");
     std::string line;
     while (std::getline(in, line)) {

@@ -6,7 +6,8 @@ namespace anvil {
 
 struct CpuInfo {
   std::string model;  // from /proc/cpuinfo
-  bool avx2 = false, fma = false, avx512f = false, avx512bf16 = false;
+  bool avx2 = false, fma = false, avx512bf16 = false;
+  bool avx512 = false;  // F, BW, VL and DQ: what OpenBLAS's SkylakeX kernels execute
   int threads = 1;    // OpenMP threads anvil will use
 };
 

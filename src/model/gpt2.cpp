@@ -15,7 +15,7 @@
 
 namespace anvil {
 
-std::vector<ParamTensor> gpt2_param_layout(const GptConfig& cfg) {
+std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg) {
   const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
   const float std_w = 0.02f, std_resid = 0.02f / std::sqrt(2.0f * cfg.n_layers);
   std::vector<ParamTensor> t = {
@@ -40,12 +40,12 @@ std::vector<ParamTensor> gpt2_param_layout(const GptConfig& cfg) {
   return t;
 }
 
-size_t gpt2_num_params(const GptConfig& cfg) {
+size_t gpt2_num_params(const ModelConfig& cfg) {
   auto t = gpt2_param_layout(cfg);
   return t.back().offset + t.back().numel;
 }
 
-double gpt2_train_flops_per_token(const GptConfig& cfg, int seq_len) {
+double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const double C = cfg.d_model, L = cfg.n_layers;
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * 12.0 * C * C;
   return 6.0 * matmul_params + 12.0 * L * C * seq_len;
@@ -58,7 +58,7 @@ Gpt2::Params Gpt2::bind(float* base) const {
           p[14], p[15]};
 }
 
-Gpt2::Gpt2(const GptConfig& cfg, int max_batch, int max_seq)
+Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq)
     : cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq) {
   ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
                   cfg.max_seq_len > 0,

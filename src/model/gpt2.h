@@ -7,15 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace anvil {
+#include "config/train_config.h"
 
-struct GptConfig {
-  int n_layers = 0;
-  int n_heads = 0;
-  int d_model = 0;
-  int vocab_size = 0;
-  int max_seq_len = 0;
-};
+namespace anvil {
 
 // One named parameter tensor inside the flat buffer. Per-layer tensors are stacked on a
 // leading L dimension.
@@ -28,18 +22,18 @@ struct ParamTensor {
   float init_value = 0.0f;
 };
 
-std::vector<ParamTensor> gpt2_param_layout(const GptConfig& cfg);
-size_t gpt2_num_params(const GptConfig& cfg);
+std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg);
+size_t gpt2_num_params(const ModelConfig& cfg);
 // Training FLOPs per token (forward + backward): 6 per matmul weight (the embedding table counts
 // once, as the LM head) plus the attention score and value products, 12·L·C·T.
-double gpt2_train_flops_per_token(const GptConfig& cfg, int seq_len);
+double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 
 class Gpt2 {
  public:
   // Buffers for microbatches of up to max_batch sequences of up to max_seq tokens.
-  Gpt2(const GptConfig& cfg, int max_batch, int max_seq);
+  Gpt2(const ModelConfig& cfg, int max_batch, int max_seq);
 
-  const GptConfig& config() const { return cfg_; }
+  const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamTensor>& tensors() const { return layout_; }
   size_t num_params() const { return params_.size(); }
   float* params() { return params_.data(); }
@@ -73,7 +67,7 @@ class Gpt2 {
   };
   Params bind(float* base) const;
 
-  GptConfig cfg_;
+  ModelConfig cfg_;
   int max_batch_, max_seq_;
   std::vector<ParamTensor> layout_;
   std::vector<float> params_, grads_, act_memory_, grad_act_memory_;

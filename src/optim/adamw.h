@@ -8,16 +8,6 @@
 
 namespace anvil {
 
-struct OptimizerConfig {
-  // "adamw": PyTorch's AdamW, decay p -= lr·wd·p. "decoupled_adamw": Composer's (LLM Foundry's
-  // default), decay p -= (lr / initial lr)·wd·p, so weight_decay is not multiplied by the lr.
-  std::string name = "decoupled_adamw";
-  double lr = 6e-4;
-  double beta1 = 0.9, beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
-
 class AdamW {
  public:
   AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params);

@@ -27,7 +27,7 @@ SafeTensorsFile load_fixture() {
 int meta_int(const SafeTensorsFile& f, const char* key) { return std::stoi(f.metadata.at(key)); }
 double meta_double(const SafeTensorsFile& f, const char* key) { return std::stod(f.metadata.at(key)); }
 
-GptConfig fixture_config(const SafeTensorsFile& f) {
+ModelConfig fixture_config(const SafeTensorsFile& f) {
   return {meta_int(f, "n_layers"), meta_int(f, "n_heads"), meta_int(f, "d_model"),
           meta_int(f, "vocab_size"), meta_int(f, "max_seq_len")};
 }
@@ -77,7 +77,7 @@ TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   oc.beta2 = meta_double(f, "beta2");
   oc.eps = meta_double(f, "eps");
   oc.weight_decay = meta_double(f, "weight_decay");
-  SchedulerConfig sc{"cosine_with_warmup", meta_int(f, "t_warmup"), meta_double(f, "alpha_f")};
+  LrSchedule sched{"cosine_with_warmup", meta_int(f, "t_warmup"), meta_double(f, "alpha_f"), steps};
   AdamW opt(oc, model.tensors(), model.num_params());
 
   std::vector<float> losses, norms;
@@ -88,7 +88,7 @@ TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
     model.backward(1.0f / static_cast<float>(n));
     norms.push_back(static_cast<float>(clip_grad_norm(model.grads(), model.num_params(), meta_double(f, "clip"))));
     losses.push_back(static_cast<float>(sum / n));
-    opt.step(model.params(), model.grads(), oc.lr * lr_multiplier(sc, step, steps));
+    opt.step(model.params(), model.grads(), oc.lr * sched.multiplier(step));
   }
   EXPECT_TRUE(rel_norm_close(losses.data(), f.at("step_losses").f32(), steps, kFp32RelNorm));
   EXPECT_TRUE(rel_norm_close(norms.data(), f.at("step_grad_norms").f32(), steps, kFp32RelNorm));
@@ -101,7 +101,7 @@ TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   const float* init = f.at("params_init").f32();
   const int C = model.config().d_model;
   double lr_sum = 0;
-  for (int step = 0; step < steps; step++) lr_sum += oc.lr * lr_multiplier(sc, step, steps);
+  for (int step = 0; step < steps; step++) lr_sum += oc.lr * sched.multiplier(step);
   for (const ParamTensor& t : model.tensors()) {
     const float* got = model.params() + t.offset;
     if (t.name != "qkvb") {
@@ -147,7 +147,7 @@ TEST(Gpt2, MicrobatchesGiveTheSameGradientAsOneBatch) {
 }
 
 TEST(Gpt2, InitIsDeterministicAndScaled) {
-  GptConfig cfg{4, 4, 64, 500, 32};
+  ModelConfig cfg{4, 4, 64, 500, 32};
   Gpt2 a(cfg, 1, 8), b(cfg, 1, 8), c(cfg, 1, 8);
   a.init_weights(42);
   b.init_weights(42);

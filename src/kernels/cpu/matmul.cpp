@@ -21,7 +21,7 @@ extern "C" int openblas_get_num_threads(void);
 namespace anvil {
 
 void blas_select_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || !cpu_info().avx512f) return;
+  if (std::getenv("OPENBLAS_CORETYPE") || !cpu_info().avx512) return;
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
   execv("/proc/self/exe", argv);
   // If re-execution is impossible the program still runs, with OpenBLAS's own choice.

@@ -1,0 +1,303 @@
+// The anvil command line. Every subcommand parses its flags here and calls into the library;
+// errors from the library arrive as anvil::Error and end the process with one line and exit 1.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+#include "core/cpu.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/token_dataset.h"
+#include "kernels/blas.h"
+#include "train/bench.h"
+#include "train/generate.h"
+#include "train/trainer.h"
+
+namespace anvil {
+namespace {
+
+constexpr const char* kUsage = R"(anvil: train GPT-style language models on CPUs (GPUs and clusters to come)
+
+usage: anvil COMMAND [ARGS]
+
+commands:
+  train CONFIG.yaml [key=value ...]    train a model; dotted keys override the YAML (optimizer.lr=3e-4)
+  data prepare --out DIR INPUT...      tokenize text files or directories into train/val token shards
+  tokenize [--decode]                  GPT-2 token ids of standard input, one per line (--decode: back)
+  generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
+  bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
+
+Run `anvil COMMAND --help` for a command's options.
+)";
+
+constexpr const char* kTrainHelp = R"(usage: anvil train CONFIG.yaml [key=value ...]
+
+Trains the model the YAML describes (LLM Foundry key names: model.n_layers, model.d_model,
+model.n_heads, max_seq_len, global_train_batch_size, device_train_microbatch_size,
+optimizer.lr, scheduler.t_warmup, max_duration, eval_interval, precision, seed, ...).
+Each key=value overrides a dotted key of the YAML; later ones win.
+
+The run directory (run_dir, default runs/<config name>) receives config.yaml (resolved),
+train.log, metrics.jsonl (one JSON object per step) and checkpoints/.
+See docs/config.md for every key.
+)";
+
+constexpr const char* kPrepareHelp = R"(usage: anvil data prepare --out DIR [options] INPUT...
+
+Tokenizes text files (each file one document; directories are read recursively in name
+order) with GPT-2's tokenizer into DIR: index.json plus train-NNNNN.tok and val-NNNNN.tok.
+
+options:
+  --out DIR             output directory (must not exist; written atomically)
+  --val-fraction F      fraction of documents held out for validation (default 0.05)
+  --shard-tokens N      tokens per shard file (default 134217728)
+  --tokenizer DIR       directory with encoder.json and vocab.bpe (default: $ANVIL_TOKENIZER_DIR
+                        or the copy scripts/setup.sh installs)
+)";
+
+constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer DIR]
+
+Reads standard input and prints its GPT-2 token ids, one per line. With --decode, reads ids
+(whitespace-separated) and writes the bytes they stand for.
+)";
+
+constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
+
+CHECKPOINT is a checkpoint directory or a run directory (its latest checkpoint is used).
+Prints the prompt followed by the sampled continuation.
+
+options:
+  --prompt TEXT         text to continue (required)
+  --max-new-tokens N    tokens to generate (default 64)
+  --temperature T       softmax temperature; 0 picks the most likely token (default 0.8)
+  --top-k K             sample among the K most likely tokens; 0 for all (default 40)
+  --seed S              sampling seed (default 0)
+  --tokenizer DIR       as for `anvil data prepare`
+)";
+
+constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N]
+
+Runs the config's training step on synthetic tokens (no dataset needed) and reports tokens/s,
+achieved GFLOP/s, this machine's measured fp32 GEMM peak, MFU and peak memory. The last line
+is the same figures as JSON, for scripts.
+
+options:
+  --steps N     timed steps (default 10)
+  --warmup N    untimed steps first (default 2)
+)";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::vector<std::pair<std::string, std::string>> flags;  // --name value
+  std::vector<std::string> switches;                        // --name
+};
+
+[[noreturn]] void usage_error(const std::string& msg, const char* help) {
+  std::fprintf(stderr, "anvil: %s\n\n%s", msg.c_str(), help);
+  std::exit(2);
+}
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+// Splits args into positionals and flags; value_flags take a value, switch_flags do not.
+Args parse_args(const std::vector<std::string>& args, const std::vector<std::string>& value_flags,
+                const std::vector<std::string>& switch_flags, const char* help) {
+  Args out;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0) {
+      if (std::find(switch_flags.begin(), switch_flags.end(), a) != switch_flags.end()) {
+        out.switches.push_back(a);
+      } else if (std::find(value_flags.begin(), value_flags.end(), a) != value_flags.end()) {
+        if (i + 1 >= args.size()) usage_error(a + " needs a value", help);
+        out.flags.emplace_back(a, args[++i]);
+      } else {
+        usage_error("unknown option " + a, help);
+      }
+    } else {
+      out.positional.push_back(a);
+    }
+  }
+  return out;
+}
+
+std::string flag(const Args& a, const std::string& name, const std::string& fallback) {
+  std::string v = fallback;
+  for (const auto& [k, val] : a.flags)
+    if (k == name) v = val;
+  return v;
+}
+
+template <typename T>
+T number_flag(const Args& a, const std::string& name, T fallback, const char* help) {
+  const std::string v = flag(a, name, "");
+  if (v.empty()) return fallback;
+  try {
+    size_t used = 0;
+    T out;
+    if constexpr (std::is_integral_v<T>) out = static_cast<T>(std::stoll(v, &used));
+    else out = static_cast<T>(std::stod(v, &used));
+    if (used != v.size()) throw std::invalid_argument(v);
+    return out;
+  } catch (const std::exception&) {
+    usage_error(name + " expects a number, got '" + v + "'", help);
+  }
+}
+
+int cmd_train(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kTrainHelp, stdout), 0;
+  if (args.empty()) usage_error("train needs a config file", kTrainHelp);
+  for (size_t i = 1; i < args.size(); i++)
+    if (args[i].find('=') == std::string::npos) usage_error("'" + args[i] + "' is not a key=value override", kTrainHelp);
+  const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
+  const TrainSummary s = run_training(cfg);
+  if (s.first_eval_loss >= 0)
+    std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
+                static_cast<long long>(s.steps));
+  std::printf("final train loss: %.4f\ncheckpoint: %s\n", s.final_train_loss, s.checkpoint.c_str());
+  return 0;
+}
+
+int cmd_data(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "prepare") {
+    if (wants_help(args)) return std::fputs(kPrepareHelp, stdout), 0;
+    usage_error("data needs a subcommand: prepare", kPrepareHelp);
+  }
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (wants_help(rest)) return std::fputs(kPrepareHelp, stdout), 0;
+  Args a = parse_args(rest, {"--out", "--val-fraction", "--shard-tokens", "--tokenizer"}, {}, kPrepareHelp);
+  PrepareOptions opt;
+  opt.inputs = a.positional;
+  opt.out_dir = flag(a, "--out", "");
+  if (opt.out_dir.empty()) usage_error("--out DIR is required", kPrepareHelp);
+  if (opt.inputs.empty()) usage_error("name at least one input file or directory", kPrepareHelp);
+  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  opt.val_fraction = number_flag(a, "--val-fraction", 0.05, kPrepareHelp);
+  opt.shard_tokens = number_flag<int64_t>(a, "--shard-tokens", int64_t{1} << 27, kPrepareHelp);
+  const PrepareSummary s = prepare_token_dataset(opt);
+  std::printf("prepared %s: %lld documents, %lld train tokens, %lld val tokens\n", opt.out_dir.c_str(),
+              static_cast<long long>(s.documents), static_cast<long long>(s.train_tokens),
+              static_cast<long long>(s.val_tokens));
+  return 0;
+}
+
+int cmd_tokenize(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kTokenizeHelp, stdout), 0;
+  Args a = parse_args(args, {"--tokenizer"}, {"--decode"}, kTokenizeHelp);
+  if (!a.positional.empty()) usage_error("tokenize reads standard input and takes no file arguments", kTokenizeHelp);
+  Gpt2Tokenizer tok(flag(a, "--tokenizer", default_tokenizer_dir()));
+  const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  if (!a.switches.empty()) {  // --decode
+    std::vector<int32_t> ids;
+    size_t pos = 0;
+    while (pos < input.size()) {
+      while (pos < input.size() && std::isspace(static_cast<unsigned char>(input[pos]))) pos++;
+      if (pos == input.size()) break;
+      size_t end = pos;
+      while (end < input.size() && !std::isspace(static_cast<unsigned char>(input[end]))) end++;
+      const std::string word = input.substr(pos, end - pos);
+      ANVIL_CHECK(word.find_first_not_of("0123456789") == std::string::npos && word.size() < 10,
+                  "'{}' is not a token id (expected non-negative integers)", word);
+      ids.push_back(std::stoi(word));
+      pos = end;
+    }
+    const std::string text = tok.decode(ids);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::string out;
+  for (int32_t id : tok.encode(input)) out += std::to_string(id) + '\n';
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return 0;
+}
+
+int cmd_generate(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kGenerateHelp, stdout), 0;
+  Args a = parse_args(args, {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed", "--tokenizer"}, {},
+                      kGenerateHelp);
+  if (a.positional.size() != 1) usage_error("generate needs exactly one checkpoint", kGenerateHelp);
+  GenerateOptions opt;
+  opt.checkpoint = a.positional[0];
+  bool has_prompt = false;
+  for (const auto& [k, v] : a.flags) has_prompt |= k == "--prompt";
+  if (!has_prompt) usage_error("--prompt TEXT is required", kGenerateHelp);
+  opt.prompt = flag(a, "--prompt", "");
+  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  opt.max_new_tokens = number_flag(a, "--max-new-tokens", 64, kGenerateHelp);
+  opt.temperature = number_flag(a, "--temperature", 0.8, kGenerateHelp);
+  opt.top_k = number_flag(a, "--top-k", 40, kGenerateHelp);
+  opt.seed = number_flag<uint64_t>(a, "--seed", 0, kGenerateHelp);
+  const std::string text = generate_text(opt);
+  std::printf("%s\n", text.c_str());
+  return 0;
+}
+
+int cmd_bench(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] != "train") {
+    if (wants_help(args)) return std::fputs(kBenchHelp, stdout), 0;
+    usage_error("bench needs a subcommand: train", kBenchHelp);
+  }
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
+  Args a = parse_args(rest, {"--steps", "--warmup"}, {}, kBenchHelp);
+  if (a.positional.empty()) usage_error("bench train needs a config file", kBenchHelp);
+  const std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());
+  for (const auto& o : overrides)
+    if (o.find('=') == std::string::npos) usage_error("'" + o + "' is not a key=value override", kBenchHelp);
+  const TrainConfig cfg = load_train_config(a.positional[0], overrides);
+  const int steps = number_flag(a, "--steps", 10, kBenchHelp), warmup = number_flag(a, "--warmup", 2, kBenchHelp);
+  const BenchTrainResult r = bench_train(cfg, warmup, steps);
+  std::printf("tokens/s:        %.1f\n", r.tokens_per_s);
+  std::printf("achieved:        %.1f GFLOP/s\n", r.gflops);
+  std::printf("measured peak:   %.1f GFLOP/s (fp32 sgemm, %d threads)\n", r.peak_gflops, cpu_info().threads);
+  std::printf("MFU:             %.1f%%\n", 100 * r.mfu);
+  std::printf("peak memory:     %.0f MiB\n", r.peak_rss_mib);
+  std::printf("{\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
+              "\"steps\": %d}\n", r.tokens_per_s, r.gflops, r.peak_gflops, r.mfu, r.peak_rss_mib, steps);
+  return 0;
+}
+
+int dispatch(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") return std::puts("anvil 0.1.0"), 0;
+  const std::string cmd = args[0];
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "train") return cmd_train(rest);
+  if (cmd == "data") return cmd_data(rest);
+  if (cmd == "tokenize") return cmd_tokenize(rest);
+  if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "bench") return cmd_bench(rest);
+  usage_error("unknown command '" + cmd + "'", kUsage);
+}
+
+}  // namespace
+}  // namespace anvil
+
+int main(int argc, char** argv) {
+  anvil::blas_select_kernels(argv);
+  try {
+    return anvil::dispatch(argc, argv);
+  } catch (const anvil::Error& e) {
+    anvil::log_line(anvil::LogLevel::kError, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    anvil::log_line(anvil::LogLevel::kError, std::string("internal error: ") + e.what());
+    return 2;
+  }
+}

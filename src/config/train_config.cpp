@@ -1,0 +1,374 @@
+#include "config/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace anvil {
+namespace {
+
+// Reads one YAML map, remembering which keys were consumed so that finish() can reject the
+// rest by name. Every conversion error names the file and the full dotted key.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string prefix, const std::string& file)
+      : node_(node), prefix_(std::move(prefix)), file_(file) {
+    ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
+                prefix_.empty() ? "the top level" : prefix_);
+  }
+
+  bool has(const std::string& key) {
+    allowed_.insert(key);
+    return static_cast<bool>(node_[key]) && !node_[key].IsNull();
+  }
+
+  template <typename T>
+  void get(const std::string& key, T& out) {
+    if (!has(key)) return;
+    const YAML::Node& v = node_[key];
+    try {
+      ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
+      out = v.as<T>();
+    } catch (const YAML::Exception&) {
+      ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.IsScalar() ? v.Scalar() : "(a structure)",
+                 expected<T>());
+    }
+  }
+
+  void get_duration(const std::string& key, Duration& out) {
+    std::string text;
+    get(key, text);
+    if (!text.empty()) out = parse_duration(text, file_ + ": " + full(key));
+  }
+
+  MapReader sub(const std::string& key) {
+    has(key);
+    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_);
+  }
+
+  YAML::Node raw(const std::string& key) {
+    has(key);
+    return node_[key];
+  }
+
+  void finish() {
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      if (allowed_.count(key)) continue;
+      std::string list;
+      for (const auto& k : allowed_) list += (list.empty() ? "" : ", ") + k;
+      ANVIL_FAIL("{}: unknown key '{}' (expected one of: {})", file_, full(key), list);
+    }
+  }
+
+  std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+
+ private:
+  template <typename T>
+  static const char* expected() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+
+  YAML::Node node_;
+  std::string prefix_;
+  const std::string& file_;
+  std::set<std::string> allowed_;
+};
+
+void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, const YAML::Node& value) {
+  if (i + 1 == parts.size()) {
+    node[parts[i]] = value;
+    return;
+  }
+  if (!node[parts[i]] || !node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+  set_path(node[parts[i]], parts, i + 1, value);
+}
+
+// ${variables.name} as a whole value is replaced by that variable (LLM Foundry's interpolation).
+void interpolate(YAML::Node node, const YAML::Node& vars, const std::string& file) {
+  if (node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      YAML::Node child = it->second;
+      if (child.IsScalar()) {
+        const std::string s = child.Scalar();
+        if (s.rfind("${variables.", 0) == 0 && s.back() == '}') {
+          const std::string name = s.substr(12, s.size() - 13);
+          ANVIL_CHECK(vars && vars[name], "{}: '{}' refers to variables.{}, which is not defined", file, s, name);
+          node[it->first.as<std::string>()] = vars[name];
+        }
+      } else {
+        interpolate(child, vars, file);
+      }
+    }
+  }
+}
+
+void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split) {
+  r.get("name", out.name);
+  ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
+  MapReader d = r.sub("dataset");
+  d.get("local", out.dataset.local);
+  out.dataset.split = default_split;
+  d.get("split", out.dataset.split);
+  d.get("shuffle", out.dataset.shuffle);
+  d.get("shuffle_seed", out.dataset.shuffle_seed);
+  int max_seq_len = 0;
+  d.get("max_seq_len", max_seq_len);  // LLM Foundry repeats it here; the top-level value rules
+  d.finish();
+  ANVIL_CHECK(!out.dataset.local.empty(), "{}: a dataset directory is required (made by `anvil data prepare`)",
+              d.full("local"));
+  r.get("drop_last", out.drop_last);
+  r.get("num_workers", out.num_workers);
+  ANVIL_CHECK(out.num_workers >= 0, "{} must be >= 0", r.full("num_workers"));
+  r.finish();
+}
+
+}  // namespace
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    ANVIL_FAIL("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
+    std::vector<std::string> parts;
+    std::string key = o.substr(0, eq);
+    for (size_t a = 0, b; a <= key.size(); a = b + 1) {
+      b = key.find('.', a);
+      if (b == std::string::npos) b = key.size();
+      ANVIL_CHECK(b > a, "override '{}' has an empty key part", o);
+      parts.push_back(key.substr(a, b - a));
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      ANVIL_FAIL("override '{}': the value is not valid YAML: {}", o, e.msg);
+    }
+    set_path(root, parts, 0, value);
+  }
+  interpolate(root, root["variables"], path);
+
+  TrainConfig c;
+  MapReader top(root, "", path);
+  top.raw("variables");
+  top.get("run_dir", c.run_dir);
+  top.get("run_name", c.run_name);
+  top.get("seed", c.seed);
+  top.get("max_seq_len", c.max_seq_len);
+  {
+    MapReader m = top.sub("model");
+    m.get("name", c.model.name);
+    m.get("n_layers", c.model.n_layers);
+    m.get("n_heads", c.model.n_heads);
+    m.get("d_model", c.model.d_model);
+    m.get("vocab_size", c.model.vocab_size);
+    m.get("max_seq_len", c.model.max_seq_len);
+    m.finish();
+  }
+  {
+    MapReader t = top.sub("tokenizer");
+    t.get("name", c.tokenizer_name);
+    MapReader kw = t.sub("kwargs");
+    int model_max_length = 0;
+    kw.get("model_max_length", model_max_length);
+    kw.finish();
+    t.finish();
+  }
+  ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
+  read_loader(top.sub("train_loader"), c.train_loader, "train");
+  if (top.has("eval_loader")) {
+    read_loader(top.sub("eval_loader"), c.eval_loader, "val");
+    c.has_eval = true;
+  }
+  {
+    MapReader o = top.sub("optimizer");
+    o.get("name", c.optimizer.name);
+    o.get("lr", c.optimizer.lr);
+    if (o.has("betas")) {
+      YAML::Node b = o.raw("betas");
+      ANVIL_CHECK(b.IsSequence() && b.size() == 2, "{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
+      try {
+        c.optimizer.beta1 = b[0].as<double>();
+        c.optimizer.beta2 = b[1].as<double>();
+      } catch (const YAML::Exception&) {
+        ANVIL_FAIL("{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
+      }
+    }
+    o.get("eps", c.optimizer.eps);
+    o.get("weight_decay", c.optimizer.weight_decay);
+    o.finish();
+  }
+  {
+    MapReader s = top.sub("scheduler");
+    s.get("name", c.scheduler.name);
+    s.get_duration("t_warmup", c.scheduler.t_warmup);
+    s.get("alpha_f", c.scheduler.alpha_f);
+    s.finish();
+  }
+  {
+    MapReader a = top.sub("algorithms");
+    MapReader g = a.sub("gradient_clipping");
+    std::string type = "norm";
+    g.get("clipping_type", type);
+    ANVIL_CHECK(type == "norm", "{}: algorithms.gradient_clipping.clipping_type '{}' is not supported: expected 'norm'", path, type);
+    g.get("clipping_threshold", c.clipping_threshold);
+    g.finish();
+    a.finish();
+  }
+  ANVIL_CHECK(top.has("max_duration"), "{}: max_duration is required (e.g. 1000ba or 1ep)", path);
+  top.get_duration("max_duration", c.max_duration);
+  top.get_duration("eval_interval", c.eval_interval);
+  top.get("eval_first", c.eval_first);
+  top.get("eval_subset_num_batches", c.eval_subset_num_batches);
+  top.get("global_train_batch_size", c.global_train_batch_size);
+  if (top.has("device_train_microbatch_size")) {
+    YAML::Node m = top.raw("device_train_microbatch_size");
+    ANVIL_CHECK(!(m.IsScalar() && m.Scalar() == "auto"),
+                "{}: device_train_microbatch_size 'auto' is not supported yet: give an integer", path);
+    top.get("device_train_microbatch_size", c.device_train_microbatch_size);
+  }
+  top.get("device_eval_batch_size", c.device_eval_batch_size);
+  top.get("precision", c.precision);
+  top.get_duration("console_log_interval", c.console_log_interval);
+  top.get("kernels", c.kernels);
+  top.finish();
+
+  // Validation of values, in one place.
+  auto positive = [&](long long v, const char* key) {
+    ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", path, key, v);
+  };
+  positive(c.max_seq_len, "max_seq_len");
+  if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
+  ANVIL_CHECK(c.model.name == "gpt2", "{}: model.name '{}' is not supported: expected 'gpt2'", path, c.model.name);
+  positive(c.model.n_layers, "model.n_layers");
+  positive(c.model.n_heads, "model.n_heads");
+  positive(c.model.d_model, "model.d_model");
+  positive(c.model.vocab_size, "model.vocab_size");
+  ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
+              path, c.model.d_model, c.model.n_heads);
+  ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
+              path, c.model.max_seq_len, c.max_seq_len);
+  ANVIL_CHECK(c.tokenizer_name == "gpt2", "{}: tokenizer.name '{}' is not supported: expected 'gpt2'", path, c.tokenizer_name);
+  positive(c.global_train_batch_size, "global_train_batch_size");
+  if (c.device_train_microbatch_size == 0) c.device_train_microbatch_size = c.global_train_batch_size;
+  positive(c.device_train_microbatch_size, "device_train_microbatch_size");
+  if (c.device_train_microbatch_size > c.global_train_batch_size) {
+    log_warn("device_train_microbatch_size {} exceeds the device batch {}; using {}", c.device_train_microbatch_size,
+             c.global_train_batch_size, c.global_train_batch_size);
+    c.device_train_microbatch_size = c.global_train_batch_size;
+  }
+  if (c.device_eval_batch_size == 0) c.device_eval_batch_size = c.device_train_microbatch_size;
+  positive(c.device_eval_batch_size, "device_eval_batch_size");
+  ANVIL_CHECK(c.optimizer.lr > 0, "{}: optimizer.lr must be positive, got {}", path, c.optimizer.lr);
+  ANVIL_CHECK(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1 && c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1,
+              "{}: optimizer.betas must be in [0, 1), got [{}, {}]", path, c.optimizer.beta1, c.optimizer.beta2);
+  ANVIL_CHECK(c.optimizer.eps > 0, "{}: optimizer.eps must be positive", path);
+  ANVIL_CHECK(c.optimizer.weight_decay >= 0, "{}: optimizer.weight_decay must not be negative", path);
+  ANVIL_CHECK(c.optimizer.name == "decoupled_adamw" || c.optimizer.name == "adamw",
+              "{}: optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", path, c.optimizer.name);
+  static const std::set<std::string> schedulers = {"constant", "constant_with_warmup", "cosine_with_warmup",
+                                                   "linear_decay_with_warmup"};
+  ANVIL_CHECK(schedulers.count(c.scheduler.name), "{}: scheduler.name '{}' is not supported: expected constant, "
+              "constant_with_warmup, cosine_with_warmup or linear_decay_with_warmup", path, c.scheduler.name);
+  ANVIL_CHECK(c.scheduler.t_warmup.unit == Duration::Unit::kBatch || c.scheduler.t_warmup.unit == Duration::Unit::kDur,
+              "{}: scheduler.t_warmup '{}' must be in batches (ba) or a fraction of the run (dur)", path,
+              c.scheduler.t_warmup.text);
+  ANVIL_CHECK(c.scheduler.alpha_f >= 0 && c.scheduler.alpha_f <= 1, "{}: scheduler.alpha_f must be in [0, 1]", path);
+  ANVIL_CHECK(c.clipping_threshold >= 0, "{}: algorithms.gradient_clipping.clipping_threshold must not be negative", path);
+  ANVIL_CHECK(c.max_duration.unit != Duration::Unit::kDur && c.max_duration.value > 0,
+              "{}: max_duration '{}' must be a positive number of ba, ep, sp or tok", path, c.max_duration.text);
+  ANVIL_CHECK(c.eval_interval.unit == Duration::Unit::kBatch || c.eval_interval.unit == Duration::Unit::kEpoch,
+              "{}: eval_interval '{}' must be in batches (ba) or epochs (ep)", path, c.eval_interval.text);
+  ANVIL_CHECK(c.eval_interval.value > 0, "{}: eval_interval must be positive", path);
+  ANVIL_CHECK(c.console_log_interval.unit == Duration::Unit::kBatch && c.console_log_interval.value > 0,
+              "{}: console_log_interval must be a positive number of batches (e.g. 1ba)", path);
+  ANVIL_CHECK(c.eval_subset_num_batches == -1 || c.eval_subset_num_batches > 0,
+              "{}: eval_subset_num_batches must be -1 (all) or positive", path);
+  if (c.precision == "amp_bf16" || c.precision == "amp_fp16")
+    ANVIL_FAIL("{}: precision '{}' is not supported yet; use fp32", path, c.precision);
+  ANVIL_CHECK(c.precision == "fp32", "{}: precision '{}' is not valid: expected fp32", path, c.precision);
+  ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "ref", "{}: kernels '{}' is not valid: expected 'cpu' or 'ref'", path, c.kernels);
+  if (c.run_dir.empty())
+    c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
+  if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();
+  return c;
+}
+
+std::string to_yaml(const TrainConfig& c) {
+  YAML::Emitter e;
+  auto loader = [&](const char* key, const LoaderConfig& l) {
+    e << YAML::Key << key << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "name" << YAML::Value << l.name;
+    e << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "local" << YAML::Value << l.dataset.local;
+    e << YAML::Key << "split" << YAML::Value << l.dataset.split;
+    e << YAML::Key << "shuffle" << YAML::Value << l.dataset.shuffle;
+    e << YAML::Key << "shuffle_seed" << YAML::Value << l.dataset.shuffle_seed;
+    e << YAML::EndMap;
+    e << YAML::Key << "drop_last" << YAML::Value << l.drop_last;
+    e << YAML::Key << "num_workers" << YAML::Value << l.num_workers;
+    e << YAML::EndMap;
+  };
+  e << YAML::BeginMap;
+  e << YAML::Key << "run_dir" << YAML::Value << c.run_dir;
+  e << YAML::Key << "run_name" << YAML::Value << c.run_name;
+  e << YAML::Key << "seed" << YAML::Value << c.seed;
+  e << YAML::Key << "max_seq_len" << YAML::Value << c.max_seq_len;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << c.model.name;
+  e << YAML::Key << "n_layers" << YAML::Value << c.model.n_layers;
+  e << YAML::Key << "n_heads" << YAML::Value << c.model.n_heads;
+  e << YAML::Key << "d_model" << YAML::Value << c.model.d_model;
+  e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
+  e << YAML::Key << "max_seq_len" << YAML::Value << c.model.max_seq_len;
+  e << YAML::EndMap;
+  e << YAML::Key << "tokenizer" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value
+    << c.tokenizer_name << YAML::EndMap;
+  loader("train_loader", c.train_loader);
+  if (c.has_eval) loader("eval_loader", c.eval_loader);
+  e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << c.optimizer.name;
+  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
+  e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << c.optimizer.beta1
+    << c.optimizer.beta2 << YAML::EndSeq;
+  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
+  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
+  e << YAML::EndMap;
+  e << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << c.scheduler.name;
+  e << YAML::Key << "t_warmup" << YAML::Value << c.scheduler.t_warmup.text;
+  e << YAML::Key << "alpha_f" << YAML::Value << c.scheduler.alpha_f;
+  e << YAML::EndMap;
+  e << YAML::Key << "algorithms" << YAML::Value << YAML::BeginMap << YAML::Key << "gradient_clipping"
+    << YAML::Value << YAML::BeginMap << YAML::Key << "clipping_type" << YAML::Value << "norm" << YAML::Key
+    << "clipping_threshold" << YAML::Value << c.clipping_threshold << YAML::EndMap << YAML::EndMap;
+  e << YAML::Key << "max_duration" << YAML::Value << c.max_duration.text;
+  e << YAML::Key << "eval_interval" << YAML::Value << c.eval_interval.text;
+  e << YAML::Key << "eval_first" << YAML::Value << c.eval_first;
+  e << YAML::Key << "eval_subset_num_batches" << YAML::Value << c.eval_subset_num_batches;
+  e << YAML::Key << "global_train_batch_size" << YAML::Value << c.global_train_batch_size;
+  e << YAML::Key << "device_train_microbatch_size" << YAML::Value << c.device_train_microbatch_size;
+  e << YAML::Key << "device_eval_batch_size" << YAML::Value << c.device_eval_batch_size;
+  e << YAML::Key << "precision" << YAML::Value << c.precision;
+  e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
+  e << YAML::Key << "kernels" << YAML::Value << c.kernels;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace anvil

@@ -1,0 +1,84 @@
+// The training configuration: one typed struct per concern, read from LLM-Foundry-style YAML
+// with dotted key=value overrides, validated in one place (unknown keys are errors at every
+// level), and written back out resolved, with every default, into the run directory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/duration.h"
+
+namespace anvil {
+
+struct ModelConfig {
+  int n_layers = 0;
+  int n_heads = 0;
+  int d_model = 0;
+  int vocab_size = 50257;
+  int max_seq_len = 0;  // defaults to the top-level max_seq_len
+  std::string name = "gpt2";
+};
+
+struct OptimizerConfig {
+  // "decoupled_adamw" (Composer's, LLM Foundry's default): decay p -= (lr / optimizer.lr)·wd·p,
+  // so weight_decay is not scaled by the lr. "adamw" (PyTorch's): decay p -= lr·wd·p.
+  std::string name = "decoupled_adamw";
+  double lr = 6e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct SchedulerConfig {
+  // constant | constant_with_warmup | cosine_with_warmup | linear_decay_with_warmup
+  std::string name = "cosine_with_warmup";
+  Duration t_warmup = parse_duration("0ba", "scheduler.t_warmup");
+  double alpha_f = 0.0;
+};
+
+struct DatasetConfig {
+  std::string local;   // directory written by `anvil data prepare`
+  std::string split;   // "train" or "val"
+  bool shuffle = true;
+  uint64_t shuffle_seed = 9176;
+};
+
+struct LoaderConfig {
+  std::string name = "text";
+  DatasetConfig dataset;
+  bool drop_last = true;
+  int num_workers = 0;  // accepted for LLM Foundry files; anvil's loader reads in-process
+};
+
+struct TrainConfig {
+  std::string run_dir;
+  std::string run_name;
+  uint64_t seed = 17;
+  int max_seq_len = 0;
+  ModelConfig model;
+  std::string tokenizer_name = "gpt2";  // tokenizer.name
+  LoaderConfig train_loader, eval_loader;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  double clipping_threshold = 0.0;  // algorithms.gradient_clipping (norm); 0 = off
+  Duration max_duration;
+  Duration eval_interval = parse_duration("1ep", "eval_interval");
+  bool eval_first = false;
+  int eval_subset_num_batches = -1;  // -1: the whole eval split
+  int global_train_batch_size = 0;
+  int device_train_microbatch_size = 0;  // 0: the whole device batch
+  int device_eval_batch_size = 0;        // 0: the microbatch size
+  std::string precision = "fp32";
+  Duration console_log_interval = parse_duration("1ba", "console_log_interval");
+  std::string kernels = "cpu";  // anvil: "cpu" (fast) or "ref" (the reference ops)
+  bool has_eval = false;        // whether eval_loader was given
+};
+
+// Loads path, applies overrides ("a.b.c=value", later wins), validates, and returns the config.
+// Errors name the file, the key and what was expected.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// The resolved config as YAML (every key, defaults included); loads back to the same struct.
+std::string to_yaml(const TrainConfig& cfg);
+
+}  // namespace anvil

@@ -1,0 +1,53 @@
+#include "train/bench.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "kernels/blas.h"
+#include "kernels/impl.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "train/step.h"
+
+namespace anvil {
+
+BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps) {
+  ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
+  set_kernel_impl(parse_kernel_impl(cfg.kernels));
+  const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
+  Gpt2 model(cfg.model, cfg.device_train_microbatch_size, T);
+  model.init_weights(cfg.seed);
+  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params());
+  LrSchedule constant{"constant", 0, 0.0, warmup_steps + steps};
+  TrainStep step(cfg, model, optimizer, constant);
+
+  // Synthetic data: uniform random tokens, the next-token targets of a random stream.
+  std::vector<int32_t> stream(static_cast<size_t>(GB) * T + 1);
+  Rng rng(cfg.seed, 1);
+  for (auto& x : stream) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.model.vocab_size)));
+  std::vector<int32_t> tokens(stream.begin(), stream.end() - 1), targets(stream.begin() + 1, stream.end());
+
+  BenchTrainResult r;
+  r.peak_gflops = measured_peak_gflops();
+  log_info("bench train: GPT-2 {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
+           "parameters; {}; {} kernels", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size,
+           T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, blas_description(), cfg.kernels);
+  for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
+  r.gflops = r.tokens_per_s * gpt2_train_flops_per_token(cfg.model, T) / 1e9;
+  r.mfu = r.gflops / r.peak_gflops;
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
+  return r;
+}
+
+}  // namespace anvil

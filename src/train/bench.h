@@ -1,0 +1,16 @@
+// `anvil bench train`: the training step of a config on synthetic tokens, timed after warm-up,
+// reported as tokens/s, achieved GFLOP/s and MFU against this machine's measured GEMM peak.
+#pragma once
+#include <string>
+
+#include "config/train_config.h"
+
+namespace anvil {
+
+struct BenchTrainResult {
+  double tokens_per_s = 0, gflops = 0, peak_gflops = 0, mfu = 0, peak_rss_mib = 0, final_loss = 0;
+};
+
+BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps);
+
+}  // namespace anvil

@@ -1,0 +1,62 @@
+#include "train/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/gpt2_tokenizer.h"
+#include "model/gpt2.h"
+#include "train/checkpoint.h"
+
+namespace anvil {
+
+std::string generate_text(const GenerateOptions& opt) {
+  ANVIL_CHECK(opt.max_new_tokens >= 0, "--max-new-tokens must not be negative");
+  ANVIL_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "--temperature must be >= 0");
+  ANVIL_CHECK(opt.top_k >= 0, "--top-k must be >= 0");
+  LoadedModel loaded = load_model_checkpoint(opt.checkpoint);
+  Gpt2Tokenizer tok(opt.tokenizer_dir);
+  const ModelConfig& cfg = loaded.config;
+  Gpt2 model(cfg, 1, cfg.max_seq_len);
+  std::copy(loaded.params.begin(), loaded.params.end(), model.params());
+
+  std::vector<int32_t> ids = tok.encode(opt.prompt);
+  if (ids.empty()) ids.push_back(tok.eot_id());  // an empty prompt starts a new document
+  for (int32_t id : ids)
+    ANVIL_CHECK(id < cfg.vocab_size, "the prompt has token {} outside the model's vocabulary of {}", id, cfg.vocab_size);
+  const size_t prompt_len = ids.size();
+  Rng rng(opt.seed, 0);
+  std::vector<int> order(cfg.vocab_size);
+  std::vector<double> probs(cfg.vocab_size);
+  for (int n = 0; n < opt.max_new_tokens; n++) {
+    const int T = static_cast<int>(std::min<size_t>(ids.size(), cfg.max_seq_len));
+    model.forward(ids.data() + ids.size() - T, nullptr, 1, T, nullptr);
+    const float* logits = model.logits() + static_cast<size_t>(T - 1) * cfg.vocab_size;
+    int next;
+    if (opt.temperature == 0) {
+      next = static_cast<int>(std::max_element(logits, logits + cfg.vocab_size) - logits);
+    } else {
+      const int k = opt.top_k == 0 ? cfg.vocab_size : std::min(opt.top_k, cfg.vocab_size);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      double sum = 0;
+      for (int i = 0; i < k; i++) sum += probs[i] = std::exp((logits[order[i]] - logits[order[0]]) / opt.temperature);
+      double u = rng.uniform() * sum;
+      next = order[k - 1];
+      for (int i = 0; i < k; i++) {
+        if ((u -= probs[i]) < 0) {
+          next = order[i];
+          break;
+        }
+      }
+    }
+    ids.push_back(next);
+  }
+  std::vector<int32_t> generated(ids.begin() + static_cast<long>(prompt_len), ids.end());
+  return opt.prompt + tok.decode(generated);
+}
+
+}  // namespace anvil

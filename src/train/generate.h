@@ -1,0 +1,21 @@
+// Text generation from a checkpoint: temperature and top-k sampling, one token at a time.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace anvil {
+
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string prompt;
+  std::string tokenizer_dir;
+  int max_new_tokens = 64;
+  double temperature = 0.8;  // 0: greedy
+  int top_k = 40;            // 0: the whole vocabulary
+  uint64_t seed = 0;
+};
+
+// Returns the prompt followed by the generated continuation.
+std::string generate_text(const GenerateOptions& opt);
+
+}  // namespace anvil

@@ -1,0 +1,35 @@
+#include "train/step.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/crossentropy.h"
+
+namespace anvil {
+
+TrainStep::TrainStep(const TrainConfig& cfg, Gpt2& model, AdamW& optimizer, const LrSchedule& schedule)
+    : model_(model), optimizer_(optimizer), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
+      lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold) {}
+
+StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t) {
+  StepResult r;
+  const int64_t n = static_cast<int64_t>(batch) * seq_len;
+  for (int64_t i = 0; i < n; i++) r.target_tokens += targets[i] != kIgnoreIndex;
+  ANVIL_CHECK(r.target_tokens > 0, "step {}: every target of the batch is ignored", t);
+  const float dloss = 1.0f / static_cast<float>(r.target_tokens);
+  model_.zero_grad();
+  double loss_sum = 0;
+  for (int b0 = 0; b0 < batch; b0 += microbatch_) {
+    const int mb = std::min(microbatch_, batch - b0);
+    const size_t offset = static_cast<size_t>(b0) * seq_len;
+    loss_sum += model_.forward(tokens + offset, targets + offset, mb, seq_len, nullptr);
+    model_.backward(dloss);
+  }
+  r.loss = loss_sum / static_cast<double>(r.target_tokens);
+  r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), clip_);
+  r.lr = lr_ * schedule_.multiplier(t);
+  optimizer_.step(model_.params(), model_.grads(), r.lr);
+  return r;
+}
+
+}  // namespace anvil

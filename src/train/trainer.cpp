@@ -1,0 +1,173 @@
+#include "train/trainer.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "data/token_dataset.h"
+#include "kernels/blas.h"
+#include "kernels/impl.h"
+#include "train/checkpoint.h"
+#include "train/step.h"
+
+namespace anvil {
+namespace fs = std::filesystem;
+namespace {
+
+// Mean loss per target token over the eval split (or its first eval_subset_num_batches batches).
+double evaluate(Gpt2& model, const TokenDataset& data, const TrainConfig& cfg, std::vector<int32_t>& tokens,
+                std::vector<int32_t>& targets) {
+  const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
+  int64_t samples = data.num_samples(T);
+  if (cfg.eval_subset_num_batches > 0) samples = std::min<int64_t>(samples, int64_t{cfg.eval_subset_num_batches} * B);
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t s0 = 0; s0 < samples; s0 += B) {
+    const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
+    for (int k = 0; k < b; k++) data.sample(s0 + k, T, tokens.data() + k * T, targets.data() + k * T);
+    int64_t n = 0;
+    sum += model.forward(tokens.data(), targets.data(), b, T, &n);
+    count += n;
+  }
+  return sum / static_cast<double>(count);
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainConfig& cfg) {
+  set_kernel_impl(parse_kernel_impl(cfg.kernels));
+  const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
+
+  TokenDataset train_data(cfg.train_loader.dataset.local, cfg.train_loader.dataset.split);
+  ANVIL_CHECK(train_data.vocab_size() <= cfg.model.vocab_size, "dataset '{}' uses a vocabulary of {} tokens, larger "
+              "than model.vocab_size {}", cfg.train_loader.dataset.local, train_data.vocab_size(), cfg.model.vocab_size);
+  const int64_t n_samples = train_data.num_samples(T);
+  const int64_t batches_per_epoch = n_samples / GB;
+  ANVIL_CHECK(batches_per_epoch > 0, "the '{}' split of '{}' holds {} samples of max_seq_len {} tokens, fewer than one "
+              "global batch ({}): lower global_train_batch_size or max_seq_len, or add data",
+              cfg.train_loader.dataset.split, cfg.train_loader.dataset.local, n_samples, T, GB);
+  std::unique_ptr<TokenDataset> eval_data;
+  if (cfg.has_eval) {
+    eval_data = std::make_unique<TokenDataset>(cfg.eval_loader.dataset.local, cfg.eval_loader.dataset.split);
+    ANVIL_CHECK(eval_data->num_samples(T) > 0, "the '{}' split of '{}' has no sample of max_seq_len {} tokens",
+                cfg.eval_loader.dataset.split, cfg.eval_loader.dataset.local, T);
+  }
+  const int64_t total_steps = duration_to_batches(cfg.max_duration, batches_per_epoch, GB, T, -1, "max_duration");
+  ANVIL_CHECK(total_steps > 0, "max_duration '{}' is less than one batch of {} samples", cfg.max_duration.text, GB);
+  const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");
+  const int64_t log_every = static_cast<int64_t>(cfg.console_log_interval.value);
+  LrSchedule schedule{cfg.scheduler.name,
+                      duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
+                      cfg.scheduler.alpha_f, total_steps};
+
+  // The run directory. An existing run is never overwritten.
+  ANVIL_CHECK(!fs::exists(cfg.run_dir + "/metrics.jsonl"), "run directory '{}' already holds a run; choose another "
+              "run_dir (e.g. run_dir=runs/NAME) or remove it", cfg.run_dir);
+  make_dirs(cfg.run_dir);
+  write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
+  log_to_file(cfg.run_dir + "/train.log");
+  FILE* metrics = std::fopen((cfg.run_dir + "/metrics.jsonl").c_str(), "w");
+  ANVIL_CHECK(metrics, "cannot create '{}/metrics.jsonl'", cfg.run_dir);
+
+  const int max_batch = std::max(cfg.device_train_microbatch_size, cfg.device_eval_batch_size);
+  Gpt2 model(cfg.model, max_batch, T);
+  model.init_weights(cfg.seed);
+  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params());
+  TrainStep step(cfg, model, optimizer, schedule);
+  const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
+  const double peak = measured_peak_gflops();
+
+  log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
+  log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
+           cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
+  log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, microbatch {}); {} steps", n_samples, T,
+           batches_per_epoch, GB, cfg.device_train_microbatch_size, total_steps);
+  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s", cfg.kernels, blas_description(), peak);
+
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(GB, max_batch)) * T);
+  std::vector<int32_t> targets(tokens.size());
+  std::vector<int64_t> order(n_samples);
+  int64_t order_epoch = -1;
+
+  TrainSummary summary;
+  auto run_eval = [&](int64_t at_step) {
+    if (!eval_data) return;
+    auto t0 = std::chrono::steady_clock::now();
+    const double loss = evaluate(model, *eval_data, cfg, tokens, targets);
+    if (summary.first_eval_loss < 0) summary.first_eval_loss = loss;
+    summary.last_eval_loss = loss;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps, loss, std::exp(loss), secs);
+    std::fprintf(metrics, "%s\n", nlohmann::json{{"step", at_step}, {"eval_loss", loss}}.dump().c_str());
+    std::fflush(metrics);
+  };
+
+  if (cfg.eval_first) run_eval(0);
+  Progress bar("train", total_steps, "steps");
+  int64_t tokens_seen = 0;
+  const auto run_start = std::chrono::steady_clock::now();
+  for (int64_t t = 0; t < total_steps; t++) {
+    const int64_t epoch = t / batches_per_epoch, in_epoch = t % batches_per_epoch;
+    if (epoch != order_epoch) {
+      // The epoch's order: a pure function of (shuffle_seed, epoch).
+      for (int64_t i = 0; i < n_samples; i++) order[i] = i;
+      if (cfg.train_loader.dataset.shuffle) {
+        Rng rng(cfg.train_loader.dataset.shuffle_seed, static_cast<uint64_t>(epoch));
+        for (int64_t i = n_samples - 1; i > 0; i--) std::swap(order[i], order[rng.below(static_cast<uint64_t>(i) + 1)]);
+      }
+      order_epoch = epoch;
+    }
+    for (int k = 0; k < GB; k++)
+      train_data.sample(order[in_epoch * GB + k], T, tokens.data() + static_cast<size_t>(k) * T,
+                        targets.data() + static_cast<size_t>(k) * T);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepResult r = step.run(tokens.data(), targets.data(), GB, T, t);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ANVIL_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or enable "
+                "algorithms.gradient_clipping", t + 1, r.loss);
+    tokens_seen += static_cast<int64_t>(GB) * T;
+    const double tps = static_cast<double>(GB) * T / secs;
+    const double gflops = tps * flops_per_token / 1e9;
+    nlohmann::json row = {{"step", t + 1},       {"epoch", epoch},          {"loss", r.loss},
+                          {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen},
+                          {"tokens_per_s", tps}, {"gflops", gflops},        {"mfu", gflops / peak},
+                          {"step_s", secs},      {"peak_rss_mib", peak_rss_mib()}};
+    std::fprintf(metrics, "%s\n", row.dump().c_str());
+    std::fflush(metrics);
+    summary.final_train_loss = r.loss;
+    if ((t + 1) % log_every == 0)
+      log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,
+                                total_steps, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak));
+    bar.update(t + 1, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
+    if ((t + 1) % eval_every == 0 && t + 1 < total_steps) run_eval(t + 1);
+  }
+  bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
+  const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", total_steps, tokens_seen, format_duration(total_secs),
+           tokens_seen / total_secs);
+  run_eval(total_steps);
+  summary.steps = total_steps;
+  summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg, model, optimizer);
+  log_info("checkpoint: {}", summary.checkpoint);
+  std::fclose(metrics);
+  log_close_file();
+  return summary;
+}
+
+}  // namespace anvil

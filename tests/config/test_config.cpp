@@ -1,0 +1,106 @@
+// Config loading: defaults, dotted overrides, ${variables.x}, time units, and one clear error
+// for each kind of bad input (missing file, malformed YAML, unknown key, wrong type, bad value).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "config/train_config.h"
+#include "core/error.h"
+
+namespace anvil {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& text) {
+    const auto dir = std::filesystem::temp_directory_path() / ("anvil_cfg_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "c.yaml").string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+    try {
+      load_train_config(write(yaml), overrides);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+  static constexpr const char* kMinimal = R"(
+max_seq_len: 64
+model: {n_layers: 2, n_heads: 2, d_model: 32}
+train_loader: {dataset: {local: data/x}}
+global_train_batch_size: 4
+max_duration: 10ba
+)";
+};
+
+TEST_F(ConfigTest, MinimalConfigGetsDefaults) {
+  TrainConfig c = load_train_config(write(kMinimal), {});
+  EXPECT_EQ(c.model.vocab_size, 50257);
+  EXPECT_EQ(c.model.max_seq_len, 64);
+  EXPECT_EQ(c.device_train_microbatch_size, 4);
+  EXPECT_EQ(c.device_eval_batch_size, 4);
+  EXPECT_EQ(c.train_loader.dataset.split, "train");
+  EXPECT_EQ(c.optimizer.name, "decoupled_adamw");
+  EXPECT_EQ(c.seed, 17u);
+  EXPECT_EQ(c.max_duration.unit, Duration::Unit::kBatch);
+  EXPECT_EQ(c.run_dir, "runs/c");
+}
+
+TEST_F(ConfigTest, OverridesAndVariables) {
+  const std::string yaml = std::string(kMinimal) + "variables:\n  lr: 0.002\noptimizer:\n  lr: ${variables.lr}\n";
+  TrainConfig c = load_train_config(write(yaml), {"optimizer.betas=[0.8, 0.9]", "model.n_layers=3",
+                                                  "max_duration=2ep", "eval_loader.dataset.local=data/y"});
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.002);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_EQ(c.max_duration.unit, Duration::Unit::kEpoch);
+  EXPECT_TRUE(c.has_eval);
+  EXPECT_EQ(c.eval_loader.dataset.split, "val");
+  c = load_train_config(write(kMinimal), {"optimizer.lr=1e-3", "optimizer.lr=3e-4"});  // later wins
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+}
+
+TEST_F(ConfigTest, ResolvedYamlLoadsBackToTheSameConfig) {
+  TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y", "optimizer.weight_decay=0.1"});
+  const std::string once = to_yaml(c);
+  EXPECT_EQ(to_yaml(load_train_config(write(once), {})), once);
+}
+
+TEST_F(ConfigTest, ErrorsNameTheProblem) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "modle: {}\n").find("unknown key 'modle'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"model.n_layer=3"}).find("unknown key 'model.n_layer'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"model.n_layers=abc"}).find("model.n_layers = 'abc' is not an integer"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"model.d_model=33"}).find("divisible"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"max_duration=10xyz"}).find("not a duration"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"precision=amp_bf16"}).find("not supported yet"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"device_train_microbatch_size=auto"}).find("'auto'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr must be positive"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);
+  EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
+  EXPECT_NE(error_of("max_seq_len: 8\n").find("train_loader is required"), std::string::npos);
+  try {
+    load_train_config("/nonexistent/x.yaml", {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config file '/nonexistent/x.yaml' not found"), std::string::npos);
+  }
+}
+
+TEST(Duration, UnitsAndConversion) {
+  EXPECT_EQ(duration_to_batches(parse_duration("100ba", "k"), 50, 8, 64, -1, "k"), 100);
+  EXPECT_EQ(duration_to_batches(parse_duration("2ep", "k"), 50, 8, 64, -1, "k"), 100);
+  EXPECT_EQ(duration_to_batches(parse_duration("3", "k"), 50, 8, 64, -1, "k"), 150);
+  EXPECT_EQ(duration_to_batches(parse_duration("800sp", "k"), 50, 8, 64, -1, "k"), 100);
+  EXPECT_EQ(duration_to_batches(parse_duration("5.12e4tok", "k"), 50, 8, 64, -1, "k"), 100);
+  EXPECT_EQ(duration_to_batches(parse_duration("0.25dur", "k"), 50, 8, 64, 400, "k"), 100);
+  EXPECT_THROW(parse_duration("1.5ba", "k"), Error);
+  EXPECT_THROW(parse_duration("2dur", "k"), Error);
+  EXPECT_THROW(parse_duration("-1ba", "k"), Error);
+}
+
+}  // namespace
+}  // namespace anvil

@@ -1,0 +1,74 @@
+// Learning-rate schedules (Composer's definitions), the two AdamW weight-decay conventions, and
+// global-norm clipping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+
+namespace anvil {
+namespace {
+
+TEST(LrSchedule, CosineWithWarmup) {
+  LrSchedule s{"cosine_with_warmup", 10, 0.1, 110};
+  EXPECT_DOUBLE_EQ(s.multiplier(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.multiplier(5), 0.5);
+  EXPECT_DOUBLE_EQ(s.multiplier(10), 1.0);
+  EXPECT_NEAR(s.multiplier(60), 0.1 + 0.9 * 0.5, 1e-12);  // halfway down
+  EXPECT_NEAR(s.multiplier(110), 0.1, 1e-12);
+  EXPECT_NEAR(s.multiplier(500), 0.1, 1e-12);              // clipped past the end
+}
+
+TEST(LrSchedule, OtherShapes) {
+  EXPECT_DOUBLE_EQ((LrSchedule{"constant", 10, 0.0, 100}.multiplier(0)), 1.0);
+  EXPECT_DOUBLE_EQ((LrSchedule{"constant_with_warmup", 4, 0.0, 100}.multiplier(1)), 0.25);
+  EXPECT_DOUBLE_EQ((LrSchedule{"constant_with_warmup", 4, 0.0, 100}.multiplier(50)), 1.0);
+  EXPECT_NEAR((LrSchedule{"linear_decay_with_warmup", 0, 0.2, 100}.multiplier(50)), 0.6, 1e-12);
+  EXPECT_THROW((LrSchedule{"exponential", 0, 0.0, 100}.multiplier(50)), Error);
+}
+
+std::vector<ParamTensor> two_tensors() {
+  return {{"w", {2, 2}, 0, 4, true, 0.02f, 0}, {"b", {2}, 4, 2, false, 0, 0}};
+}
+
+TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {
+  // Composer's decay (lr / initial_lr)·wd equals PyTorch's lr·wd' with wd' = wd / initial_lr.
+  OptimizerConfig composer{"decoupled_adamw", 1e-2, 0.9, 0.95, 1e-8, 1e-4};
+  OptimizerConfig torch{"adamw", 1e-2, 0.9, 0.95, 1e-8, 1e-4 / 1e-2};
+  std::vector<float> p1 = {0.5f, -1.0f, 2.0f, 0.25f, 0.1f, -0.2f}, p2 = p1;
+  const std::vector<float> g = {0.1f, 0.2f, -0.3f, 0.05f, 0.4f, -0.1f};
+  AdamW a(composer, two_tensors(), 6), b(torch, two_tensors(), 6);
+  for (int step = 0; step < 3; step++) {
+    a.step(p1.data(), g.data(), 5e-3);
+    b.step(p2.data(), g.data(), 5e-3);
+  }
+  for (int i = 0; i < 6; i++) EXPECT_NEAR(p1[i], p2[i], 1e-7) << i;
+  // Without decay on the bias tensor, both conventions move it identically to plain Adam.
+  EXPECT_EQ(a.steps_taken(), 3);
+}
+
+TEST(AdamW, FirstStepMovesEachWeightByLr) {
+  // Adam's bias-corrected first step is lr·sign(g) (up to eps), decay aside.
+  OptimizerConfig c{"adamw", 1e-3, 0.9, 0.999, 1e-12, 0.0};
+  std::vector<float> p = {1, 1, 1, 1, 1, 1};
+  const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
+  AdamW opt(c, two_tensors(), 6);
+  opt.step(p.data(), g.data(), 1e-3);
+  for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0f - 1e-3f * (g[i] > 0 ? 1 : -1), 1e-6) << i;
+}
+
+TEST(ClipGradNorm, ScalesOnlyAboveTheThreshold) {
+  std::vector<float> g = {3, 4};  // norm 5
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 10.0), 5.0);
+  EXPECT_EQ(g, (std::vector<float>{3, 4}));
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
+  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-6);
+  std::vector<float> big(300000, 1e-3f);  // several chunks
+  EXPECT_NEAR(clip_grad_norm(big.data(), big.size(), 0.0), std::sqrt(300000.0) * 1e-3, 1e-6);
+}
+
+}  // namespace
+}  // namespace anvil

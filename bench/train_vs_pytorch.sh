@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # anvil and PyTorch (Debian's python3-torch) training the same GPT-2 on this machine in one run,
-# alternating, and the ratio. Installs python3-torch if missing.
+# alternating round by round so both see the same machine, and the median of the per-round
+# speed ratios (robust to a noisy neighbour). Installs python3-torch if missing.
 # Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R]   (default configs/bench-16m.yaml)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-config=configs/bench-16m.yaml steps=10 rounds=2
+config=configs/bench-16m.yaml steps=5 rounds=5
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -25,6 +26,7 @@ layers=$(get n_layers) heads=$(get n_heads) dmodel=$(get d_model) vocab=$(get vo
 seq=$(get max_seq_len) batch=$(get global_train_batch_size)
 echo "model: GPT-2 L=$layers H=$heads d=$dmodel V=$vocab T=$seq B=$batch, fp32, AdamW, $threads threads, $steps timed steps x $rounds rounds"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); avx512: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)"
+ratios=()
 best_anvil=0 best_torch=0
 for r in $(seq "$rounds"); do
   a=$(build/bin/anvil bench train "$config" --steps "$steps" 2>/dev/null | tail -1)
@@ -33,7 +35,11 @@ for r in $(seq "$rounds"); do
   echo "round $r: anvil $a"
   echo "round $r: torch $t"
   ta=$(echo "$a" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/'); tt=$(echo "$t" | sed 's/.*"tokens_per_s": \([0-9.]*\).*/\1/')
+  ratios+=("$(awk -v a="$ta" -v t="$tt" 'BEGIN{printf "%.3f", a/t}')")
   best_anvil=$(awk -v x="$ta" -v y="$best_anvil" 'BEGIN{print (x>y)?x:y}')
   best_torch=$(awk -v x="$tt" -v y="$best_torch" 'BEGIN{print (x>y)?x:y}')
 done
-awk -v a="$best_anvil" -v t="$best_torch" 'BEGIN{printf "best tokens/s: anvil %.0f, PyTorch %.0f, ratio %.2fx\n", a, t, a/t}'
+median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{v[NR]=$1} END{print (NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2}')
+echo "per-round ratios (anvil/PyTorch): ${ratios[*]}"
+awk -v a="$best_anvil" -v t="$best_torch" -v m="$median" \
+  'BEGIN{printf "best tokens/s: anvil %.0f, PyTorch %.0f; median ratio %.2fx\n", a, t, m}'

@@ -44,7 +44,8 @@ double clip_grad_norm(float* grads, size_t n, double max_norm) {
   // any number of threads.
   constexpr size_t kChunk = 1 << 16;
   const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-  std::vector<double> partial(chunks);
+  thread_local std::vector<double> partial;  // kept between calls: a step does not allocate
+  if (partial.size() < static_cast<size_t>(chunks)) partial.resize(chunks);
 #pragma omp parallel for schedule(static)
   for (long c = 0; c < chunks; c++) {
     const size_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
@@ -53,7 +54,7 @@ double clip_grad_norm(float* grads, size_t n, double max_norm) {
     partial[c] = s;
   }
   double sum = 0;
-  for (double s : partial) sum += s;
+  for (long c = 0; c < chunks; c++) sum += partial[c];
   const double norm = std::sqrt(sum);
   if (max_norm > 0 && norm > max_norm) {
     const float coef = static_cast<float>(max_norm / (norm + 1e-6));

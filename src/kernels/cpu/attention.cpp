@@ -89,7 +89,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const long row_stride = 3L * C;
 #pragma omp parallel
   {
-    std::vector<float> D(T);  // once per call and thread, never per tile
+    // Per-thread row terms, kept between calls so a training step does not allocate.
+    thread_local std::vector<float> D;
+    if (D.size() < static_cast<size_t>(T)) D.resize(T);
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++) {

@@ -1,0 +1,82 @@
+// The training step: no heap allocation once warmed up (every operator new is counted), and
+// the same result for any microbatch size.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "compare.h"
+#include "config/train_config.h"
+#include "core/rng.h"
+#include "train/step.h"
+
+namespace {
+std::atomic<long> g_allocations{0};
+}
+
+void* operator new(std::size_t n) {
+  g_allocations++;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace anvil {
+namespace {
+
+TrainConfig small_config(int microbatch) {
+  TrainConfig c;
+  c.max_seq_len = 16;
+  c.model = {2, 2, 32, 97, 16};
+  c.global_train_batch_size = 4;
+  c.device_train_microbatch_size = microbatch;
+  c.optimizer.lr = 1e-3;
+  c.clipping_threshold = 1.0;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  explicit Batch(const TrainConfig& c) {
+    const size_t n = static_cast<size_t>(c.global_train_batch_size) * c.max_seq_len;
+    Rng rng(3, 0);
+    for (size_t i = 0; i <= n; i++) tokens.push_back(static_cast<int32_t>(rng.below(c.model.vocab_size)));
+    targets.assign(tokens.begin() + 1, tokens.end());
+    tokens.pop_back();
+  }
+};
+
+TEST(TrainStep, DoesNotAllocateOnceWarm) {
+  TrainConfig c = small_config(2);
+  Gpt2 model(c.model, 2, c.max_seq_len);
+  model.init_weights(1);
+  AdamW opt(c.optimizer, model.tensors(), model.num_params());
+  TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+  Batch b(c);
+  step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
+  const long before = g_allocations.load();
+  for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+  EXPECT_EQ(g_allocations.load() - before, 0);
+}
+
+TEST(TrainStep, MicrobatchSizeDoesNotChangeTheResult) {
+  std::vector<std::vector<float>> finals;
+  for (int mb : {4, 2, 1, 3}) {  // 3 leaves a last microbatch of 1
+    TrainConfig c = small_config(mb);
+    Gpt2 model(c.model, mb, c.max_seq_len);
+    model.init_weights(1);
+    AdamW opt(c.optimizer, model.tensors(), model.num_params());
+    TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+    Batch b(c);
+    for (int t = 0; t < 3; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+    finals.emplace_back(model.params(), model.params() + model.num_params());
+  }
+  // Same math, different float grouping of the sums: equal to fp32 rounding.
+  for (size_t k = 1; k < finals.size(); k++)
+    EXPECT_TRUE(testing::rel_norm_close(finals[k].data(), finals[0].data(), finals[0].size(), testing::kFp32RelNorm));
+}
+
+}  // namespace
+}  // namespace anvil

@@ -44,8 +44,11 @@ double clip_grad_norm(float* grads, size_t n, double max_norm) {
   // any number of threads.
   constexpr size_t kChunk = 1 << 16;
   const long chunks = static_cast<long>((n + kChunk - 1) / kChunk);
-  thread_local std::vector<double> partial;  // kept between calls: a step does not allocate
-  if (partial.size() < static_cast<size_t>(chunks)) partial.resize(chunks);
+  // Kept between calls so that a step does not allocate; the OpenMP workers write through a
+  // plain pointer (a thread_local would give each worker its own, empty, copy).
+  thread_local std::vector<double> partial_sums;
+  if (partial_sums.size() < static_cast<size_t>(chunks)) partial_sums.resize(chunks);
+  double* partial = partial_sums.data();
 #pragma omp parallel for schedule(static)
   for (long c = 0; c < chunks; c++) {
     const size_t lo = c * kChunk, hi = std::min(n, lo + kChunk);

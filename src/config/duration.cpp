@@ -1,32 +1,41 @@
 #include "config/duration.h"
 
 #include <cmath>
-#include <regex>
+#include <cctype>
+#include <utility>
 
 #include "core/error.h"
 
 namespace anvil {
 
 Duration parse_duration(const std::string& text, const std::string& key) {
-  static const std::regex re(R"(^\s*([0-9.eE+-]+)\s*(ba|ep|sp|tok|dur)?\s*$)", std::regex::icase);
-  std::smatch m;
-  ANVIL_CHECK(std::regex_match(text, m, re),
-              "{}: '{}' is not a duration: expected a number with a unit ba, ep, sp, tok or dur "
-              "(e.g. 100ba)", key, text);
+  std::string t;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   Duration d;
   d.text = text;
-  try {
-    d.value = std::stod(m[1].str());
-  } catch (const std::exception&) {
-    ANVIL_FAIL("{}: '{}' is not a duration: '{}' is not a number", key, text, m[1].str());
+  d.unit = Duration::Unit::kEpoch;  // a bare number means epochs
+  std::string unit;
+  for (const auto& [suffix, u] : {std::pair{"tok", Duration::Unit::kToken}, {"dur", Duration::Unit::kDur},
+                                  {"ba", Duration::Unit::kBatch}, {"ep", Duration::Unit::kEpoch},
+                                  {"sp", Duration::Unit::kSample}}) {
+    const std::string sfx = suffix;
+    if (t.size() > sfx.size() && t.compare(t.size() - sfx.size(), sfx.size(), sfx) == 0) {
+      d.unit = u;
+      unit = sfx;
+      t.resize(t.size() - sfx.size());
+      break;
+    }
   }
-  std::string unit = m[2].str();
-  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
-  if (unit == "ba") d.unit = Duration::Unit::kBatch;
-  else if (unit == "ep" || unit.empty()) d.unit = Duration::Unit::kEpoch;
-  else if (unit == "sp") d.unit = Duration::Unit::kSample;
-  else if (unit == "tok") d.unit = Duration::Unit::kToken;
-  else d.unit = Duration::Unit::kDur;
+  size_t used = 0;
+  try {
+    d.value = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ANVIL_CHECK(!t.empty() && used == t.size(),
+              "{}: '{}' is not a duration: expected a number with a unit ba, ep, sp, tok or dur (e.g. 100ba)",
+              key, text);
   ANVIL_CHECK(d.value >= 0 && std::isfinite(d.value), "{}: '{}' must not be negative", key, text);
   if (d.unit == Duration::Unit::kDur)
     ANVIL_CHECK(d.value <= 1.0, "{}: '{}' is a fraction of max_duration and must be in [0, 1]", key, text);

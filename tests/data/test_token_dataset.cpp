@@ -53,12 +53,12 @@ TEST_F(TokenDatasetTest, PreparesSplitsDeterministically) {
   TokenDataset train((root_ / "a").string(), "train"), val((root_ / "a").string(), "val");
   EXPECT_EQ(train.num_tokens(), s.train_tokens);
   EXPECT_EQ(val.num_tokens(), s.val_tokens);
-  // Samples are windows with targets shifted by one.
-  std::vector<int32_t> in(8), tgt(8);
+  // Sample i of length T is tokens [i·T, (i+1)·T), its targets the same shifted by one.
+  std::vector<int32_t> in(8), tgt(8), whole(17), whole_tgt(17);
   train.sample(1, 8, in.data(), tgt.data());
-  std::vector<int32_t> in2(8), tgt2(8);
-  train.sample(0, 9, in2.data(), tgt2.data());
-  EXPECT_EQ(std::vector<int32_t>(in.begin() + 1, in.end()), std::vector<int32_t>(tgt.begin(), tgt.end() - 1));
+  train.sample(0, 17, whole.data(), whole_tgt.data());
+  EXPECT_EQ(in, std::vector<int32_t>(whole.begin() + 8, whole.begin() + 16));
+  EXPECT_EQ(tgt, std::vector<int32_t>(whole.begin() + 9, whole.begin() + 17));
   prepare("b");
   EXPECT_EQ(read_file((root_ / "a/train-00000.tok").string()), read_file((root_ / "b/train-00000.tok").string()));
   EXPECT_EQ(read_file((root_ / "a/index.json").string()), read_file((root_ / "b/index.json").string()));

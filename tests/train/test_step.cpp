@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <new>
 
+#include <omp.h>
+
 #include "compare.h"
 #include "config/train_config.h"
 #include "core/rng.h"
@@ -76,6 +78,25 @@ TEST(TrainStep, MicrobatchSizeDoesNotChangeTheResult) {
   // Same math, different float grouping of the sums: equal to fp32 rounding.
   for (size_t k = 1; k < finals.size(); k++)
     EXPECT_TRUE(testing::rel_norm_close(finals[k].data(), finals[0].data(), finals[0].size(), testing::kFp32RelNorm));
+}
+
+// The thread count changes who computes what, never the order of any sum: bitwise equal.
+TEST(TrainStep, OneAndTwoThreadsGiveTheSameBits) {
+  std::vector<std::vector<float>> finals;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    TrainConfig c = small_config(2);
+    Gpt2 model(c.model, 2, c.max_seq_len);
+    model.init_weights(1);
+    AdamW opt(c.optimizer, model.tensors(), model.num_params());
+    TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+    Batch b(c);
+    for (int t = 0; t < 3; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+    finals.emplace_back(model.params(), model.params() + model.num_params());
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(finals[0] == finals[1]);
 }
 
 }  // namespace

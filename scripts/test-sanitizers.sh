@@ -6,6 +6,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 scripts/setup.sh
 cmake --preset cpu-asan > /dev/null
-cmake --build build/cpu-asan -j"$(nproc)" 2>&1 | grep -E "error|warning" || true
+cmake --build build/cpu-asan -j"$(nproc)" 2>&1 | grep -E "error:|warning:" || true
 cd build/cpu-asan
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 OMP_NUM_THREADS=2 ctest -L unit --output-on-failure "$@"

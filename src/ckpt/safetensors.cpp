@@ -1,3 +1,4 @@
+// safetensors read and write. Reads validate every byte range against the file before use.
 #include "ckpt/safetensors.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// Composer time strings: parsed by suffix, converted to optimizer steps once the run's shape is known.
 #include "config/duration.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// YAML -> TrainConfig: overrides are applied to the YAML tree first, so a key=value is checked
+// exactly like the same key written in the file.
 #include "config/train_config.h"
 
 #include <yaml-cpp/yaml.h>

@@ -1,3 +1,5 @@
+// CPU feature detection: compiler builtins for the ISA, /proc/cpuinfo for the model name and
+// the flags the builtins do not know (avx512_bf16).
 #include "core/cpu.h"
 
 #include <omp.h>

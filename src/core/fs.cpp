@@ -1,3 +1,5 @@
+// File helpers. Atomic writes go through a pid-suffixed temporary in the same directory, so the
+// rename never crosses file systems.
 #include "core/fs.h"
 
 #include <fcntl.h>

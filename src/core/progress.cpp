@@ -1,3 +1,4 @@
+// The progress bar: redrawn at most ten times a second on a terminal, every ten seconds otherwise.
 #include "core/progress.h"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// Counter-based random numbers: every value is a hash of (seed, stream, counter).
 #include "core/rng.h"
 
 #include <cmath>

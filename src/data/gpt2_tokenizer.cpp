@@ -1,3 +1,5 @@
+// GPT-2 BPE: strict UTF-8 decoding with ICU's categories for \p{L} and \p{N}, the pattern
+// matched by hand, and merges applied as gpt-3-encoder applies them. Results are cached per piece.
 #include "data/gpt2_tokenizer.h"
 
 #include <unicode/uchar.h>

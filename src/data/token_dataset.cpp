@@ -1,3 +1,5 @@
+// Token shards: prepared into a temporary directory that is renamed at the end; every shard read
+// back is checked against the index (magic, version, size, checksum).
 #include "data/token_dataset.h"
 
 #include <unistd.h>
@@ -99,7 +101,7 @@ PrepareSummary prepare_token_dataset(const PrepareOptions& opt) {
               fmt::join(opt.inputs, ", "));
 
   const fs::path out(opt.out_dir);
-  const std::string tmp = (out.parent_path() / ("." + out.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  const std::string tmp = (out.parent_path() / fmt::format(".{}.tmp.{}", out.filename().string(), ::getpid())).string();
   fs::remove_all(tmp);
   make_dirs(tmp);
   PrepareSummary sum;

@@ -1,3 +1,4 @@
+// GPT-2 forward and backward, written once against the ops of src/kernels.
 #include "model/gpt2.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// AdamW as PyTorch computes it (bias corrections folded into the step size and the denominator),
+// and the global gradient norm summed over fixed chunks.
 #include "optim/adamw.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// Composer's learning-rate schedules.
 #include "optim/schedule.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// `anvil bench train`: the trainer's own step on synthetic tokens, so the benchmark measures
+// exactly what training runs.
 #include "train/bench.h"
 
 #include <sys/resource.h>

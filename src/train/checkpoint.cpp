@@ -1,3 +1,4 @@
+// Checkpoint save (temporary directory, fsync, rename, then `latest`) and load (checksums verified).
 #include "train/checkpoint.h"
 
 #include <unistd.h>

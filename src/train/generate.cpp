@@ -1,3 +1,4 @@
+// Sampling: the model runs over the last max_seq_len tokens for each new token (no KV cache yet).
 #include "train/generate.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The optimizer step shared by `anvil train` and `anvil bench train`.
 #include "train/step.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The training loop and its run directory.
 #include "train/trainer.h"
 
 #include <sys/resource.h>

@@ -17,13 +17,13 @@ namespace {
 std::atomic<long> g_allocations{0};
 }
 
+// Counts every allocation through operator new. The library's operator delete frees with free(),
+// which matches malloc, so only new is replaced.
 void* operator new(std::size_t n) {
   g_allocations++;
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace anvil {
 namespace {

@@ -23,6 +23,7 @@ fi
 
 echo "== train: configs/demo.yaml -> runs/demo"
 rm -rf runs/demo   # the demo's own run directory; anvil never overwrites a run by itself
+mkdir -p runs
 "$anvil" train configs/demo.yaml "$@" | tee runs/demo.summary
 
 echo "== sample from the trained model"

@@ -50,6 +50,18 @@ struct Batch {
   }
 };
 
+// Final parameters after `steps` optimizer steps on the fixed batch.
+std::vector<float> train_steps(int microbatch, int steps) {
+  TrainConfig c = small_config(microbatch);
+  Gpt2 model(c.model, microbatch, c.max_seq_len);
+  model.init_weights(1);
+  AdamW opt(c.optimizer, model.tensors(), model.num_params());
+  TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+  Batch b(c);
+  for (int t = 0; t < steps; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+  return std::vector<float>(model.params(), model.params() + model.num_params());
+}
+
 TEST(TrainStep, DoesNotAllocateOnceWarm) {
   TrainConfig c = small_config(2);
   Gpt2 model(c.model, 2, c.max_seq_len);
@@ -65,16 +77,7 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
 
 TEST(TrainStep, MicrobatchSizeDoesNotChangeTheResult) {
   std::vector<std::vector<float>> finals;
-  for (int mb : {4, 2, 1, 3}) {  // 3 leaves a last microbatch of 1
-    TrainConfig c = small_config(mb);
-    Gpt2 model(c.model, mb, c.max_seq_len);
-    model.init_weights(1);
-    AdamW opt(c.optimizer, model.tensors(), model.num_params());
-    TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
-    Batch b(c);
-    for (int t = 0; t < 3; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
-    finals.emplace_back(model.params(), model.params() + model.num_params());
-  }
+  for (int mb : {4, 2, 1, 3}) finals.push_back(train_steps(mb, 3));  // 3: a last microbatch of 1
   // Same math, different float grouping of the sums: equal to fp32 rounding.
   for (size_t k = 1; k < finals.size(); k++)
     EXPECT_TRUE(testing::rel_norm_close(finals[k].data(), finals[0].data(), finals[0].size(), testing::kFp32RelNorm));
@@ -86,14 +89,7 @@ TEST(TrainStep, OneAndTwoThreadsGiveTheSameBits) {
   const int saved = omp_get_max_threads();
   for (int threads : {1, 2}) {
     omp_set_num_threads(threads);
-    TrainConfig c = small_config(2);
-    Gpt2 model(c.model, 2, c.max_seq_len);
-    model.init_weights(1);
-    AdamW opt(c.optimizer, model.tensors(), model.num_params());
-    TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
-    Batch b(c);
-    for (int t = 0; t < 3; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
-    finals.emplace_back(model.params(), model.params() + model.num_params());
+    finals.push_back(train_steps(2, 3));
   }
   omp_set_num_threads(saved);
   EXPECT_TRUE(finals[0] == finals[1]);

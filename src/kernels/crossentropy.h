@@ -17,13 +17,21 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
                            const int32_t* targets, float dloss, int N, int V);
 
+// Training's form of the two above in one: losses (N) = as crossentropy_forward and dlogits
+// (N,V) = as crossentropy_backward with the same dloss, taking one exp per logit instead of two.
+// dlogits may alias logits.
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+                                   const int32_t* targets, float dloss, int N, int V);
+
 namespace ref {
 void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
 void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
+void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
 }  // namespace ref
 namespace cpu {
 void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
 void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
+void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
 }  // namespace cpu
 
 }  // namespace anvil

@@ -77,4 +77,9 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
   ANVIL_DISPATCH(crossentropy_backward, dlogits, logits, lse, targets, dloss, N, V);
 }
 
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+                                   const int32_t* targets, float dloss, int N, int V) {
+  ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V);
+}
+
 }  // namespace anvil

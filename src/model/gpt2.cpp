@@ -112,7 +112,7 @@ void Gpt2::init_weights(uint64_t seed) {
 
 void Gpt2::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
 
-double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
+void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
   const int C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size;
@@ -120,7 +120,6 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   for (int i = 0; i < N; i++)
     ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
   tokens_ = tokens;
-  targets_ = targets;
   B_ = B;
   T_ = T;
   Params p = bind(params_.data());
@@ -158,24 +157,45 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   }
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, p.lnfw, p.lnfb, N, C);
   matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, V);  // tied LM head
-  if (!targets) return 0.0;
+}
 
+void Gpt2::check_targets(const int32_t* targets, int N) const {
   for (int i = 0; i < N; i++)
-    ANVIL_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < V),
-                "target id {} out of range for vocab_size {}", targets[i], V);
-  crossentropy_forward(a.losses, a.ce_lse, a.logits, targets, N, V);
+    ANVIL_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
+                "target id {} out of range for vocab_size {}", targets[i], cfg_.vocab_size);
+}
+
+double Gpt2::sum_losses(const int32_t* targets, int N, int64_t* n_targets) const {
   double sum = 0;
   int64_t count = 0;
   for (int i = 0; i < N; i++) {
-    sum += a.losses[i];
+    sum += acts_.losses[i];
     count += targets[i] != kIgnoreIndex;
   }
   if (n_targets) *n_targets = count;
   return sum;
 }
 
-void Gpt2::backward(float dloss) {
-  ANVIL_CHECK(targets_, "backward() needs a forward() with targets first");
+double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
+  forward_to_logits(tokens, B, T);
+  if (!targets) return 0.0;
+  check_targets(targets, B * T);
+  crossentropy_forward(acts_.losses, acts_.ce_lse, acts_.logits, targets, B * T, cfg_.vocab_size);
+  return sum_losses(targets, B * T, n_targets);
+}
+
+double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
+                              int64_t* n_targets) {
+  forward_to_logits(tokens, B, T);
+  check_targets(targets, B * T);
+  // The logits' gradient replaces the logits, in the same pass that computes the losses.
+  crossentropy_forward_backward(acts_.losses, acts_.logits, acts_.logits, targets, dloss, B * T, cfg_.vocab_size);
+  const double sum = sum_losses(targets, B * T, n_targets);
+  backward_from_dlogits();
+  return sum;
+}
+
+void Gpt2::backward_from_dlogits() {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size;
   const int N = B * T;
   Params p = bind(params_.data());
@@ -183,7 +203,6 @@ void Gpt2::backward(float dloss) {
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
 
-  crossentropy_backward(a.logits, a.logits, a.ce_lse, targets_, dloss, N, V);  // in place
   matmul_backward(dsmall_, g.wte, nullptr, a.logits, a.lnf, p.wte, N, C, V);
   std::memset(dresidual_, 0, sizeof(float) * N * C);
   const float* last = cfg_.n_layers > 0 ? a.residual3 + (cfg_.n_layers - 1) * BT * C : a.encoded;
@@ -219,7 +238,6 @@ void Gpt2::backward(float dloss) {
                        a.ln1_mean + l * BT, a.ln1_rstd + l * BT, N, C);
   }
   encoder_backward(g.wte, g.wpe, dresidual_, tokens_, B, T, C);
-  targets_ = nullptr;  // the logits are gone; another backward needs another forward
 }
 
 }  // namespace anvil

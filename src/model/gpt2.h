@@ -45,15 +45,16 @@ class Gpt2 {
   void init_weights(uint64_t seed);
   void zero_grad();
 
-  // Runs tokens (B,T) through the model. With targets (B,T) (kIgnoreIndex allowed) it also
-  // computes per-token losses and returns their sum; the count of non-ignored targets goes to
-  // *n_targets. Without targets only the logits are computed (see logits()).
+  // Runs tokens (B,T) through the model (eval, generation). With targets (B,T) (kIgnoreIndex
+  // allowed) it also computes per-token losses and returns their sum; the count of non-ignored
+  // targets goes to *n_targets (may be null). Without targets only the logits are computed.
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets);
-  // Adds to grads() the gradient of dloss · (sum of the last forward's losses). Call after a
-  // forward with targets; it consumes the logits (they are overwritten by their gradient).
-  void backward(float dloss);
+  // Training: the forward pass, then adds to grads() the gradient of dloss · (sum of the
+  // per-token losses). Returns that sum, as forward() does. The logits are consumed.
+  double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
+                          int64_t* n_targets);
 
-  const float* logits() const { return acts_.logits; }  // (B,T,V) of the last forward
+  const float* logits() const { return acts_.logits; }  // (B,T,V) of the last forward()
 
  private:
   struct Acts {
@@ -66,6 +67,10 @@ class Gpt2 {
         *fcprojw, *fcprojb, *lnfw, *lnfb;
   };
   Params bind(float* base) const;
+  void forward_to_logits(const int32_t* tokens, int B, int T);
+  void check_targets(const int32_t* targets, int N) const;
+  double sum_losses(const int32_t* targets, int N, int64_t* n_targets) const;
+  void backward_from_dlogits();  // the gradient of the logits is in acts_.logits
 
   ModelConfig cfg_;
   int max_batch_, max_seq_;
@@ -73,8 +78,7 @@ class Gpt2 {
   std::vector<float> params_, grads_, act_memory_, grad_act_memory_;
   Acts acts_{};
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
-  const int32_t* tokens_ = nullptr;
-  const int32_t* targets_ = nullptr;
+  const int32_t* tokens_ = nullptr;  // of the last forward, for the embedding's backward
   int B_ = 0, T_ = 0;
 };
 

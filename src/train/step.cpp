@@ -23,8 +23,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   for (int b0 = 0; b0 < batch; b0 += microbatch_) {
     const int mb = std::min(microbatch_, batch - b0);
     const size_t offset = static_cast<size_t>(b0) * seq_len;
-    loss_sum += model_.forward(tokens + offset, targets + offset, mb, seq_len, nullptr);
-    model_.backward(dloss);
+    loss_sum += model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
   }
   r.loss = loss_sum / static_cast<double>(r.target_tokens);
   r.grad_norm = clip_grad_norm(model_.grads(), model_.num_params(), clip_);

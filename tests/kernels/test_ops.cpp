@@ -165,6 +165,20 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
     auto d_cpu = logits;  // in place, as the model runs it
     cpu::crossentropy_backward(d_cpu.data(), d_cpu.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
     EXPECT_TRUE(all_close(d_cpu.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
+    // The fused training form, in place and into a buffer of garbage (NaN): the same losses and
+    // gradient, with ignored rows zeroed.
+    for (bool in_place : {true, false}) {
+      std::vector<float> l_ref2(s.N, 99.0f), l_cpu2(s.N, 99.0f);
+      std::vector<float> d_ref2(logits.size(), NAN);
+      std::vector<float> d_cpu2 = in_place ? logits : std::vector<float>(logits.size(), NAN);
+      const float* src = in_place ? d_cpu2.data() : logits.data();
+      ref::crossentropy_forward_backward(l_ref2.data(), d_ref2.data(), logits.data(), targets.data(), 0.25f, s.N, s.V);
+      cpu::crossentropy_forward_backward(l_cpu2.data(), d_cpu2.data(), src, targets.data(), 0.25f, s.N, s.V);
+      EXPECT_TRUE(all_close(l_ref2.data(), l_ref.data(), s.N, kFp32Elementwise));
+      EXPECT_TRUE(all_close(d_ref2.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
+      EXPECT_TRUE(all_close(l_cpu2.data(), l_ref.data(), s.N, kFp32Reduction)) << "in place " << in_place;
+      EXPECT_TRUE(all_close(d_cpu2.data(), d_ref.data(), d_ref.size(), kFp32Elementwise)) << "in place " << in_place;
+    }
     for (int n = 0; n < s.N; n++) {
       if (targets[n] == kIgnoreIndex) {
         EXPECT_EQ(l_cpu[n], 0.0f);

@@ -61,7 +61,9 @@ TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
   EXPECT_TRUE(rel_norm_close(&loss, f.at("loss").f32(), 1, kFp32RelNorm));
 
   model.zero_grad();
-  model.backward(1.0f / static_cast<float>(n_targets));
+  const double again = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
+                                              1.0f / static_cast<float>(n_targets), nullptr);
+  EXPECT_NEAR(again, loss_sum, 1e-6 * loss_sum);  // the fused loss agrees with forward()'s
   expect_params_close(model, model.grads(), f.at("grads").f32(), kFp32RelNorm);
 }
 
@@ -83,9 +85,10 @@ TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   std::vector<float> losses, norms;
   for (int step = 0; step < steps; step++) {
     int64_t n = 0;
-    double sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n);
+    model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n);  // counts the targets
     model.zero_grad();
-    model.backward(1.0f / static_cast<float>(n));
+    const double sum = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
+                                              1.0f / static_cast<float>(n), nullptr);
     norms.push_back(static_cast<float>(clip_grad_norm(model.grads(), model.num_params(), meta_double(f, "clip"))));
     losses.push_back(static_cast<float>(sum / n));
     opt.step(model.params(), model.grads(), oc.lr * sched.multiplier(step));
@@ -134,14 +137,13 @@ TEST(Gpt2, MicrobatchesGiveTheSameGradientAsOneBatch) {
   std::copy_n(f.at("params_init").f32(), micro.num_params(), micro.params());
 
   int64_t n = 0;
-  whole.forward(tokens, targets, B, T, &n);
   whole.zero_grad();
-  whole.backward(1.0f / static_cast<float>(n));
+  whole.forward_backward(tokens, targets, B, T, 1.0f / static_cast<float>(B * T - 3), &n);
+  ASSERT_EQ(n, B * T - 3);  // the fixture ignores three targets
 
   micro.zero_grad();
   for (int b = 0; b < B; b++) {
-    micro.forward(tokens + b * T, targets + b * T, 1, T, nullptr);
-    micro.backward(1.0f / static_cast<float>(n));
+    micro.forward_backward(tokens + b * T, targets + b * T, 1, T, 1.0f / static_cast<float>(n), nullptr);
   }
   expect_params_close(whole, micro.grads(), whole.grads(), kFp32RelNorm);
 }

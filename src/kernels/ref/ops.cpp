@@ -267,4 +267,11 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
   }
 }
 
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+                                   const int32_t* targets, float dloss, int N, int V) {
+  std::vector<float> lse(N);
+  crossentropy_forward(losses, lse.data(), logits, targets, N, V);
+  crossentropy_backward(dlogits, logits, lse.data(), targets, dloss, N, V);  // element-wise: aliasing is safe
+}
+
 }  // namespace anvil::ref

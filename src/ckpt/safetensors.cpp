@@ -58,7 +58,11 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   SafeTensorsFile out;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      for (auto& [k, v] : entry.items()) out.metadata[k] = v.get<std::string>();
+      ANVIL_CHECK(entry.is_object(), "'{}': __metadata__ must map names to strings", path);
+      for (auto& [k, v] : entry.items()) {
+        ANVIL_CHECK(v.is_string(), "'{}': __metadata__ value of '{}' is not a string", path, k);
+        out.metadata[k] = v.get<std::string>();
+      }
       continue;
     }
     try {

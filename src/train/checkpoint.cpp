@@ -93,10 +93,12 @@ LoadedModel load_model_checkpoint(const std::string& path) {
   for (const ParamTensor& t : layout) {
     const SafeTensor& st = weights.at(t.name);
     ANVIL_CHECK(st.shape == t.shape, "checkpoint '{}': tensor '{}' has the wrong shape", dir, t.name);
-    const std::string* want = nullptr;
-    for (const auto& entry : manifest["tensors"])
-      if (entry["name"] == t.name) want = entry["xxh3"].get_ptr<const std::string*>();
-    ANVIL_CHECK(want && *want == hex64(hash64(st.data.data(), st.data.size())),
+    std::string want;
+    const auto listed = manifest.find("tensors");
+    if (listed != manifest.end() && listed->is_array())
+      for (const auto& entry : *listed)
+        if (entry.is_object() && entry.value("name", "") == t.name) want = entry.value("xxh3", "");
+    ANVIL_CHECK(!want.empty() && want == hex64(hash64(st.data.data(), st.data.size())),
                 "checkpoint '{}' is corrupt: tensor '{}' does not match its checksum in the manifest", dir, t.name);
     std::copy_n(st.f32(), t.numel, out.params.data() + t.offset);
   }

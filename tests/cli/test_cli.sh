@@ -81,6 +81,10 @@ mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"
 expect_error "empty corpus" "corpus is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
 expect_error "missing dataset" "has no index.json" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
+cp -r "$tmp/run" "$tmp/run-truncated"
+weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/model.safetensors
+truncate -s $(( $(stat -c %s "$weights") / 2 )) "$weights"
+expect_error "truncated checkpoint" "is truncated" "$anvil" generate "$tmp/run-truncated" --prompt x
 cp -r "$tmp/run" "$tmp/run-corrupt"
 ckpt=$(ls -d "$tmp"/run-corrupt/checkpoints/step-*)
 printf '\x01' | dd of="$ckpt/model.safetensors" bs=1 seek=4096 conv=notrunc 2>/dev/null

@@ -17,13 +17,19 @@ namespace {
 std::atomic<long> g_allocations{0};
 }
 
-// Counts every allocation through operator new. The library's operator delete frees with free(),
-// which matches malloc, so only new is replaced.
+// Counts every allocation through operator new. new and delete are replaced as a pair (a
+// sanitizer's own delete must never see our malloc'd blocks). GCC 12 warns that the replacement
+// delete frees what "operator new" returned, which is exactly what a replacement pair does.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
   g_allocations++;
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace anvil {
 namespace {

@@ -1,5 +1,6 @@
-// Softmax cross-entropy over the vocabulary, fused: probabilities are never stored; the backward
-// pass rebuilds them from the logits and the saved log-sum-exp, and may overwrite the logits.
+// Softmax cross-entropy over the vocabulary. Probabilities are never stored: evaluation needs
+// only the losses, and training takes losses and gradient in one op that writes the gradient
+// over the logits.
 #pragma once
 #include <cstdint>
 
@@ -11,26 +12,21 @@ constexpr int32_t kIgnoreIndex = -100;  // a target with this value contributes 
 // log-sum-exp of each row of logits (N,V). Targets must be in [0, V) or kIgnoreIndex.
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                           int N, int V);
-// dlogits (N,V) = dloss · (softmax(logits) - onehot(target)), rows with an ignored target = 0.
-// dloss is the weight of each row's loss in the objective (1 / target tokens in the global
-// batch). dlogits may alias logits.
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const int32_t* targets, float dloss, int N, int V);
-
-// Training's form of the two above in one: losses (N) = as crossentropy_forward and dlogits
-// (N,V) = as crossentropy_backward with the same dloss, taking one exp per logit instead of two.
-// dlogits may alias logits.
+// Training: losses (N) = as crossentropy_forward, and dlogits (N,V) = dloss · (softmax(logits) -
+// onehot(target)), rows with an ignored target = 0. dloss is the weight of each row's loss in the
+// objective (1 / target tokens in the global batch). dlogits may alias logits.
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
                                    const int32_t* targets, float dloss, int N, int V);
 
 namespace ref {
 void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
-void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
+// The gradient from the saved lse, separately: the specification the fused form is built from.
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
+                           const int32_t* targets, float dloss, int N, int V);
 void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
 }  // namespace ref
-namespace cpu {
+namespace cpu {  // one exp per logit in the training form
 void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
-void crossentropy_backward(float*, const float*, const float*, const int32_t*, float, int, int);
 void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
 }  // namespace cpu
 

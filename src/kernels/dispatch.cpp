@@ -72,11 +72,6 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
                           int N, int V) {
   ANVIL_DISPATCH(crossentropy_forward, losses, lse, logits, targets, N, V);
 }
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const int32_t* targets, float dloss, int N, int V) {
-  ANVIL_DISPATCH(crossentropy_backward, dlogits, logits, lse, targets, dloss, N, V);
-}
-
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
                                    const int32_t* targets, float dloss, int N, int V) {
   ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V);

@@ -162,9 +162,6 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
     EXPECT_TRUE(all_close(lse_cpu.data(), lse_ref.data(), s.N, kFp32Reduction));
     std::vector<float> d_ref(logits.size());
     ref::crossentropy_backward(d_ref.data(), logits.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
-    auto d_cpu = logits;  // in place, as the model runs it
-    cpu::crossentropy_backward(d_cpu.data(), d_cpu.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
-    EXPECT_TRUE(all_close(d_cpu.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
     // The fused training form, in place and into a buffer of garbage (NaN): the same losses and
     // gradient, with ignored rows zeroed.
     for (bool in_place : {true, false}) {

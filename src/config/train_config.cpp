@@ -112,20 +112,79 @@ void interpolate(YAML::Node node, const YAML::Node& vars, const std::string& fil
   }
 }
 
-void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split) {
+// "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them).
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t end = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &end);
+  } catch (const std::exception&) {
+  }
+  std::string unit = text.substr(end);
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::pair<const char*, double> kUnits[] = {{"", 1}, {"b", 1}, {"kb", 1024.0}, {"mb", 1024.0 * 1024},
+                                                   {"gb", 1024.0 * 1024 * 1024}, {"tb", 1024.0 * 1024 * 1024 * 1024}};
+  for (auto& [u, scale] : kUnits)
+    if (unit == u && v > 0) return static_cast<int64_t>(v * scale);
+  ANVIL_FAIL("{} = '{}' is not a size (expected bytes, or a number with kb, mb, gb or tb)", what, text);
+}
+
+void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, const std::string& file) {
   r.get("name", out.name);
   ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
   MapReader d = r.sub("dataset");
-  d.get("local", out.dataset.local);
-  out.dataset.split = default_split;
-  d.get("split", out.dataset.split);
-  d.get("shuffle", out.dataset.shuffle);
-  d.get("shuffle_seed", out.dataset.shuffle_seed);
+  DatasetConfig& ds = out.dataset;
+  d.get("remote", ds.remote);
+  d.get("local", ds.local);
+  ds.split = default_split;
+  d.get("split", ds.split);
+  d.get("shuffle", ds.shuffle);
+  d.get("shuffle_seed", ds.shuffle_seed);
+  d.get("shuffle_algo", ds.shuffle_algo);
+  d.get("shuffle_block_size", ds.shuffle_block_size);
+  d.get("num_canonical_nodes", ds.num_canonical_nodes);
+  d.get("epoch_size", ds.epoch_size);
+  std::string cache_limit;
+  d.get("cache_limit", cache_limit);
+  if (!cache_limit.empty() && cache_limit != "-1") ds.cache_limit = parse_bytes(cache_limit, file + ": " + d.full("cache_limit"));
+  d.get("predownload", ds.predownload);
+  d.get("download_retry", ds.download_retry);
+  d.get("download_timeout", ds.download_timeout);
+  d.get("validate_hash", ds.validate_hash);
   int max_seq_len = 0;
   d.get("max_seq_len", max_seq_len);  // LLM Foundry repeats it here; the top-level value rules
+  if (d.has("streams")) {
+    const YAML::Node streams = d.raw("streams");
+    ANVIL_CHECK(streams.IsMap() && streams.size() > 0, "{}: {} must map stream names to their settings", file,
+                d.full("streams"));
+    for (auto it = streams.begin(); it != streams.end(); ++it) {
+      StreamConfig sc;
+      sc.name = it->first.as<std::string>();
+      MapReader sr(it->second, d.full("streams") + "." + sc.name, file);
+      sr.get("remote", sc.remote);
+      sr.get("local", sc.local);
+      sc.split = ds.split;
+      sr.get("split", sc.split);
+      sr.get("proportion", sc.proportion);
+      sr.finish();
+      ANVIL_CHECK(!sc.remote.empty() || !sc.local.empty(), "{}: {} needs `local` (a dataset directory) or `remote`",
+                  file, sr.full("local"));
+      ANVIL_CHECK(sc.proportion > 0, "{}: {} must be positive", file, sr.full("proportion"));
+      ds.streams.push_back(sc);
+    }
+  }
   d.finish();
-  ANVIL_CHECK(!out.dataset.local.empty(), "{}: a dataset directory is required (made by `anvil data prepare`)",
-              d.full("local"));
+  if (ds.streams.empty())
+    ANVIL_CHECK(!ds.remote.empty() || !ds.local.empty(), "{}: {} or {} is required (a dataset made by `anvil data "
+                "prepare`, or a remote holding one)", file, d.full("local"), d.full("remote"));
+  ANVIL_CHECK(ds.shuffle_algo == "none" || ds.shuffle_algo == "py1s" || ds.shuffle_algo == "py1e",
+              "{}: {} = '{}' is not known (expected none, py1s or py1e)", file, d.full("shuffle_algo"), ds.shuffle_algo);
+  ANVIL_CHECK(ds.num_canonical_nodes >= 1, "{}: {} must be at least 1", file, d.full("num_canonical_nodes"));
+  ANVIL_CHECK(ds.shuffle_block_size == -1 || ds.shuffle_block_size >= 1, "{}: {} must be positive", file,
+              d.full("shuffle_block_size"));
+  ANVIL_CHECK(ds.epoch_size == -1 || ds.epoch_size >= 1, "{}: {} must be positive", file, d.full("epoch_size"));
+  ANVIL_CHECK(ds.download_retry >= 0, "{}: {} must be 0 or more", file, d.full("download_retry"));
+  ANVIL_CHECK(ds.download_timeout > 0, "{}: {} must be positive (seconds)", file, d.full("download_timeout"));
   r.get("drop_last", out.drop_last);
   r.get("num_workers", out.num_workers);
   ANVIL_CHECK(out.num_workers >= 0, "{} must be >= 0", r.full("num_workers"));
@@ -192,9 +251,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     t.finish();
   }
   ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
-  read_loader(top.sub("train_loader"), c.train_loader, "train");
+  read_loader(top.sub("train_loader"), c.train_loader, "train", path);
   if (top.has("eval_loader")) {
-    read_loader(top.sub("eval_loader"), c.eval_loader, "val");
+    read_loader(top.sub("eval_loader"), c.eval_loader, "val", path);
     c.has_eval = true;
   }
   {
@@ -317,10 +376,33 @@ std::string to_yaml(const TrainConfig& c) {
     e << YAML::Key << key << YAML::Value << YAML::BeginMap;
     e << YAML::Key << "name" << YAML::Value << l.name;
     e << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "local" << YAML::Value << l.dataset.local;
-    e << YAML::Key << "split" << YAML::Value << l.dataset.split;
-    e << YAML::Key << "shuffle" << YAML::Value << l.dataset.shuffle;
-    e << YAML::Key << "shuffle_seed" << YAML::Value << l.dataset.shuffle_seed;
+    const DatasetConfig& ds = l.dataset;
+    if (!ds.remote.empty()) e << YAML::Key << "remote" << YAML::Value << ds.remote;
+    if (!ds.local.empty()) e << YAML::Key << "local" << YAML::Value << ds.local;
+    e << YAML::Key << "split" << YAML::Value << ds.split;
+    if (!ds.streams.empty()) {
+      e << YAML::Key << "streams" << YAML::Value << YAML::BeginMap;
+      for (const StreamConfig& s : ds.streams) {
+        e << YAML::Key << s.name << YAML::Value << YAML::BeginMap;
+        if (!s.remote.empty()) e << YAML::Key << "remote" << YAML::Value << s.remote;
+        if (!s.local.empty()) e << YAML::Key << "local" << YAML::Value << s.local;
+        e << YAML::Key << "split" << YAML::Value << s.split;
+        e << YAML::Key << "proportion" << YAML::Value << s.proportion;
+        e << YAML::EndMap;
+      }
+      e << YAML::EndMap;
+    }
+    e << YAML::Key << "shuffle" << YAML::Value << ds.shuffle;
+    e << YAML::Key << "shuffle_seed" << YAML::Value << ds.shuffle_seed;
+    e << YAML::Key << "shuffle_algo" << YAML::Value << ds.shuffle_algo;
+    e << YAML::Key << "shuffle_block_size" << YAML::Value << ds.shuffle_block_size;
+    e << YAML::Key << "num_canonical_nodes" << YAML::Value << ds.num_canonical_nodes;
+    e << YAML::Key << "epoch_size" << YAML::Value << ds.epoch_size;
+    e << YAML::Key << "cache_limit" << YAML::Value << ds.cache_limit;
+    e << YAML::Key << "predownload" << YAML::Value << ds.predownload;
+    e << YAML::Key << "download_retry" << YAML::Value << ds.download_retry;
+    e << YAML::Key << "download_timeout" << YAML::Value << ds.download_timeout;
+    e << YAML::Key << "validate_hash" << YAML::Value << ds.validate_hash;
     e << YAML::EndMap;
     e << YAML::Key << "drop_last" << YAML::Value << l.drop_last;
     e << YAML::Key << "num_workers" << YAML::Value << l.num_workers;

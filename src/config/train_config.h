@@ -36,18 +36,36 @@ struct SchedulerConfig {
   double alpha_f = 0.0;
 };
 
+struct StreamConfig {
+  std::string name;
+  std::string remote;  // s3://bucket/prefix, http(s)://..., a path, or "" for local-only data
+  std::string local;   // the dataset directory, or the cache directory for a remote
+  std::string split;   // defaults to the dataset's split
+  double proportion = 1.0;
+};
+
+// LLM Foundry's / MosaicML streaming's dataset keys (docs/config.md).
 struct DatasetConfig {
-  std::string local;   // directory written by `anvil data prepare`
-  std::string split;   // "train" or "val"
+  std::string remote, local, split;
+  std::vector<StreamConfig> streams;  // `streams:` by name; when empty, one stream of remote/local
   bool shuffle = true;
   uint64_t shuffle_seed = 9176;
+  std::string shuffle_algo = "py1e";   // none | py1s | py1e
+  int64_t shuffle_block_size = -1;     // -1: max(4,000,000 / num_canonical_nodes, 262,144)
+  int64_t num_canonical_nodes = 1;
+  int64_t epoch_size = -1;             // samples per epoch; -1: the streams' total
+  int64_t cache_limit = -1;            // bytes per stream cache ("10gb" accepted); -1: none
+  int64_t predownload = -1;            // samples per rank to download ahead; -1: 8 batches
+  int download_retry = 2;
+  double download_timeout = 60;        // seconds per download attempt
+  bool validate_hash = true;
 };
 
 struct LoaderConfig {
   std::string name = "text";
   DatasetConfig dataset;
   bool drop_last = true;
-  int num_workers = 0;  // accepted for LLM Foundry files; anvil's loader reads in-process
+  int num_workers = 0;  // decode threads ahead of training; 0 decodes in the training thread
 };
 
 struct TrainConfig {

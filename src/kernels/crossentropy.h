@@ -4,9 +4,9 @@
 #pragma once
 #include <cstdint>
 
-namespace anvil {
+#include "core/targets.h"  // kIgnoreIndex: a target with this value contributes no loss
 
-constexpr int32_t kIgnoreIndex = -100;  // a target with this value contributes no loss (PyTorch's)
+namespace anvil {
 
 // losses (N) = lse - logits[target] per row (0 where target == kIgnoreIndex); lse (N) = the
 // log-sum-exp of each row of logits (N,V). Targets must be in [0, V) or kIgnoreIndex.

@@ -14,7 +14,8 @@ namespace anvil {
 namespace fs = std::filesystem;
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer) {
+                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer,
+                            const std::string& data_state) {
   const std::string ckpt_root = run_dir + "/checkpoints";
   make_dirs(ckpt_root);
   const std::string name = fmt::format("step-{:08d}", step);
@@ -40,7 +41,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t to
   const ModelConfig& m = model.config();
   nlohmann::json manifest = {
       {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", step},
-      {"tokens_seen", tokens_seen}, {"seed", cfg.seed},
+      {"tokens_seen", tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(data_state)},
       {"model", {{"name", m.name}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"d_model", m.d_model},
                  {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}}},
       {"config", config_yaml}, {"config_xxh3", hex64(hash64(config_yaml.data(), config_yaml.size()))},

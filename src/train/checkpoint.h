@@ -1,7 +1,8 @@
 // Checkpoint directories: run_dir/checkpoints/step-NNNNNNNN/ holding manifest.json,
 // model.safetensors and optimizer.safetensors, written under a temporary name and renamed, with
 // checkpoints/latest (the directory's name) written last. The manifest records the format
-// version, the resolved config and its hash, the step, tokens seen, the model shape and every
+// version, the resolved config and its hash, the step, tokens seen, the data loader's state, the
+// model shape and every
 // tensor's shape and xxh3-64 checksum.
 #pragma once
 #include <cstdint>
@@ -16,8 +17,10 @@ namespace anvil {
 
 constexpr int kCheckpointVersion = 1;
 
+// data_state: the train loader's DataState as JSON (where the data order stands).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer);
+                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer,
+                            const std::string& data_state);
 
 struct LoadedModel {
   ModelConfig config;

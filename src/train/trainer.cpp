@@ -13,28 +13,39 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
-#include "core/rng.h"
-#include "data/token_dataset.h"
+#include "core/targets.h"
 #include "kernels/blas.h"
 #include "kernels/impl.h"
 #include "train/checkpoint.h"
+#include "train/data_pipeline.h"
 #include "train/step.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
 namespace {
 
-// Mean loss per target token over the eval split (or its first eval_subset_num_batches batches).
-double evaluate(Gpt2& model, const TokenDataset& data, const TrainConfig& cfg, std::vector<int32_t>& tokens,
+// Mean loss per target token over the eval split in dataset order (or its first
+// eval_subset_num_batches batches).
+double evaluate(Gpt2& model, StreamingDataset& data, const TrainConfig& cfg, std::vector<int32_t>& tokens,
                 std::vector<int32_t>& targets) {
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
-  int64_t samples = data.num_samples(T);
+  int64_t samples = data.num_samples();
   if (cfg.eval_subset_num_batches > 0) samples = std::min<int64_t>(samples, int64_t{cfg.eval_subset_num_batches} * B);
+  std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
   double sum = 0;
   int64_t count = 0;
   for (int64_t s0 = 0; s0 < samples; s0 += B) {
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
-    for (int k = 0; k < b; k++) data.sample(s0 + k, T, tokens.data() + k * T, targets.data() + k * T);
+    for (int k = 0; k < b; k++) {
+      const int64_t len = data.tokens(s0 + k, buf.data(), T + 1);
+      ANVIL_CHECK(len >= T, "eval sample {} has {} tokens, fewer than max_seq_len {}", s0 + k, len, T);
+      for (int i = 0; i < std::min<int64_t>(len, T + 1); i++)
+        ANVIL_CHECK(buf[i] >= 0 && buf[i] < cfg.model.vocab_size, "eval sample {} holds token id {}, outside the "
+                    "model's vocabulary of {}", s0 + k, buf[i], cfg.model.vocab_size);
+      if (len == T) buf[T] = kIgnoreIndex;
+      std::copy(buf.begin(), buf.begin() + T, tokens.begin() + static_cast<size_t>(k) * T);
+      std::copy(buf.begin() + 1, buf.end(), targets.begin() + static_cast<size_t>(k) * T);
+    }
     int64_t n = 0;
     sum += model.forward(tokens.data(), targets.data(), b, T, &n);
     count += n;
@@ -54,20 +65,18 @@ TrainSummary run_training(const TrainConfig& cfg) {
   set_kernel_impl(parse_kernel_impl(cfg.kernels));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
 
-  TokenDataset train_data(cfg.train_loader.dataset.local, cfg.train_loader.dataset.split);
-  ANVIL_CHECK(train_data.vocab_size() <= cfg.model.vocab_size, "dataset '{}' uses a vocabulary of {} tokens, larger "
-              "than model.vocab_size {}", cfg.train_loader.dataset.local, train_data.vocab_size(), cfg.model.vocab_size);
-  const int64_t n_samples = train_data.num_samples(T);
-  const int64_t batches_per_epoch = n_samples / GB;
-  ANVIL_CHECK(batches_per_epoch > 0, "the '{}' split of '{}' holds {} samples of max_seq_len {} tokens, fewer than one "
-              "global batch ({}): lower global_train_batch_size or max_seq_len, or add data",
-              cfg.train_loader.dataset.split, cfg.train_loader.dataset.local, n_samples, T, GB);
-  std::unique_ptr<TokenDataset> eval_data;
-  if (cfg.has_eval) {
-    eval_data = std::make_unique<TokenDataset>(cfg.eval_loader.dataset.local, cfg.eval_loader.dataset.split);
-    ANVIL_CHECK(eval_data->num_samples(T) > 0, "the '{}' split of '{}' has no sample of max_seq_len {} tokens",
-                cfg.eval_loader.dataset.split, cfg.eval_loader.dataset.local, T);
-  }
+  DataPipeline train_data = open_data(cfg.train_loader.dataset);
+  LoaderOptions lopt;
+  lopt.global_batch = GB;
+  lopt.seq_len = T;
+  lopt.num_workers = cfg.train_loader.num_workers;
+  lopt.predownload = cfg.train_loader.dataset.predownload;
+  lopt.vocab_size = cfg.model.vocab_size;
+  TokenLoader loader(*train_data.data, train_data.order, lopt);
+  const int64_t n_samples = epoch_samples(train_data.order);
+  const int64_t batches_per_epoch = loader.steps_per_epoch();
+  DataPipeline eval_data;
+  if (cfg.has_eval) eval_data = open_data(cfg.eval_loader.dataset);
   const int64_t total_steps = duration_to_batches(cfg.max_duration, batches_per_epoch, GB, T, -1, "max_duration");
   ANVIL_CHECK(total_steps > 0, "max_duration '{}' is less than one batch of {} samples", cfg.max_duration.text, GB);
   const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");
@@ -102,14 +111,11 @@ TrainSummary run_training(const TrainConfig& cfg) {
 
   std::vector<int32_t> tokens(static_cast<size_t>(std::max(GB, max_batch)) * T);
   std::vector<int32_t> targets(tokens.size());
-  std::vector<int64_t> order(n_samples);
-  int64_t order_epoch = -1;
-
   TrainSummary summary;
   auto run_eval = [&](int64_t at_step) {
-    if (!eval_data) return;
+    if (!eval_data.data) return;
     auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(model, *eval_data, cfg, tokens, targets);
+    const double loss = evaluate(model, *eval_data.data, cfg, tokens, targets);
     if (summary.first_eval_loss < 0) summary.first_eval_loss = loss;
     summary.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -123,19 +129,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
   int64_t tokens_seen = 0;
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t t = 0; t < total_steps; t++) {
-    const int64_t epoch = t / batches_per_epoch, in_epoch = t % batches_per_epoch;
-    if (epoch != order_epoch) {
-      // The epoch's order: a pure function of (shuffle_seed, epoch).
-      for (int64_t i = 0; i < n_samples; i++) order[i] = i;
-      if (cfg.train_loader.dataset.shuffle) {
-        Rng rng(cfg.train_loader.dataset.shuffle_seed, static_cast<uint64_t>(epoch));
-        for (int64_t i = n_samples - 1; i > 0; i--) std::swap(order[i], order[rng.below(static_cast<uint64_t>(i) + 1)]);
-      }
-      order_epoch = epoch;
-    }
-    for (int k = 0; k < GB; k++)
-      train_data.sample(order[in_epoch * GB + k], T, tokens.data() + static_cast<size_t>(k) * T,
-                        targets.data() + static_cast<size_t>(k) * T);
+    const int64_t epoch = loader.state().epoch;
+    loader.next(tokens.data(), targets.data());
 
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = step.run(tokens.data(), targets.data(), GB, T, t);
@@ -164,7 +159,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
            tokens_seen / total_secs);
   run_eval(total_steps);
   summary.steps = total_steps;
-  summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg, model, optimizer);
+  summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg, model, optimizer, loader.state().to_json());
   log_info("checkpoint: {}", summary.checkpoint);
   std::fclose(metrics);
   log_close_file();

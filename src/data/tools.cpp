@@ -1,0 +1,95 @@
+#include "data/tools.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/loader.h"
+#include "data/remote.h"
+#include "data/streaming.h"
+
+namespace anvil {
+namespace fs = std::filesystem;
+
+std::string inspect_dataset(const std::string& dir, const std::string& tokenizer_dir) {
+  StreamingOptions opt;
+  opt.download_threads = 1;
+  StreamingDataset data({{"inspect", "", dir, "", 1.0}}, opt);
+  const MdsIndex& index = data.index(0);
+  std::string out = fmt::format("dataset:     {}\n", dir);
+  int64_t stored = 0, raw = 0, tokens = 0, min_len = INT64_MAX, max_len = 0;
+  std::vector<int32_t> buf(1 << 20);
+  for (int64_t id = 0; id < data.num_samples(); id++) {
+    const int64_t n = data.tokens(id, buf.data(), 0);  // reads and verifies the shard, decodes the length
+    tokens += n;
+    min_len = std::min(min_len, n);
+    max_len = std::max(max_len, n);
+  }
+  for (const auto& sh : index.shards) stored += sh.stored().bytes, raw += sh.raw.bytes;
+  const auto& first = index.shards.front();
+  out += fmt::format("format:      MDS v2, columns {} as {}\n", fmt::join(first.column_names, ", "),
+                     fmt::join(first.column_encodings, ", "));
+  out += fmt::format("shards:      {} ({:.1f} MiB stored, {:.1f} MiB raw; compression {}; hashes {}, verified)\n",
+                     index.shards.size(), stored / 1048576.0, raw / 1048576.0,
+                     first.compression.empty() ? "none" : first.compression,
+                     first.hashes.empty() ? "none" : fmt::format("{}", fmt::join(first.hashes, ", ")));
+  out += fmt::format("samples:     {}\n", data.num_samples());
+  out += fmt::format("tokens:      {} ({} to {} per sample)\n", tokens, min_len, max_len);
+  const int64_t n = data.tokens(0, buf.data(), static_cast<int64_t>(buf.size()));
+  std::vector<int32_t> ids(buf.begin(), buf.begin() + std::min<int64_t>(n, static_cast<int64_t>(buf.size())));
+  std::string text = Gpt2Tokenizer(tokenizer_dir).decode(ids);
+  if (text.size() > 400) text = text.substr(0, 400) + " [...]";
+  out += fmt::format("sample 0:    {} tokens: {}\n", n, fmt::join(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 12)), " "));
+  out += "decoded:\n" + text + "\n";
+  return out;
+}
+
+BenchDataResult bench_data(const BenchDataOptions& opt) {
+  ANVIL_CHECK(opt.seq_len > 0 && opt.global_batch > 0, "--seq-len and --batch must be positive");
+  std::string cache = opt.cache;
+  const bool remote = is_remote_url(opt.location);
+  bool own_cache = false;
+  if (remote && cache.empty()) {
+    cache = fmt::format("{}/anvil-bench-data.{}", std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp", ::getpid());
+    own_cache = true;
+  }
+  auto pass = [&] {
+    StreamingDataset data({{"bench", remote ? opt.location : "", remote ? cache : opt.location, "", 1.0}},
+                          StreamingOptions{});
+    OrderSpec spec;
+    spec.streams.push_back({data.shard_samples(0), 1.0});
+    LoaderOptions lo;
+    lo.global_batch = opt.global_batch;
+    lo.seq_len = opt.seq_len;
+    lo.num_workers = opt.num_workers;
+    TokenLoader loader(data, spec, lo);
+    const int64_t steps = opt.steps > 0 ? opt.steps : loader.steps_per_epoch();
+    std::vector<int32_t> in(static_cast<size_t>(opt.global_batch * opt.seq_len)), tgt(in.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < steps; s++) loader.next(in.data(), tgt.data());
+    BenchDataPass p;
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.steps = steps;
+    p.tokens = steps * opt.global_batch * opt.seq_len;
+    p.tokens_per_s = static_cast<double>(p.tokens) / p.seconds;
+    p.bytes_downloaded = data.bytes_downloaded();
+    return p;
+  };
+  BenchDataResult r;
+  try {
+    r.cold = pass();
+    r.warm = pass();
+  } catch (...) {
+    if (own_cache) fs::remove_all(cache);
+    throw;
+  }
+  if (own_cache) fs::remove_all(cache);
+  return r;
+}
+
+}  // namespace anvil

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""An independent MDS v2 reader and writer, written in Python from the format's specification
+(docs/formats.md), used to check that anvil's datasets are what MosaicML streaming's MDSWriter
+writes for a {"tokens": "ndarray:int32"} column, byte for byte.
+
+usage: mds_reference.py DATASET_DIR
+Reads every shard of DATASET_DIR (verifying sizes, offsets and every recorded hash), rewrites the
+same samples with the same options into a temporary directory the way MDSWriter does, and
+compares the files byte for byte. Exits 1 with the first difference.
+"""
+import hashlib, json, os, struct, sys, tempfile
+
+import xxhash
+
+
+def digest(algo, data):
+    if algo in ("xxh32", "xxh64", "xxh3_64", "xxh128"):
+        return {"xxh32": xxhash.xxh32, "xxh64": xxhash.xxh64, "xxh3_64": xxhash.xxh3_64,
+                "xxh128": xxhash.xxh3_128}[algo](data).hexdigest()
+    return hashlib.new(algo, data).hexdigest()
+
+
+def read_samples(directory):
+    index = json.load(open(os.path.join(directory, "index.json")))
+    assert index["version"] == 2, "index version"
+    samples, options = [], None
+    for shard in index["shards"]:
+        assert shard["format"] == "mds" and shard["version"] == 2
+        assert shard["column_names"] == ["tokens"] and shard["column_encodings"] == ["ndarray:int32"]
+        assert shard["zip_data"] is None, "this check covers uncompressed datasets"
+        raw = open(os.path.join(directory, shard["raw_data"]["basename"]), "rb").read()
+        assert len(raw) == shard["raw_data"]["bytes"], "shard size"
+        for algo, want in shard["raw_data"]["hashes"].items():
+            assert digest(algo, raw) == want, f"{algo} of {shard['raw_data']['basename']}"
+        (n,) = struct.unpack_from("<I", raw, 0)
+        assert n == shard["samples"]
+        offsets = struct.unpack_from(f"<{n + 1}I", raw, 4)
+        assert offsets[-1] == len(raw)
+        for i in range(n):
+            s = raw[offsets[i]:offsets[i + 1]]
+            (size,) = struct.unpack_from("<I", s, 0)
+            col = s[4:4 + size]
+            ndim, shape_code = col[0] >> 2, col[0] & 3
+            assert ndim == 1
+            width = 1 << shape_code
+            dim = int.from_bytes(col[1:1 + width], "little")
+            values = struct.unpack_from(f"<{dim}i", col, 1 + width)
+            samples.append(values)
+        options = (shard["compression"], shard["hashes"], shard["size_limit"])
+    return index, samples, options
+
+
+def encode_sample(values):
+    n = len(values)
+    code = 0 if n < 1 << 8 else 1 if n < 1 << 16 else 2 if n < 1 << 32 else 3
+    column = bytes([(1 << 2) | code]) + n.to_bytes(1 << code, "little") + struct.pack(f"<{n}i", *values)
+    return struct.pack("<I", len(column)) + column
+
+
+def write_dataset(directory, samples, compression, hashes, size_limit):
+    config = {"version": 2, "format": "mds", "compression": compression, "hashes": hashes,
+              "size_limit": size_limit, "column_names": ["tokens"],
+              "column_encodings": ["ndarray:int32"], "column_sizes": [None]}
+    config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
+    shards, pending = [], []
+    per_shard = 4 + 4 + len(config_bytes)
+    size = per_shard
+
+    def flush():
+        sizes = [len(p) for p in pending]
+        offsets, at = [], 4 + 4 * (len(pending) + 1) + len(config_bytes)
+        offsets.append(at)
+        for s in sizes:
+            at += s
+            offsets.append(at)
+        data = struct.pack("<I", len(pending)) + struct.pack(f"<{len(offsets)}I", *offsets) + config_bytes + b"".join(pending)
+        name = f"shard.{len(shards):05}.mds"
+        open(os.path.join(directory, name), "wb").write(data)
+        entry = {"samples": len(pending), "raw_data": {"basename": name, "bytes": len(data),
+                 "hashes": {a: digest(a, data) for a in hashes}}, "zip_data": None}
+        entry.update(config)
+        shards.append(entry)
+
+    for values in samples:
+        enc = encode_sample(values)
+        cost = len(enc) + 4
+        if size_limit and size_limit < size + cost:
+            flush()
+            pending, size = [], per_shard
+        pending.append(enc)
+        size += cost
+    if pending:
+        flush()
+    open(os.path.join(directory, "index.json"), "wb").write(
+        json.dumps({"version": 2, "shards": shards}, sort_keys=True).encode("utf-8"))
+
+
+def main():
+    directory = sys.argv[1]
+    index, samples, (compression, hashes, size_limit) = read_samples(directory)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dataset(tmp, samples, compression, hashes, size_limit)
+        names = sorted(f for f in os.listdir(tmp))
+        ours = sorted(f for f in os.listdir(directory) if not f.startswith("."))
+        if names != ours:
+            sys.exit(f"files differ: reference writes {names}, anvil wrote {ours}")
+        for f in names:
+            a = open(os.path.join(tmp, f), "rb").read()
+            b = open(os.path.join(directory, f), "rb").read()
+            if a != b:
+                at = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+                sys.exit(f"{f}: anvil's bytes differ from the reference writer's at byte {at} "
+                         f"(sizes {len(b)} vs {len(a)})")
+    print(f"{directory}: {len(index['shards'])} shards, {len(samples)} samples: identical to the reference writer")
+
+
+if __name__ == "__main__":
+    main()

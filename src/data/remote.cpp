@@ -148,7 +148,9 @@ class CurlRemote final : public Remote {
     const std::string u = url(relative);
     std::mt19937_64 jitter(std::random_device{}());
     std::string last_error;
+    int attempts = 0;
     for (int attempt = 0; attempt <= opt_.retries; attempt++) {
+      attempts++;
       if (attempt > 0) {
         const double base = opt_.backoff_s * static_cast<double>(1 << std::min(attempt - 1, 16));
         const double wait = base + std::uniform_real_distribution<double>(0, base)(jitter);
@@ -162,8 +164,7 @@ class CurlRemote final : public Remote {
     }
     std::error_code ec;
     fs::remove(dest, ec);
-    ANVIL_FAIL("cannot download {}: {}{}", u, last_error,
-               opt_.retries > 0 ? fmt::format(" (after {} attempts)", opt_.retries + 1) : "");
+    ANVIL_FAIL("cannot download {}: {}{}", u, last_error, attempts > 1 ? fmt::format(" (after {} attempts)", attempts) : "");
   }
 
  private:

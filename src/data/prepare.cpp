@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fmt/ranges.h>
 #include <fstream>
@@ -112,7 +113,12 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
                                                       static_cast<int64_t>(d * opt.val_fraction);
       (to_val ? val : train).add(ids);
     };
-    auto status = [&] { return fmt::format("{} docs, {} samples", sum.documents, train.samples() + val.samples()); };
+    const auto start = std::chrono::steady_clock::now();
+    auto status = [&] {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return fmt::format("{} docs, {} samples | {:.2f} MB/s", sum.documents, train.samples() + val.samples(),
+                         secs > 0 ? static_cast<double>(done_bytes) / secs / 1e6 : 0.0);
+    };
     for (const std::string& file : files) {
       if (is_jsonl(file)) {
         std::ifstream in(file, std::ios::binary);

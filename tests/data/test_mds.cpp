@@ -65,12 +65,11 @@ class MdsTest : public ::testing::Test {
 };
 
 TEST_F(MdsTest, RoundTripsPlainAndCompressedAcrossShards) {
-  for (const char* compression : {"", "zstd", "zstd:7"}) {
+  for (const auto& [compression, name] : {std::pair{"", "plain"}, std::pair{"zstd", "zstd"}, std::pair{"zstd:7", "zstd7"}}) {
     MdsWriterOptions opt;
     opt.compression = compression;
     opt.hashes = {"sha1", "xxh64"};
     opt.size_limit = 4000;
-    const std::string name = std::string("ds") + (compression[0] ? "-zstd" : "") + (compression[4] ? "7" : "");
     const auto samples = write(name, opt, 200);
     StreamingDataset d({{"t", "", (root_ / name).string(), "", 1.0}}, StreamingOptions{});
     EXPECT_GT(d.index(0).shards.size(), 5u) << "the size limit should give several shards";

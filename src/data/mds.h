@@ -97,7 +97,6 @@ class MdsWriter {
   void write_tokens(const int32_t* tokens, int64_t n);
   // Flushes the last shard and writes index.json. Returns the number of bytes written.
   int64_t finish();
-  int64_t shards() const { return static_cast<int64_t>(shards_.size()); }
 
  private:
   void flush_shard();

@@ -152,7 +152,7 @@ TEST_F(RemoteTest, UnreachableAndSilentRemotesFailInBoundedTime) {
   StreamingOptions o = fast();
   o.remote.retries = 2;
   o.remote.timeout_s = 1;
-  for (const std::string url : {std::string("http://127.0.0.1:1/ds"), env("ANVIL_TEST_HANG") + "/ds"}) {
+  for (const std::string& url : {std::string("http://127.0.0.1:1/ds"), env("ANVIL_TEST_HANG") + "/ds"}) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       StreamingDataset d({{"gone", url, cache_, "train", 1.0}}, o);

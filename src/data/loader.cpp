@@ -43,6 +43,21 @@ DataState DataState::from_json(const std::string& text, const std::string& where
   }
 }
 
+void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size, int32_t* scratch,
+                  int32_t* inputs, int32_t* targets) {
+  const int T = seq_len;
+  const int64_t len = data.tokens(id, scratch, T + 1);
+  ANVIL_CHECK(len >= T, "sample {} has {} tokens, fewer than max_seq_len {}: prepare the data with "
+              "--max-seq-len {} or more", id, len, T, T);
+  if (vocab_size > 0)
+    for (int64_t i = 0; i < std::min<int64_t>(len, T + 1); i++)
+      ANVIL_CHECK(scratch[i] >= 0 && scratch[i] < vocab_size, "sample {} holds token id {}, outside the model's "
+                  "vocabulary of {} (was the data prepared with another tokenizer?)", id, scratch[i], vocab_size);
+  if (len == T) scratch[T] = kIgnoreIndex;
+  std::copy(scratch, scratch + T, inputs);
+  std::copy(scratch + 1, scratch + T + 1, targets);
+}
+
 TokenLoader::TokenLoader(StreamingDataset& data, OrderSpec spec, LoaderOptions opt)
     : data_(data), spec_(std::move(spec)), opt_(opt) {
   validate_order_spec(spec_);
@@ -91,16 +106,7 @@ void TokenLoader::fill(int64_t step, Batch& b) {
   std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
   block(step, [&](int64_t k, int64_t id) {
     b.ids[k] = id;
-    const int64_t len = data_.tokens(id, buf.data(), T + 1);
-    ANVIL_CHECK(len >= T, "sample {} has {} tokens, fewer than max_seq_len {}: prepare the data with "
-                "--max-seq-len {} or more", id, len, T, T);
-    if (opt_.vocab_size > 0)
-      for (int64_t i = 0; i < std::min<int64_t>(len, T + 1); i++)
-        ANVIL_CHECK(buf[i] >= 0 && buf[i] < opt_.vocab_size, "sample {} holds token id {}, outside the model's "
-                    "vocabulary of {} (was the data prepared with another tokenizer?)", id, buf[i], opt_.vocab_size);
-    if (len == T) buf[T] = kIgnoreIndex;
-    std::copy(buf.begin(), buf.begin() + T, b.inputs.begin() + k * T);
-    std::copy(buf.begin() + 1, buf.begin() + T + 1, b.targets.begin() + k * T);
+    load_example(data_, id, T, opt_.vocab_size, buf.data(), b.inputs.data() + k * T, b.targets.data() + k * T);
   });
 }
 

@@ -38,6 +38,11 @@ struct DataState {
   static DataState from_json(const std::string& text, const std::string& where);
 };
 
+// Sample `id` as one training example: inputs (seq_len) and targets (seq_len), as described
+// above; scratch holds seq_len + 1 tokens. vocab_size > 0 checks every token id against it.
+void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size, int32_t* scratch,
+                  int32_t* inputs, int32_t* targets);
+
 struct LoaderOptions {
   int64_t global_batch = 0;
   int rank = 0, world = 1;

@@ -74,8 +74,8 @@ class Stream {
     if (!src_.remote.empty()) {
       remote_ = open_remote(src_.remote, opt_.remote);
       if (src_.local.empty())
-        src_.local = fmt::format("{}/anvil-cache/{}", std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp",
-                                 hex64(hash64(src_.remote.data(), src_.remote.size())));
+        src_.local = (fs::temp_directory_path() / "anvil-cache" /
+                      hex64(hash64(src_.remote.data(), src_.remote.size()))).string();
     }
     ANVIL_CHECK(!src_.local.empty(), "stream '{}': give `local` (a dataset directory) or `remote`", src_.name);
     dir_ = join_path(src_.local, src_.split);

@@ -55,7 +55,7 @@ BenchDataResult bench_data(const BenchDataOptions& opt) {
   const bool remote = is_remote_url(opt.location);
   bool own_cache = false;
   if (remote && cache.empty()) {
-    cache = fmt::format("{}/anvil-bench-data.{}", std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp", ::getpid());
+    cache = (fs::temp_directory_path() / fmt::format("anvil-bench-data.{}", ::getpid())).string();
     own_cache = true;
   }
   auto pass = [&] {

@@ -13,7 +13,6 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
-#include "core/targets.h"
 #include "kernels/blas.h"
 #include "kernels/impl.h"
 #include "train/checkpoint.h"
@@ -36,16 +35,9 @@ double evaluate(Gpt2& model, StreamingDataset& data, const TrainConfig& cfg, std
   int64_t count = 0;
   for (int64_t s0 = 0; s0 < samples; s0 += B) {
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
-    for (int k = 0; k < b; k++) {
-      const int64_t len = data.tokens(s0 + k, buf.data(), T + 1);
-      ANVIL_CHECK(len >= T, "eval sample {} has {} tokens, fewer than max_seq_len {}", s0 + k, len, T);
-      for (int i = 0; i < std::min<int64_t>(len, T + 1); i++)
-        ANVIL_CHECK(buf[i] >= 0 && buf[i] < cfg.model.vocab_size, "eval sample {} holds token id {}, outside the "
-                    "model's vocabulary of {}", s0 + k, buf[i], cfg.model.vocab_size);
-      if (len == T) buf[T] = kIgnoreIndex;
-      std::copy(buf.begin(), buf.begin() + T, tokens.begin() + static_cast<size_t>(k) * T);
-      std::copy(buf.begin() + 1, buf.end(), targets.begin() + static_cast<size_t>(k) * T);
-    }
+    for (int k = 0; k < b; k++)
+      load_example(data, s0 + k, T, cfg.model.vocab_size, buf.data(), tokens.data() + static_cast<size_t>(k) * T,
+                   targets.data() + static_cast<size_t>(k) * T);
     int64_t n = 0;
     sum += model.forward(tokens.data(), targets.data(), b, T, &n);
     count += n;

@@ -19,18 +19,26 @@ namespace anvil {
 std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg) {
   const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
   const float std_w = 0.02f, std_resid = 0.02f / std::sqrt(2.0f * cfg.n_layers);
-  std::vector<ParamTensor> t = {
-      {"wte", {V, C}, 0, 0, false, std_w, 0},        {"wpe", {P, C}, 0, 0, false, std_w, 0},
-      {"ln1w", {L, C}, 0, 0, false, 0, 1},           {"ln1b", {L, C}, 0, 0, false, 0, 0},
-      {"qkvw", {L, 3 * C, C}, 0, 0, true, std_w, 0}, {"qkvb", {L, 3 * C}, 0, 0, false, 0, 0},
-      {"attprojw", {L, C, C}, 0, 0, true, std_resid, 0},
-      {"attprojb", {L, C}, 0, 0, false, 0, 0},       {"ln2w", {L, C}, 0, 0, false, 0, 1},
-      {"ln2b", {L, C}, 0, 0, false, 0, 0},           {"fcw", {L, 4 * C, C}, 0, 0, true, std_w, 0},
-      {"fcb", {L, 4 * C}, 0, 0, false, 0, 0},
-      {"fcprojw", {L, C, 4 * C}, 0, 0, true, std_resid, 0},
-      {"fcprojb", {L, C}, 0, 0, false, 0, 0},        {"lnfw", {C}, 0, 0, false, 0, 1},
-      {"lnfb", {C}, 0, 0, false, 0, 0},
-  };
+  std::vector<ParamTensor> t = {{"wte", {V, C}, 0, 0, 0, false, std_w, 0}, {"wpe", {P, C}, 0, 0, 0, false, std_w, 0}};
+  for (int l = 0; l < L; l++) {
+    const std::string h = fmt::format("h.{}.", l);
+    const int u = 1 + l;
+    // The order of Gpt2::Block.
+    t.insert(t.end(), {{h + "ln1w", {C}, 0, 0, u, false, 0, 1},
+                       {h + "ln1b", {C}, 0, 0, u, false, 0, 0},
+                       {h + "qkvw", {3 * C, C}, 0, 0, u, true, std_w, 0},
+                       {h + "qkvb", {3 * C}, 0, 0, u, false, 0, 0},
+                       {h + "attprojw", {C, C}, 0, 0, u, true, std_resid, 0},
+                       {h + "attprojb", {C}, 0, 0, u, false, 0, 0},
+                       {h + "ln2w", {C}, 0, 0, u, false, 0, 1},
+                       {h + "ln2b", {C}, 0, 0, u, false, 0, 0},
+                       {h + "fcw", {4 * C, C}, 0, 0, u, true, std_w, 0},
+                       {h + "fcb", {4 * C}, 0, 0, u, false, 0, 0},
+                       {h + "fcprojw", {C, 4 * C}, 0, 0, u, true, std_resid, 0},
+                       {h + "fcprojb", {C}, 0, 0, u, false, 0, 0}});
+  }
+  const int last = static_cast<int>(L) + 1;
+  t.insert(t.end(), {{"lnfw", {C}, 0, 0, last, false, 0, 1}, {"lnfb", {C}, 0, 0, last, false, 0, 0}});
   size_t offset = 0;
   for (auto& p : t) {
     p.numel = 1;
@@ -46,20 +54,57 @@ size_t gpt2_num_params(const ModelConfig& cfg) {
   return t.back().offset + t.back().numel;
 }
 
+std::vector<ParamUnit> gpt2_units(const ModelConfig& cfg) {
+  std::vector<ParamUnit> units(static_cast<size_t>(cfg.n_layers) + 2);
+  for (const ParamTensor& t : gpt2_param_layout(cfg)) {
+    ParamUnit& u = units[t.unit];
+    if (u.numel == 0) u.offset = t.offset;
+    u.numel = t.offset + t.numel - u.offset;
+  }
+  return units;
+}
+
 double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const double C = cfg.d_model, L = cfg.n_layers;
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * 12.0 * C * C;
   return 6.0 * matmul_params + 12.0 * L * C * seq_len;
 }
 
-Gpt2::Params Gpt2::bind(float* base) const {
-  float* p[16];
-  for (size_t i = 0; i < 16; i++) p[i] = base + layout_[i].offset;
-  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12], p[13],
-          p[14], p[15]};
+Gpt2::Block Gpt2::bind_block(const float* base) const {
+  const size_t C = cfg_.d_model;
+  // Sizes in the order of Block's members (and of the layout).
+  const size_t sizes[12] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+  float* p[12];
+  float* cursor = const_cast<float*>(base);
+  for (int i = 0; i < 12; i++) {
+    p[i] = cursor;
+    cursor += sizes[i];
+  }
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
 }
 
-Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq)
+// The default access: the model's own full arrays, nothing to gather or reduce.
+class Gpt2::OwnArrays : public UnitAccess {
+ public:
+  explicit OwnArrays(Gpt2& m) : m_(m) {}
+  const float* acquire_params(int unit, int) override {
+    ANVIL_CHECK(!m_.params_.empty(), "the model holds no parameters of its own and has no unit access set");
+    return m_.params_.data() + m_.units_[unit].offset;
+  }
+  void release_params(int) override {}
+  float* grads(int unit) override {
+    ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
+    return m_.grads_.data() + m_.units_[unit].offset;
+  }
+  void grads_done(int) override {}
+
+ private:
+  Gpt2& m_;
+};
+
+void Gpt2::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
+
+Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage storage)
     : cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq) {
   ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
                   cfg.max_seq_len > 0,
@@ -71,8 +116,12 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq)
   ANVIL_CHECK(max_seq <= cfg.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}",
               max_seq, cfg.max_seq_len);
   layout_ = gpt2_param_layout(cfg);
-  params_.assign(gpt2_num_params(cfg), 0.0f);
-  grads_.assign(params_.size(), 0.0f);
+  units_ = gpt2_units(cfg);
+  num_params_ = gpt2_num_params(cfg);
+  if (storage.params) params_.assign(num_params_, 0.0f);
+  if (storage.grads) grads_.assign(num_params_, 0.0f);
+  own_access_ = std::make_unique<OwnArrays>(*this);
+  access_ = own_access_.get();
 
   const size_t BT = static_cast<size_t>(max_batch) * max_seq, C = cfg.d_model, L = cfg.n_layers,
                V = cfg.vocab_size, NH = cfg.n_heads;
@@ -98,6 +147,7 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq)
 }
 
 void Gpt2::init_weights(uint64_t seed) {
+  ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
   for (size_t k = 0; k < layout_.size(); k++) {
     const ParamTensor& t = layout_[k];
     float* p = params_.data() + t.offset;
@@ -110,7 +160,7 @@ void Gpt2::init_weights(uint64_t seed) {
   }
 }
 
-void Gpt2::zero_grad() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void Gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
@@ -122,13 +172,17 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   tokens_ = tokens;
   B_ = B;
   T_ = T;
-  Params p = bind(params_.data());
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // per-layer stride
+  const int L = cfg_.n_layers;
+  const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
 
-  encoder_forward(a.encoded, tokens, p.wte, p.wpe, B, T, C);
+  const float* emb = access_->acquire_params(0, 1);
+  encoder_forward(a.encoded, tokens, emb, emb + wpe_offset, B, T, C);
+  access_->release_params(0);
   const float* residual = a.encoded;
-  for (int l = 0; l < cfg_.n_layers; l++) {
+  for (int l = 0; l < L; l++) {
+    const Block p = bind_block(access_->acquire_params(1 + l, 2 + l));
     float* ln1 = a.ln1 + l * BT * C;
     float* ln1_mean = a.ln1_mean + l * BT;
     float* ln1_rstd = a.ln1_rstd + l * BT;
@@ -143,20 +197,25 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
     float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
     float* residual3 = a.residual3 + l * BT * C;
 
-    layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C);
-    matmul_forward(qkv, ln1, p.qkvw + static_cast<size_t>(l) * 3 * C * C, p.qkvb + l * 3 * C, N, C, 3 * C);
+    layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
+    matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
     attention_forward(atty, att_lse, qkv, B, T, C, NH);
-    matmul_forward(a.scratch, atty, p.attprojw + static_cast<size_t>(l) * C * C, p.attprojb + l * C, N, C, C);
+    matmul_forward(a.scratch, atty, p.attprojw, p.attprojb, N, C, C);
     residual_forward(residual2, residual, a.scratch, static_cast<long>(N) * C);
-    layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
-    matmul_forward(fch, ln2, p.fcw + static_cast<size_t>(l) * 4 * C * C, p.fcb + l * 4 * C, N, C, 4 * C);
+    layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w, p.ln2b, N, C);
+    matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
     gelu_forward(fch_gelu, fch, static_cast<long>(N) * 4 * C);
-    matmul_forward(a.scratch, fch_gelu, p.fcprojw + static_cast<size_t>(l) * 4 * C * C, p.fcprojb + l * C, N, 4 * C, C);
+    matmul_forward(a.scratch, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
     residual_forward(residual3, residual2, a.scratch, static_cast<long>(N) * C);
+    access_->release_params(1 + l);
     residual = residual3;
   }
-  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, p.lnfw, p.lnfb, N, C);
-  matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, V);  // tied LM head
+  const float* lnf = access_->acquire_params(L + 1, 0);
+  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, lnf, lnf + C, N, C);
+  access_->release_params(L + 1);
+  emb = access_->acquire_params(0, -1);
+  matmul_forward(a.logits, a.lnf, emb, nullptr, N, C, V);  // tied LM head
+  access_->release_params(0);
 }
 
 void Gpt2::check_targets(const int32_t* targets, int N) const {
@@ -196,23 +255,31 @@ double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int
 }
 
 void Gpt2::backward_from_dlogits() {
-  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size;
+  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size, L = cfg_.n_layers;
   const int N = B * T;
-  Params p = bind(params_.data());
-  Params g = bind(grads_.data());
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  const size_t wpe_offset = static_cast<size_t>(V) * C;
 
-  matmul_backward(dsmall_, g.wte, nullptr, a.logits, a.lnf, p.wte, N, C, V);
+  // The embedding unit's gradient stays open for the whole pass: the LM head adds to it first,
+  // the token embedding last.
+  const float* emb = access_->acquire_params(0, L + 1);
+  float* demb = access_->grads(0);
+  matmul_backward(dsmall_, demb, nullptr, a.logits, a.lnf, emb, N, C, V);
+  access_->release_params(0);
   std::memset(dresidual_, 0, sizeof(float) * N * C);
-  const float* last = cfg_.n_layers > 0 ? a.residual3 + (cfg_.n_layers - 1) * BT * C : a.encoded;
-  layernorm_backward(dresidual_, g.lnfw, g.lnfb, dsmall_, last, p.lnfw, a.lnf_mean, a.lnf_rstd, N, C);
+  const float* last = a.residual3 + (L - 1) * BT * C;
+  const float* lnf = access_->acquire_params(L + 1, L);
+  float* dlnf = access_->grads(L + 1);
+  layernorm_backward(dresidual_, dlnf, dlnf + C, dsmall_, last, lnf, a.lnf_mean, a.lnf_rstd, N, C);
+  access_->release_params(L + 1);
+  access_->grads_done(L + 1);
 
   // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
   // gradient of the block output, of the skip path and of the projection at once; the layer
   // norms then add their input gradients into it. This saves two copies per layer over calling
   // residual_backward.
-  for (int l = cfg_.n_layers - 1; l >= 0; l--) {
+  for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
     const float* ln1 = a.ln1 + l * BT * C;
     const float* qkv = a.qkv + l * BT * 3 * C;
@@ -222,22 +289,24 @@ void Gpt2::backward_from_dlogits() {
     const float* ln2 = a.ln2 + l * BT * C;
     const float* fch = a.fch + l * BT * 4 * C;
     const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-    const size_t CC = static_cast<size_t>(C) * C;
+    const Block p = bind_block(access_->acquire_params(1 + l, l == 0 ? -1 : l));
+    const Block g = bind_block(access_->grads(1 + l));
 
-    matmul_backward(dbig_, g.fcprojw + l * 4 * CC, g.fcprojb + l * C, dresidual_, fch_gelu,
-                    p.fcprojw + l * 4 * CC, N, 4 * C, C);
+    matmul_backward(dbig_, g.fcprojw, g.fcprojb, dresidual_, fch_gelu, p.fcprojw, N, 4 * C, C);
     gelu_backward(dbig_, fch, dbig_, static_cast<long>(N) * 4 * C);
-    matmul_backward(dsmall_, g.fcw + l * 4 * CC, g.fcb + l * 4 * C, dbig_, ln2, p.fcw + l * 4 * CC, N, C, 4 * C);
-    layernorm_backward(dresidual_, g.ln2w + l * C, g.ln2b + l * C, dsmall_, residual2, p.ln2w + l * C,
-                       a.ln2_mean + l * BT, a.ln2_rstd + l * BT, N, C);
-    matmul_backward(dsmall_, g.attprojw + l * CC, g.attprojb + l * C, dresidual_, atty,
-                    p.attprojw + l * CC, N, C, C);
+    matmul_backward(dsmall_, g.fcw, g.fcb, dbig_, ln2, p.fcw, N, C, 4 * C);
+    layernorm_backward(dresidual_, g.ln2w, g.ln2b, dsmall_, residual2, p.ln2w, a.ln2_mean + l * BT,
+                       a.ln2_rstd + l * BT, N, C);
+    matmul_backward(dsmall_, g.attprojw, g.attprojb, dresidual_, atty, p.attprojw, N, C, C);
     attention_backward(dqkv_, dsmall_, qkv, atty, att_lse, B, T, C, NH);
-    matmul_backward(dsmall_, g.qkvw + l * 3 * CC, g.qkvb + l * 3 * C, dqkv_, ln1, p.qkvw + l * 3 * CC, N, C, 3 * C);
-    layernorm_backward(dresidual_, g.ln1w + l * C, g.ln1b + l * C, dsmall_, residual, p.ln1w + l * C,
-                       a.ln1_mean + l * BT, a.ln1_rstd + l * BT, N, C);
+    matmul_backward(dsmall_, g.qkvw, g.qkvb, dqkv_, ln1, p.qkvw, N, C, 3 * C);
+    layernorm_backward(dresidual_, g.ln1w, g.ln1b, dsmall_, residual, p.ln1w, a.ln1_mean + l * BT,
+                       a.ln1_rstd + l * BT, N, C);
+    access_->release_params(1 + l);
+    access_->grads_done(1 + l);
   }
-  encoder_backward(g.wte, g.wpe, dresidual_, tokens_, B, T, C);
+  encoder_backward(demb, demb + wpe_offset, dresidual_, tokens_, B, T, C);
+  access_->grads_done(0);
 }
 
 }  // namespace anvil

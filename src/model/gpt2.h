@@ -1,9 +1,12 @@
 // GPT-2: learned positions, pre-LayerNorm blocks with biases, GELU MLP, tied input/output
-// embeddings. Parameters live in one contiguous buffer (so the optimizer, clipping and
-// checkpoints see one array) and every activation is allocated once, at construction, for the
-// largest microbatch: a training step never allocates.
+// embeddings. Parameters live in one flat array, layer by layer (embeddings, block 0 .. block L-1,
+// final norm), so that each unit the model works through (embeddings, a block, the final norm) is
+// one contiguous range: a block's gradient is complete, and can be reduced, while the backward
+// pass goes on to the blocks below it, and a sharded run gathers one block at a time. Every
+// activation is allocated once, at construction, for the largest microbatch: a step never allocates.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,12 +14,12 @@
 
 namespace anvil {
 
-// One named parameter tensor inside the flat buffer. Per-layer tensors are stacked on a
-// leading L dimension.
+// One named parameter tensor inside the flat buffer ("wte", "h.3.qkvw", "lnfw").
 struct ParamTensor {
   std::string name;
   std::vector<int64_t> shape;
   size_t offset = 0, numel = 0;
+  int unit = 0;               // the contiguous unit that holds it (see gpt2_units)
   bool weight_decay = false;  // matmul weights decay; biases, norms and embeddings do not
   float init_std = 0.0f;      // 0: constant init (init_value)
   float init_value = 0.0f;
@@ -24,18 +27,54 @@ struct ParamTensor {
 
 std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg);
 size_t gpt2_num_params(const ModelConfig& cfg);
+
+// A contiguous range of the flat parameter array that the model uses as a whole: unit 0 is the
+// embeddings (wte, wpe), unit 1 + l is block l, unit L + 1 the final norm.
+struct ParamUnit {
+  size_t offset = 0, numel = 0;
+};
+std::vector<ParamUnit> gpt2_units(const ModelConfig& cfg);
+
+// How the model reaches its parameters and gradients, one unit at a time. The default serves the
+// model's own full arrays; data-parallel training substitutes one that gathers sharded
+// parameters (ZeRO-3) or hands out working gradient buffers that it reduces as soon as the
+// backward pass has finished with them (ZeRO-2/3), or starts reducing full gradients then.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // The unit's parameters (layout order), valid until release_params(unit). next_unit: the unit
+  // the model will ask for after this one (-1: none), so that it can be fetched ahead.
+  virtual const float* acquire_params(int unit, int next_unit) = 0;
+  virtual void release_params(int unit) = 0;
+  // Where the unit's gradient is accumulated (+=); asked for again while the unit is still
+  // open returns the same buffer.
+  virtual float* grads(int unit) = 0;
+  // The backward pass has added everything it will to the unit's gradient in this microbatch.
+  virtual void grads_done(int unit) = 0;
+};
 // Training FLOPs per token (forward + backward): 6 per matmul weight (the embedding table counts
 // once, as the LM head) plus the attention score and value products, 12·L·C·T.
 double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 
+// Which full arrays the model allocates for itself. A sharded run leaves out what it shards.
+struct Gpt2Storage {
+  bool params = true;
+  bool grads = true;
+};
+
 class Gpt2 {
  public:
   // Buffers for microbatches of up to max_batch sequences of up to max_seq tokens.
-  Gpt2(const ModelConfig& cfg, int max_batch, int max_seq);
+  Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage storage = {});
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamTensor>& tensors() const { return layout_; }
-  size_t num_params() const { return params_.size(); }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  size_t num_params() const { return num_params_; }
+  // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
+  void set_unit_access(UnitAccess* access);
+  size_t activation_bytes() const { return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float); }
+  // The model's own full arrays: null when Gpt2Storage left them out.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -62,11 +101,12 @@ class Gpt2 {
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses,
         *ce_lse, *scratch;
   };
-  struct Params {
-    float *wte, *wpe, *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb,
-        *fcprojw, *fcprojb, *lnfw, *lnfb;
+  // One block's tensors inside its unit, in layout order.
+  struct Block {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
-  Params bind(float* base) const;
+  Block bind_block(const float* base) const;
+  class OwnArrays;
   void forward_to_logits(const int32_t* tokens, int B, int T);
   void check_targets(const int32_t* targets, int N) const;
   double sum_losses(const int32_t* targets, int N, int64_t* n_targets) const;
@@ -75,7 +115,11 @@ class Gpt2 {
   ModelConfig cfg_;
   int max_batch_, max_seq_;
   std::vector<ParamTensor> layout_;
+  std::vector<ParamUnit> units_;
+  size_t num_params_ = 0;
   std::vector<float> params_, grads_, act_memory_, grad_act_memory_;
+  std::unique_ptr<UnitAccess> own_access_;
+  UnitAccess* access_ = nullptr;
   Acts acts_{};
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward, for the embedding's backward

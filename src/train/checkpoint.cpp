@@ -77,6 +77,8 @@ LoadedModel load_model_checkpoint(const std::string& path) {
     const int version = manifest.at("version").get<int>();
     ANVIL_CHECK(version <= kCheckpointVersion, "checkpoint '{}' has format version {}, newer than this anvil reads ({}); "
                 "upgrade anvil", dir, version, kCheckpointVersion);
+    ANVIL_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}, which stacked each block's "
+                "tensors; this anvil reads version {} only", dir, version, kCheckpointVersion);
     const auto& m = manifest.at("model");
     out.config.name = m.at("name").get<std::string>();
     out.config.n_layers = m.at("n_layers").get<int>();

@@ -15,7 +15,7 @@
 
 namespace anvil {
 
-constexpr int kCheckpointVersion = 1;
+constexpr int kCheckpointVersion = 2;
 
 // data_state: the train loader's DataState as JSON (where the data order stands).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,

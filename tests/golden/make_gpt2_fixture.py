@@ -59,8 +59,16 @@ def lr_multiplier(t):
     return ALPHA_F + (1 - ALPHA_F) * 0.5 * (1 + math.cos(math.pi * tau))
 
 
+BLOCK = ["ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
+         "fcprojw", "fcprojb"]
+
+
 def flat(tensors):
-    return torch.cat([tensors[n].detach().reshape(-1) for n in NAMES])
+    """anvil's flat layout: wte, wpe, then block 0's tensors, block 1's, ..., then lnfw, lnfb."""
+    parts = [tensors["wte"], tensors["wpe"]]
+    parts += [tensors[n][l] for l in range(L) for n in BLOCK]
+    parts += [tensors["lnfw"], tensors["lnfb"]]
+    return torch.cat([p.detach().reshape(-1) for p in parts])
 
 
 def write_safetensors(path, tensors, metadata):
@@ -100,7 +108,7 @@ def main():
     loss.backward()
     out["logits"] = logits.detach()
     out["loss"] = loss.detach().reshape(1)
-    out["grads"] = torch.cat([P[n].grad.reshape(-1) for n in NAMES])
+    out["grads"] = flat({n: P[n].grad for n in NAMES})
 
     params = [P[n] for n in NAMES]
     opt = torch.optim.AdamW([{"params": [P[n] for n in NAMES if n in DECAY], "weight_decay": WD},

@@ -31,7 +31,7 @@ TEST(LrSchedule, OtherShapes) {
 }
 
 std::vector<ParamTensor> two_tensors() {
-  return {{"w", {2, 2}, 0, 4, true, 0.02f, 0}, {"b", {2}, 4, 2, false, 0, 0}};
+  return {{"w", {2, 2}, 0, 4, 0, true, 0.02f, 0}, {"b", {2}, 4, 2, 0, false, 0, 0}};
 }
 
 TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {

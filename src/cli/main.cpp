@@ -185,7 +185,9 @@ int cmd_train(const std::vector<std::string>& args) {
   for (size_t i = 1; i < args.size(); i++)
     if (args[i].find('=') == std::string::npos) usage_error("'" + args[i] + "' is not a key=value override", kTrainHelp);
   const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
-  const TrainSummary s = run_training(cfg);
+  std::unique_ptr<Communicator> comm = make_communicator();
+  const TrainSummary s = run_training(cfg, *comm);
+  if (comm->rank() != 0) return 0;
   if (s.first_eval_loss >= 0)
     std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
                 static_cast<long long>(s.steps));
@@ -360,6 +362,9 @@ int main(int argc, char** argv) {
   try {
     return anvil::dispatch(argc, argv);
   } catch (const anvil::Error& e) {
+    // One rank's error ends every rank: the others would wait for it in their next collective.
+    anvil::Communicator* comm = anvil::process_communicator();
+    if (comm && comm->size() > 1) comm->abort(fmt::format("rank {} ({}): {}", comm->rank(), comm->host(), e.what()));
     anvil::log_line(anvil::LogLevel::kError, e.what());
     return 1;
   } catch (const std::exception& e) {

@@ -307,6 +307,29 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("precision", c.precision);
   top.get_duration("console_log_interval", c.console_log_interval);
   top.get("kernels", c.kernels);
+  top.get("dist_timeout", c.dist_timeout);
+  {
+    MapReader d = top.sub("distributed");
+    d.get("zero_stage", c.distributed.zero_stage);
+    d.get("all_reduce", c.distributed.all_reduce);
+    d.get("grad_compression", c.distributed.grad_compression);
+    const bool stage_given = d.has("zero_stage");
+    d.finish();
+    MapReader f = top.sub("fsdp_config");
+    if (f.has("sharding_strategy")) {
+      // LLM Foundry's FSDP strategies are ZeRO stages 0, 2 and 3.
+      std::string strategy;
+      f.get("sharding_strategy", strategy);
+      const int stage = strategy == "NO_SHARD" ? 0 : strategy == "SHARD_GRAD_OP" ? 2 : strategy == "FULL_SHARD" ? 3 : -1;
+      ANVIL_CHECK(stage >= 0, "{}: fsdp_config.sharding_strategy '{}' is not supported: expected NO_SHARD, "
+                  "SHARD_GRAD_OP or FULL_SHARD (or set distributed.zero_stage)", path, strategy);
+      ANVIL_CHECK(!stage_given || stage == c.distributed.zero_stage, "{}: fsdp_config.sharding_strategy {} means "
+                  "zero_stage {}, but distributed.zero_stage is {}: give one of them", path, strategy, stage,
+                  c.distributed.zero_stage);
+      c.distributed.zero_stage = stage;
+    }
+    f.finish();
+  }
   top.finish();
 
   // Validation of values, in one place.
@@ -364,6 +387,18 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     ANVIL_FAIL("{}: precision '{}' is not supported yet; use fp32", path, c.precision);
   ANVIL_CHECK(c.precision == "fp32", "{}: precision '{}' is not valid: expected fp32", path, c.precision);
   ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "ref", "{}: kernels '{}' is not valid: expected 'cpu' or 'ref'", path, c.kernels);
+  ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}", path, c.dist_timeout);
+  ANVIL_CHECK(c.distributed.zero_stage >= 0 && c.distributed.zero_stage <= 3,
+              "{}: distributed.zero_stage {} is not valid: expected 0, 1, 2 or 3", path, c.distributed.zero_stage);
+  static const std::set<std::string> algos = {"auto", "ring", "recursive_doubling", "rank_ordered"};
+  ANVIL_CHECK(algos.count(c.distributed.all_reduce), "{}: distributed.all_reduce '{}' is not valid: expected auto, "
+              "ring, recursive_doubling or rank_ordered", path, c.distributed.all_reduce);
+  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.distributed.grad_compression == "bf16",
+              "{}: distributed.grad_compression '{}' is not valid: expected none or bf16", path,
+              c.distributed.grad_compression);
+  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.distributed.zero_stage == 0,
+              "{}: distributed.grad_compression bf16 needs distributed.zero_stage 0 (stages 1-3 reduce-scatter in "
+              "fp32)", path);
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();
@@ -451,6 +486,12 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "precision" << YAML::Value << c.precision;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
   e << YAML::Key << "kernels" << YAML::Value << c.kernels;
+  e << YAML::Key << "dist_timeout" << YAML::Value << c.dist_timeout;
+  e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;
+  e << YAML::Key << "all_reduce" << YAML::Value << c.distributed.all_reduce;
+  e << YAML::Key << "grad_compression" << YAML::Value << c.distributed.grad_compression;
+  e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

@@ -68,6 +68,13 @@ struct LoaderConfig {
   int num_workers = 0;  // decode threads ahead of training; 0 decodes in the training thread
 };
 
+// Data parallelism across the ranks of an MPI job (docs/config.md).
+struct DistributedConfig {
+  int zero_stage = 0;                    // 0 | 1 | 2 | 3; fsdp_config.sharding_strategy maps onto it
+  std::string all_reduce = "auto";       // auto | ring | recursive_doubling | rank_ordered
+  std::string grad_compression = "none"; // none | bf16 (zero_stage 0)
+};
+
 struct TrainConfig {
   std::string run_dir;
   std::string run_name;
@@ -89,6 +96,8 @@ struct TrainConfig {
   std::string precision = "fp32";
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
   std::string kernels = "cpu";  // anvil: "cpu" (fast) or "ref" (the reference ops)
+  DistributedConfig distributed;
+  double dist_timeout = 600;    // seconds a collective may wait before the job is aborted
   bool has_eval = false;        // whether eval_loader was given
 };
 

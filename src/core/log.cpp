@@ -13,6 +13,7 @@ namespace anvil {
 namespace {
 std::mutex g_mutex;
 FILE* g_file = nullptr;
+int g_rank = 0, g_world = 1;
 
 std::string timestamp() {
   std::time_t now = std::time(nullptr);
@@ -23,6 +24,12 @@ std::string timestamp() {
   return buf;
 }
 }  // namespace
+
+void log_set_rank(int rank, int world) {
+  std::lock_guard lock(g_mutex);
+  g_rank = rank;
+  g_world = world;
+}
 
 void log_to_file(const std::string& path) {
   std::lock_guard lock(g_mutex);
@@ -40,8 +47,12 @@ void log_close_file() {
 void log_line(LogLevel level, const std::string& message) {
   const char* tag = level == LogLevel::kInfo ? "" : level == LogLevel::kWarn ? "warning: " : "error: ";
   std::lock_guard lock(g_mutex);
+  if (g_rank != 0 && level == LogLevel::kInfo) return;
   progress_clear_line();
-  std::fprintf(stderr, "%s%s\n", tag, message.c_str());
+  if (g_world > 1 && g_rank != 0)
+    std::fprintf(stderr, "[rank %d] %s%s\n", g_rank, tag, message.c_str());
+  else
+    std::fprintf(stderr, "%s%s\n", tag, message.c_str());
   if (g_file) {
     std::fprintf(g_file, "%s %s%s\n", timestamp().c_str(), tag, message.c_str());
     std::fflush(g_file);

@@ -7,6 +7,9 @@ namespace anvil {
 
 enum class LogLevel { kInfo, kWarn, kError };
 
+// In a job of several ranks, only rank 0 prints information; the others print warnings and
+// errors, prefixed with their rank.
+void log_set_rank(int rank, int world);
 void log_to_file(const std::string& path);  // also append every line to this file
 void log_close_file();
 void log_line(LogLevel level, const std::string& message);

@@ -1,6 +1,7 @@
 // GPT-2 forward and backward, written once against the ops of src/kernels.
 #include "model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -146,18 +147,26 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
   dqkv_ = dbig_ + BT * 4 * C;
 }
 
-void Gpt2::init_weights(uint64_t seed) {
-  ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
-  for (size_t k = 0; k < layout_.size(); k++) {
-    const ParamTensor& t = layout_[k];
-    float* p = params_.data() + t.offset;
+void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out) {
+  const std::vector<ParamTensor> layout = gpt2_param_layout(cfg);
+  for (size_t k = 0; k < layout.size(); k++) {
+    const ParamTensor& t = layout[k];
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    float* p = out + (a - lo);
     if (t.init_std == 0.0f) {
-      std::fill(p, p + t.numel, t.init_value);
+      std::fill(p, p + (b - a), t.init_value);
       continue;
     }
+    const size_t first = a - t.offset, n = b - a;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < t.numel; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, i));
+    for (size_t i = 0; i < n; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, first + i));
   }
+}
+
+void Gpt2::init_weights(uint64_t seed) {
+  ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
+  gpt2_init_params(cfg_, seed, 0, num_params_, params_.data());
 }
 
 void Gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }

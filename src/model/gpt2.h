@@ -34,6 +34,10 @@ struct ParamUnit {
   size_t offset = 0, numel = 0;
 };
 std::vector<ParamUnit> gpt2_units(const ModelConfig& cfg);
+// GPT-2 initialisation of the flat range [lo, hi) into out (hi - lo floats): N(0, 0.02), residual
+// projections N(0, 0.02/√(2L)), biases 0, norm weights 1. Each value depends only on (seed,
+// tensor, index), so a shard initialises itself without the rest.
+void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out);
 
 // How the model reaches its parameters and gradients, one unit at a time. The default serves the
 // model's own full arrays; data-parallel training substitutes one that gathers sharded
@@ -79,8 +83,7 @@ class Gpt2 {
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
 
-  // GPT-2 initialisation from a seed: N(0, 0.02), residual projections N(0, 0.02/√(2L)),
-  // biases 0, norm weights 1. Each value depends only on (seed, tensor, index).
+  // gpt2_init_params over the model's own parameter array.
   void init_weights(uint64_t seed);
   void zero_grad();
 

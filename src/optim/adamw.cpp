@@ -2,6 +2,7 @@
 // and the global gradient norm summed over fixed chunks.
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -9,7 +10,11 @@
 namespace anvil {
 
 AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params)
-    : cfg_(cfg), layout_(layout), m_(num_params, 0.0f), v_(num_params, 0.0f) {
+    : AdamW(cfg, layout, 0, num_params) {}
+
+AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi)
+    : cfg_(cfg), layout_(layout), lo_(lo), hi_(hi), m_(hi - lo, 0.0f), v_(hi - lo, 0.0f) {
+  ANVIL_CHECK(lo <= hi, "optimizer range [{}, {}) is empty the wrong way round", lo, hi);
   ANVIL_CHECK(cfg.name == "adamw" || cfg.name == "decoupled_adamw",
               "optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", cfg.name);
 }
@@ -25,12 +30,14 @@ void AdamW::step(float* params, const float* grads, double lr) {
   const double decay_rate = cfg_.name == "adamw" ? lr * cfg_.weight_decay
                                                  : (cfg_.lr > 0 ? lr / cfg_.lr : 1.0) * cfg_.weight_decay;
   for (const ParamTensor& t : layout_) {
+    const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
+    if (a >= b) continue;
     const float keep = t.weight_decay ? static_cast<float>(1.0 - decay_rate) : 1.0f;
-    float* p = params + t.offset;
-    const float* g = grads + t.offset;
-    float* m = m_.data() + t.offset;
-    float* v = v_.data() + t.offset;
-    const long n = static_cast<long>(t.numel);
+    float* p = params + (a - lo_);
+    const float* g = grads + (a - lo_);
+    float* m = m_.data() + (a - lo_);
+    float* v = v_.data() + (a - lo_);
+    const long n = static_cast<long>(b - a);
 #pragma omp parallel for simd schedule(static)
     for (long i = 0; i < n; i++) {
       p[i] *= keep;
@@ -41,7 +48,7 @@ void AdamW::step(float* params, const float* grads, double lr) {
   }
 }
 
-double clip_grad_norm(float* grads, size_t n, double max_norm) {
+double grad_sum_of_squares(const float* grads, size_t n) {
   // Partial sums over fixed 64K-element chunks, then added in chunk order: the same bits for
   // any number of threads.
   constexpr size_t kChunk = 1 << 16;
@@ -60,12 +67,22 @@ double clip_grad_norm(float* grads, size_t n, double max_norm) {
   }
   double sum = 0;
   for (long c = 0; c < chunks; c++) sum += partial[c];
-  const double norm = std::sqrt(sum);
-  if (max_norm > 0 && norm > max_norm) {
-    const float coef = static_cast<float>(max_norm / (norm + 1e-6));
+  return sum;
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+void scale_grads(float* grads, size_t n, float coef) {
+  if (coef == 1.0f) return;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) grads[i] *= coef;
-  }
+  for (size_t i = 0; i < n; i++) grads[i] *= coef;
+}
+
+double clip_grad_norm(float* grads, size_t n, double max_norm) {
+  const double norm = std::sqrt(grad_sum_of_squares(grads, n));
+  scale_grads(grads, n, clip_coefficient(norm, max_norm));
   return norm;
 }
 

@@ -4,7 +4,9 @@
 
 #include <sys/resource.h>
 
+
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -12,8 +14,8 @@
 #include "core/rng.h"
 #include "kernels/blas.h"
 #include "kernels/impl.h"
+#include "dist/communicator.h"
 #include "model/gpt2.h"
-#include "optim/adamw.h"
 #include "train/step.h"
 
 namespace anvil {
@@ -23,10 +25,12 @@ BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps
   set_kernel_impl(parse_kernel_impl(cfg.kernels));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   Gpt2 model(cfg.model, cfg.device_train_microbatch_size, T);
-  model.init_weights(cfg.seed);
-  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params());
+  std::unique_ptr<Communicator> comm = make_communicator();
+  ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
+  DataParallel dp(*comm, model, cfg.optimizer, {});
+  dp.init_weights(cfg.seed);
   LrSchedule constant{"constant", 0, 0.0, warmup_steps + steps};
-  TrainStep step(cfg, model, optimizer, constant);
+  TrainStep step(cfg, model, dp, constant);
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.
   std::vector<int32_t> stream(static_cast<size_t>(GB) * T + 1);

@@ -14,8 +14,7 @@ namespace anvil {
 namespace fs = std::filesystem;
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer,
-                            const std::string& data_state) {
+                            const TrainConfig& cfg, const CheckpointState& state, const std::string& data_state) {
   const std::string ckpt_root = run_dir + "/checkpoints";
   make_dirs(ckpt_root);
   const std::string name = fmt::format("step-{:08d}", step);
@@ -26,19 +25,19 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t to
 
   SafeTensorsFile weights, optim;
   nlohmann::json tensors = nlohmann::json::array();
-  for (const ParamTensor& t : model.tensors()) {
-    const float* p = model.params() + t.offset;
+  for (const ParamTensor& t : gpt2_param_layout(cfg.model)) {
+    const float* p = state.params + t.offset;
     weights.tensors[t.name] = make_f32(p, t.shape);
-    optim.tensors["exp_avg." + t.name] = make_f32(optimizer.exp_avg().data() + t.offset, t.shape);
-    optim.tensors["exp_avg_sq." + t.name] = make_f32(optimizer.exp_avg_sq().data() + t.offset, t.shape);
+    optim.tensors["exp_avg." + t.name] = make_f32(state.exp_avg + t.offset, t.shape);
+    optim.tensors["exp_avg_sq." + t.name] = make_f32(state.exp_avg_sq + t.offset, t.shape);
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"},
                        {"xxh3", hex64(hash64(p, t.numel * sizeof(float)))}});
   }
-  optim.metadata["steps_taken"] = std::to_string(optimizer.steps_taken());
+  optim.metadata["steps_taken"] = std::to_string(state.optimizer_steps);
   write_safetensors(tmp + "/model.safetensors", weights);
   write_safetensors(tmp + "/optimizer.safetensors", optim);
   const std::string config_yaml = to_yaml(cfg);
-  const ModelConfig& m = model.config();
+  const ModelConfig& m = cfg.model;
   nlohmann::json manifest = {
       {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", step},
       {"tokens_seen", tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(data_state)},

@@ -11,16 +11,22 @@
 
 #include "config/train_config.h"
 #include "model/gpt2.h"
-#include "optim/adamw.h"
 
 namespace anvil {
 
 constexpr int kCheckpointVersion = 2;
 
+// The full training state to save: flat arrays in gpt2_param_layout order.
+struct CheckpointState {
+  const float* params = nullptr;
+  const float* exp_avg = nullptr;
+  const float* exp_avg_sq = nullptr;
+  int64_t optimizer_steps = 0;
+};
+
 // data_state: the train loader's DataState as JSON (where the data order stands).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const Gpt2& model, AdamW& optimizer,
-                            const std::string& data_state);
+                            const TrainConfig& cfg, const CheckpointState& state, const std::string& data_state);
 
 struct LoadedModel {
   ModelConfig config;

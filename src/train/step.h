@@ -1,12 +1,14 @@
-// One optimizer step over a global batch, cut into microbatches: the loss of every microbatch is
-// weighted by 1 / (target tokens of the whole batch), so gradients are exact whatever the
-// microbatch size (Composer's rule), then clipped by global norm, then AdamW.
+// One optimizer step over a global batch. Each rank takes its block of the batch and cuts it
+// into microbatches; the loss of every microbatch is weighted by 1 / (target tokens of the whole
+// global batch, summed over ranks), so gradients are exact whatever the microbatch size or the
+// world size (Composer's rule). Then the gradients are reduced, clipped by global norm, and
+// AdamW updates (see dist/data_parallel.h for who holds what under each ZeRO stage).
 #pragma once
 #include <cstdint>
 
 #include "config/train_config.h"
 #include "model/gpt2.h"
-#include "optim/adamw.h"
+#include "dist/data_parallel.h"
 #include "optim/schedule.h"
 
 namespace anvil {
@@ -20,13 +22,14 @@ struct StepResult {
 
 class TrainStep {
  public:
-  TrainStep(const TrainConfig& cfg, Gpt2& model, AdamW& optimizer, const LrSchedule& schedule);
-  // tokens, targets: (batch, seq_len) with batch = global_train_batch_size. t: 0-based step.
+  TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule);
+  // tokens, targets: (batch, seq_len), this rank's block of the global batch. t: 0-based step.
+  // The loss and the gradient norm returned are the global ones, the same on every rank.
   StepResult run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t);
 
  private:
   Gpt2& model_;
-  AdamW& optimizer_;
+  DataParallel& dp_;
   LrSchedule schedule_;
   int microbatch_;
   double lr_, clip_;

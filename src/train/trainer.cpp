@@ -18,32 +18,49 @@
 #include "train/checkpoint.h"
 #include "train/data_pipeline.h"
 #include "train/step.h"
+#include "dist/collectives.h"
+#include "dist/data_parallel.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
 namespace {
 
 // Mean loss per target token over the eval split in dataset order (or its first
-// eval_subset_num_batches batches).
-double evaluate(Gpt2& model, StreamingDataset& data, const TrainConfig& cfg, std::vector<int32_t>& tokens,
-                std::vector<int32_t>& targets) {
+// eval_subset_num_batches batches). Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
+// pass gathers parameters with every rank, so a rank past the last batch runs its first batch
+// again and discards it.
+double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const TrainConfig& cfg,
+                std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
+  Communicator& comm = dp.comm();
+  const int W = comm.size(), rank = comm.rank();
   int64_t samples = data.num_samples();
   if (cfg.eval_subset_num_batches > 0) samples = std::min<int64_t>(samples, int64_t{cfg.eval_subset_num_batches} * B);
+  const int64_t batches = (samples + B - 1) / B;
+  const int64_t rounds = (batches + W - 1) / W;
   std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
   double sum = 0;
   int64_t count = 0;
-  for (int64_t s0 = 0; s0 < samples; s0 += B) {
+  for (int64_t round = 0; round < rounds; round++) {
+    const int64_t batch = round * W + rank;
+    const bool real = batch < batches;
+    if (!real && dp.zero_stage() < 3) break;
+    const int64_t s0 = (real ? batch : rank % batches) * B;
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
     for (int k = 0; k < b; k++)
       load_example(data, s0 + k, T, cfg.model.vocab_size, buf.data(), tokens.data() + static_cast<size_t>(k) * T,
                    targets.data() + static_cast<size_t>(k) * T);
     int64_t n = 0;
-    sum += model.forward(tokens.data(), targets.data(), b, T, &n);
+    const double loss = model.forward(tokens.data(), targets.data(), b, T, &n);
+    if (!real) continue;
+    sum += loss;
     count += n;
   }
-  return sum / static_cast<double>(count);
+  dp.quiesce();
+  return sum_in_rank_order(comm, sum) / static_cast<double>(sum_exact(comm, count));
 }
+
+std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 double peak_rss_mib() {
   rusage u{};
@@ -53,19 +70,28 @@ double peak_rss_mib() {
 
 }  // namespace
 
-TrainSummary run_training(const TrainConfig& cfg) {
+TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   set_kernel_impl(parse_kernel_impl(cfg.kernels));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
+  const int W = comm.size(), rank = comm.rank();
+  const bool writer = rank == 0;
+  comm.set_timeout(cfg.dist_timeout);
+  log_set_rank(rank, W);
+  ANVIL_CHECK(GB % W == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
+              "block of the batch", GB, W);
+  const int local_batch = GB / W;
+  const int microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
 
   DataPipeline train_data = open_data(cfg.train_loader.dataset);
   LoaderOptions lopt;
   lopt.global_batch = GB;
+  lopt.rank = rank;
+  lopt.world = W;
   lopt.seq_len = T;
   lopt.num_workers = cfg.train_loader.num_workers;
   lopt.predownload = cfg.train_loader.dataset.predownload;
   lopt.vocab_size = cfg.model.vocab_size;
-  TokenLoader loader(*train_data.data, train_data.order, lopt);
-  const int64_t n_samples = epoch_samples(train_data.order);
+  TokenLoader loader(*train_data.data, train_data.order, lopt);  const int64_t n_samples = epoch_samples(train_data.order);
   const int64_t batches_per_epoch = loader.steps_per_epoch();
   DataPipeline eval_data;
   if (cfg.has_eval) eval_data = open_data(cfg.eval_loader.dataset);
@@ -77,47 +103,73 @@ TrainSummary run_training(const TrainConfig& cfg) {
                       duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
                       cfg.scheduler.alpha_f, total_steps};
 
-  // The run directory. An existing run is never overwritten.
-  ANVIL_CHECK(!fs::exists(cfg.run_dir + "/metrics.jsonl"), "run directory '{}' already holds a run; choose another "
-              "run_dir (e.g. run_dir=runs/NAME) or remove it", cfg.run_dir);
-  make_dirs(cfg.run_dir);
-  write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
-  log_to_file(cfg.run_dir + "/train.log");
-  FILE* metrics = std::fopen((cfg.run_dir + "/metrics.jsonl").c_str(), "w");
-  ANVIL_CHECK(metrics, "cannot create '{}/metrics.jsonl'", cfg.run_dir);
+  // The run directory, written by rank 0 only. An existing run is never overwritten.
+  FILE* metrics = nullptr;
+  if (writer) {
+    ANVIL_CHECK(!fs::exists(cfg.run_dir + "/metrics.jsonl"), "run directory '{}' already holds a run; choose another "
+                "run_dir (e.g. run_dir=runs/NAME) or remove it", cfg.run_dir);
+    make_dirs(cfg.run_dir);
+    write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
+    log_to_file(cfg.run_dir + "/train.log");
+    metrics = std::fopen((cfg.run_dir + "/metrics.jsonl").c_str(), "w");
+    ANVIL_CHECK(metrics, "cannot create '{}/metrics.jsonl'", cfg.run_dir);
+  }
+  auto write_metrics = [&](const nlohmann::json& row) {
+    if (!metrics) return;
+    std::fprintf(metrics, "%s\n", row.dump().c_str());
+    std::fflush(metrics);
+  };
 
-  const int max_batch = std::max(cfg.device_train_microbatch_size, cfg.device_eval_batch_size);
-  Gpt2 model(cfg.model, max_batch, T);
-  model.init_weights(cfg.seed);
-  AdamW optimizer(cfg.optimizer, model.tensors(), model.num_params());
-  TrainStep step(cfg, model, optimizer, schedule);
+  const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);
+  const DistributedConfig& dc = cfg.distributed;
+  Gpt2 model(cfg.model, max_batch, T, gpt2_storage_for_stage(dc.zero_stage));
+  DataParallel dp(comm, model, cfg.optimizer,
+                  {dc.zero_stage, parse_all_reduce_algo(dc.all_reduce), dc.grad_compression == "bf16"});
+  dp.init_weights(cfg.seed);
+  TrainStep step(cfg, model, dp, schedule);
   const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
   const double peak = measured_peak_gflops();
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
            cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
-  log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, microbatch {}); {} steps", n_samples, T,
-           batches_per_epoch, GB, cfg.device_train_microbatch_size, total_steps);
-  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s", cfg.kernels, blas_description(), peak);
+  log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}); {} steps",
+           n_samples, T, batches_per_epoch, GB, local_batch, microbatch, total_steps);
+  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s per rank", cfg.kernels, blas_description(), peak);
+  if (W > 1) {
+    const LaunchInfo li = detect_launch();
+    log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, timeout {:.0f} s", W,
+             comm.local_size(), comm.backend(), li.launcher.empty() ? "" : ", launched by " + li.launcher,
+             dc.zero_stage, dc.all_reduce, dc.grad_compression == "bf16" ? ", bf16 gradient compression" : "",
+             cfg.dist_timeout);
+  }
+  const MemoryReport mem = dp.memory();
+  const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
+  log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded; working "
+           "buffers {}; activations {}", mib(mem.model_states()), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
+           100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded), mib(mem.working),
+           mib(model.activation_bytes()));
+  write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
+                                      {"working", mem.working}, {"activations", model.activation_bytes()},
+                                      {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
+                                      {"world_size", W}}}});
 
-  std::vector<int32_t> tokens(static_cast<size_t>(std::max(GB, max_batch)) * T);
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(local_batch, max_batch)) * T);
   std::vector<int32_t> targets(tokens.size());
   TrainSummary summary;
   auto run_eval = [&](int64_t at_step) {
     if (!eval_data.data) return;
     auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(model, *eval_data.data, cfg, tokens, targets);
+    const double loss = evaluate(model, dp, *eval_data.data, cfg, tokens, targets);
     if (summary.first_eval_loss < 0) summary.first_eval_loss = loss;
     summary.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps, loss, std::exp(loss), secs);
-    std::fprintf(metrics, "%s\n", nlohmann::json{{"step", at_step}, {"eval_loss", loss}}.dump().c_str());
-    std::fflush(metrics);
+    write_metrics({{"step", at_step}, {"eval_loss", loss}});
   };
 
   if (cfg.eval_first) run_eval(0);
-  Progress bar("train", total_steps, "steps");
+  Progress bar("train", total_steps, "steps");  // drawn by rank 0 only
   int64_t tokens_seen = 0;
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t t = 0; t < total_steps; t++) {
@@ -125,7 +177,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     loader.next(tokens.data(), targets.data());
 
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = step.run(tokens.data(), targets.data(), GB, T, t);
+    const StepResult r = step.run(tokens.data(), targets.data(), local_batch, T, t);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ANVIL_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or enable "
                 "algorithms.gradient_clipping", t + 1, r.loss);
@@ -136,25 +188,31 @@ TrainSummary run_training(const TrainConfig& cfg) {
                           {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen},
                           {"tokens_per_s", tps}, {"gflops", gflops},        {"mfu", gflops / peak},
                           {"step_s", secs},      {"peak_rss_mib", peak_rss_mib()}};
-    std::fprintf(metrics, "%s\n", row.dump().c_str());
-    std::fflush(metrics);
+    write_metrics(row);
     summary.final_train_loss = r.loss;
     if ((t + 1) % log_every == 0)
       log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,
                                 total_steps, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak));
-    bar.update(t + 1, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
+    if (writer) bar.update(t + 1, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
     if ((t + 1) % eval_every == 0 && t + 1 < total_steps) run_eval(t + 1);
   }
-  bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
+  if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
   const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", total_steps, tokens_seen, format_duration(total_secs),
            tokens_seen / total_secs);
   run_eval(total_steps);
   summary.steps = total_steps;
-  summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg, model, optimizer, loader.state().to_json());
-  log_info("checkpoint: {}", summary.checkpoint);
-  std::fclose(metrics);
-  log_close_file();
+  std::vector<float> params, exp_avg, exp_avg_sq;
+  dp.gather_full_state(params, exp_avg, exp_avg_sq);
+  if (writer) {
+    summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg,
+                                         {params.data(), exp_avg.data(), exp_avg_sq.data(), dp.optimizer_steps()},
+                                         loader.state().to_json());
+    log_info("checkpoint: {}", summary.checkpoint);
+    std::fclose(metrics);
+    log_close_file();
+  }
+  barrier(comm);  // no rank reports success before the checkpoint is on disk
   return summary;
 }
 

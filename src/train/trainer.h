@@ -1,10 +1,12 @@
 // `anvil train`: the run directory (resolved config, human log, metrics.jsonl, checkpoints),
-// the deterministic sample order, the training loop with its progress bar, periodic eval.
+// the deterministic sample order, the training loop with its progress bar, periodic eval, on
+// one process or as one rank of a data-parallel job.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "config/train_config.h"
+#include "dist/communicator.h"
 
 namespace anvil {
 
@@ -15,6 +17,7 @@ struct TrainSummary {
   std::string checkpoint;
 };
 
-TrainSummary run_training(const TrainConfig& cfg);
+// Every rank of comm calls this with the same config; rank 0 writes the run directory.
+TrainSummary run_training(const TrainConfig& cfg, Communicator& comm);
 
 }  // namespace anvil

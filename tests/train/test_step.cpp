@@ -61,8 +61,9 @@ std::vector<float> train_steps(int microbatch, int steps) {
   TrainConfig c = small_config(microbatch);
   Gpt2 model(c.model, microbatch, c.max_seq_len);
   model.init_weights(1);
-  AdamW opt(c.optimizer, model.tensors(), model.num_params());
-  TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+  auto comm = make_communicator();
+  DataParallel dp(*comm, model, c.optimizer, {});
+  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
   Batch b(c);
   for (int t = 0; t < steps; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
   return std::vector<float>(model.params(), model.params() + model.num_params());
@@ -72,8 +73,9 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
   TrainConfig c = small_config(2);
   Gpt2 model(c.model, 2, c.max_seq_len);
   model.init_weights(1);
-  AdamW opt(c.optimizer, model.tensors(), model.num_params());
-  TrainStep step(c, model, opt, LrSchedule{"constant", 0, 0.0, 10});
+  auto comm = make_communicator();
+  DataParallel dp(*comm, model, c.optimizer, {});
+  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
   Batch b(c);
   step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
   const long before = g_allocations.load();

@@ -1,0 +1,92 @@
+// Launch detection and the one-process communicator.
+#include "dist/communicator.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace anvil {
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return end && *end == '\0' ? static_cast<int>(x) : fallback;
+}
+bool env_has(const char* name) { return std::getenv(name) != nullptr; }
+
+Communicator* g_process_comm = nullptr;
+
+class SingleProcess : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
+  std::string host() const override {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    return name;
+  }
+  std::string backend() const override { return "single process"; }
+  PeerRequest isend(const void*, size_t, int peer, int) override { no_peer(peer); }
+  PeerRequest irecv(void*, size_t, int peer, int) override { no_peer(peer); }
+  void wait_all(PeerRequest*, size_t n, const char* operation) override {
+    ANVIL_CHECK(n == 0, "{}: a single process has no peers to wait for", operation);
+  }
+  [[noreturn]] void abort(const std::string& message) override {
+    log_line(LogLevel::kError, message);
+    std::_Exit(1);
+  }
+  void library_all_reduce(float*, size_t) override {}
+
+ private:
+  [[noreturn]] static void no_peer(int peer) { ANVIL_FAIL("rank {} does not exist: this is a single-process run", peer); }
+};
+
+}  // namespace
+
+LaunchInfo detect_launch() {
+  LaunchInfo li;
+  if (env_has("OMPI_COMM_WORLD_SIZE")) {
+    li = {"mpirun", env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1), true};
+  } else if (env_has("PMIX_RANK") && env_has("SLURM_NTASKS")) {
+    li = {"srun", env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", -1), true};
+  } else if (env_has("PMI_SIZE") || env_has("PMI_RANK")) {
+    li = {"mpich", env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", -1), true};
+  } else if (env_has("SLURM_NTASKS") && env_has("SLURM_PROCID") && env_has("SLURM_STEP_ID")) {
+    li = {"srun", env_int("SLURM_NTASKS", 1), env_int("SLURM_LOCALID", -1), false};
+  } else if (env_has("WORLD_SIZE") && env_has("RANK")) {
+    li = {"torchrun", env_int("WORLD_SIZE", 1), env_int("LOCAL_RANK", -1), false};
+  }
+  return li;
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li);  // mpi_communicator.cpp
+
+std::unique_ptr<Communicator> make_communicator(bool require_mpi) {
+  const LaunchInfo li = detect_launch();
+  std::unique_ptr<Communicator> comm;
+  if (li.mpi_launch || require_mpi) {
+    comm = make_mpi_communicator(li);
+  } else {
+    ANVIL_CHECK(li.env_world <= 1, "{} started {} tasks, but anvil joins them through MPI: launch with mpirun -np N, "
+                "or srun --mpi=pmix under SLURM", li.launcher, li.env_world);
+    comm = std::make_unique<SingleProcess>();
+  }
+  g_process_comm = comm.get();
+  return comm;
+}
+
+Communicator* process_communicator() { return g_process_comm; }
+
+Communicator::~Communicator() {
+  if (g_process_comm == this) g_process_comm = nullptr;
+}
+
+}  // namespace anvil

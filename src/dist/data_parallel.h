@@ -1,0 +1,131 @@
+// Data-parallel training with ZeRO stages 0-3, on anvil's collectives.
+//
+// Every rank runs the same model on its own block of the global batch. The flat parameter array
+// is cut into W contiguous shards; rank r owns [lo, hi). By stage:
+//   0  full parameters, gradients and optimizer state everywhere; each unit's gradient is
+//      all-reduced as soon as the last microbatch's backward pass has finished with it.
+//   1  as 0, but each unit's gradient is reduce-scattered, the optimizer state covers the shard
+//      only, and the updated shards are all-gathered back into the full parameters.
+//   2  as 1, and the full gradient never exists: the model accumulates into a working buffer per
+//      unit, reduce-scattered into the gradient shard after every microbatch.
+//   3  as 2, and parameters are sharded too: a unit is all-gathered just before use (the next
+//      one is fetched ahead) and its buffer reused after. The embedding table, which the tied LM
+//      head uses at both ends of the pass, keeps its own buffer.
+// All communication of a step runs on one communication thread, in the order the training
+// thread issues it, so it overlaps the backward pass and is issued identically on every rank.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dist/collectives.h"
+#include "dist/communicator.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+
+namespace anvil {
+
+struct DataParallelOptions {
+  int zero_stage = 0;
+  AllReduceAlgo algo = AllReduceAlgo::kAuto;
+  bool bf16_compression = false;  // stage 0 only: gradients on the wire in bf16, with error feedback
+};
+
+// Which arrays the model should allocate for itself under a stage.
+Gpt2Storage gpt2_storage_for_stage(int zero_stage);
+
+// Bytes per rank, as the trainer reports them.
+struct MemoryReport {
+  size_t params = 0, grads = 0, optimizer = 0;  // the model states
+  size_t working = 0;                           // gathered units, gradient buffers, error feedback
+  size_t model_states() const { return params + grads + optimizer; }
+};
+
+// Runs jobs on one thread, first in, first out.
+class CommThread {
+ public:
+  CommThread();
+  ~CommThread();
+  uint64_t submit(std::function<void()> job);
+  void wait(uint64_t ticket);  // rethrows a job's error
+  void wait_all();
+
+ private:
+  void run();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;
+  uint64_t submitted_ = 0, finished_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class DataParallel : public UnitAccess {
+ public:
+  // Takes over the model's unit access. The model must have been built with
+  // gpt2_storage_for_stage(options.zero_stage).
+  DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfig& optimizer, DataParallelOptions options);
+  ~DataParallel() override;
+
+  Communicator& comm() { return comm_; }
+  int zero_stage() const { return opt_.zero_stage; }
+  size_t shard_lo() const { return lo_; }
+  size_t shard_hi() const { return hi_; }
+  MemoryReport memory() const;
+
+  // Initial parameters from the seed (each rank computes what it holds).
+  void init_weights(uint64_t seed);
+
+  // A step: begin_step, then per microbatch begin_microbatch + model.forward_backward, then
+  // finish_backward, clip_and_norm, optimizer_step.
+  void begin_step();
+  void begin_microbatch(bool last);
+  void finish_backward();
+  double clip_and_norm(double max_norm);  // the global gradient norm before clipping
+  void optimizer_step(double lr);
+  // Before anything else talks on the communicator (evaluation, scalars): no job in flight.
+  void quiesce() { thread_.wait_all(); }
+
+  // Full copies of the parameters and the optimizer moments on every rank, for a checkpoint.
+  void gather_full_state(std::vector<float>& params, std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
+  int64_t optimizer_steps() const { return optimizer_.steps_taken(); }
+
+  // UnitAccess
+  const float* acquire_params(int unit, int next_unit) override;
+  void release_params(int unit) override;
+  float* grads(int unit) override;
+  void grads_done(int unit) override;
+
+ private:
+  struct Slot {
+    std::vector<float> buf;
+    int unit = -1;        // whose contents it holds (or will, once ticket is done)
+    bool in_use = false;  // parameters: acquired; gradients: open in this microbatch
+    uint64_t ticket = 0;  // the job that fills (parameters) or reads (gradients) it
+  };
+  Slot* find_param_slot(int unit);
+  Slot& free_param_slot(int unit);
+  void start_gather(Slot& slot, int unit);
+  float* owned_params();
+  float* owned_grads();
+
+  Communicator& comm_;
+  Gpt2& model_;
+  DataParallelOptions opt_;
+  std::vector<ParamUnit> units_;
+  size_t n_ = 0, lo_ = 0, hi_ = 0;
+  std::vector<size_t> shard_counts_;
+  std::vector<std::vector<size_t>> unit_counts_;  // [unit][rank]: the unit's part in each shard
+  AdamW optimizer_;
+  std::vector<float> param_shard_, grad_shard_, error_feedback_;
+  Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
+  bool last_microbatch_ = true;
+  CommThread thread_;
+};
+
+}  // namespace anvil

@@ -1,0 +1,170 @@
+// The MPI backend: MPI_Init_thread (anvil's communication thread and the training thread call MPI
+// one at a time, so MPI_THREAD_SERIALIZED is enough), non-blocking point-to-point polled against a
+// deadline, MPI_Abort to end the job. Standard MPI-3 only, so it builds against Open MPI and MPICH.
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/communicator.h"
+
+namespace anvil {
+namespace {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, len);
+}
+
+#define ANVIL_MPI_CHECK(call)                                                                     \
+  do {                                                                                           \
+    const int mpi_rc_ = (call);                                                                  \
+    ANVIL_CHECK(mpi_rc_ == MPI_SUCCESS, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, mpi_error_text(mpi_rc_)); \
+  } while (0)
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(const LaunchInfo& li) {
+    int provided = 0;
+    ANVIL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    ANVIL_CHECK(provided >= MPI_THREAD_SERIALIZED, "the MPI library provides thread level {}; anvil needs "
+                "MPI_THREAD_SERIALIZED ({})", provided, MPI_THREAD_SERIALIZED);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm node;
+    ANVIL_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_size(node, &local_size_);
+    MPI_Comm_free(&node);
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    host_.assign(name, len);
+    int major = 0, minor = 0;
+    MPI_Get_version(&major, &minor);
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    MPI_Get_library_version(lib, &len);
+    std::string first_line(lib, len);
+    first_line = first_line.substr(0, first_line.find_first_of(",\n"));
+    backend_ = fmt::format("MPI {}.{} ({})", major, minor, first_line);
+    if (li.env_world > 1 && li.env_world != size_)
+      abort(fmt::format("{} started {} tasks but MPI joined {}: under SLURM use srun --mpi=pmix", li.launcher,
+                        li.env_world, size_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string host() const override { return host_; }
+  std::string backend() const override { return backend_; }
+
+  PeerRequest isend(const void* buf, size_t bytes, int peer, int tag) override {
+    return post(const_cast<void*>(buf), bytes, peer, tag, true);
+  }
+  PeerRequest irecv(void* buf, size_t bytes, int peer, int tag) override { return post(buf, bytes, peer, tag, false); }
+
+  void wait_all(PeerRequest* reqs, size_t n, const char* operation) override {
+    const auto start = std::chrono::steady_clock::now();
+    size_t left = 0;
+    for (size_t i = 0; i < n; i++) left += !reqs[i].done;
+    for (long polls = 0; left > 0; polls++) {
+      for (size_t i = 0; i < n; i++) {
+        if (reqs[i].done) continue;
+        int flag = 0;
+        const int rc = MPI_Test(static_cast<MPI_Request*>(reqs[i].handle), &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+          abort(fmt::format("{} on rank {} ({}): the transfer {} rank {} failed: {}", operation, rank_, host_,
+                            reqs[i].is_send ? "to" : "from", reqs[i].peer, mpi_error_text(rc)));
+        if (flag) {
+          delete static_cast<MPI_Request*>(reqs[i].handle);
+          reqs[i].handle = nullptr;
+          reqs[i].done = true;
+          left--;
+        }
+      }
+      if (left == 0) break;
+      // Spin briefly (a peer on shared memory answers in microseconds), then give the core away:
+      // ranks may outnumber cores.
+      if (polls < 200) continue;
+      if ((polls & 63) != 0) {
+        sched_yield();
+        continue;
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_) report_timeout(reqs, n, operation, waited);
+      if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  [[noreturn]] void abort(const std::string& message) override {
+    log_line(LogLevel::kError, message);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+  void library_all_reduce(float* data, size_t n) override {
+    ANVIL_CHECK(n <= static_cast<size_t>(INT_MAX), "MPI_Allreduce of {} floats exceeds MPI's int count", n);
+    ANVIL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+  }
+
+ private:
+  PeerRequest post(void* buf, size_t bytes, int peer, int tag, bool send) {
+    ANVIL_CHECK(peer >= 0 && peer < size_ && peer != rank_, "rank {} cannot exchange with rank {} (world size {})",
+                rank_, peer, size_);
+    ANVIL_CHECK(bytes > 0 && bytes <= static_cast<size_t>(INT_MAX), "a message of {} bytes is outside (0, {}]",
+                bytes, INT_MAX);
+    PeerRequest r;
+    r.peer = peer;
+    r.is_send = send;
+    auto* req = new MPI_Request;
+    const int count = static_cast<int>(bytes);
+    if (send)
+      ANVIL_MPI_CHECK(MPI_Isend(buf, count, MPI_BYTE, peer, tag, MPI_COMM_WORLD, req));
+    else
+      ANVIL_MPI_CHECK(MPI_Irecv(buf, count, MPI_BYTE, peer, tag, MPI_COMM_WORLD, req));
+    r.handle = req;
+    return r;
+  }
+
+  [[noreturn]] void report_timeout(PeerRequest* reqs, size_t n, const char* operation, double waited) {
+    std::vector<int> missing;
+    for (size_t i = 0; i < n; i++)
+      if (!reqs[i].done && !reqs[i].is_send && std::find(missing.begin(), missing.end(), reqs[i].peer) == missing.end())
+        missing.push_back(reqs[i].peer);
+    if (missing.empty())
+      for (size_t i = 0; i < n; i++)
+        if (!reqs[i].done) missing.push_back(reqs[i].peer);
+    abort(fmt::format("{} timed out on rank {} ({}) after {:.0f} s: rank(s) {} did not arrive (stopped, hung or lost). "
+                      "Aborting the job; raise dist_timeout if a step legitimately takes longer",
+                      operation, rank_, host_, waited, fmt::join(missing, ", ")));
+  }
+
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::string host_, backend_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
+  return std::make_unique<MpiCommunicator>(li);
+}
+
+}  // namespace anvil

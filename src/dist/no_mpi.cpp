@@ -1,0 +1,12 @@
+// Built when CMake finds no MPI: a launch that needs MPI is a clear error.
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace anvil {
+
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
+  ANVIL_FAIL("this anvil was built without MPI, but {} started it as one of {} tasks: install an MPI "
+             "(Debian: libopenmpi-dev) and rebuild", li.launcher.empty() ? "a launcher" : li.launcher, li.env_world);
+}
+
+}  // namespace anvil

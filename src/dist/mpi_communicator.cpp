@@ -107,6 +107,7 @@ class MpiCommunicator : public Communicator {
         sched_yield();
         continue;
       }
+      answer_probes();
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_) report_timeout(reqs, n, operation, waited);
       if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -144,17 +145,60 @@ class MpiCommunicator : public Communicator {
     return r;
   }
 
+  // A rank that times out asks every other rank whether it is waiting in a collective too; ranks
+  // inside wait_all answer (answer_probes), so the ranks that do not answer are the ones that
+  // never arrived: stopped, hung, computing far too long, or lost.
+  static constexpr int kProbeTag = 0x7a01, kReplyTag = 0x7a02;
+
+  void answer_probes() {
+    for (;;) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kProbeTag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS || !flag) return;
+      int token = 0;
+      MPI_Recv(&token, 1, MPI_INT, st.MPI_SOURCE, kProbeTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(&token, 1, MPI_INT, st.MPI_SOURCE, kReplyTag, MPI_COMM_WORLD);
+    }
+  }
+
   [[noreturn]] void report_timeout(PeerRequest* reqs, size_t n, const char* operation, double waited) {
-    std::vector<int> missing;
+    std::vector<int> waiting_for;
     for (size_t i = 0; i < n; i++)
-      if (!reqs[i].done && !reqs[i].is_send && std::find(missing.begin(), missing.end(), reqs[i].peer) == missing.end())
-        missing.push_back(reqs[i].peer);
-    if (missing.empty())
-      for (size_t i = 0; i < n; i++)
-        if (!reqs[i].done) missing.push_back(reqs[i].peer);
-    abort(fmt::format("{} timed out on rank {} ({}) after {:.0f} s: rank(s) {} did not arrive (stopped, hung or lost). "
-                      "Aborting the job; raise dist_timeout if a step legitimately takes longer",
-                      operation, rank_, host_, waited, fmt::join(missing, ", ")));
+      if (!reqs[i].done && std::find(waiting_for.begin(), waiting_for.end(), reqs[i].peer) == waiting_for.end())
+        waiting_for.push_back(reqs[i].peer);
+    std::vector<int> token(size_, rank_), reply(size_, -1);
+    std::vector<MPI_Request> probes, replies(size_, MPI_REQUEST_NULL);
+    for (int p = 0; p < size_; p++) {
+      if (p == rank_) continue;
+      probes.emplace_back();
+      MPI_Isend(&token[p], 1, MPI_INT, p, kProbeTag, MPI_COMM_WORLD, &probes.back());
+      MPI_Irecv(&reply[p], 1, MPI_INT, p, kReplyTag, MPI_COMM_WORLD, &replies[p]);
+    }
+    const auto asked = std::chrono::steady_clock::now();
+    std::vector<bool> answered(size_, false);
+    answered[rank_] = true;
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count() < 5.0) {
+      answer_probes();
+      bool all = true;
+      for (int p = 0; p < size_; p++) {
+        if (answered[p]) continue;
+        int flag = 0;
+        MPI_Test(&replies[p], &flag, MPI_STATUS_IGNORE);
+        answered[p] = flag != 0;
+        all = all && answered[p];
+      }
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<int> missing;
+    for (int p = 0; p < size_; p++)
+      if (!answered[p]) missing.push_back(p);
+    const std::string who = missing.empty()
+                                ? fmt::format("every rank is waiting in a collective (mismatched collectives?)")
+                                : fmt::format("rank(s) {} did not arrive (stopped, hung or lost)", fmt::join(missing, ", "));
+    abort(fmt::format("{} timed out on rank {} ({}) after {:.0f} s waiting for rank(s) {}; {}. Aborting the job; raise "
+                      "dist_timeout if a step legitimately takes longer", operation, rank_, host_, waited,
+                      fmt::join(waiting_for, ", "), who));
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;

@@ -11,7 +11,7 @@ done
 
 log=$(mktemp)
 start=$(date +%s)
-mpirun_anvil 3 "$bin" --late-rank 1 --timeout 3 >"$log" 2>&1
+mpirun_anvil 4 "$bin" --late-rank 1 --timeout 3 >"$log" 2>&1
 rc=$?
 secs=$(( $(date +%s) - start ))
 if [ "$rc" -ne 0 ] && grep -q "rank(s) 1 did not arrive" "$log" && [ "$secs" -lt 60 ]; then

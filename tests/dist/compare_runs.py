@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+"""Compares data-parallel runs with a reference run: loss per step and final weights.
+
+usage: compare_runs.py TOLERANCE REFERENCE_RUN RUN...
+Each run directory holds metrics.jsonl and checkpoints/latest. Passes when every step's loss and
+the final weights (relative L2 error over all parameters) agree with the reference to TOLERANCE;
+prints the largest differences either way.
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def losses(run):
+    out = {}
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if "loss" in row:
+                out[row["step"]] = row["loss"]
+    return out
+
+
+def weights(run):
+    ckpts = os.path.join(run, "checkpoints")
+    with open(os.path.join(ckpts, "latest")) as f:
+        name = f.read().strip()
+    with open(os.path.join(ckpts, name, "model.safetensors"), "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_len])
+    body = data[8 + header_len:]
+    parts = []
+    for key in sorted(k for k in header if k != "__metadata__"):
+        a, b = header[key]["data_offsets"]
+        parts.append(np.frombuffer(body[a:b], dtype=np.float32))
+    return np.concatenate(parts).astype(np.float64)
+
+
+def main():
+    tol = float(sys.argv[1])
+    ref = sys.argv[2]
+    ref_loss, ref_w = losses(ref), weights(ref)
+    ok = True
+    for run in sys.argv[3:]:
+        loss = losses(run)
+        if sorted(loss) != sorted(ref_loss):
+            print(f"FAIL {run}: steps {sorted(loss)} differ from the reference's")
+            ok = False
+            continue
+        worst = max(abs(loss[s] - ref_loss[s]) / abs(ref_loss[s]) for s in ref_loss)
+        w = weights(run)
+        werr = float(np.linalg.norm(w - ref_w) / np.linalg.norm(ref_w))
+        good = worst <= tol and werr <= tol
+        ok &= good
+        print(f"{'ok' if good else 'FAIL'} {os.path.basename(run)}: {len(loss)} steps, largest loss difference "
+              f"{worst:.2e} (relative), final weights relative error {werr:.2e} (tolerance {tol:g})")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

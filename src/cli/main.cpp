@@ -18,6 +18,7 @@
 #include "data/prepare.h"
 #include "data/tools.h"
 #include "kernels/blas.h"
+#include "dist/bench_comm.h"
 #include "train/bench.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -37,6 +38,7 @@ commands:
   generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
+  bench comm                           all-reduce bandwidth of anvil's algorithms and MPI's (under mpirun)
 
 Run `anvil COMMAND --help` for a command's options.
 )";
@@ -100,6 +102,7 @@ options:
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N]
        anvil bench data LOCATION [options]
+       mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
 
 train: runs the config's training step on synthetic tokens (no dataset needed) and reports
 tokens/s, achieved GFLOP/s, this machine's measured fp32 GEMM peak, MFU and peak memory. The
@@ -115,6 +118,13 @@ the warm cache, and reports tokens/s delivered. The last line is JSON.
   --workers N   loader worker threads (default 1)
   --steps N     batches per pass (default: one epoch)
   --cache DIR   cache directory for a remote (default: a temporary one, removed after)
+
+comm: for sizes doubling from --min-bytes (default 8) to --max-bytes (default 256mb; k, kb, mb,
+gb accepted), times the all-reduce of a float buffer with each anvil algorithm (ring,
+recursive_doubling, rank_ordered) and with the MPI library's own MPI_Allreduce, in the same run,
+and prints the time, algbw and busbw (nccl-tests' definitions: algbw = bytes / time, busbw =
+algbw * 2(W-1)/W, time = the slowest rank's mean). Then, per size, the ratio of anvil's ring to
+MPI's busbw. Each row is also printed as JSON.
 )";
 
 struct Args {
@@ -311,14 +321,41 @@ int cmd_bench_data(const std::vector<std::string>& rest) {
   return 0;
 }
 
+int cmd_bench_comm(const std::vector<std::string>& rest) {
+  Args a = parse_args(rest, {"--min-bytes", "--max-bytes"}, {}, kBenchHelp);
+  if (!a.positional.empty()) usage_error("bench comm takes no positional arguments", kBenchHelp);
+  auto bytes_flag = [&](const char* name, const char* fallback) {
+    const std::string v = flag(a, name, fallback);
+    return parse_bytes(v, name);
+  };
+  const int64_t lo = bytes_flag("--min-bytes", "8"), hi = bytes_flag("--max-bytes", "256mb");
+  std::unique_ptr<Communicator> comm = make_communicator(/*require_mpi=*/true);
+  const std::vector<BenchCommRow> rows = bench_comm(*comm, static_cast<size_t>(lo), static_cast<size_t>(hi));
+  if (comm->rank() != 0) return 0;
+  std::printf("all-reduce on %d ranks (%d on this host), %s\n", comm->size(), comm->local_size(), comm->backend().c_str());
+  std::printf("%12s  %-18s  %6s  %12s  %10s  %10s\n", "bytes", "algorithm", "iters", "time (us)", "algbw GB/s",
+              "busbw GB/s");
+  for (const BenchCommRow& r : rows)
+    std::printf("%12zu  %-18s  %6d  %12.1f  %10.3f  %10.3f\n", r.bytes, r.algo.c_str(), r.iters, r.seconds * 1e6,
+                r.algbw, r.busbw);
+  std::printf("ring busbw / MPI_Allreduce busbw:\n");
+  for (size_t i = 0; i + 3 < rows.size(); i += 4)
+    std::printf("%12zu  %.2f\n", rows[i].bytes, rows[i].busbw / rows[i + 3].busbw);
+  for (const BenchCommRow& r : rows)
+    std::printf("{\"bytes\": %zu, \"algo\": \"%s\", \"ranks\": %d, \"iters\": %d, \"seconds\": %.9f, \"algbw_gbps\": %.4f, "
+                "\"busbw_gbps\": %.4f}\n", r.bytes, r.algo.c_str(), comm->size(), r.iters, r.seconds, r.algbw, r.busbw);
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
-  if (args.empty() || (args[0] != "train" && args[0] != "data")) {
+  if (args.empty() || (args[0] != "train" && args[0] != "data" && args[0] != "comm")) {
     if (wants_help(args)) return std::fputs(kBenchHelp, stdout), 0;
-    usage_error("bench needs a subcommand: train or data", kBenchHelp);
+    usage_error("bench needs a subcommand: train, data or comm", kBenchHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
   if (args[0] == "data") return cmd_bench_data(rest);
+  if (args[0] == "comm") return cmd_bench_comm(rest);
   Args a = parse_args(rest, {"--steps", "--warmup"}, {}, kBenchHelp);
   if (a.positional.empty()) usage_error("bench train needs a config file", kBenchHelp);
   const std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());

@@ -112,23 +112,6 @@ void interpolate(YAML::Node node, const YAML::Node& vars, const std::string& fil
   }
 }
 
-// "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them).
-int64_t parse_bytes(const std::string& text, const std::string& what) {
-  size_t end = 0;
-  double v = -1;
-  try {
-    v = std::stod(text, &end);
-  } catch (const std::exception&) {
-  }
-  std::string unit = text.substr(end);
-  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  const std::pair<const char*, double> kUnits[] = {{"", 1}, {"b", 1}, {"kb", 1024.0}, {"mb", 1024.0 * 1024},
-                                                   {"gb", 1024.0 * 1024 * 1024}, {"tb", 1024.0 * 1024 * 1024 * 1024}};
-  for (auto& [u, scale] : kUnits)
-    if (unit == u && v > 0) return static_cast<int64_t>(v * scale);
-  ANVIL_FAIL("{} = '{}' is not a size (expected bytes, or a number with kb, mb, gb or tb)", what, text);
-}
-
 void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, const std::string& file) {
   r.get("name", out.name);
   ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
@@ -192,6 +175,22 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
 }
 
 }  // namespace
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t end = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &end);
+  } catch (const std::exception&) {
+  }
+  std::string unit = text.substr(end);
+  for (char& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::pair<const char*, double> kUnits[] = {{"", 1}, {"b", 1}, {"kb", 1024.0}, {"mb", 1024.0 * 1024},
+                                                   {"gb", 1024.0 * 1024 * 1024}, {"tb", 1024.0 * 1024 * 1024 * 1024}};
+  for (auto& [u, scale] : kUnits)
+    if (unit == u && v > 0) return static_cast<int64_t>(v * scale);
+  ANVIL_FAIL("{} = '{}' is not a size (expected bytes, or a number with kb, mb, gb or tb)", what, text);
+}
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);

@@ -105,6 +105,10 @@ struct TrainConfig {
 // Errors name the file, the key and what was expected.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
 
+// "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them);
+// what names the value in the error.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+
 // The resolved config as YAML (every key, defaults included); loads back to the same struct.
 std::string to_yaml(const TrainConfig& cfg);
 

@@ -57,6 +57,7 @@ class MpiCommunicator : public Communicator {
     MPI_Get_library_version(lib, &len);
     std::string first_line(lib, len);
     first_line = first_line.substr(0, first_line.find_first_of(",\n"));
+    std::replace(first_line.begin(), first_line.end(), '\t', ' ');
     backend_ = fmt::format("MPI {}.{} ({})", major, minor, first_line);
     if (li.env_world > 1 && li.env_world != size_)
       abort(fmt::format("{} started {} tasks but MPI joined {}: under SLURM use srun --mpi=pmix", li.launcher,

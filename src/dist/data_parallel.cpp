@@ -51,8 +51,13 @@ void CommThread::run() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed = error_ != nullptr;
+    }
     try {
-      if (!error_) job.second();
+      if (!failed) job.second();  // after an error, later jobs are skipped: their inputs are wrong
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = std::current_exception();
@@ -82,13 +87,27 @@ std::vector<size_t> split_by_shards(size_t a, size_t n, const std::vector<size_t
   return out;
 }
 
+// Rank r's contiguous shard; under stage 0 every rank holds and updates everything.
+std::pair<size_t, size_t> owned_range(const std::vector<size_t>& shard_counts, int rank, int zero_stage) {
+  size_t lo = 0;
+  for (int r = 0; r < rank; r++) lo += shard_counts[r];
+  if (zero_stage == 0) {
+    size_t n = 0;
+    for (size_t c : shard_counts) n += c;
+    return {0, n};
+  }
+  return {lo, lo + shard_counts[rank]};
+}
+
 }  // namespace
 
 DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfig& optimizer,
                            DataParallelOptions options)
     : comm_(comm), model_(model), opt_(options), units_(model.units()), n_(model.num_params()),
       shard_counts_(even_counts(n_, comm.size())),
-      optimizer_(optimizer, model.tensors(), 0, 0) {
+      lo_(owned_range(shard_counts_, comm.rank(), options.zero_stage).first),
+      hi_(owned_range(shard_counts_, comm.rank(), options.zero_stage).second),
+      optimizer_(optimizer, model.tensors(), lo_, hi_) {
   ANVIL_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "zero_stage {} is not valid: expected 0, 1, 2 or 3",
               opt_.zero_stage);
   ANVIL_CHECK(!opt_.bf16_compression || opt_.zero_stage == 0, "gradient compression (bf16) works with zero_stage 0 "
@@ -96,13 +115,6 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   const Gpt2Storage want = gpt2_storage_for_stage(opt_.zero_stage);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
               "the model was not built for zero_stage {} (use gpt2_storage_for_stage)", opt_.zero_stage);
-  for (int r = 0; r < comm.rank(); r++) lo_ += shard_counts_[r];
-  hi_ = lo_ + shard_counts_[comm.rank()];
-  if (opt_.zero_stage == 0) {
-    lo_ = 0;  // every rank updates every parameter, as DDP does
-    hi_ = n_;
-  }
-  optimizer_ = AdamW(optimizer, model.tensors(), lo_, hi_);
   for (const ParamUnit& u : units_) unit_counts_.push_back(split_by_shards(u.offset, u.numel, shard_counts_));
   size_t largest_other = 0;
   for (size_t u = 1; u < units_.size(); u++) largest_other = std::max(largest_other, units_[u].numel);

@@ -118,8 +118,9 @@ class DataParallel : public UnitAccess {
   Gpt2& model_;
   DataParallelOptions opt_;
   std::vector<ParamUnit> units_;
-  size_t n_ = 0, lo_ = 0, hi_ = 0;
+  size_t n_ = 0;
   std::vector<size_t> shard_counts_;
+  size_t lo_ = 0, hi_ = 0;
   std::vector<std::vector<size_t>> unit_counts_;  // [unit][rank]: the unit's part in each shard
   AdamW optimizer_;
   std::vector<float> param_shard_, grad_shard_, error_feedback_;

@@ -13,13 +13,13 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "dist/collectives.h"
+#include "dist/data_parallel.h"
 #include "kernels/blas.h"
 #include "kernels/impl.h"
 #include "train/checkpoint.h"
 #include "train/data_pipeline.h"
 #include "train/step.h"
-#include "dist/collectives.h"
-#include "dist/data_parallel.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
@@ -91,7 +91,8 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   lopt.num_workers = cfg.train_loader.num_workers;
   lopt.predownload = cfg.train_loader.dataset.predownload;
   lopt.vocab_size = cfg.model.vocab_size;
-  TokenLoader loader(*train_data.data, train_data.order, lopt);  const int64_t n_samples = epoch_samples(train_data.order);
+  TokenLoader loader(*train_data.data, train_data.order, lopt);
+  const int64_t n_samples = epoch_samples(train_data.order);
   const int64_t batches_per_epoch = loader.steps_per_epoch();
   DataPipeline eval_data;
   if (cfg.has_eval) eval_data = open_data(cfg.eval_loader.dataset);
@@ -128,14 +129,16 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   dp.init_weights(cfg.seed);
   TrainStep step(cfg, model, dp, schedule);
   const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
-  const double peak = measured_peak_gflops();
+  // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
+  const double peak = sum_in_rank_order(comm, measured_peak_gflops());
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
            cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch, total_steps);
-  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s per rank", cfg.kernels, blas_description(), peak);
+  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s{}", cfg.kernels, blas_description(), peak,
+           W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
     const LaunchInfo li = detect_launch();
     log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, timeout {:.0f} s", W,

@@ -15,11 +15,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/loader.h"
 #include "data/prepare.h"
 #include "data/tools.h"
 #include "kernels/blas.h"
 #include "dist/bench_comm.h"
 #include "train/bench.h"
+#include "train/checkpoint.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 
@@ -36,6 +38,7 @@ commands:
   data inspect DIR                     shards, samples, tokens and a decoded sample of an MDS dataset
   tokenize [--decode]                  GPT-2 token ids of standard input, one per line (--decode: back)
   generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
+  inspect CHECKPOINT                   a checkpoint's manifest in brief, verified, with a weight digest
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
   bench comm                           all-reduce bandwidth of anvil's algorithms and MPI's (under mpirun)
@@ -84,6 +87,14 @@ constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tok
 
 Reads standard input and prints its GPT-2 token ids, one per line. With --decode, reads ids
 (whitespace-separated) and writes the bytes they stand for.
+)";
+
+constexpr const char* kInspectHelp = R"(usage: anvil inspect CHECKPOINT
+
+CHECKPOINT: a checkpoint directory, or a run directory (its checkpoints/latest). Verifies every
+tensor's checksum and prints the step, tokens seen, model, where the data order stands, and the
+SHA-256 of the weights (every parameter's float32 bytes in layout order): two checkpoints with the
+same digest hold bit-identical weights, whatever world size or ZeRO stage trained them.
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
@@ -321,6 +332,25 @@ int cmd_bench_data(const std::vector<std::string>& rest) {
   return 0;
 }
 
+int cmd_inspect(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kInspectHelp, stdout), 0;
+  if (args.size() != 1) usage_error("inspect needs one checkpoint or run directory", kInspectHelp);
+  const LoadedCheckpoint c = load_checkpoint(args[0], /*with_optimizer=*/true);
+  const DataState data = DataState::from_json(c.data_state, c.dir + "/manifest.json");
+  const ModelConfig& m = c.config;
+  std::printf("checkpoint:     %s\n", c.dir.c_str());
+  std::printf("format:         anvil-checkpoint version %d, every tensor's checksum verified\n", kCheckpointVersion);
+  std::printf("step:           %lld (%lld tokens seen; optimizer steps %lld)\n", static_cast<long long>(c.step),
+              static_cast<long long>(c.tokens_seen), static_cast<long long>(c.optimizer_steps));
+  std::printf("model:          %s, %d layers, %d heads, d_model %d, vocab %d, max_seq_len %d, %zu parameters\n",
+              m.name.c_str(), m.n_layers, m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, c.params.size());
+  std::printf("data:           epoch %lld, %lld samples of it consumed, global batch %lld, order %s\n",
+              static_cast<long long>(data.epoch), static_cast<long long>(data.sample_in_epoch),
+              static_cast<long long>(data.global_batch), data.fingerprint.c_str());
+  std::printf("weights sha256: %s\n", weights_sha256(m, c.params.data()).c_str());
+  return 0;
+}
+
 int cmd_bench_comm(const std::vector<std::string>& rest) {
   Args a = parse_args(rest, {"--min-bytes", "--max-bytes"}, {}, kBenchHelp);
   if (!a.positional.empty()) usage_error("bench comm takes no positional arguments", kBenchHelp);
@@ -387,6 +417,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "data") return cmd_data(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);
   usage_error("unknown command '" + cmd + "'", kUsage);
 }

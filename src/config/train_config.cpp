@@ -277,6 +277,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     MapReader s = top.sub("scheduler");
     s.get("name", c.scheduler.name);
     s.get_duration("t_warmup", c.scheduler.t_warmup);
+    s.get_duration("t_max", c.scheduler.t_max);
     s.get("alpha_f", c.scheduler.alpha_f);
     s.finish();
   }
@@ -305,6 +306,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("device_eval_batch_size", c.device_eval_batch_size);
   top.get("precision", c.precision);
   top.get_duration("console_log_interval", c.console_log_interval);
+  top.get_duration("save_interval", c.save_interval);
+  top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
+  top.get("autoresume", c.autoresume);
+  top.get("load_path", c.load_path);
   top.get("kernels", c.kernels);
   top.get("dist_timeout", c.dist_timeout);
   {
@@ -371,6 +376,16 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(c.scheduler.t_warmup.unit == Duration::Unit::kBatch || c.scheduler.t_warmup.unit == Duration::Unit::kDur,
               "{}: scheduler.t_warmup '{}' must be in batches (ba) or a fraction of the run (dur)", path,
               c.scheduler.t_warmup.text);
+  ANVIL_CHECK((c.scheduler.t_max.unit == Duration::Unit::kBatch || c.scheduler.t_max.unit == Duration::Unit::kDur) &&
+                  c.scheduler.t_max.value > 0,
+              "{}: scheduler.t_max '{}' must be a positive number of batches (ba) or a fraction of the run (dur)", path,
+              c.scheduler.t_max.text);
+  ANVIL_CHECK(c.save_interval.unit == Duration::Unit::kBatch || c.save_interval.unit == Duration::Unit::kEpoch,
+              "{}: save_interval '{}' must be in batches (ba) or epochs (ep)", path, c.save_interval.text);
+  ANVIL_CHECK(c.save_interval.value > 0, "{}: save_interval must be positive", path);
+  ANVIL_CHECK(c.save_num_checkpoints_to_keep == -1 || c.save_num_checkpoints_to_keep > 0,
+              "{}: save_num_checkpoints_to_keep must be -1 (keep all) or positive, got {}", path,
+              c.save_num_checkpoints_to_keep);
   ANVIL_CHECK(c.scheduler.alpha_f >= 0 && c.scheduler.alpha_f <= 1, "{}: scheduler.alpha_f must be in [0, 1]", path);
   ANVIL_CHECK(c.clipping_threshold >= 0, "{}: algorithms.gradient_clipping.clipping_threshold must not be negative", path);
   ANVIL_CHECK(c.max_duration.unit != Duration::Unit::kDur && c.max_duration.value > 0,
@@ -470,6 +485,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "name" << YAML::Value << c.scheduler.name;
   e << YAML::Key << "t_warmup" << YAML::Value << c.scheduler.t_warmup.text;
+  e << YAML::Key << "t_max" << YAML::Value << c.scheduler.t_max.text;
   e << YAML::Key << "alpha_f" << YAML::Value << c.scheduler.alpha_f;
   e << YAML::EndMap;
   e << YAML::Key << "algorithms" << YAML::Value << YAML::BeginMap << YAML::Key << "gradient_clipping"
@@ -485,6 +501,10 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "precision" << YAML::Value << c.precision;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
   e << YAML::Key << "kernels" << YAML::Value << c.kernels;
+  e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;
+  e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;
+  e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
+  e << YAML::Key << "load_path" << YAML::Value << c.load_path;
   e << YAML::Key << "dist_timeout" << YAML::Value << c.dist_timeout;
   e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;

@@ -33,6 +33,9 @@ struct SchedulerConfig {
   // constant | constant_with_warmup | cosine_with_warmup | linear_decay_with_warmup
   std::string name = "cosine_with_warmup";
   Duration t_warmup = parse_duration("0ba", "scheduler.t_warmup");
+  // Where the decay ends (Composer's t_max): "1dur" is max_duration. A run stopped early and
+  // resumed to a longer max_duration keeps its schedule by naming the full length here.
+  Duration t_max = parse_duration("1dur", "scheduler.t_max");
   double alpha_f = 0.0;
 };
 
@@ -97,6 +100,11 @@ struct TrainConfig {
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
   std::string kernels = "cpu";  // anvil: "cpu" (fast) or "ref" (the reference ops)
   DistributedConfig distributed;
+  // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.
+  Duration save_interval = parse_duration("1000ba", "save_interval");
+  int save_num_checkpoints_to_keep = -1;  // -1: all; otherwise the newest N
+  bool autoresume = false;                // continue from the newest complete checkpoint in run_dir
+  std::string load_path;                  // or from this checkpoint (directory or run directory)
   double dist_timeout = 600;    // seconds a collective may wait before the job is aborted
   bool has_eval = false;        // whether eval_loader was given
 };

@@ -206,6 +206,22 @@ void DataParallel::gather_full_state(std::vector<float>& params, std::vector<flo
   }
 }
 
+void DataParallel::load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,
+                                   const std::vector<float>& exp_avg_sq, int64_t optimizer_steps) {
+  ANVIL_CHECK(params.size() == n_ && exp_avg.size() == n_ && exp_avg_sq.size() == n_,
+              "training state of {} parameters for a model of {}", params.size(), n_);
+  quiesce();
+  if (opt_.zero_stage == 3) {
+    std::copy(params.begin() + lo_, params.begin() + hi_, param_shard_.begin());
+    for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;
+  } else {
+    std::copy(params.begin(), params.end(), model_.params());
+  }
+  std::copy(exp_avg.begin() + lo_, exp_avg.begin() + hi_, optimizer_.exp_avg().begin());
+  std::copy(exp_avg_sq.begin() + lo_, exp_avg_sq.begin() + hi_, optimizer_.exp_avg_sq().begin());
+  optimizer_.set_steps_taken(optimizer_steps);
+}
+
 // ---- parameters (ZeRO-3 gathers them; below that they are the model's own)
 
 DataParallel::Slot* DataParallel::find_param_slot(int unit) {

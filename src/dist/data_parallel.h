@@ -94,6 +94,10 @@ class DataParallel : public UnitAccess {
   // Full copies of the parameters and the optimizer moments on every rank, for a checkpoint.
   void gather_full_state(std::vector<float>& params, std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
   int64_t optimizer_steps() const { return optimizer_.steps_taken(); }
+  // The reverse, from full arrays (a checkpoint, whatever world size and stage saved it): each
+  // rank keeps what its stage holds.
+  void load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,
+                       const std::vector<float>& exp_avg_sq, int64_t optimizer_steps);
 
   // UnitAccess
   const float* acquire_params(int unit, int next_unit) override;

@@ -17,7 +17,7 @@ std::string generate_text(const GenerateOptions& opt) {
   ANVIL_CHECK(opt.max_new_tokens >= 0, "--max-new-tokens must not be negative");
   ANVIL_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "--temperature must be >= 0");
   ANVIL_CHECK(opt.top_k >= 0, "--top-k must be >= 0");
-  LoadedModel loaded = load_model_checkpoint(opt.checkpoint);
+  const LoadedCheckpoint loaded = load_checkpoint(opt.checkpoint, /*with_optimizer=*/false);
   Gpt2Tokenizer tok(opt.tokenizer_dir);
   const ModelConfig& cfg = loaded.config;
   Gpt2 model(cfg, 1, cfg.max_seq_len);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -60,6 +61,50 @@ double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const Tra
   return sum_in_rank_order(comm, sum) / static_cast<double>(sum_exact(comm, count));
 }
 
+// load_path, or under autoresume the newest checkpoint of the run that loads cleanly (damaged
+// or incomplete ones are reported and skipped); "" to start from the seed.
+std::string choose_resume_checkpoint(const TrainConfig& cfg) {
+  if (!cfg.load_path.empty()) return cfg.load_path;
+  if (!cfg.autoresume) return "";
+  for (const std::string& dir : list_checkpoints(cfg.run_dir)) {
+    try {
+      load_checkpoint(dir, /*with_optimizer=*/true);
+      return dir;
+    } catch (const Error& e) {
+      log_warn("autoresume: skipping {}: {}", dir, e.what());
+    }
+  }
+  log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
+  return "";
+}
+
+std::string broadcast_string(Communicator& comm, std::string s) {
+  uint64_t len = s.size();
+  broadcast(comm, &len, sizeof len, 0);
+  s.resize(len);
+  broadcast(comm, s.data(), len, 0);
+  return s;
+}
+
+// Keeps the rows of metrics.jsonl up to step (rows of steps after the checkpoint belong to the
+// interrupted attempt, which the resumed run repeats), atomically.
+void truncate_metrics(const std::string& path, int64_t step) {
+  const std::string text = read_file(path, "metrics");
+  std::string kept;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_discarded()) continue;  // a line cut short by the interruption
+    if (row.contains("step") && row["step"].is_number_integer() && row["step"].get<int64_t>() > step) continue;
+    kept += line + "\n";
+  }
+  write_file_atomic(path, kept);
+}
+
 std::string mib(size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 double peak_rss_mib() {
@@ -100,20 +145,44 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   ANVIL_CHECK(total_steps > 0, "max_duration '{}' is less than one batch of {} samples", cfg.max_duration.text, GB);
   const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");
   const int64_t log_every = static_cast<int64_t>(cfg.console_log_interval.value);
+  const int64_t save_every = duration_to_batches(cfg.save_interval, batches_per_epoch, GB, T, total_steps, "save_interval");
   LrSchedule schedule{cfg.scheduler.name,
                       duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
-                      cfg.scheduler.alpha_f, total_steps};
+                      cfg.scheduler.alpha_f,
+                      duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max")};
 
-  // The run directory, written by rank 0 only. An existing run is never overwritten.
+  // Where training starts: load_path, the newest usable checkpoint of this run (autoresume), or
+  // the seed. Rank 0 chooses, so that every rank loads the same one.
+  std::string resume_dir;
+  if (writer) resume_dir = choose_resume_checkpoint(cfg);
+  resume_dir = broadcast_string(comm, resume_dir);
+  std::optional<LoadedCheckpoint> resume;
+  if (!resume_dir.empty()) {
+    resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
+    const ModelConfig& m = resume->config;
+    ANVIL_CHECK(m.n_layers == cfg.model.n_layers && m.n_heads == cfg.model.n_heads && m.d_model == cfg.model.d_model &&
+                    m.vocab_size == cfg.model.vocab_size && m.max_seq_len == cfg.model.max_seq_len,
+                "checkpoint '{}' holds a model of {} layers, {} heads, d_model {}, vocab {}, max_seq_len {}; the config "
+                "asks for {}, {}, {}, {}, {}", resume->dir, m.n_layers, m.n_heads, m.d_model, m.vocab_size,
+                m.max_seq_len, cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size,
+                cfg.model.max_seq_len);
+    loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
+  }
+  const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
+
+  // The run directory, written by rank 0 only. An existing run is continued only when resuming
+  // from it, and its metrics are cut back to the checkpoint's step.
   FILE* metrics = nullptr;
   if (writer) {
-    ANVIL_CHECK(!fs::exists(cfg.run_dir + "/metrics.jsonl"), "run directory '{}' already holds a run; choose another "
-                "run_dir (e.g. run_dir=runs/NAME) or remove it", cfg.run_dir);
+    const std::string metrics_path = cfg.run_dir + "/metrics.jsonl";
+    ANVIL_CHECK(!fs::exists(metrics_path) || resume || cfg.autoresume, "run directory '{}' already holds a run; "
+                "continue it with autoresume=true, or choose another run_dir (e.g. run_dir=runs/NAME)", cfg.run_dir);
     make_dirs(cfg.run_dir);
     write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
     log_to_file(cfg.run_dir + "/train.log");
-    metrics = std::fopen((cfg.run_dir + "/metrics.jsonl").c_str(), "w");
-    ANVIL_CHECK(metrics, "cannot create '{}/metrics.jsonl'", cfg.run_dir);
+    if (resume && fs::exists(metrics_path)) truncate_metrics(metrics_path, start_step);
+    metrics = std::fopen(metrics_path.c_str(), resume ? "a" : "w");
+    ANVIL_CHECK(metrics, "cannot create '{}'", metrics_path);
   }
   auto write_metrics = [&](const nlohmann::json& row) {
     if (!metrics) return;
@@ -126,7 +195,13 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   Gpt2 model(cfg.model, max_batch, T, gpt2_storage_for_stage(dc.zero_stage));
   DataParallel dp(comm, model, cfg.optimizer,
                   {dc.zero_stage, parse_all_reduce_algo(dc.all_reduce), dc.grad_compression == "bf16"});
-  dp.init_weights(cfg.seed);
+  if (resume) {
+    dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
+    log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
+    resume.reset();  // the state now lives in the model and optimizer
+  } else {
+    dp.init_weights(cfg.seed);
+  }
   TrainStep step(cfg, model, dp, schedule);
   const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
@@ -171,11 +246,22 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     write_metrics({{"step", at_step}, {"eval_loss", loss}});
   };
 
-  if (cfg.eval_first) run_eval(0);
-  Progress bar("train", total_steps, "steps");  // drawn by rank 0 only
-  int64_t tokens_seen = 0;
+  int64_t tokens_seen = start_tokens;
+  CheckpointWriter checkpoints;
+  auto save = [&](int64_t at_step) {
+    std::vector<float> params, exp_avg, exp_avg_sq;
+    dp.gather_full_state(params, exp_avg, exp_avg_sq);  // the copy training waits for
+    if (writer)
+      checkpoints.save(cfg.run_dir, at_step, tokens_seen, cfg, std::move(params), std::move(exp_avg),
+                       std::move(exp_avg_sq), dp.optimizer_steps(), loader.state().to_json(),
+                       cfg.save_num_checkpoints_to_keep);
+  };
+
+  if (cfg.eval_first && start_step == 0) run_eval(0);
+  Progress bar("train", total_steps - start_step, "steps");  // drawn by rank 0 only
   const auto run_start = std::chrono::steady_clock::now();
-  for (int64_t t = 0; t < total_steps; t++) {
+  int64_t saved_step = start_step;
+  for (int64_t t = start_step; t < total_steps; t++) {
     const int64_t epoch = loader.state().epoch;
     loader.next(tokens.data(), targets.data());
 
@@ -196,21 +282,23 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     if ((t + 1) % log_every == 0)
       log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,
                                 total_steps, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak));
-    if (writer) bar.update(t + 1, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
+    if (writer) bar.update(t + 1 - start_step, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
     if ((t + 1) % eval_every == 0 && t + 1 < total_steps) run_eval(t + 1);
+    if ((t + 1) % save_every == 0 || t + 1 == total_steps) {
+      save(t + 1);
+      saved_step = t + 1;
+    }
   }
   if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
   const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", total_steps, tokens_seen, format_duration(total_secs),
-           tokens_seen / total_secs);
+  const int64_t trained = total_steps - start_step;
+  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained * GB * T,
+           format_duration(total_secs), static_cast<double>(trained * GB * T) / total_secs);
   run_eval(total_steps);
   summary.steps = total_steps;
-  std::vector<float> params, exp_avg, exp_avg_sq;
-  dp.gather_full_state(params, exp_avg, exp_avg_sq);
+  if (saved_step != total_steps) save(total_steps);  // a resumed run that had nothing left to do
   if (writer) {
-    summary.checkpoint = save_checkpoint(cfg.run_dir, total_steps, tokens_seen, cfg,
-                                         {params.data(), exp_avg.data(), exp_avg_sq.data(), dp.optimizer_steps()},
-                                         loader.state().to_json());
+    summary.checkpoint = checkpoints.wait();
     log_info("checkpoint: {}", summary.checkpoint);
     std::fclose(metrics);
     log_close_file();

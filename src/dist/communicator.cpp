@@ -54,16 +54,16 @@ class SingleProcess : public Communicator {
 LaunchInfo detect_launch() {
   LaunchInfo li;
   if (env_has("OMPI_COMM_WORLD_SIZE")) {
-    li = {"mpirun", env_int("OMPI_COMM_WORLD_SIZE", 1), env_int("OMPI_COMM_WORLD_LOCAL_RANK", -1), true};
+    li = {"mpirun", env_int("OMPI_COMM_WORLD_SIZE", 1), true};
   } else if (env_has("PMIX_RANK") && env_has("SLURM_STEP_NUM_TASKS")) {
-    li = {"srun", env_int("SLURM_STEP_NUM_TASKS", 1), env_int("SLURM_LOCALID", -1), true};
+    li = {"srun", env_int("SLURM_STEP_NUM_TASKS", 1), true};
   } else if (env_has("PMI_SIZE") || env_has("PMI_RANK")) {
-    li = {"mpich", env_int("PMI_SIZE", 1), env_int("MPI_LOCALRANKID", -1), true};
+    li = {"mpich", env_int("PMI_SIZE", 1), true};
   } else if (env_has("SLURM_STEP_NUM_TASKS") && env_has("SLURM_PROCID")) {
     // Tasks of an srun step (a batch script itself is one task and passes).
-    li = {"srun", env_int("SLURM_STEP_NUM_TASKS", 1), env_int("SLURM_LOCALID", -1), false};
+    li = {"srun", env_int("SLURM_STEP_NUM_TASKS", 1), false};
   } else if (env_has("WORLD_SIZE") && env_has("RANK")) {
-    li = {"torchrun", env_int("WORLD_SIZE", 1), env_int("LOCAL_RANK", -1), false};
+    li = {"torchrun", env_int("WORLD_SIZE", 1), false};
   }
   return li;
 }

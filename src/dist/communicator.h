@@ -15,7 +15,6 @@ namespace anvil {
 struct LaunchInfo {
   std::string launcher;  // "mpirun", "srun", "torchrun", "mpich" or "" (a plain process)
   int env_world = 1;     // tasks the launcher says it started (1 when unknown)
-  int env_local_rank = -1;
   bool mpi_launch = false;  // a launcher that MPI_Init can join
 };
 LaunchInfo detect_launch();

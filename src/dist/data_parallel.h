@@ -74,8 +74,6 @@ class DataParallel : public UnitAccess {
 
   Communicator& comm() { return comm_; }
   int zero_stage() const { return opt_.zero_stage; }
-  size_t shard_lo() const { return lo_; }
-  size_t shard_hi() const { return hi_; }
   MemoryReport memory() const;
 
   // Initial parameters from the seed (each rank computes what it holds).

@@ -62,20 +62,19 @@ double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const Tra
 }
 
 // load_path, or under autoresume the newest checkpoint of the run that loads cleanly (damaged
-// or incomplete ones are reported and skipped); "" to start from the seed.
-std::string choose_resume_checkpoint(const TrainConfig& cfg) {
-  if (!cfg.load_path.empty()) return cfg.load_path;
-  if (!cfg.autoresume) return "";
+// or incomplete ones are reported and skipped); nothing to start from the seed.
+std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg) {
+  if (!cfg.load_path.empty()) return load_checkpoint(cfg.load_path, /*with_optimizer=*/true);
+  if (!cfg.autoresume) return std::nullopt;
   for (const std::string& dir : list_checkpoints(cfg.run_dir)) {
     try {
-      load_checkpoint(dir, /*with_optimizer=*/true);
-      return dir;
+      return load_checkpoint(dir, /*with_optimizer=*/true);
     } catch (const Error& e) {
       log_warn("autoresume: skipping {}: {}", dir, e.what());
     }
   }
   log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
-  return "";
+  return std::nullopt;
 }
 
 std::string broadcast_string(Communicator& comm, std::string s) {
@@ -153,12 +152,11 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
 
   // Where training starts: load_path, the newest usable checkpoint of this run (autoresume), or
   // the seed. Rank 0 chooses, so that every rank loads the same one.
-  std::string resume_dir;
-  if (writer) resume_dir = choose_resume_checkpoint(cfg);
-  resume_dir = broadcast_string(comm, resume_dir);
   std::optional<LoadedCheckpoint> resume;
-  if (!resume_dir.empty()) {
-    resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
+  if (writer) resume = choose_resume_checkpoint(cfg);
+  const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
+  if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
+  if (resume) {
     const ModelConfig& m = resume->config;
     ANVIL_CHECK(m.n_layers == cfg.model.n_layers && m.n_heads == cfg.model.n_heads && m.d_model == cfg.model.d_model &&
                     m.vocab_size == cfg.model.vocab_size && m.max_seq_len == cfg.model.max_seq_len,

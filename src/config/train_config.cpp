@@ -312,6 +312,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("load_path", c.load_path);
   top.get("kernels", c.kernels);
   top.get("dist_timeout", c.dist_timeout);
+  top.get("deterministic_mode", c.deterministic_mode);
   {
     MapReader d = top.sub("distributed");
     d.get("zero_stage", c.distributed.zero_stage);
@@ -413,6 +414,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(c.distributed.grad_compression == "none" || c.distributed.zero_stage == 0,
               "{}: distributed.grad_compression bf16 needs distributed.zero_stage 0 (stages 1-3 reduce-scatter in "
               "fp32)", path);
+  ANVIL_CHECK(c.distributed.grad_compression == "none" || !c.deterministic_mode,
+              "{}: distributed.grad_compression bf16 rounds gradients on the wire, so it needs deterministic_mode: false",
+              path);
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();
@@ -506,6 +510,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
   e << YAML::Key << "load_path" << YAML::Value << c.load_path;
   e << YAML::Key << "dist_timeout" << YAML::Value << c.dist_timeout;
+  e << YAML::Key << "deterministic_mode" << YAML::Value << c.deterministic_mode;
   e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;
   e << YAML::Key << "all_reduce" << YAML::Value << c.distributed.all_reduce;

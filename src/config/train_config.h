@@ -106,6 +106,9 @@ struct TrainConfig {
   bool autoresume = false;                // continue from the newest complete checkpoint in run_dir
   std::string load_path;                  // or from this checkpoint (directory or run directory)
   double dist_timeout = 600;    // seconds a collective may wait before the job is aborted
+  // Composer's key. anvil: gradients summed in fixed point, so that the weights after N steps are
+  // the same bits whatever the world size, microbatch size or ZeRO stage (docs/determinism.md).
+  bool deterministic_mode = true;
   bool has_eval = false;        // whether eval_loader was given
 };
 

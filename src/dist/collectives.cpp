@@ -11,8 +11,9 @@ namespace {
 
 enum Tag : int { kTagReduceScatter = 11, kTagAllGather, kTagRecursive, kTagOrdered, kTagBf16, kTagBroadcast };
 
-std::vector<float>& scratch(size_t n) {
-  thread_local std::vector<float> buf;
+template <typename T>
+std::vector<T>& scratch(size_t n) {
+  thread_local std::vector<T> buf;
   if (buf.size() < n) buf.resize(n);
   return buf;
 }
@@ -35,7 +36,8 @@ void exchange(Communicator& comm, const void* send, size_t send_bytes, int to, v
   comm.wait_all(reqs, n, operation);
 }
 
-void add_into(float* dst, const float* src, size_t n) {
+template <typename T>
+void add_into(T* dst, const T* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
@@ -53,47 +55,50 @@ void ring_all_gather_bytes(Communicator& comm, char* data, const std::vector<siz
 }
 
 // Ring reduce-scatter: after W-1 steps rank r's segment r holds the sum.
-void ring_reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& counts, const char* operation) {
+template <typename T>
+void ring_reduce_scatter(Communicator& comm, T* data, const std::vector<size_t>& counts, const char* operation) {
   const int W = comm.size(), r = comm.rank();
   const std::vector<size_t> off = offsets_of(counts);
   size_t largest = 0;
   for (size_t c : counts) largest = std::max(largest, c);
-  float* tmp = scratch(largest).data();
+  T* tmp = scratch<T>(largest).data();
   const int right = mod(r + 1, W), left = mod(r - 1, W);
   for (int s = 0; s < W - 1; s++) {
     const int send_seg = mod(r - s - 1, W), recv_seg = mod(r - s - 2, W);
-    exchange(comm, data + off[send_seg], counts[send_seg] * sizeof(float), right, tmp,
-             counts[recv_seg] * sizeof(float), left, kTagReduceScatter, operation);
+    exchange(comm, data + off[send_seg], counts[send_seg] * sizeof(T), right, tmp,
+             counts[recv_seg] * sizeof(T), left, kTagReduceScatter, operation);
     add_into(data + off[recv_seg], tmp, counts[recv_seg]);
   }
 }
 
 // Rank r receives every rank's segment r and adds them in rank order 0..W-1.
-void ordered_reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& counts, const char* operation) {
+template <typename T>
+void ordered_reduce_scatter(Communicator& comm, T* data, const std::vector<size_t>& counts, const char* operation) {
   const int W = comm.size(), r = comm.rank();
   const std::vector<size_t> off = offsets_of(counts);
   const size_t mine = counts[r];
-  float* tmp = scratch(mine * W).data();  // slot j: rank j's contribution
+  T* tmp = scratch<T>(mine * W).data();  // slot j: rank j's contribution
   std::vector<PeerRequest> reqs;
   reqs.reserve(2 * W);
   for (int j = 0; j < W; j++) {
     if (j == r) continue;
-    if (mine > 0) reqs.push_back(comm.irecv(tmp + j * mine, mine * sizeof(float), j, kTagOrdered));
-    if (counts[j] > 0) reqs.push_back(comm.isend(data + off[j], counts[j] * sizeof(float), j, kTagOrdered));
+    if (mine > 0) reqs.push_back(comm.irecv(tmp + j * mine, mine * sizeof(T), j, kTagOrdered));
+    if (counts[j] > 0) reqs.push_back(comm.isend(data + off[j], counts[j] * sizeof(T), j, kTagOrdered));
   }
   comm.wait_all(reqs.data(), reqs.size(), operation);
   if (mine == 0) return;
-  float* out = data + off[r];
-  std::memcpy(tmp + r * mine, out, mine * sizeof(float));
-  std::memcpy(out, tmp, mine * sizeof(float));
+  T* out = data + off[r];
+  std::memcpy(tmp + r * mine, out, mine * sizeof(T));
+  std::memcpy(out, tmp, mine * sizeof(T));
   for (int j = 1; j < W; j++) add_into(out, tmp + j * mine, mine);
 }
 
-void recursive_doubling(Communicator& comm, float* data, size_t n) {
+template <typename T>
+void recursive_doubling(Communicator& comm, T* data, size_t n) {
   const int W = comm.size(), r = comm.rank();
   const char* op = "all_reduce (recursive doubling)";
-  const size_t bytes = n * sizeof(float);
-  float* tmp = scratch(n).data();
+  const size_t bytes = n * sizeof(T);
+  T* tmp = scratch<T>(n).data();
   int p = 1;
   while (p * 2 <= W) p *= 2;
   const int extra = W - p;
@@ -166,17 +171,10 @@ std::vector<size_t> even_counts(size_t n, int parts) {
   return c;
 }
 
-void all_reduce(Communicator& comm, float* data, size_t n, AllReduceAlgo algo) {
-  if (comm.size() == 1 || n == 0) return;
-  if (algo == AllReduceAlgo::kAuto)
-    algo = n * sizeof(float) < (64u << 10) ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
-  if (algo == AllReduceAlgo::kRecursiveDoubling) return recursive_doubling(comm, data, n);
-  const std::vector<size_t> counts = even_counts(n, comm.size());
-  reduce_scatter(comm, data, counts, algo);
-  all_gather(comm, data, counts);
-}
+namespace {
 
-void reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
+template <typename T>
+void reduce_scatter_any(Communicator& comm, T* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
   ANVIL_CHECK(counts.size() == static_cast<size_t>(comm.size()), "reduce_scatter: {} counts for {} ranks",
               counts.size(), comm.size());
   if (comm.size() == 1) return;
@@ -186,12 +184,46 @@ void reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& 
     ring_reduce_scatter(comm, data, counts, "reduce_scatter (ring)");
 }
 
-void all_gather(Communicator& comm, float* data, const std::vector<size_t>& counts) {
+template <typename T>
+void all_gather_any(Communicator& comm, T* data, const std::vector<size_t>& counts) {
   ANVIL_CHECK(counts.size() == static_cast<size_t>(comm.size()), "all_gather: {} counts for {} ranks", counts.size(),
               comm.size());
   std::vector<size_t> bytes(counts);
-  for (size_t& b : bytes) b *= sizeof(float);
+  for (size_t& b : bytes) b *= sizeof(T);
   ring_all_gather_bytes(comm, reinterpret_cast<char*>(data), bytes, "all_gather (ring)");
+}
+
+template <typename T>
+void all_reduce_any(Communicator& comm, T* data, size_t n, AllReduceAlgo algo) {
+  if (comm.size() == 1 || n == 0) return;
+  if (algo == AllReduceAlgo::kAuto)
+    algo = n * sizeof(T) < (64u << 10) ? AllReduceAlgo::kRecursiveDoubling : AllReduceAlgo::kRing;
+  if (algo == AllReduceAlgo::kRecursiveDoubling) return recursive_doubling(comm, data, n);
+  const std::vector<size_t> counts = even_counts(n, comm.size());
+  reduce_scatter_any(comm, data, counts, algo);
+  all_gather_any(comm, data, counts);
+}
+
+}  // namespace
+
+void all_reduce(Communicator& comm, float* data, size_t n, AllReduceAlgo algo) { all_reduce_any(comm, data, n, algo); }
+void all_reduce(Communicator& comm, int64_t* data, size_t n, AllReduceAlgo algo) {
+  all_reduce_any(comm, data, n, algo);
+}
+void reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
+  reduce_scatter_any(comm, data, counts, algo);
+}
+void reduce_scatter(Communicator& comm, int64_t* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
+  reduce_scatter_any(comm, data, counts, algo);
+}
+void all_gather(Communicator& comm, float* data, const std::vector<size_t>& counts) {
+  all_gather_any(comm, data, counts);
+}
+
+void all_gather_blocks(Communicator& comm, void* data, size_t bytes_per_rank) {
+  if (comm.size() == 1) return;
+  ring_all_gather_bytes(comm, static_cast<char*>(data), std::vector<size_t>(comm.size(), bytes_per_rank),
+                        "all_gather of small arrays");
 }
 
 void all_reduce_bf16(Communicator& comm, float* data, float* error, size_t n) {

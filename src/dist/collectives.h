@@ -1,5 +1,5 @@
 // anvil's collectives, built on Communicator's point-to-point calls. All are in place, sum
-// floats, and give every rank the same bits.
+// floats (or, for gradients in fixed point, 64-bit integers), and give every rank the same bits.
 //
 // Algorithms for all_reduce:
 //   ring                reduce-scatter then all-gather around a ring: each rank sends 2(W-1)/W of
@@ -26,6 +26,9 @@ AllReduceAlgo parse_all_reduce_algo(const std::string& name);  // auto | ring | 
 const char* all_reduce_algo_name(AllReduceAlgo algo);
 
 void all_reduce(Communicator& comm, float* data, size_t n, AllReduceAlgo algo = AllReduceAlgo::kAuto);
+// Integer sums are exact, so every algorithm and every grouping of ranks gives the same result:
+// the reduction behind deterministic training (fixed-point gradients).
+void all_reduce(Communicator& comm, int64_t* data, size_t n, AllReduceAlgo algo = AllReduceAlgo::kAuto);
 
 // Gradient all-reduce with bf16 on the wire: data + error is rounded to bf16, the rounding error
 // is kept in error (n floats, zero at first) and added back next time (error feedback); partial
@@ -38,8 +41,12 @@ void all_reduce_bf16(Communicator& comm, float* data, float* error, size_t n);
 // Uneven and empty segments are allowed. rank_ordered sums in rank order as all_reduce does.
 void reduce_scatter(Communicator& comm, float* data, const std::vector<size_t>& counts,
                     AllReduceAlgo algo = AllReduceAlgo::kAuto);
+void reduce_scatter(Communicator& comm, int64_t* data, const std::vector<size_t>& counts,
+                    AllReduceAlgo algo = AllReduceAlgo::kAuto);
 void all_gather(Communicator& comm, float* data, const std::vector<size_t>& counts);
 
+// data holds W blocks of bytes_per_rank bytes; rank r's own block r is copied to every rank.
+void all_gather_blocks(Communicator& comm, void* data, size_t bytes_per_rank);
 // Small exact helpers: every rank's value(s), in rank order.
 std::vector<double> all_gather_values(Communicator& comm, double value);
 // The sum of every rank's value, added in rank order (the same bits on every rank).

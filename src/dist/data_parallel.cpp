@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/fixed_point.h"
 
 namespace anvil {
 
@@ -107,11 +108,14 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
       shard_counts_(even_counts(n_, comm.size())),
       lo_(owned_range(shard_counts_, comm.rank(), options.zero_stage).first),
       hi_(owned_range(shard_counts_, comm.rank(), options.zero_stage).second),
-      optimizer_(optimizer, model.tensors(), lo_, hi_) {
+      optimizer_(optimizer, model.tensors(), lo_, hi_), tensors_(model.tensors()) {
   ANVIL_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "zero_stage {} is not valid: expected 0, 1, 2 or 3",
               opt_.zero_stage);
   ANVIL_CHECK(!opt_.bf16_compression || opt_.zero_stage == 0, "gradient compression (bf16) works with zero_stage 0 "
               "only; zero_stage {} reduce-scatters in fp32", opt_.zero_stage);
+  ANVIL_CHECK(!opt_.bf16_compression || !opt_.deterministic, "gradient compression (bf16) rounds gradients on the "
+              "wire, so it needs deterministic_mode: false");
+  ANVIL_CHECK(opt_.global_batch >= 1, "global batch {} must be at least one sequence", opt_.global_batch);
   const Gpt2Storage want = gpt2_storage_for_stage(opt_.zero_stage);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
               "the model was not built for zero_stage {} (use gpt2_storage_for_stage)", opt_.zero_stage);
@@ -120,8 +124,36 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   for (size_t u = 1; u < units_.size(); u++) largest_other = std::max(largest_other, units_[u].numel);
   if (opt_.zero_stage >= 2) {
     grad_shard_.assign(hi_ - lo_, 0.0f);
-    emb_grads_.buf.assign(units_[0].numel, 0.0f);
-    for (Slot& s : block_grads_) s.buf.assign(largest_other, 0.0f);
+    if (opt_.deterministic) {
+      fixed_shard_.assign(hi_ - lo_, 0);
+      emb_grads_.fixed.assign(units_[0].numel, 0);
+      for (Slot& s : block_grads_) s.fixed.assign(largest_other, 0);
+    } else {
+      emb_grads_.buf.assign(units_[0].numel, 0.0f);
+      for (Slot& s : block_grads_) s.buf.assign(largest_other, 0.0f);
+    }
+  }
+  if (opt_.deterministic) {
+    if (opt_.zero_stage < 2) fixed_.assign(n_, 0);
+    emb_scratch_.assign(units_[0].numel, 0.0f);
+    block_scratch_.assign(largest_other, 0.0f);
+    fixed_dest_.assign(units_.size(), nullptr);
+    unit_tensors_.assign(units_.size(), {tensors_.size(), 0});
+    for (size_t k = 0; k < tensors_.size(); k++) {
+      auto& [first, end] = unit_tensors_[tensors_[k].unit];
+      first = std::min(first, k);
+      end = std::max(end, k + 1);
+    }
+    scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt_.global_batch));
+    sample_max_.assign(tensors_.size(), 0.0f);
+    owned_squares_.assign(tensors_.size(), 0);
+    // Space for the per-step exchanges, so that a step allocates nothing.
+    const size_t K = tensors_.size(), W = static_cast<size_t>(comm.size());
+    next_scale_.resize(K);
+    step_scale_.resize(K);
+    squares_.resize(K);
+    all_max_.resize(K * W);
+    all_squares_.resize(K * W);
   }
   if (opt_.zero_stage == 3) {
     param_shard_.assign(hi_ - lo_, 0.0f);
@@ -143,11 +175,24 @@ MemoryReport DataParallel::memory() const {
   auto slot_bytes = [&](const Slot& s) { return s.buf.size() * f; };
   m.working = error_feedback_.size() * f + slot_bytes(emb_params_) + slot_bytes(emb_grads_);
   for (int i = 0; i < 2; i++) m.working += slot_bytes(block_params_[i]) + slot_bytes(block_grads_[i]);
+  // Deterministic mode: the int64 accumulators count as gradients, the scratch as working space.
+  const size_t i64 = sizeof(int64_t);
+  m.grads += (fixed_.size() + fixed_shard_.size()) * i64;
+  m.working += (emb_scratch_.size() + block_scratch_.size()) * f + emb_grads_.fixed.size() * i64;
+  for (const Slot& s : block_grads_) m.working += s.fixed.size() * i64;
   return m;
 }
 
 float* DataParallel::owned_params() { return opt_.zero_stage == 3 ? param_shard_.data() : model_.params() + lo_; }
 float* DataParallel::owned_grads() { return opt_.zero_stage >= 2 ? grad_shard_.data() : model_.grads() + lo_; }
+int64_t* DataParallel::owned_fixed() { return opt_.zero_stage >= 2 ? fixed_shard_.data() : fixed_.data() + lo_; }
+
+void DataParallel::set_grad_scales(const std::vector<int>& scales) {
+  ANVIL_CHECK(opt_.deterministic, "fixed-point gradient scales given to a run with deterministic_mode: false");
+  ANVIL_CHECK(scales.size() == tensors_.size(), "{} fixed-point gradient scales for a model of {} tensors",
+              scales.size(), tensors_.size());
+  scale_ = scales;
+}
 
 void DataParallel::init_weights(uint64_t seed) {
   if (opt_.zero_stage == 3) {
@@ -159,17 +204,82 @@ void DataParallel::init_weights(uint64_t seed) {
 }
 
 void DataParallel::begin_step() {
-  if (opt_.zero_stage >= 2)
+  if (opt_.deterministic) {
+    std::fill(fixed_.begin(), fixed_.end(), 0);
+    std::fill(fixed_shard_.begin(), fixed_shard_.end(), 0);
+    std::fill(sample_max_.begin(), sample_max_.end(), 0.0f);
+  } else if (opt_.zero_stage >= 2) {
     std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
-  else
+  } else {
     model_.zero_grad();
+  }
 }
 
 void DataParallel::begin_microbatch(bool last) { last_microbatch_ = last; }
 
-void DataParallel::finish_backward() { thread_.wait_all(); }
+bool DataParallel::finish_backward() {
+  thread_.wait_all();
+  if (!opt_.deterministic) return true;
+  // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
+  // everywhere (a maximum is exact).
+  const size_t K = tensors_.size();
+  std::vector<float>& all = all_max_;
+  std::copy(sample_max_.begin(), sample_max_.end(), all.begin() + K * comm_.rank());
+  all_gather_blocks(comm_, all.data(), K * sizeof(float));
+  bool fits = true;
+  std::vector<int>& next = next_scale_;
+  next = scale_;
+  for (size_t k = 0; k < K; k++) {
+    float m = 0.0f;
+    for (int r = 0; r < comm_.size(); r++) m = std::max(m, all[r * K + k]);
+    fits = fits && fixed_point_fits(m, scale_[k], opt_.global_batch);
+    if (m > 0.0f) next[k] = fixed_point_scale(m, opt_.global_batch);
+  }
+  if (fits) {
+    convert_owned_grads();
+    step_scale_ = scale_;
+  }
+  scale_ = next;
+  return fits;
+}
+
+// What this rank owns, from fixed point to fp32 at this step's scales, and its part of the
+// squared norm per tensor.
+void DataParallel::convert_owned_grads() {
+  const int64_t* fixed = owned_fixed();
+  float* grads = owned_grads();
+  for (size_t k = 0; k < tensors_.size(); k++) {
+    const ParamTensor& t = tensors_[k];
+    const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
+    owned_squares_[k] = 0;
+    if (a >= b) continue;
+    fixed_point_to_float(grads + (a - lo_), fixed + (a - lo_), b - a, scale_[k]);
+    owned_squares_[k] = fixed_point_sum_squares(fixed + (a - lo_), b - a);
+  }
+}
 
 double DataParallel::clip_and_norm(double max_norm) {
+  if (opt_.deterministic) {
+    // The per-tensor integer sums of squares add up exactly over ranks; only the final sum over
+    // tensors is in floating point, in layout order, identically everywhere.
+    const size_t K = tensors_.size();
+    std::vector<unsigned __int128>& squares = squares_;
+    squares = owned_squares_;
+    if (opt_.zero_stage > 0 && comm_.size() > 1) {
+      std::vector<unsigned __int128>& all = all_squares_;
+      std::copy(owned_squares_.begin(), owned_squares_.end(), all.begin() + K * comm_.rank());
+      all_gather_blocks(comm_, all.data(), K * sizeof(unsigned __int128));
+      for (size_t k = 0; k < K; k++) {
+        squares[k] = 0;
+        for (int r = 0; r < comm_.size(); r++) squares[k] += all[r * K + k];
+      }
+    }
+    double sq = 0;
+    for (size_t k = 0; k < K; k++) sq += std::ldexp(static_cast<double>(squares[k]), kSquareShift - 2 * step_scale_[k]);
+    const double norm = std::sqrt(sq);
+    scale_grads(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
+    return norm;
+  }
   if (opt_.zero_stage == 0) return clip_grad_norm(model_.grads(), n_, max_norm);  // identical on every rank
   const double sq = sum_in_rank_order(comm_, grad_sum_of_squares(owned_grads(), hi_ - lo_));
   const double norm = std::sqrt(sq);
@@ -278,37 +388,75 @@ void DataParallel::release_params(int unit) {
 
 // ---- gradients
 
-float* DataParallel::grads(int unit) {
-  if (opt_.zero_stage < 2) return model_.grads() + units_[unit].offset;
-  Slot* s = nullptr;
-  if (unit == 0) {
-    s = &emb_grads_;
-  } else {
+DataParallel::Slot* DataParallel::find_open_grad_slot(int unit) {
+  if (unit == 0) return &emb_grads_;
+  for (Slot& b : block_grads_)
+    if (b.in_use && b.unit == unit) return &b;
+  return nullptr;
+}
+
+// Stages 2/3: the working buffer for a unit's gradient in this microbatch, zeroed on opening.
+DataParallel::Slot* DataParallel::open_grad_slot(int unit) {
+  Slot* s = find_open_grad_slot(unit);
+  if (!s)
     for (Slot& b : block_grads_)
-      if (b.in_use && b.unit == unit) s = &b;
-    if (!s)
-      for (Slot& b : block_grads_)
-        if (!b.in_use) {
-          s = &b;
-          break;
-        }
-    ANVIL_CHECK(s, "more than two blocks' gradients open at once");
-  }
+      if (!b.in_use) {
+        s = &b;
+        break;
+      }
+  ANVIL_CHECK(s, "more than two blocks' gradients open at once");
   if (!(s->in_use && s->unit == unit)) {
     thread_.wait(s->ticket);  // the reduce-scatter still reading its last contents
-    std::fill_n(s->buf.data(), units_[unit].numel, 0.0f);
+    if (opt_.deterministic)
+      std::fill_n(s->fixed.data(), units_[unit].numel, 0);
+    else
+      std::fill_n(s->buf.data(), units_[unit].numel, 0.0f);
     s->unit = unit;
     s->in_use = true;
   }
-  return s->buf.data();
+  return s;
+}
+
+float* DataParallel::grads(int unit) {
+  if (!opt_.deterministic) {
+    if (opt_.zero_stage < 2) return model_.grads() + units_[unit].offset;
+    return open_grad_slot(unit)->buf.data();
+  }
+  fixed_dest_[unit] = opt_.zero_stage < 2 ? fixed_.data() + units_[unit].offset : open_grad_slot(unit)->fixed.data();
+  return unit == 0 ? emb_scratch_.data() : block_scratch_.data();  // all zero between sequences
+}
+
+void DataParallel::grain_done(int unit, size_t offset, size_t count) {
+  if (!opt_.deterministic) return;  // float contributions accumulated in place
+  int64_t* dest = fixed_dest_[unit];
+  ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
+  float* scratch = unit == 0 ? emb_scratch_.data() : block_scratch_.data();
+  const size_t base = units_[unit].offset, lo = base + offset, hi = lo + count;
+  const auto [first, end] = unit_tensors_[unit];
+  for (size_t k = first; k < end; k++) {
+    const ParamTensor& t = tensors_[k];
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    const float m = fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k]);
+    sample_max_[k] = std::max(sample_max_[k], m);
+  }
 }
 
 void DataParallel::grads_done(int unit) {
   const ParamUnit u = units_[unit];
   const std::vector<size_t>* counts = &unit_counts_[unit];
   const AllReduceAlgo algo = opt_.algo;
+  if (opt_.deterministic) fixed_dest_[unit] = nullptr;
   if (opt_.zero_stage < 2) {
     if (!last_microbatch_ || comm_.size() == 1) return;  // earlier microbatches accumulate locally
+    if (opt_.deterministic) {
+      int64_t* g = fixed_.data() + u.offset;
+      if (opt_.zero_stage == 0)
+        thread_.submit([this, g, u, algo] { all_reduce(comm_, g, u.numel, algo); });
+      else
+        thread_.submit([this, g, counts, algo] { reduce_scatter(comm_, g, *counts, algo); });
+      return;
+    }
     float* g = model_.grads() + u.offset;
     if (opt_.zero_stage == 0 && opt_.bf16_compression) {
       float* err = error_feedback_.data() + u.offset;
@@ -320,17 +468,24 @@ void DataParallel::grads_done(int unit) {
     }
     return;
   }
-  Slot* s = unit == 0 ? &emb_grads_ : nullptr;
-  for (Slot& b : block_grads_)
-    if (!s && b.in_use && b.unit == unit) s = &b;
-  ANVIL_CHECK(s && s->in_use, "unit {}'s gradient finished without being opened", unit);
+  Slot* s = find_open_grad_slot(unit);
+  ANVIL_CHECK(s && s->in_use && s->unit == unit, "unit {}'s gradient finished without being opened", unit);
   s->in_use = false;
+  const size_t a = std::max(lo_, u.offset), b = std::min(hi_, u.offset + u.numel), lo = lo_;
+  // Microbatches add their reduced sums into the shard in order.
+  if (opt_.deterministic) {
+    int64_t* buf = s->fixed.data();
+    int64_t* shard = fixed_shard_.data();
+    s->ticket = thread_.submit([this, buf, shard, a, b, lo, u, counts, algo] {
+      reduce_scatter(comm_, buf, *counts, algo);
+      for (size_t i = a; i < b; i++) shard[i - lo] += buf[i - u.offset];
+    });
+    return;
+  }
   float* buf = s->buf.data();
   float* shard = grad_shard_.data();
-  const size_t a = std::max(lo_, u.offset), b = std::min(hi_, u.offset + u.numel), lo = lo_;
   s->ticket = thread_.submit([this, buf, shard, a, b, lo, u, counts, algo] {
     reduce_scatter(comm_, buf, *counts, algo);
-    // Microbatches add their reduced sums into the shard in order.
     for (size_t i = a; i < b; i++) shard[i - lo] += buf[i - u.offset];
   });
 }

@@ -13,6 +13,13 @@
 //      head uses at both ends of the pass, keeps its own buffer.
 // All communication of a step runs on one communication thread, in the order the training
 // thread issues it, so it overlaps the backward pass and is issued identically on every rank.
+//
+// Deterministic mode (the default): the model's per-sequence gradient contributions land in a
+// float scratch buffer and are added, one sequence at a time, into int64 fixed-point
+// accumulators, which are what the stages above reduce (in integers: exact). After the backward
+// pass the rank converts what it owns to fp32 for clipping and AdamW; the gradient norm is summed
+// from the integers too. A step whose values outgrew the fixed-point scale is reported by
+// finish_backward and must be run again (see fixed_point.h).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -32,7 +39,12 @@ namespace anvil {
 struct DataParallelOptions {
   int zero_stage = 0;
   AllReduceAlgo algo = AllReduceAlgo::kAuto;
-  bool bf16_compression = false;  // stage 0 only: gradients on the wire in bf16, with error feedback
+  // Gradients summed in fixed point (dist/fixed_point.h): the same bits whatever the world size,
+  // microbatch size, ZeRO stage or all-reduce algorithm. Off: fp32 sums, whose rounding depends
+  // on how the batch is grouped.
+  bool deterministic = true;
+  int64_t global_batch = 1;       // sequences per optimizer step over all ranks (fixed-point range)
+  bool bf16_compression = false;  // stage 0, not deterministic: gradients on the wire in bf16, with error feedback
 };
 
 // Which arrays the model should allocate for itself under a stage.
@@ -83,7 +95,10 @@ class DataParallel : public UnitAccess {
   // finish_backward, clip_and_norm, optimizer_step.
   void begin_step();
   void begin_microbatch(bool last);
-  void finish_backward();
+  // False when a fixed-point gradient overflowed its scale somewhere (the same answer on every
+  // rank): the scales now fit this step's gradients, and the step must be run again from
+  // begin_step. Float mode always returns true.
+  bool finish_backward();
   double clip_and_norm(double max_norm);  // the global gradient norm before clipping
   void optimizer_step(double lr);
   // Before anything else talks on the communicator (evaluation, scalars): no job in flight.
@@ -97,15 +112,22 @@ class DataParallel : public UnitAccess {
   void load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,
                        const std::vector<float>& exp_avg_sq, int64_t optimizer_steps);
 
+  // The fixed-point scale exponent of every parameter tensor (layout order): state the next
+  // step depends on, kept in checkpoints so that a resumed run continues bit for bit.
+  const std::vector<int>& grad_scales() const { return scale_; }
+  void set_grad_scales(const std::vector<int>& scales);
+
   // UnitAccess
   const float* acquire_params(int unit, int next_unit) override;
   void release_params(int unit) override;
   float* grads(int unit) override;
+  void grain_done(int unit, size_t offset, size_t count) override;
   void grads_done(int unit) override;
 
  private:
   struct Slot {
-    std::vector<float> buf;
+    std::vector<float> buf;  // parameters; gradients in float mode
+    std::vector<int64_t> fixed;  // gradients in deterministic mode
     int unit = -1;        // whose contents it holds (or will, once ticket is done)
     bool in_use = false;  // parameters: acquired; gradients: open in this microbatch
     uint64_t ticket = 0;  // the job that fills (parameters) or reads (gradients) it
@@ -115,6 +137,10 @@ class DataParallel : public UnitAccess {
   void start_gather(Slot& slot, int unit);
   float* owned_params();
   float* owned_grads();
+  int64_t* owned_fixed();
+  Slot* open_grad_slot(int unit);
+  Slot* find_open_grad_slot(int unit);
+  void convert_owned_grads();
 
   Communicator& comm_;
   Gpt2& model_;
@@ -128,6 +154,19 @@ class DataParallel : public UnitAccess {
   std::vector<float> param_shard_, grad_shard_, error_feedback_;
   Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
   bool last_microbatch_ = true;
+  // Deterministic mode.
+  const std::vector<ParamTensor>& tensors_;
+  std::vector<std::pair<size_t, size_t>> unit_tensors_;  // [unit]: its tensors' index range
+  std::vector<int> scale_;         // [tensor]: fixed-point exponent of this step
+  std::vector<int> step_scale_;    // [tensor]: the exponents the converted gradients had
+  std::vector<float> sample_max_;  // [tensor]: largest per-sequence |gradient| this step, this rank
+  std::vector<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
+  std::vector<int> next_scale_;                    // scratch of finish_backward and clip_and_norm
+  std::vector<unsigned __int128> squares_, all_squares_;
+  std::vector<float> all_max_;
+  std::vector<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
+  std::vector<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard
+  std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates
   CommThread thread_;
 };
 

@@ -93,6 +93,7 @@ class Gpt2::OwnArrays : public UnitAccess {
     return m_.params_.data() + m_.units_[unit].offset;
   }
   void release_params(int) override {}
+  void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
   float* grads(int unit) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
     return m_.grads_.data() + m_.units_[unit].offset;
@@ -171,6 +172,15 @@ void Gpt2::init_weights(uint64_t seed) {
 
 void Gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+namespace {
+// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias, one sequence per call (see UnitAccess).
+void matmul_forward_per_sequence(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
+                                 int C, int OC) {
+  const size_t rows = static_cast<size_t>(T);
+  for (int b = 0; b < B; b++) matmul_forward(out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
+}
+}  // namespace
+
 void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
@@ -207,14 +217,14 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
     float* residual3 = a.residual3 + l * BT * C;
 
     layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
-    matmul_forward(qkv, ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+    matmul_forward_per_sequence(qkv, ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
     attention_forward(atty, att_lse, qkv, B, T, C, NH);
-    matmul_forward(a.scratch, atty, p.attprojw, p.attprojb, N, C, C);
+    matmul_forward_per_sequence(a.scratch, atty, p.attprojw, p.attprojb, B, T, C, C);
     residual_forward(residual2, residual, a.scratch, static_cast<long>(N) * C);
     layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w, p.ln2b, N, C);
-    matmul_forward(fch, ln2, p.fcw, p.fcb, N, C, 4 * C);
+    matmul_forward_per_sequence(fch, ln2, p.fcw, p.fcb, B, T, C, 4 * C);
     gelu_forward(fch_gelu, fch, static_cast<long>(N) * 4 * C);
-    matmul_forward(a.scratch, fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+    matmul_forward_per_sequence(a.scratch, fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
     residual_forward(residual3, residual2, a.scratch, static_cast<long>(N) * C);
     access_->release_params(1 + l);
     residual = residual3;
@@ -223,7 +233,7 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, lnf, lnf + C, N, C);
   access_->release_params(L + 1);
   emb = access_->acquire_params(0, -1);
-  matmul_forward(a.logits, a.lnf, emb, nullptr, N, C, V);  // tied LM head
+  matmul_forward_per_sequence(a.logits, a.lnf, emb, nullptr, B, T, C, V);  // tied LM head
   access_->release_params(0);
 }
 
@@ -265,22 +275,31 @@ double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int
 
 void Gpt2::backward_from_dlogits() {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size, L = cfg_.n_layers;
-  const int N = B * T;
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
 
   // The embedding unit's gradient stays open for the whole pass: the LM head adds to it first,
   // the token embedding last.
   const float* emb = access_->acquire_params(0, L + 1);
   float* demb = access_->grads(0);
-  matmul_backward(dsmall_, demb, nullptr, a.logits, a.lnf, emb, N, C, V);
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits + r * V, a.lnf + r * C, emb, T, C, V);
+    access_->grain_done(0, 0, wpe_offset);
+  }
   access_->release_params(0);
-  std::memset(dresidual_, 0, sizeof(float) * N * C);
+  std::memset(dresidual_, 0, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
   const float* lnf = access_->acquire_params(L + 1, L);
   float* dlnf = access_->grads(L + 1);
-  layernorm_backward(dresidual_, dlnf, dlnf + C, dsmall_, last, lnf, a.lnf_mean, a.lnf_rstd, N, C);
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    layernorm_backward(dresidual_ + r * C, dlnf, dlnf + C, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r,
+                       a.lnf_rstd + r, T, C);
+    access_->grain_done(L + 1, 0, 2 * static_cast<size_t>(C));
+  }
   access_->release_params(L + 1);
   access_->grads_done(L + 1);
 
@@ -289,32 +308,40 @@ void Gpt2::backward_from_dlogits() {
   // norms then add their input gradients into it. This saves two copies per layer over calling
   // residual_backward.
   for (int l = L - 1; l >= 0; l--) {
+    const size_t at = l * BT;  // this layer's slice of the per-layer activations
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    const float* ln1 = a.ln1 + l * BT * C;
-    const float* qkv = a.qkv + l * BT * 3 * C;
-    const float* atty = a.atty + l * BT * C;
-    const float* att_lse = a.att_lse + l * BT * NH;
-    const float* residual2 = a.residual2 + l * BT * C;
-    const float* ln2 = a.ln2 + l * BT * C;
-    const float* fch = a.fch + l * BT * 4 * C;
-    const float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
     const Block p = bind_block(access_->acquire_params(1 + l, l == 0 ? -1 : l));
     const Block g = bind_block(access_->grads(1 + l));
-
-    matmul_backward(dbig_, g.fcprojw, g.fcprojb, dresidual_, fch_gelu, p.fcprojw, N, 4 * C, C);
-    gelu_backward(dbig_, fch, dbig_, static_cast<long>(N) * 4 * C);
-    matmul_backward(dsmall_, g.fcw, g.fcb, dbig_, ln2, p.fcw, N, C, 4 * C);
-    layernorm_backward(dresidual_, g.ln2w, g.ln2b, dsmall_, residual2, p.ln2w, a.ln2_mean + l * BT,
-                       a.ln2_rstd + l * BT, N, C);
-    matmul_backward(dsmall_, g.attprojw, g.attprojb, dresidual_, atty, p.attprojw, N, C, C);
-    attention_backward(dqkv_, dsmall_, qkv, atty, att_lse, B, T, C, NH);
-    matmul_backward(dsmall_, g.qkvw, g.qkvb, dqkv_, ln1, p.qkvw, N, C, 3 * C);
-    layernorm_backward(dresidual_, g.ln1w, g.ln1b, dsmall_, residual, p.ln1w, a.ln1_mean + l * BT,
-                       a.ln1_rstd + l * BT, N, C);
+    for (int b = 0; b < B; b++) {
+      const size_t r = b * rows;
+      float* dres = dresidual_ + r * C;
+      float* dsmall = dsmall_ + r * C;
+      float* dbig = dbig_ + r * 4 * C;
+      float* dqkv = dqkv_ + r * 3 * C;
+      const float* fch = a.fch + (at + r) * 4 * C;
+      matmul_backward(dbig, g.fcprojw, g.fcprojb, dres, a.fch_gelu + (at + r) * 4 * C, p.fcprojw, T, 4 * C, C);
+      gelu_backward(dbig, fch, dbig, static_cast<long>(T) * 4 * C);
+      matmul_backward(dsmall, g.fcw, g.fcb, dbig, a.ln2 + (at + r) * C, p.fcw, T, C, 4 * C);
+      layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, a.residual2 + (at + r) * C, p.ln2w, a.ln2_mean + at + r,
+                         a.ln2_rstd + at + r, T, C);
+      matmul_backward(dsmall, g.attprojw, g.attprojb, dres, a.atty + (at + r) * C, p.attprojw, T, C, C);
+      attention_backward(dqkv, dsmall, a.qkv + (at + r) * 3 * C, a.atty + (at + r) * C, a.att_lse + (at + r) * NH, 1,
+                         T, C, NH);
+      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv, a.ln1 + (at + r) * C, p.qkvw, T, C, 3 * C);
+      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, a.ln1_mean + at + r,
+                         a.ln1_rstd + at + r, T, C);
+      access_->grain_done(1 + l, 0, units_[1 + l].numel);
+    }
     access_->release_params(1 + l);
     access_->grads_done(1 + l);
   }
-  encoder_backward(demb, demb + wpe_offset, dresidual_, tokens_, B, T, C);
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    encoder_backward(demb, demb + wpe_offset, dresidual_ + r * C, tokens_ + r, 1, T, C);
+    access_->grain_done(0, wpe_offset, rows * C);
+    // The token rows this sequence touched (a repeated token's row is empty the second time).
+    for (int t = 0; t < T; t++) access_->grain_done(0, static_cast<size_t>(tokens_[r + t]) * C, C);
+  }
   access_->grads_done(0);
 }
 

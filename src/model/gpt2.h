@@ -43,6 +43,11 @@ void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t h
 // model's own full arrays; data-parallel training substitutes one that gathers sharded
 // parameters (ZeRO-3) or hands out working gradient buffers that it reduces as soon as the
 // backward pass has finished with them (ZeRO-2/3), or starts reducing full gradients then.
+//
+// Every matrix product runs one sequence at a time (M = sequence length), and every parameter
+// gradient is formed one sequence at a time: OpenBLAS rounds a row differently depending on how
+// many rows a call has, so this keeps each sequence's forward pass and gradient independent of
+// what else shares its microbatch, the basis of bitwise determinism across microbatch sizes.
 class UnitAccess {
  public:
   virtual ~UnitAccess() = default;
@@ -53,6 +58,12 @@ class UnitAccess {
   // Where the unit's gradient is accumulated (+=); asked for again while the unit is still
   // open returns the same buffer.
   virtual float* grads(int unit) = 0;
+  // One sequence's contribution to [offset, offset + count) of the unit's gradient is complete
+  // in grads(unit). The backward pass works one sequence at a time and says so after each,
+  // so that contributions can be summed exactly (deterministic training accumulates them in
+  // fixed point and clears the range); parts it did not touch since the last call need not
+  // be named.
+  virtual void grain_done(int unit, size_t offset, size_t count) = 0;
   // The backward pass has added everything it will to the unit's gradient in this microbatch.
   virtual void grads_done(int unit) = 0;
 };
@@ -97,6 +108,8 @@ class Gpt2 {
                           int64_t* n_targets);
 
   const float* logits() const { return acts_.logits; }  // (B,T,V) of the last forward()
+  // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where ignored.
+  const float* losses() const { return acts_.losses; }
 
  private:
   struct Acts {

@@ -27,7 +27,7 @@ BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps
   Gpt2 model(cfg.model, cfg.device_train_microbatch_size, T);
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
-  DataParallel dp(*comm, model, cfg.optimizer, {});
+  DataParallel dp(*comm, model, cfg.optimizer, data_parallel_options(cfg));
   dp.init_weights(cfg.seed);
   LrSchedule constant{"constant", 0, 0.0, warmup_steps + steps};
   TrainStep step(cfg, model, dp, constant);

@@ -59,6 +59,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t to
                  {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}}},
       {"config", config_yaml}, {"config_xxh3", hex64(hash64(config_yaml.data(), config_yaml.size()))},
       {"weights_sha256", weights_sha256(cfg.model, state.params)}, {"tensors", tensors}};
+  if (!state.grad_scales.empty()) manifest["grad_scales"] = state.grad_scales;
   write_file_atomic(tmp + "/manifest.json", manifest.dump(2) + "\n");
   fsync_dir(tmp);
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step
@@ -74,14 +75,15 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::save(const std::string& run_dir, int64_t step, int64_t tokens_seen, const TrainConfig& cfg,
                             std::vector<float> params, std::vector<float> exp_avg, std::vector<float> exp_avg_sq,
-                            int64_t optimizer_steps, std::string data_state, int keep) {
+                            int64_t optimizer_steps, std::vector<int> grad_scales, std::string data_state, int keep) {
   wait();
   thread_ = std::thread([this, run_dir, step, tokens_seen, cfg, params = std::move(params),
                          exp_avg = std::move(exp_avg), exp_avg_sq = std::move(exp_avg_sq), optimizer_steps,
-                         data_state = std::move(data_state), keep] {
+                         grad_scales = std::move(grad_scales), data_state = std::move(data_state), keep] {
     try {
       dir_ = save_checkpoint(run_dir, step, tokens_seen, cfg,
-                             {params.data(), exp_avg.data(), exp_avg_sq.data(), optimizer_steps}, data_state);
+                             {params.data(), exp_avg.data(), exp_avg_sq.data(), optimizer_steps, grad_scales},
+                             data_state);
       prune_checkpoints(run_dir, keep);
     } catch (...) {
       error_ = std::current_exception();
@@ -155,6 +157,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     out.tokens_seen = manifest.at("tokens_seen").get<int64_t>();
     out.data_state = manifest.at("data_state").dump();
     out.config_yaml = manifest.at("config").get<std::string>();
+    if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
     for (const auto& entry : manifest.at("tensors"))
       checksums[entry.at("name").get<std::string>()] = entry.at("xxh3").get<std::string>();
   } catch (const nlohmann::json::exception& e) {

@@ -24,6 +24,8 @@ struct CheckpointState {
   const float* exp_avg = nullptr;
   const float* exp_avg_sq = nullptr;
   int64_t optimizer_steps = 0;
+  // Deterministic training's fixed-point gradient scales, one per tensor (empty: not deterministic).
+  std::vector<int> grad_scales;
 };
 
 // data_state: the train loader's DataState as JSON (where the data order stands). Returns the
@@ -39,7 +41,7 @@ class CheckpointWriter {
   ~CheckpointWriter();
   void save(const std::string& run_dir, int64_t step, int64_t tokens_seen, const TrainConfig& cfg,
             std::vector<float> params, std::vector<float> exp_avg, std::vector<float> exp_avg_sq,
-            int64_t optimizer_steps, std::string data_state, int keep);
+            int64_t optimizer_steps, std::vector<int> grad_scales, std::string data_state, int keep);
   // Waits for the save in flight; returns its directory and rethrows its error.
   std::string wait();
 
@@ -59,6 +61,7 @@ struct LoadedCheckpoint {
   // Filled when the optimizer state was asked for.
   std::vector<float> exp_avg, exp_avg_sq;
   int64_t optimizer_steps = 0;
+  std::vector<int> grad_scales;  // empty when the run that saved it was not deterministic
 };
 
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one

@@ -2,8 +2,10 @@
 #include "train/step.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/crossentropy.h"
 
 namespace anvil {
@@ -11,6 +13,33 @@ namespace anvil {
 TrainStep::TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule)
     : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
       lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold) {}
+
+DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
+  const DistributedConfig& dc = cfg.distributed;
+  DataParallelOptions o;
+  o.zero_stage = dc.zero_stage;
+  o.algo = parse_all_reduce_algo(dc.all_reduce);
+  o.deterministic = cfg.deterministic_mode;
+  o.global_batch = cfg.global_train_batch_size;
+  o.bf16_compression = dc.grad_compression == "bf16";
+  return o;
+}
+
+namespace {
+constexpr int kLossFractionBits = 32;
+}  // namespace
+
+int64_t fixed_point_loss_sum(const float* losses, int B, int T) {
+  int64_t sum = 0;
+  for (int b = 0; b < B; b++) {
+    double sequence = 0;
+    for (int i = 0; i < T; i++) sequence += losses[static_cast<size_t>(b) * T + i];
+    sum += std::llround(std::ldexp(sequence, kLossFractionBits));
+  }
+  return sum;
+}
+
+double fixed_point_loss_value(int64_t sum) { return std::ldexp(static_cast<double>(sum), -kLossFractionBits); }
 
 StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t) {
   StepResult r;
@@ -21,16 +50,26 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   r.target_tokens = sum_exact(comm, local_targets);
   ANVIL_CHECK(r.target_tokens > 0, "step {}: every target of the batch is ignored", t);
   const float dloss = 1.0f / static_cast<float>(r.target_tokens);
-  dp_.begin_step();
-  double loss_sum = 0;
-  for (int b0 = 0; b0 < batch; b0 += microbatch_) {
-    const int mb = std::min(microbatch_, batch - b0);
-    const size_t offset = static_cast<size_t>(b0) * seq_len;
-    dp_.begin_microbatch(b0 + mb >= batch);
-    loss_sum += model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
+  int64_t loss_fixed = 0;
+  // A deterministic step whose gradients outgrew their fixed-point scale runs again at the scale
+  // it measured, which fits by construction; a second overflow means the gradients changed
+  // between identical passes, which is a bug.
+  for (int attempt = 0;; attempt++) {
+    ANVIL_CHECK(attempt < 2, "step {}: fixed-point gradients overflowed twice with the same data; the "
+                "backward pass is not deterministic", t);
+    dp_.begin_step();
+    loss_fixed = 0;
+    for (int b0 = 0; b0 < batch; b0 += microbatch_) {
+      const int mb = std::min(microbatch_, batch - b0);
+      const size_t offset = static_cast<size_t>(b0) * seq_len;
+      dp_.begin_microbatch(b0 + mb >= batch);
+      model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
+      loss_fixed += fixed_point_loss_sum(model_.losses(), mb, seq_len);
+    }
+    if (dp_.finish_backward()) break;
+    log_info("step {}: gradients outgrew their fixed-point scale; running the step again at the new scale", t);
   }
-  dp_.finish_backward();
-  r.loss = sum_in_rank_order(comm, loss_sum) / static_cast<double>(r.target_tokens);
+  r.loss = fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
   r.grad_norm = dp_.clip_and_norm(clip_);
   r.lr = lr_ * schedule_.multiplier(t);
   dp_.optimizer_step(r.lr);

@@ -13,6 +13,14 @@
 
 namespace anvil {
 
+// The data-parallel options a config asks for (ZeRO stage, all-reduce, determinism).
+DataParallelOptions data_parallel_options(const TrainConfig& cfg);
+
+// Sums of per-token losses that do not depend on how sequences are grouped: each sequence's
+// losses (B sequences of T tokens) are summed in token order and added in fixed point (2^-32).
+int64_t fixed_point_loss_sum(const float* losses, int B, int T);
+double fixed_point_loss_value(int64_t sum);
+
 struct StepResult {
   double loss = 0;       // mean over the batch's target tokens
   double grad_norm = 0;  // before clipping

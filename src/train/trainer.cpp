@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Mean loss per target token over the eval split in dataset order (or its first
-// eval_subset_num_batches batches). Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
+// eval_subset_num_batches batches), the same bits whatever the world size. Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
 // pass gathers parameters with every rank, so a rank past the last batch runs its first batch
 // again and discards it.
 double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const TrainConfig& cfg,
@@ -40,8 +40,7 @@ double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const Tra
   const int64_t batches = (samples + B - 1) / B;
   const int64_t rounds = (batches + W - 1) / W;
   std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
-  double sum = 0;
-  int64_t count = 0;
+  int64_t sum = 0, count = 0;
   for (int64_t round = 0; round < rounds; round++) {
     const int64_t batch = round * W + rank;
     const bool real = batch < batches;
@@ -52,13 +51,13 @@ double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const Tra
       load_example(data, s0 + k, T, cfg.model.vocab_size, buf.data(), tokens.data() + static_cast<size_t>(k) * T,
                    targets.data() + static_cast<size_t>(k) * T);
     int64_t n = 0;
-    const double loss = model.forward(tokens.data(), targets.data(), b, T, &n);
+    model.forward(tokens.data(), targets.data(), b, T, &n);
     if (!real) continue;
-    sum += loss;
+    sum += fixed_point_loss_sum(model.losses(), b, T);
     count += n;
   }
   dp.quiesce();
-  return sum_in_rank_order(comm, sum) / static_cast<double>(sum_exact(comm, count));
+  return fixed_point_loss_value(sum_exact(comm, sum)) / static_cast<double>(sum_exact(comm, count));
 }
 
 // load_path, or under autoresume the newest checkpoint of the run that loads cleanly (damaged
@@ -191,10 +190,14 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);
   const DistributedConfig& dc = cfg.distributed;
   Gpt2 model(cfg.model, max_batch, T, gpt2_storage_for_stage(dc.zero_stage));
-  DataParallel dp(comm, model, cfg.optimizer,
-                  {dc.zero_stage, parse_all_reduce_algo(dc.all_reduce), dc.grad_compression == "bf16"});
+  DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
   if (resume) {
     dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
+    if (cfg.deterministic_mode && !resume->grad_scales.empty())
+      dp.set_grad_scales(resume->grad_scales);
+    else if (cfg.deterministic_mode)
+      log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
+               "afresh");
     log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
     resume.reset();  // the state now lives in the model and optimizer
   } else {
@@ -251,7 +254,7 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     dp.gather_full_state(params, exp_avg, exp_avg_sq);  // the copy training waits for
     if (writer)
       checkpoints.save(cfg.run_dir, at_step, tokens_seen, cfg, std::move(params), std::move(exp_avg),
-                       std::move(exp_avg_sq), dp.optimizer_steps(), loader.state().to_json(),
+                       std::move(exp_avg_sq), dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
                        cfg.save_num_checkpoints_to_keep);
   };
 

@@ -4,7 +4,8 @@
 usage: compare_runs.py TOLERANCE REFERENCE_RUN RUN...
 Each run directory holds metrics.jsonl and checkpoints/latest. Passes when every step's loss and
 the final weights (relative L2 error over all parameters) agree with the reference to TOLERANCE;
-prints the largest differences either way.
+prints the largest differences either way. TOLERANCE 0 asks for the same bits: equal losses and
+equal weight digests (the manifest's weights_sha256).
 """
 import json
 import os
@@ -24,11 +25,19 @@ def losses(run):
     return out
 
 
-def weights(run):
+def latest(run):
     ckpts = os.path.join(run, "checkpoints")
     with open(os.path.join(ckpts, "latest")) as f:
-        name = f.read().strip()
-    with open(os.path.join(ckpts, name, "model.safetensors"), "rb") as f:
+        return os.path.join(ckpts, f.read().strip())
+
+
+def digest(run):
+    with open(os.path.join(latest(run), "manifest.json")) as f:
+        return json.load(f)["weights_sha256"]
+
+
+def weights(run):
+    with open(os.path.join(latest(run), "model.safetensors"), "rb") as f:
         data = f.read()
     (header_len,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + header_len])
@@ -55,9 +64,13 @@ def main():
         w = weights(run)
         werr = float(np.linalg.norm(w - ref_w) / np.linalg.norm(ref_w))
         good = worst <= tol and werr <= tol
+        same = ""
+        if tol == 0:
+            good = good and digest(run) == digest(ref)
+            same = f", weights sha256 {digest(run)[:16]}{'' if digest(run) == digest(ref) else ' vs ' + digest(ref)[:16]}"
         ok &= good
         print(f"{'ok' if good else 'FAIL'} {os.path.basename(run)}: {len(loss)} steps, largest loss difference "
-              f"{worst:.2e} (relative), final weights relative error {werr:.2e} (tolerance {tol:g})")
+              f"{worst:.2e} (relative), final weights relative error {werr:.2e} (tolerance {tol:g}){same}")
     sys.exit(0 if ok else 1)
 
 

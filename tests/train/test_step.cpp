@@ -57,13 +57,15 @@ struct Batch {
 };
 
 // Final parameters after `steps` optimizer steps on the fixed batch.
-std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true) {
+// forced_scale: start every tensor's fixed-point scale there (a huge one overflows at once).
+std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0) {
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
   Gpt2 model(c.model, microbatch, c.max_seq_len);
   model.init_weights(1);
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+  if (forced_scale) dp.set_grad_scales(std::vector<int>(model.tensors().size(), forced_scale));
   TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
   Batch b(c);
   for (int t = 0; t < steps; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
@@ -88,6 +90,16 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
 TEST(TrainStep, MicrobatchSizeDoesNotChangeABit) {
   const std::vector<float> whole = train_steps(4, 3);
   for (int mb : {2, 1, 3}) EXPECT_TRUE(train_steps(mb, 3) == whole) << "microbatch " << mb;  // 3: a last one of 1
+}
+
+// Gradients far beyond the fixed-point range on the first step: the step is detected, run again
+// at the measured scale, and the result is still independent of the microbatch size and close
+// to an ordinary run (which rounded at other scales).
+TEST(TrainStep, OverflowedStepRunsAgain) {
+  const std::vector<float> forced = train_steps(4, 3, true, 80);
+  EXPECT_TRUE(train_steps(1, 3, true, 80) == forced);
+  const std::vector<float> normal = train_steps(4, 3);
+  EXPECT_TRUE(testing::rel_norm_close(forced.data(), normal.data(), normal.size(), testing::kFp32RelNorm));
 }
 
 // deterministic_mode: false sums in fp32: the same math, equal to fp32 rounding only.

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The determinism matrix: 20 steps of a bench-16m-shaped model (4 layers, 4 heads, d_model 256,
+# GPT-2's 50257-token vocabulary; sequences of 64 tokens to keep CI short) on Brown, global batch
+# 12, under every grouping the issue names: 1 rank with microbatch 8 (8 + 4), 2 ranks with
+# microbatch 4 and 1, 4 ranks with microbatch 2 (2 + 1), 3 ranks with microbatch 4, across ZeRO
+# stages 0-3. Every run must end with the same weight digest and the same loss at every step.
+# Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+source "$here/mpi_env.sh"
+export OMP_NUM_THREADS=1  # up to 4 ranks share 2 cores
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
+prepare_brown_news "$anvil" "$src" "$tmp" 64 || { echo "FAIL: data prepare"; exit 1; }
+cat > "$tmp/m.yaml" <<YAML
+max_seq_len: 64
+model: {name: gpt2, n_layers: 4, n_heads: 4, d_model: 256, vocab_size: 50257}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
+optimizer: {name: decoupled_adamw, lr: 6.0e-4, betas: [0.9, 0.95], weight_decay: 0.1}
+scheduler: {name: cosine_with_warmup, t_warmup: 5ba, alpha_f: 0.1}
+algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
+max_duration: 20ba
+global_train_batch_size: 12
+seed: 5
+YAML
+
+# train NAME RANKS MICROBATCH ZERO_STAGE
+train() {
+  local name="$1" np="$2" mb="$3" zero="$4"
+  if ! mpirun_anvil "$np" "$anvil" train "$tmp/m.yaml" run_dir="$tmp/$name" device_train_microbatch_size="$mb" \
+      distributed.zero_stage="$zero" > "$tmp/$name.out" 2>&1; then
+    fail "$name: training on $np rank(s) failed"; tail -20 "$tmp/$name.out"
+  fi
+}
+OMP_NUM_THREADS=2 train w1_mb8_z0 1 8 0  # the reference, with both cores
+train w2_mb4_z1 2 4 1
+train w2_mb1_z2 2 1 2
+train w4_mb2_z3 4 2 3
+train w3_mb4_z2 3 4 2
+train w4_mb2_z0 4 2 0
+train w1_mb8_z3 1 8 3
+
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/w1_mb8_z0" "$tmp/w2_mb4_z1" "$tmp/w2_mb1_z2" "$tmp/w4_mb2_z3" \
+  "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" || fail "the runs do not all end with the same bits"
+echo "reference: $(grep -c '"loss"' "$tmp/w1_mb8_z0/metrics.jsonl") steps, weights sha256 $("$anvil" inspect "$tmp/w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,113 @@
+// Fixed-point gradient accumulation: rounding, range checks and exact sums of squares.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "dist/fixed_point.h"
+
+namespace anvil {
+namespace {
+
+std::vector<float> random_values(size_t n, uint64_t seed, float scale) {
+  Rng rng(seed, 0);
+  std::vector<float> v(n);
+  for (float& x : v) x = scale * static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  return v;
+}
+
+TEST(FixedPoint, RoundsToNearestEvenAndClearsTheInput) {
+  // Ties at scale 2^0: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -1.5 -> -2; and ordinary values.
+  std::vector<float> x = {0.5f, 1.5f, 2.5f, -1.5f, -0.75f, 3.25f, 1e6f, -7.0f};
+  std::vector<int64_t> acc(x.size(), 10);
+  const float m = fixed_point_accumulate(acc.data(), x.data(), x.size(), 0);
+  EXPECT_EQ(m, 1e6f);
+  const std::vector<int64_t> want = {10, 12, 12, 8, 9, 13, 1000010, 3};
+  EXPECT_EQ(acc, want);
+  for (float v : x) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(FixedPoint, MatchesLlrintAtLargeScales) {
+  std::vector<float> x = random_values(1000, 1, 3.0f);
+  const std::vector<float> copy = x;
+  std::vector<int64_t> acc(x.size(), 0);
+  const int s = fixed_point_scale(3.0f, 8);
+  fixed_point_accumulate(acc.data(), x.data(), x.size(), s);
+  for (size_t i = 0; i < x.size(); i++) EXPECT_EQ(acc[i], std::llrint(std::ldexp(static_cast<double>(copy[i]), s)));
+}
+
+// The threaded path (large n) rounds each element the same way as the serial one.
+TEST(FixedPoint, LargeArraysGiveTheSameResult) {
+  const size_t n = (size_t{1} << 17) + 3;
+  std::vector<float> a = random_values(n, 2, 1e-3f), b = a;
+  std::vector<int64_t> whole(n, 0), pieces(n, 0);
+  const int s = fixed_point_scale(1e-3f, 64);
+  const float m1 = fixed_point_accumulate(whole.data(), a.data(), n, s);
+  float m2 = 0;
+  for (size_t lo = 0; lo < n; lo += 1000) {
+    const size_t len = std::min<size_t>(1000, n - lo);
+    m2 = std::max(m2, fixed_point_accumulate(pieces.data() + lo, b.data() + lo, len, s));
+  }
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(whole, pieces);
+}
+
+// Summing per-sample contributions in any grouping, then converting, gives the same floats; and
+// the result is the exact sum to well below fp32 precision.
+TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
+  const size_t n = 257, samples = 8;
+  std::vector<std::vector<float>> g;
+  for (size_t k = 0; k < samples; k++) g.push_back(random_values(n, 10 + k, 0.01f));
+  const int s = fixed_point_scale(0.01f, samples);
+  auto sum = [&](const std::vector<std::vector<size_t>>& groups) {
+    std::vector<int64_t> total(n, 0);
+    for (const auto& group : groups) {  // one "rank" per group, then an integer reduction
+      std::vector<int64_t> part(n, 0);
+      for (size_t k : group) {
+        std::vector<float> x = g[k];
+        fixed_point_accumulate(part.data(), x.data(), n, s);
+      }
+      for (size_t i = 0; i < n; i++) total[i] += part[i];
+    }
+    std::vector<float> out(n);
+    fixed_point_to_float(out.data(), total.data(), n, s);
+    return out;
+  };
+  const std::vector<float> a = sum({{0, 1, 2, 3, 4, 5, 6, 7}});
+  const std::vector<float> b = sum({{7, 3}, {1}, {0, 2, 4, 6, 5}});
+  EXPECT_EQ(a, b);
+  for (size_t i = 0; i < n; i++) {
+    double exact = 0;
+    for (size_t k = 0; k < samples; k++) exact += g[k][i];
+    EXPECT_NEAR(a[i], exact, 1e-7 * std::fabs(exact) + 1e-12);
+  }
+}
+
+TEST(FixedPoint, SumOfSquaresSplitsExactly) {
+  std::vector<float> x = random_values(5000, 3, 0.5f);
+  std::vector<int64_t> acc(x.size(), 0);
+  const int s = fixed_point_scale(0.5f, 1);
+  double direct = 0;
+  for (float v : x) direct += static_cast<double>(v) * v;
+  fixed_point_accumulate(acc.data(), x.data(), x.size(), s);
+  const unsigned __int128 whole = fixed_point_sum_squares(acc.data(), acc.size());
+  const unsigned __int128 split =
+      fixed_point_sum_squares(acc.data(), 1234) + fixed_point_sum_squares(acc.data() + 1234, acc.size() - 1234);
+  EXPECT_TRUE(whole == split);
+  const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
+  EXPECT_NEAR(norm2, direct, 1e-9 * direct);
+}
+
+TEST(FixedPoint, ScaleLeavesHeadroomAndOverflowIsDetected) {
+  const int s = fixed_point_scale(0.3f, 12);
+  EXPECT_TRUE(fixed_point_fits(0.3f, s, 12));
+  EXPECT_TRUE(fixed_point_fits(0.3f * 15.0f, s, 12));   // growth within the 16x headroom
+  EXPECT_FALSE(fixed_point_fits(0.3f * 40.0f, s, 12));  // beyond it: the step runs again
+  // The per-sample limit shrinks for batches over 4096 sequences, so sums stay under 2^62.
+  EXPECT_LT(fixed_point_scale(0.3f, 1 << 14), fixed_point_scale(0.3f, 4096));
+  EXPECT_EQ(fixed_point_scale(0.0f, 12), fixed_point_scale(0.75f, 12));  // no history: assume below 1
+}
+
+}  // namespace
+}  // namespace anvil

@@ -1,5 +1,5 @@
-// Matmuls through OpenBLAS's sgemm; the bias gradient is a column sum over row blocks owned by
-// threads so its order is fixed.
+// Matmuls through OpenBLAS's sgemm in fixed blocks; the bias gradient is a column sum over row
+// blocks owned by threads so its order is fixed. Results do not depend on the thread count.
 #include <cblas.h>
 #include <unistd.h>
 
@@ -58,6 +58,13 @@ double measured_peak_gflops() {
 
 namespace cpu {
 
+// OpenBLAS rounds an element differently depending on how its threads split the matrix (an
+// element at the edge of a thread's tile goes through an edge kernel), so the thread count would
+// change results. Instead the output is cut into fixed blocks of kBlock rows or columns, each a
+// single-threaded sgemm (OpenBLAS runs serially inside an OpenMP region), shared out over
+// OpenMP threads: every element is computed by the same call whatever the thread count.
+constexpr int kBlock = 256;
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   float beta = 0.0f;
@@ -67,17 +74,33 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
-              OC);
+  const int blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(dynamic)
+  for (int j = 0; j < blocks; j++) {
+    const int o0 = j * kBlock, ob = std::min(kBlock, OC - o0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, ob, C, 1.0f, inp, C, weight + static_cast<long>(o0) * C,
+                C, beta, out + o0, OC);
+  }
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f,
-                dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  if (dinp) {
+    const int blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(dynamic)
+    for (int j = 0; j < blocks; j++) {
+      const int c0 = j * kBlock, cb = std::min(kBlock, C - c0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, cb, OC, 1.0f, dout, OC, weight + c0, C, 0.0f,
+                  dinp + c0, C);
+    }
+  }
+  const int blocks = (OC + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(dynamic)
+  for (int j = 0; j < blocks; j++) {
+    const int o0 = j * kBlock, ob = std::min(kBlock, OC - o0);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
+                dweight + static_cast<long>(o0) * C, C);
+  }
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;

@@ -36,9 +36,14 @@ void exchange(Communicator& comm, const void* send, size_t send_bytes, int to, v
   comm.wait_all(reqs, n, operation);
 }
 
-template <typename T>
-void add_into(T* dst, const T* src, size_t n) {
+void add_into(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+// Integers wrap instead of overflowing (undefined behaviour): a fixed-point step that outgrew its
+// scale is reduced before it is detected and run again.
+void add_into(int64_t* dst, const int64_t* src, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = static_cast<int64_t>(static_cast<uint64_t>(dst[i]) + static_cast<uint64_t>(src[i]));
 }
 
 // Ring all-gather of byte segments: segment r starts at offsets[r] and is rank r's.

@@ -30,7 +30,7 @@ inline int64_t round_scaled(float x, double scale) {
   int64_t bits, magic_bits;
   std::memcpy(&bits, &d, sizeof bits);
   std::memcpy(&magic_bits, &kMagic, sizeof magic_bits);
-  return bits - magic_bits;
+  return static_cast<int64_t>(static_cast<uint64_t>(bits) - static_cast<uint64_t>(magic_bits));  // wraps out of range
 }
 
 ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double scale) {

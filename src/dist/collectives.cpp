@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/fixed_point.h"
 
 namespace anvil {
 namespace {
@@ -39,11 +40,9 @@ void exchange(Communicator& comm, const void* send, size_t send_bytes, int to, v
 void add_into(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
-// Integers wrap instead of overflowing (undefined behaviour): a fixed-point step that outgrew its
-// scale is reduced before it is detected and run again.
+// Fixed-point gradients: reduced before an out-of-range step is detected, so they wrap.
 void add_into(int64_t* dst, const int64_t* src, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    dst[i] = static_cast<int64_t>(static_cast<uint64_t>(dst[i]) + static_cast<uint64_t>(src[i]));
+  for (size_t i = 0; i < n; i++) dst[i] = fixed_point_add(dst[i], src[i]);
 }
 
 // Ring all-gather of byte segments: segment r starts at offsets[r] and is rank r's.

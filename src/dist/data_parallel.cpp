@@ -478,8 +478,7 @@ void DataParallel::grads_done(int unit) {
     int64_t* shard = fixed_shard_.data();
     s->ticket = thread_.submit([this, buf, shard, a, b, lo, u, counts, algo] {
       reduce_scatter(comm_, buf, *counts, algo);
-      for (size_t i = a; i < b; i++)  // wrapping, as in fixed_point_accumulate
-        shard[i - lo] = static_cast<int64_t>(static_cast<uint64_t>(shard[i - lo]) + static_cast<uint64_t>(buf[i - u.offset]));
+      for (size_t i = a; i < b; i++) shard[i - lo] = fixed_point_add(shard[i - lo], buf[i - u.offset]);
     });
     return;
   }

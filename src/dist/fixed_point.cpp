@@ -38,9 +38,7 @@ ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double
 #pragma omp simd reduction(max : m)
   for (size_t i = 0; i < n; i++) {
     m = std::max(m, std::fabs(x[i]));
-    // Wrapping addition: an out-of-range step (detected from m afterwards, then run again) may
-    // overflow, which must not be undefined behaviour. In range it is plain addition.
-    acc[i] = static_cast<int64_t>(static_cast<uint64_t>(acc[i]) + static_cast<uint64_t>(round_scaled(x[i], scale)));
+    acc[i] = fixed_point_add(acc[i], round_scaled(x[i], scale));
     x[i] = 0.0f;
   }
   return m;

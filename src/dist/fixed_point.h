@@ -16,6 +16,12 @@
 
 namespace anvil {
 
+// a + b with two's-complement wrap-around: a step that outgrew its scale (detected afterwards,
+// then run again) may overflow, which must not be undefined behaviour; in range it is plain +.
+inline int64_t fixed_point_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
 // acc[i] += round(x[i] · 2^s) (to nearest, ties to even), then x[i] = 0, for i < n. Returns
 // max |x[i]| (as it was). Exact while |x[i]| · 2^s < 2^51; callers check the returned maximum
 // against fixed_point_fits before trusting acc.

@@ -296,24 +296,17 @@ void DataParallel::optimizer_step(double lr) {
   }
 }
 
-void DataParallel::gather_full_state(std::vector<float>& params, std::vector<float>& exp_avg,
-                                     std::vector<float>& exp_avg_sq) {
+void DataParallel::copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>& exp_avg,
+                              std::vector<float>& exp_avg_sq) {
   quiesce();
-  params.assign(n_, 0.0f);
-  exp_avg.assign(n_, 0.0f);
-  exp_avg_sq.assign(n_, 0.0f);
-  if (opt_.zero_stage == 3) {
-    std::copy(param_shard_.begin(), param_shard_.end(), params.begin() + lo_);
-    all_gather(comm_, params.data(), shard_counts_);
-  } else {
-    std::copy_n(model_.params(), n_, params.begin());
-  }
-  std::copy(optimizer_.exp_avg().begin(), optimizer_.exp_avg().end(), exp_avg.begin() + lo_);
-  std::copy(optimizer_.exp_avg_sq().begin(), optimizer_.exp_avg_sq().end(), exp_avg_sq.begin() + lo_);
-  if (opt_.zero_stage > 0) {
-    all_gather(comm_, exp_avg.data(), shard_counts_);
-    all_gather(comm_, exp_avg_sq.data(), shard_counts_);
-  }
+  lo = 0;
+  for (int r = 0; r < comm_.rank(); r++) lo += shard_counts_[r];
+  hi = lo + shard_counts_[comm_.rank()];
+  const float* p = opt_.zero_stage == 3 ? param_shard_.data() : model_.params() + lo;
+  params.assign(p, p + (hi - lo));
+  // The optimizer's moments cover [lo_, hi_): the shard, or everything under ZeRO-0.
+  exp_avg.assign(optimizer_.exp_avg().begin() + (lo - lo_), optimizer_.exp_avg().begin() + (hi - lo_));
+  exp_avg_sq.assign(optimizer_.exp_avg_sq().begin() + (lo - lo_), optimizer_.exp_avg_sq().begin() + (hi - lo_));
 }
 
 void DataParallel::load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,

@@ -104,8 +104,11 @@ class DataParallel : public UnitAccess {
   // Before anything else talks on the communicator (evaluation, scalars): no job in flight.
   void quiesce() { thread_.wait_all(); }
 
-  // Full copies of the parameters and the optimizer moments on every rank, for a checkpoint.
-  void gather_full_state(std::vector<float>& params, std::vector<float>& exp_avg, std::vector<float>& exp_avg_sq);
+  // A copy of this rank's checkpoint shard: the rank-th of W even ranges [lo, hi) of the flat
+  // parameters and optimizer moments (its ZeRO shard; under ZeRO-0, where every rank holds
+  // everything, still only that range, so that the ranks share the writing).
+  void copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>& exp_avg,
+                  std::vector<float>& exp_avg_sq);
   int64_t optimizer_steps() const { return optimizer_.steps_taken(); }
   // The reverse, from full arrays (a checkpoint, whatever world size and stage saved it): each
   // rank keeps what its stage holds.

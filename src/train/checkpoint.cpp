@@ -1,4 +1,5 @@
-// Checkpoint save (temporary directory, fsync, rename, then `latest`) and load (checksums verified).
+// Checkpoint save (shards into a temporary directory, fsync, rename, then `latest`) and load
+// (checksums verified, shards reassembled).
 #include "train/checkpoint.h"
 
 #include <unistd.h>
@@ -17,50 +18,109 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "dist/collectives.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
 
-std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const CheckpointState& state, const std::string& data_state) {
-  const std::string ckpt_root = run_dir + "/checkpoints";
-  make_dirs(ckpt_root);
-  const std::string name = fmt::format("step-{:08d}", step);
-  const std::string final_dir = ckpt_root + "/" + name;
-  const std::string tmp = ckpt_root + "/." + name + ".tmp." + std::to_string(::getpid());  // not a step-* name
-  fs::remove_all(tmp);
-  make_dirs(tmp);
+namespace {
 
-  SafeTensorsFile weights, optim;
-  nlohmann::json tensors = nlohmann::json::array();
-  auto add = [&](SafeTensorsFile& file, const std::string& name, const float* data, const std::vector<int64_t>& shape,
-                 size_t numel) {
-    file.tensors[name] = make_f32(data, shape);
-    tensors.push_back({{"name", name}, {"shape", shape}, {"dtype", "F32"},
-                       {"xxh3", hex64(hash64(data, numel * sizeof(float)))}});
-  };
-  for (const ParamTensor& t : gpt2_param_layout(cfg.model)) {
-    add(weights, t.name, state.params + t.offset, t.shape, t.numel);
-    add(optim, "exp_avg." + t.name, state.exp_avg + t.offset, t.shape, t.numel);
-    add(optim, "exp_avg_sq." + t.name, state.exp_avg_sq + t.offset, t.shape, t.numel);
+std::string shard_file_name(int rank, int world) { return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world); }
+std::string shard_pieces_name(int rank) { return fmt::format("shard-{:05d}.json", rank); }
+
+// SHA-256 as lowercase hex, fed piece by piece.
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  void update(const void* data, size_t bytes) { EVP_DigestUpdate(ctx_, data, bytes); }
+  std::string hex() {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_, digest, &len);
+    std::string out;
+    for (unsigned int i = 0; i < len; i++) out += fmt::format("{:02x}", digest[i]);
+    return out;
   }
-  optim.metadata["steps_taken"] = std::to_string(state.optimizer_steps);
-  write_safetensors(tmp + "/model.safetensors", weights);
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+}  // namespace
+
+std::string checkpoint_temp_dir(const std::string& run_dir, int64_t step) {
+  return fmt::format("{}/checkpoints/.step-{:08d}.tmp", run_dir, step);  // not a step-* name: never listed
+}
+
+void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& model, const CheckpointShard& shard,
+                            int64_t step) {
+  ANVIL_CHECK(shard.params.size() == shard.hi - shard.lo && shard.exp_avg.size() == shard.params.size() &&
+                  shard.exp_avg_sq.size() == shard.params.size(),
+              "checkpoint shard {} holds {} values for the range [{}, {})", shard.rank, shard.params.size(), shard.lo,
+              shard.hi);
+  SafeTensorsFile file;
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const ParamTensor& t : gpt2_param_layout(model)) {
+    const size_t a = std::max(shard.lo, t.offset), b = std::min(shard.hi, t.offset + t.numel);
+    if (a >= b) continue;
+    const std::vector<int64_t> shape = {static_cast<int64_t>(b - a)};
+    for (const auto& [prefix, values] : {std::pair<std::string, const std::vector<float>*>{"", &shard.params},
+                                         {"exp_avg.", &shard.exp_avg},
+                                         {"exp_avg_sq.", &shard.exp_avg_sq}}) {
+      const float* data = values->data() + (a - shard.lo);
+      file.tensors[prefix + t.name] = make_f32(data, shape);
+      pieces.push_back({{"name", prefix + t.name}, {"offset", a - t.offset}, {"numel", b - a},
+                        {"xxh3", hex64(hash64(data, (b - a) * sizeof(float)))}});
+    }
+  }
+  file.metadata["range"] = fmt::format("{}-{}", shard.lo, shard.hi);
+  write_safetensors(temp_dir + "/" + shard_file_name(shard.rank, shard.world), file);
   // Fault injection for the tests: die here, half-way through writing this step's checkpoint.
   if (const char* kill_at = std::getenv("ANVIL_FAULT_KILL_IN_SAVE"); kill_at && std::atoll(kill_at) == step)
     std::raise(SIGKILL);
-  write_safetensors(tmp + "/optimizer.safetensors", optim);
+  const nlohmann::json entry = {{"file", shard_file_name(shard.rank, shard.world)}, {"lo", shard.lo},
+                                {"hi", shard.hi}, {"pieces", pieces}};
+  write_file_atomic(temp_dir + "/" + shard_pieces_name(shard.rank), entry.dump() + "\n");
+}
+
+std::string finalize_checkpoint(const std::string& run_dir, int world, const TrainConfig& cfg,
+                                const CheckpointInfo& info) {
+  const std::string ckpt_root = run_dir + "/checkpoints";
+  const std::string name = fmt::format("step-{:08d}", info.step);
+  const std::string final_dir = ckpt_root + "/" + name;
+  const std::string tmp = checkpoint_temp_dir(run_dir, info.step);
+  nlohmann::json shards = nlohmann::json::array();
+  Sha256 weights;  // the parameters in flat order: shard after shard, piece after piece
+  for (int r = 0; r < world; r++) {
+    const std::string pieces_path = tmp + "/" + shard_pieces_name(r);
+    ANVIL_CHECK(fs::is_regular_file(pieces_path), "checkpoint of step {}: rank {} did not write its shard", info.step, r);
+    nlohmann::json entry = nlohmann::json::parse(read_file(pieces_path, "checkpoint shard list"));
+    const SafeTensorsFile file = read_safetensors(tmp + "/" + entry.at("file").get<std::string>());
+    for (const auto& piece : entry.at("pieces")) {
+      const std::string piece_name = piece.at("name").get<std::string>();
+      if (piece_name.rfind("exp_avg", 0) == 0) continue;
+      const SafeTensor& st = file.tensors.at(piece_name);
+      weights.update(st.data.data(), st.data.size());
+    }
+    shards.push_back(std::move(entry));
+  }
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ParamTensor& t : gpt2_param_layout(cfg.model))
+    tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}});
   const std::string config_yaml = to_yaml(cfg);
   const ModelConfig& m = cfg.model;
   nlohmann::json manifest = {
-      {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", step},
-      {"tokens_seen", tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(data_state)},
+      {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", info.step},
+      {"tokens_seen", info.tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(info.data_state)},
       {"model", {{"name", m.name}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"d_model", m.d_model},
                  {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}}},
       {"config", config_yaml}, {"config_xxh3", hex64(hash64(config_yaml.data(), config_yaml.size()))},
-      {"weights_sha256", weights_sha256(cfg.model, state.params)}, {"tensors", tensors}};
-  if (!state.grad_scales.empty()) manifest["grad_scales"] = state.grad_scales;
+      {"optimizer_steps", info.optimizer_steps}, {"weights_sha256", weights.hex()}, {"tensors", tensors},
+      {"world_size", world}, {"shards", shards}};
+  if (!info.grad_scales.empty()) manifest["grad_scales"] = info.grad_scales;
   write_file_atomic(tmp + "/manifest.json", manifest.dump(2) + "\n");
+  for (int r = 0; r < world; r++) fs::remove(tmp + "/" + shard_pieces_name(r));  // now in the manifest
   fsync_dir(tmp);
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step
   fs::rename(tmp, final_dir);
@@ -73,31 +133,76 @@ CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CheckpointWriter::save(const std::string& run_dir, int64_t step, int64_t tokens_seen, const TrainConfig& cfg,
-                            std::vector<float> params, std::vector<float> exp_avg, std::vector<float> exp_avg_sq,
-                            int64_t optimizer_steps, std::vector<int> grad_scales, std::string data_state, int keep) {
-  wait();
-  thread_ = std::thread([this, run_dir, step, tokens_seen, cfg, params = std::move(params),
-                         exp_avg = std::move(exp_avg), exp_avg_sq = std::move(exp_avg_sq), optimizer_steps,
-                         grad_scales = std::move(grad_scales), data_state = std::move(data_state), keep] {
-    try {
-      dir_ = save_checkpoint(run_dir, step, tokens_seen, cfg,
-                             {params.data(), exp_avg.data(), exp_avg_sq.data(), optimizer_steps, grad_scales},
-                             data_state);
-      prune_checkpoints(run_dir, keep);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-  });
-}
-
-std::string CheckpointWriter::wait() {
+void CheckpointWriter::join() {
   if (thread_.joinable()) thread_.join();
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
+    state_ = State::kIdle;
     std::rethrow_exception(e);
   }
+}
+
+void CheckpointWriter::save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard,
+                            CheckpointInfo info, int keep) {
+  finish();
+  run_dir_ = run_dir;
+  cfg_ = cfg;
+  info_ = std::move(info);
+  keep_ = keep;
+  const std::string tmp = checkpoint_temp_dir(run_dir, info_.step);
+  if (comm_.rank() == 0) {
+    fs::remove_all(tmp);  // left by a save of this step that was interrupted
+    make_dirs(tmp);
+  }
+  barrier(comm_);  // the directory exists before any rank writes into it
+  written_ = false;
+  state_ = State::kWriting;
+  thread_ = std::thread([this, tmp, shard = std::move(shard)] {
+    try {
+      write_checkpoint_shard(tmp, cfg_.model, shard, info_.step);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    written_ = true;
+  });
+}
+
+void CheckpointWriter::start_finalize(bool background) {
+  auto work = [this] {
+    try {
+      dir_ = finalize_checkpoint(run_dir_, comm_.size(), cfg_, info_);
+      prune_checkpoints(run_dir_, keep_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  };
+  state_ = State::kFinalizing;
+  if (background)
+    thread_ = std::thread(work);
+  else
+    work();
+}
+
+void CheckpointWriter::poll() {
+  if (state_ != State::kWriting) return;
+  // Every rank is writing the same checkpoint, so every rank takes part in this count.
+  if (sum_exact(comm_, written_ ? 1 : 0) < comm_.size()) return;
+  join();
+  if (comm_.rank() == 0)
+    start_finalize(/*background=*/true);
+  else
+    state_ = State::kIdle;
+}
+
+std::string CheckpointWriter::finish() {
+  if (state_ == State::kWriting) {
+    join();
+    barrier(comm_);  // every shard is on disk
+    if (comm_.rank() == 0) start_finalize(/*background=*/false);
+  }
+  join();
+  state_ = State::kIdle;
   return dir_;
 }
 
@@ -114,19 +219,6 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   return path;
 }
 
-// The tensor's bytes, checked against the manifest's checksum.
-const SafeTensor& verified(const SafeTensorsFile& file, const std::string& name, const std::vector<int64_t>& shape,
-                           const nlohmann::json& checksums, const std::string& dir) {
-  const auto it = file.tensors.find(name);
-  ANVIL_CHECK(it != file.tensors.end(), "checkpoint '{}' is incomplete: tensor '{}' is missing", dir, name);
-  const SafeTensor& st = it->second;
-  ANVIL_CHECK(st.shape == shape, "checkpoint '{}': tensor '{}' has the wrong shape", dir, name);
-  const auto want = checksums.find(name);
-  ANVIL_CHECK(want != checksums.end() && *want == hex64(hash64(st.data.data(), st.data.size())),
-              "checkpoint '{}' is corrupt: tensor '{}' does not match its checksum in the manifest", dir, name);
-  return st;
-}
-
 }  // namespace
 
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
@@ -136,16 +228,15 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
               "directory or a run directory with checkpoints/latest)", path);
   LoadedCheckpoint out;
   out.dir = dir;
-  nlohmann::json manifest;
-  std::map<std::string, std::string> checksums;
+  nlohmann::json manifest, shards;
   try {
     manifest = nlohmann::json::parse(read_file(manifest_path, "checkpoint manifest"));
     ANVIL_CHECK(manifest.at("format") == "anvil-checkpoint", "'{}' is not an anvil checkpoint manifest", manifest_path);
     const int version = manifest.at("version").get<int>();
     ANVIL_CHECK(version <= kCheckpointVersion, "checkpoint '{}' has format version {}, newer than this anvil reads ({}); "
                 "upgrade anvil", dir, version, kCheckpointVersion);
-    ANVIL_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}, which stacked each block's "
-                "tensors; this anvil reads version {} only", dir, version, kCheckpointVersion);
+    ANVIL_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}, from an earlier anvil; this "
+                "anvil reads version {} only", dir, version, kCheckpointVersion);
     const auto& m = manifest.at("model");
     out.config.name = m.at("name").get<std::string>();
     out.config.n_layers = m.at("n_layers").get<int>();
@@ -158,30 +249,60 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     out.data_state = manifest.at("data_state").dump();
     out.config_yaml = manifest.at("config").get<std::string>();
     if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
-    for (const auto& entry : manifest.at("tensors"))
-      checksums[entry.at("name").get<std::string>()] = entry.at("xxh3").get<std::string>();
+    out.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
+    shards = manifest.at("shards");
   } catch (const nlohmann::json::exception& e) {
     ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
   }
-  const nlohmann::json sums(checksums);
+  std::map<std::string, const ParamTensor*> by_name;
   const std::vector<ParamTensor> layout = gpt2_param_layout(out.config);
+  for (const ParamTensor& t : layout) by_name[t.name] = &t;
   const size_t n = gpt2_num_params(out.config);
-  const SafeTensorsFile weights = read_safetensors(dir + "/model.safetensors");
-  out.params.resize(n);
-  for (const ParamTensor& t : layout)
-    std::copy_n(verified(weights, t.name, t.shape, sums, dir).f32(), t.numel, out.params.data() + t.offset);
-  if (!with_optimizer) return out;
-  const SafeTensorsFile optim = read_safetensors(dir + "/optimizer.safetensors");
-  out.exp_avg.resize(n);
-  out.exp_avg_sq.resize(n);
-  for (const ParamTensor& t : layout) {
-    std::copy_n(verified(optim, "exp_avg." + t.name, t.shape, sums, dir).f32(), t.numel, out.exp_avg.data() + t.offset);
-    std::copy_n(verified(optim, "exp_avg_sq." + t.name, t.shape, sums, dir).f32(), t.numel,
-                out.exp_avg_sq.data() + t.offset);
+  out.params.assign(n, 0.0f);
+  if (with_optimizer) {
+    out.exp_avg.assign(n, 0.0f);
+    out.exp_avg_sq.assign(n, 0.0f);
   }
-  const auto steps = optim.metadata.find("steps_taken");
-  ANVIL_CHECK(steps != optim.metadata.end(), "checkpoint '{}': optimizer.safetensors has no steps_taken", dir);
-  out.optimizer_steps = std::stoll(steps->second);
+  // The shards must tile the flat range [0, n) in order; every piece is checked against its
+  // checksum and copied to its place in the whole tensor.
+  size_t covered = 0;
+  try {
+    for (const auto& shard : shards) {
+      const std::string file_name = shard.at("file").get<std::string>();
+      const size_t lo = shard.at("lo").get<size_t>(), hi = shard.at("hi").get<size_t>();
+      ANVIL_CHECK(lo == covered && hi >= lo && hi <= n, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
+                  "start at {} within {} parameters", dir, file_name, lo, hi, covered, n);
+      covered = hi;
+      ANVIL_CHECK(fs::is_regular_file(dir + "/" + file_name), "checkpoint '{}' is incomplete: shard file '{}' is "
+                  "missing (the manifest lists {} shards)", dir, file_name, shards.size());
+      const SafeTensorsFile file = read_safetensors(dir + "/" + file_name);
+      for (const auto& piece : shard.at("pieces")) {
+        const std::string name = piece.at("name").get<std::string>();
+        const bool avg = name.rfind("exp_avg.", 0) == 0, avg_sq = name.rfind("exp_avg_sq.", 0) == 0;
+        const std::string tensor = name.substr(avg ? 8 : avg_sq ? 11 : 0);
+        const auto t = by_name.find(tensor);
+        ANVIL_CHECK(t != by_name.end(), "checkpoint '{}': shard '{}' holds '{}', which the model has no tensor for",
+                    dir, file_name, name);
+        if ((avg || avg_sq) && !with_optimizer) continue;
+        const size_t offset = piece.at("offset").get<size_t>(), numel = piece.at("numel").get<size_t>();
+        ANVIL_CHECK(offset + numel <= t->second->numel, "checkpoint '{}': piece '{}' of shard '{}' lies outside the "
+                    "tensor", dir, name, file_name);
+        const auto st = file.tensors.find(name);
+        ANVIL_CHECK(st != file.tensors.end(), "checkpoint '{}' is incomplete: shard '{}' has no tensor '{}'", dir,
+                    file_name, name);
+        ANVIL_CHECK(st->second.shape == std::vector<int64_t>{static_cast<int64_t>(numel)}, "checkpoint '{}': tensor "
+                    "'{}' of shard '{}' has the wrong shape", dir, name, file_name);
+        ANVIL_CHECK(piece.at("xxh3").get<std::string>() == hex64(hash64(st->second.data.data(), st->second.data.size())),
+                    "checkpoint '{}' is corrupt: tensor '{}' of shard '{}' does not match its checksum in the manifest",
+                    dir, name, file_name);
+        std::vector<float>& whole = avg ? out.exp_avg : avg_sq ? out.exp_avg_sq : out.params;
+        std::copy_n(st->second.f32(), numel, whole.data() + t->second->offset + offset);
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
+  }
+  ANVIL_CHECK(covered == n, "checkpoint '{}': its shards cover {} of the model's {} parameters", dir, covered, n);
   return out;
 }
 
@@ -211,16 +332,9 @@ void prune_checkpoints(const std::string& run_dir, int keep) {
 }
 
 std::string weights_sha256(const ModelConfig& cfg, const float* params) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  for (const ParamTensor& t : gpt2_param_layout(cfg)) EVP_DigestUpdate(ctx, params + t.offset, t.numel * sizeof(float));
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, digest, &len);
-  EVP_MD_CTX_free(ctx);
-  std::string hex;
-  for (unsigned int i = 0; i < len; i++) hex += fmt::format("{:02x}", digest[i]);
-  return hex;
+  Sha256 sha;
+  for (const ParamTensor& t : gpt2_param_layout(cfg)) sha.update(params + t.offset, t.numel * sizeof(float));
+  return sha.hex();
 }
 
 }  // namespace anvil

@@ -1,54 +1,84 @@
-// Checkpoint directories: run_dir/checkpoints/step-NNNNNNNN/ holding manifest.json,
-// model.safetensors and optimizer.safetensors, written under a temporary name, fsynced and
-// renamed, with checkpoints/latest (the directory's name) written last. The manifest records the
-// format version, the resolved config and its hash, the step, tokens seen, the data loader's
-// state, the model shape and every tensor's shape and xxh3-64 checksum. A directory under its
-// final name is complete; loading verifies every checksum.
+// Checkpoint directories: run_dir/checkpoints/step-NNNNNNNN/ holding manifest.json and one
+// safetensors file per rank's shard, written under a temporary name, fsynced and renamed, with
+// checkpoints/latest (the directory's name) written last. The manifest records the format
+// version, the resolved config and its hash, the step, tokens seen, the data loader's state, the
+// model shape, every tensor's logical shape, the shard layout with every piece's xxh3-64
+// checksum, and a SHA-256 of the weights. A directory under its final name is complete; loading
+// verifies every checksum and reassembles whole tensors, so any world size and ZeRO stage can
+// load what any other saved (docs/formats.md).
 #pragma once
 #include <cstdint>
+#include <atomic>
 #include <exception>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "config/train_config.h"
+#include "dist/communicator.h"
 #include "model/gpt2.h"
 
 namespace anvil {
 
-constexpr int kCheckpointVersion = 2;
+constexpr int kCheckpointVersion = 3;
 
-// The full training state to save: flat arrays in gpt2_param_layout order.
-struct CheckpointState {
-  const float* params = nullptr;
-  const float* exp_avg = nullptr;
-  const float* exp_avg_sq = nullptr;
-  int64_t optimizer_steps = 0;
-  // Deterministic training's fixed-point gradient scales, one per tensor (empty: not deterministic).
-  std::vector<int> grad_scales;
+// One rank's part of the training state: the flat range [lo, hi) (gpt2_param_layout order) of
+// the parameters and both AdamW moments. Rank r of W saves the r-th of W even ranges, which is
+// its ZeRO shard; under ZeRO-0 it is still only that range, so every rank writes 1/W.
+struct CheckpointShard {
+  int rank = 0, world = 1;
+  size_t lo = 0, hi = 0;
+  std::vector<float> params, exp_avg, exp_avg_sq;  // hi - lo values each
 };
 
-// data_state: the train loader's DataState as JSON (where the data order stands). Returns the
-// checkpoint directory.
-std::string save_checkpoint(const std::string& run_dir, int64_t step, int64_t tokens_seen,
-                            const TrainConfig& cfg, const CheckpointState& state, const std::string& data_state);
+// What the manifest records besides the tensors.
+struct CheckpointInfo {
+  int64_t step = 0, tokens_seen = 0, optimizer_steps = 0;
+  std::vector<int> grad_scales;  // deterministic runs: the fixed-point gradient scales (else empty)
+  std::string data_state;        // the train loader's DataState as JSON
+};
 
-// Saves on a background thread from its own copy of the state, so that training stalls only for
-// the copy, then prunes the run's checkpoints to the newest `keep` (-1: all). One save at a
-// time: a new save (or wait) first finishes the previous one.
+// The steps of a save, which CheckpointWriter runs on every rank:
+// run_dir/checkpoints/.step-NNNNNNNN.tmp, where the shards are written before the rename.
+std::string checkpoint_temp_dir(const std::string& run_dir, int64_t step);
+// This rank's shard-RRRRR-of-WWWWW.safetensors (pieces of the tensors it covers, 1-D, named as in
+// the model, exp_avg.NAME, exp_avg_sq.NAME) and shard-RRRRR.json (each piece's offset, length
+// and checksum), each written and fsynced.
+void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& model, const CheckpointShard& shard,
+                            int64_t step);
+// Rank 0, once every shard is written: the manifest (with the weights' digest, read back from the
+// shards), fsync, rename to step-NNNNNNNN, then `latest`. Returns the checkpoint directory.
+std::string finalize_checkpoint(const std::string& run_dir, int world, const TrainConfig& cfg,
+                                const CheckpointInfo& info);
+
+// Asynchronous saves. Every rank calls save at the same step with its own shard (a copy: training
+// waits for nothing more) and poll after every step; the shards are written on background
+// threads, and once all are, rank 0 completes the checkpoint on its own background thread and
+// prunes the run's checkpoints to the newest `keep` (-1: all). A pending save makes poll a small
+// collective; finish (or the next save) completes it. Errors are rethrown there.
 class CheckpointWriter {
  public:
+  explicit CheckpointWriter(Communicator& comm) : comm_(comm) {}
   ~CheckpointWriter();
-  void save(const std::string& run_dir, int64_t step, int64_t tokens_seen, const TrainConfig& cfg,
-            std::vector<float> params, std::vector<float> exp_avg, std::vector<float> exp_avg_sq,
-            int64_t optimizer_steps, std::vector<int> grad_scales, std::string data_state, int keep);
-  // Waits for the save in flight; returns its directory and rethrows its error.
-  std::string wait();
+  void save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard, CheckpointInfo info, int keep);
+  void poll();
+  // Returns the directory of the last checkpoint completed (on rank 0; empty on the others).
+  std::string finish();
 
  private:
+  enum class State { kIdle, kWriting, kFinalizing };
+  void join();
+  void start_finalize(bool background);
+
+  Communicator& comm_;
+  State state_ = State::kIdle;
   std::thread thread_;
-  std::string dir_;
+  std::atomic<bool> written_{false};
   std::exception_ptr error_;
+  std::string run_dir_, dir_;
+  TrainConfig cfg_;
+  CheckpointInfo info_;
+  int keep_ = -1;
 };
 
 struct LoadedCheckpoint {

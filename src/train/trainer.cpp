@@ -248,14 +248,15 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   };
 
   int64_t tokens_seen = start_tokens;
-  CheckpointWriter checkpoints;
+  CheckpointWriter checkpoints(comm);
   auto save = [&](int64_t at_step) {
-    std::vector<float> params, exp_avg, exp_avg_sq;
-    dp.gather_full_state(params, exp_avg, exp_avg_sq);  // the copy training waits for
-    if (writer)
-      checkpoints.save(cfg.run_dir, at_step, tokens_seen, cfg, std::move(params), std::move(exp_avg),
-                       std::move(exp_avg_sq), dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
-                       cfg.save_num_checkpoints_to_keep);
+    CheckpointShard shard;
+    shard.rank = rank;
+    shard.world = W;
+    dp.copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
+    checkpoints.save(cfg.run_dir, cfg, std::move(shard),
+                     {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json()},
+                     cfg.save_num_checkpoints_to_keep);
   };
 
   if (cfg.eval_first && start_step == 0) run_eval(0);
@@ -288,6 +289,8 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     if ((t + 1) % save_every == 0 || t + 1 == total_steps) {
       save(t + 1);
       saved_step = t + 1;
+    } else {
+      checkpoints.poll();  // completes a save in flight once every rank has written its shard
     }
   }
   if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
@@ -298,8 +301,8 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   run_eval(total_steps);
   summary.steps = total_steps;
   if (saved_step != total_steps) save(total_steps);  // a resumed run that had nothing left to do
+  summary.checkpoint = checkpoints.finish();
   if (writer) {
-    summary.checkpoint = checkpoints.wait();
     log_info("checkpoint: {}", summary.checkpoint);
     std::fclose(metrics);
     log_close_file();

@@ -2,6 +2,7 @@
 #include "dist/data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -232,6 +233,8 @@ bool DataParallel::finish_backward() {
   for (size_t k = 0; k < K; k++) {
     float m = 0.0f;
     for (int r = 0; r < comm_.size(); r++) m = std::max(m, all[r * K + k]);
+    ANVIL_CHECK(std::isfinite(m), "step {}: the gradient of '{}' is not finite (diverged); lower optimizer.lr or "
+                "enable algorithms.gradient_clipping", optimizer_.steps_taken() + 1, tensors_[k].name);
     fits = fits && fixed_point_fits(m, scale_[k], opt_.global_batch);
     if (m > 0.0f) next[k] = fixed_point_scale(m, opt_.global_batch);
   }

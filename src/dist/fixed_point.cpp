@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/vec_math.h"
@@ -37,7 +38,8 @@ ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double
   float m = 0.0f;
 #pragma omp simd reduction(max : m)
   for (size_t i = 0; i < n; i++) {
-    m = std::max(m, std::fabs(x[i]));
+    const float a = std::fabs(x[i]);
+    m = std::max(m, a == a ? a : std::numeric_limits<float>::infinity());
     acc[i] = fixed_point_add(acc[i], round_scaled(x[i], scale));
     x[i] = 0.0f;
   }

@@ -23,7 +23,8 @@ inline int64_t fixed_point_add(int64_t a, int64_t b) {
 }
 
 // acc[i] += round(x[i] · 2^s) (to nearest, ties to even), then x[i] = 0, for i < n. Returns
-// max |x[i]| (as it was). Exact while |x[i]| · 2^s < 2^51; callers check the returned maximum
+// max |x[i]| (as it was; infinity when any x[i] is NaN, so that a non-finite gradient is never
+// lost in the maximum). Exact while |x[i]| · 2^s < 2^51; callers check the returned maximum
 // against fixed_point_fits before trusting acc.
 float fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s);
 // out[i] = acc[i] · 2^-s, rounded to float.

@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <new>
 
 #include <omp.h>
 
 #include "compare.h"
 #include "config/train_config.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "train/step.h"
 
@@ -100,6 +102,26 @@ TEST(TrainStep, OverflowedStepRunsAgain) {
   EXPECT_TRUE(train_steps(1, 3, true, 80) == forced);
   const std::vector<float> normal = train_steps(4, 3);
   EXPECT_TRUE(testing::rel_norm_close(forced.data(), normal.data(), normal.size(), testing::kFp32RelNorm));
+}
+
+// A NaN weight makes NaN gradients: the step stops with an error naming a tensor, rather than
+// losing the NaN in the gradient maximum or taking it for a fixed-point overflow.
+TEST(TrainStep, NonFiniteGradientIsAnError) {
+  TrainConfig c = small_config(2);
+  Gpt2 model(c.model, 2, c.max_seq_len);
+  model.init_weights(1);
+  model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
+  auto comm = make_communicator();
+  DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+  Batch b(c);
+  try {
+    step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
+    ADD_FAILURE() << "a NaN weight trained without an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 1: the gradient of '"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
+  }
 }
 
 // deterministic_mode: false sums in fp32: the same math, equal to fp32 rounding only.

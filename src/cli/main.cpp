@@ -96,10 +96,11 @@ Reads standard input and prints its GPT-2 token ids, one per line. With --decode
 
 constexpr const char* kInspectHelp = R"(usage: anvil inspect CHECKPOINT
 
-CHECKPOINT: a checkpoint directory, or a run directory (its checkpoints/latest). Verifies every
-tensor's checksum and prints the step, tokens seen, model, where the data order stands, and the
-SHA-256 of the weights (every parameter's float32 bytes in layout order): two checkpoints with the
-same digest hold bit-identical weights, whatever world size or ZeRO stage trained them.
+CHECKPOINT: a checkpoint directory, or a run directory (its checkpoints/latest). Reassembles the
+tensors from the shard files, verifies every checksum, and prints the step, tokens seen, number of
+shards, model, where the data order stands, and the SHA-256 of the weights (every parameter's
+float32 bytes in layout order): two checkpoints with the same digest hold bit-identical weights,
+whatever world size or ZeRO stage trained them.
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
@@ -345,6 +346,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   const ModelConfig& m = c.config;
   std::printf("checkpoint:     %s\n", c.dir.c_str());
   std::printf("format:         anvil-checkpoint version %d, every tensor's checksum verified\n", kCheckpointVersion);
+  std::printf("shards:         %d, one per rank of the run that saved it\n", c.saved_world_size);
   std::printf("step:           %lld (%lld tokens seen; optimizer steps %lld)\n", static_cast<long long>(c.step),
               static_cast<long long>(c.tokens_seen), static_cast<long long>(c.optimizer_steps));
   std::printf("model:          %s, %d layers, %d heads, d_model %d, vocab %d, max_seq_len %d, %zu parameters\n",

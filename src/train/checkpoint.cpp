@@ -229,6 +229,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   LoadedCheckpoint out;
   out.dir = dir;
   nlohmann::json manifest, shards;
+  std::string want_sha256;
   try {
     manifest = nlohmann::json::parse(read_file(manifest_path, "checkpoint manifest"));
     ANVIL_CHECK(manifest.at("format") == "anvil-checkpoint", "'{}' is not an anvil checkpoint manifest", manifest_path);
@@ -251,6 +252,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
     out.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
     shards = manifest.at("shards");
+    out.saved_world_size = manifest.at("world_size").get<int>();
+    want_sha256 = manifest.at("weights_sha256").get<std::string>();
+    ANVIL_CHECK(shards.size() == static_cast<size_t>(out.saved_world_size), "checkpoint '{}' lists {} shards, but "
+                "was saved by {} ranks (one shard each)", dir, shards.size(), out.saved_world_size);
   } catch (const nlohmann::json::exception& e) {
     ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
   }
@@ -303,6 +308,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
   }
   ANVIL_CHECK(covered == n, "checkpoint '{}': its shards cover {} of the model's {} parameters", dir, covered, n);
+  ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == want_sha256, "checkpoint '{}' is corrupt: the weights "
+              "reassembled from its shards do not match the manifest's weights_sha256", dir);
   return out;
 }
 

@@ -92,11 +92,13 @@ struct LoadedCheckpoint {
   std::vector<float> exp_avg, exp_avg_sq;
   int64_t optimizer_steps = 0;
   std::vector<int> grad_scales;  // empty when the run that saved it was not deterministic
+  int saved_world_size = 1;      // the number of ranks that saved it: one shard file each
 };
 
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one
-// `latest` names). Verifies the format version and every tensor's checksum; a damaged or
-// incomplete checkpoint is an error naming what is wrong.
+// `latest` names). Verifies the format version, every piece's checksum, that the shards tile the
+// parameters, and the reassembled weights against the manifest's SHA-256; a damaged or incomplete
+// checkpoint is an error naming what is wrong.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer);
 
 // The complete checkpoint directories (step-*) of a run, newest first. Temporary directories of

@@ -90,12 +90,14 @@ expect_error "empty corpus" "the input is empty" "$anvil" data prepare --out "$t
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
 expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
 cp -r "$tmp/run" "$tmp/run-truncated"
-weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/model.safetensors
+weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/shard-00000-of-00001.safetensors
 truncate -s $(( $(stat -c %s "$weights") / 2 )) "$weights"
 expect_error "truncated checkpoint" "is truncated" "$anvil" generate "$tmp/run-truncated" --prompt x
 cp -r "$tmp/run" "$tmp/run-corrupt"
 ckpt=$(ls -d "$tmp"/run-corrupt/checkpoints/step-*)
-printf '\x01' | dd of="$ckpt/model.safetensors" bs=1 seek=4096 conv=notrunc 2>/dev/null
+# A byte of the last tensor, the weights' wte (tensors are stored in name order).
+shard="$ckpt/shard-00000-of-00001.safetensors"
+printf '\x01' | dd of="$shard" bs=1 seek=$(( $(stat -c %s "$shard") - 100 )) conv=notrunc 2>/dev/null
 expect_error "corrupt checkpoint" "does not match its checksum" "$anvil" generate "$tmp/run-corrupt" --prompt x
 sed -i 's/"version": [0-9]*/"version": 99/' "$ckpt/manifest.json"
 expect_error "newer checkpoint" "format version 99, newer than this anvil reads" "$anvil" generate "$tmp/run-corrupt" --prompt x

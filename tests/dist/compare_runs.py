@@ -37,15 +37,22 @@ def digest(run):
 
 
 def weights(run):
-    with open(os.path.join(latest(run), "model.safetensors"), "rb") as f:
-        data = f.read()
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_len])
-    body = data[8 + header_len:]
+    """The parameters in flat order, from the shard files the manifest lists (moments skipped)."""
+    ckpt = latest(run)
+    with open(os.path.join(ckpt, "manifest.json")) as f:
+        manifest = json.load(f)
     parts = []
-    for key in sorted(k for k in header if k != "__metadata__"):
-        a, b = header[key]["data_offsets"]
-        parts.append(np.frombuffer(body[a:b], dtype=np.float32))
+    for shard in manifest["shards"]:
+        with open(os.path.join(ckpt, shard["file"]), "rb") as f:
+            data = f.read()
+        (header_len,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8:8 + header_len])
+        body = data[8 + header_len:]
+        for piece in shard["pieces"]:
+            if piece["name"].startswith("exp_avg"):
+                continue
+            a, b = header[piece["name"]]["data_offsets"]
+            parts.append(np.frombuffer(body[a:b], dtype=np.float32))
     return np.concatenate(parts).astype(np.float64)
 
 

@@ -7,8 +7,8 @@
 #   load_path: the uninterrupted one-rank run's losses and weight digest, bit for bit;
 # - SIGKILL half-way through writing a checkpoint, then autoresume: the previous checkpoint is
 #   used and the final digest is still the same;
-# - a corrupt newest checkpoint is reported and skipped by autoresume; corrupt, truncated and
-#   newer-format checkpoints given by load_path are one-line errors.
+# - a corrupt newest checkpoint is reported and skipped by autoresume; truncated, newer-format
+#   checkpoints and one missing a rank's shard file, given by load_path, are one-line errors.
 # Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -86,7 +86,8 @@ grep -q "resumed from .*step-00000005" "$tmp/killed.out" && [ "$got" = "$want" ]
 
 # A corrupt newest checkpoint: autoresume reports it and falls back to the one before.
 run corrupt 1 max_duration=10ba || fail "run to 10"
-printf '\x01' | dd of="$tmp/corrupt/checkpoints/step-00000010/model.safetensors" bs=1 seek=2000 conv=notrunc 2>/dev/null
+shard="$tmp/corrupt/checkpoints/step-00000010/shard-00000-of-00001.safetensors"  # a byte of wte, stored last:
+printf '\x01' | dd of="$shard" bs=1 seek=$(( $(stat -c %s "$shard") - 2000 )) conv=notrunc 2>/dev/null
 run corrupt 1 autoresume=true || { fail "autoresume past a corrupt checkpoint"; tail "$tmp/corrupt.out"; }
 got=$(digest "$tmp/corrupt")
 grep -q "autoresume: skipping .*step-00000010.*does not match its checksum" "$tmp/corrupt.out" \
@@ -102,10 +103,12 @@ expect_error() {
   else fail "$name: exit $rc: $(cat "$tmp/err")"; fi
 }
 bad="$tmp/bad"; cp -r "$tmp/full/checkpoints/step-00000020" "$bad"
-truncate -s 1000 "$bad/optimizer.safetensors"
-expect_error "truncated checkpoint" "optimizer.safetensors" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t1" load_path="$bad"
-cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad2"; rm "$tmp/bad2/model.safetensors"
-expect_error "missing tensor file" "model.safetensors" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t2" load_path="$tmp/bad2"
+truncate -s 1000 "$bad/shard-00000-of-00001.safetensors"
+expect_error "truncated checkpoint" "shard-00000-of-00001.safetensors.* is truncated" \
+  "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t1" load_path="$bad"
+cp -r "$tmp/w2/checkpoints/step-00000007" "$tmp/bad2"; rm "$tmp/bad2/shard-00001-of-00002.safetensors"
+expect_error "missing shard" "shard file 'shard-00001-of-00002.safetensors' is missing" \
+  "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t2" load_path="$tmp/bad2"
 cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad3"; sed -i 's/"version": [0-9]*/"version": 99/' "$tmp/bad3/manifest.json"
 expect_error "newer format" "format version 99, newer than this anvil reads" "$anvil" inspect "$tmp/bad3"
 expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/full"

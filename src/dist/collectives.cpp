@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "dist/fixed_point.h"
 
@@ -126,20 +127,6 @@ void recursive_doubling(Communicator& comm, T* data, size_t n) {
   if (r < extra) exchange(comm, data, bytes, r + p, nullptr, 0, -1, kTagRecursive, op);
 }
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 template <typename T>
 std::vector<T> all_gather_pod(Communicator& comm, T value) {
   std::vector<T> all(comm.size());
@@ -234,7 +221,7 @@ void all_reduce_bf16(Communicator& comm, float* data, float* error, size_t n) {
   const int W = comm.size(), r = comm.rank();
   for (size_t i = 0; i < n; i++) {
     const float x = data[i] + error[i];
-    const float q = from_bf16(to_bf16(x));
+    const float q = bf16_to_float(float_to_bf16(x));
     error[i] = x - q;
     data[i] = q;
   }
@@ -251,17 +238,17 @@ void all_reduce_bf16(Communicator& comm, float* data, float* error, size_t n) {
   // Reduce-scatter: partial sums travel as bf16 and are added in fp32.
   for (int s = 0; s < W - 1; s++) {
     const int send_seg = mod(r - s - 1, W), recv_seg = mod(r - s - 2, W);
-    for (size_t i = 0; i < counts[send_seg]; i++) out[i] = to_bf16(data[off[send_seg] + i]);
+    for (size_t i = 0; i < counts[send_seg]; i++) out[i] = float_to_bf16(data[off[send_seg] + i]);
     exchange(comm, out, counts[send_seg] * 2, right, in, counts[recv_seg] * 2, left, kTagBf16, op);
-    for (size_t i = 0; i < counts[recv_seg]; i++) data[off[recv_seg] + i] += from_bf16(in[i]);
+    for (size_t i = 0; i < counts[recv_seg]; i++) data[off[recv_seg] + i] += bf16_to_float(in[i]);
   }
   // All-gather of the rounded sums, so every rank (this one included) holds the same values.
   uint16_t* all = wire.data() + seg;
-  for (size_t i = 0; i < counts[r]; i++) all[off[r] + i] = to_bf16(data[off[r] + i]);
+  for (size_t i = 0; i < counts[r]; i++) all[off[r] + i] = float_to_bf16(data[off[r] + i]);
   std::vector<size_t> bytes(counts);
   for (size_t& b : bytes) b *= 2;
   ring_all_gather_bytes(comm, reinterpret_cast<char*>(all), bytes, op);
-  for (size_t i = 0; i < n; i++) data[i] = from_bf16(all[i]);
+  for (size_t i = 0; i < n; i++) data[i] = bf16_to_float(all[i]);
 }
 
 std::vector<double> all_gather_values(Communicator& comm, double value) { return all_gather_pod(comm, value); }

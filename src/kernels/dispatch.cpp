@@ -8,6 +8,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/round.h"
 
 namespace anvil {
 namespace {
@@ -55,6 +56,7 @@ void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_fo
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
   ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N);
 }
+void round_to_dtype(float* x, long N, ComputeDtype d) { ANVIL_DISPATCH(round_to_dtype, x, N, d); }
 void residual_forward(float* out, const float* a, const float* b, long N) {
   ANVIL_DISPATCH(residual_forward, out, a, b, N);
 }

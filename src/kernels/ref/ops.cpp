@@ -10,6 +10,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/round.h"
 
 namespace anvil::ref {
 
@@ -272,6 +273,13 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
   std::vector<float> lse(N);
   crossentropy_forward(losses, lse.data(), logits, targets, N, V);
   crossentropy_backward(dlogits, logits, lse.data(), targets, dloss, N, V);  // element-wise: aliasing is safe
+}
+
+void round_to_dtype(float* x, long N, ComputeDtype d) {
+  for (long i = 0; i < N; i++) {
+    if (d == ComputeDtype::kBf16) x[i] = bf16_to_float(float_to_bf16(x[i]));
+    if (d == ComputeDtype::kFp16) x[i] = fp16_to_float(float_to_fp16(x[i]));
+  }
 }
 
 }  // namespace anvil::ref

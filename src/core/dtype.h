@@ -1,0 +1,24 @@
+// 16-bit floating-point formats: scalar conversions, exact and round-to-nearest-even, the
+// specification that vectorised kernels and the wire formats are tested against.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace anvil {
+
+// What matrix products compute in (the `precision` config key): fp32, or fp32 values rounded to
+// bfloat16 or IEEE half at the inputs and outputs of every matrix product (docs/precision.md).
+enum class ComputeDtype { kFp32, kBf16, kFp16 };
+// "fp32", "amp_bf16", "amp_fp16".
+ComputeDtype parse_precision(const std::string& precision);
+const char* dtype_name(ComputeDtype d);
+
+// bfloat16: the top 16 bits of a float, rounded to nearest even; NaN stays NaN.
+uint16_t float_to_bf16(float f);
+float bf16_to_float(uint16_t h);
+// IEEE binary16, rounded to nearest even: |f| >= 65520 becomes infinity, values below 2^-14
+// become subnormal (multiples of 2^-24) or zero; NaN stays NaN.
+uint16_t float_to_fp16(float f);
+float fp16_to_float(uint16_t h);
+
+}  // namespace anvil

@@ -18,6 +18,9 @@ constexpr Tolerance kFp32Elementwise{1e-6, 1e-5};
 constexpr Tolerance kFp32Reduction{1e-5, 1e-4};
 // Relative norm error ||x - ref|| / ||ref||, for matmuls and whole-model comparisons.
 constexpr double kFp32RelNorm = 1e-5;
+// A model trained a few steps with 16-bit matrix products against fp32: bf16 rounds each operand
+// to 8 significant bits (relative 2^-9 ≈ 2e-3); errors of that size over a few steps.
+constexpr double kBf16RelNorm = 1e-2;
 
 inline ::testing::AssertionResult all_close(const float* got, const float* want, size_t n,
                                             Tolerance tol) {

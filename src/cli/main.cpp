@@ -219,6 +219,8 @@ int cmd_train(const std::vector<std::string>& args) {
     std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
                 static_cast<long long>(s.steps));
   std::printf("final train loss: %.4f\ncheckpoint: %s\n", s.final_train_loss, s.checkpoint.c_str());
+  if (cfg.precision == "amp_fp16")
+    std::printf("skipped steps (fp16 overflow): %lld\n", static_cast<long long>(s.skipped_steps));
   return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -305,6 +306,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   top.get("device_eval_batch_size", c.device_eval_batch_size);
   top.get("precision", c.precision);
+  {
+    MapReader l = top.sub("loss_scaler");
+    l.get("init_scale", c.loss_scaler.init_scale);
+    l.get("growth_interval", c.loss_scaler.growth_interval);
+    l.get("hysteresis", c.loss_scaler.hysteresis);
+    l.get("min_scale", c.loss_scaler.min_scale);
+    l.finish();
+  }
   top.get_duration("console_log_interval", c.console_log_interval);
   top.get_duration("save_interval", c.save_interval);
   top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
@@ -398,9 +407,19 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "{}: console_log_interval must be a positive number of batches (e.g. 1ba)", path);
   ANVIL_CHECK(c.eval_subset_num_batches == -1 || c.eval_subset_num_batches > 0,
               "{}: eval_subset_num_batches must be -1 (all) or positive", path);
-  if (c.precision == "amp_bf16" || c.precision == "amp_fp16")
-    ANVIL_FAIL("{}: precision '{}' is not supported yet; use fp32", path, c.precision);
-  ANVIL_CHECK(c.precision == "fp32", "{}: precision '{}' is not valid: expected fp32", path, c.precision);
+  ANVIL_CHECK(c.precision == "fp32" || c.precision == "amp_bf16" || c.precision == "amp_fp16",
+              "{}: precision '{}' is not valid: expected fp32, amp_bf16 or amp_fp16", path, c.precision);
+  auto power_of_two = [](double x) {
+    int e = 0;
+    return x > 0 && std::frexp(x, &e) == 0.5;
+  };
+  const LossScalerConfig& ls = c.loss_scaler;
+  ANVIL_CHECK(power_of_two(ls.init_scale) && ls.init_scale <= 0x1p60 && power_of_two(ls.min_scale) &&
+                  ls.min_scale <= ls.init_scale,
+              "{}: loss_scaler.init_scale ({}) and min_scale ({}) must be powers of two, min_scale <= init_scale "
+              "<= 2^60", path, ls.init_scale, ls.min_scale);
+  ANVIL_CHECK(ls.growth_interval > 0 && ls.hysteresis > 0, "{}: loss_scaler.growth_interval ({}) and hysteresis ({}) "
+              "must be positive", path, ls.growth_interval, ls.hysteresis);
   ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "ref", "{}: kernels '{}' is not valid: expected 'cpu' or 'ref'", path, c.kernels);
   ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}", path, c.dist_timeout);
   ANVIL_CHECK(c.distributed.zero_stage >= 0 && c.distributed.zero_stage <= 3,
@@ -503,6 +522,12 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "device_train_microbatch_size" << YAML::Value << c.device_train_microbatch_size;
   e << YAML::Key << "device_eval_batch_size" << YAML::Value << c.device_eval_batch_size;
   e << YAML::Key << "precision" << YAML::Value << c.precision;
+  e << YAML::Key << "loss_scaler" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "init_scale" << YAML::Value << c.loss_scaler.init_scale;
+  e << YAML::Key << "growth_interval" << YAML::Value << c.loss_scaler.growth_interval;
+  e << YAML::Key << "hysteresis" << YAML::Value << c.loss_scaler.hysteresis;
+  e << YAML::Key << "min_scale" << YAML::Value << c.loss_scaler.min_scale;
+  e << YAML::EndMap;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
   e << YAML::Key << "kernels" << YAML::Value << c.kernels;
   e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;

@@ -78,6 +78,17 @@ struct DistributedConfig {
   std::string grad_compression = "none"; // none | bf16 (zero_stage 0)
 };
 
+// amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is
+// multiplied by the scale, a power of two; a step whose gradients overflow is skipped, and after
+// `hysteresis` such steps in a row the scale halves (never below min_scale); after
+// growth_interval steps without overflow it doubles.
+struct LossScalerConfig {
+  double init_scale = 65536.0;
+  int growth_interval = 2000;
+  int hysteresis = 2;
+  double min_scale = 1.0;
+};
+
 struct TrainConfig {
   std::string run_dir;
   std::string run_name;
@@ -96,7 +107,10 @@ struct TrainConfig {
   int global_train_batch_size = 0;
   int device_train_microbatch_size = 0;  // 0: the whole device batch
   int device_eval_batch_size = 0;        // 0: the microbatch size
+  // LLM Foundry's keys: fp32, amp_bf16 or amp_fp16 (16-bit matrix products, fp32 master weights,
+  // accumulation and optimizer; docs/precision.md).
   std::string precision = "fp32";
+  LossScalerConfig loss_scaler;  // amp_fp16's dynamic loss scaling
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
   std::string kernels = "cpu";  // anvil: "cpu" (fast) or "ref" (the reference ops)
   DistributedConfig distributed;

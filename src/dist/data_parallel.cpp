@@ -218,9 +218,30 @@ void DataParallel::begin_step() {
 
 void DataParallel::begin_microbatch(bool last) { last_microbatch_ = last; }
 
-bool DataParallel::finish_backward() {
+void DataParallel::set_loss_scale(double scale) {
+  int e = 0;
+  ANVIL_CHECK(std::frexp(scale, &e) == 0.5, "loss scale {} is not a power of two", scale);
+  loss_scale_ = scale;
+  loss_scale_log2_ = e - 1;
+}
+
+DataParallel::Backward DataParallel::finish_backward() {
   thread_.wait_all();
-  if (!opt_.deterministic) return true;
+  if (!opt_.deterministic) {
+    if (loss_scale_ == 1.0) return Backward::kDone;
+    // Unscale what the optimizer will read (all of it under ZeRO-0, where clipping reads it all),
+    // and agree on whether any of it is not finite.
+    float* g = opt_.zero_stage == 0 ? model_.grads() : owned_grads();
+    const size_t n = opt_.zero_stage == 0 ? n_ : hi_ - lo_;
+    const float inverse = static_cast<float>(1.0 / loss_scale_);
+    int bad = 0;
+#pragma omp parallel for simd reduction(| : bad)
+    for (size_t i = 0; i < n; i++) {
+      g[i] *= inverse;
+      bad |= !std::isfinite(g[i]);
+    }
+    return sum_exact(comm_, bad) > 0 ? Backward::kOverflow : Backward::kDone;
+  }
   // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
   // everywhere (a maximum is exact).
   const size_t K = tensors_.size();
@@ -233,8 +254,11 @@ bool DataParallel::finish_backward() {
   for (size_t k = 0; k < K; k++) {
     float m = 0.0f;
     for (int r = 0; r < comm_.size(); r++) m = std::max(m, all[r * K + k]);
-    ANVIL_CHECK(std::isfinite(m), "step {}: the gradient of '{}' is not finite (diverged); lower optimizer.lr or "
-                "enable algorithms.gradient_clipping", optimizer_.steps_taken() + 1, tensors_[k].name);
+    if (!std::isfinite(m)) {
+      ANVIL_CHECK(loss_scale_ != 1.0, "step {}: the gradient of '{}' is not finite (diverged); lower optimizer.lr or "
+                  "enable algorithms.gradient_clipping", optimizer_.steps_taken() + 1, tensors_[k].name);
+      return Backward::kOverflow;  // the scales stay: this step's values are not a measure
+    }
     fits = fits && fixed_point_fits(m, scale_[k], opt_.global_batch);
     if (m > 0.0f) next[k] = fixed_point_scale(m, opt_.global_batch);
   }
@@ -243,7 +267,7 @@ bool DataParallel::finish_backward() {
     step_scale_ = scale_;
   }
   scale_ = next;
-  return fits;
+  return fits ? Backward::kDone : Backward::kRunAgain;
 }
 
 // What this rank owns, from fixed point to fp32 at this step's scales, and its part of the
@@ -433,8 +457,10 @@ void DataParallel::grain_done(int unit, size_t offset, size_t count) {
     const ParamTensor& t = tensors_[k];
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a >= b) continue;
-    const float m = fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k]);
-    sample_max_[k] = std::max(sample_max_[k], m);
+    // The loss scale 2^e comes off exactly here: the accumulators, the maxima and so the fixed-point
+    // scales are those of the unscaled gradients.
+    const float m = fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k] - loss_scale_log2_);
+    sample_max_[k] = std::max(sample_max_[k], std::ldexp(m, -loss_scale_log2_));
   }
 }
 

@@ -95,10 +95,17 @@ class DataParallel : public UnitAccess {
   // finish_backward, clip_and_norm, optimizer_step.
   void begin_step();
   void begin_microbatch(bool last);
-  // False when a fixed-point gradient overflowed its scale somewhere (the same answer on every
-  // rank): the scales now fit this step's gradients, and the step must be run again from
-  // begin_step. Float mode always returns true.
-  bool finish_backward();
+  // The factor the loss was multiplied by in this step (amp_fp16's loss scale, a power of two;
+  // 1 otherwise). Gradients are divided by it, exactly, on their way to the optimizer.
+  void set_loss_scale(double scale);
+  enum class Backward {
+    kDone,      // the gradients are ready for clip_and_norm
+    kRunAgain,  // a fixed-point gradient outgrew its scale: the scales now fit, run the step again
+    kOverflow,  // a gradient is not finite under loss scaling: skip the step (no update)
+  };
+  // The same answer on every rank. A non-finite gradient without loss scaling is an error (the
+  // run diverged).
+  Backward finish_backward();
   double clip_and_norm(double max_norm);  // the global gradient norm before clipping
   void optimizer_step(double lr);
   // Before anything else talks on the communicator (evaluation, scalars): no job in flight.
@@ -167,6 +174,8 @@ class DataParallel : public UnitAccess {
   std::vector<int> next_scale_;                    // scratch of finish_backward and clip_and_norm
   std::vector<unsigned __int128> squares_, all_squares_;
   std::vector<float> all_max_;
+  double loss_scale_ = 1.0;
+  int loss_scale_log2_ = 0;
   std::vector<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
   std::vector<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard
   std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates

@@ -14,6 +14,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/round.h"
 
 namespace anvil {
 
@@ -170,6 +171,41 @@ void Gpt2::init_weights(uint64_t seed) {
   gpt2_init_params(cfg_, seed, 0, num_params_, params_.data());
 }
 
+void Gpt2::set_compute_dtype(ComputeDtype dtype) {
+  dtype_ = dtype;
+  size_t largest = 0;
+  for (const ParamUnit& u : units_) largest = std::max(largest, u.numel);
+  compute_params_.assign(dtype == ComputeDtype::kFp32 ? 0 : largest, 0.0f);
+  // The gradient of the residual stream, rounded for the projections' backward, needs its own
+  // sequence-sized buffer.
+  rounded_dres_.assign(dtype == ComputeDtype::kFp32 ? 0 : static_cast<size_t>(max_seq_) * cfg_.d_model, 0.0f);
+}
+
+const float* Gpt2::rounded(const float* x, long n) {
+  if (dtype_ == ComputeDtype::kFp32) return x;
+  std::memcpy(rounded_dres_.data(), x, n * sizeof(float));
+  round_to_dtype(rounded_dres_.data(), n, dtype_);
+  return rounded_dres_.data();
+}
+
+const float* Gpt2::compute_params(int unit, const float* p) {
+  if (dtype_ == ComputeDtype::kFp32) return p;
+  float* out = compute_params_.data();
+  if (unit == 0) {  // the tied LM head: wte
+    const size_t n = static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
+    std::memcpy(out, p, n * sizeof(float));
+    round_to_dtype(out, static_cast<long>(n), dtype_);
+    return out;
+  }
+  const size_t n = units_[unit].numel;
+  std::memcpy(out, p, n * sizeof(float));
+  // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj: the norms stay fp32.
+  const Block b = bind_block(out);
+  round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype_);
+  round_to_dtype(b.fcw, (out + n) - b.fcw, dtype_);
+  return out;
+}
+
 void Gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 namespace {
@@ -201,7 +237,7 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   access_->release_params(0);
   const float* residual = a.encoded;
   for (int l = 0; l < L; l++) {
-    const Block p = bind_block(access_->acquire_params(1 + l, 2 + l));
+    const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, 2 + l)));
     float* ln1 = a.ln1 + l * BT * C;
     float* ln1_mean = a.ln1_mean + l * BT;
     float* ln1_rstd = a.ln1_rstd + l * BT;
@@ -216,24 +252,37 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
     float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
     float* residual3 = a.residual3 + l * BT * C;
 
+    // Under amp every matrix product's input and output is rounded to the compute dtype (a
+    // no-op in fp32); the residual stream and the norms stay fp32.
+    const long NC = static_cast<long>(N) * C;
     layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
+    round_to_dtype(ln1, NC, dtype_);
     matmul_forward_per_sequence(qkv, ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+    round_to_dtype(qkv, 3 * NC, dtype_);
     attention_forward(atty, att_lse, qkv, B, T, C, NH);
+    round_to_dtype(atty, NC, dtype_);
     matmul_forward_per_sequence(a.scratch, atty, p.attprojw, p.attprojb, B, T, C, C);
-    residual_forward(residual2, residual, a.scratch, static_cast<long>(N) * C);
+    round_to_dtype(a.scratch, NC, dtype_);
+    residual_forward(residual2, residual, a.scratch, NC);
     layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w, p.ln2b, N, C);
+    round_to_dtype(ln2, NC, dtype_);
     matmul_forward_per_sequence(fch, ln2, p.fcw, p.fcb, B, T, C, 4 * C);
-    gelu_forward(fch_gelu, fch, static_cast<long>(N) * 4 * C);
+    round_to_dtype(fch, 4 * NC, dtype_);
+    gelu_forward(fch_gelu, fch, 4 * NC);
+    round_to_dtype(fch_gelu, 4 * NC, dtype_);
     matmul_forward_per_sequence(a.scratch, fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
-    residual_forward(residual3, residual2, a.scratch, static_cast<long>(N) * C);
+    round_to_dtype(a.scratch, NC, dtype_);
+    residual_forward(residual3, residual2, a.scratch, NC);
     access_->release_params(1 + l);
     residual = residual3;
   }
   const float* lnf = access_->acquire_params(L + 1, 0);
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, lnf, lnf + C, N, C);
+  round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype_);
   access_->release_params(L + 1);
-  emb = access_->acquire_params(0, -1);
+  emb = compute_params(0, access_->acquire_params(0, -1));
   matmul_forward_per_sequence(a.logits, a.lnf, emb, nullptr, B, T, C, V);  // tied LM head
+  round_to_dtype(a.logits, static_cast<long>(N) * V, dtype_);
   access_->release_params(0);
 }
 
@@ -282,11 +331,16 @@ void Gpt2::backward_from_dlogits() {
 
   // The embedding unit's gradient stays open for the whole pass: the LM head adds to it first,
   // the token embedding last.
-  const float* emb = access_->acquire_params(0, L + 1);
+  const float* emb = compute_params(0, access_->acquire_params(0, L + 1));
   float* demb = access_->grads(0);
+  const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
+    // Under amp the gradients entering and leaving each matrix product are rounded to the
+    // compute dtype too; parameter gradients accumulate in fp32.
+    round_to_dtype(a.logits + r * V, static_cast<long>(T) * V, dtype_);
     matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits + r * V, a.lnf + r * C, emb, T, C, V);
+    round_to_dtype(dsmall_ + r * C, TC, dtype_);
     access_->grain_done(0, 0, wpe_offset);
   }
   access_->release_params(0);
@@ -310,7 +364,7 @@ void Gpt2::backward_from_dlogits() {
   for (int l = L - 1; l >= 0; l--) {
     const size_t at = l * BT;  // this layer's slice of the per-layer activations
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    const Block p = bind_block(access_->acquire_params(1 + l, l == 0 ? -1 : l));
+    const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, l == 0 ? -1 : l)));
     const Block g = bind_block(access_->grads(1 + l));
     for (int b = 0; b < B; b++) {
       const size_t r = b * rows;
@@ -319,15 +373,24 @@ void Gpt2::backward_from_dlogits() {
       float* dbig = dbig_ + r * 4 * C;
       float* dqkv = dqkv_ + r * 3 * C;
       const float* fch = a.fch + (at + r) * 4 * C;
-      matmul_backward(dbig, g.fcprojw, g.fcprojb, dres, a.fch_gelu + (at + r) * 4 * C, p.fcprojw, T, 4 * C, C);
-      gelu_backward(dbig, fch, dbig, static_cast<long>(T) * 4 * C);
+      // The residual stream's gradient stays fp32; the projections see it rounded.
+      const float* dproj = rounded(dres, TC);
+      matmul_backward(dbig, g.fcprojw, g.fcprojb, dproj, a.fch_gelu + (at + r) * 4 * C, p.fcprojw, T, 4 * C, C);
+      round_to_dtype(dbig, 4 * TC, dtype_);
+      gelu_backward(dbig, fch, dbig, 4 * TC);
+      round_to_dtype(dbig, 4 * TC, dtype_);
       matmul_backward(dsmall, g.fcw, g.fcb, dbig, a.ln2 + (at + r) * C, p.fcw, T, C, 4 * C);
+      round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, a.residual2 + (at + r) * C, p.ln2w, a.ln2_mean + at + r,
                          a.ln2_rstd + at + r, T, C);
-      matmul_backward(dsmall, g.attprojw, g.attprojb, dres, a.atty + (at + r) * C, p.attprojw, T, C, C);
+      dproj = rounded(dres, TC);
+      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, a.atty + (at + r) * C, p.attprojw, T, C, C);
+      round_to_dtype(dsmall, TC, dtype_);
       attention_backward(dqkv, dsmall, a.qkv + (at + r) * 3 * C, a.atty + (at + r) * C, a.att_lse + (at + r) * NH, 1,
                          T, C, NH);
+      round_to_dtype(dqkv, 3 * TC, dtype_);
       matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv, a.ln1 + (at + r) * C, p.qkvw, T, C, 3 * C);
+      round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, a.ln1_mean + at + r,
                          a.ln1_rstd + at + r, T, C);
       access_->grain_done(1 + l, 0, units_[1 + l].numel);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config/train_config.h"
+#include "core/dtype.h"
 
 namespace anvil {
 
@@ -94,6 +95,13 @@ class Gpt2 {
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
 
+  // What matrix products compute in. Under bf16 / fp16 every matrix product's operands (weights
+  // and biases, activations, the gradients flowing back) and its outputs are rounded to that
+  // dtype, as autocast does; layer norms, softmax, attention's sums, the loss and every
+  // parameter gradient stay fp32 (docs/precision.md).
+  void set_compute_dtype(ComputeDtype dtype);
+  ComputeDtype compute_dtype() const { return dtype_; }
+
   // gpt2_init_params over the model's own parameter array.
   void init_weights(uint64_t seed);
   void zero_grad();
@@ -122,6 +130,11 @@ class Gpt2 {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
+  // The unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
+  // compute_params_ with the matrix operands rounded (unit 0: the token embedding only, as LM head).
+  const float* compute_params(int unit, const float* p);
+  // x (n <= one sequence's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
+  const float* rounded(const float* x, long n);
   class OwnArrays;
   void forward_to_logits(const int32_t* tokens, int B, int T);
   void check_targets(const int32_t* targets, int N) const;
@@ -133,7 +146,8 @@ class Gpt2 {
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
-  std::vector<float> params_, grads_, act_memory_, grad_act_memory_;
+  std::vector<float> params_, grads_, act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
+  ComputeDtype dtype_ = ComputeDtype::kFp32;
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
   Acts acts_{};

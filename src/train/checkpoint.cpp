@@ -119,6 +119,7 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
       {"optimizer_steps", info.optimizer_steps}, {"weights_sha256", weights.hex()}, {"tensors", tensors},
       {"world_size", world}, {"shards", shards}};
   if (!info.grad_scales.empty()) manifest["grad_scales"] = info.grad_scales;
+  if (!info.loss_scaler.empty()) manifest["loss_scaler"] = nlohmann::json::parse(info.loss_scaler);
   write_file_atomic(tmp + "/manifest.json", manifest.dump(2) + "\n");
   for (int r = 0; r < world; r++) fs::remove(tmp + "/" + shard_pieces_name(r));  // now in the manifest
   fsync_dir(tmp);
@@ -250,6 +251,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     out.data_state = manifest.at("data_state").dump();
     out.config_yaml = manifest.at("config").get<std::string>();
     if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
+    if (manifest.contains("loss_scaler")) out.loss_scaler = manifest.at("loss_scaler").dump();
     out.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
     shards = manifest.at("shards");
     out.saved_world_size = manifest.at("world_size").get<int>();

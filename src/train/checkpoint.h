@@ -36,6 +36,7 @@ struct CheckpointInfo {
   int64_t step = 0, tokens_seen = 0, optimizer_steps = 0;
   std::vector<int> grad_scales;  // deterministic runs: the fixed-point gradient scales (else empty)
   std::string data_state;        // the train loader's DataState as JSON
+  std::string loss_scaler;       // amp_fp16: the LossScaler's state as JSON (else empty)
 };
 
 // The steps of a save, which CheckpointWriter runs on every rank:
@@ -93,6 +94,7 @@ struct LoadedCheckpoint {
   int64_t optimizer_steps = 0;
   std::vector<int> grad_scales;  // empty when the run that saved it was not deterministic
   int saved_world_size = 1;      // the number of ranks that saved it: one shard file each
+  std::string loss_scaler;       // JSON; empty when the run that saved it was not amp_fp16
 };
 
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one

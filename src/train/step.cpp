@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -12,7 +13,10 @@ namespace anvil {
 
 TrainStep::TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule)
     : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
-      lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold) {}
+      lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold),
+      scaler_(cfg.loss_scaler, parse_precision(cfg.precision) == ComputeDtype::kFp16) {
+  model_.set_compute_dtype(parse_precision(cfg.precision));
+}
 
 DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
   const DistributedConfig& dc = cfg.distributed;
@@ -49,8 +53,14 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   Communicator& comm = dp_.comm();
   r.target_tokens = sum_exact(comm, local_targets);
   ANVIL_CHECK(r.target_tokens > 0, "step {}: every target of the batch is ignored", t);
-  const float dloss = 1.0f / static_cast<float>(r.target_tokens);
+  // amp_fp16: the loss is scaled (a power of two) and the gradients unscaled exactly on their way
+  // into DataParallel, so the scale changes nothing but which values fp16 can hold.
+  r.loss_scale = scaler_.scale();
+  dp_.set_loss_scale(r.loss_scale);
+  const float dloss = static_cast<float>(r.loss_scale / static_cast<double>(r.target_tokens));
   int64_t loss_fixed = 0;
+  int nonfinite_loss = 0;
+  DataParallel::Backward outcome = DataParallel::Backward::kDone;
   // A deterministic step whose gradients outgrew their fixed-point scale runs again at the scale
   // it measured, which fits by construction; a second overflow means the gradients changed
   // between identical passes, which is a bug.
@@ -59,19 +69,27 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
                 "backward pass is not deterministic", t);
     dp_.begin_step();
     loss_fixed = 0;
+    nonfinite_loss = 0;
     for (int b0 = 0; b0 < batch; b0 += microbatch_) {
       const int mb = std::min(microbatch_, batch - b0);
       const size_t offset = static_cast<size_t>(b0) * seq_len;
       dp_.begin_microbatch(b0 + mb >= batch);
-      model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
+      const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
+      nonfinite_loss |= !std::isfinite(sum);
       loss_fixed += fixed_point_loss_sum(model_.losses(), mb, seq_len);
     }
-    if (dp_.finish_backward()) break;
+    outcome = dp_.finish_backward();
+    if (outcome != DataParallel::Backward::kRunAgain) break;
     log_info("step {}: gradients outgrew their fixed-point scale; running the step again at the new scale", t);
   }
-  r.loss = fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
-  r.grad_norm = dp_.clip_and_norm(clip_);
+  r.loss = sum_exact(comm, nonfinite_loss) > 0
+               ? std::numeric_limits<double>::quiet_NaN()
+               : fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
   r.lr = lr_ * schedule_.multiplier(t);
+  r.skipped = outcome == DataParallel::Backward::kOverflow;
+  scaler_.update(r.skipped, t + 1);
+  if (r.skipped) return r;  // no update; the scaler has backed off
+  r.grad_norm = dp_.clip_and_norm(clip_);
   dp_.optimizer_step(r.lr);
   return r;
 }

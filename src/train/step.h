@@ -10,6 +10,7 @@
 #include "model/gpt2.h"
 #include "dist/data_parallel.h"
 #include "optim/schedule.h"
+#include "train/loss_scaler.h"
 
 namespace anvil {
 
@@ -26,14 +27,18 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   int64_t target_tokens = 0;
+  double loss_scale = 1;  // amp_fp16: the scale the step ran at
+  bool skipped = false;   // amp_fp16: the gradients overflowed, no update (see LossScaler)
 };
 
 class TrainStep {
  public:
+  // Also sets the model's compute dtype from cfg.precision.
   TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule);
   // tokens, targets: (batch, seq_len), this rank's block of the global batch. t: 0-based step.
   // The loss and the gradient norm returned are the global ones, the same on every rank.
   StepResult run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t);
+  LossScaler& loss_scaler() { return scaler_; }
 
  private:
   Gpt2& model_;
@@ -41,6 +46,7 @@ class TrainStep {
   LrSchedule schedule_;
   int microbatch_;
   double lr_, clip_;
+  LossScaler scaler_;
 };
 
 }  // namespace anvil

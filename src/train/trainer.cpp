@@ -191,6 +191,7 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   const DistributedConfig& dc = cfg.distributed;
   Gpt2 model(cfg.model, max_batch, T, gpt2_storage_for_stage(dc.zero_stage));
   DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
+  std::string resume_loss_scaler, resume_dir_loaded = resume ? resume->dir : "";
   if (resume) {
     dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
     if (cfg.deterministic_mode && !resume->grad_scales.empty())
@@ -198,12 +199,15 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     else if (cfg.deterministic_mode)
       log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
                "afresh");
+    resume_loss_scaler = resume->loss_scaler;
     log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
     resume.reset();  // the state now lives in the model and optimizer
   } else {
     dp.init_weights(cfg.seed);
   }
   TrainStep step(cfg, model, dp, schedule);
+  if (step.loss_scaler().enabled() && !resume_loss_scaler.empty())
+    step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
   const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
   const double peak = sum_in_rank_order(comm, measured_peak_gflops());
@@ -255,7 +259,8 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     shard.world = W;
     dp.copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
     checkpoints.save(cfg.run_dir, cfg, std::move(shard),
-                     {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json()},
+                     {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
+                      step.loss_scaler().enabled() ? step.loss_scaler().to_json() : ""},
                      cfg.save_num_checkpoints_to_keep);
   };
 
@@ -270,8 +275,13 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = step.run(tokens.data(), targets.data(), local_batch, T, t);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ANVIL_CHECK(std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or enable "
-                "algorithms.gradient_clipping", t + 1, r.loss);
+    ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
+                "enable algorithms.gradient_clipping", t + 1, r.loss);
+    if (r.skipped) {
+      summary.skipped_steps++;
+      log_info("step {}: fp16 gradients overflowed at loss scale 2^{}; step skipped, the scale is now 2^{}", t + 1,
+               std::ilogb(r.loss_scale), std::ilogb(step.loss_scaler().scale()));
+    }
     tokens_seen += static_cast<int64_t>(GB) * T;
     const double tps = static_cast<double>(GB) * T / secs;
     const double gflops = tps * flops_per_token / 1e9;
@@ -279,6 +289,10 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
                           {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen},
                           {"tokens_per_s", tps}, {"gflops", gflops},        {"mfu", gflops / peak},
                           {"step_s", secs},      {"peak_rss_mib", peak_rss_mib()}};
+    if (step.loss_scaler().enabled()) {
+      row["loss_scale"] = r.loss_scale;
+      row["skipped"] = r.skipped;
+    }
     write_metrics(row);
     summary.final_train_loss = r.loss;
     if ((t + 1) % log_every == 0)

@@ -14,6 +14,7 @@ struct TrainSummary {
   int64_t steps = 0;
   double first_eval_loss = -1, last_eval_loss = -1;  // -1: no eval split
   double final_train_loss = 0;
+  int64_t skipped_steps = 0;  // amp_fp16: steps whose gradients overflowed
   std::string checkpoint;
 };
 

@@ -76,7 +76,10 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"model.n_layers=abc"}).find("model.n_layers = 'abc' is not an integer"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"model.d_model=33"}).find("divisible"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"max_duration=10xyz"}).find("not a duration"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"precision=amp_bf16"}).find("not supported yet"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"precision=bf16"}).find("expected fp32, amp_bf16 or amp_fp16"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scaler.init_scale=1000"}).find("powers of two"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scaler.hysteresis=0"}).find("must be positive"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scaler.scale=2"}).find("unknown key 'loss_scaler.scale'"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"device_train_microbatch_size=auto"}).find("'auto'"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr must be positive"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);

@@ -2,7 +2,10 @@
 // the same bits for any microbatch size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <new>
@@ -60,9 +63,11 @@ struct Batch {
 
 // Final parameters after `steps` optimizer steps on the fixed batch.
 // forced_scale: start every tensor's fixed-point scale there (a huge one overflows at once).
-std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0) {
+std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0,
+                               const std::string& precision = "fp32") {
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
+  c.precision = precision;
   Gpt2 model(c.model, microbatch, c.max_seq_len);
   model.init_weights(1);
   auto comm = make_communicator();
@@ -122,6 +127,89 @@ TEST(TrainStep, NonFiniteGradientIsAnError) {
     EXPECT_NE(std::string(e.what()).find("step 1: the gradient of '"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("is not finite"), std::string::npos) << e.what();
   }
+}
+
+// 16-bit matrix products: close to fp32 (bf16 keeps 8 significant bits, fp16 11), and still
+// the same bits for any microbatch size.
+TEST(TrainStep, MixedPrecisionFollowsFp32AndStaysDeterministic) {
+  const std::vector<float> fp32 = train_steps(4, 3);
+  for (const char* precision : {"amp_bf16", "amp_fp16"}) {
+    const std::vector<float> amp = train_steps(4, 3, true, 0, precision);
+    EXPECT_FALSE(amp == fp32) << precision << " changed nothing";
+    EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm)) << precision;
+    EXPECT_TRUE(train_steps(1, 3, true, 0, precision) == amp) << precision << ", microbatch 1";
+    EXPECT_TRUE(testing::rel_norm_close(train_steps(4, 3, false, 0, precision).data(), amp.data(), amp.size(),
+                                        testing::kFp32RelNorm)) << precision << ", fp32 sums";
+  }
+}
+
+// amp_fp16 with a loss scale far too large: the first steps overflow and are skipped (no
+// update), the scale backs off by DeepSpeed's rules, and training then proceeds.
+TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
+  for (bool deterministic : {true, false}) {
+    TrainConfig c = small_config(2);
+    c.precision = "amp_fp16";
+    c.deterministic_mode = deterministic;
+    c.loss_scaler.init_scale = 0x1p40;
+    c.loss_scaler.hysteresis = 2;
+    c.loss_scaler.growth_interval = 3;
+    Gpt2 model(c.model, 2, c.max_seq_len);
+    model.init_weights(1);
+    const std::vector<float> initial(model.params(), model.params() + model.num_params());
+    auto comm = make_communicator();
+    DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+    TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+    Batch b(c);
+    StepResult r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(step.loss_scaler().scale(), 0x1p40);  // hysteresis 2: the first overflow keeps the scale
+    EXPECT_TRUE(std::equal(initial.begin(), initial.end(), model.params())) << "a skipped step changed the weights";
+    r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 1);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_EQ(step.loss_scaler().scale(), 0x1p39);
+    int skipped = 2, t = 2;
+    for (; t < 60 && r.skipped; t++, skipped += r.skipped)
+      r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+    ASSERT_FALSE(r.skipped) << "no clean step in 60";
+    EXPECT_TRUE(std::isfinite(r.loss));
+    const double working = step.loss_scaler().scale();
+    for (int k = 0; k < 3; k++) r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t++);
+    EXPECT_TRUE(r.skipped || step.loss_scaler().scale() == 2 * working) << "no growth after 3 clean steps";
+    EXPECT_FALSE(std::equal(initial.begin(), initial.end(), model.params()));
+    std::printf("deterministic %d: %d skipped steps, then trained at loss scale 2^%d\n", deterministic, skipped,
+                std::ilogb(working));
+  }
+}
+
+TEST(LossScaler, HysteresisGrowthAndMinimum) {
+  LossScalerConfig c;
+  c.init_scale = 8;
+  c.min_scale = 2;
+  c.hysteresis = 2;
+  c.growth_interval = 2;
+  LossScaler s(c, true);
+  s.update(true, 1);
+  EXPECT_EQ(s.scale(), 8);  // the first overflow is absorbed by hysteresis
+  s.update(true, 2);
+  EXPECT_EQ(s.scale(), 4);
+  s.update(true, 3);
+  EXPECT_EQ(s.scale(), 2);  // hysteresis is spent until the scale grows again
+  s.update(false, 4);
+  s.update(false, 5);
+  EXPECT_EQ(s.scale(), 4);  // growth_interval clean steps
+  const std::string saved = s.to_json();
+  s.update(true, 6);
+  EXPECT_EQ(s.scale(), 4);  // hysteresis restored by the growth
+  s.update(true, 7);
+  EXPECT_EQ(s.scale(), 2);
+  EXPECT_THROW(s.update(true, 8), Error);  // at the minimum
+  LossScaler restored(c, true);
+  restored.restore(saved, "test");
+  EXPECT_EQ(restored.to_json(), saved);
+  EXPECT_THROW(restored.restore("{\"scale\": 3}", "test"), Error);
+  LossScaler off(c, false);
+  off.update(true, 1);
+  EXPECT_EQ(off.scale(), 1);
 }
 
 // deterministic_mode: false sums in fp32: the same math, equal to fp32 rounding only.

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/fixed_point.h"
 #include "kernels/crossentropy.h"
 
 namespace anvil {
@@ -38,7 +39,9 @@ int64_t fixed_point_loss_sum(const float* losses, int B, int T) {
   for (int b = 0; b < B; b++) {
     double sequence = 0;
     for (int i = 0; i < T; i++) sequence += losses[static_cast<size_t>(b) * T + i];
-    sum += std::llround(std::ldexp(sequence, kLossFractionBits));
+    // A non-finite loss (an fp16 step that overflowed, reported by the caller) gives garbage here,
+    // which must wrap rather than be undefined.
+    sum = fixed_point_add(sum, std::llround(std::ldexp(sequence, kLossFractionBits)));
   }
   return sum;
 }
@@ -76,7 +79,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
       dp_.begin_microbatch(b0 + mb >= batch);
       const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
       nonfinite_loss |= !std::isfinite(sum);
-      loss_fixed += fixed_point_loss_sum(model_.losses(), mb, seq_len);
+      loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));
     }
     outcome = dp_.finish_backward();
     if (outcome != DataParallel::Backward::kRunAgain) break;

@@ -8,82 +8,13 @@
 #include <filesystem>
 #include <set>
 
+#include "config/deepspeed.h"
+#include "config/map_reader.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace anvil {
 namespace {
-
-// Reads one YAML map, remembering which keys were consumed so that finish() can reject the
-// rest by name. Every conversion error names the file and the full dotted key.
-class MapReader {
- public:
-  MapReader(const YAML::Node& node, std::string prefix, const std::string& file)
-      : node_(node), prefix_(std::move(prefix)), file_(file) {
-    ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
-                prefix_.empty() ? "the top level" : prefix_);
-  }
-
-  bool has(const std::string& key) {
-    allowed_.insert(key);
-    return static_cast<bool>(node_[key]) && !node_[key].IsNull();
-  }
-
-  template <typename T>
-  void get(const std::string& key, T& out) {
-    if (!has(key)) return;
-    const YAML::Node& v = node_[key];
-    try {
-      ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
-      out = v.as<T>();
-    } catch (const YAML::Exception&) {
-      ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.IsScalar() ? v.Scalar() : "(a structure)",
-                 expected<T>());
-    }
-  }
-
-  void get_duration(const std::string& key, Duration& out) {
-    std::string text;
-    get(key, text);
-    if (!text.empty()) out = parse_duration(text, file_ + ": " + full(key));
-  }
-
-  MapReader sub(const std::string& key) {
-    has(key);
-    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_);
-  }
-
-  YAML::Node raw(const std::string& key) {
-    has(key);
-    return node_[key];
-  }
-
-  void finish() {
-    for (auto it = node_.begin(); it != node_.end(); ++it) {
-      const std::string key = it->first.as<std::string>();
-      if (allowed_.count(key)) continue;
-      std::string list;
-      for (const auto& k : allowed_) list += (list.empty() ? "" : ", ") + k;
-      ANVIL_FAIL("{}: unknown key '{}' (expected one of: {})", file_, full(key), list);
-    }
-  }
-
-  std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
-
- private:
-  template <typename T>
-  static const char* expected() {
-    if constexpr (std::is_same_v<T, bool>) return "true or false";
-    else if constexpr (std::is_integral_v<T>) return "an integer";
-    else if constexpr (std::is_floating_point_v<T>) return "a number";
-    else return "a string";
-  }
-
-  YAML::Node node_;
-  std::string prefix_;
-  const std::string& file_;
-  std::set<std::string> allowed_;
-};
 
 void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, const YAML::Node& value) {
   if (i + 1 == parts.size()) {
@@ -223,6 +154,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     set_path(root, parts, 0, value);
   }
   interpolate(root, root["variables"], path);
+  apply_deepspeed_config(root, path);
 
   TrainConfig c;
   MapReader top(root, "", path);
@@ -312,6 +244,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     l.get("growth_interval", c.loss_scaler.growth_interval);
     l.get("hysteresis", c.loss_scaler.hysteresis);
     l.get("min_scale", c.loss_scaler.min_scale);
+    l.get("consecutive_hysteresis", c.loss_scaler.consecutive_hysteresis);
     l.finish();
   }
   top.get_duration("console_log_interval", c.console_log_interval);
@@ -527,6 +460,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "growth_interval" << YAML::Value << c.loss_scaler.growth_interval;
   e << YAML::Key << "hysteresis" << YAML::Value << c.loss_scaler.hysteresis;
   e << YAML::Key << "min_scale" << YAML::Value << c.loss_scaler.min_scale;
+  e << YAML::Key << "consecutive_hysteresis" << YAML::Value << c.loss_scaler.consecutive_hysteresis;
   e << YAML::EndMap;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
   e << YAML::Key << "kernels" << YAML::Value << c.kernels;

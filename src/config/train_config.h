@@ -81,12 +81,15 @@ struct DistributedConfig {
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is
 // multiplied by the scale, a power of two; a step whose gradients overflow is skipped, and after
 // `hysteresis` such steps in a row the scale halves (never below min_scale); after
-// growth_interval steps without overflow it doubles.
+// growth_interval steps without overflow it doubles. The hysteresis count is restored when the
+// scale grows, or with consecutive_hysteresis after every clean step (only consecutive
+// overflows then count).
 struct LossScalerConfig {
   double init_scale = 65536.0;
   int growth_interval = 2000;
   int hysteresis = 2;
   double min_scale = 1.0;
+  bool consecutive_hysteresis = false;
 };
 
 struct TrainConfig {

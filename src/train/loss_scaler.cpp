@@ -16,6 +16,7 @@ LossScaler::LossScaler(const LossScalerConfig& cfg, bool enabled) : cfg_(cfg), e
 void LossScaler::update(bool overflow, int64_t step) {
   if (!enabled_) return;
   if (!overflow) {
+    if (cfg_.consecutive_hysteresis) hysteresis_left_ = cfg_.hysteresis;
     if (++good_steps_ < cfg_.growth_interval) return;
     good_steps_ = 0;
     hysteresis_left_ = cfg_.hysteresis;

@@ -1,8 +1,9 @@
 // amp_fp16's dynamic loss scale (config: loss_scaler). The loss is multiplied by the scale before
 // the backward pass, so that small gradients survive fp16; a step whose gradients overflow is
-// skipped. The rules are DeepSpeed's: after `hysteresis` overflowing steps in a row the scale
-// halves, never below min_scale (an overflow there is an error: fp16 cannot hold this model's
-// values); after growth_interval clean steps it doubles. Every rank sees the same overflows, so
+// skipped. The rules are DeepSpeed's: after `hysteresis` overflowing steps (since the scale last
+// grew, or in a row with consecutive_hysteresis) the scale halves, never below min_scale (an
+// overflow there is an error: fp16 cannot hold this model's values); after growth_interval
+// clean steps it doubles. Every rank sees the same overflows, so
 // every rank holds the same state, and it is saved in checkpoints for an exact resume.
 #pragma once
 #include <cstdint>

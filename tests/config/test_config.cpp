@@ -93,6 +93,89 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   }
 }
 
+TEST_F(ConfigTest, DuplicateKeysAreAnError) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "seed: 1\nseed: 2\n").find("key 'seed' is given twice"), std::string::npos);
+}
+
+// DeepSpeed's ds_config (inline or a JSON file) becomes anvil's keys, and the resolved config
+// holds those keys only.
+TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
+  const std::string fp16 = std::string(kMinimal) + R"(deepspeed_config:
+  train_micro_batch_size_per_gpu: 2
+  gradient_clipping: 1.0
+  steps_per_print: 10
+  wall_clock_breakdown: false
+  fp16: {enabled: true, loss_scale: 0, initial_scale_power: 12, loss_scale_window: 500, hysteresis: 3,
+         consecutive_hysteresis: true, min_loss_scale: 4}
+  zero_optimization: {stage: 2, overlap_comm: true, reduce_bucket_size: 5e8, offload_optimizer: {device: none}}
+  optimizer: {type: AdamW, params: {lr: 0.001, betas: [0.8, 0.99], eps: 1.0e-6, weight_decay: 0.1}}
+)";
+  TrainConfig c = load_train_config(write(fp16), {});
+  EXPECT_EQ(c.precision, "amp_fp16");
+  EXPECT_EQ(c.loss_scaler.init_scale, 4096);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 500);
+  EXPECT_EQ(c.loss_scaler.hysteresis, 3);
+  EXPECT_TRUE(c.loss_scaler.consecutive_hysteresis);
+  EXPECT_EQ(c.loss_scaler.min_scale, 4);
+  EXPECT_EQ(c.device_train_microbatch_size, 2);
+  EXPECT_EQ(c.global_train_batch_size, 4);
+  EXPECT_EQ(c.clipping_threshold, 1.0);
+  EXPECT_EQ(c.console_log_interval.value, 10);
+  EXPECT_EQ(c.distributed.zero_stage, 2);
+  EXPECT_EQ(c.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  const std::string resolved = to_yaml(c);
+  EXPECT_EQ(resolved.find("deepspeed"), std::string::npos);
+  EXPECT_EQ(to_yaml(load_train_config(write(resolved), {})), resolved);
+
+  // The same from a ds_config.json file, and bf16.
+  const auto json = std::filesystem::temp_directory_path() / ("anvil_ds_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(json) << R"({"train_batch_size": 4, "bf16": {"enabled": true}, "fp16": {"enabled": false,
+                              "initial_scale_power": 8}, "zero_optimization": {"stage": 3}})";
+  c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n"), {});
+  EXPECT_EQ(c.precision, "amp_bf16");
+  EXPECT_EQ(c.loss_scaler.init_scale, 65536);  // fp16's keys mean nothing while it is off
+  EXPECT_EQ(c.distributed.zero_stage, 3);
+  // An anvil key that agrees is fine; the JSON file's errors name the file.
+  c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n"),
+                        {"precision=amp_bf16", "global_train_batch_size=4"});
+  EXPECT_EQ(c.precision, "amp_bf16");
+  std::ofstream(json) << R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})";
+  const std::string both = error_of(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n");
+  EXPECT_NE(both.find(json.string() + ": deepspeed_config enables both fp16 and bf16"), std::string::npos) << both;
+  std::filesystem::remove(json);
+}
+
+TEST_F(ConfigTest, DeepSpeedConfigErrorsNameTheKey) {
+  auto ds = [&](const std::string& body, const std::vector<std::string>& overrides = {}) {
+    return error_of(std::string(kMinimal) + "deepspeed_config: " + body + "\n", overrides);
+  };
+  EXPECT_NE(ds("{bf16: {enabled: true}}", {"precision=amp_fp16"})
+                .find("deepspeed_config.bf16.enabled means precision = amp_bf16, but precision is amp_fp16"),
+            std::string::npos);
+  EXPECT_NE(ds("{train_batch_size: 8}").find("means global_train_batch_size = 8, but global_train_batch_size is 4"),
+            std::string::npos);
+  EXPECT_NE(ds("{fp16: {enabled: true, loss_scale: 128}}").find("static loss scale"), std::string::npos);
+  EXPECT_NE(ds("{fp16: {enabled: true, initial_scale_power: 70}}").find("must be in 0..60"), std::string::npos);
+  EXPECT_NE(ds("{fp16: {enabled: true, min_loss_scale: 3}}").find("powers of two"), std::string::npos);
+  EXPECT_NE(ds("{fp16: {enabled: true, fp16_master_weights: true}}").find("unknown key "
+            "'deepspeed_config.fp16.fp16_master_weights'"), std::string::npos);
+  EXPECT_NE(ds("{gradient_accumulation_steps: 2}").find("derives it from the batch sizes"), std::string::npos);
+  EXPECT_NE(ds("{zero_optimization: {stage: 3, offload_param: {device: cpu}}}").find("does not offload"),
+            std::string::npos);
+  EXPECT_NE(ds("{optimizer: {type: Lamb}}").find("optimizer type 'Lamb' is not supported"), std::string::npos);
+  EXPECT_NE(ds("{optimizer: {type: Adam, params: {adam_w_mode: false}}}").find("with adam_w_mode false"),
+            std::string::npos);
+  EXPECT_NE(ds("{scheduler: {type: WarmupLR}}").find("give anvil's scheduler"), std::string::npos);
+  EXPECT_NE(ds("{zero_optimization: {stage: 5}}").find("zero_stage 5 is not valid"), std::string::npos);
+  EXPECT_NE(ds("/nonexistent/ds.json").find("deepspeed_config file '/nonexistent/ds.json' not found"),
+            std::string::npos);
+  EXPECT_NE(ds("{train_batch_size: 4, train_batch_size: 8}").find("given twice"), std::string::npos);
+}
+
 TEST(Duration, UnitsAndConversion) {
   EXPECT_EQ(duration_to_batches(parse_duration("100ba", "k"), 50, 8, 64, -1, "k"), 100);
   EXPECT_EQ(duration_to_batches(parse_duration("2ep", "k"), 50, 8, 64, -1, "k"), 100);

@@ -212,6 +212,25 @@ TEST(LossScaler, HysteresisGrowthAndMinimum) {
   EXPECT_EQ(off.scale(), 1);
 }
 
+// DeepSpeed's consecutive_hysteresis: a clean step restores the hysteresis, so only overflows in
+// a row lower the scale; without it, overflows count until the scale next grows.
+TEST(LossScaler, ConsecutiveHysteresis) {
+  LossScalerConfig c;
+  c.init_scale = 64;
+  c.hysteresis = 2;
+  c.growth_interval = 100;
+  for (bool consecutive : {false, true}) {
+    c.consecutive_hysteresis = consecutive;
+    LossScaler s(c, true);
+    s.update(true, 1);
+    s.update(false, 2);
+    s.update(true, 3);
+    EXPECT_EQ(s.scale(), consecutive ? 64 : 32) << "consecutive_hysteresis " << consecutive;
+    s.update(true, 4);
+    EXPECT_EQ(s.scale(), consecutive ? 32 : 16) << "consecutive_hysteresis " << consecutive;
+  }
+}
+
 // deterministic_mode: false sums in fp32: the same math, equal to fp32 rounding only.
 TEST(TrainStep, FloatGradientsFollowTheDeterministicResult) {
   const std::vector<float> exact = train_steps(4, 3);

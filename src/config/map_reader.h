@@ -1,0 +1,87 @@
+// MapReader: reads one YAML mapping of a config file, remembering which keys were consumed so
+// that finish() can reject the rest by name. Every conversion error names the file and the full
+// dotted key.
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <set>
+#include <string>
+#include <type_traits>
+
+#include "config/duration.h"
+#include "core/error.h"
+
+namespace anvil {
+
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string prefix, const std::string& file)
+      : node_(node), prefix_(std::move(prefix)), file_(file) {
+    ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
+                prefix_.empty() ? "the top level" : prefix_);
+  }
+
+  bool has(const std::string& key) {
+    allowed_.insert(key);
+    return static_cast<bool>(node_[key]) && !node_[key].IsNull();
+  }
+
+  template <typename T>
+  void get(const std::string& key, T& out) {
+    if (!has(key)) return;
+    const YAML::Node& v = node_[key];
+    try {
+      ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
+      out = v.as<T>();
+    } catch (const YAML::Exception&) {
+      ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.IsScalar() ? v.Scalar() : "(a structure)",
+                 expected<T>());
+    }
+  }
+
+  void get_duration(const std::string& key, Duration& out) {
+    std::string text;
+    get(key, text);
+    if (!text.empty()) out = parse_duration(text, file_ + ": " + full(key));
+  }
+
+  MapReader sub(const std::string& key) {
+    has(key);
+    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_);
+  }
+
+  YAML::Node raw(const std::string& key) {
+    has(key);
+    return node_[key];
+  }
+
+  void finish() {
+    std::set<std::string> seen;
+    for (auto it = node_.begin(); it != node_.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      ANVIL_CHECK(seen.insert(key).second, "{}: key '{}' is given twice", file_, full(key));
+      if (allowed_.count(key)) continue;
+      std::string list;
+      for (const auto& k : allowed_) list += (list.empty() ? "" : ", ") + k;
+      ANVIL_FAIL("{}: unknown key '{}' (expected one of: {})", file_, full(key), list);
+    }
+  }
+
+  std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+
+ private:
+  template <typename T>
+  static const char* expected() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+
+  YAML::Node node_;
+  std::string prefix_;
+  const std::string& file_;
+  std::set<std::string> allowed_;
+};
+
+}  // namespace anvil

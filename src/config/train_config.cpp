@@ -232,11 +232,16 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("global_train_batch_size", c.global_train_batch_size);
   if (top.has("device_train_microbatch_size")) {
     YAML::Node m = top.raw("device_train_microbatch_size");
-    ANVIL_CHECK(!(m.IsScalar() && m.Scalar() == "auto"),
-                "{}: device_train_microbatch_size 'auto' is not supported yet: give an integer", path);
-    top.get("device_train_microbatch_size", c.device_train_microbatch_size);
+    c.microbatch_auto = m.IsScalar() && m.Scalar() == "auto";
+    if (!c.microbatch_auto) top.get("device_train_microbatch_size", c.device_train_microbatch_size);
   }
   top.get("device_eval_batch_size", c.device_eval_batch_size);
+  {
+    std::string limit;
+    top.get("memory_limit", limit);
+    if (!limit.empty() && limit != "-1") c.memory_limit = parse_bytes(limit, path + ": memory_limit");
+  }
+  top.get("activation_checkpointing", c.activation_checkpointing);
   top.get("precision", c.precision);
   {
     MapReader l = top.sub("loss_scaler");
@@ -275,6 +280,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                   c.distributed.zero_stage);
       c.distributed.zero_stage = stage;
     }
+    if (f.has("activation_checkpointing")) {
+      bool on = false;
+      f.get("activation_checkpointing", on);
+      ANVIL_CHECK(!top.has("activation_checkpointing") || on == c.activation_checkpointing, "{}: "
+                  "fsdp_config.activation_checkpointing and activation_checkpointing differ: give one of them", path);
+      c.activation_checkpointing = on;
+    }
     f.finish();
   }
   top.finish();
@@ -296,15 +308,19 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               path, c.model.max_seq_len, c.max_seq_len);
   ANVIL_CHECK(c.tokenizer_name == "gpt2", "{}: tokenizer.name '{}' is not supported: expected 'gpt2'", path, c.tokenizer_name);
   positive(c.global_train_batch_size, "global_train_batch_size");
-  if (c.device_train_microbatch_size == 0) c.device_train_microbatch_size = c.global_train_batch_size;
-  positive(c.device_train_microbatch_size, "device_train_microbatch_size");
-  if (c.device_train_microbatch_size > c.global_train_batch_size) {
-    log_warn("device_train_microbatch_size {} exceeds the device batch {}; using {}", c.device_train_microbatch_size,
-             c.global_train_batch_size, c.global_train_batch_size);
-    c.device_train_microbatch_size = c.global_train_batch_size;
+  if (!c.microbatch_auto) {  // auto is resolved by the trainer, and so is the eval batch it defaults
+    if (c.device_train_microbatch_size == 0) c.device_train_microbatch_size = c.global_train_batch_size;
+    positive(c.device_train_microbatch_size, "device_train_microbatch_size");
+    if (c.device_train_microbatch_size > c.global_train_batch_size) {
+      log_warn("device_train_microbatch_size {} exceeds the device batch {}; using {}", c.device_train_microbatch_size,
+               c.global_train_batch_size, c.global_train_batch_size);
+      c.device_train_microbatch_size = c.global_train_batch_size;
+    }
+    if (c.device_eval_batch_size == 0) c.device_eval_batch_size = c.device_train_microbatch_size;
+    positive(c.device_eval_batch_size, "device_eval_batch_size");
   }
-  if (c.device_eval_batch_size == 0) c.device_eval_batch_size = c.device_train_microbatch_size;
-  positive(c.device_eval_batch_size, "device_eval_batch_size");
+  ANVIL_CHECK(c.device_eval_batch_size >= 0, "{}: device_eval_batch_size must be positive, got {}", path,
+              c.device_eval_batch_size);
   ANVIL_CHECK(c.optimizer.lr > 0, "{}: optimizer.lr must be positive, got {}", path, c.optimizer.lr);
   ANVIL_CHECK(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1 && c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1,
               "{}: optimizer.betas must be in [0, 1), got [{}, {}]", path, c.optimizer.beta1, c.optimizer.beta2);
@@ -452,8 +468,13 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "eval_first" << YAML::Value << c.eval_first;
   e << YAML::Key << "eval_subset_num_batches" << YAML::Value << c.eval_subset_num_batches;
   e << YAML::Key << "global_train_batch_size" << YAML::Value << c.global_train_batch_size;
-  e << YAML::Key << "device_train_microbatch_size" << YAML::Value << c.device_train_microbatch_size;
+  if (c.microbatch_auto)
+    e << YAML::Key << "device_train_microbatch_size" << YAML::Value << "auto";
+  else
+    e << YAML::Key << "device_train_microbatch_size" << YAML::Value << c.device_train_microbatch_size;
   e << YAML::Key << "device_eval_batch_size" << YAML::Value << c.device_eval_batch_size;
+  e << YAML::Key << "memory_limit" << YAML::Value << c.memory_limit;
+  e << YAML::Key << "activation_checkpointing" << YAML::Value << c.activation_checkpointing;
   e << YAML::Key << "precision" << YAML::Value << c.precision;
   e << YAML::Key << "loss_scaler" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "init_scale" << YAML::Value << c.loss_scaler.init_scale;

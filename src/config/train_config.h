@@ -109,7 +109,16 @@ struct TrainConfig {
   int eval_subset_num_batches = -1;  // -1: the whole eval split
   int global_train_batch_size = 0;
   int device_train_microbatch_size = 0;  // 0: the whole device batch
+  // device_train_microbatch_size: auto: the largest microbatch whose activations fit in
+  // memory_limit (the gradient is the same whatever the microbatch size).
+  bool microbatch_auto = false;
   int device_eval_batch_size = 0;        // 0: the microbatch size
+  // Bytes one rank may hold (model states, working buffers, activations); -1: a share of the
+  // memory available at start. Checked at start; what `auto` fits the microbatch into.
+  int64_t memory_limit = -1;
+  // Keep each block's input only and recompute the block in the backward pass
+  // (LLM Foundry: fsdp_config.activation_checkpointing).
+  bool activation_checkpointing = false;
   // LLM Foundry's keys: fp32, amp_bf16 or amp_fp16 (16-bit matrix products, fp32 master weights,
   // accumulation and optimizer; docs/precision.md).
   std::string precision = "fp32";

@@ -107,8 +107,43 @@ class Gpt2::OwnArrays : public UnitAccess {
 
 void Gpt2::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
 
+namespace {
+// Floats of every activation array: per layer in the order of Gpt2::BlockActs, then the rest of
+// Gpt2::Acts, then the activation gradients.
+struct ActivationSizes {
+  size_t block[12];
+  size_t block_layers;  // L, or 1 under activation checkpointing
+  size_t rest[9];       // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch
+  size_t grads;         // dresidual and dsmall for the microbatch, dbig and dqkv for one sequence
+
+  size_t block_total() const {
+    size_t n = 0;
+    for (size_t x : block) n += x;
+    return n;
+  }
+  size_t total() const {
+    size_t n = block_layers * block_total() + grads;
+    for (size_t x : rest) n += x;
+    return n;
+  }
+};
+
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, bool checkpointing) {
+  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
+               V = cfg.vocab_size, NH = cfg.n_heads;
+  return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C, BT * 4 * C},
+          checkpointing ? 1 : L,
+          {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C},
+          2 * BT * C + T * 4 * C + T * 3 * C};
+}
+}  // namespace
+
+size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, bool activation_checkpointing) {
+  return activation_sizes(cfg, max_batch, max_seq, activation_checkpointing).total() * sizeof(float);
+}
+
 Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage storage)
-    : cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq) {
+    : cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq), checkpointing_(storage.activation_checkpointing) {
   ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
                   cfg.max_seq_len > 0,
               "model sizes must be positive (n_layers {}, n_heads {}, d_model {}, vocab_size {}, "
@@ -126,27 +161,43 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
   own_access_ = std::make_unique<OwnArrays>(*this);
   access_ = own_access_.get();
 
-  const size_t BT = static_cast<size_t>(max_batch) * max_seq, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads;
-  // Sizes of every activation, in the order of Acts' members.
-  const size_t sizes[] = {BT * C,      L * BT * C, L * BT, L * BT,     L * BT * 3 * C, L * BT * C,
-                          L * NH * BT, L * BT * C, L * BT * C, L * BT, L * BT,     L * BT * 4 * C,
-                          L * BT * 4 * C, L * BT * C, BT * C, BT,    BT,     BT * V,     BT,
-                          BT,          BT * C};
-  size_t total = 0;
-  for (size_t s : sizes) total += s;
-  act_memory_.assign(total, 0.0f);
-  float** slots = &acts_.encoded;
+  set_max_batch(max_batch);
+}
+
+void Gpt2::set_max_batch(int max_batch) {
+  ANVIL_CHECK(max_batch >= 1, "a microbatch must hold at least one sequence, got {}", max_batch);
+  max_batch_ = max_batch;
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, checkpointing_);
+  // Freed first, so that growing never holds the old and the new buffers at once.
+  act_memory_ = {};
+  grad_act_memory_ = {};
+  act_memory_.assign(sizes.total() - sizes.grads, 0.0f);
   float* cursor = act_memory_.data();
-  for (size_t i = 0; i < std::size(sizes); i++) {
-    slots[i] = cursor;
-    cursor += sizes[i];
+  float** block = &acts_.block.ln1;
+  for (size_t i = 0; i < std::size(sizes.block); i++) {
+    block[i] = cursor;
+    cursor += sizes.block_layers * sizes.block[i];
   }
-  grad_act_memory_.assign(BT * C * 2 + BT * 4 * C + BT * 3 * C, 0.0f);
+  float** rest = &acts_.encoded;
+  for (size_t i = 0; i < std::size(sizes.rest); i++) {
+    rest[i] = cursor;
+    cursor += sizes.rest[i];
+  }
+  const size_t BT = static_cast<size_t>(max_batch) * max_seq_, T = max_seq_, C = cfg_.d_model;
+  grad_act_memory_.assign(sizes.grads, 0.0f);
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
   dbig_ = dsmall_ + BT * C;
-  dqkv_ = dbig_ + BT * 4 * C;
+  dqkv_ = dbig_ + T * 4 * C;
+}
+
+Gpt2::BlockActs Gpt2::block_acts(int l) const {
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, checkpointing_);
+  const size_t slot = checkpointing_ ? 0 : static_cast<size_t>(l);
+  BlockActs x = acts_.block;
+  float** p = &x.ln1;
+  for (size_t i = 0; i < std::size(sizes.block); i++) p[i] += slot * sizes.block[i];
+  return x;
 }
 
 void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out) {
@@ -217,10 +268,10 @@ void matmul_forward_per_sequence(float* out, const float* inp, const float* weig
 }
 }  // namespace
 
-void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
+void Gpt2::forward_to_lnf(const int32_t* tokens, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
-  const int C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size;
+  const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
   const int N = B * T;
   for (int i = 0; i < N; i++)
     ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
@@ -228,62 +279,55 @@ void Gpt2::forward_to_logits(const int32_t* tokens, int B, int T) {
   B_ = B;
   T_ = T;
   Acts& a = acts_;
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // per-layer stride
-  const int L = cfg_.n_layers;
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // residual3's per-layer stride
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
 
   const float* emb = access_->acquire_params(0, 1);
   encoder_forward(a.encoded, tokens, emb, emb + wpe_offset, B, T, C);
   access_->release_params(0);
-  const float* residual = a.encoded;
   for (int l = 0; l < L; l++) {
     const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, 2 + l)));
-    float* ln1 = a.ln1 + l * BT * C;
-    float* ln1_mean = a.ln1_mean + l * BT;
-    float* ln1_rstd = a.ln1_rstd + l * BT;
-    float* qkv = a.qkv + l * BT * 3 * C;
-    float* atty = a.atty + l * BT * C;
-    float* att_lse = a.att_lse + l * BT * NH;
-    float* residual2 = a.residual2 + l * BT * C;
-    float* ln2 = a.ln2 + l * BT * C;
-    float* ln2_mean = a.ln2_mean + l * BT;
-    float* ln2_rstd = a.ln2_rstd + l * BT;
-    float* fch = a.fch + l * BT * 4 * C;
-    float* fch_gelu = a.fch_gelu + l * BT * 4 * C;
-    float* residual3 = a.residual3 + l * BT * C;
-
-    // Under amp every matrix product's input and output is rounded to the compute dtype (a
-    // no-op in fp32); the residual stream and the norms stay fp32.
-    const long NC = static_cast<long>(N) * C;
-    layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
-    round_to_dtype(ln1, NC, dtype_);
-    matmul_forward_per_sequence(qkv, ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
-    round_to_dtype(qkv, 3 * NC, dtype_);
-    attention_forward(atty, att_lse, qkv, B, T, C, NH);
-    round_to_dtype(atty, NC, dtype_);
-    matmul_forward_per_sequence(a.scratch, atty, p.attprojw, p.attprojb, B, T, C, C);
-    round_to_dtype(a.scratch, NC, dtype_);
-    residual_forward(residual2, residual, a.scratch, NC);
-    layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p.ln2w, p.ln2b, N, C);
-    round_to_dtype(ln2, NC, dtype_);
-    matmul_forward_per_sequence(fch, ln2, p.fcw, p.fcb, B, T, C, 4 * C);
-    round_to_dtype(fch, 4 * NC, dtype_);
-    gelu_forward(fch_gelu, fch, 4 * NC);
-    round_to_dtype(fch_gelu, 4 * NC, dtype_);
-    matmul_forward_per_sequence(a.scratch, fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
-    round_to_dtype(a.scratch, NC, dtype_);
-    residual_forward(residual3, residual2, a.scratch, NC);
+    block_forward(l, p, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
     access_->release_params(1 + l);
-    residual = residual3;
   }
   const float* lnf = access_->acquire_params(L + 1, 0);
-  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, lnf, lnf + C, N, C);
+  layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf, lnf + C, N, C);
   round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype_);
   access_->release_params(L + 1);
-  emb = compute_params(0, access_->acquire_params(0, -1));
-  matmul_forward_per_sequence(a.logits, a.lnf, emb, nullptr, B, T, C, V);  // tied LM head
-  round_to_dtype(a.logits, static_cast<long>(N) * V, dtype_);
-  access_->release_params(0);
+}
+
+void Gpt2::block_forward(int l, const Block& p, const float* residual) {
+  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, N = B * T;
+  const BlockActs x = block_acts(l);
+  float* residual3 = acts_.residual3 + static_cast<size_t>(l) * max_batch_ * max_seq_ * C;
+  float* scratch = acts_.scratch;
+  // Under amp every matrix product's input and output is rounded to the compute dtype (a no-op in
+  // fp32); the residual stream and the norms stay fp32.
+  const long NC = static_cast<long>(N) * C;
+  layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
+  round_to_dtype(x.ln1, NC, dtype_);
+  matmul_forward_per_sequence(x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+  round_to_dtype(x.qkv, 3 * NC, dtype_);
+  attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
+  round_to_dtype(x.atty, NC, dtype_);
+  matmul_forward_per_sequence(scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  round_to_dtype(scratch, NC, dtype_);
+  residual_forward(x.residual2, residual, scratch, NC);
+  layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
+  round_to_dtype(x.ln2, NC, dtype_);
+  matmul_forward_per_sequence(x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
+  round_to_dtype(x.fch, 4 * NC, dtype_);
+  gelu_forward(x.fch_gelu, x.fch, 4 * NC);
+  round_to_dtype(x.fch_gelu, 4 * NC, dtype_);
+  matmul_forward_per_sequence(scratch, x.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  round_to_dtype(scratch, NC, dtype_);
+  residual_forward(residual3, x.residual2, scratch, NC);
+}
+
+void Gpt2::lm_head(const float* emb, int b) {
+  const int T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  matmul_forward(acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);  // tied
+  round_to_dtype(acts_.logits, static_cast<long>(T) * V, dtype_);
 }
 
 void Gpt2::check_targets(const int32_t* targets, int N) const {
@@ -304,42 +348,48 @@ double Gpt2::sum_losses(const int32_t* targets, int N, int64_t* n_targets) const
 }
 
 double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
-  forward_to_logits(tokens, B, T);
-  if (!targets) return 0.0;
-  check_targets(targets, B * T);
-  crossentropy_forward(acts_.losses, acts_.ce_lse, acts_.logits, targets, B * T, cfg_.vocab_size);
-  return sum_losses(targets, B * T, n_targets);
+  if (targets) check_targets(targets, B * T);
+  forward_to_lnf(tokens, B, T);
+  const float* emb = compute_params(0, access_->acquire_params(0, -1));
+  for (int b = 0; b < B; b++) {
+    lm_head(emb, b);
+    const size_t r = static_cast<size_t>(b) * T;
+    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets + r, T, cfg_.vocab_size);
+  }
+  access_->release_params(0);
+  return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
 
 double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                               int64_t* n_targets) {
-  forward_to_logits(tokens, B, T);
   check_targets(targets, B * T);
-  // The logits' gradient replaces the logits, in the same pass that computes the losses.
-  crossentropy_forward_backward(acts_.losses, acts_.logits, acts_.logits, targets, dloss, B * T, cfg_.vocab_size);
-  const double sum = sum_losses(targets, B * T, n_targets);
-  backward_from_dlogits();
-  return sum;
+  forward_to_lnf(tokens, B, T);
+  backward(targets, dloss);
+  return sum_losses(targets, B * T, n_targets);
 }
 
-void Gpt2::backward_from_dlogits() {
+void Gpt2::backward(const int32_t* targets, float dloss) {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size, L = cfg_.n_layers;
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
 
-  // The embedding unit's gradient stays open for the whole pass: the LM head adds to it first,
-  // the token embedding last.
+  // The LM head, one sequence at a time: its logits, the loss and the logits' gradient in one
+  // pass (written over the logits), and the gradient back through the head. The embedding unit's
+  // gradient stays open for the whole backward pass: the head adds to it first, the token
+  // embedding last.
   const float* emb = compute_params(0, access_->acquire_params(0, L + 1));
   float* demb = access_->grads(0);
   const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
+    lm_head(emb, b);
+    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets + r, dloss, T, V);
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too; parameter gradients accumulate in fp32.
-    round_to_dtype(a.logits + r * V, static_cast<long>(T) * V, dtype_);
-    matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits + r * V, a.lnf + r * C, emb, T, C, V);
+    round_to_dtype(a.logits, static_cast<long>(T) * V, dtype_);
+    matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits, a.lnf + r * C, emb, T, C, V);
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
     access_->grain_done(0, 0, wpe_offset);
   }
@@ -362,37 +412,34 @@ void Gpt2::backward_from_dlogits() {
   // norms then add their input gradients into it. This saves two copies per layer over calling
   // residual_backward.
   for (int l = L - 1; l >= 0; l--) {
-    const size_t at = l * BT;  // this layer's slice of the per-layer activations
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
     const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, l == 0 ? -1 : l)));
     const Block g = bind_block(access_->grads(1 + l));
+    if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
+    const BlockActs x = block_acts(l);
     for (int b = 0; b < B; b++) {
       const size_t r = b * rows;
       float* dres = dresidual_ + r * C;
       float* dsmall = dsmall_ + r * C;
-      float* dbig = dbig_ + r * 4 * C;
-      float* dqkv = dqkv_ + r * 3 * C;
-      const float* fch = a.fch + (at + r) * 4 * C;
       // The residual stream's gradient stays fp32; the projections see it rounded.
       const float* dproj = rounded(dres, TC);
-      matmul_backward(dbig, g.fcprojw, g.fcprojb, dproj, a.fch_gelu + (at + r) * 4 * C, p.fcprojw, T, 4 * C, C);
-      round_to_dtype(dbig, 4 * TC, dtype_);
-      gelu_backward(dbig, fch, dbig, 4 * TC);
-      round_to_dtype(dbig, 4 * TC, dtype_);
-      matmul_backward(dsmall, g.fcw, g.fcb, dbig, a.ln2 + (at + r) * C, p.fcw, T, C, 4 * C);
+      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, x.fch_gelu + r * 4 * C, p.fcprojw, T, 4 * C, C);
+      round_to_dtype(dbig_, 4 * TC, dtype_);
+      gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * TC);
+      round_to_dtype(dbig_, 4 * TC, dtype_);
+      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, x.ln2 + r * C, p.fcw, T, C, 4 * C);
       round_to_dtype(dsmall, TC, dtype_);
-      layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, a.residual2 + (at + r) * C, p.ln2w, a.ln2_mean + at + r,
-                         a.ln2_rstd + at + r, T, C);
+      layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r,
+                         T, C);
       dproj = rounded(dres, TC);
-      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, a.atty + (at + r) * C, p.attprojw, T, C, C);
+      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, x.atty + r * C, p.attprojw, T, C, C);
       round_to_dtype(dsmall, TC, dtype_);
-      attention_backward(dqkv, dsmall, a.qkv + (at + r) * 3 * C, a.atty + (at + r) * C, a.att_lse + (at + r) * NH, 1,
-                         T, C, NH);
-      round_to_dtype(dqkv, 3 * TC, dtype_);
-      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv, a.ln1 + (at + r) * C, p.qkvw, T, C, 3 * C);
+      attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, 1, T, C, NH);
+      round_to_dtype(dqkv_, 3 * TC, dtype_);
+      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, x.ln1 + r * C, p.qkvw, T, C, 3 * C);
       round_to_dtype(dsmall, TC, dtype_);
-      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, a.ln1_mean + at + r,
-                         a.ln1_rstd + at + r, T, C);
+      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, T,
+                         C);
       access_->grain_done(1 + l, 0, units_[1 + l].numel);
     }
     access_->release_params(1 + l);

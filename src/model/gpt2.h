@@ -76,7 +76,15 @@ double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 struct Gpt2Storage {
   bool params = true;
   bool grads = true;
+  // Activation checkpointing: keep only each block's input and recompute the block's activations
+  // in the backward pass (one block's worth of memory instead of L, for one more forward pass).
+  // The recomputed values are the same bits, so the gradients do not change.
+  bool activation_checkpointing = false;
 };
+
+// Bytes of activations (and their gradients) a Gpt2 holds for microbatches of up to max_batch
+// sequences of max_seq tokens: what activation_bytes() will report, known before building it.
+size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, bool activation_checkpointing);
 
 class Gpt2 {
  public:
@@ -90,6 +98,8 @@ class Gpt2 {
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
   size_t activation_bytes() const { return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float); }
+  // Reallocates the activations for microbatches of up to max_batch sequences.
+  void set_max_batch(int max_batch);
   // The model's own full arrays: null when Gpt2Storage left them out.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
@@ -108,22 +118,27 @@ class Gpt2 {
 
   // Runs tokens (B,T) through the model (eval, generation). With targets (B,T) (kIgnoreIndex
   // allowed) it also computes per-token losses and returns their sum; the count of non-ignored
-  // targets goes to *n_targets (may be null). Without targets only the logits are computed.
+  // targets goes to *n_targets (may be null). The logits are formed one sequence at a time, so
+  // only the last sequence's remain (logits()).
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets);
   // Training: the forward pass, then adds to grads() the gradient of dloss · (sum of the
   // per-token losses). Returns that sum, as forward() does. The logits are consumed.
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets);
 
-  const float* logits() const { return acts_.logits; }  // (B,T,V) of the last forward()
+  const float* logits() const { return acts_.logits; }  // (T,V): the last sequence of the last forward()
   // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where ignored.
   const float* losses() const { return acts_.losses; }
 
  private:
+  // A block's activations, per layer (or for one layer under activation checkpointing).
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_gelu;
+  };
   struct Acts {
-    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *residual2, *ln2, *ln2_mean,
-        *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses,
-        *ce_lse, *scratch;
+    BlockActs block;  // layer l's at offset l·(its size for one layer)
+    float *encoded, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *ce_lse, *scratch;
   };
   // One block's tensors inside its unit, in layout order.
   struct Block {
@@ -136,13 +151,22 @@ class Gpt2 {
   // x (n <= one sequence's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   class OwnArrays;
-  void forward_to_logits(const int32_t* tokens, int B, int T);
+  // Layer l's activations (slot 0 for every layer under activation checkpointing).
+  BlockActs block_acts(int l) const;
+  // Embeddings, blocks and the final norm, up to acts_.lnf.
+  void forward_to_lnf(const int32_t* tokens, int B, int T);
+  // Block l over the microbatch: its activations in block_acts(l), its output in residual3 of l.
+  void block_forward(int l, const Block& p, const float* residual);
+  // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (compute_params of unit 0).
+  void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
   double sum_losses(const int32_t* targets, int N, int64_t* n_targets) const;
-  void backward_from_dlogits();  // the gradient of the logits is in acts_.logits
+  // LM head forward, cross-entropy and the backward pass, after forward_to_lnf.
+  void backward(const int32_t* targets, float dloss);
 
   ModelConfig cfg_;
   int max_batch_, max_seq_;
+  bool checkpointing_;
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
@@ -151,6 +175,8 @@ class Gpt2 {
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
   Acts acts_{};
+  // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
+  // sequence (the blocks' backward works a sequence at a time).
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward, for the embedding's backward
   int B_ = 0, T_ = 0;

@@ -16,18 +16,26 @@
 #include "kernels/impl.h"
 #include "dist/communicator.h"
 #include "model/gpt2.h"
+#include "train/microbatch.h"
 #include "train/step.h"
 
 namespace anvil {
 
-BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps) {
+BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int steps) {
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
+  TrainConfig cfg = config;  // with the microbatch resolved
+  cfg.device_eval_batch_size = 0;  // no evaluation here
   set_kernel_impl(parse_kernel_impl(cfg.kernels));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  Gpt2 model(cfg.model, cfg.device_train_microbatch_size, T);
+  Gpt2Storage storage;
+  storage.activation_checkpointing = cfg.activation_checkpointing;
+  Gpt2 model(cfg.model, 1, T, storage);
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
   DataParallel dp(*comm, model, cfg.optimizer, data_parallel_options(cfg));
+  const MemoryReport mem = dp.memory();
+  cfg.device_train_microbatch_size = plan_microbatch(cfg, GB, mem.model_states() + mem.working, 1).microbatch;
+  model.set_max_batch(cfg.device_train_microbatch_size);
   dp.init_weights(cfg.seed);
   LrSchedule constant{"constant", 0, 0.0, warmup_steps + steps};
   TrainStep step(cfg, model, dp, constant);
@@ -41,8 +49,9 @@ BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps
   BenchTrainResult r;
   r.peak_gflops = measured_peak_gflops();
   log_info("bench train: GPT-2 {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
-           "parameters; {}; {} kernels", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size,
-           T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, blas_description(), cfg.kernels);
+           "parameters; {}; {} kernels{}", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
+           cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, blas_description(),
+           cfg.kernels, cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;

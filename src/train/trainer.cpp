@@ -20,6 +20,7 @@
 #include "kernels/impl.h"
 #include "train/checkpoint.h"
 #include "train/data_pipeline.h"
+#include "train/microbatch.h"
 #include "train/step.h"
 
 namespace anvil {
@@ -113,7 +114,8 @@ double peak_rss_mib() {
 
 }  // namespace
 
-TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
+TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
+  TrainConfig cfg = config;  // the microbatch and eval batch are resolved below
   set_kernel_impl(parse_kernel_impl(cfg.kernels));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const int W = comm.size(), rank = comm.rank();
@@ -123,7 +125,6 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   ANVIL_CHECK(GB % W == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
               "block of the batch", GB, W);
   const int local_batch = GB / W;
-  const int microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
 
   DataPipeline train_data = open_data(cfg.train_loader.dataset);
   LoaderOptions lopt;
@@ -187,10 +188,18 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
     std::fflush(metrics);
   };
 
-  const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);
   const DistributedConfig& dc = cfg.distributed;
-  Gpt2 model(cfg.model, max_batch, T, gpt2_storage_for_stage(dc.zero_stage));
+  Gpt2Storage storage = gpt2_storage_for_stage(dc.zero_stage);
+  storage.activation_checkpointing = cfg.activation_checkpointing;
+  // Activations are sized once the memory the model states take is known.
+  Gpt2 model(cfg.model, 1, T, storage);
   DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
+  const MemoryReport mem = dp.memory();
+  const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, comm.local_size());
+  const int microbatch = plan.microbatch, max_batch = std::max(plan.microbatch, plan.eval_batch);
+  cfg.device_train_microbatch_size = plan.microbatch;
+  cfg.device_eval_batch_size = plan.eval_batch;
+  model.set_max_batch(max_batch);
   std::string resume_loss_scaler, resume_dir_loaded = resume ? resume->dir : "";
   if (resume) {
     dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
@@ -215,8 +224,9 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
            cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
-  log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}); {} steps",
-           n_samples, T, batches_per_epoch, GB, local_batch, microbatch, total_steps);
+  log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
+           n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
+           cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);
   log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s{}", cfg.kernels, blas_description(), peak,
            W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
@@ -226,14 +236,15 @@ TrainSummary run_training(const TrainConfig& cfg, Communicator& comm) {
              dc.zero_stage, dc.all_reduce, dc.grad_compression == "bf16" ? ", bf16 gradient compression" : "",
              cfg.dist_timeout);
   }
-  const MemoryReport mem = dp.memory();
   const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded; working "
-           "buffers {}; activations {}", mib(mem.model_states()), mib(mem.params), mib(mem.grads), mib(mem.optimizer),
-           100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded), mib(mem.working),
-           mib(model.activation_bytes()));
+           "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),
+           mib(mem.optimizer), 100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded),
+           mib(mem.working), mib(model.activation_bytes()),
+           cfg.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
                                       {"working", mem.working}, {"activations", model.activation_bytes()},
+                                      {"microbatch", microbatch}, {"limit", plan.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
                                       {"world_size", W}}}});
 

@@ -80,7 +80,9 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"loss_scaler.init_scale=1000"}).find("powers of two"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"loss_scaler.hysteresis=0"}).find("must be positive"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"loss_scaler.scale=2"}).find("unknown key 'loss_scaler.scale'"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"device_train_microbatch_size=auto"}).find("'auto'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"memory_limit=lots"}).find("memory_limit = 'lots' is not a size"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"activation_checkpointing=true", "fsdp_config.activation_checkpointing=false"})
+                .find("differ"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr must be positive"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
@@ -91,6 +93,20 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("config file '/nonexistent/x.yaml' not found"), std::string::npos);
   }
+}
+
+TEST_F(ConfigTest, AutoMicrobatchMemoryLimitAndCheckpointing) {
+  TrainConfig c = load_train_config(write(kMinimal), {"device_train_microbatch_size=auto", "memory_limit=2gb",
+                                                      "fsdp_config.activation_checkpointing=true"});
+  EXPECT_TRUE(c.microbatch_auto);
+  EXPECT_EQ(c.device_eval_batch_size, 0);  // the trainer makes it the microbatch it picks
+  EXPECT_EQ(c.memory_limit, int64_t{2} << 30);
+  EXPECT_TRUE(c.activation_checkpointing);
+  const std::string resolved = to_yaml(c);
+  EXPECT_NE(resolved.find("device_train_microbatch_size: auto"), std::string::npos);
+  EXPECT_EQ(to_yaml(load_train_config(write(resolved), {})), resolved);
+  c = load_train_config(write(kMinimal), {"deepspeed_config.train_micro_batch_size_per_gpu=auto"});
+  EXPECT_TRUE(c.microbatch_auto);  // Hugging Face's ds_config spelling
 }
 
 TEST_F(ConfigTest, DuplicateKeysAreAnError) {

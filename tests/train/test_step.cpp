@@ -16,6 +16,7 @@
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "train/microbatch.h"
 #include "train/step.h"
 
 namespace {
@@ -64,11 +65,13 @@ struct Batch {
 // Final parameters after `steps` optimizer steps on the fixed batch.
 // forced_scale: start every tensor's fixed-point scale there (a huge one overflows at once).
 std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0,
-                               const std::string& precision = "fp32") {
+                               const std::string& precision = "fp32", bool activation_checkpointing = false) {
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
   c.precision = precision;
-  Gpt2 model(c.model, microbatch, c.max_seq_len);
+  Gpt2Storage storage;
+  storage.activation_checkpointing = activation_checkpointing;
+  Gpt2 model(c.model, microbatch, c.max_seq_len, storage);
   model.init_weights(1);
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
@@ -80,17 +83,78 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
 }
 
 TEST(TrainStep, DoesNotAllocateOnceWarm) {
-  TrainConfig c = small_config(2);
-  Gpt2 model(c.model, 2, c.max_seq_len);
-  model.init_weights(1);
-  auto comm = make_communicator();
-  DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
-  Batch b(c);
-  step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
-  const long before = g_allocations.load();
-  for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
-  EXPECT_EQ(g_allocations.load() - before, 0);
+  for (bool checkpointing : {false, true}) {
+    TrainConfig c = small_config(2);
+    Gpt2Storage storage;
+    storage.activation_checkpointing = checkpointing;
+    Gpt2 model(c.model, 2, c.max_seq_len, storage);
+    model.init_weights(1);
+    auto comm = make_communicator();
+    DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+    TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+    Batch b(c);
+    step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
+    const long before = g_allocations.load();
+    for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+    EXPECT_EQ(g_allocations.load() - before, 0) << "activation checkpointing " << checkpointing;
+  }
+}
+
+// Activation checkpointing recomputes each block's activations in the backward pass: the same
+// bits, so the same weights, in every precision and microbatch size, for less memory.
+TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
+  for (const char* precision : {"fp32", "amp_bf16"}) {
+    const std::vector<float> stored = train_steps(4, 3, true, 0, precision);
+    for (int mb : {4, 3})
+      EXPECT_TRUE(train_steps(mb, 3, true, 0, precision, /*activation_checkpointing=*/true) == stored)
+          << precision << ", microbatch " << mb;
+  }
+  const ModelConfig m = small_config(4).model;
+  const size_t stored = gpt2_activation_bytes(m, 4, 16, false), recomputed = gpt2_activation_bytes(m, 4, 16, true);
+  EXPECT_EQ(Gpt2(m, 4, 16).activation_bytes(), stored);
+  Gpt2Storage storage;
+  storage.activation_checkpointing = true;
+  EXPECT_EQ(Gpt2(m, 4, 16, storage).activation_bytes(), recomputed);
+  EXPECT_LT(recomputed, stored);
+}
+
+// device_train_microbatch_size: auto picks the largest microbatch whose activations fit in what
+// memory_limit leaves after the model states; a limit nothing fits in is an error that says so.
+TEST(Microbatch, AutoPicksTheLargestThatFits) {
+  TrainConfig c = small_config(0);
+  c.global_train_batch_size = 8;
+  c.microbatch_auto = true;
+  const size_t model_bytes = 1 << 20;
+  const size_t one = gpt2_activation_bytes(c.model, 1, c.max_seq_len, false);
+  const size_t five = gpt2_activation_bytes(c.model, 5, c.max_seq_len, false);
+  c.memory_limit = static_cast<int64_t>(model_bytes + five + (one / 4));
+  MicrobatchPlan plan = plan_microbatch(c, 8, model_bytes, 1);
+  EXPECT_EQ(plan.microbatch, 5);
+  EXPECT_EQ(plan.eval_batch, 5);
+  EXPECT_EQ(plan.activation_bytes, five);
+  EXPECT_EQ(plan_microbatch(c, 3, model_bytes, 1).microbatch, 3);  // never more than the rank's batch
+  c.activation_checkpointing = true;
+  EXPECT_GT(plan_microbatch(c, 8, model_bytes, 1).microbatch, 5);
+  c.activation_checkpointing = false;
+  c.memory_limit = static_cast<int64_t>(model_bytes + one / 2);
+  try {
+    plan_microbatch(c, 8, model_bytes, 1);
+    ADD_FAILURE() << "a limit below one sequence's activations was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one sequence of 16 tokens needs"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("activation_checkpointing"), std::string::npos) << e.what();
+  }
+  // An explicit microbatch is checked against an explicit limit.
+  c.microbatch_auto = false;
+  c.device_train_microbatch_size = 8;
+  c.memory_limit = static_cast<int64_t>(model_bytes + five);
+  EXPECT_THROW(plan_microbatch(c, 8, model_bytes, 1), Error);
+  c.device_train_microbatch_size = 5;
+  EXPECT_EQ(plan_microbatch(c, 8, model_bytes, 1).microbatch, 5);
+  // Without a limit: the memory available now (auto then fits at least one sequence here).
+  c.memory_limit = -1;
+  c.microbatch_auto = true;
+  EXPECT_GE(plan_microbatch(c, 8, model_bytes, 1).microbatch, 1);
 }
 
 // Fixed-point gradients: the grouping of sequences into microbatches cannot change a bit.

@@ -1,0 +1,56 @@
+#include "train/microbatch.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "model/gpt2.h"
+
+namespace anvil {
+namespace {
+
+std::string gib(size_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+}  // namespace
+
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host) {
+  MicrobatchPlan plan;
+  plan.model_bytes = model_bytes;
+  const bool given = cfg.memory_limit > 0;
+  // Without a limit: what the host has free now (the model states are already in memory), shared
+  // by the ranks on it, less a tenth for the data pipeline and everything else.
+  plan.limit = given ? static_cast<size_t>(cfg.memory_limit)
+                     : model_bytes + available_memory_bytes() / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
+  const char* source = given ? "memory_limit" : "the memory available at start";
+  ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
+              gib(model_bytes), source, gib(plan.limit));
+  const int T = cfg.max_seq_len;
+  auto activations = [&](int microbatch, int eval_batch) {
+    return gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);
+  };
+  const size_t budget = plan.limit - model_bytes;
+  if (cfg.microbatch_auto) {
+    // Activation memory grows with the microbatch: the largest that fits.
+    int best = 0;
+    for (int mb = 1; mb <= local_batch; mb++)
+      if (activations(mb, cfg.device_eval_batch_size) <= budget) best = mb;
+    ANVIL_CHECK(best > 0, "device_train_microbatch_size auto: one sequence of {} tokens needs {} of activations{}, "
+                "but {} of {} ({}) remain after the model states: {}raise memory_limit", T,
+                gib(activations(1, cfg.device_eval_batch_size)),
+                cfg.device_eval_batch_size > 1 ? fmt::format(" (eval batch {})", cfg.device_eval_batch_size) : "",
+                gib(budget), source, gib(plan.limit),
+                cfg.activation_checkpointing ? "" : "set activation_checkpointing: true or ");
+    plan.microbatch = best;
+  } else {
+    plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
+  }
+  plan.eval_batch = cfg.device_eval_batch_size > 0 ? cfg.device_eval_batch_size : plan.microbatch;
+  plan.activation_bytes = activations(plan.microbatch, plan.eval_batch);
+  ANVIL_CHECK(!given || plan.activation_bytes <= budget, "memory_limit {}: the model states and working buffers "
+              "({}) and the activations of a microbatch of {} ({}) do not fit: lower device_train_microbatch_size "
+              "(or give auto){}", gib(plan.limit), gib(model_bytes), plan.microbatch, gib(plan.activation_bytes),
+              cfg.activation_checkpointing ? "" : ", or set activation_checkpointing: true");
+  return plan;
+}
+
+}  // namespace anvil

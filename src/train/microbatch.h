@@ -1,0 +1,26 @@
+// The memory plan of one rank: `memory_limit` checked at start, and the microbatch that
+// `device_train_microbatch_size: auto` picks. Gradients are exact whatever the microbatch size
+// (Composer's rule, summed in fixed point), so the choice changes speed and memory, never the
+// numbers: the microbatch is picked from a memory model before training, not by running out of
+// memory and retrying.
+#pragma once
+#include <cstddef>
+
+#include "config/train_config.h"
+
+namespace anvil {
+
+struct MicrobatchPlan {
+  int microbatch = 0;         // sequences per forward/backward
+  int eval_batch = 0;         // sequences per eval forward
+  size_t limit = 0;           // bytes this rank may hold
+  size_t model_bytes = 0;     // model states and working buffers (given)
+  size_t activation_bytes = 0;  // what the model will allocate for max(microbatch, eval_batch)
+};
+
+// local_batch: this rank's sequences per step; model_bytes: what the rank holds besides
+// activations; ranks_on_host: how many ranks share this host's memory (for the default limit).
+// Errors name the limit and what does not fit in it.
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host);
+
+}  // namespace anvil

@@ -9,7 +9,10 @@
 namespace anvil {
 namespace {
 
-std::string gib(size_t bytes) { return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / (1 << 30)); }
+std::string size_text(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b < (1 << 30) ? fmt::format("{:.1f} MiB", b / (1 << 20)) : fmt::format("{:.2f} GiB", b / (1 << 30));
+}
 
 }  // namespace
 
@@ -23,7 +26,7 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
                      : model_bytes + available_memory_bytes() / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
   const char* source = given ? "memory_limit" : "the memory available at start";
   ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
-              gib(model_bytes), source, gib(plan.limit));
+              size_text(model_bytes), source, size_text(plan.limit));
   const int T = cfg.max_seq_len;
   auto activations = [&](int microbatch, int eval_batch) {
     return gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);
@@ -36,9 +39,9 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
       if (activations(mb, cfg.device_eval_batch_size) <= budget) best = mb;
     ANVIL_CHECK(best > 0, "device_train_microbatch_size auto: one sequence of {} tokens needs {} of activations{}, "
                 "but {} of {} ({}) remain after the model states: {}raise memory_limit", T,
-                gib(activations(1, cfg.device_eval_batch_size)),
+                size_text(activations(1, cfg.device_eval_batch_size)),
                 cfg.device_eval_batch_size > 1 ? fmt::format(" (eval batch {})", cfg.device_eval_batch_size) : "",
-                gib(budget), source, gib(plan.limit),
+                size_text(budget), source, size_text(plan.limit),
                 cfg.activation_checkpointing ? "" : "set activation_checkpointing: true or ");
     plan.microbatch = best;
   } else {
@@ -48,7 +51,7 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
   plan.activation_bytes = activations(plan.microbatch, plan.eval_batch);
   ANVIL_CHECK(!given || plan.activation_bytes <= budget, "memory_limit {}: the model states and working buffers "
               "({}) and the activations of a microbatch of {} ({}) do not fit: lower device_train_microbatch_size "
-              "(or give auto){}", gib(plan.limit), gib(model_bytes), plan.microbatch, gib(plan.activation_bytes),
+              "(or give auto){}", size_text(plan.limit), size_text(model_bytes), plan.microbatch, size_text(plan.activation_bytes),
               cfg.activation_checkpointing ? "" : ", or set activation_checkpointing: true");
   return plan;
 }

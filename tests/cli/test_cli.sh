@@ -74,6 +74,21 @@ if [[ "$out" == "The jury said"* ]] && [ ${#out} -gt 20 ]; then pass "generate: 
 out2=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12 --seed 3 2>/dev/null)
 [ "$out" = "$out2" ] && pass "generate is reproducible for a seed" || fail "generate differs between runs with one seed"
 
+# Memory: activation checkpointing with an automatic microbatch gives the weights of the plain
+# run bit for bit; a memory_limit nothing fits in is refused before training.
+short=(max_duration=12ba eval_first=false eval_interval=12ba save_interval=12ba seed=5)
+"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" > /dev/null 2>&1 \
+  && "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-b" "${short[@]}" device_train_microbatch_size=auto \
+       activation_checkpointing=true > /dev/null 2>&1 \
+  || fail "short runs for the memory checks"
+chosen=$(grep -o "microbatch [0-9]*, chosen by auto" "$tmp/mem-b/train.log")
+a=$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256"); b=$("$anvil" inspect "$tmp/mem-b" | grep "weights sha256")
+[ -n "$chosen" ] && [ -n "$a" ] && [ "$a" = "$b" ] \
+  && pass "auto microbatch ($chosen) with activation checkpointing: the same weights as microbatch 8" \
+  || fail "auto microbatch / activation checkpointing: '$chosen' '$a' vs '$b'"
+expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
+  run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=100mb
+
 # --- bad input -------------------------------------------------------------------------------
 expect_error "missing config" "config file '$tmp/nope.yaml' not found" "$anvil" train "$tmp/nope.yaml"
 printf 'model: [1, 2\n' > "$tmp/bad.yaml"

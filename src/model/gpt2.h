@@ -3,7 +3,8 @@
 // final norm), so that each unit the model works through (embeddings, a block, the final norm) is
 // one contiguous range: a block's gradient is complete, and can be reduced, while the backward
 // pass goes on to the blocks below it, and a sharded run gathers one block at a time. Every
-// activation is allocated once, at construction, for the largest microbatch: a step never allocates.
+// activation is allocated once, for the largest microbatch (at construction, or by set_max_batch
+// before training): a step never allocates.
 #pragma once
 #include <cstdint>
 #include <memory>

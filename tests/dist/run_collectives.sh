@@ -3,7 +3,7 @@
 # then checks that a rank that never arrives ends the job, within the timeout, naming that rank.
 set -uo pipefail
 bin="$1"
-source "$(dirname "$0")/mpi_env.sh"
+source "$(dirname "$0")/../lib.sh"
 fail=0
 for np in 1 2 3 4; do
   if ! mpirun_anvil "$np" "$bin"; then echo "FAIL: collectives on $np rank(s)"; fail=1; fi

@@ -9,11 +9,9 @@
 set -uo pipefail
 anvil="$1" src="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/mpi_env.sh"
+source "$src/tests/lib.sh"
 export OMP_NUM_THREADS=1  # up to 4 ranks share 2 cores
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+start_test
 
 prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
 

@@ -6,12 +6,9 @@
 # Usage: test_precision.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
-source "$src/tests/dist/mpi_env.sh"
+source "$src/tests/lib.sh"
 export OMP_NUM_THREADS=2
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+start_test
 
 prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/r.yaml" <<YAML

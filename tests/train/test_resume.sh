@@ -12,13 +12,9 @@
 # Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
-here="$(cd "$(dirname "$0")" && pwd)"
-source "$src/tests/dist/mpi_env.sh"
+source "$src/tests/lib.sh"
 export OMP_NUM_THREADS=1
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-failures=0
-pass() { echo "ok: $1"; }
-fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+start_test
 
 prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/r.yaml" <<YAML

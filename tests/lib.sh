@@ -1,4 +1,15 @@
-# Helpers for the tests that run anvil on several ranks.
+# Helpers for the shell tests that train with anvil (sourced).
+
+# start_test: $tmp (a directory removed on exit), pass/fail reporting and $failures, which the
+# test's last line turns into its exit status.
+start_test() {
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  failures=0
+}
+pass() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+
 # mpirun_anvil NP CMD...: Open MPI's mpirun for tests on one machine. --oversubscribe lets ranks
 # outnumber cores; running as root (CI containers) must be allowed explicitly.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

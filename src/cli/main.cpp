@@ -60,6 +60,12 @@ load_path=CKPT continues from a given one.
 
 Data parallel: launch N ranks with `mpirun -np N anvil train ...` (or `srun --mpi=pmix` under
 SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md).
+
+Memory: device_train_microbatch_size=auto picks the largest microbatch that fits memory_limit
+(default: the memory free at start); activation_checkpointing=true recomputes each block in the
+backward pass instead of storing it. Neither changes a bit of the result.
+DeepSpeed: deepspeed_config=ds_config.json reads DeepSpeed's bf16/fp16, batch, ZeRO stage,
+clipping and AdamW keys.
 See docs/config.md for every key.
 )";
 

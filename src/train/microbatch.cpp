@@ -19,40 +19,40 @@ std::string size_text(size_t bytes) {
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host) {
   MicrobatchPlan plan;
   plan.model_bytes = model_bytes;
-  const bool given = cfg.memory_limit > 0;
-  // Without a limit: what the host has free now (the model states are already in memory), shared
-  // by the ranks on it, less a tenth for the data pipeline and everything else.
-  plan.limit = given ? static_cast<size_t>(cfg.memory_limit)
-                     : model_bytes + available_memory_bytes() / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
-  const char* source = given ? "memory_limit" : "the memory available at start";
-  ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
-              size_text(model_bytes), source, size_text(plan.limit));
   const int T = cfg.max_seq_len;
   auto activations = [&](int microbatch, int eval_batch) {
     return gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);
   };
-  const size_t budget = plan.limit - model_bytes;
+  const bool given = cfg.memory_limit > 0;
+  plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
+  const char* source = given ? "memory_limit" : "the memory available at start";
+  if (given || cfg.microbatch_auto) {
+    // Without a limit: what the host has free now (the model states are already in memory),
+    // shared by the ranks on it, less a tenth for the data pipeline and everything else.
+    plan.limit = given ? static_cast<size_t>(cfg.memory_limit)
+                       : model_bytes + available_memory_bytes() / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
+    ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
+                size_text(model_bytes), source, size_text(plan.limit));
+  }
+  const size_t budget = plan.limit - std::min(plan.limit, model_bytes);
   if (cfg.microbatch_auto) {
     // Activation memory grows with the microbatch: the largest that fits.
-    int best = 0;
+    plan.microbatch = 0;
     for (int mb = 1; mb <= local_batch; mb++)
-      if (activations(mb, cfg.device_eval_batch_size) <= budget) best = mb;
-    ANVIL_CHECK(best > 0, "device_train_microbatch_size auto: one sequence of {} tokens needs {} of activations{}, "
-                "but {} of {} ({}) remain after the model states: {}raise memory_limit", T,
+      if (activations(mb, cfg.device_eval_batch_size) <= budget) plan.microbatch = mb;
+    ANVIL_CHECK(plan.microbatch > 0, "device_train_microbatch_size auto: one sequence of {} tokens needs {} of "
+                "activations{}, but {} of {} ({}) remain after the model states: {}raise memory_limit", T,
                 size_text(activations(1, cfg.device_eval_batch_size)),
                 cfg.device_eval_batch_size > 1 ? fmt::format(" (eval batch {})", cfg.device_eval_batch_size) : "",
                 size_text(budget), source, size_text(plan.limit),
                 cfg.activation_checkpointing ? "" : "set activation_checkpointing: true or ");
-    plan.microbatch = best;
-  } else {
-    plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
   }
   plan.eval_batch = cfg.device_eval_batch_size > 0 ? cfg.device_eval_batch_size : plan.microbatch;
   plan.activation_bytes = activations(plan.microbatch, plan.eval_batch);
   ANVIL_CHECK(!given || plan.activation_bytes <= budget, "memory_limit {}: the model states and working buffers "
               "({}) and the activations of a microbatch of {} ({}) do not fit: lower device_train_microbatch_size "
-              "(or give auto){}", size_text(plan.limit), size_text(model_bytes), plan.microbatch, size_text(plan.activation_bytes),
-              cfg.activation_checkpointing ? "" : ", or set activation_checkpointing: true");
+              "(or give auto){}", size_text(plan.limit), size_text(model_bytes), plan.microbatch,
+              size_text(plan.activation_bytes), cfg.activation_checkpointing ? "" : ", or set activation_checkpointing: true");
   return plan;
 }
 

@@ -244,7 +244,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
            cfg.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
                                       {"working", mem.working}, {"activations", model.activation_bytes()},
-                                      {"microbatch", microbatch}, {"limit", plan.limit},
+                                      {"microbatch", microbatch}, {"memory_limit", plan.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
                                       {"world_size", W}}}});
 

@@ -413,9 +413,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("achieved:        %.1f GFLOP/s\n", r.gflops);
   std::printf("measured peak:   %.1f GFLOP/s (fp32 sgemm, %d threads)\n", r.peak_gflops, cpu_info().threads);
   std::printf("MFU:             %.1f%%\n", 100 * r.mfu);
-  std::printf("peak memory:     %.0f MiB\n", r.peak_rss_mib);
+  std::printf("peak memory:     %.0f MiB (activations %.0f MiB, microbatch %d)\n", r.peak_rss_mib, r.activation_mib,
+              r.microbatch);
   std::printf("{\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
-              "\"steps\": %d}\n", r.tokens_per_s, r.gflops, r.peak_gflops, r.mfu, r.peak_rss_mib, steps);
+              "\"activation_mib\": %.1f, \"microbatch\": %d, \"steps\": %d}\n", r.tokens_per_s, r.gflops, r.peak_gflops,
+              r.mfu, r.peak_rss_mib, r.activation_mib, r.microbatch, steps);
   return 0;
 }
 

@@ -48,6 +48,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
 
   BenchTrainResult r;
   r.peak_gflops = measured_peak_gflops();
+  r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
+  r.microbatch = cfg.device_train_microbatch_size;
   log_info("bench train: GPT-2 {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
            "parameters; {}; {} kernels{}", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
            cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, blas_description(),

@@ -1,6 +1,7 @@
 // Every fast CPU op against its reference, over shapes that reach each branch: sizes of one,
 // odd sizes, T not a multiple of the attention tiles, a single head, accumulation (+=) outputs.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <vector>
 
@@ -76,7 +77,9 @@ TEST(LayerNorm, MatchesReference) {
 TEST(Matmul, MatchesReference) {
   struct Shape { int N, C, OC; bool bias; };
   for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false},
-                  Shape{64, 96, 130, true}, Shape{1, 256, 1000, false}}) {
+                  Shape{64, 96, 130, true}, Shape{1, 256, 1000, false},
+                  // row bands: narrow outputs cut into 64- to 256-row blocks, uneven last ones
+                  Shape{256, 256, 300, true}, Shape{200, 64, 520, false}}) {
     SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC << " bias=" << s.bias);
     auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3),
          dout = randn(s.N * s.OC, 4);
@@ -95,6 +98,35 @@ TEST(Matmul, MatchesReference) {
     EXPECT_TRUE(rel_norm_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(rel_norm_close(dw_cpu.data(), dw_ref.data(), dw_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), s.OC, kFp32Reduction));
+  }
+}
+
+// The GEMM grid is a function of the shape only: 1, 2 and 3 threads give the same bits, for
+// shapes cut into column blocks, row bands and both.
+TEST(Matmul, ThreadCountDoesNotChangeABit) {
+  struct Shape { int N, C, OC; };
+  for (Shape s : {Shape{256, 256, 768}, Shape{256, 256, 300}, Shape{200, 1024, 64}, Shape{130, 64, 2000}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3), dout = randn(s.N * s.OC, 4);
+    std::vector<float> out[3], dinp[3], dw[3], db[3];
+    const int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+      omp_set_num_threads(k + 1);
+      out[k].resize(s.N * s.OC);
+      dinp[k].resize(inp.size());
+      dw[k] = randn(w.size(), 5);
+      db[k] = randn(s.OC, 6);
+      cpu::matmul_forward(out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
+      cpu::matmul_backward(dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), inp.data(), w.data(), s.N, s.C,
+                           s.OC);
+    }
+    omp_set_num_threads(saved);
+    for (int k = 1; k < 3; k++) {
+      EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads";
+      EXPECT_TRUE(dinp[k] == dinp[0]) << k + 1 << " threads";
+      EXPECT_TRUE(dw[k] == dw[0]) << k + 1 << " threads";
+      EXPECT_TRUE(db[k] == db[0]) << k + 1 << " threads";
+    }
   }
 }
 

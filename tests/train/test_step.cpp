@@ -202,8 +202,11 @@ TEST(TrainStep, MixedPrecisionFollowsFp32AndStaysDeterministic) {
     EXPECT_FALSE(amp == fp32) << precision << " changed nothing";
     EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm)) << precision;
     EXPECT_TRUE(train_steps(1, 3, true, 0, precision) == amp) << precision << ", microbatch 1";
+    // fp32 sums differ from the fixed-point ones by fp32 rounding, but a 16-bit rounding of an
+    // activation that sits on a boundary then flips by one 16-bit step, and AdamW turns a near-zero
+    // gradient's change into a weight change of up to lr: close, not to fp32 precision.
     EXPECT_TRUE(testing::rel_norm_close(train_steps(4, 3, false, 0, precision).data(), amp.data(), amp.size(),
-                                        testing::kFp32RelNorm)) << precision << ", fp32 sums";
+                                        testing::kBf16RelNorm / 10)) << precision << ", fp32 sums";
   }
 }
 

@@ -60,10 +60,29 @@ namespace cpu {
 
 // OpenBLAS rounds an element differently depending on how its threads split the matrix (an
 // element at the edge of a thread's tile goes through an edge kernel), so the thread count would
-// change results. Instead the output is cut into fixed blocks of kBlock rows or columns, each a
-// single-threaded sgemm (OpenBLAS runs serially inside an OpenMP region), shared out over
-// OpenMP threads: every element is computed by the same call whatever the thread count.
-constexpr int kBlock = 256;
+// change results. Instead the output is cut into a fixed grid of blocks, each a single-threaded
+// sgemm (OpenBLAS runs serially inside an OpenMP region), shared out over OpenMP threads: every
+// element is computed by the same call whatever the thread count. Blocks are kBlock × kBlock;
+// when that gives fewer than kMinBlocks, the rows are cut finer (down to kMinBandRows), so that a
+// narrow product (d_model columns, or the LM head's input gradient) still keeps every core
+// busy. The grid is a function of the shape alone.
+constexpr int kBlock = 256, kMinBlocks = 4, kMinBandRows = 64;
+
+// Calls block(r0, rows, c0, cols) for each block of a rows × cols output, in parallel.
+template <typename Block>
+void for_each_block(int rows, int cols, const Block& block) {
+  const int col_blocks = (cols + kBlock - 1) / kBlock;
+  const int wanted_row_blocks = (kMinBlocks + col_blocks - 1) / col_blocks;
+  int band = kBlock;
+  if ((rows + band - 1) / band < wanted_row_blocks)
+    band = std::max(kMinBandRows, (rows + wanted_row_blocks - 1) / wanted_row_blocks);
+  const int row_blocks = (rows + band - 1) / band;
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < row_blocks * col_blocks; t++) {
+    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * kBlock;
+    block(r0, std::min(band, rows - r0), c0, std::min(kBlock, cols - c0));
+  }
+}
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
@@ -74,33 +93,24 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  const int blocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(dynamic)
-  for (int j = 0; j < blocks; j++) {
-    const int o0 = j * kBlock, ob = std::min(kBlock, OC - o0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, ob, C, 1.0f, inp, C, weight + static_cast<long>(o0) * C,
-                C, beta, out + o0, OC);
-  }
+  for_each_block(N, OC, [&](int n0, int nb, int o0, int ob) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, ob, C, 1.0f, inp + static_cast<long>(n0) * C, C,
+                weight + static_cast<long>(o0) * C, C, beta, out + static_cast<long>(n0) * OC + o0, OC);
+  });
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
   if (dinp) {
-    const int blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(dynamic)
-    for (int j = 0; j < blocks; j++) {
-      const int c0 = j * kBlock, cb = std::min(kBlock, C - c0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, cb, OC, 1.0f, dout, OC, weight + c0, C, 0.0f,
-                  dinp + c0, C);
-    }
+    for_each_block(N, C, [&](int n0, int nb, int c0, int cb) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, cb, OC, 1.0f, dout + static_cast<long>(n0) * OC,
+                  OC, weight + c0, C, 0.0f, dinp + static_cast<long>(n0) * C + c0, C);
+    });
   }
-  const int blocks = (OC + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(dynamic)
-  for (int j = 0; j < blocks; j++) {
-    const int o0 = j * kBlock, ob = std::min(kBlock, OC - o0);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
-                dweight + static_cast<long>(o0) * C, C);
-  }
+  for_each_block(OC, C, [&](int o0, int ob, int c0, int cb) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, cb, N, 1.0f, dout + o0, OC, inp + c0, C, 1.0f,
+                dweight + static_cast<long>(o0) * C + c0, C);
+  });
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;

@@ -196,9 +196,16 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
   const MemoryReport mem = dp.memory();
   const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, comm.local_size());
-  const int microbatch = plan.microbatch, max_batch = std::max(plan.microbatch, plan.eval_batch);
-  cfg.device_train_microbatch_size = plan.microbatch;
-  cfg.device_eval_batch_size = plan.eval_batch;
+  int microbatch = plan.microbatch;
+  // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the
+  // smallest choice of any rank.
+  if (cfg.microbatch_auto && W > 1)
+    for (double choice : all_gather_values(comm, plan.microbatch))
+      microbatch = std::min(microbatch, static_cast<int>(choice));
+  const int eval_batch = cfg.device_eval_batch_size > 0 ? cfg.device_eval_batch_size : microbatch;
+  cfg.device_train_microbatch_size = microbatch;
+  cfg.device_eval_batch_size = eval_batch;
+  const int max_batch = std::max(microbatch, eval_batch);
   model.set_max_batch(max_batch);
   std::string resume_loss_scaler, resume_dir_loaded = resume ? resume->dir : "";
   if (resume) {

@@ -2,8 +2,9 @@
 # Data-parallel training under mpirun, as a user runs it: the same global batch on 1, 2, 3 and 4
 # ranks with several microbatch sizes, every ZeRO stage and every all-reduce algorithm ends with
 # the same weights, bit for bit, and the same loss at every step (deterministic_mode, the
-# default); with deterministic_mode: false (fp32 sums) and with bf16 gradient compression the
-# runs follow the same curve to rounding. ZeRO-3 on 4 ranks holds under 40% of the unsharded
+# default; also with an automatic microbatch and activation checkpointing); with
+# deterministic_mode: false (fp32 sums) and with bf16 gradient compression the runs follow the
+# same curve to rounding. ZeRO-3 on 4 ranks holds under 40% of the unsharded
 # model states; SIGKILL of one rank ends the whole job, within 60 s, naming the lost rank.
 # Usage: test_data_parallel.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -48,12 +49,14 @@ train w4_zero1 4 device_train_microbatch_size=3 distributed.zero_stage=1
 train w4_zero2 4 device_train_microbatch_size=1 distributed.zero_stage=2
 train w4_zero3 4 device_train_microbatch_size=2 distributed.zero_stage=3
 train w3_zero3 3 device_train_microbatch_size=4 distributed.zero_stage=3
+train w2_auto_zero3 2 device_train_microbatch_size=auto activation_checkpointing=true distributed.zero_stage=3
 train w2_float 2 device_train_microbatch_size=3 deterministic_mode=false
 train w2_bf16 2 device_train_microbatch_size=6 deterministic_mode=false distributed.grad_compression=bf16
 
 # Fixed-point gradients: any grouping of the batch gives the same bits.
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/w1" "$tmp"/w2_mb3 "$tmp"/w3_mb4 "$tmp"/w4_mb1 "$tmp"/w4_ring \
-  "$tmp"/w2_ordered "$tmp"/w4_zero1 "$tmp"/w4_zero2 "$tmp"/w4_zero3 "$tmp"/w3_zero3 || fail "runs differ from one rank"
+  "$tmp"/w2_ordered "$tmp"/w4_zero1 "$tmp"/w4_zero2 "$tmp"/w4_zero3 "$tmp"/w3_zero3 "$tmp"/w2_auto_zero3 \
+  || fail "runs differ from one rank"
 # fp32 sums: rounding compounded through 12 Adam steps (measured: about 2e-7 on the weights).
 /usr/bin/python3 "$here/compare_runs.py" 1e-5 "$tmp/w1" "$tmp/w2_float" || fail "fp32-summed run strays from the curve"
 # bf16 on the wire changes the math: it must still follow the curve closely.

@@ -86,11 +86,11 @@ void read_precision(MapReader& ds, Translator& out, const std::string& where) {
     f.get("enabled", fp16);
     double static_scale = 0;
     f.get("loss_scale", static_scale);
-    ANVIL_CHECK(static_scale == 0, "{}: deepspeed_config.fp16.loss_scale {} is a static loss scale, which anvil does "
-                "not have: give 0 (dynamic) and initial_scale_power", where, static_scale);
     bool auto_cast = false;  // anvil's amp always rounds every matrix product's operands
     f.get("auto_cast", auto_cast);
     if (fp16) {
+      ANVIL_CHECK(static_scale == 0, "{}: deepspeed_config.fp16.loss_scale {} is a static loss scale, which anvil "
+                  "does not have: give 0 (dynamic) and initial_scale_power", where, static_scale);
       if (f.has("initial_scale_power")) {
         int power = 0;
         f.get("initial_scale_power", power);

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "config/duration.h"
 #include "core/error.h"

@@ -351,7 +351,8 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   if (targets) check_targets(targets, B * T);
   forward_to_lnf(tokens, B, T);
   const float* emb = compute_params(0, access_->acquire_params(0, -1));
-  for (int b = 0; b < B; b++) {
+  // Without targets only the last sequence's logits are kept, so only they are formed.
+  for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
     if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets + r, T, cfg_.vocab_size);

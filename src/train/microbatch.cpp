@@ -18,7 +18,6 @@ std::string size_text(size_t bytes) {
 
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host) {
   MicrobatchPlan plan;
-  plan.model_bytes = model_bytes;
   const int T = cfg.max_seq_len;
   auto activations = [&](int microbatch, int eval_batch) {
     return gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);

@@ -11,10 +11,9 @@
 namespace anvil {
 
 struct MicrobatchPlan {
-  int microbatch = 0;         // sequences per forward/backward
-  int eval_batch = 0;         // sequences per eval forward
-  size_t limit = 0;           // bytes this rank may hold (0: no limit given, and none needed)
-  size_t model_bytes = 0;     // model states and working buffers (given)
+  int microbatch = 0;           // sequences per forward/backward
+  int eval_batch = 0;           // sequences per eval forward
+  size_t limit = 0;             // bytes this rank may hold (0: no limit given, and none needed)
   size_t activation_bytes = 0;  // what the model will allocate for max(microbatch, eval_batch)
 };
 

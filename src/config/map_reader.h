@@ -4,12 +4,14 @@
 #pragma once
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "config/duration.h"
+#include "config/train_config.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -44,6 +46,13 @@ class MapReader {
     std::string text;
     get(key, text);
     if (!text.empty()) out = parse_duration(text, file_ + ": " + full(key));
+  }
+
+  // A size in bytes ("64kb", "10gb", see parse_bytes); -1 (none) is kept as -1.
+  void get_bytes(const std::string& key, int64_t& out) {
+    std::string text;
+    get(key, text);
+    if (!text.empty() && text != "-1") out = parse_bytes(text, file_ + ": " + full(key));
   }
 
   MapReader sub(const std::string& key) {

@@ -59,9 +59,7 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   d.get("shuffle_block_size", ds.shuffle_block_size);
   d.get("num_canonical_nodes", ds.num_canonical_nodes);
   d.get("epoch_size", ds.epoch_size);
-  std::string cache_limit;
-  d.get("cache_limit", cache_limit);
-  if (!cache_limit.empty() && cache_limit != "-1") ds.cache_limit = parse_bytes(cache_limit, file + ": " + d.full("cache_limit"));
+  d.get_bytes("cache_limit", ds.cache_limit);
   d.get("predownload", ds.predownload);
   d.get("download_retry", ds.download_retry);
   d.get("download_timeout", ds.download_timeout);
@@ -236,11 +234,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     if (!c.microbatch_auto) top.get("device_train_microbatch_size", c.device_train_microbatch_size);
   }
   top.get("device_eval_batch_size", c.device_eval_batch_size);
-  {
-    std::string limit;
-    top.get("memory_limit", limit);
-    if (!limit.empty() && limit != "-1") c.memory_limit = parse_bytes(limit, path + ": memory_limit");
-  }
+  top.get_bytes("memory_limit", c.memory_limit);
   top.get("activation_checkpointing", c.activation_checkpointing);
   top.get("precision", c.precision);
   {

@@ -22,5 +22,10 @@ void attention_forward(float*, float*, const float*, int, int, int, int);
 void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
                         int, int);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void attention_forward(float*, float*, const float*, int, int, int, int);
+void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
+                        int, int);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -29,5 +29,9 @@ namespace cpu {  // one exp per logit in the training form
 void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
 void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int);
+void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -1,5 +1,6 @@
 // The one place each op chooses its implementation. Call sites never name ref:: or cpu::.
 #include "core/error.h"
+#include "device/device.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
@@ -21,11 +22,24 @@ KernelImpl kernel_impl() { return g_impl; }
 KernelImpl parse_kernel_impl(const std::string& name) {
   if (name == "ref") return KernelImpl::kRef;
   if (name == "cpu") return KernelImpl::kCpu;
-  ANVIL_FAIL("unknown kernel implementation '{}': expected 'ref' or 'cpu'", name);
+  if (name == "gpu") {
+    ANVIL_CHECK(gpu_backend_built(), "kernels=gpu: this anvil was built without a GPU backend; build the "
+                "cuda-release or hip-release preset (docs/gpu.md), or use kernels=cpu");
+    gpu_select(0);
+    return KernelImpl::kGpu;
+  }
+  ANVIL_FAIL("unknown kernel implementation '{}': expected 'ref', 'cpu' or 'gpu'", name);
 }
 
+#if defined(ANVIL_GPU)
+#define ANVIL_DISPATCH(op, ...)                                                  \
+  return g_impl == KernelImpl::kRef   ? ref::op(__VA_ARGS__)                     \
+         : g_impl == KernelImpl::kGpu ? gpu::op(__VA_ARGS__)                     \
+                                      : cpu::op(__VA_ARGS__)
+#else  // kGpu cannot be chosen (parse_kernel_impl refuses it)
 #define ANVIL_DISPATCH(op, ...) \
   return g_impl == KernelImpl::kRef ? ref::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
+#endif
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                      int T, int C) {
@@ -43,6 +57,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
   ANVIL_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void set_matmul_operand_dtype(ComputeDtype d) {
+#if defined(ANVIL_GPU)
+  if (g_impl == KernelImpl::kGpu) gpu::set_matmul_operand_dtype(d);
+#endif
 }
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {

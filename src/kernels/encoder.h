@@ -19,5 +19,9 @@ namespace cpu {
 void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
 void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
+void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -16,5 +16,9 @@ namespace cpu {
 void gelu_forward(float*, const float*, long);
 void gelu_backward(float*, const float*, const float*, long);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void gelu_forward(float*, const float*, long);
+void gelu_backward(float*, const float*, const float*, long);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -1,14 +1,16 @@
-// Which implementation the ops run: the scalar reference (the executable specification) or the
-// fast CPU kernels. Chosen once per process; every op dispatches on it in dispatch.cpp.
+// Which implementation the ops run: the scalar reference (the executable specification), the
+// fast CPU kernels, or the GPU kernels (whose arrays live in GPU memory: kernels/buffer.h).
+// Chosen once per process; every op dispatches on it in dispatch.cpp.
 #pragma once
 #include <string>
 
 namespace anvil {
 
-enum class KernelImpl { kRef, kCpu };
+enum class KernelImpl { kRef, kCpu, kGpu };
 
 void set_kernel_impl(KernelImpl impl);
 KernelImpl kernel_impl();
-KernelImpl parse_kernel_impl(const std::string& name);  // "ref" or "cpu"
+// "ref", "cpu" or "gpu"; "gpu" needs a build with a GPU backend and selects the process's GPU.
+KernelImpl parse_kernel_impl(const std::string& name);
 
 }  // namespace anvil

@@ -23,5 +23,10 @@ void layernorm_forward(float*, float*, float*, const float*, const float*, const
 void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
                         const float*, const float*, int, int);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int);
+void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
+                        const float*, const float*, int, int);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -1,5 +1,6 @@
 // Linear layer: a matrix product with an optional bias, weights stored (out, in) as in PyTorch.
 #pragma once
+#include "core/dtype.h"
 
 namespace anvil {
 
@@ -11,6 +12,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
 
+// A promise that every operand of the matmuls that follow is a value of dtype d (amp rounds
+// them so). GPU GEMMs then multiply in that dtype's tensor-core mode, which is exact for such
+// operands and accumulates in fp32; the CPU's are unaffected.
+void set_matmul_operand_dtype(ComputeDtype d);
+
 namespace ref {
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
@@ -19,5 +25,10 @@ namespace cpu {
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void set_matmul_operand_dtype(ComputeDtype);
+void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+}  // namespace gpu
 
 }  // namespace anvil

@@ -16,5 +16,9 @@ namespace cpu {
 void residual_forward(float*, const float*, const float*, long);
 void residual_backward(float*, float*, const float*, long);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void residual_forward(float*, const float*, const float*, long);
+void residual_backward(float*, float*, const float*, long);
+}  // namespace gpu
 
 }  // namespace anvil

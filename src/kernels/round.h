@@ -16,5 +16,8 @@ void round_to_dtype(float*, long, ComputeDtype);
 namespace cpu {
 void round_to_dtype(float*, long, ComputeDtype);
 }  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void round_to_dtype(float*, long, ComputeDtype);
+}  // namespace gpu
 
 }  // namespace anvil

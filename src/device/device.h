@@ -1,0 +1,45 @@
+// The GPU as the rest of anvil sees it: which devices there are, memory through a caching
+// allocator (once warm, a training step never calls the driver's allocator), copies, and the one
+// stream the ops run on. It builds everywhere: without a GPU backend every query answers "none"
+// and asking for a device is a clear error.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace anvil {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  std::string arch;  // "sm_90" (compute capability 9.0) or "gfx90a"
+  size_t total_bytes = 0, free_bytes = 0;
+  int multiprocessors = 0;
+};
+
+// Whether this build has a GPU backend, and which ("CUDA" or "HIP").
+bool gpu_backend_built();
+// "CUDA runtime 13.0, driver 13.0"; "none: built without a GPU backend" when not built.
+std::string gpu_backend_description();
+// Devices visible to this process (empty without a GPU, a driver, or a backend).
+std::vector<GpuInfo> gpu_devices();
+// The device this process uses from now on; an error naming what is missing when there is none.
+void gpu_select(int index);
+
+// Memory on the selected device, from the caching allocator: a block freed is kept for the next
+// request of its size class. All work runs on one stream, so a block reused is never in use.
+void* gpu_alloc(size_t bytes);
+void gpu_release(void* p);
+struct GpuAllocatorStats {
+  size_t in_use = 0, cached = 0;  // bytes
+  size_t device_mallocs = 0;      // calls to the driver's allocator so far
+};
+GpuAllocatorStats gpu_allocator_stats();
+
+void gpu_copy_to_device(void* dst, const void* host_src, size_t bytes);
+void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
+void gpu_copy_on_device(void* dst, const void* src, size_t bytes);
+void gpu_zero(void* dst, size_t bytes);
+void gpu_synchronize();
+
+}  // namespace anvil

@@ -1,0 +1,27 @@
+// The device layer of a build without a GPU backend: every query answers "none", and using a
+// device is an error that says how to get one.
+#include "core/error.h"
+#include "device/device.h"
+
+namespace anvil {
+namespace {
+[[noreturn]] void not_built() {
+  ANVIL_FAIL("this anvil was built without a GPU backend; build the cuda-release or hip-release preset "
+             "(docs/gpu.md), or use kernels=cpu");
+}
+}  // namespace
+
+bool gpu_backend_built() { return false; }
+std::string gpu_backend_description() { return "none: built without a GPU backend"; }
+std::vector<GpuInfo> gpu_devices() { return {}; }
+void gpu_select(int) { not_built(); }
+void* gpu_alloc(size_t) { not_built(); }
+void gpu_release(void*) { not_built(); }
+GpuAllocatorStats gpu_allocator_stats() { return {}; }
+void gpu_copy_to_device(void*, const void*, size_t) { not_built(); }
+void gpu_copy_to_host(void*, const void*, size_t) { not_built(); }
+void gpu_copy_on_device(void*, const void*, size_t) { not_built(); }
+void gpu_zero(void*, size_t) { not_built(); }
+void gpu_synchronize() { not_built(); }
+
+}  // namespace anvil

@@ -1,0 +1,96 @@
+// The matrix products on the GPU through cuBLASLt / hipBLASLt, fp32 in and out with fp32
+// accumulation. The bias is fused into the forward GEMM's epilogue; the bias gradient is a
+// fixed-order column sum (ops.cu). The same shapes always get the same algorithm from the
+// heuristic, so results repeat bit for bit run to run.
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "device/blas_runtime.h"
+#include "device/device.h"
+#include "device/stream.h"
+#include "kernels/gpu/internal.h"
+#include "kernels/matmul.h"
+
+namespace anvil::gpu {
+
+void op_error(const char* message) { ANVIL_FAIL("{}", message); }
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+struct Blas {
+  gpublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  gpublasComputeType_t compute = GPUBLAS_COMPUTE_32F;
+};
+
+Blas& blas() {
+  static Blas b = [] {
+    Blas x;
+    GPUBLAS_CHECK(gpublasLtCreate(&x.handle));
+    x.workspace = gpu_alloc(kWorkspaceBytes);
+    return x;
+  }();
+  return b;
+}
+
+// D (m,n) = op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], all column-major fp32.
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* D,
+          int ldd, float beta, const float* bias) {
+  Blas& b = blas();
+  gpublasLtMatmulDesc_t desc;
+  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&desc, b.compute, GPU_R_32F));
+  const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  gpublasLtMatrixLayout_t la, lb, ld;
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&la, GPU_R_32F, trans_a ? k : m, trans_a ? m : k, lda));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&lb, GPU_R_32F, trans_b ? n : k, trans_b ? k : n, ldb));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&ld, GPU_R_32F, m, n, ldd));
+  gpublasLtMatmulPreference_t pref;
+  GPUBLAS_CHECK(gpublasLtMatmulPreferenceCreate(&pref));
+  GPUBLAS_CHECK(gpublasLtMatmulPreferenceSetAttribute(pref, GPUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                                                      sizeof kWorkspaceBytes));
+  gpublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  GPUBLAS_CHECK(gpublasLtMatmulAlgoGetHeuristic(b.handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+  ANVIL_CHECK(found > 0, "the GPU BLAS has no algorithm for a {}x{}x{} matrix product", m, n, k);
+  const float alpha = 1.0f;
+  GPUBLAS_CHECK(gpublasLtMatmul(b.handle, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heuristic.algo,
+                                b.workspace, kWorkspaceBytes, gpu_stream()));
+  gpublasLtMatmulPreferenceDestroy(pref);
+  gpublasLtMatrixLayoutDestroy(la);
+  gpublasLtMatrixLayoutDestroy(lb);
+  gpublasLtMatrixLayoutDestroy(ld);
+  gpublasLtMatmulDescDestroy(desc);
+}
+
+}  // namespace
+
+void set_matmul_operand_dtype(ComputeDtype d) {
+  blas().compute = d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF
+                   : d == ComputeDtype::kFp16 ? GPUBLAS_COMPUTE_32F_FAST_16F
+                                              : GPUBLAS_COMPUTE_32F;
+}
+
+// Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being
+// column-major (C,OC), hence transposed.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  // dinp^T (C,N) = W^T (C,OC) · dout^T (OC,N)
+  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+  // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
+  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  if (dbias) column_sums_accumulate(dbias, dout, N, OC);
+}
+
+}  // namespace anvil::gpu

@@ -1,0 +1,554 @@
+// GPU kernels for every op but the matrix product's GEMMs (matmul.cpp): one source, compiled as
+// CUDA or as HIP. Every reduction runs in a fixed order (warp butterflies, per-chunk partial sums
+// added in chunk order), with no atomics, so a run repeats bit for bit.
+#include <cstdint>
+
+#include "core/targets.h"
+#include "device/arch.h"
+#include "device/device.h"
+#include "device/stream.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/gpu/internal.h"
+#include "kernels/layernorm.h"
+#include "kernels/residual.h"
+#include "kernels/round.h"
+
+namespace anvil::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// Scratch memory for the ops' partial sums: grown on first use through the caching allocator,
+// kept afterwards, so a warm step allocates nothing.
+float* scratch(size_t floats) {
+  static float* buf = nullptr;
+  static size_t size = 0;
+  if (floats > size) {
+    gpu_release(buf);
+    buf = static_cast<float*>(gpu_alloc(floats * sizeof(float)));
+    size = floats;
+  }
+  return buf;
+}
+
+// ---- embeddings
+
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
+                                       int C, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * C) return;
+  const long n = i / C;
+  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
+  out[i] = wte[static_cast<long>(tokens[n]) * C + c] + wpe[static_cast<long>(t) * C + c];
+}
+
+// One thread per channel walks the positions in order: a token that occurs twice adds its two
+// gradients in position order, as the reference does, with no atomics.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, long N) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (long n = 0; n < N; n++) dwte[static_cast<long>(tokens[n]) * C + c] += dout[n * C + c];
+}
+
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long>(T) * C) return;
+  float s = dwpe[i];
+  for (int b = 0; b < B; b++) s += dout[static_cast<long>(b) * T * C + i];
+  dwpe[i] = s;
+}
+
+// ---- layer norm: a warp per row
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                         const float* bias, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= N) return;
+  const float* x = inp + static_cast<long>(row) * C;
+  float s = 0;
+  for (int c = lane; c < C; c += kWarpSize) s += x[c];
+  const float m = warp_sum(s) / C;
+  float v = 0;
+  for (int c = lane; c < C; c += kWarpSize) v += (x[c] - m) * (x[c] - m);
+  const float r = rsqrtf(warp_sum(v) / C + kLayerNormEps);
+  float* o = out + static_cast<long>(row) * C;
+  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                               const float* mean, const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= N) return;
+  const long base = static_cast<long>(row) * C;
+  const float m = mean[row], r = rstd[row];
+  float dnorm_sum = 0, dnorm_norm_sum = 0;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float norm = (inp[base + c] - m) * r, dnorm = weight[c] * dout[base + c];
+    dnorm_sum += dnorm;
+    dnorm_norm_sum += dnorm * norm;
+  }
+  const float dnorm_mean = warp_sum(dnorm_sum) / C, dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
+  for (int c = lane; c < C; c += kWarpSize) {
+    const float norm = (inp[base + c] - m) * r, dnorm = weight[c] * dout[base + c];
+    dinp[base + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
+  }
+}
+
+// Column sums in two fixed-order stages: each block sums kRowsPerChunk rows of its columns into
+// partial[chunk], then one thread per column adds the chunks in order.
+constexpr int kRowsPerChunk = 32;
+
+__global__ void layernorm_param_partials_kernel(float* partial, const float* dout, const float* inp,
+                                                const float* mean, const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= C) return;
+  float dw = 0, db = 0;
+  const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
+  for (int r = chunk * kRowsPerChunk; r < r1; r++) {
+    const long i = static_cast<long>(r) * C + c;
+    dw += (inp[i] - mean[r]) * rstd[r] * dout[i];
+    db += dout[i];
+  }
+  const long chunks = gridDim.y;
+  partial[chunk * static_cast<long>(C) + c] = dw;
+  partial[(chunks + chunk) * static_cast<long>(C) + c] = db;
+}
+
+__global__ void column_partials_kernel(float* partial, const float* x, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+  if (c >= C) return;
+  float s = 0;
+  const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
+  for (int r = chunk * kRowsPerChunk; r < r1; r++) s += x[static_cast<long>(r) * C + c];
+  partial[chunk * static_cast<long>(C) + c] = s;
+}
+
+// out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs, in double: the chunks of
+// a long column can cancel.
+__global__ void sum_partials_kernel(float* out0, float* out1, const float* partial, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
+  if (c >= C) return;
+  double s = 0;
+  for (int j = 0; j < chunks; j++) s += partial[(static_cast<long>(k) * chunks + j) * C + c];
+  float* out = k == 0 ? out0 : out1;
+  out[c] = static_cast<float>(out[c] + s);
+}
+
+// ---- element-wise
+
+constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
+
+// tanh-GELU as x·sigmoid(2u) (0.5·(1 + tanh u) = sigmoid(2u)): no cancellation in 1 + tanh u for
+// negative x, the form the CPU kernels use.
+struct Sigmoid2 {
+  float s, one_minus_s;
+};
+__device__ inline Sigmoid2 sigmoid2(float u) {
+  const float e = expf(-2.0f * fabsf(u));  // in (0, 1]: never overflows
+  const float small = e / (1.0f + e), large = 1.0f / (1.0f + e);
+  return u >= 0 ? Sigmoid2{large, small} : Sigmoid2{small, large};
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const float x = inp[i];
+  out[i] = x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s;
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const float x = inp[i];
+  const Sigmoid2 g = sigmoid2(kGeluScale * (x + 0.044715f * x * x * x));
+  const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+  dinp[i] = (g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i];
+}
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) out[i] = a[i] + b[i];
+}
+
+__global__ void residual_backward_kernel(float* da, float* db, const float* dout, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  da[i] += dout[i];
+  db[i] += dout[i];
+}
+
+// The same bit operations as the CPU's rounding (kernels/cpu/round.cpp).
+__global__ void round_bf16_kernel(float* x, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const uint32_t u = __float_as_uint(x[i]);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  x[i] = __uint_as_float(nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded);
+}
+
+__global__ void round_fp16_kernel(float* x, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const uint32_t u = __float_as_uint(x[i]);
+  const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
+  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+  const float small = (__uint_as_float(a) + 0.5f) - 0.5f;  // exact: see cpu/round.cpp
+  uint32_t out = a < 0x38800000u ? __float_as_uint(small) : normal;
+  out = a >= 0x477ff000u ? 0x7f800000u : out;
+  out = a > 0x7f800000u ? (a | 0x00400000u) : out;
+  x[i] = __uint_as_float(out | sign);
+}
+
+// ---- attention: a warp per query row (forward, dq) or key row (dk, dv). The lanes take
+// kWarpSize keys (queries) at a time, one each, for the scores; then each lane owns the head
+// channels d = lane, lane + kWarpSize, ... of the accumulators. Probabilities are rebuilt from the
+// saved log-sum-exp, so T×T is never stored.
+
+constexpr int kMaxChannelsPerLane = 8;  // head sizes up to 8 · kWarpSize
+constexpr int kAttnWarps = 4;           // warps per block
+
+__device__ inline float dot_row(const float* a, const float* b, int HS) {
+  float s = 0;
+  for (int d = 0; d < HS; d++) s += a[d] * b[d];
+  return s;
+}
+
+__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  extern __shared__ float smem[];
+  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;  // (b, h, t)
+  if (row >= static_cast<long>(B) * NH * T) return;
+  const int t = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
+  const long C3 = 3L * C;
+  const float* base = qkv + static_cast<long>(b) * T * C3;
+  float* q = smem + warp * HS;
+  for (int d = lane; d < HS; d += kWarpSize) q[d] = base[t * C3 + h * HS + d];
+  sync_warp();
+  const float scale = rsqrtf(static_cast<float>(HS));
+  float m = -INFINITY, l = 0, acc[kMaxChannelsPerLane] = {};
+  for (int j0 = 0; j0 <= t; j0 += kWarpSize) {
+    const int j = j0 + lane;
+    const float s = j <= t ? dot_row(q, base + j * C3 + C + h * HS, HS) * scale : -INFINITY;
+    const float m_new = fmaxf(m, warp_max(s));
+    const float p = j <= t ? expf(s - m_new) : 0.0f;
+    const float correction = expf(m - m_new);
+    l = l * correction + warp_sum(p);
+    for (int k = 0; k < kMaxChannelsPerLane; k++) acc[k] *= correction;
+    const int last = min(kWarpSize, t - j0 + 1);
+    for (int jj = 0; jj < last; jj++) {
+      const float pj = shfl(p, jj);
+      const float* v = base + (j0 + jj) * C3 + 2 * C + h * HS;
+      for (int k = 0; k < kMaxChannelsPerLane; k++) {
+        const int d = lane + k * kWarpSize;
+        if (d < HS) acc[k] += pj * v[d];
+      }
+    }
+    m = m_new;
+  }
+  float* o = out + (static_cast<long>(b) * T + t) * C + h * HS;
+  for (int k = 0; k < kMaxChannelsPerLane; k++) {
+    const int d = lane + k * kWarpSize;
+    if (d < HS) o[d] = acc[k] / l;
+  }
+  if (lane == 0) lse[(static_cast<long>(b) * NH + h) * T + t] = m + logf(l);
+}
+
+// dq and D = rowsum(dout ∘ out) for one query row; D goes to delta (B,NH,T) for the dk/dv pass.
+__global__ void attention_backward_dq_kernel(float* dqkv, float* delta, const float* dout, const float* qkv,
+                                             const float* out, const float* lse, int B, int T, int C, int NH) {
+  extern __shared__ float smem[];
+  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;
+  if (row >= static_cast<long>(B) * NH * T) return;
+  const int t = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
+  const long C3 = 3L * C;
+  const float* base = qkv + static_cast<long>(b) * T * C3;
+  const long orow = (static_cast<long>(b) * T + t) * C + h * HS;
+  float* q = smem + warp * 2 * HS;
+  float* dO = q + HS;
+  float dsum = 0;
+  for (int d = lane; d < HS; d += kWarpSize) {
+    q[d] = base[t * C3 + h * HS + d];
+    dO[d] = dout[orow + d];
+    dsum += dO[d] * out[orow + d];
+  }
+  sync_warp();
+  const float D = warp_sum(dsum);
+  const long lrow = (static_cast<long>(b) * NH + h) * T + t;
+  if (lane == 0) delta[lrow] = D;
+  const float scale = rsqrtf(static_cast<float>(HS)), L = lse[lrow];
+  float acc[kMaxChannelsPerLane] = {};
+  for (int j0 = 0; j0 <= t; j0 += kWarpSize) {
+    const int j = j0 + lane;
+    float ds = 0;
+    if (j <= t) {
+      const float p = expf(dot_row(q, base + j * C3 + C + h * HS, HS) * scale - L);
+      ds = p * (dot_row(dO, base + j * C3 + 2 * C + h * HS, HS) - D);
+    }
+    const int last = min(kWarpSize, t - j0 + 1);
+    for (int jj = 0; jj < last; jj++) {
+      const float dsj = shfl(ds, jj);
+      const float* k = base + (j0 + jj) * C3 + C + h * HS;
+      for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
+        const int d = lane + kk * kWarpSize;
+        if (d < HS) acc[kk] += dsj * k[d];
+      }
+    }
+  }
+  float* dq = dqkv + (static_cast<long>(b) * T + t) * C3 + h * HS;
+  for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
+    const int d = lane + kk * kWarpSize;
+    if (d < HS) dq[d] = acc[kk] * scale;
+  }
+}
+
+__global__ void attention_backward_dkv_kernel(float* dqkv, const float* delta, const float* dout, const float* qkv,
+                                              const float* lse, int B, int T, int C, int NH) {
+  extern __shared__ float smem[];
+  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;
+  if (row >= static_cast<long>(B) * NH * T) return;
+  const int j = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
+  const long C3 = 3L * C;
+  const float* base = qkv + static_cast<long>(b) * T * C3;
+  float* k = smem + warp * 2 * HS;
+  float* v = k + HS;
+  for (int d = lane; d < HS; d += kWarpSize) {
+    k[d] = base[j * C3 + C + h * HS + d];
+    v[d] = base[j * C3 + 2 * C + h * HS + d];
+  }
+  sync_warp();
+  const float scale = rsqrtf(static_cast<float>(HS));
+  const long lbase = (static_cast<long>(b) * NH + h) * T;
+  float dk[kMaxChannelsPerLane] = {}, dv[kMaxChannelsPerLane] = {};
+  for (int i0 = j; i0 < T; i0 += kWarpSize) {
+    const int i = i0 + lane;
+    float p = 0, ds = 0;
+    if (i < T) {
+      const float* dOi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
+      p = expf(dot_row(base + i * C3 + h * HS, k, HS) * scale - lse[lbase + i]);
+      ds = p * (dot_row(dOi, v, HS) - delta[lbase + i]);
+    }
+    const int last = min(kWarpSize, T - i0);
+    for (int ii = 0; ii < last; ii++) {
+      const float pi = shfl(p, ii), dsi = shfl(ds, ii);
+      const float* qi = base + (i0 + ii) * C3 + h * HS;
+      const float* dOi = dout + (static_cast<long>(b) * T + i0 + ii) * C + h * HS;
+      for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
+        const int d = lane + kk * kWarpSize;
+        if (d < HS) {
+          dv[kk] += pi * dOi[d];
+          dk[kk] += dsi * qi[d];
+        }
+      }
+    }
+  }
+  float* out = dqkv + (static_cast<long>(b) * T + j) * C3 + h * HS;
+  for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
+    const int d = lane + kk * kWarpSize;
+    if (d < HS) {
+      out[C + d] = dk[kk] * scale;
+      out[2 * C + d] = dv[kk];
+    }
+  }
+}
+
+// ---- cross-entropy: a block per row
+
+constexpr int kCeThreads = 512;
+
+// Block-wide (max, sum of exp) of one row, combined in a fixed tree; every thread gets the result.
+__device__ void row_logsumexp(const float* x, int V, float* shared, float& lse) {
+  float m = -INFINITY, s = 0;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float m_new = fmaxf(m, x[v]);
+    s = s * expf(m - m_new) + expf(x[v] - m_new);
+    m = m_new;
+  }
+  // Within the warp, then across warps through shared memory.
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) {
+    const float m2 = shfl_xor(m, off), s2 = shfl_xor(s, off);
+    const float m_new = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
+    m = m_new;
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, warps = blockDim.x / kWarpSize;
+  if (lane == 0) {
+    shared[warp] = m;
+    shared[warps + warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = shared[0], S = shared[warps];
+    for (int w = 1; w < warps; w++) {
+      const float m2 = shared[w], s2 = shared[warps + w];
+      const float m_new = fmaxf(M, m2);
+      S = (M == -INFINITY ? 0.0f : S * expf(M - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
+      M = m_new;
+    }
+    shared[2 * warps] = M + logf(S);
+  }
+  __syncthreads();
+  lse = shared[2 * warps];
+}
+
+__global__ void crossentropy_forward_kernel(float* losses, float* lse_out, const float* logits, const int32_t* targets,
+                                            int V) {
+  __shared__ float shared[2 * (kCeThreads / 32) + 1];
+  const long row = blockIdx.x;
+  const float* x = logits + row * V;
+  float lse;
+  row_logsumexp(x, V, shared, lse);
+  if (threadIdx.x == 0) {
+    const int32_t target = targets[row];
+    lse_out[row] = lse;
+    losses[row] = target == kIgnoreIndex ? 0.0f : lse - x[target];
+  }
+}
+
+__global__ void crossentropy_forward_backward_kernel(float* losses, float* dlogits, const float* logits,
+                                                     const int32_t* targets, float dloss, int V) {
+  __shared__ float shared[2 * (kCeThreads / 32) + 1];
+  const long row = blockIdx.x;
+  const float* x = logits + row * V;
+  float lse;
+  row_logsumexp(x, V, shared, lse);
+  const int32_t target = targets[row];
+  if (threadIdx.x == 0) losses[row] = target == kIgnoreIndex ? 0.0f : lse - x[target];
+  __syncthreads();  // the loss reads x[target] before the gradient may overwrite it (aliasing)
+  float* dx = dlogits + row * V;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(x[v] - lse);
+    dx[v] = target == kIgnoreIndex ? 0.0f : dloss * (p - (v == target ? 1.0f : 0.0f));
+  }
+}
+
+}  // namespace
+
+// ---- the ops
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  const long N = static_cast<long>(B) * T;
+  encoder_forward_kernel<<<blocks_for(N * C), kThreads, 0, gpu_stream()>>>(out, tokens, wte, wpe, T, C, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+  const long N = static_cast<long>(B) * T;
+  encoder_backward_wte_kernel<<<blocks_for(C, 64), 64, 0, gpu_stream()>>>(dwte, dout, tokens, C, N);
+  GPU_CHECK_LAUNCH();
+  encoder_backward_wpe_kernel<<<blocks_for(static_cast<long>(T) * C), kThreads, 0, gpu_stream()>>>(dwpe, dout, B, T, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C) {
+  const int rows_per_block = kThreads / kWarpSize;
+  layernorm_forward_kernel<<<blocks_for(N, rows_per_block), kThreads, 0, gpu_stream()>>>(out, mean, rstd, inp, weight,
+                                                                                         bias, N, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  const int rows_per_block = kThreads / kWarpSize;
+  layernorm_backward_dinp_kernel<<<blocks_for(N, rows_per_block), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, weight,
+                                                                                               mean, rstd, N, C);
+  GPU_CHECK_LAUNCH();
+  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  float* partial = scratch(2L * chunks * C);
+  layernorm_param_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, dout, inp, mean,
+                                                                                              rstd, N, C);
+  GPU_CHECK_LAUNCH();
+  sum_partials_kernel<<<dim3(blocks_for(C), 2), kThreads, 0, gpu_stream()>>>(dweight, dbias, partial, chunks, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void column_sums_accumulate(float* out, const float* x, int N, int C) {
+  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  float* partial = scratch(static_cast<size_t>(chunks) * C);
+  column_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, x, N, C);
+  GPU_CHECK_LAUNCH();
+  sum_partials_kernel<<<dim3(blocks_for(C), 1), kThreads, 0, gpu_stream()>>>(out, nullptr, partial, chunks, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void gelu_forward(float* out, const float* inp, long N) {
+  gelu_forward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(out, inp, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
+  gelu_backward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(dinp, inp, dout, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void residual_forward(float* out, const float* a, const float* b, long N) {
+  residual_forward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(out, a, b, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void residual_backward(float* da, float* db, const float* dout, long N) {
+  residual_backward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(da, db, dout, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void round_to_dtype(float* x, long N, ComputeDtype d) {
+  if (d == ComputeDtype::kBf16) round_bf16_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N);
+  if (d == ComputeDtype::kFp16) round_fp16_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N);
+  GPU_CHECK_LAUNCH();
+}
+
+namespace {
+void check_head_size(int C, int NH) {
+  const int HS = C / NH;
+  if (HS > kMaxChannelsPerLane * kWarpSize) op_error("attention: the head size exceeds the GPU kernels' limit (8 x the warp size)");
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  check_head_size(C, NH);
+  const long rows = static_cast<long>(B) * NH * T;
+  const size_t shared = static_cast<size_t>(kAttnWarps) * (C / NH) * sizeof(float);
+  attention_forward_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
+      out, lse, qkv, B, T, C, NH);
+  GPU_CHECK_LAUNCH();
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int C, int NH) {
+  check_head_size(C, NH);
+  const long rows = static_cast<long>(B) * NH * T;
+  float* delta = scratch(static_cast<size_t>(rows));
+  const size_t shared = static_cast<size_t>(kAttnWarps) * 2 * (C / NH) * sizeof(float);
+  attention_backward_dq_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
+      dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
+  GPU_CHECK_LAUNCH();
+  attention_backward_dkv_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
+      dqkv, delta, dout, qkv, lse, B, T, C, NH);
+  GPU_CHECK_LAUNCH();
+}
+
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V) {
+  crossentropy_forward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, lse, logits, targets, V);
+  GPU_CHECK_LAUNCH();
+}
+
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                   float dloss, int N, int V) {
+  crossentropy_forward_backward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, dlogits, logits, targets, dloss, V);
+  GPU_CHECK_LAUNCH();
+}
+
+}  // namespace anvil::gpu

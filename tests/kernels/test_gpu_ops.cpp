@@ -1,0 +1,281 @@
+// Every GPU op against the scalar reference (the same contracts as the CPU kernels' tests, in
+// tests/kernels/test_ops.cpp), at the tolerances of tests/compare.h; and the properties the GPU
+// backend promises: results that repeat bit for bit, and no device allocation once warm.
+// Without a GPU every test skips and says so.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "compare.h"
+#include "core/rng.h"
+#include "device/device.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/round.h"
+
+namespace anvil {
+namespace {
+using testing::all_close;
+using testing::kFp32Elementwise;
+using testing::kFp32Reduction;
+using testing::kFp32RelNorm;
+using testing::rel_norm_close;
+
+std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = scale * static_cast<float>(normal_at(4321, stream, i));
+  return v;
+}
+
+// A device copy of a host vector, read back with host().
+template <class T>
+class Dev {
+ public:
+  explicit Dev(const std::vector<T>& h) : n_(h.size()) {
+    p_ = static_cast<T*>(gpu_alloc(std::max<size_t>(1, n_) * sizeof(T)));
+    gpu_copy_to_device(p_, h.data(), n_ * sizeof(T));
+  }
+  ~Dev() { gpu_release(p_); }
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    gpu_copy_to_host(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  T* p_;
+  size_t n_;
+};
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_devices().empty())
+      GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << "): the GPU op tests need one";
+    gpu_select(0);
+  }
+};
+
+TEST_F(GpuOps, EncoderMatchesReference) {
+  struct Shape { int B, T, C, V; };
+  for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}, Shape{4, 64, 768, 50257}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C);
+    std::vector<int32_t> tokens(s.B * s.T);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = static_cast<int32_t>((i * 7 + 3) % s.V);
+    auto wte = randn(static_cast<size_t>(s.V) * s.C, 1), wpe = randn(s.T * s.C, 2), dout = randn(s.B * s.T * s.C, 3);
+    std::vector<float> out_ref(s.B * s.T * s.C, 0.0f);
+    ref::encoder_forward(out_ref.data(), tokens.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
+    Dev<int32_t> d_tokens(tokens);
+    Dev<float> d_wte(wte), d_wpe(wpe), d_dout(dout), d_out(std::vector<float>(out_ref.size(), NAN));
+    gpu::encoder_forward(d_out.get(), d_tokens.get(), d_wte.get(), d_wpe.get(), s.B, s.T, s.C);
+    EXPECT_TRUE(all_close(d_out.host().data(), out_ref.data(), out_ref.size(), kFp32Elementwise));
+    auto dwte = randn(wte.size(), 4), dwpe = randn(wpe.size(), 5);  // += onto these
+    Dev<float> d_dwte(dwte), d_dwpe(dwpe);
+    ref::encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), s.B, s.T, s.C);
+    gpu::encoder_backward(d_dwte.get(), d_dwpe.get(), d_dout.get(), d_tokens.get(), s.B, s.T, s.C);
+    EXPECT_TRUE(all_close(d_dwte.host().data(), dwte.data(), dwte.size(), kFp32Elementwise));
+    EXPECT_TRUE(all_close(d_dwpe.host().data(), dwpe.data(), dwpe.size(), kFp32Elementwise));
+  }
+}
+
+TEST_F(GpuOps, LayerNormMatchesReference) {
+  struct Shape { int N, C; };
+  for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{33, 64}, Shape{17, 768}, Shape{1000, 1024}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C);
+    auto inp = randn(s.N * s.C, 1, 2.0f), w = randn(s.C, 2), b = randn(s.C, 3), dout = randn(s.N * s.C, 4);
+    std::vector<float> out(inp.size()), m(s.N), r(s.N);
+    ref::layernorm_forward(out.data(), m.data(), r.data(), inp.data(), w.data(), b.data(), s.N, s.C);
+    Dev<float> d_inp(inp), d_w(w), d_b(b), d_dout(dout), d_out(std::vector<float>(out.size(), NAN)),
+        d_m(std::vector<float>(s.N, NAN)), d_r(std::vector<float>(s.N, NAN));
+    gpu::layernorm_forward(d_out.get(), d_m.get(), d_r.get(), d_inp.get(), d_w.get(), d_b.get(), s.N, s.C);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), out.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(d_m.host().data(), m.data(), s.N, kFp32Reduction));
+    EXPECT_TRUE(all_close(d_r.host().data(), r.data(), s.N, kFp32Reduction));
+    auto dinp = randn(inp.size(), 5), dw = randn(s.C, 6), db = randn(s.C, 7);
+    Dev<float> d_dinp(dinp), d_dw(dw), d_db(db), d_mr(m), d_rr(r);
+    ref::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), m.data(), r.data(),
+                            s.N, s.C);
+    gpu::layernorm_backward(d_dinp.get(), d_dw.get(), d_db.get(), d_dout.get(), d_inp.get(), d_w.get(), d_mr.get(),
+                            d_rr.get(), s.N, s.C);
+    EXPECT_TRUE(all_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(d_dw.host().data(), dw.data(), s.C, kFp32Reduction));
+    EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.C, kFp32Reduction));
+  }
+}
+
+// fp32 operands with fp32 compute, and bf16-valued operands through the bf16 tensor-core mode
+// that set_matmul_operand_dtype allows: exact products, so the same tolerance holds.
+TEST_F(GpuOps, MatmulMatchesReference) {
+  struct Shape { int N, C, OC; bool bias; };
+  for (ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+    gpu::set_matmul_operand_dtype(dtype);
+    for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false}, Shape{64, 96, 130, true},
+                    Shape{1, 256, 1000, false}, Shape{64, 768, 2304, true}, Shape{8, 768, 50257, false}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC
+                                        << " bias=" << s.bias);
+      auto inp = randn(s.N * s.C, 1), w = randn(static_cast<size_t>(s.OC) * s.C, 2, 0.1f), b = randn(s.OC, 3),
+           dout = randn(static_cast<size_t>(s.N) * s.OC, 4);
+      for (auto* v : {&inp, &w, &b, &dout}) ref::round_to_dtype(v->data(), static_cast<long>(v->size()), dtype);
+      const float* bias = s.bias ? b.data() : nullptr;
+      std::vector<float> out(static_cast<size_t>(s.N) * s.OC);
+      ref::matmul_forward(out.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+      Dev<float> d_inp(inp), d_w(w), d_b(b), d_dout(dout), d_out(std::vector<float>(out.size(), NAN));
+      gpu::matmul_forward(d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr, s.N, s.C, s.OC);
+      EXPECT_TRUE(rel_norm_close(d_out.host().data(), out.data(), out.size(), kFp32RelNorm));
+      std::vector<float> dinp(inp.size());
+      auto dw = randn(w.size(), 5), db = randn(s.OC, 6);
+      Dev<float> d_dinp(std::vector<float>(inp.size(), NAN)), d_dw(dw), d_db(db);
+      ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), inp.data(), w.data(),
+                           s.N, s.C, s.OC);
+      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), d_inp.get(),
+                           d_w.get(), s.N, s.C, s.OC);
+      EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
+      EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
+      EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.OC, kFp32Reduction));
+    }
+  }
+  gpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
+}
+
+TEST_F(GpuOps, ElementwiseMatchReference) {
+  for (long n : {1L, 7L, 1000L, 1L << 20}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << n);
+    auto x = randn(n, 1, 3.0f), y = randn(n, 2), dout = randn(n, 3);
+    std::vector<float> out(n);
+    Dev<float> d_x(x), d_y(y), d_dout(dout), d_out(std::vector<float>(n, NAN));
+    ref::gelu_forward(out.data(), x.data(), n);
+    gpu::gelu_forward(d_out.get(), d_x.get(), n);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), n, kFp32Elementwise));
+    ref::gelu_backward(out.data(), x.data(), dout.data(), n);
+    gpu::gelu_backward(d_out.get(), d_x.get(), d_dout.get(), n);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), n, kFp32Elementwise));
+    ref::residual_forward(out.data(), x.data(), y.data(), n);
+    gpu::residual_forward(d_out.get(), d_x.get(), d_y.get(), n);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), n, kFp32Elementwise));
+    auto da = randn(n, 4), db = randn(n, 5);
+    Dev<float> d_da(da), d_db(db);
+    ref::residual_backward(da.data(), db.data(), dout.data(), n);
+    gpu::residual_backward(d_da.get(), d_db.get(), d_dout.get(), n);
+    EXPECT_TRUE(all_close(d_da.host().data(), da.data(), n, kFp32Elementwise));
+    EXPECT_TRUE(all_close(d_db.host().data(), db.data(), n, kFp32Elementwise));
+  }
+}
+
+// Rounding is exact: the GPU gives the reference's bits, over normal, subnormal, overflowing,
+// tie and NaN inputs.
+TEST_F(GpuOps, RoundingMatchesReferenceBitForBit) {
+  std::vector<float> x = randn(1 << 16, 1, 100.0f);
+  for (float v : {0.0f, -0.0f, 1e-8f, 6e-8f, 3e-5f, 65519.0f, 65520.0f, 1e30f, INFINITY, NAN, 1.00390625f,
+                  1.01171875f})
+    x.push_back(v);
+  for (size_t i = 0; i < 4096; i++) x.push_back(x[i] * 1e-6f);
+  for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+    std::vector<float> want = x;
+    ref::round_to_dtype(want.data(), static_cast<long>(want.size()), d);
+    Dev<float> d_x(x);
+    gpu::round_to_dtype(d_x.get(), static_cast<long>(x.size()), d);
+    const std::vector<float> got = d_x.host();
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << dtype_name(d);
+  }
+}
+
+TEST_F(GpuOps, AttentionMatchesReference) {
+  struct Shape { int B, T, C, NH; };
+  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3}, Shape{1, 64, 32, 4},
+                  Shape{1, 100, 128, 2}, Shape{2, 256, 768, 12}, Shape{1, 129, 256, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+    auto qkv = randn(s.B * s.T * 3 * s.C, 1), dout = randn(s.B * s.T * s.C, 2);
+    std::vector<float> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T);
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    Dev<float> d_qkv(qkv), d_dout(dout), d_out(std::vector<float>(out.size(), NAN)),
+        d_lse(std::vector<float>(lse.size(), NAN));
+    gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), out.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(d_lse.host().data(), lse.data(), lse.size(), kFp32Reduction));
+    std::vector<float> dqkv(qkv.size());
+    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
+    Dev<float> d_outr(out), d_lser(lse), d_dqkv(std::vector<float>(qkv.size(), NAN));  // must be overwritten
+    gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_outr.get(), d_lser.get(), s.B, s.T, s.C, s.NH);
+    const std::vector<float> got = d_dqkv.host();
+    EXPECT_TRUE(rel_norm_close(got.data(), dqkv.data(), dqkv.size(), kFp32RelNorm));
+    EXPECT_TRUE(all_close(got.data(), dqkv.data(), dqkv.size(), kFp32Reduction));
+  }
+}
+
+TEST_F(GpuOps, CrossEntropyMatchesReferenceWithIgnoredTargets) {
+  struct Shape { int N, V; };
+  for (Shape s : {Shape{1, 1}, Shape{3, 5}, Shape{17, 1000}, Shape{64, 50257}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V);
+    auto logits = randn(s.N * static_cast<size_t>(s.V), 1, 3.0f);
+    std::vector<int32_t> targets(s.N);
+    for (int n = 0; n < s.N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % s.V;
+    std::vector<float> l(s.N), lse(s.N), d(logits.size());
+    ref::crossentropy_forward(l.data(), lse.data(), logits.data(), targets.data(), s.N, s.V);
+    ref::crossentropy_forward_backward(l.data(), d.data(), logits.data(), targets.data(), 0.25f, s.N, s.V);
+    Dev<float> d_logits(logits), d_l(std::vector<float>(s.N, NAN)), d_lse(std::vector<float>(s.N, NAN));
+    Dev<int32_t> d_t(targets);
+    gpu::crossentropy_forward(d_l.get(), d_lse.get(), d_logits.get(), d_t.get(), s.N, s.V);
+    EXPECT_TRUE(all_close(d_l.host().data(), l.data(), s.N, kFp32Reduction));
+    EXPECT_TRUE(all_close(d_lse.host().data(), lse.data(), s.N, kFp32Reduction));
+    // The training form in place over the logits, as the model uses it.
+    Dev<float> d_l2(std::vector<float>(s.N, NAN));
+    gpu::crossentropy_forward_backward(d_l2.get(), d_logits.get(), d_logits.get(), d_t.get(), 0.25f, s.N, s.V);
+    EXPECT_TRUE(all_close(d_l2.host().data(), l.data(), s.N, kFp32Reduction));
+    EXPECT_TRUE(all_close(d_logits.host().data(), d.data(), d.size(), kFp32Elementwise));
+  }
+}
+
+// No atomics anywhere: the same inputs give the same bits, run after run.
+TEST_F(GpuOps, RepeatBitForBit) {
+  const int B = 2, T = 200, C = 256, NH = 4, N = B * T;
+  auto qkv = randn(static_cast<size_t>(N) * 3 * C, 1), dout = randn(static_cast<size_t>(N) * C, 2),
+       w = randn(static_cast<size_t>(3 * C) * C, 3, 0.05f);
+  std::vector<std::vector<float>> first;
+  for (int run = 0; run < 3; run++) {
+    Dev<float> d_qkv(qkv), d_dout(dout), d_w(w), d_out(std::vector<float>(N * C)), d_lse(std::vector<float>(B * NH * T)),
+        d_dqkv(std::vector<float>(qkv.size())), d_dw(std::vector<float>(w.size(), 0.0f)),
+        d_dinp(std::vector<float>(static_cast<size_t>(N) * C)), d_dln(std::vector<float>(C, 0.0f)),
+        d_dlnb(std::vector<float>(C, 0.0f)), d_m(std::vector<float>(N, 0.0f)), d_r(std::vector<float>(N, 0.0f));
+    gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
+    gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B, T, C, NH);
+    gpu::matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dqkv.get(), d_out.get(), d_w.get(), N, C, 3 * C);
+    gpu::layernorm_forward(d_out.get(), d_m.get(), d_r.get(), d_dinp.get(), d_dln.get(), d_dlnb.get(), N, C);
+    gpu::layernorm_backward(d_dinp.get(), d_dln.get(), d_dlnb.get(), d_dout.get(), d_out.get(), d_w.get(), d_m.get(),
+                            d_r.get(), N, C);
+    std::vector<std::vector<float>> now = {d_dqkv.host(), d_dw.host(), d_dinp.host(), d_dln.host(), d_dlnb.host()};
+    if (run == 0) {
+      first = now;
+      continue;
+    }
+    for (size_t k = 0; k < now.size(); k++)
+      EXPECT_EQ(std::memcmp(now[k].data(), first[k].data(), now[k].size() * sizeof(float)), 0) << "output " << k;
+  }
+}
+
+// Once the sizes have been seen, the caching allocator serves them without the driver.
+TEST_F(GpuOps, CachingAllocatorReusesBlocks) {
+  for (int i = 0; i < 3; i++) {
+    void* a = gpu_alloc(1000);
+    void* b = gpu_alloc(5 << 20);
+    gpu_release(a);
+    gpu_release(b);
+  }
+  const size_t before = gpu_allocator_stats().device_mallocs;
+  for (int i = 0; i < 100; i++) {
+    void* a = gpu_alloc(900);
+    void* b = gpu_alloc(5 << 20);
+    gpu_release(b);
+    gpu_release(a);
+  }
+  EXPECT_EQ(gpu_allocator_stats().device_mallocs, before);
+}
+
+}  // namespace
+}  // namespace anvil

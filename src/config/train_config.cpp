@@ -363,7 +363,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "<= 2^60", path, ls.init_scale, ls.min_scale);
   ANVIL_CHECK(ls.growth_interval > 0 && ls.hysteresis > 0, "{}: loss_scaler.growth_interval ({}) and hysteresis ({}) "
               "must be positive", path, ls.growth_interval, ls.hysteresis);
-  ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "ref", "{}: kernels '{}' is not valid: expected 'cpu' or 'ref'", path, c.kernels);
+  ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "gpu" || c.kernels == "ref",
+              "{}: kernels '{}' is not valid: expected 'cpu', 'gpu' or 'ref'", path, c.kernels);
   ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}", path, c.dist_timeout);
   ANVIL_CHECK(c.distributed.zero_stage >= 0 && c.distributed.zero_stage <= 3,
               "{}: distributed.zero_stage {} is not valid: expected 0, 1, 2 or 3", path, c.distributed.zero_stage);

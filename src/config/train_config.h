@@ -124,7 +124,7 @@ struct TrainConfig {
   std::string precision = "fp32";
   LossScalerConfig loss_scaler;  // amp_fp16's dynamic loss scaling
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
-  std::string kernels = "cpu";  // anvil: "cpu" (fast) or "ref" (the reference ops)
+  std::string kernels = "cpu";  // anvil: "cpu" (fast), "gpu" (a build with a GPU backend) or "ref" (the reference ops)
   DistributedConfig distributed;
   // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.
   Duration save_interval = parse_duration("1000ba", "save_interval");

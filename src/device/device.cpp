@@ -2,6 +2,7 @@
 // allocator, copies and the op stream.
 #include "device/device.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -152,6 +153,7 @@ void* gpu_alloc(size_t bytes) {
   }
   s.live[p] = cls;
   s.stats.in_use += cls;
+  s.stats.peak_in_use = std::max(s.stats.peak_in_use, s.stats.in_use);
   return p;
 }
 

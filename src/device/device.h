@@ -32,6 +32,7 @@ void* gpu_alloc(size_t bytes);
 void gpu_release(void* p);
 struct GpuAllocatorStats {
   size_t in_use = 0, cached = 0;  // bytes
+  size_t peak_in_use = 0;         // the most in use at once
   size_t device_mallocs = 0;      // calls to the driver's allocator so far
 };
 GpuAllocatorStats gpu_allocator_stats();

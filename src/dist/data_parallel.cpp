@@ -7,6 +7,9 @@
 
 #include "core/error.h"
 #include "dist/fixed_point.h"
+#include "kernels/buffer.h"
+#include "kernels/impl.h"
+#include "kernels/optimizer.h"
 
 namespace anvil {
 
@@ -117,6 +120,11 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   ANVIL_CHECK(!opt_.bf16_compression || !opt_.deterministic, "gradient compression (bf16) rounds gradients on the "
               "wire, so it needs deterministic_mode: false");
   ANVIL_CHECK(opt_.global_batch >= 1, "global batch {} must be at least one sequence", opt_.global_batch);
+  // The collectives and the fixed-point gradient sums work on host memory.
+  ANVIL_CHECK(kernel_impl() != KernelImpl::kGpu || (comm.size() == 1 && opt_.zero_stage == 0 && !opt_.deterministic),
+              "kernels=gpu trains on one GPU with zero_stage 0 and deterministic_mode: false in this version (got {} "
+              "ranks, zero_stage {}, deterministic_mode {}): multi-GPU data parallelism over NCCL/RCCL and fixed-point "
+              "gradient sums on the GPU are not built yet", comm.size(), opt_.zero_stage, opt_.deterministic);
   const Gpt2Storage want = gpt2_storage_for_stage(opt_.zero_stage);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
               "the model was not built for zero_stage {} (use gpt2_storage_for_stage)", opt_.zero_stage);
@@ -233,13 +241,7 @@ DataParallel::Backward DataParallel::finish_backward() {
     // and agree on whether any of it is not finite.
     float* g = opt_.zero_stage == 0 ? model_.grads() : owned_grads();
     const size_t n = opt_.zero_stage == 0 ? n_ : hi_ - lo_;
-    const float inverse = static_cast<float>(1.0 / loss_scale_);
-    int bad = 0;
-#pragma omp parallel for simd reduction(| : bad)
-    for (size_t i = 0; i < n; i++) {
-      g[i] *= inverse;
-      bad |= !std::isfinite(g[i]);
-    }
+    const int bad = !scale_values_check_finite(g, n, static_cast<float>(1.0 / loss_scale_));
     return sum_exact(comm_, bad) > 0 ? Backward::kOverflow : Backward::kDone;
   }
   // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
@@ -304,13 +306,13 @@ double DataParallel::clip_and_norm(double max_norm) {
     double sq = 0;
     for (size_t k = 0; k < K; k++) sq += std::ldexp(static_cast<double>(squares[k]), kSquareShift - 2 * step_scale_[k]);
     const double norm = std::sqrt(sq);
-    scale_grads(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
+    scale_values(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
     return norm;
   }
   if (opt_.zero_stage == 0) return clip_grad_norm(model_.grads(), n_, max_norm);  // identical on every rank
-  const double sq = sum_in_rank_order(comm_, grad_sum_of_squares(owned_grads(), hi_ - lo_));
+  const double sq = sum_in_rank_order(comm_, sum_of_squares(owned_grads(), hi_ - lo_));
   const double norm = std::sqrt(sq);
-  scale_grads(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
+  scale_values(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
   return norm;
 }
 
@@ -330,10 +332,14 @@ void DataParallel::copy_shard(size_t& lo, size_t& hi, std::vector<float>& params
   for (int r = 0; r < comm_.rank(); r++) lo += shard_counts_[r];
   hi = lo + shard_counts_[comm_.rank()];
   const float* p = opt_.zero_stage == 3 ? param_shard_.data() : model_.params() + lo;
-  params.assign(p, p + (hi - lo));
+  const size_t bytes = (hi - lo) * sizeof(float);
+  params.resize(hi - lo);
+  exp_avg.resize(hi - lo);
+  exp_avg_sq.resize(hi - lo);
+  op_copy_to_host(params.data(), p, bytes);
   // The optimizer's moments cover [lo_, hi_): the shard, or everything under ZeRO-0.
-  exp_avg.assign(optimizer_.exp_avg().begin() + (lo - lo_), optimizer_.exp_avg().begin() + (hi - lo_));
-  exp_avg_sq.assign(optimizer_.exp_avg_sq().begin() + (lo - lo_), optimizer_.exp_avg_sq().begin() + (hi - lo_));
+  op_copy_to_host(exp_avg.data(), optimizer_.exp_avg() + (lo - lo_), bytes);
+  op_copy_to_host(exp_avg_sq.data(), optimizer_.exp_avg_sq() + (lo - lo_), bytes);
 }
 
 void DataParallel::load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,
@@ -345,10 +351,10 @@ void DataParallel::load_full_state(const std::vector<float>& params, const std::
     std::copy(params.begin() + lo_, params.begin() + hi_, param_shard_.begin());
     for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;
   } else {
-    std::copy(params.begin(), params.end(), model_.params());
+    op_copy_from_host(model_.params(), params.data(), n_ * sizeof(float));
   }
-  std::copy(exp_avg.begin() + lo_, exp_avg.begin() + hi_, optimizer_.exp_avg().begin());
-  std::copy(exp_avg_sq.begin() + lo_, exp_avg_sq.begin() + hi_, optimizer_.exp_avg_sq().begin());
+  op_copy_from_host(optimizer_.exp_avg(), exp_avg.data() + lo_, (hi_ - lo_) * sizeof(float));
+  op_copy_from_host(optimizer_.exp_avg_sq(), exp_avg_sq.data() + lo_, (hi_ - lo_) * sizeof(float));
   optimizer_.set_steps_taken(optimizer_steps);
 }
 

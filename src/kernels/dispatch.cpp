@@ -2,12 +2,14 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"
+#include "kernels/blas.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/impl.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/round.h"
 
@@ -63,6 +65,18 @@ void set_matmul_operand_dtype(ComputeDtype d) {
   if (g_impl == KernelImpl::kGpu) gpu::set_matmul_operand_dtype(d);
 #endif
 }
+double matmul_peak_gflops() {
+#if defined(ANVIL_GPU)
+  if (g_impl == KernelImpl::kGpu) return gpu::matmul_peak_gflops();
+#endif
+  return measured_peak_gflops();
+}
+std::string matmul_backend_description() {
+#if defined(ANVIL_GPU)
+  if (g_impl == KernelImpl::kGpu) return gpu::matmul_backend_description();
+#endif
+  return blas_description();
+}
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   ANVIL_DISPATCH(matmul_forward, out, inp, weight, bias, N, C, OC);
@@ -96,6 +110,15 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
                                    const int32_t* targets, float dloss, int N, int V) {
   ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V);
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+  ANVIL_DISPATCH(adamw_update, p, g, m, v, n, s);
+}
+double sum_of_squares(const float* x, size_t n) { ANVIL_DISPATCH(sum_of_squares, x, n); }
+void scale_values(float* x, size_t n, float coef) { ANVIL_DISPATCH(scale_values, x, n, coef); }
+bool scale_values_check_finite(float* x, size_t n, float coef) {
+  ANVIL_DISPATCH(scale_values_check_finite, x, n, coef);
 }
 
 }  // namespace anvil

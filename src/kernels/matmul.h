@@ -1,5 +1,7 @@
 // Linear layer: a matrix product with an optional bias, weights stored (out, in) as in PyTorch.
 #pragma once
+#include <string>
+
 #include "core/dtype.h"
 
 namespace anvil {
@@ -17,6 +19,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // operands and accumulates in fp32; the CPU's are unaffected.
 void set_matmul_operand_dtype(ComputeDtype d);
 
+// The measured rate of large matrix products in the mode set above, in GFLOP/s (the MFU
+// denominator), cached per mode: OpenBLAS sgemm on all threads on the CPU (kernels/blas.h),
+// cuBLASLt / hipBLASLt on the GPU.
+double matmul_peak_gflops();
+// What runs the matrix products: "OpenBLAS 0.3.21 (SkylakeX kernels, 2 threads)" or the GPU's
+// BLAS, device and runtime.
+std::string matmul_backend_description();
+
 namespace ref {
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
@@ -27,6 +37,8 @@ void matmul_backward(float*, float*, float*, const float*, const float*, const f
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void set_matmul_operand_dtype(ComputeDtype);
+double matmul_peak_gflops();
+std::string matmul_backend_description();
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
 }  // namespace gpu

@@ -156,8 +156,8 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
   layout_ = gpt2_param_layout(cfg);
   units_ = gpt2_units(cfg);
   num_params_ = gpt2_num_params(cfg);
-  if (storage.params) params_.assign(num_params_, 0.0f);
-  if (storage.grads) grads_.assign(num_params_, 0.0f);
+  if (storage.params) params_.assign_zeros(num_params_);
+  if (storage.grads) grads_.assign_zeros(num_params_);
   own_access_ = std::make_unique<OwnArrays>(*this);
   access_ = own_access_.get();
 
@@ -169,9 +169,9 @@ void Gpt2::set_max_batch(int max_batch) {
   max_batch_ = max_batch;
   const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, checkpointing_);
   // Freed first, so that growing never holds the old and the new buffers at once.
-  act_memory_ = {};
-  grad_act_memory_ = {};
-  act_memory_.assign(sizes.total() - sizes.grads, 0.0f);
+  act_memory_.reset();
+  grad_act_memory_.reset();
+  act_memory_.assign_zeros(sizes.total() - sizes.grads);
   float* cursor = act_memory_.data();
   float** block = &acts_.block.ln1;
   for (size_t i = 0; i < std::size(sizes.block); i++) {
@@ -184,7 +184,10 @@ void Gpt2::set_max_batch(int max_batch) {
     cursor += sizes.rest[i];
   }
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_, T = max_seq_, C = cfg_.d_model;
-  grad_act_memory_.assign(sizes.grads, 0.0f);
+  grad_act_memory_.assign_zeros(sizes.grads);
+  tokens_op_.assign_zeros(BT);
+  targets_op_.assign_zeros(BT);
+  losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
   dbig_ = dsmall_ + BT * C;
@@ -219,22 +222,25 @@ void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t h
 
 void Gpt2::init_weights(uint64_t seed) {
   ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
-  gpt2_init_params(cfg_, seed, 0, num_params_, params_.data());
+  std::vector<float> host(num_params_);
+  gpt2_init_params(cfg_, seed, 0, num_params_, host.data());
+  op_copy_from_host(params_.data(), host.data(), num_params_ * sizeof(float));
 }
 
 void Gpt2::set_compute_dtype(ComputeDtype dtype) {
   dtype_ = dtype;
+  set_matmul_operand_dtype(dtype);  // every matmul operand below is rounded to it
   size_t largest = 0;
   for (const ParamUnit& u : units_) largest = std::max(largest, u.numel);
-  compute_params_.assign(dtype == ComputeDtype::kFp32 ? 0 : largest, 0.0f);
+  compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
   // The gradient of the residual stream, rounded for the projections' backward, needs its own
   // sequence-sized buffer.
-  rounded_dres_.assign(dtype == ComputeDtype::kFp32 ? 0 : static_cast<size_t>(max_seq_) * cfg_.d_model, 0.0f);
+  rounded_dres_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : static_cast<size_t>(max_seq_) * cfg_.d_model);
 }
 
 const float* Gpt2::rounded(const float* x, long n) {
   if (dtype_ == ComputeDtype::kFp32) return x;
-  std::memcpy(rounded_dres_.data(), x, n * sizeof(float));
+  op_copy(rounded_dres_.data(), x, n * sizeof(float));
   round_to_dtype(rounded_dres_.data(), n, dtype_);
   return rounded_dres_.data();
 }
@@ -244,12 +250,12 @@ const float* Gpt2::compute_params(int unit, const float* p) {
   float* out = compute_params_.data();
   if (unit == 0) {  // the tied LM head: wte
     const size_t n = static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
-    std::memcpy(out, p, n * sizeof(float));
+    op_copy(out, p, n * sizeof(float));
     round_to_dtype(out, static_cast<long>(n), dtype_);
     return out;
   }
   const size_t n = units_[unit].numel;
-  std::memcpy(out, p, n * sizeof(float));
+  op_copy(out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj: the norms stay fp32.
   const Block b = bind_block(out);
   round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype_);
@@ -257,7 +263,7 @@ const float* Gpt2::compute_params(int unit, const float* p) {
   return out;
 }
 
-void Gpt2::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void Gpt2::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 namespace {
 // out (B·T, OC) = inp (B·T, C) · weightᵀ + bias, one sequence per call (see UnitAccess).
@@ -276,6 +282,7 @@ void Gpt2::forward_to_lnf(const int32_t* tokens, int B, int T) {
   for (int i = 0; i < N; i++)
     ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
   tokens_ = tokens;
+  op_copy_from_host(tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
   B_ = B;
   T_ = T;
   Acts& a = acts_;
@@ -283,7 +290,7 @@ void Gpt2::forward_to_lnf(const int32_t* tokens, int B, int T) {
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
 
   const float* emb = access_->acquire_params(0, 1);
-  encoder_forward(a.encoded, tokens, emb, emb + wpe_offset, B, T, C);
+  encoder_forward(a.encoded, tokens_op_.data(), emb, emb + wpe_offset, B, T, C);
   access_->release_params(0);
   for (int l = 0; l < L; l++) {
     const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, 2 + l)));
@@ -336,11 +343,17 @@ void Gpt2::check_targets(const int32_t* targets, int N) const {
                 "target id {} out of range for vocab_size {}", targets[i], cfg_.vocab_size);
 }
 
-double Gpt2::sum_losses(const int32_t* targets, int N, int64_t* n_targets) const {
+const int32_t* Gpt2::upload_targets(const int32_t* targets, int N) {
+  op_copy_from_host(targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
+  return targets_op_.data();
+}
+
+double Gpt2::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
+  op_copy_to_host(losses_host_.data(), acts_.losses, static_cast<size_t>(N) * sizeof(float));
   double sum = 0;
   int64_t count = 0;
   for (int i = 0; i < N; i++) {
-    sum += acts_.losses[i];
+    sum += losses_host_[i];
     count += targets[i] != kIgnoreIndex;
   }
   if (n_targets) *n_targets = count;
@@ -350,12 +363,13 @@ double Gpt2::sum_losses(const int32_t* targets, int N, int64_t* n_targets) const
 double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
   if (targets) check_targets(targets, B * T);
   forward_to_lnf(tokens, B, T);
+  const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = compute_params(0, access_->acquire_params(0, -1));
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
-    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets + r, T, cfg_.vocab_size);
+    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size);
   }
   access_->release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
@@ -365,7 +379,7 @@ double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int
                               int64_t* n_targets) {
   check_targets(targets, B * T);
   forward_to_lnf(tokens, B, T);
-  backward(targets, dloss);
+  backward(upload_targets(targets, B * T), dloss);
   return sum_losses(targets, B * T, n_targets);
 }
 
@@ -395,7 +409,7 @@ void Gpt2::backward(const int32_t* targets, float dloss) {
     access_->grain_done(0, 0, wpe_offset);
   }
   access_->release_params(0);
-  std::memset(dresidual_, 0, sizeof(float) * B * rows * C);
+  op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
   const float* lnf = access_->acquire_params(L + 1, L);
   float* dlnf = access_->grads(L + 1);
@@ -448,7 +462,7 @@ void Gpt2::backward(const int32_t* targets, float dloss) {
   }
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
-    encoder_backward(demb, demb + wpe_offset, dresidual_ + r * C, tokens_ + r, 1, T, C);
+    encoder_backward(demb, demb + wpe_offset, dresidual_ + r * C, tokens_op_.data() + r, 1, T, C);
     access_->grain_done(0, wpe_offset, rows * C);
     // The token rows this sequence touched (a repeated token's row is empty the second time).
     for (int t = 0; t < T; t++) access_->grain_done(0, static_cast<size_t>(tokens_[r + t]) * C, C);

@@ -4,7 +4,8 @@
 // one contiguous range: a block's gradient is complete, and can be reduced, while the backward
 // pass goes on to the blocks below it, and a sharded run gathers one block at a time. Every
 // activation is allocated once, for the largest microbatch (at construction, or by set_max_batch
-// before training): a step never allocates.
+// before training): a step never allocates. Parameters, gradients and activations are op memory
+// (kernels/buffer.h): on the GPU under kernels=gpu; tokens, targets and losses cross to the host.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 
 #include "config/train_config.h"
 #include "core/dtype.h"
+#include "kernels/buffer.h"
 
 namespace anvil {
 
@@ -101,7 +103,7 @@ class Gpt2 {
   size_t activation_bytes() const { return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float); }
   // Reallocates the activations for microbatches of up to max_batch sequences.
   void set_max_batch(int max_batch);
-  // The model's own full arrays: null when Gpt2Storage left them out.
+  // The model's own full arrays (op memory): null when Gpt2Storage left them out.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
   float* grads() { return grads_.data(); }
@@ -127,9 +129,11 @@ class Gpt2 {
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets);
 
-  const float* logits() const { return acts_.logits; }  // (T,V): the last sequence of the last forward()
-  // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where ignored.
-  const float* losses() const { return acts_.losses; }
+  // (T,V) in op memory: the last sequence of the last forward().
+  const float* logits() const { return acts_.logits; }
+  // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
+  // ignored. Host memory.
+  const float* losses() const { return losses_host_.data(); }
 
  private:
   // A block's activations, per layer (or for one layer under activation checkpointing).
@@ -161,7 +165,9 @@ class Gpt2 {
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (compute_params of unit 0).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
-  double sum_losses(const int32_t* targets, int N, int64_t* n_targets) const;
+  // Copies the losses to the host and sums them.
+  double sum_losses(const int32_t* targets, int N, int64_t* n_targets);
+  const int32_t* upload_targets(const int32_t* targets, int N);
   // LM head forward, cross-entropy and the backward pass, after forward_to_lnf.
   void backward(const int32_t* targets, float dloss);
 
@@ -171,7 +177,9 @@ class Gpt2 {
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
-  std::vector<float> params_, grads_, act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
+  OpArray<float> params_, grads_, act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
+  OpArray<int32_t> tokens_op_, targets_op_;  // the microbatch's tokens and targets, where the ops run
+  std::vector<float> losses_host_;
   ComputeDtype dtype_ = ComputeDtype::kFp32;
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
@@ -179,7 +187,7 @@ class Gpt2 {
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
   // sequence (the blocks' backward works a sequence at a time).
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
-  const int32_t* tokens_ = nullptr;  // of the last forward, for the embedding's backward
+  const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
   int B_ = 0, T_ = 0;
 };
 

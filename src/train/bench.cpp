@@ -4,7 +4,6 @@
 
 #include <sys/resource.h>
 
-
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -12,7 +11,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "kernels/blas.h"
+#include "device/device.h"
+#include "kernels/matmul.h"
 #include "kernels/impl.h"
 #include "dist/communicator.h"
 #include "model/gpt2.h"
@@ -47,13 +47,14 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   std::vector<int32_t> tokens(stream.begin(), stream.end() - 1), targets(stream.begin() + 1, stream.end());
 
   BenchTrainResult r;
-  r.peak_gflops = measured_peak_gflops();
+  r.peak_gflops = matmul_peak_gflops();
+  r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
   log_info("bench train: GPT-2 {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
-           "parameters; {}; {} kernels{}", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
-           cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, blas_description(),
-           cfg.kernels, cfg.activation_checkpointing ? "; activation checkpointing" : "");
+           "parameters; {}; {} kernels, {}{}", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
+           cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
+           cfg.kernels, cfg.precision, cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;
@@ -64,6 +65,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
+  if (kernel_impl() == KernelImpl::kGpu) r.gpu_peak_mib = static_cast<double>(gpu_allocator_stats().peak_in_use) / (1 << 20);
   return r;
 }
 

@@ -11,6 +11,8 @@ struct BenchTrainResult {
   double tokens_per_s = 0, gflops = 0, peak_gflops = 0, mfu = 0, peak_rss_mib = 0, final_loss = 0;
   double activation_mib = 0;  // the model's activation buffers, included in peak_rss_mib
   int microbatch = 0;         // the one used (auto resolved)
+  std::string peak_source;    // what the peak was measured on (the matmul backend)
+  double gpu_peak_mib = 0;    // kernels=gpu: the most GPU memory the allocator held
 };
 
 BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps);

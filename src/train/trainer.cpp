@@ -16,7 +16,7 @@
 #include "core/progress.h"
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
-#include "kernels/blas.h"
+#include "kernels/matmul.h"
 #include "kernels/impl.h"
 #include "train/checkpoint.h"
 #include "train/data_pipeline.h"
@@ -226,7 +226,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
   const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
-  const double peak = sum_in_rank_order(comm, measured_peak_gflops());
+  const double peak = sum_in_rank_order(comm, matmul_peak_gflops());
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
@@ -234,7 +234,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
            cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);
-  log_info("cpu: {} kernels, {}; measured peak {:.0f} GFLOP/s{}", cfg.kernels, blas_description(), peak,
+  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", cfg.kernels, matmul_backend_description(), peak,
            W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
     const LaunchInfo li = detect_launch();

@@ -2,8 +2,9 @@
 // accumulation. The bias is fused into the forward GEMM's epilogue; the bias gradient is a
 // fixed-order column sum (ops.cu). The same shapes always get the same algorithm from the
 // heuristic, so results repeat bit for bit run to run.
+#include <chrono>
 #include <map>
-#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "device/blas_runtime.h"
@@ -76,6 +77,45 @@ void set_matmul_operand_dtype(ComputeDtype d) {
   blas().compute = d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF
                    : d == ComputeDtype::kFp16 ? GPUBLAS_COMPUTE_32F_FAST_16F
                                               : GPUBLAS_COMPUTE_32F;
+}
+
+double matmul_peak_gflops() {
+  Blas& b = blas();
+  static std::map<gpublasComputeType_t, double> measured;
+  auto it = measured.find(b.compute);
+  if (it != measured.end()) return it->second;
+  // Square products of 8192, enough to fill any current GPU, timed after a warm-up.
+  constexpr int n = 8192, reps = 10;
+  const size_t bytes = size_t{n} * n * sizeof(float);
+  float* x = static_cast<float*>(gpu_alloc(bytes));
+  float* y = static_cast<float*>(gpu_alloc(bytes));
+  float* z = static_cast<float*>(gpu_alloc(bytes));
+  gpu_zero(x, bytes);
+  gpu_zero(y, bytes);
+  gemm(true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  gpu_synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; r++) gemm(true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  gpu_synchronize();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  gpu_release(x);
+  gpu_release(y);
+  gpu_release(z);
+  return measured[b.compute] = 2.0 * n * n * static_cast<double>(n) * reps / secs / 1e9;
+}
+
+std::string matmul_backend_description() {
+  int device = 0;
+  GPU_CHECK(gpuGetDevice(&device));
+  const std::vector<GpuInfo> gpus = gpu_devices();
+  const GpuInfo& g = gpus.at(static_cast<size_t>(device));
+#if defined(ANVIL_HIP)
+  const char* blas_name = "hipBLASLt";
+#else
+  const char* blas_name = "cuBLASLt";
+#endif
+  return fmt::format("{} {} on {} ({}, {} SMs, {:.0f} GiB), {}", blas_name, gpublasLtGetVersion(), g.name, g.arch,
+                     g.multiprocessors, g.total_bytes / 1073741824.0, gpu_backend_description());
 }
 
 // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being

@@ -1,5 +1,6 @@
 // The reference implementation of every op: plain scalar loops that read like the math, with
 // double accumulators. It is the executable specification the fast kernels are tested against.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/round.h"
 
@@ -280,6 +282,43 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
     if (d == ComputeDtype::kBf16) x[i] = bf16_to_float(float_to_bf16(x[i]));
     if (d == ComputeDtype::kFp16) x[i] = fp16_to_float(float_to_fp16(x[i]));
   }
+}
+
+}  // namespace anvil::ref
+
+namespace anvil::ref {
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+  for (size_t i = 0; i < n; i++) {
+    p[i] *= s.keep;
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g[i];
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g[i] * g[i];
+    p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
+  }
+}
+
+double sum_of_squares(const float* x, size_t n) {
+  constexpr size_t kChunk = 1 << 16;
+  double sum = 0;
+  for (size_t lo = 0; lo < n; lo += kChunk) {
+    double s = 0;
+    for (size_t i = lo; i < std::min(n, lo + kChunk); i++) s += static_cast<double>(x[i]) * x[i];
+    sum += s;
+  }
+  return sum;
+}
+
+void scale_values(float* x, size_t n, float coef) {
+  for (size_t i = 0; i < n; i++) x[i] *= coef;
+}
+
+bool scale_values_check_finite(float* x, size_t n, float coef) {
+  bool ok = true;
+  for (size_t i = 0; i < n; i++) {
+    x[i] *= coef;
+    ok = ok && std::isfinite(x[i]);
+  }
+  return ok;
 }
 
 }  // namespace anvil::ref

@@ -1,0 +1,104 @@
+// The optimizer's element-wise work on the GPU (one source for CUDA and HIP). The sum of squares
+// reduces fixed 64K-element chunks in double, in a fixed tree, and the host adds the chunks in
+// order: the same value on every run.
+#include <vector>
+
+#include "device/arch.h"
+#include "device/device.h"
+#include "device/stream.h"
+#include "kernels/optimizer.h"
+
+namespace anvil::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kChunk = size_t{1} << 16;
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamWStep s) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float gi = g[i];
+  const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
+  const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] * s.keep - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+}
+
+__global__ void chunk_squares_kernel(double* partial, const float* x, size_t n) {
+  __shared__ double shared[kThreads];
+  const size_t lo = static_cast<size_t>(blockIdx.x) * kChunk, hi = min(n, lo + kChunk);
+  double s = 0;
+  for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
+  shared[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = shared[0];
+}
+
+__global__ void scale_kernel(float* x, size_t n, float coef, int* bad) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float y = x[i] * coef;
+  x[i] = y;
+  if (bad && !isfinite(y)) *bad = 1;  // every writer writes the same value: no race on the result
+}
+
+int blocks_for(size_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+// Device scratch for the reductions, grown on first use and kept.
+template <class T>
+T* scratch(size_t count) {
+  static T* buf = nullptr;
+  static size_t size = 0;
+  if (count > size) {
+    gpu_release(buf);
+    buf = static_cast<T*>(gpu_alloc(count * sizeof(T)));
+    size = count;
+  }
+  return buf;
+}
+
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, g, m, v, n, s);
+  GPU_CHECK_LAUNCH();
+}
+
+double sum_of_squares(const float* x, size_t n) {
+  if (n == 0) return 0.0;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  double* partial = scratch<double>(chunks);
+  chunk_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, gpu_stream()>>>(partial, x, n);
+  GPU_CHECK_LAUNCH();
+  thread_local std::vector<double> host;
+  host.resize(chunks);
+  gpu_copy_to_host(host.data(), partial, chunks * sizeof(double));
+  double sum = 0;
+  for (double c : host) sum += c;
+  return sum;
+}
+
+void scale_values(float* x, size_t n, float coef) {
+  if (n == 0 || coef == 1.0f) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(x, n, coef, nullptr);
+  GPU_CHECK_LAUNCH();
+}
+
+bool scale_values_check_finite(float* x, size_t n, float coef) {
+  if (n == 0) return true;
+  int* bad = scratch<int>(1);
+  gpu_zero(bad, sizeof(int));
+  scale_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(x, n, coef, bad);
+  GPU_CHECK_LAUNCH();
+  int host = 0;
+  gpu_copy_to_host(&host, bad, sizeof(int));
+  return host == 0;
+}
+
+}  // namespace anvil::gpu

@@ -1,0 +1,183 @@
+// `anvil doctor`: the report, the op-parity self-test and the all-reduce self-test.
+#include "train/doctor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cpu.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "device/device.h"
+#include "dist/collectives.h"
+#include "dist/communicator.h"
+#include "kernels/attention.h"
+#include "kernels/buffer.h"
+#include "kernels/crossentropy.h"
+#include "kernels/impl.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+
+namespace anvil {
+namespace {
+
+std::vector<float> random_values(size_t n, uint64_t stream) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = static_cast<float>(normal_at(7, stream, i));
+  return v;
+}
+
+double rel_norm_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); i++) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    num += d * d;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Inputs and outputs of one op, run under the current kernel implementation: host vectors in,
+// host vectors out, whatever memory the ops use.
+struct OpRun {
+  std::vector<OpArray<float>> arrays;
+  float* put(const std::vector<float>& host) {
+    arrays.emplace_back();
+    arrays.back().assign_zeros(host.size());
+    op_copy_from_host(arrays.back().data(), host.data(), host.size() * sizeof(float));
+    return arrays.back().data();
+  }
+  float* zeros(size_t n) { return put(std::vector<float>(n, 0.0f)); }
+  static std::vector<float> get(const float* p, size_t n) {
+    std::vector<float> host(n);
+    op_copy_to_host(host.data(), p, n * sizeof(float));
+    return host;
+  }
+};
+
+// Each op's output under impl against the reference's, on small random inputs; the worst
+// relative norm error.
+struct ParityResult {
+  std::string op;
+  double error;
+};
+std::vector<ParityResult> op_parity(KernelImpl impl) {
+  const int N = 64, C = 96, OC = 160, T = 37, NH = 3, V = 1000;
+  auto x = random_values(N * C, 1), w = random_values(OC * C, 2), b = random_values(OC, 3);
+  auto qkv = random_values(2 * T * 3 * C, 4), logits = random_values(N * V, 5);
+  std::vector<int32_t> targets(N);
+  for (int i = 0; i < N; i++) targets[i] = (i * 37) % V;
+  // Each op: the outputs of the current implementation, flattened.
+  const std::vector<std::pair<std::string, std::function<std::vector<float>()>>> ops = {
+      {"matmul", [&] {
+         OpRun r;
+         float* out = r.zeros(N * OC);
+         matmul_forward(out, r.put(x), r.put(w), r.put(b), N, C, OC);
+         return OpRun::get(out, N * OC);
+       }},
+      {"layernorm", [&] {
+         OpRun r;
+         float *out = r.zeros(N * C), *m = r.zeros(N), *s = r.zeros(N);
+         layernorm_forward(out, m, s, r.put(x), r.put(std::vector<float>(w.begin(), w.begin() + C)),
+                           r.put(std::vector<float>(b.begin(), b.begin() + C)), N, C);
+         return OpRun::get(out, N * C);
+       }},
+      {"attention", [&] {
+         OpRun r;
+         float *out = r.zeros(2 * T * C), *lse = r.zeros(2 * NH * T), *dqkv = r.zeros(qkv.size());
+         float* in = r.put(qkv);
+         attention_forward(out, lse, in, 2, T, C, NH);
+         float* dout = r.put(random_values(2 * T * C, 6));
+         attention_backward(dqkv, dout, in, out, lse, 2, T, C, NH);
+         std::vector<float> all = OpRun::get(out, 2 * T * C), d = OpRun::get(dqkv, qkv.size());
+         all.insert(all.end(), d.begin(), d.end());
+         return all;
+       }},
+      {"cross-entropy", [&] {
+         OpRun r;
+         OpArray<int32_t> t;
+         t.assign_zeros(N);
+         op_copy_from_host(t.data(), targets.data(), N * sizeof(int32_t));
+         float *losses = r.zeros(N), *d = r.put(logits);
+         crossentropy_forward_backward(losses, d, d, t.data(), 0.5f, N, V);
+         std::vector<float> all = OpRun::get(losses, N), g = OpRun::get(d, logits.size());
+         all.insert(all.end(), g.begin(), g.end());
+         return all;
+       }},
+  };
+  std::vector<ParityResult> results;
+  const KernelImpl before = kernel_impl();
+  for (const auto& [name, run] : ops) {
+    set_kernel_impl(KernelImpl::kRef);
+    const std::vector<float> want = run();
+    set_kernel_impl(impl);
+    results.push_back({name, rel_norm_error(run(), want)});
+  }
+  set_kernel_impl(before);
+  return results;
+}
+
+// What kernels=gpu measures against: fp32 products, reduction order aside, agree to ~1e-6.
+constexpr double kParityTolerance = 1e-5;
+
+bool report_parity(const char* label, KernelImpl impl) {
+  bool ok = true;
+  std::printf("  %s:", label);
+  for (const ParityResult& r : op_parity(impl)) {
+    const bool pass = r.error <= kParityTolerance;
+    ok = ok && pass;
+    std::printf(" %s %.1e%s", r.op.c_str(), r.error, pass ? "" : " FAIL");
+  }
+  std::printf("  (relative error vs the reference; limit %.0e)\n", kParityTolerance);
+  return ok;
+}
+
+}  // namespace
+
+int run_doctor() {
+  std::unique_ptr<Communicator> comm = make_communicator();
+  const bool rank0 = comm->rank() == 0;
+  bool ok = true;
+  if (rank0) {
+    std::printf("anvil doctor\n");
+    const CpuInfo& cpu = cpu_info();
+    std::printf("cpu: %s, %d threads, %s; %s\n", cpu.model.c_str(), cpu.threads,
+                cpu.avx512 ? (cpu.avx512bf16 ? "AVX-512 with BF16" : "AVX-512") : (cpu.avx2 ? "AVX2" : "no AVX2"),
+                matmul_backend_description().c_str());
+    std::printf("gpu backend: %s\n", gpu_backend_description().c_str());
+    const std::vector<GpuInfo> gpus = gpu_devices();
+    if (gpus.empty()) std::printf("gpus: none visible\n");
+    for (const GpuInfo& g : gpus)
+      std::printf("gpu %d: %s, %s, %d multiprocessors, %.1f GiB (%.1f GiB free)\n", g.index, g.name.c_str(),
+                  g.arch.c_str(), g.multiprocessors, g.total_bytes / 1073741824.0, g.free_bytes / 1073741824.0);
+    std::printf("nccl/rccl: not built (GPU training runs on one GPU in this version)\n");
+    std::printf("communicator: %s, %d rank(s)\n", comm->backend().c_str(), comm->size());
+    std::printf("self-test, op parity:\n");
+    ok = report_parity("cpu", KernelImpl::kCpu) && ok;
+    if (!gpus.empty()) {
+      gpu_select(0);
+      ok = report_parity("gpu 0", KernelImpl::kGpu) && ok;
+    } else {
+      std::printf("  gpu: skipped (no GPU)\n");
+    }
+  }
+  // Integers sum exactly: every rank must see W(W+1)/2 · (i+1) in element i.
+  std::vector<int64_t> v(1000);
+  for (size_t i = 0; i < v.size(); i++) v[i] = static_cast<int64_t>(comm->rank() + 1) * static_cast<int64_t>(i + 1);
+  all_reduce(*comm, v.data(), v.size());
+  const int64_t W = comm->size();
+  bool exact = true;
+  for (size_t i = 0; i < v.size(); i++) exact = exact && v[i] == W * (W + 1) / 2 * static_cast<int64_t>(i + 1);
+  const bool all_exact = sum_exact(*comm, exact ? 0 : 1) == 0;
+  if (rank0)
+    std::printf("self-test, all-reduce over %d rank(s): %s\n", comm->size(), all_exact ? "exact" : "WRONG SUMS");
+  ok = ok && all_exact;
+  if (rank0) std::printf("%s\n", ok ? "all self-tests passed" : "a self-test FAILED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace anvil

@@ -22,7 +22,7 @@ std::string gpu_backend_description() {
   int runtime = 0, driver = 0;
   const bool have_runtime = gpuRuntimeGetVersion(&runtime) == gpuSuccess;
   const bool have_driver = gpuDriverGetVersion(&driver) == gpuSuccess;
-  gpuGetLastError();
+  (void)gpuGetLastError();
 #if defined(ANVIL_HIP)
   const char* name = "HIP";
 #else
@@ -37,7 +37,7 @@ std::string gpu_backend_description() {
 std::vector<GpuInfo> gpu_devices() {
   int n = 0;
   if (gpuGetDeviceCount(&n) != gpuSuccess) {
-    gpuGetLastError();  // no driver or no device: not an error for a query
+    (void)gpuGetLastError();  // no driver or no device: not an error for a query
     return {};
   }
   int current = 0;
@@ -133,7 +133,7 @@ void* gpu_alloc(size_t bytes) {
     gpuError_t err = gpuMalloc(&p, cls);
     if (err != gpuSuccess) {
       // Give the cached blocks back to the driver and try once more before reporting.
-      gpuGetLastError();
+      (void)gpuGetLastError();
       GPU_CHECK(gpuStreamSynchronize(s.stream));
       for (auto& [c, blocks] : s.free_blocks)
         for (void* b : blocks) GPU_CHECK(gpuFree(b));
@@ -141,9 +141,9 @@ void* gpu_alloc(size_t bytes) {
       s.stats.cached = 0;
       err = gpuMalloc(&p, cls);
       if (err != gpuSuccess) {
-        gpuGetLastError();
+        (void)gpuGetLastError();
         size_t free_bytes = 0, total = 0;
-        gpuMemGetInfo(&free_bytes, &total);
+        (void)gpuMemGetInfo(&free_bytes, &total);
         ANVIL_FAIL("GPU out of memory: {:.1f} MiB requested, {:.1f} MiB in use by anvil, {:.1f} MiB free of {:.1f} "
                    "MiB; lower device_train_microbatch_size or use activation_checkpointing",
                    cls / 1048576.0, s.stats.in_use / 1048576.0, free_bytes / 1048576.0, total / 1048576.0);

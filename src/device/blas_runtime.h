@@ -11,6 +11,7 @@ using gpublasLtMatmulDesc_t = hipblasLtMatmulDesc_t;
 using gpublasLtMatrixLayout_t = hipblasLtMatrixLayout_t;
 using gpublasLtMatmulPreference_t = hipblasLtMatmulPreference_t;
 using gpublasLtMatmulHeuristicResult_t = hipblasLtMatmulHeuristicResult_t;
+using gpublasLtMatmulAlgo_t = hipblasLtMatmulAlgo_t;
 using gpublasLtEpilogue_t = hipblasLtEpilogue_t;
 using gpublasComputeType_t = hipblasComputeType_t;
 #define GPUBLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
@@ -27,6 +28,9 @@ using gpublasComputeType_t = hipblasComputeType_t;
 #define GPUBLASLT_MATMUL_DESC_EPILOGUE HIPBLASLT_MATMUL_DESC_EPILOGUE
 #define GPUBLASLT_MATMUL_DESC_BIAS_POINTER HIPBLASLT_MATMUL_DESC_BIAS_POINTER
 #define GPUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT HIPBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+#define GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET HIPBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
+#define gpublasLtMatrixLayoutSetAttribute hipblasLtMatrixLayoutSetAttribute
 #define gpublasLtCreate hipblasLtCreate
 #define gpublasLtMatmulDescCreate hipblasLtMatmulDescCreate
 #define gpublasLtMatmulDescDestroy hipblasLtMatmulDescDestroy
@@ -47,6 +51,7 @@ using gpublasLtMatmulDesc_t = cublasLtMatmulDesc_t;
 using gpublasLtMatrixLayout_t = cublasLtMatrixLayout_t;
 using gpublasLtMatmulPreference_t = cublasLtMatmulPreference_t;
 using gpublasLtMatmulHeuristicResult_t = cublasLtMatmulHeuristicResult_t;
+using gpublasLtMatmulAlgo_t = cublasLtMatmulAlgo_t;
 using gpublasLtEpilogue_t = cublasLtEpilogue_t;
 using gpublasComputeType_t = cublasComputeType_t;
 #define GPUBLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
@@ -63,6 +68,9 @@ using gpublasComputeType_t = cublasComputeType_t;
 #define GPUBLASLT_MATMUL_DESC_EPILOGUE CUBLASLT_MATMUL_DESC_EPILOGUE
 #define GPUBLASLT_MATMUL_DESC_BIAS_POINTER CUBLASLT_MATMUL_DESC_BIAS_POINTER
 #define GPUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+#define GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
+#define gpublasLtMatrixLayoutSetAttribute cublasLtMatrixLayoutSetAttribute
 #define gpublasLtCreate cublasLtCreate
 #define gpublasLtMatmulDescCreate cublasLtMatmulDescCreate
 #define gpublasLtMatmulDescDestroy cublasLtMatmulDescDestroy

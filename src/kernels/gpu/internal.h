@@ -5,8 +5,23 @@ namespace anvil::gpu {
 
 // out (C) += the column sums of x (N,C), in a fixed order.
 void column_sums_accumulate(float* out, const float* x, int N, int C);
-// Throws the anvil::Error for an op the GPU kernels cannot run (defined in host code, so that
-// kernel sources need not compile the formatting library).
-[[noreturn]] void op_error(const char* message);
+
+// Column-major GEMMs, fp32 in, out and compute whatever set_matmul_operand_dtype says: count
+// products D_i = alpha·op(A_i)·op(B_i) + beta·D_i, the i-th operands stride_* floats apart.
+struct Strided {
+  const float* p;
+  int ld;
+  long long stride;
+};
+void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
+                       float* D, int ldd, long long stride_d, int count);
+
+// Attention's element-wise steps over one sequence's scores (NH, T, T), row-major per head
+// (ops.cu): the causal softmax of scale·S in place with each row's log-sum-exp into lse (NH·T);
+// D (NH·T) = row sums of dout ∘ out; and, from the recomputed scores S and dP = dout·Vᵀ,
+// S = P and dP = scale · P ∘ (dP - D).
+void attention_softmax(float* S, float* lse, int T, int NH, float scale);
+void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH);
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int NH, float scale);
 
 }  // namespace anvil::gpu

@@ -4,6 +4,8 @@
 // heuristic, so results repeat bit for bit run to run.
 #include <chrono>
 #include <map>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -14,8 +16,6 @@
 #include "kernels/matmul.h"
 
 namespace anvil::gpu {
-
-void op_error(const char* message) { ANVIL_FAIL("{}", message); }
 
 namespace {
 
@@ -37,41 +37,79 @@ Blas& blas() {
   return b;
 }
 
-// D (m,n) = op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], all column-major fp32.
-void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* D,
-          int ldd, float beta, const float* bias) {
-  Blas& b = blas();
+// A product's descriptors and algorithm, made once per shape: creating them and asking the
+// heuristic costs more than a small GEMM, and a step repeats the same few shapes. The heuristic's
+// first choice for a shape never changes, which keeps results bit for bit.
+struct Plan {
   gpublasLtMatmulDesc_t desc;
-  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&desc, b.compute, GPU_R_32F));
-  const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-  const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   gpublasLtMatrixLayout_t la, lb, ld;
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&la, GPU_R_32F, trans_a ? k : m, trans_a ? m : k, lda));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&lb, GPU_R_32F, trans_b ? n : k, trans_b ? k : n, ldb));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&ld, GPU_R_32F, m, n, ldd));
+  gpublasLtMatmulAlgo_t algo;
+};
+using PlanKey = std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool>;
+
+Plan make_plan(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n, int k, Strided A, Strided B,
+               int ldd, long long stride_d, int count, bool bias) {
+  Plan p;
+  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&p.desc, compute, GPU_R_32F));
+  const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.la, GPU_R_32F, trans_a ? k : m, trans_a ? m : k, A.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.lb, GPU_R_32F, trans_b ? n : k, trans_b ? k : n, B.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.ld, GPU_R_32F, m, n, ldd));
+  if (count > 1) {
+    const std::pair<gpublasLtMatrixLayout_t, long long> layouts[] = {{p.la, A.stride}, {p.lb, B.stride}, {p.ld, stride_d}};
+    for (const auto& [layout, stride] : layouts) {
+      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                      sizeof stride));
+    }
+  }
   gpublasLtMatmulPreference_t pref;
   GPUBLAS_CHECK(gpublasLtMatmulPreferenceCreate(&pref));
   GPUBLAS_CHECK(gpublasLtMatmulPreferenceSetAttribute(pref, GPUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
                                                       sizeof kWorkspaceBytes));
   gpublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  GPUBLAS_CHECK(gpublasLtMatmulAlgoGetHeuristic(b.handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-  ANVIL_CHECK(found > 0, "the GPU BLAS has no algorithm for a {}x{}x{} matrix product", m, n, k);
-  const float alpha = 1.0f;
-  GPUBLAS_CHECK(gpublasLtMatmul(b.handle, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heuristic.algo,
-                                b.workspace, kWorkspaceBytes, gpu_stream()));
+  GPUBLAS_CHECK(gpublasLtMatmulAlgoGetHeuristic(blas().handle, p.desc, p.la, p.lb, p.ld, p.ld, pref, 1, &heuristic,
+                                                &found));
   gpublasLtMatmulPreferenceDestroy(pref);
-  gpublasLtMatrixLayoutDestroy(la);
-  gpublasLtMatrixLayoutDestroy(lb);
-  gpublasLtMatrixLayoutDestroy(ld);
-  gpublasLtMatmulDescDestroy(desc);
+  ANVIL_CHECK(found > 0, "the GPU BLAS has no algorithm for a {}x{}x{} matrix product", m, n, k);
+  p.algo = heuristic.algo;
+  return p;
+}
+
+// D (m,n) = alpha·op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], all column-major
+// fp32, count times at the given strides, multiplied in the given compute mode.
+void gemm(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A,
+          Strided B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias) {
+  static std::map<PlanKey, Plan> plans;
+  const PlanKey key{static_cast<int>(compute), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
+                    stride_d, count, bias != nullptr};
+  auto it = plans.find(key);
+  if (it == plans.end())
+    it = plans.emplace(key, make_plan(compute, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias)).first;
+  const Plan& p = it->second;
+  Blas& b = blas();
+  if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  GPUBLAS_CHECK(gpublasLtMatmul(b.handle, p.desc, &alpha, A.p, p.la, B.p, p.lb, &beta, D, p.ld, D, p.ld, &p.algo,
+                                b.workspace, kWorkspaceBytes, gpu_stream()));
+}
+
+// One product in the matmul operand mode.
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* D,
+          int ldd, float beta, const float* bias) {
+  gemm(blas().compute, trans_a, trans_b, m, n, k, 1.0f, {A, lda, 0}, {B, ldb, 0}, beta, D, ldd, 0, 1, bias);
 }
 
 }  // namespace
+
+void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
+                       float* D, int ldd, long long stride_d, int count) {
+  gemm(GPUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, A, B, beta, D, ldd, stride_d, count, nullptr);
+}
 
 void set_matmul_operand_dtype(ComputeDtype d) {
   blas().compute = d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF

@@ -1,5 +1,5 @@
-// GPU kernels for every op but the matrix product's GEMMs (matmul.cpp): one source, compiled as
-// CUDA or as HIP. Every reduction runs in a fixed order (warp butterflies, per-chunk partial sums
+// GPU kernels for every op but the GEMMs (matmul.cpp, attention.cpp): one source, compiled as CUDA
+// or as HIP. Every reduction runs in a fixed order (warp butterflies, per-chunk partial sums
 // added in chunk order), with no atomics, so a run repeats bit for bit.
 #include <cstdint>
 
@@ -7,7 +7,6 @@
 #include "device/arch.h"
 #include "device/device.h"
 #include "device/stream.h"
-#include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -210,158 +209,64 @@ __global__ void round_fp16_kernel(float* x, long N) {
   x[i] = __uint_as_float(out | sign);
 }
 
-// ---- attention: a warp per query row (forward, dq) or key row (dk, dv). The lanes take
-// kWarpSize keys (queries) at a time, one each, for the scores; then each lane owns the head
-// channels d = lane, lane + kWarpSize, ... of the accumulators. Probabilities are rebuilt from the
-// saved log-sum-exp, so T×T is never stored.
+// ---- attention's element-wise parts (the products are GEMMs: attention.cpp). Scores of one
+// sequence are (NH, T, T) row-major: head h, query i, key j.
 
-constexpr int kMaxChannelsPerLane = 8;  // head sizes up to 8 · kWarpSize
-constexpr int kAttnWarps = 4;           // warps per block
-
-__device__ inline float dot_row(const float* a, const float* b, int HS) {
-  float s = 0;
-  for (int d = 0; d < HS; d++) s += a[d] * b[d];
-  return s;
-}
-
-__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  extern __shared__ float smem[];
-  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;  // (b, h, t)
-  if (row >= static_cast<long>(B) * NH * T) return;
-  const int t = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
-  const long C3 = 3L * C;
-  const float* base = qkv + static_cast<long>(b) * T * C3;
-  float* q = smem + warp * HS;
-  for (int d = lane; d < HS; d += kWarpSize) q[d] = base[t * C3 + h * HS + d];
-  sync_warp();
-  const float scale = rsqrtf(static_cast<float>(HS));
-  float m = -INFINITY, l = 0, acc[kMaxChannelsPerLane] = {};
-  for (int j0 = 0; j0 <= t; j0 += kWarpSize) {
-    const int j = j0 + lane;
-    const float s = j <= t ? dot_row(q, base + j * C3 + C + h * HS, HS) * scale : -INFINITY;
-    const float m_new = fmaxf(m, warp_max(s));
-    const float p = j <= t ? expf(s - m_new) : 0.0f;
-    const float correction = expf(m - m_new);
-    l = l * correction + warp_sum(p);
-    for (int k = 0; k < kMaxChannelsPerLane; k++) acc[k] *= correction;
-    const int last = min(kWarpSize, t - j0 + 1);
-    for (int jj = 0; jj < last; jj++) {
-      const float pj = shfl(p, jj);
-      const float* v = base + (j0 + jj) * C3 + 2 * C + h * HS;
-      for (int k = 0; k < kMaxChannelsPerLane; k++) {
-        const int d = lane + k * kWarpSize;
-        if (d < HS) acc[k] += pj * v[d];
-      }
-    }
+// A warp per score row: P = softmax(scale · S) over the keys j <= i (0 above the diagonal), in
+// place, and the row's log-sum-exp of the scaled scores.
+__global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, float scale) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;  // h·T + i
+  if (row >= rows) return;
+  const int i = row % T;
+  float* s = S + static_cast<long>(row) * T;
+  float m = -INFINITY, sum = 0;
+  for (int j = lane; j <= i; j += kWarpSize) {
+    const float x = s[j] * scale, m_new = fmaxf(m, x);
+    sum = sum * expf(m - m_new) + expf(x - m_new);
     m = m_new;
   }
-  float* o = out + (static_cast<long>(b) * T + t) * C + h * HS;
-  for (int k = 0; k < kMaxChannelsPerLane; k++) {
-    const int d = lane + k * kWarpSize;
-    if (d < HS) o[d] = acc[k] / l;
+  // Lanes without keys hold (-inf, 0); they add nothing.
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) {
+    const float m2 = shfl_xor(m, off), s2 = shfl_xor(sum, off);
+    const float m_new = fmaxf(m, m2);
+    sum = (m == -INFINITY ? 0.0f : sum * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
+    m = m_new;
   }
-  if (lane == 0) lse[(static_cast<long>(b) * NH + h) * T + t] = m + logf(l);
+  const float l = m + logf(sum);
+  for (int j = lane; j < T; j += kWarpSize) s[j] = j <= i ? expf(s[j] * scale - l) : 0.0f;
+  if (lane == 0) lse[row] = l;
 }
 
-// dq and D = rowsum(dout ∘ out) for one query row; D goes to delta (B,NH,T) for the dk/dv pass.
-__global__ void attention_backward_dq_kernel(float* dqkv, float* delta, const float* dout, const float* qkv,
-                                             const float* out, const float* lse, int B, int T, int C, int NH) {
-  extern __shared__ float smem[];
-  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;
-  if (row >= static_cast<long>(B) * NH * T) return;
-  const int t = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
-  const long C3 = 3L * C;
-  const float* base = qkv + static_cast<long>(b) * T * C3;
-  const long orow = (static_cast<long>(b) * T + t) * C + h * HS;
-  float* q = smem + warp * 2 * HS;
-  float* dO = q + HS;
-  float dsum = 0;
-  for (int d = lane; d < HS; d += kWarpSize) {
-    q[d] = base[t * C3 + h * HS + d];
-    dO[d] = dout[orow + d];
-    dsum += dO[d] * out[orow + d];
-  }
-  sync_warp();
-  const float D = warp_sum(dsum);
-  const long lrow = (static_cast<long>(b) * NH + h) * T + t;
-  if (lane == 0) delta[lrow] = D;
-  const float scale = rsqrtf(static_cast<float>(HS)), L = lse[lrow];
-  float acc[kMaxChannelsPerLane] = {};
-  for (int j0 = 0; j0 <= t; j0 += kWarpSize) {
-    const int j = j0 + lane;
-    float ds = 0;
-    if (j <= t) {
-      const float p = expf(dot_row(q, base + j * C3 + C + h * HS, HS) * scale - L);
-      ds = p * (dot_row(dO, base + j * C3 + 2 * C + h * HS, HS) - D);
-    }
-    const int last = min(kWarpSize, t - j0 + 1);
-    for (int jj = 0; jj < last; jj++) {
-      const float dsj = shfl(ds, jj);
-      const float* k = base + (j0 + jj) * C3 + C + h * HS;
-      for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
-        const int d = lane + kk * kWarpSize;
-        if (d < HS) acc[kk] += dsj * k[d];
-      }
-    }
-  }
-  float* dq = dqkv + (static_cast<long>(b) * T + t) * C3 + h * HS;
-  for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
-    const int d = lane + kk * kWarpSize;
-    if (d < HS) dq[d] = acc[kk] * scale;
-  }
+// D (NH·T) = the row sums of dout ∘ out per head: a warp per (h, i).
+__global__ void attention_delta_kernel(float* D, const float* dout, const float* out, int T, int C, int NH) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;  // h·T + i
+  if (row >= NH * T) return;
+  const int h = row / T, i = row % T, HS = C / NH;
+  const long base = static_cast<long>(i) * C + static_cast<long>(h) * HS;
+  float s = 0;
+  for (int d = lane; d < HS; d += kWarpSize) s += dout[base + d] * out[base + d];
+  s = warp_sum(s);
+  if (lane == 0) D[row] = s;
 }
 
-__global__ void attention_backward_dkv_kernel(float* dqkv, const float* delta, const float* dout, const float* qkv,
-                                              const float* lse, int B, int T, int C, int NH) {
-  extern __shared__ float smem[];
-  const int HS = C / NH, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const long row = static_cast<long>(blockIdx.x) * kAttnWarps + warp;
-  if (row >= static_cast<long>(B) * NH * T) return;
-  const int j = static_cast<int>(row % T), h = static_cast<int>((row / T) % NH), b = static_cast<int>(row / (static_cast<long>(T) * NH));
-  const long C3 = 3L * C;
-  const float* base = qkv + static_cast<long>(b) * T * C3;
-  float* k = smem + warp * 2 * HS;
-  float* v = k + HS;
-  for (int d = lane; d < HS; d += kWarpSize) {
-    k[d] = base[j * C3 + C + h * HS + d];
-    v[d] = base[j * C3 + 2 * C + h * HS + d];
+// Element-wise over (h, i, j): S (the recomputed raw scores) becomes P = exp(scale·S - lse), and
+// dP becomes scale · P · (dP - D_i), both 0 above the diagonal.
+__global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse, const float* D, int T, long n,
+                                          float scale) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const long row = k / T;
+  const int i = static_cast<int>(row % T), j = static_cast<int>(k % T);
+  if (j > i) {
+    S[k] = 0.0f;
+    dP[k] = 0.0f;
+    return;
   }
-  sync_warp();
-  const float scale = rsqrtf(static_cast<float>(HS));
-  const long lbase = (static_cast<long>(b) * NH + h) * T;
-  float dk[kMaxChannelsPerLane] = {}, dv[kMaxChannelsPerLane] = {};
-  for (int i0 = j; i0 < T; i0 += kWarpSize) {
-    const int i = i0 + lane;
-    float p = 0, ds = 0;
-    if (i < T) {
-      const float* dOi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
-      p = expf(dot_row(base + i * C3 + h * HS, k, HS) * scale - lse[lbase + i]);
-      ds = p * (dot_row(dOi, v, HS) - delta[lbase + i]);
-    }
-    const int last = min(kWarpSize, T - i0);
-    for (int ii = 0; ii < last; ii++) {
-      const float pi = shfl(p, ii), dsi = shfl(ds, ii);
-      const float* qi = base + (i0 + ii) * C3 + h * HS;
-      const float* dOi = dout + (static_cast<long>(b) * T + i0 + ii) * C + h * HS;
-      for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
-        const int d = lane + kk * kWarpSize;
-        if (d < HS) {
-          dv[kk] += pi * dOi[d];
-          dk[kk] += dsi * qi[d];
-        }
-      }
-    }
-  }
-  float* out = dqkv + (static_cast<long>(b) * T + j) * C3 + h * HS;
-  for (int kk = 0; kk < kMaxChannelsPerLane; kk++) {
-    const int d = lane + kk * kWarpSize;
-    if (d < HS) {
-      out[C + d] = dk[kk] * scale;
-      out[2 * C + d] = dv[kk];
-    }
-  }
+  const float p = expf(S[k] * scale - lse[row]);
+  S[k] = p;
+  dP[k] = scale * p * (dP[k] - D[row]);
 }
 
 // ---- cross-entropy: a block per row
@@ -510,33 +415,21 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
   GPU_CHECK_LAUNCH();
 }
 
-namespace {
-void check_head_size(int C, int NH) {
-  const int HS = C / NH;
-  if (HS > kMaxChannelsPerLane * kWarpSize) op_error("attention: the head size exceeds the GPU kernels' limit (8 x the warp size)");
-}
-}  // namespace
-
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  check_head_size(C, NH);
-  const long rows = static_cast<long>(B) * NH * T;
-  const size_t shared = static_cast<size_t>(kAttnWarps) * (C / NH) * sizeof(float);
-  attention_forward_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
-      out, lse, qkv, B, T, C, NH);
+void attention_softmax(float* S, float* lse, int T, int NH, float scale) {
+  const int rows = NH * T, rows_per_block = kThreads / kWarpSize;
+  attention_softmax_kernel<<<blocks_for(rows, rows_per_block), kThreads, 0, gpu_stream()>>>(S, lse, T, rows, scale);
   GPU_CHECK_LAUNCH();
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH) {
-  check_head_size(C, NH);
-  const long rows = static_cast<long>(B) * NH * T;
-  float* delta = scratch(static_cast<size_t>(rows));
-  const size_t shared = static_cast<size_t>(kAttnWarps) * 2 * (C / NH) * sizeof(float);
-  attention_backward_dq_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
-      dqkv, delta, dout, qkv, out, lse, B, T, C, NH);
+void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH) {
+  const int rows_per_block = kThreads / kWarpSize;
+  attention_delta_kernel<<<blocks_for(NH * T, rows_per_block), kThreads, 0, gpu_stream()>>>(D, dout, out, T, C, NH);
   GPU_CHECK_LAUNCH();
-  attention_backward_dkv_kernel<<<blocks_for(rows, kAttnWarps), kAttnWarps * kWarpSize, shared, gpu_stream()>>>(
-      dqkv, delta, dout, qkv, lse, B, T, C, NH);
+}
+
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int NH, float scale) {
+  const long n = static_cast<long>(NH) * T * T;
+  attention_dsoftmax_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(S, dP, lse, D, T, n, scale);
   GPU_CHECK_LAUNCH();
 }
 

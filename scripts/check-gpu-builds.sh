@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU builds, checked on a machine without a GPU (CI's): the cuda-release preset is built
-# (nvcc, cuBLASLt; sm_80 and sm_90a) and its GPU tests run (they skip, saying why, without a GPU);
+# (nvcc, cuBLASLt; sm_80 and sm_90a) and its GPU tests run (op tests, anvil doctor, training; they
+# skip, saying why, without a GPU);
 # then every GPU kernel source, and the device layer, is compiled for AMD: gfx90a and gfx940 with
 # Debian's hipcc (HIP 5.2), gfx942 with clang-19 over the same HIP headers. Debian has no
 # hipBLASLt, so the GEMM wrapper (src/kernels/gpu/matmul.cpp) is compiled for CUDA only here.
@@ -20,6 +21,7 @@ for arch in sm_80 sm_90a; do
 done
 build/cuda-release/bin/test_gpu_ops
 build/cuda-release/bin/anvil doctor
+tests/gpu/test_gpu_training.sh build/cuda-release/bin/anvil "$root"
 
 echo "== HIP: gfx90a and gfx940 (hipcc), gfx942 (clang-19)"
 sources=(src/kernels/gpu/ops.cu src/kernels/gpu/optimizer.cu src/device/device.cpp)

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Training on the GPU as a user runs it, against the CPU (skips, saying why, without a GPU):
+# - kernels=gpu twice: every step's loss and the final weights bit for bit;
+# - kernels=gpu against kernels=cpu from the same seed (deterministic_mode: false on both): every
+#   step's loss within 1e-5 relative over 15 steps (fp32 sums in another order; differences that
+#   small stay small this early, docs/PORTABILITY.md shows where they grow);
+# - CPU to step 8, then GPU to 15 from its checkpoint (autoresume), and GPU then CPU: the losses of
+#   the CPU-only run within 1e-5;
+# - amp_bf16 on the GPU against amp_bf16 on the CPU: within 1e-2 (16-bit roundings can flip with the
+#   sum order);
+# - kernels=gpu with the default deterministic_mode is a one-line error that says what to set.
+# Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+source "$src/tests/lib.sh"
+if "$anvil" doctor 2>/dev/null | grep -q "^gpus: none visible"; then
+  echo "skipped: no GPU visible ($("$anvil" doctor 2>/dev/null | grep '^gpu backend'))"
+  exit 0
+fi
+start_test
+
+prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
+cat > "$tmp/g.yaml" <<YAML
+max_seq_len: 32
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
+eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
+optimizer: {name: decoupled_adamw, lr: 1.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
+scheduler: {name: cosine_with_warmup, t_warmup: 3ba, t_max: 15ba, alpha_f: 0.1}
+algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
+max_duration: 15ba
+eval_interval: 5ba
+eval_subset_num_batches: 2
+global_train_batch_size: 8
+device_train_microbatch_size: 4
+save_interval: 8ba
+deterministic_mode: false
+seed: 5
+YAML
+run() {
+  local name="$1"; shift
+  "$anvil" train "$tmp/g.yaml" run_dir="$tmp/$name" "$@" >> "$tmp/$name.out" 2>&1 || { fail "$name: training failed"; tail -5 "$tmp/$name.out"; }
+}
+# compare A B TOL: every step's loss of run B within TOL (relative) of run A's.
+compare() {
+  python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+worst = max(abs(b[k] - a[k]) / abs(a[k]) for k in a)
+print(f"{len(a)} steps, largest relative difference {worst:.2e} (limit {tol:g})")
+sys.exit(0 if len(a) == len(b) == 15 and worst <= tol else 1)
+PY
+}
+digest() { "$anvil" inspect "$tmp/$1" 2>/dev/null | sed -n 's/^weights sha256: *//p'; }
+
+run gpu kernels=gpu
+run gpu_again kernels=gpu
+run cpu kernels=cpu
+if python3 - "$tmp/gpu/metrics.jsonl" "$tmp/gpu_again/metrics.jsonl" <<'PY' && [ -n "$(digest gpu)" ] && [ "$(digest gpu)" = "$(digest gpu_again)" ]
+import json, sys
+keys = ("step", "loss", "grad_norm", "lr", "eval_loss")
+rows = [[{k: r[k] for k in keys if k in r} for r in map(json.loads, open(p)) if "step" in r] for p in sys.argv[1:]]
+sys.exit(0 if rows[0] == rows[1] and len(rows[0]) > 15 else 1)
+PY
+then
+  pass "kernels=gpu twice: the same losses, gradient norms, evals and weights, bit for bit"
+else
+  fail "kernels=gpu twice differs"
+fi
+compare cpu gpu 1e-5 && pass "kernels=gpu follows kernels=cpu" || fail "kernels=gpu against kernels=cpu"
+
+run cpu_then_gpu kernels=cpu max_duration=8ba
+run cpu_then_gpu kernels=gpu autoresume=true
+compare cpu cpu_then_gpu 1e-5 && pass "CPU to step 8, then GPU from its checkpoint" || fail "CPU then GPU"
+run gpu_then_cpu kernels=gpu max_duration=8ba
+run gpu_then_cpu kernels=cpu autoresume=true
+compare cpu gpu_then_cpu 1e-5 && pass "GPU to step 8, then CPU from its checkpoint" || fail "GPU then CPU"
+
+run cpu_bf16 kernels=cpu precision=amp_bf16
+run gpu_bf16 kernels=gpu precision=amp_bf16
+compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
+
+out=$("$anvil" train "$tmp/g.yaml" run_dir="$tmp/det" kernels=gpu deterministic_mode=true 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "deterministic_mode: false"; then
+  pass "kernels=gpu with deterministic_mode: a clear error"
+else
+  fail "kernels=gpu with deterministic_mode: $out"
+fi
+exit $((failures > 0))

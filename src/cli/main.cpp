@@ -140,8 +140,9 @@ constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
 
 train: runs the config's training step on synthetic tokens (no dataset needed) and reports
-tokens/s, achieved GFLOP/s, this machine's measured fp32 GEMM peak, MFU and peak memory. The
-last line is the same figures as JSON, for scripts.
+tokens/s, achieved GFLOP/s, the measured GEMM peak of what runs the matrix products (OpenBLAS
+sgemm on the CPU; with kernels=gpu, cuBLASLt in the precision's mode), MFU and peak memory
+(host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
 

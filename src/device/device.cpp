@@ -119,6 +119,13 @@ void gpu_select(int index) {
 
 gpuStream_t gpu_stream() { return selected().stream; }
 
+size_t gpu_free_bytes() {
+  selected();
+  size_t free_bytes = 0, total = 0;
+  GPU_CHECK(gpuMemGetInfo(&free_bytes, &total));
+  return free_bytes;
+}
+
 void* gpu_alloc(size_t bytes) {
   DeviceState& s = selected();
   const size_t cls = size_class(bytes);

@@ -25,6 +25,9 @@ std::string gpu_backend_description();
 std::vector<GpuInfo> gpu_devices();
 // The device this process uses from now on; an error naming what is missing when there is none.
 void gpu_select(int index);
+// Free memory on the selected device now, as the driver reports it (what anvil's allocator caches
+// counts as used).
+size_t gpu_free_bytes();
 
 // Memory on the selected device, from the caching allocator: a block freed is kept for the next
 // request of its size class. All work runs on one stream, so a block reused is never in use.

@@ -1,4 +1,4 @@
-// The one place each op chooses its implementation. Call sites never name ref:: or cpu::.
+// The one place each op chooses its implementation. Call sites never name ref::, cpu:: or gpu::.
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"

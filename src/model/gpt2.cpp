@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -383,7 +382,7 @@ double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int
   return sum_losses(targets, B * T, n_targets);
 }
 
-void Gpt2::backward(const int32_t* targets, float dloss) {
+void Gpt2::backward(const int32_t* targets_op, float dloss) {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size, L = cfg_.n_layers;
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
@@ -400,7 +399,7 @@ void Gpt2::backward(const int32_t* targets, float dloss) {
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     lm_head(emb, b);
-    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets + r, dloss, T, V);
+    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V);
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too; parameter gradients accumulate in fp32.
     round_to_dtype(a.logits, static_cast<long>(T) * V, dtype_);

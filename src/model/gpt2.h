@@ -167,9 +167,11 @@ class Gpt2 {
   void check_targets(const int32_t* targets, int N) const;
   // Copies the losses to the host and sums them.
   double sum_losses(const int32_t* targets, int N, int64_t* n_targets);
+  // The host targets copied where the ops run; returns that copy.
   const int32_t* upload_targets(const int32_t* targets, int N);
-  // LM head forward, cross-entropy and the backward pass, after forward_to_lnf.
-  void backward(const int32_t* targets, float dloss);
+  // LM head forward, cross-entropy and the backward pass, after forward_to_lnf; targets_op as
+  // upload_targets returned them.
+  void backward(const int32_t* targets_op, float dloss);
 
   ModelConfig cfg_;
   int max_batch_, max_seq_;

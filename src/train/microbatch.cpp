@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "device/device.h"
+#include "kernels/impl.h"
 #include "model/gpt2.h"
 
 namespace anvil {
@@ -19,17 +21,25 @@ std::string size_text(size_t bytes) {
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;
+  const bool gpu = kernel_impl() == KernelImpl::kGpu;
+  // On the GPU, attention's scratch (scores and their gradient, one sequence's) and the GEMM
+  // workspace come on top of the activations.
+  const size_t gpu_scratch =
+      gpu ? 2 * sizeof(float) * static_cast<size_t>(cfg.model.n_heads) * T * T + (size_t{32} << 20) : 0;
   auto activations = [&](int microbatch, int eval_batch) {
-    return gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);
+    return gpu_scratch +
+           gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, cfg.activation_checkpointing);
   };
   const bool given = cfg.memory_limit > 0;
   plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);
-  const char* source = given ? "memory_limit" : "the memory available at start";
+  const char* source = given ? "memory_limit" : gpu ? "the GPU memory free at start" : "the memory available at start";
   if (given || cfg.microbatch_auto) {
-    // Without a limit: what the host has free now (the model states are already in memory),
-    // shared by the ranks on it, less a tenth for the data pipeline and everything else.
+    // Without a limit: what the host (or, under kernels=gpu, the GPU) has free now (the model
+    // states are already there), shared by the ranks on it, less a tenth for the data pipeline
+    // and everything else.
+    const size_t free_now = gpu ? gpu_free_bytes() : available_memory_bytes();
     plan.limit = given ? static_cast<size_t>(cfg.memory_limit)
-                       : model_bytes + available_memory_bytes() / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
+                       : model_bytes + free_now / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
     ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
                 size_text(model_bytes), source, size_text(plan.limit));
   }

@@ -14,7 +14,8 @@ struct MicrobatchPlan {
   int microbatch = 0;           // sequences per forward/backward
   int eval_batch = 0;           // sequences per eval forward
   size_t limit = 0;             // bytes this rank may hold (0: no limit given, and none needed)
-  size_t activation_bytes = 0;  // what the model will allocate for max(microbatch, eval_batch)
+  size_t activation_bytes = 0;  // what the model will allocate for max(microbatch, eval_batch), and
+                                // under kernels=gpu the ops' scratch
 };
 
 // local_batch: this rank's sequences per step; model_bytes: what the rank holds besides

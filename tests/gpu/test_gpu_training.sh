@@ -8,6 +8,8 @@
 #   the CPU-only run within 1e-5;
 # - amp_bf16 on the GPU against amp_bf16 on the CPU: within 1e-2 (16-bit roundings can flip with the
 #   sum order);
+# - device_train_microbatch_size: auto fits the GPU's memory (the whole batch of 8 here) and
+#   follows the same curve;
 # - kernels=gpu with the default deterministic_mode is a one-line error that says what to set.
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -81,6 +83,13 @@ compare cpu gpu_then_cpu 1e-5 && pass "GPU to step 8, then CPU from its checkpoi
 run cpu_bf16 kernels=cpu precision=amp_bf16
 run gpu_bf16 kernels=gpu precision=amp_bf16
 compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
+
+run gpu_auto kernels=gpu device_train_microbatch_size=auto
+if grep -q '"microbatch":8' "$tmp/gpu_auto/metrics.jsonl" && compare gpu gpu_auto 1e-5; then
+  pass "auto microbatch on the GPU: the whole batch fits, the same curve"
+else
+  fail "auto microbatch on the GPU: $(head -1 "$tmp/gpu_auto/metrics.jsonl")"
+fi
 
 out=$("$anvil" train "$tmp/g.yaml" run_dir="$tmp/det" kernels=gpu deterministic_mode=true 2>&1)
 if [ $? -ne 0 ] && echo "$out" | grep -q "deterministic_mode: false"; then

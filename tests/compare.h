@@ -7,7 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
+
 namespace anvil::testing {
+
+// n values of scale · N(0, 1), the same for the same (n, stream) in every test.
+inline std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = scale * static_cast<float>(normal_at(1234, stream, i));
+  return v;
+}
 
 struct Tolerance {
   double atol, rtol;

@@ -176,6 +176,15 @@ void gpu_release(void* p) {
   s.live.erase(it);
 }
 
+void* GpuScratch::get(size_t bytes) {
+  if (bytes > bytes_) {
+    gpu_release(p_);
+    p_ = gpu_alloc(bytes);
+    bytes_ = bytes;
+  }
+  return p_;
+}
+
 GpuAllocatorStats gpu_allocator_stats() {
   DeviceState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);

@@ -40,6 +40,18 @@ struct GpuAllocatorStats {
 };
 GpuAllocatorStats gpu_allocator_stats();
 
+// Device memory for an op's scratch: grows to the largest request and is kept, so that a warm
+// step allocates nothing. Requests are in stream order, so a block handed back while growing is
+// not reused before the work that read it has run.
+class GpuScratch {
+ public:
+  void* get(size_t bytes);
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 void gpu_copy_to_device(void* dst, const void* host_src, size_t bytes);
 void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
 void gpu_copy_on_device(void* dst, const void* src, size_t bytes);

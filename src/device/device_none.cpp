@@ -19,6 +19,7 @@ size_t gpu_free_bytes() { not_built(); }
 void* gpu_alloc(size_t) { not_built(); }
 void gpu_release(void*) { not_built(); }
 GpuAllocatorStats gpu_allocator_stats() { return {}; }
+void* GpuScratch::get(size_t) { not_built(); }
 void gpu_copy_to_device(void*, const void*, size_t) { not_built(); }
 void gpu_copy_to_host(void*, const void*, size_t) { not_built(); }
 void gpu_copy_on_device(void*, const void*, size_t) { not_built(); }

@@ -25,13 +25,9 @@ using testing::all_close;
 using testing::kFp32Elementwise;
 using testing::kFp32Reduction;
 using testing::kFp32RelNorm;
+using testing::randn;
 using testing::rel_norm_close;
 
-std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = scale * static_cast<float>(normal_at(4321, stream, i));
-  return v;
-}
 
 // A device copy of a host vector, read back with host().
 template <class T>

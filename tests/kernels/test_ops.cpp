@@ -21,13 +21,9 @@ using testing::all_close;
 using testing::kFp32Elementwise;
 using testing::kFp32Reduction;
 using testing::kFp32RelNorm;
+using testing::randn;
 using testing::rel_norm_close;
 
-std::vector<float> randn(size_t n, uint64_t stream, float scale = 1.0f) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = scale * static_cast<float>(normal_at(1234, stream, i));
-  return v;
-}
 
 TEST(Encoder, MatchesReference) {
   struct Shape { int B, T, C, V; };

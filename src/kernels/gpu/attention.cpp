@@ -12,20 +12,9 @@
 namespace anvil::gpu {
 namespace {
 
-// Scratch for one sequence's scores and their gradient, grown on first use and kept.
-struct Scratch {
-  float* p = nullptr;
-  size_t floats = 0;
-  float* get(size_t n) {
-    if (n > floats) {
-      gpu_release(p);
-      p = static_cast<float*>(gpu_alloc(n * sizeof(float)));
-      floats = n;
-    }
-    return p;
-  }
-};
-Scratch scores, dscores, delta;
+// One sequence's scores, their gradient, and the row sums D.
+GpuScratch scores, dscores, delta;
+float* floats(GpuScratch& s, size_t n) { return static_cast<float*>(s.get(n * sizeof(float))); }
 
 // In row-major terms (the GEMMs below are column-major, hence the transposes): for each head,
 // Q, K, V are (T, HS) with row stride 3C inside qkv and head h at column h·HS.
@@ -42,7 +31,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;
-  float* S = scores.get(static_cast<size_t>(NH) * TT);
+  float* S = floats(scores, static_cast<size_t>(NH) * TT);
   for (int b = 0; b < B; b++) {
     const float* x = qkv + static_cast<size_t>(b) * T * 3 * C;
     scores_forward(S, x, T, C, NH);
@@ -58,9 +47,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;
-  float* S = scores.get(static_cast<size_t>(NH) * TT);
-  float* dP = dscores.get(static_cast<size_t>(NH) * TT);
-  float* D = delta.get(static_cast<size_t>(NH) * T);
+  float* S = floats(scores, static_cast<size_t>(NH) * TT);
+  float* dP = floats(dscores, static_cast<size_t>(NH) * TT);
+  float* D = floats(delta, static_cast<size_t>(NH) * T);
   for (int b = 0; b < B; b++) {
     const size_t row3 = static_cast<size_t>(b) * T * 3 * C, row = static_cast<size_t>(b) * T * C;
     const float* x = qkv + row3;

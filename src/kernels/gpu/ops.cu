@@ -21,18 +21,29 @@ namespace {
 constexpr int kThreads = 256;
 inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
-// Scratch memory for the ops' partial sums: grown on first use through the caching allocator,
-// kept afterwards, so a warm step allocates nothing.
-float* scratch(size_t floats) {
-  static float* buf = nullptr;
-  static size_t size = 0;
-  if (floats > size) {
-    gpu_release(buf);
-    buf = static_cast<float*>(gpu_alloc(floats * sizeof(float)));
-    size = floats;
+// The partial sums of the column reductions.
+GpuScratch partials;
+float* scratch(size_t floats) { return static_cast<float*>(partials.get(floats * sizeof(float))); }
+
+// A running (max, sum of exp(x - max)) over values seen one at a time, merged in a fixed order:
+// the log-sum-exp of a row without a second pass. An empty one is (-inf, 0) and merges as nothing.
+struct MaxSum {
+  float m = -INFINITY, s = 0.0f;
+  __device__ void add(float x) {
+    const float m_new = fmaxf(m, x);
+    s = s * expf(m - m_new) + expf(x - m_new);
+    m = m_new;
   }
-  return buf;
-}
+  __device__ void merge(float m2, float s2) {
+    const float m_new = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.0f : s * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
+    m = m_new;
+  }
+  __device__ void merge_warp() {
+    for (int off = kWarpSize / 2; off > 0; off >>= 1) merge(shfl_xor(m, off), shfl_xor(s, off));
+  }
+  __device__ float logsumexp() const { return m + logf(s); }
+};
 
 // ---- embeddings
 
@@ -220,20 +231,10 @@ __global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, 
   if (row >= rows) return;
   const int i = row % T;
   float* s = S + static_cast<long>(row) * T;
-  float m = -INFINITY, sum = 0;
-  for (int j = lane; j <= i; j += kWarpSize) {
-    const float x = s[j] * scale, m_new = fmaxf(m, x);
-    sum = sum * expf(m - m_new) + expf(x - m_new);
-    m = m_new;
-  }
-  // Lanes without keys hold (-inf, 0); they add nothing.
-  for (int off = kWarpSize / 2; off > 0; off >>= 1) {
-    const float m2 = shfl_xor(m, off), s2 = shfl_xor(sum, off);
-    const float m_new = fmaxf(m, m2);
-    sum = (m == -INFINITY ? 0.0f : sum * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
-    m = m_new;
-  }
-  const float l = m + logf(sum);
+  MaxSum acc;  // lanes without keys keep an empty one
+  for (int j = lane; j <= i; j += kWarpSize) acc.add(s[j] * scale);
+  acc.merge_warp();
+  const float l = acc.logsumexp();
   for (int j = lane; j < T; j += kWarpSize) s[j] = j <= i ? expf(s[j] * scale - l) : 0.0f;
   if (lane == 0) lse[row] = l;
 }
@@ -275,34 +276,20 @@ constexpr int kCeThreads = 512;
 
 // Block-wide (max, sum of exp) of one row, combined in a fixed tree; every thread gets the result.
 __device__ void row_logsumexp(const float* x, int V, float* shared, float& lse) {
-  float m = -INFINITY, s = 0;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float m_new = fmaxf(m, x[v]);
-    s = s * expf(m - m_new) + expf(x[v] - m_new);
-    m = m_new;
-  }
+  MaxSum acc;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) acc.add(x[v]);
   // Within the warp, then across warps through shared memory.
-  for (int off = kWarpSize / 2; off > 0; off >>= 1) {
-    const float m2 = shfl_xor(m, off), s2 = shfl_xor(s, off);
-    const float m_new = fmaxf(m, m2);
-    s = (m == -INFINITY ? 0.0f : s * expf(m - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
-    m = m_new;
-  }
+  acc.merge_warp();
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, warps = blockDim.x / kWarpSize;
   if (lane == 0) {
-    shared[warp] = m;
-    shared[warps + warp] = s;
+    shared[warp] = acc.m;
+    shared[warps + warp] = acc.s;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float M = shared[0], S = shared[warps];
-    for (int w = 1; w < warps; w++) {
-      const float m2 = shared[w], s2 = shared[warps + w];
-      const float m_new = fmaxf(M, m2);
-      S = (M == -INFINITY ? 0.0f : S * expf(M - m_new)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - m_new));
-      M = m_new;
-    }
-    shared[2 * warps] = M + logf(S);
+    MaxSum all;
+    for (int w = 0; w < warps; w++) all.merge(shared[w], shared[warps + w]);
+    shared[2 * warps] = all.logsumexp();
   }
   __syncthreads();
   lse = shared[2 * warps];

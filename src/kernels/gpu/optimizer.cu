@@ -49,18 +49,7 @@ __global__ void scale_kernel(float* x, size_t n, float coef, int* bad) {
 
 int blocks_for(size_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
-// Device scratch for the reductions, grown on first use and kept.
-template <class T>
-T* scratch(size_t count) {
-  static T* buf = nullptr;
-  static size_t size = 0;
-  if (count > size) {
-    gpu_release(buf);
-    buf = static_cast<T*>(gpu_alloc(count * sizeof(T)));
-    size = count;
-  }
-  return buf;
-}
+GpuScratch chunk_sums, nonfinite_flag;
 
 }  // namespace
 
@@ -73,7 +62,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
 double sum_of_squares(const float* x, size_t n) {
   if (n == 0) return 0.0;
   const size_t chunks = (n + kChunk - 1) / kChunk;
-  double* partial = scratch<double>(chunks);
+  double* partial = static_cast<double*>(chunk_sums.get(chunks * sizeof(double)));
   chunk_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, gpu_stream()>>>(partial, x, n);
   GPU_CHECK_LAUNCH();
   thread_local std::vector<double> host;
@@ -92,7 +81,7 @@ void scale_values(float* x, size_t n, float coef) {
 
 bool scale_values_check_finite(float* x, size_t n, float coef) {
   if (n == 0) return true;
-  int* bad = scratch<int>(1);
+  int* bad = static_cast<int*>(nonfinite_flag.get(sizeof(int)));
   gpu_zero(bad, sizeof(int));
   scale_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(x, n, coef, bad);
   GPU_CHECK_LAUNCH();

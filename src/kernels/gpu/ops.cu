@@ -23,7 +23,7 @@ inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>(
 
 // The partial sums of the column reductions.
 GpuScratch partials;
-float* scratch(size_t floats) { return static_cast<float*>(partials.get(floats * sizeof(float))); }
+double* scratch(size_t doubles) { return static_cast<double*>(partials.get(doubles * sizeof(double))); }
 
 // A running (max, sum of exp(x - max)) over values seen one at a time, merged in a fixed order:
 // the log-sum-exp of a row without a second pass. An empty one is (-inf, 0) and merges as nothing.
@@ -115,14 +115,15 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 }
 
 // Column sums in two fixed-order stages: each block sums kRowsPerChunk rows of its columns into
-// partial[chunk], then one thread per column adds the chunks in order.
+// partial[chunk], then one thread per column adds the chunks in order. The sums are in double: a
+// long column of terms of both signs loses to fp32 rounding what it keeps of its total.
 constexpr int kRowsPerChunk = 32;
 
-__global__ void layernorm_param_partials_kernel(float* partial, const float* dout, const float* inp,
+__global__ void layernorm_param_partials_kernel(double* partial, const float* dout, const float* inp,
                                                 const float* mean, const float* rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
-  float dw = 0, db = 0;
+  double dw = 0, db = 0;
   const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
   for (int r = chunk * kRowsPerChunk; r < r1; r++) {
     const long i = static_cast<long>(r) * C + c;
@@ -134,18 +135,17 @@ __global__ void layernorm_param_partials_kernel(float* partial, const float* dou
   partial[(chunks + chunk) * static_cast<long>(C) + c] = db;
 }
 
-__global__ void column_partials_kernel(float* partial, const float* x, int N, int C) {
+__global__ void column_partials_kernel(double* partial, const float* x, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
-  float s = 0;
+  double s = 0;
   const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
   for (int r = chunk * kRowsPerChunk; r < r1; r++) s += x[static_cast<long>(r) * C + c];
   partial[chunk * static_cast<long>(C) + c] = s;
 }
 
-// out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs, in double: the chunks of
-// a long column can cancel.
-__global__ void sum_partials_kernel(float* out0, float* out1, const float* partial, int chunks, int C) {
+// out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs.
+__global__ void sum_partials_kernel(float* out0, float* out1, const double* partial, int chunks, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
   if (c >= C) return;
   double s = 0;
@@ -359,7 +359,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                                                                                                mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-  float* partial = scratch(2L * chunks * C);
+  double* partial = scratch(2L * chunks * C);
   layernorm_param_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, dout, inp, mean,
                                                                                               rstd, N, C);
   GPU_CHECK_LAUNCH();
@@ -369,7 +369,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void column_sums_accumulate(float* out, const float* x, int N, int C) {
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-  float* partial = scratch(static_cast<size_t>(chunks) * C);
+  double* partial = scratch(static_cast<size_t>(chunks) * C);
   column_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, x, N, C);
   GPU_CHECK_LAUNCH();
   sum_partials_kernel<<<dim3(blocks_for(C), 1), kThreads, 0, gpu_stream()>>>(out, nullptr, partial, chunks, C);

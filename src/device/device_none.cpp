@@ -25,5 +25,8 @@ void gpu_copy_to_host(void*, const void*, size_t) { not_built(); }
 void gpu_copy_on_device(void*, const void*, size_t) { not_built(); }
 void gpu_zero(void*, size_t) { not_built(); }
 void gpu_synchronize() { not_built(); }
+void gpu_use_comm_stream() { not_built(); }
+GpuMark gpu_mark_op_stream() { not_built(); }
+void gpu_wait_mark(GpuMark) { not_built(); }
 
 }  // namespace anvil

@@ -38,6 +38,10 @@ using gpu_bf16 = hip_bfloat16;
 #define gpuEventRecord hipEventRecord
 #define gpuEventSynchronize hipEventSynchronize
 #define gpuEventElapsedTime hipEventElapsedTime
+#define gpuEventCreateWithFlags hipEventCreateWithFlags
+#define gpuEventDisableTiming hipEventDisableTiming
+#define gpuStreamQuery hipStreamQuery
+#define gpuErrorNotReady hipErrorNotReady
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -73,6 +77,10 @@ using gpu_bf16 = __nv_bfloat16;
 #define gpuEventRecord cudaEventRecord
 #define gpuEventSynchronize cudaEventSynchronize
 #define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuEventCreateWithFlags cudaEventCreateWithFlags
+#define gpuEventDisableTiming cudaEventDisableTiming
+#define gpuStreamQuery cudaStreamQuery
+#define gpuErrorNotReady cudaErrorNotReady
 #endif
 
 namespace anvil {

@@ -6,7 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "dist/fixed_point.h"
+#include "kernels/fixed_point.h"
 
 namespace anvil {
 namespace {

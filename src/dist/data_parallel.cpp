@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
-#include "dist/fixed_point.h"
 #include "kernels/buffer.h"
+#include "kernels/fixed_point.h"
 #include "kernels/impl.h"
 #include "kernels/optimizer.h"
+#include "kernels/residual.h"
 
 namespace anvil {
 
@@ -25,8 +25,9 @@ CommThread::~CommThread() {
 }
 
 uint64_t CommThread::submit(std::function<void()> job) {
+  const GpuMark after = kernel_impl() == KernelImpl::kGpu ? gpu_mark_op_stream() : GpuMark{};
   std::lock_guard<std::mutex> lock(mu_);
-  jobs_.emplace_back(++submitted_, std::move(job));
+  jobs_.push_back({++submitted_, std::move(job), after});
   cv_.notify_all();
   return submitted_;
 }
@@ -47,8 +48,15 @@ void CommThread::wait_all() {
 }
 
 void CommThread::run() {
+  const bool gpu = kernel_impl() == KernelImpl::kGpu;
+  try {
+    if (gpu) gpu_use_comm_stream();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+  }
   for (;;) {
-    std::pair<uint64_t, std::function<void()>> job;
+    Job job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
@@ -62,14 +70,16 @@ void CommThread::run() {
       failed = error_ != nullptr;
     }
     try {
-      if (!failed) job.second();  // after an error, later jobs are skipped: their inputs are wrong
+      if (gpu) gpu_wait_mark(job.after);
+      if (!failed) job.run();  // after an error, later jobs are skipped: their inputs are wrong
+      if (gpu) gpu_synchronize();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
-      error_ = std::current_exception();
+      if (!error_) error_ = std::current_exception();
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      finished_ = job.first;
+      finished_ = job.ticket;
     }
     cv_.notify_all();
   }
@@ -92,6 +102,14 @@ std::vector<size_t> split_by_shards(size_t a, size_t n, const std::vector<size_t
   return out;
 }
 
+// The most bytes one collective of the step moves: a unit's gradient (int64 in deterministic mode)
+// or its parameters.
+size_t largest_collective_bytes(const std::vector<ParamUnit>& units) {
+  size_t largest = 0;
+  for (const ParamUnit& u : units) largest = std::max(largest, u.numel);
+  return largest * sizeof(int64_t);
+}
+
 // Rank r's contiguous shard; under stage 0 every rank holds and updates everything.
 std::pair<size_t, size_t> owned_range(const std::vector<size_t>& shard_counts, int rank, int zero_stage) {
   size_t lo = 0;
@@ -112,7 +130,8 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
       shard_counts_(even_counts(n_, comm.size())),
       lo_(owned_range(shard_counts_, comm.rank(), options.zero_stage).first),
       hi_(owned_range(shard_counts_, comm.rank(), options.zero_stage).second),
-      optimizer_(optimizer, model.tensors(), lo_, hi_), tensors_(model.tensors()) {
+      optimizer_(optimizer, model.tensors(), lo_, hi_), collectives_(comm, largest_collective_bytes(units_), options.gpu_collectives),
+      tensors_(model.tensors()) {
   ANVIL_CHECK(opt_.zero_stage >= 0 && opt_.zero_stage <= 3, "zero_stage {} is not valid: expected 0, 1, 2 or 3",
               opt_.zero_stage);
   ANVIL_CHECK(!opt_.bf16_compression || opt_.zero_stage == 0, "gradient compression (bf16) works with zero_stage 0 "
@@ -120,11 +139,8 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   ANVIL_CHECK(!opt_.bf16_compression || !opt_.deterministic, "gradient compression (bf16) rounds gradients on the "
               "wire, so it needs deterministic_mode: false");
   ANVIL_CHECK(opt_.global_batch >= 1, "global batch {} must be at least one sequence", opt_.global_batch);
-  // The collectives and the fixed-point gradient sums work on host memory.
-  ANVIL_CHECK(kernel_impl() != KernelImpl::kGpu || (comm.size() == 1 && opt_.zero_stage == 0 && !opt_.deterministic),
-              "kernels=gpu trains on one GPU with zero_stage 0 and deterministic_mode: false in this version (got {} "
-              "ranks, zero_stage {}, deterministic_mode {}): multi-GPU data parallelism over NCCL/RCCL and fixed-point "
-              "gradient sums on the GPU are not built yet", comm.size(), opt_.zero_stage, opt_.deterministic);
+  ANVIL_CHECK(!opt_.bf16_compression || kernel_impl() != KernelImpl::kGpu,
+              "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
   const Gpt2Storage want = gpt2_storage_for_stage(opt_.zero_stage);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
               "the model was not built for zero_stage {} (use gpt2_storage_for_stage)", opt_.zero_stage);
@@ -132,20 +148,21 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   size_t largest_other = 0;
   for (size_t u = 1; u < units_.size(); u++) largest_other = std::max(largest_other, units_[u].numel);
   if (opt_.zero_stage >= 2) {
-    grad_shard_.assign(hi_ - lo_, 0.0f);
+    grad_shard_.assign_zeros(hi_ - lo_);
     if (opt_.deterministic) {
-      fixed_shard_.assign(hi_ - lo_, 0);
-      emb_grads_.fixed.assign(units_[0].numel, 0);
-      for (Slot& s : block_grads_) s.fixed.assign(largest_other, 0);
+      fixed_shard_.assign_zeros(hi_ - lo_);
+      emb_grads_.fixed.assign_zeros(units_[0].numel);
+      for (Slot& s : block_grads_) s.fixed.assign_zeros(largest_other);
     } else {
-      emb_grads_.buf.assign(units_[0].numel, 0.0f);
-      for (Slot& s : block_grads_) s.buf.assign(largest_other, 0.0f);
+      emb_grads_.buf.assign_zeros(units_[0].numel);
+      for (Slot& s : block_grads_) s.buf.assign_zeros(largest_other);
     }
   }
   if (opt_.deterministic) {
-    if (opt_.zero_stage < 2) fixed_.assign(n_, 0);
-    emb_scratch_.assign(units_[0].numel, 0.0f);
-    block_scratch_.assign(largest_other, 0.0f);
+    if (opt_.zero_stage < 2) fixed_.assign_zeros(n_);
+    emb_scratch_.assign_zeros(units_[0].numel);
+    block_scratch_.assign_zeros(largest_other);
+    rows_.assign_zeros(static_cast<size_t>(model.config().vocab_size));
     fixed_dest_.assign(units_.size(), nullptr);
     unit_tensors_.assign(units_.size(), {tensors_.size(), 0});
     for (size_t k = 0; k < tensors_.size(); k++) {
@@ -154,20 +171,21 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
       end = std::max(end, k + 1);
     }
     scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt_.global_batch));
-    sample_max_.assign(tensors_.size(), 0.0f);
-    owned_squares_.assign(tensors_.size(), 0);
+    sample_max_.assign_zeros(tensors_.size());
+    owned_squares_.assign_zeros(tensors_.size());
     // Space for the per-step exchanges, so that a step allocates nothing.
     const size_t K = tensors_.size(), W = static_cast<size_t>(comm.size());
     next_scale_.resize(K);
     step_scale_.resize(K);
+    host_squares_.resize(K);
     squares_.resize(K);
     all_max_.resize(K * W);
     all_squares_.resize(K * W);
   }
   if (opt_.zero_stage == 3) {
-    param_shard_.assign(hi_ - lo_, 0.0f);
-    emb_params_.buf.assign(units_[0].numel, 0.0f);
-    for (Slot& s : block_params_) s.buf.assign(largest_other, 0.0f);
+    param_shard_.assign_zeros(hi_ - lo_);
+    emb_params_.buf.assign_zeros(units_[0].numel);
+    for (Slot& s : block_params_) s.buf.assign_zeros(largest_other);
   }
   if (opt_.bf16_compression) error_feedback_.assign(n_, 0.0f);
   model_.set_unit_access(this);
@@ -205,7 +223,9 @@ void DataParallel::set_grad_scales(const std::vector<int>& scales) {
 
 void DataParallel::init_weights(uint64_t seed) {
   if (opt_.zero_stage == 3) {
-    gpt2_init_params(model_.config(), seed, lo_, hi_, param_shard_.data());
+    std::vector<float> host(hi_ - lo_);
+    gpt2_init_params(model_.config(), seed, lo_, hi_, host.data());
+    op_copy_from_host(param_shard_.data(), host.data(), host.size() * sizeof(float));
     for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;
   } else {
     model_.init_weights(seed);
@@ -214,11 +234,11 @@ void DataParallel::init_weights(uint64_t seed) {
 
 void DataParallel::begin_step() {
   if (opt_.deterministic) {
-    std::fill(fixed_.begin(), fixed_.end(), 0);
-    std::fill(fixed_shard_.begin(), fixed_shard_.end(), 0);
-    std::fill(sample_max_.begin(), sample_max_.end(), 0.0f);
+    op_zero(fixed_.data(), fixed_.size() * sizeof(int64_t));
+    op_zero(fixed_shard_.data(), fixed_shard_.size() * sizeof(int64_t));
+    op_zero(sample_max_.data(), sample_max_.size() * sizeof(float));
   } else if (opt_.zero_stage >= 2) {
-    std::fill(grad_shard_.begin(), grad_shard_.end(), 0.0f);
+    op_zero(grad_shard_.data(), grad_shard_.size() * sizeof(float));
   } else {
     model_.zero_grad();
   }
@@ -245,10 +265,13 @@ DataParallel::Backward DataParallel::finish_backward() {
     return sum_exact(comm_, bad) > 0 ? Backward::kOverflow : Backward::kDone;
   }
   // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
-  // everywhere (a maximum is exact).
+  // everywhere (a maximum is exact). The loss scale 2^e comes off them exactly here, as it did
+  // off the accumulated values (grain_done): the scales are those of the unscaled gradients.
   const size_t K = tensors_.size();
   std::vector<float>& all = all_max_;
-  std::copy(sample_max_.begin(), sample_max_.end(), all.begin() + K * comm_.rank());
+  float* mine = all.data() + K * comm_.rank();
+  op_copy_to_host(mine, sample_max_.data(), K * sizeof(float));
+  for (size_t k = 0; k < K; k++) mine[k] = std::ldexp(mine[k], -loss_scale_log2_);
   all_gather_blocks(comm_, all.data(), K * sizeof(float));
   bool fits = true;
   std::vector<int>& next = next_scale_;
@@ -280,11 +303,11 @@ void DataParallel::convert_owned_grads() {
   for (size_t k = 0; k < tensors_.size(); k++) {
     const ParamTensor& t = tensors_[k];
     const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
-    owned_squares_[k] = 0;
-    if (a >= b) continue;
-    fixed_point_to_float(grads + (a - lo_), fixed + (a - lo_), b - a, scale_[k]);
-    owned_squares_[k] = fixed_point_sum_squares(fixed + (a - lo_), b - a);
+    if (a < b) fixed_point_to_float(grads + (a - lo_), fixed + (a - lo_), b - a, scale_[k]);
+    // An empty range sums to zero.
+    fixed_point_sum_squares(fixed + (a < b ? a - lo_ : 0), a < b ? b - a : 0, owned_squares_.data() + k);
   }
+  op_copy_to_host(host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
 }
 
 double DataParallel::clip_and_norm(double max_norm) {
@@ -293,10 +316,10 @@ double DataParallel::clip_and_norm(double max_norm) {
     // tensors is in floating point, in layout order, identically everywhere.
     const size_t K = tensors_.size();
     std::vector<unsigned __int128>& squares = squares_;
-    squares = owned_squares_;
+    squares = host_squares_;
     if (opt_.zero_stage > 0 && comm_.size() > 1) {
       std::vector<unsigned __int128>& all = all_squares_;
-      std::copy(owned_squares_.begin(), owned_squares_.end(), all.begin() + K * comm_.rank());
+      std::copy(host_squares_.begin(), host_squares_.end(), all.begin() + K * comm_.rank());
       all_gather_blocks(comm_, all.data(), K * sizeof(unsigned __int128));
       for (size_t k = 0; k < K; k++) {
         squares[k] = 0;
@@ -319,7 +342,8 @@ double DataParallel::clip_and_norm(double max_norm) {
 void DataParallel::optimizer_step(double lr) {
   optimizer_.step(owned_params(), owned_grads(), lr);
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
-    all_gather(comm_, model_.params(), shard_counts_);
+    // A unit at a time: what a host copy of GPU parameters needs is one unit's room.
+    for (size_t u = 0; u < units_.size(); u++) collectives_.all_gather(model_.params() + units_[u].offset, unit_counts_[u]);
   } else if (opt_.zero_stage == 3) {
     for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;  // stale now
   }
@@ -348,7 +372,7 @@ void DataParallel::load_full_state(const std::vector<float>& params, const std::
               "training state of {} parameters for a model of {}", params.size(), n_);
   quiesce();
   if (opt_.zero_stage == 3) {
-    std::copy(params.begin() + lo_, params.begin() + hi_, param_shard_.begin());
+    op_copy_from_host(param_shard_.data(), params.data() + lo_, (hi_ - lo_) * sizeof(float));
     for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;
   } else {
     op_copy_from_host(model_.params(), params.data(), n_ * sizeof(float));
@@ -386,8 +410,8 @@ void DataParallel::start_gather(Slot& slot, int unit) {
   const size_t lo = lo_;
   const std::vector<size_t>* counts = &unit_counts_[unit];
   slot.ticket = thread_.submit([this, buf, a, b, shard, lo, u, counts] {
-    if (b > a) std::memcpy(buf + (a - u.offset), shard + (a - lo), (b - a) * sizeof(float));
-    all_gather(comm_, buf, *counts);
+    if (b > a) op_copy(buf + (a - u.offset), shard + (a - lo), (b - a) * sizeof(float));
+    collectives_.all_gather(buf, *counts);
   });
 }
 
@@ -434,9 +458,9 @@ DataParallel::Slot* DataParallel::open_grad_slot(int unit) {
   if (!(s->in_use && s->unit == unit)) {
     thread_.wait(s->ticket);  // the reduce-scatter still reading its last contents
     if (opt_.deterministic)
-      std::fill_n(s->fixed.data(), units_[unit].numel, 0);
+      op_zero(s->fixed.data(), units_[unit].numel * sizeof(int64_t));
     else
-      std::fill_n(s->buf.data(), units_[unit].numel, 0.0f);
+      op_zero(s->buf.data(), units_[unit].numel * sizeof(float));
     s->unit = unit;
     s->in_use = true;
   }
@@ -463,11 +487,36 @@ void DataParallel::grain_done(int unit, size_t offset, size_t count) {
     const ParamTensor& t = tensors_[k];
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a >= b) continue;
-    // The loss scale 2^e comes off exactly here: the accumulators, the maxima and so the fixed-point
-    // scales are those of the unscaled gradients.
-    const float m = fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k] - loss_scale_log2_);
-    sample_max_[k] = std::max(sample_max_[k], std::ldexp(m, -loss_scale_log2_));
+    // The loss scale 2^e comes off exactly here (and off the maxima in finish_backward): the
+    // accumulators and so the fixed-point scales are those of the unscaled gradients.
+    fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k] - loss_scale_log2_,
+                           sample_max_.data() + k);
   }
+}
+
+int DataParallel::tensor_at(int unit, size_t offset) const {
+  const size_t at = units_[unit].offset + offset;
+  const auto [first, end] = unit_tensors_[unit];
+  for (size_t k = first; k < end; k++)
+    if (at >= tensors_[k].offset && at < tensors_[k].offset + tensors_[k].numel) return static_cast<int>(k);
+  ANVIL_FAIL("unit {} has no element at offset {}", unit, offset);
+}
+
+void DataParallel::grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) {
+  if (!opt_.deterministic || n_rows == 0) return;
+  int64_t* dest = fixed_dest_[unit];
+  ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
+  ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
+  const int k = tensor_at(unit, offset);
+  const ParamTensor& t = tensors_[k];
+  for (size_t r = 0; r < n_rows; r++)
+    ANVIL_CHECK(rows[r] >= 0 && units_[unit].offset + offset + (static_cast<size_t>(rows[r]) + 1) * row_len <=
+                                    t.offset + t.numel,
+                "row {} lies outside tensor '{}'", rows[r], t.name);
+  op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
+  float* scratch = (unit == 0 ? emb_scratch_.data() : block_scratch_.data()) + offset;
+  fixed_point_accumulate_rows(dest + offset, scratch, rows_.data(), n_rows, row_len, scale_[k] - loss_scale_log2_,
+                              sample_max_.data() + k);
 }
 
 void DataParallel::grads_done(int unit) {
@@ -480,9 +529,9 @@ void DataParallel::grads_done(int unit) {
     if (opt_.deterministic) {
       int64_t* g = fixed_.data() + u.offset;
       if (opt_.zero_stage == 0)
-        thread_.submit([this, g, u, algo] { all_reduce(comm_, g, u.numel, algo); });
+        thread_.submit([this, g, u, algo] { collectives_.all_reduce(g, u.numel, algo); });
       else
-        thread_.submit([this, g, counts, algo] { reduce_scatter(comm_, g, *counts, algo); });
+        thread_.submit([this, g, counts, algo] { collectives_.reduce_scatter(g, *counts, algo); });
       return;
     }
     float* g = model_.grads() + u.offset;
@@ -490,9 +539,9 @@ void DataParallel::grads_done(int unit) {
       float* err = error_feedback_.data() + u.offset;
       thread_.submit([this, g, err, u] { all_reduce_bf16(comm_, g, err, u.numel); });
     } else if (opt_.zero_stage == 0) {
-      thread_.submit([this, g, u, algo] { all_reduce(comm_, g, u.numel, algo); });
+      thread_.submit([this, g, u, algo] { collectives_.all_reduce(g, u.numel, algo); });
     } else {
-      thread_.submit([this, g, counts, algo] { reduce_scatter(comm_, g, *counts, algo); });
+      thread_.submit([this, g, counts, algo] { collectives_.reduce_scatter(g, *counts, algo); });
     }
     return;
   }
@@ -505,16 +554,16 @@ void DataParallel::grads_done(int unit) {
     int64_t* buf = s->fixed.data();
     int64_t* shard = fixed_shard_.data();
     s->ticket = thread_.submit([this, buf, shard, a, b, lo, u, counts, algo] {
-      reduce_scatter(comm_, buf, *counts, algo);
-      for (size_t i = a; i < b; i++) shard[i - lo] = fixed_point_add(shard[i - lo], buf[i - u.offset]);
+      collectives_.reduce_scatter(buf, *counts, algo);
+      if (b > a) fixed_point_add_arrays(shard + (a - lo), buf + (a - u.offset), b - a);
     });
     return;
   }
   float* buf = s->buf.data();
   float* shard = grad_shard_.data();
   s->ticket = thread_.submit([this, buf, shard, a, b, lo, u, counts, algo] {
-    reduce_scatter(comm_, buf, *counts, algo);
-    for (size_t i = a; i < b; i++) shard[i - lo] += buf[i - u.offset];
+    collectives_.reduce_scatter(buf, *counts, algo);
+    if (b > a) residual_forward(shard + (a - lo), shard + (a - lo), buf + (a - u.offset), static_cast<long>(b - a));
   });
 }
 

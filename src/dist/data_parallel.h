@@ -13,10 +13,12 @@
 //      head uses at both ends of the pass, keeps its own buffer.
 // All communication of a step runs on one communication thread, in the order the training
 // thread issues it, so it overlaps the backward pass and is issued identically on every rank.
+// Every array lives in op memory (kernels/buffer.h): on the host, or on the GPU under
+// kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
 // float scratch buffer and are added, one sequence at a time, into int64 fixed-point
-// accumulators, which are what the stages above reduce (in integers: exact). After the backward
+// accumulators (kernels/fixed_point.h), which are what the stages above reduce (in integers: exact). After the backward
 // pass the rank converts what it owns to fp32 for clipping and AdamW; the gradient norm is summed
 // from the integers too. A step whose values outgrew the fixed-point scale is reported by
 // finish_backward and must be run again (see fixed_point.h).
@@ -31,6 +33,9 @@
 
 #include "dist/collectives.h"
 #include "dist/communicator.h"
+#include "device/device.h"
+#include "dist/op_collectives.h"
+#include "kernels/buffer.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 
@@ -39,12 +44,13 @@ namespace anvil {
 struct DataParallelOptions {
   int zero_stage = 0;
   AllReduceAlgo algo = AllReduceAlgo::kAuto;
-  // Gradients summed in fixed point (dist/fixed_point.h): the same bits whatever the world size,
+  // Gradients summed in fixed point (kernels/fixed_point.h): the same bits whatever the world size,
   // microbatch size, ZeRO stage or all-reduce algorithm. Off: fp32 sums, whose rounding depends
   // on how the batch is grouped.
   bool deterministic = true;
   int64_t global_batch = 1;       // sequences per optimizer step over all ranks (fixed-point range)
   bool bf16_compression = false;  // stage 0, not deterministic: gradients on the wire in bf16, with error feedback
+  GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // under kernels=gpu
 };
 
 // Which arrays the model should allocate for itself under a stage.
@@ -57,7 +63,10 @@ struct MemoryReport {
   size_t model_states() const { return params + grads + optimizer; }
 };
 
-// Runs jobs on one thread, first in, first out.
+// Runs jobs on one thread, first in, first out. Under kernels=gpu the thread launches on the
+// communication stream (device/device.h): a job starts after the ops launched before it was
+// submitted (they produced the data it reads and finished with the buffers it fills), and is
+// done when its stream work is, so that waiting for its ticket orders what follows.
 class CommThread {
  public:
   CommThread();
@@ -70,7 +79,12 @@ class CommThread {
   void run();
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::function<void()>>> jobs_;
+  struct Job {
+    uint64_t ticket;
+    std::function<void()> run;
+    GpuMark after;  // under kernels=gpu
+  };
+  std::deque<Job> jobs_;
   uint64_t submitted_ = 0, finished_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;
@@ -85,6 +99,7 @@ class DataParallel : public UnitAccess {
   ~DataParallel() override;
 
   Communicator& comm() { return comm_; }
+  std::string collectives_description() const { return collectives_.description(); }
   int zero_stage() const { return opt_.zero_stage; }
   MemoryReport memory() const;
 
@@ -132,12 +147,13 @@ class DataParallel : public UnitAccess {
   void release_params(int unit) override;
   float* grads(int unit) override;
   void grain_done(int unit, size_t offset, size_t count) override;
+  void grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) override;
   void grads_done(int unit) override;
 
  private:
   struct Slot {
-    std::vector<float> buf;  // parameters; gradients in float mode
-    std::vector<int64_t> fixed;  // gradients in deterministic mode
+    OpArray<float> buf;      // parameters; gradients in float mode
+    OpArray<int64_t> fixed;  // gradients in deterministic mode
     int unit = -1;        // whose contents it holds (or will, once ticket is done)
     bool in_use = false;  // parameters: acquired; gradients: open in this microbatch
     uint64_t ticket = 0;  // the job that fills (parameters) or reads (gradients) it
@@ -151,6 +167,7 @@ class DataParallel : public UnitAccess {
   Slot* open_grad_slot(int unit);
   Slot* find_open_grad_slot(int unit);
   void convert_owned_grads();
+  int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
 
   Communicator& comm_;
   Gpt2& model_;
@@ -161,7 +178,9 @@ class DataParallel : public UnitAccess {
   size_t lo_ = 0, hi_ = 0;
   std::vector<std::vector<size_t>> unit_counts_;  // [unit][rank]: the unit's part in each shard
   AdamW optimizer_;
-  std::vector<float> param_shard_, grad_shard_, error_feedback_;
+  OpCollectives collectives_;
+  OpArray<float> param_shard_, grad_shard_;
+  std::vector<float> error_feedback_;  // bf16 compression (host only)
   Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
   bool last_microbatch_ = true;
   // Deterministic mode.
@@ -169,15 +188,17 @@ class DataParallel : public UnitAccess {
   std::vector<std::pair<size_t, size_t>> unit_tensors_;  // [unit]: its tensors' index range
   std::vector<int> scale_;         // [tensor]: fixed-point exponent of this step
   std::vector<int> step_scale_;    // [tensor]: the exponents the converted gradients had
-  std::vector<float> sample_max_;  // [tensor]: largest per-sequence |gradient| this step, this rank
-  std::vector<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
+  OpArray<float> sample_max_;      // [tensor]: largest per-sequence |gradient| this step, this rank (loss-scaled)
+  OpArray<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
+  std::vector<unsigned __int128> host_squares_;
   std::vector<int> next_scale_;                    // scratch of finish_backward and clip_and_norm
   std::vector<unsigned __int128> squares_, all_squares_;
   std::vector<float> all_max_;
   double loss_scale_ = 1.0;
   int loss_scale_log2_ = 0;
-  std::vector<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
-  std::vector<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard
+  OpArray<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
+  OpArray<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard
+  OpArray<int32_t> rows_;                       // grain_rows_done's rows, in op memory
   std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates
   CommThread thread_;
 };

@@ -5,6 +5,7 @@
 #include "kernels/blas.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
+#include "kernels/fixed_point.h"
 #include "kernels/gelu.h"
 #include "kernels/impl.h"
 #include "kernels/layernorm.h"
@@ -21,13 +22,16 @@ KernelImpl g_impl = KernelImpl::kCpu;
 void set_kernel_impl(KernelImpl impl) { g_impl = impl; }
 KernelImpl kernel_impl() { return g_impl; }
 
-KernelImpl parse_kernel_impl(const std::string& name) {
+KernelImpl parse_kernel_impl(const std::string& name, int local_rank) {
   if (name == "ref") return KernelImpl::kRef;
   if (name == "cpu") return KernelImpl::kCpu;
   if (name == "gpu") {
     ANVIL_CHECK(gpu_backend_built(), "kernels=gpu: this anvil was built without a GPU backend; build the "
                 "cuda-release or hip-release preset (docs/gpu.md), or use kernels=cpu");
-    gpu_select(0);
+    const size_t n = gpu_devices().size();
+    ANVIL_CHECK(n > 0, "kernels=gpu: no GPU is visible to this process; run with kernels=cpu, or on a machine "
+                "with a GPU and its driver");
+    gpu_select(static_cast<int>(static_cast<size_t>(local_rank) % n));
     return KernelImpl::kGpu;
   }
   ANVIL_FAIL("unknown kernel implementation '{}': expected 'ref', 'cpu' or 'gpu'", name);
@@ -119,6 +123,24 @@ double sum_of_squares(const float* x, size_t n) { ANVIL_DISPATCH(sum_of_squares,
 void scale_values(float* x, size_t n, float coef) { ANVIL_DISPATCH(scale_values, x, n, coef); }
 bool scale_values_check_finite(float* x, size_t n, float coef) {
   ANVIL_DISPATCH(scale_values_check_finite, x, n, coef);
+}
+
+
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
+  ANVIL_DISPATCH(fixed_point_accumulate, acc, x, n, s, max_abs);
+}
+void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
+                                 float* max_abs) {
+  ANVIL_DISPATCH(fixed_point_accumulate_rows, acc, x, rows, n_rows, row_len, s, max_abs);
+}
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
+  ANVIL_DISPATCH(fixed_point_to_float, out, acc, n, s);
+}
+void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
+  ANVIL_DISPATCH(fixed_point_sum_squares, acc, n, sum);
+}
+void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
+  ANVIL_DISPATCH(fixed_point_add_arrays, acc, x, n);
 }
 
 }  // namespace anvil

@@ -10,7 +10,8 @@ enum class KernelImpl { kRef, kCpu, kGpu };
 
 void set_kernel_impl(KernelImpl impl);
 KernelImpl kernel_impl();
-// "ref", "cpu" or "gpu"; "gpu" needs a build with a GPU backend and selects the process's GPU.
-KernelImpl parse_kernel_impl(const std::string& name);
+// "ref", "cpu" or "gpu"; "gpu" needs a build with a GPU backend and selects the process's GPU:
+// number local_rank modulo the GPUs it sees (the ranks of a host take its GPUs in turn).
+KernelImpl parse_kernel_impl(const std::string& name, int local_rank);
 
 }  // namespace anvil

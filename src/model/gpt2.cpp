@@ -94,6 +94,7 @@ class Gpt2::OwnArrays : public UnitAccess {
   }
   void release_params(int) override {}
   void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
+  void grain_rows_done(int, size_t, const int32_t*, size_t, size_t) override {}
   float* grads(int unit) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
     return m_.grads_.data() + m_.units_[unit].offset;
@@ -159,6 +160,7 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
   if (storage.grads) grads_.assign_zeros(num_params_);
   own_access_ = std::make_unique<OwnArrays>(*this);
   access_ = own_access_.get();
+  touched_rows_.reserve(static_cast<size_t>(max_seq));
 
   set_max_batch(max_batch);
 }
@@ -463,8 +465,11 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     const size_t r = b * rows;
     encoder_backward(demb, demb + wpe_offset, dresidual_ + r * C, tokens_op_.data() + r, 1, T, C);
     access_->grain_done(0, wpe_offset, rows * C);
-    // The token rows this sequence touched (a repeated token's row is empty the second time).
-    for (int t = 0; t < T; t++) access_->grain_done(0, static_cast<size_t>(tokens_[r + t]) * C, C);
+    // The token rows this sequence touched, each once (within the reserved capacity: no allocation).
+    touched_rows_.assign(tokens_ + r, tokens_ + r + T);
+    std::sort(touched_rows_.begin(), touched_rows_.end());
+    touched_rows_.erase(std::unique(touched_rows_.begin(), touched_rows_.end()), touched_rows_.end());
+    access_->grain_rows_done(0, 0, touched_rows_.data(), touched_rows_.size(), C);
   }
   access_->grads_done(0);
 }

@@ -68,6 +68,9 @@ class UnitAccess {
   // fixed point and clears the range); parts it did not touch since the last call need not
   // be named.
   virtual void grain_done(int unit, size_t offset, size_t count) = 0;
+  // The same for rows of one tensor: [offset + r·row_len, + row_len) for each r in rows (host
+  // memory, distinct), as the token embedding rows a sequence touched.
+  virtual void grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) = 0;
   // The backward pass has added everything it will to the unit's gradient in this microbatch.
   virtual void grads_done(int unit) = 0;
 };
@@ -190,6 +193,7 @@ class Gpt2 {
   // sequence (the blocks' backward works a sequence at a time).
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
+  std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens (capacity max_seq)
   int B_ = 0, T_ = 0;
 };
 

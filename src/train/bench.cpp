@@ -25,7 +25,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
   TrainConfig cfg = config;  // with the microbatch resolved
   cfg.device_eval_batch_size = 0;  // no evaluation here
-  set_kernel_impl(parse_kernel_impl(cfg.kernels));
+  set_kernel_impl(parse_kernel_impl(cfg.kernels, 0));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   Gpt2Storage storage;
   storage.activation_checkpointing = cfg.activation_checkpointing;

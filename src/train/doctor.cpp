@@ -15,6 +15,7 @@
 #include "device/device.h"
 #include "dist/collectives.h"
 #include "dist/communicator.h"
+#include "dist/gpu_collectives.h"
 #include "kernels/attention.h"
 #include "kernels/buffer.h"
 #include "kernels/crossentropy.h"
@@ -138,10 +139,26 @@ bool report_parity(const char* label, KernelImpl impl) {
 
 }  // namespace
 
+// NCCL/RCCL over every rank's GPU, in GPU memory: the same exact integer sums.
+bool gpu_all_reduce_exact(Communicator& comm, const std::vector<int64_t>& contribution,
+                          const std::vector<int64_t>& want) {
+  const size_t bytes = contribution.size() * sizeof(int64_t);
+  void* d = gpu_alloc(bytes);
+  gpu_copy_to_device(d, contribution.data(), bytes);
+  make_gpu_collectives(comm)->all_reduce(static_cast<int64_t*>(d), contribution.size());
+  std::vector<int64_t> got(contribution.size());
+  gpu_copy_to_host(got.data(), d, bytes);
+  gpu_release(d);
+  return got == want;
+}
+
 int run_doctor() {
   std::unique_ptr<Communicator> comm = make_communicator();
   const bool rank0 = comm->rank() == 0;
   bool ok = true;
+  const std::vector<GpuInfo> gpus = gpu_devices();
+  // Each rank on the GPU training would give it.
+  if (!gpus.empty()) gpu_select(static_cast<int>(static_cast<size_t>(comm->local_rank()) % gpus.size()));
   if (rank0) {
     std::printf("anvil doctor\n");
     const CpuInfo& cpu = cpu_info();
@@ -149,33 +166,48 @@ int run_doctor() {
                 cpu.avx512 ? (cpu.avx512bf16 ? "AVX-512 with BF16" : "AVX-512") : (cpu.avx2 ? "AVX2" : "no AVX2"),
                 matmul_backend_description().c_str());
     std::printf("gpu backend: %s\n", gpu_backend_description().c_str());
-    const std::vector<GpuInfo> gpus = gpu_devices();
     if (gpus.empty()) std::printf("gpus: none visible\n");
     for (const GpuInfo& g : gpus)
       std::printf("gpu %d: %s, %s, %d multiprocessors, %.1f GiB (%.1f GiB free)\n", g.index, g.name.c_str(),
                   g.arch.c_str(), g.multiprocessors, g.total_bytes / 1073741824.0, g.free_bytes / 1073741824.0);
-    std::printf("nccl/rccl: not built (GPU training runs on one GPU in this version)\n");
+    std::printf("gpu collectives: %s\n", gpu_collectives_description().c_str());
     std::printf("communicator: %s, %d rank(s)\n", comm->backend().c_str(), comm->size());
     std::printf("self-test, op parity:\n");
     ok = report_parity("cpu", KernelImpl::kCpu) && ok;
     if (!gpus.empty()) {
-      gpu_select(0);
-      ok = report_parity("gpu 0", KernelImpl::kGpu) && ok;
+      ok = report_parity("gpu", KernelImpl::kGpu) && ok;
     } else {
       std::printf("  gpu: skipped (no GPU)\n");
     }
   }
   // Integers sum exactly: every rank must see W(W+1)/2 · (i+1) in element i.
-  std::vector<int64_t> v(1000);
-  for (size_t i = 0; i < v.size(); i++) v[i] = static_cast<int64_t>(comm->rank() + 1) * static_cast<int64_t>(i + 1);
-  all_reduce(*comm, v.data(), v.size());
   const int64_t W = comm->size();
-  bool exact = true;
-  for (size_t i = 0; i < v.size(); i++) exact = exact && v[i] == W * (W + 1) / 2 * static_cast<int64_t>(i + 1);
-  const bool all_exact = sum_exact(*comm, exact ? 0 : 1) == 0;
+  std::vector<int64_t> mine(1000), want(1000);
+  for (size_t i = 0; i < mine.size(); i++) {
+    mine[i] = static_cast<int64_t>(comm->rank() + 1) * static_cast<int64_t>(i + 1);
+    want[i] = W * (W + 1) / 2 * static_cast<int64_t>(i + 1);
+  }
+  std::vector<int64_t> v = mine;
+  all_reduce(*comm, v.data(), v.size());
+  bool all_exact = sum_exact(*comm, v == want ? 0 : 1) == 0;
   if (rank0)
     std::printf("self-test, all-reduce over %d rank(s): %s\n", comm->size(), all_exact ? "exact" : "WRONG SUMS");
   ok = ok && all_exact;
+  // The same through NCCL/RCCL, where every rank of a host has a GPU of its own (NCCL refuses two
+  // ranks on one GPU).
+  const int gpu_ok = gpu_collectives_built() && !gpus.empty() && static_cast<size_t>(comm->local_size()) <= gpus.size();
+  if (sum_exact(*comm, gpu_ok) == W) {
+    all_exact = sum_exact(*comm, gpu_all_reduce_exact(*comm, mine, want) ? 0 : 1) == 0;
+    if (rank0)
+      std::printf("self-test, %s all-reduce over %d GPU(s): %s\n", gpu_collectives_description().c_str(),
+                  comm->size(), all_exact ? "exact" : "WRONG SUMS");
+    ok = ok && all_exact;
+  } else if (rank0) {
+    std::printf("self-test, GPU all-reduce: skipped (%s)\n",
+                !gpu_collectives_built() ? "no NCCL/RCCL in this build"
+                : gpus.empty()           ? "no GPU"
+                                         : "ranks share a GPU");
+  }
   if (rank0) std::printf("%s\n", ok ? "all self-tests passed" : "a self-test FAILED");
   return ok ? 0 : 1;
 }

@@ -18,7 +18,7 @@ std::string size_text(size_t bytes) {
 
 }  // namespace
 
-MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host) {
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;
   const bool gpu = kernel_impl() == KernelImpl::kGpu;
@@ -39,7 +39,7 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
     // and everything else.
     const size_t free_now = gpu ? gpu_free_bytes() : available_memory_bytes();
     plan.limit = given ? static_cast<size_t>(cfg.memory_limit)
-                       : model_bytes + free_now / static_cast<size_t>(std::max(1, ranks_on_host)) / 10 * 9;
+                       : model_bytes + free_now / static_cast<size_t>(std::max(1, ranks_sharing)) / 10 * 9;
     ANVIL_CHECK(model_bytes < plan.limit, "the model states and working buffers need {} per rank, more than {} ({})",
                 size_text(model_bytes), source, size_text(plan.limit));
   }

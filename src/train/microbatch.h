@@ -19,8 +19,9 @@ struct MicrobatchPlan {
 };
 
 // local_batch: this rank's sequences per step; model_bytes: what the rank holds besides
-// activations; ranks_on_host: how many ranks share this host's memory (for the default limit).
+// activations; ranks_sharing: how many ranks share this rank's memory, the host's or under
+// kernels=gpu its GPU's (for the default limit).
 // Errors name the limit and what does not fit in it.
-MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_on_host);
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing);
 
 }  // namespace anvil

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "dist/fixed_point.h"
+#include "kernels/fixed_point.h"
 #include "kernels/crossentropy.h"
 
 namespace anvil {
@@ -27,6 +27,7 @@ DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
   o.deterministic = cfg.deterministic_mode;
   o.global_batch = cfg.global_train_batch_size;
   o.bf16_compression = dc.grad_compression == "bf16";
+  o.gpu_collectives = parse_gpu_collectives(dc.gpu_collectives);
   return o;
 }
 

@@ -14,6 +14,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "device/device.h"
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
 #include "kernels/impl.h"
@@ -116,7 +117,7 @@ double peak_rss_mib() {
 
 TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   TrainConfig cfg = config;  // the microbatch and eval batch are resolved below
-  set_kernel_impl(parse_kernel_impl(cfg.kernels));
+  set_kernel_impl(parse_kernel_impl(cfg.kernels, comm.local_rank()));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const int W = comm.size(), rank = comm.rank();
   const bool writer = rank == 0;
@@ -195,7 +196,14 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   Gpt2 model(cfg.model, 1, T, storage);
   DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
   const MemoryReport mem = dp.memory();
-  const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, comm.local_size());
+  // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's (the ranks of a
+  // host take the GPUs in turn).
+  int sharing = comm.local_size();
+  if (kernel_impl() == KernelImpl::kGpu) {
+    const int gpus = static_cast<int>(gpu_devices().size());
+    sharing = (comm.local_size() - 1 - comm.local_rank() % gpus) / gpus + 1;
+  }
+  const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, sharing);
   int microbatch = plan.microbatch;
   // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the
   // smallest choice of any rank.
@@ -238,11 +246,14 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
            W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
     const LaunchInfo li = detect_launch();
-    log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, timeout {:.0f} s", W,
-             comm.local_size(), comm.backend(), li.launcher.empty() ? "" : ", launched by " + li.launcher,
-             dc.zero_stage, dc.all_reduce, dc.grad_compression == "bf16" ? ", bf16 gradient compression" : "",
+    log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, collectives {}, "
+             "timeout {:.0f} s", W, comm.local_size(), comm.backend(),
+             li.launcher.empty() ? "" : ", launched by " + li.launcher, dc.zero_stage, dc.all_reduce,
+             dc.grad_compression == "bf16" ? ", bf16 gradient compression" : "", dp.collectives_description(),
              cfg.dist_timeout);
   }
+  if (W == 1 && cfg.kernels == "gpu" && dc.gpu_collectives == "nccl")
+    log_info("collectives: {} (one rank)", dp.collectives_description());
   const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded; working "
            "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),

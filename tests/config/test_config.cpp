@@ -85,6 +85,10 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
                 .find("differ"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr must be positive"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.gpu_collectives=mpi"}).find("expected auto, nccl or host"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"kernels=gpu", "deterministic_mode=false", "distributed.grad_compression=bf16"})
+                .find("use it with kernels=cpu"), std::string::npos);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
   EXPECT_NE(error_of("max_seq_len: 8\n").find("train_loader is required"), std::string::npos);
   try {

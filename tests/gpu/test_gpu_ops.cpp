@@ -4,6 +4,7 @@
 // Without a GPU every test skips and says so.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
+#include "kernels/fixed_point.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -229,6 +231,63 @@ TEST_F(GpuOps, CrossEntropyMatchesReferenceWithIgnoredTargets) {
 }
 
 // No atomics anywhere: the same inputs give the same bits, run after run.
+// Deterministic training's sums on the GPU: every integer, maximum, float and 128-bit sum of
+// squares identical to the reference, so that CPU and GPU ranks hold the same fixed-point values.
+TEST_F(GpuOps, FixedPointMatchesReferenceBitForBit) {
+  const size_t rows = 300, row_len = 769, n = rows * row_len;  // odd sizes: partial blocks
+  std::vector<float> x = randn(n, 31);
+  for (float& v : x) v *= 0.01f;
+  x[12345] = 0.75f;  // the largest
+  std::vector<int32_t> touched;
+  for (int r = 0; r < static_cast<int>(rows); r += 7) touched.push_back(r);
+  const int s = fixed_point_scale(0.75f, 64);
+  std::vector<int64_t> acc(n);
+  for (size_t i = 0; i < n; i++) acc[i] = static_cast<int64_t>(i * 977) - 5000000;
+  Dev<int64_t> d_acc(acc);
+  Dev<float> d_x(x), d_max(std::vector<float>{0.0f}), d_max_rows(std::vector<float>{0.0f});
+  Dev<int32_t> d_rows(touched);
+  float max_rows = 0.0f, max_all = 0.0f;
+  std::vector<float> x_ref = x;
+  ref::fixed_point_accumulate_rows(acc.data(), x_ref.data(), touched.data(), touched.size(), row_len, s, &max_rows);
+  gpu::fixed_point_accumulate_rows(d_acc.get(), d_x.get(), d_rows.get(), touched.size(), row_len, s, d_max_rows.get());
+  EXPECT_EQ(d_x.host(), x_ref);
+  EXPECT_EQ(d_max_rows.host()[0], max_rows);
+  x_ref = x;
+  Dev<float> d_x2(x);
+  ref::fixed_point_accumulate(acc.data(), x_ref.data(), n, s, &max_all);
+  gpu::fixed_point_accumulate(d_acc.get(), d_x2.get(), n, s, d_max.get());
+  EXPECT_EQ(d_acc.host(), acc);
+  EXPECT_EQ(d_x2.host(), std::vector<float>(n, 0.0f));
+  EXPECT_EQ(d_max.host()[0], max_all);
+  EXPECT_EQ(max_all, 0.75f);
+
+  std::vector<float> back(n);
+  Dev<float> d_back(back);
+  ref::fixed_point_to_float(back.data(), acc.data(), n, s);
+  gpu::fixed_point_to_float(d_back.get(), d_acc.get(), n, s);
+  EXPECT_EQ(d_back.host(), back);
+
+  std::vector<int64_t> twice = acc;
+  Dev<int64_t> d_twice(twice);
+  ref::fixed_point_add_arrays(twice.data(), acc.data(), n);
+  gpu::fixed_point_add_arrays(d_twice.get(), d_acc.get(), n);
+  EXPECT_EQ(d_twice.host(), twice);
+
+  for (size_t len : {size_t{0}, size_t{1}, size_t{1000}, n}) {
+    unsigned __int128 want = 0;
+    ref::fixed_point_sum_squares(twice.data(), len, &want);
+    Dev<unsigned __int128> d_sum(std::vector<unsigned __int128>{123});
+    gpu::fixed_point_sum_squares(d_twice.get(), len, d_sum.get());
+    EXPECT_TRUE(d_sum.host()[0] == want) << "length " << len;
+  }
+
+  // A NaN is infinity in the maximum.
+  Dev<float> d_nan(std::vector<float>{1.0f, std::nanf(""), -2.0f}), d_nan_max(std::vector<float>{0.0f});
+  Dev<int64_t> d_nan_acc(std::vector<int64_t>(3, 0));
+  gpu::fixed_point_accumulate(d_nan_acc.get(), d_nan.get(), 3, 0, d_nan_max.get());
+  EXPECT_TRUE(std::isinf(d_nan_max.host()[0]));
+}
+
 TEST_F(GpuOps, RepeatBitForBit) {
   const int B = 2, T = 200, C = 256, NH = 4, N = B * T;
   auto qkv = randn(static_cast<size_t>(N) * 3 * C, 1), dout = randn(static_cast<size_t>(N) * C, 2),

@@ -10,7 +10,10 @@
 #   sum order);
 # - device_train_microbatch_size: auto fits the GPU's memory (the whole batch of 8 here) and
 #   follows the same curve;
-# - kernels=gpu with the default deterministic_mode is a one-line error that says what to set.
+# - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
+#   give the same weights bit for bit; 2 MPI ranks sharing the GPU (host-staged collectives), under
+#   ZeRO stages 0 to 3, give those same bits too, and so does one rank through NCCL; and the run
+#   follows the deterministic CPU run.
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -91,10 +94,35 @@ else
   fail "auto microbatch on the GPU: $(head -1 "$tmp/gpu_auto/metrics.jsonl")"
 fi
 
-out=$("$anvil" train "$tmp/g.yaml" run_dir="$tmp/det" kernels=gpu deterministic_mode=true 2>&1)
-if [ $? -ne 0 ] && echo "$out" | grep -q "deterministic_mode: false"; then
-  pass "kernels=gpu with deterministic_mode: a clear error"
+run gpu_det kernels=gpu deterministic_mode=true
+run cpu_det kernels=cpu deterministic_mode=true
+compare cpu_det gpu_det 1e-5 && pass "deterministic_mode: the GPU follows the CPU" || fail "deterministic GPU against CPU"
+ok=1
+for mb in 1 3; do
+  run "gpu_det_mb$mb" kernels=gpu deterministic_mode=true device_train_microbatch_size=$mb
+  [ -n "$(digest gpu_det)" ] && [ "$(digest gpu_det)" = "$(digest gpu_det_mb$mb)" ] || { ok=0; echo "microbatch $mb differs"; }
+done
+[ $ok = 1 ] && pass "deterministic_mode on the GPU: microbatch 4, 1 and 3, the same weights bit for bit" \
+  || fail "deterministic_mode on the GPU across microbatch sizes"
+ok=1
+for stage in 0 1 2 3; do
+  name="gpu_det_w2_z$stage"
+  mpirun_anvil 2 "$anvil" train "$tmp/g.yaml" run_dir="$tmp/$name" kernels=gpu deterministic_mode=true \
+    distributed.zero_stage=$stage > "$tmp/$name.out" 2>&1 || { ok=0; tail -5 "$tmp/$name.out"; }
+  [ "$(digest gpu_det)" = "$(digest $name)" ] || { ok=0; echo "2 ranks, ZeRO-$stage differs"; }
+done
+[ $ok = 1 ] && pass "deterministic_mode on the GPU: 2 ranks under ZeRO 0-3 give the 1-rank weights bit for bit" \
+  || fail "deterministic_mode on the GPU across world sizes"
+# One rank still gathers (ZeRO-2/3) and reduce-scatters (ZeRO-3) through NCCL; its all-reduce is
+# anvil doctor's self-test.
+for stage in 2 3; do
+  run "gpu_det_nccl_z$stage" kernels=gpu deterministic_mode=true distributed.gpu_collectives=nccl \
+    distributed.zero_stage=$stage
+done
+if grep -q "collectives: NCCL" "$tmp/gpu_det_nccl_z2.out" && [ "$(digest gpu_det)" = "$(digest gpu_det_nccl_z2)" ] \
+  && [ "$(digest gpu_det)" = "$(digest gpu_det_nccl_z3)" ]; then
+  pass "deterministic_mode through NCCL (one rank, ZeRO 2 and 3): the same weights bit for bit"
 else
-  fail "kernels=gpu with deterministic_mode: $out"
+  fail "deterministic_mode through NCCL: $(grep -i error "$tmp"/gpu_det_nccl_z*.out | head -2)"
 fi
 exit $((failures > 0))

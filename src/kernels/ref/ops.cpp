@@ -2,11 +2,13 @@
 // double accumulators. It is the executable specification the fast kernels are tested against.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
+#include "kernels/fixed_point.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -319,6 +321,45 @@ bool scale_values_check_finite(float* x, size_t n, float coef) {
     ok = ok && std::isfinite(x[i]);
   }
   return ok;
+}
+
+}  // namespace anvil::ref
+
+namespace anvil::ref {
+
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
+  for (size_t i = 0; i < n; i++) {
+    const float a = std::isnan(x[i]) ? std::numeric_limits<float>::infinity() : std::fabs(x[i]);
+    *max_abs = std::max(*max_abs, a);
+    // llrint rounds to nearest even in the default rounding mode; the product is exact in double.
+    acc[i] = fixed_point_add(acc[i], std::llrint(std::ldexp(static_cast<double>(x[i]), s)));
+    x[i] = 0.0f;
+  }
+}
+
+void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
+                                 float* max_abs) {
+  for (size_t r = 0; r < n_rows; r++) {
+    const size_t at = static_cast<size_t>(rows[r]) * row_len;
+    fixed_point_accumulate(acc + at, x + at, row_len, s, max_abs);
+  }
+}
+
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
+  for (size_t i = 0; i < n; i++) out[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -s));
+}
+
+void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
+  unsigned __int128 total = 0;
+  for (size_t i = 0; i < n; i++) {
+    const unsigned __int128 a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
+    total += (a * a) >> kSquareShift;
+  }
+  *sum = total;
+}
+
+void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
+  for (size_t i = 0; i < n; i++) acc[i] = fixed_point_add(acc[i], x[i]);
 }
 
 }  // namespace anvil::ref

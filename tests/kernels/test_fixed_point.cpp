@@ -1,11 +1,13 @@
 // Fixed-point gradient accumulation: rounding, range checks and exact sums of squares.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/rng.h"
-#include "dist/fixed_point.h"
+#include "kernels/impl.h"
+#include "kernels/fixed_point.h"
 
 namespace anvil {
 namespace {
@@ -21,7 +23,8 @@ TEST(FixedPoint, RoundsToNearestEvenAndClearsTheInput) {
   // Ties at scale 2^0: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -1.5 -> -2; and ordinary values.
   std::vector<float> x = {0.5f, 1.5f, 2.5f, -1.5f, -0.75f, 3.25f, 1e6f, -7.0f};
   std::vector<int64_t> acc(x.size(), 10);
-  const float m = fixed_point_accumulate(acc.data(), x.data(), x.size(), 0);
+  float m = 0.0f;
+  fixed_point_accumulate(acc.data(), x.data(), x.size(), 0, &m);
   EXPECT_EQ(m, 1e6f);
   const std::vector<int64_t> want = {10, 12, 12, 8, 9, 13, 1000010, 3};
   EXPECT_EQ(acc, want);
@@ -33,7 +36,8 @@ TEST(FixedPoint, MatchesLlrintAtLargeScales) {
   const std::vector<float> copy = x;
   std::vector<int64_t> acc(x.size(), 0);
   const int s = fixed_point_scale(3.0f, 8);
-  fixed_point_accumulate(acc.data(), x.data(), x.size(), s);
+  float m = 0.0f;
+  fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
   for (size_t i = 0; i < x.size(); i++) EXPECT_EQ(acc[i], std::llrint(std::ldexp(static_cast<double>(copy[i]), s)));
 }
 
@@ -43,11 +47,11 @@ TEST(FixedPoint, LargeArraysGiveTheSameResult) {
   std::vector<float> a = random_values(n, 2, 1e-3f), b = a;
   std::vector<int64_t> whole(n, 0), pieces(n, 0);
   const int s = fixed_point_scale(1e-3f, 64);
-  const float m1 = fixed_point_accumulate(whole.data(), a.data(), n, s);
-  float m2 = 0;
+  float m1 = 0.0f, m2 = 0.0f;
+  fixed_point_accumulate(whole.data(), a.data(), n, s, &m1);
   for (size_t lo = 0; lo < n; lo += 1000) {
     const size_t len = std::min<size_t>(1000, n - lo);
-    m2 = std::max(m2, fixed_point_accumulate(pieces.data() + lo, b.data() + lo, len, s));
+    fixed_point_accumulate(pieces.data() + lo, b.data() + lo, len, s, &m2);
   }
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(whole, pieces);
@@ -66,7 +70,8 @@ TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
       std::vector<int64_t> part(n, 0);
       for (size_t k : group) {
         std::vector<float> x = g[k];
-        fixed_point_accumulate(part.data(), x.data(), n, s);
+        float m = 0.0f;
+        fixed_point_accumulate(part.data(), x.data(), n, s, &m);
       }
       for (size_t i = 0; i < n; i++) total[i] += part[i];
     }
@@ -90,13 +95,69 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   const int s = fixed_point_scale(0.5f, 1);
   double direct = 0;
   for (float v : x) direct += static_cast<double>(v) * v;
-  fixed_point_accumulate(acc.data(), x.data(), x.size(), s);
-  const unsigned __int128 whole = fixed_point_sum_squares(acc.data(), acc.size());
-  const unsigned __int128 split =
-      fixed_point_sum_squares(acc.data(), 1234) + fixed_point_sum_squares(acc.data() + 1234, acc.size() - 1234);
-  EXPECT_TRUE(whole == split);
+  float m = 0.0f;
+  fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
+  unsigned __int128 whole = 0, head = 0, tail = 0;
+  fixed_point_sum_squares(acc.data(), acc.size(), &whole);
+  fixed_point_sum_squares(acc.data(), 1234, &head);
+  fixed_point_sum_squares(acc.data() + 1234, acc.size() - 1234, &tail);
+  EXPECT_TRUE(whole == head + tail);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
+}
+
+// The fast kernels against the reference: every integer, maximum and float bit for bit, the
+// embedding-rows form and a NaN included.
+TEST(FixedPoint, CpuKernelsMatchTheReference) {
+  const size_t rows = 50, row_len = 37, n = rows * row_len;
+  const std::vector<float> x0 = random_values(n, 4, 0.02f);
+  const std::vector<int32_t> touched = {7, 0, 49, 12, 13};
+  const int s = fixed_point_scale(0.02f, 16);
+  struct Result {
+    std::vector<int64_t> acc;
+    std::vector<float> x, back;
+    float max_all, max_rows, max_nan;
+    unsigned __int128 squares;
+  };
+  auto run = [&](KernelImpl impl) {
+    set_kernel_impl(impl);
+    Result r;
+    r.acc.assign(n, 3);
+    r.x = x0;
+    r.max_rows = 0.0f;
+    fixed_point_accumulate_rows(r.acc.data(), r.x.data(), touched.data(), touched.size(), row_len, s, &r.max_rows);
+    std::vector<float> again = x0;
+    r.max_all = 0.0f;
+    fixed_point_accumulate(r.acc.data(), again.data(), n, s, &r.max_all);
+    std::vector<int64_t> twice = r.acc;
+    fixed_point_add_arrays(twice.data(), r.acc.data(), n);
+    r.acc.insert(r.acc.end(), twice.begin(), twice.end());
+    r.back.resize(n);
+    fixed_point_to_float(r.back.data(), r.acc.data(), n, s);
+    fixed_point_sum_squares(r.acc.data(), r.acc.size(), &r.squares);
+    std::vector<float> nan = {1.0f, std::nanf(""), -2.0f};
+    std::vector<int64_t> nan_acc(3, 0);
+    r.max_nan = 0.0f;
+    fixed_point_accumulate(nan_acc.data(), nan.data(), 3, 0, &r.max_nan);
+    set_kernel_impl(KernelImpl::kCpu);
+    return r;
+  };
+  const Result want = run(KernelImpl::kRef), got = run(KernelImpl::kCpu);
+  EXPECT_EQ(got.acc, want.acc);
+  EXPECT_EQ(got.x, want.x);
+  EXPECT_EQ(got.back, want.back);
+  EXPECT_EQ(got.max_all, want.max_all);
+  EXPECT_EQ(got.max_rows, want.max_rows);
+  EXPECT_TRUE(got.squares == want.squares);
+  EXPECT_TRUE(std::isinf(want.max_nan) && std::isinf(got.max_nan));
+  // The rows form cleared exactly the touched rows.
+  for (size_t r = 0; r < rows; r++) {
+    const bool hit = std::find(touched.begin(), touched.end(), static_cast<int32_t>(r)) != touched.end();
+    EXPECT_EQ(want.x[r * row_len], hit ? 0.0f : x0[r * row_len]) << "row " << r;
+  }
+  float biggest = 0.0f;
+  for (float v : x0) biggest = std::max(biggest, std::fabs(v));
+  EXPECT_EQ(want.max_all, biggest);
 }
 
 TEST(FixedPoint, ScaleLeavesHeadroomAndOverflowIsDetected) {

@@ -1,5 +1,5 @@
-// Fixed-point accumulation loops; see fixed_point.h.
-#include "dist/fixed_point.h"
+// Fixed-point accumulation on the CPU: OpenMP over elements, SIMD within; see fixed_point.h.
+#include "kernels/fixed_point.h"
 
 #include <omp.h>
 
@@ -7,21 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/vec_math.h"
 
-namespace anvil {
+namespace anvil::cpu {
 namespace {
 
-constexpr int kHeadroomBits = 4;
 constexpr size_t kParallelMin = size_t{1} << 16;
-
-int limit_bits(int64_t samples) {
-  int log2_samples = 0;
-  while ((int64_t{1} << log2_samples) < samples) log2_samples++;
-  return std::min(50, 62 - log2_samples);
-}
 
 // round(x · scale) for |x · scale| < 2^51: adding 1.5 · 2^52 leaves the integer part in the low
 // mantissa bits, rounded to nearest even by the addition itself.
@@ -48,18 +40,32 @@ ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double
 
 }  // namespace
 
-float fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s) {
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
   const double scale = std::ldexp(1.0, s);
-  if (n < kParallelMin) return accumulate_range(acc, x, n, scale);
   float m = 0.0f;
-  // Each element is rounded on its own and the maximum is exact, so the split cannot change a bit.
+  if (n < kParallelMin) {
+    m = accumulate_range(acc, x, n, scale);
+  } else {
+    // Each element is rounded on its own and the maximum is exact: the split cannot change a bit.
 #pragma omp parallel reduction(max : m)
-  {
-    const size_t parts = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
-    const size_t lo = n * me / parts, hi = n * (me + 1) / parts;
-    m = std::max(m, accumulate_range(acc + lo, x + lo, hi - lo, scale));
+    {
+      const size_t parts = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
+      const size_t lo = n * me / parts, hi = n * (me + 1) / parts;
+      m = std::max(m, accumulate_range(acc + lo, x + lo, hi - lo, scale));
+    }
   }
-  return m;
+  *max_abs = std::max(*max_abs, m);
+}
+
+void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
+                                 float* max_abs) {
+  const double scale = std::ldexp(1.0, s);
+  float m = 0.0f;
+  for (size_t r = 0; r < n_rows; r++) {
+    const size_t at = static_cast<size_t>(rows[r]) * row_len;
+    m = std::max(m, accumulate_range(acc + at, x + at, row_len, scale));
+  }
+  *max_abs = std::max(*max_abs, m);
 }
 
 void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
@@ -68,36 +74,34 @@ void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
   for (size_t i = 0; i < n; i++) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
 }
 
-unsigned __int128 fixed_point_sum_squares(const int64_t* acc, size_t n) {
+void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
   using u128 = unsigned __int128;
   auto range = [&](size_t lo, size_t hi) {
-    u128 sum = 0;
+    u128 total = 0;
     for (size_t i = lo; i < hi; i++) {
       const uint64_t a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
-      sum += (static_cast<u128>(a) * a) >> kSquareShift;
+      total += (static_cast<u128>(a) * a) >> kSquareShift;
     }
-    return sum;
+    return total;
   };
-  if (n < kParallelMin) return range(0, n);
-  std::vector<u128> partial(static_cast<size_t>(omp_get_max_threads()), 0);
+  if (n < kParallelMin) {
+    *sum = range(0, n);
+    return;
+  }
+  u128 total = 0;
 #pragma omp parallel
   {
     const size_t parts = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
-    partial[me] = range(n * me / parts, n * (me + 1) / parts);
+    const u128 part = range(n * me / parts, n * (me + 1) / parts);
+#pragma omp critical
+    total += part;  // integers: any order gives the same sum
   }
-  u128 sum = 0;
-  for (u128 p : partial) sum += p;  // integers: any order gives the same sum
-  return sum;
+  *sum = total;
 }
 
-int fixed_point_scale(float max_abs, int64_t samples) {
-  int e = 0;  // max_abs < 2^e
-  if (max_abs > 0.0f) std::frexp(max_abs, &e);
-  return limit_bits(samples) - kHeadroomBits - e;
+void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (size_t i = 0; i < n; i++) acc[i] = fixed_point_add(acc[i], x[i]);
 }
 
-bool fixed_point_fits(float max_abs, int s, int64_t samples) {
-  return std::ldexp(static_cast<double>(max_abs), s) < std::ldexp(1.0, limit_bits(samples));
-}
-
-}  // namespace anvil
+}  // namespace anvil::cpu

@@ -1,0 +1,92 @@
+// Collectives on op memory; see op_collectives.h.
+#include "dist/op_collectives.h"
+
+#include <numeric>
+
+#include "core/error.h"
+#include "device/device.h"
+#include "kernels/buffer.h"
+#include "kernels/impl.h"
+
+namespace anvil {
+
+GpuCollectivesChoice parse_gpu_collectives(const std::string& name) {
+  if (name == "auto") return GpuCollectivesChoice::kAuto;
+  if (name == "nccl") return GpuCollectivesChoice::kNccl;
+  if (name == "host") return GpuCollectivesChoice::kHost;
+  ANVIL_FAIL("distributed.gpu_collectives '{}' is not valid: expected auto, nccl or host", name);
+}
+
+OpCollectives::OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice) : comm_(comm) {
+  if (kernel_impl() != KernelImpl::kGpu) return;  // kHost
+  const bool own_gpus = static_cast<size_t>(comm.local_size()) <= gpu_devices().size();
+  if (choice == GpuCollectivesChoice::kNccl ||
+      (choice == GpuCollectivesChoice::kAuto && comm.size() > 1 && gpu_collectives_built() && own_gpus)) {
+    path_ = Path::kGpuLibrary;
+    gpu_ = make_gpu_collectives(comm);
+  } else if (comm.size() > 1) {
+    path_ = Path::kStaged;
+    stage_.resize(largest_bytes);  // once: a step allocates nothing
+  } else {
+    path_ = Path::kAlone;
+  }
+}
+
+OpCollectives::~OpCollectives() = default;
+
+std::string OpCollectives::description() const {
+  switch (path_) {
+    case Path::kHost: return "anvil's (host memory)";
+    case Path::kStaged: return "anvil's, through host memory";
+    case Path::kGpuLibrary: return gpu_collectives_description();
+    case Path::kAlone: break;
+  }
+  return "none (one rank)";
+}
+
+template <class T, class F>
+void OpCollectives::on_host(T* data, size_t n, F collective) {
+  if (path_ == Path::kHost) {
+    collective(data);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t bytes = n * sizeof(T);
+  ANVIL_CHECK(bytes <= stage_.size(), "a collective of {} bytes exceeds the {} bytes staged for it", bytes,
+              stage_.size());
+  T* host = reinterpret_cast<T*>(stage_.data());
+  op_copy_to_host(host, data, bytes);
+  collective(host);
+  op_copy_from_host(data, host, bytes);
+}
+
+void OpCollectives::all_reduce(float* data, size_t n, AllReduceAlgo algo) {
+  if (path_ == Path::kAlone) return;
+  if (path_ == Path::kGpuLibrary) return gpu_->all_reduce(data, n);
+  on_host(data, n, [&](float* d) { anvil::all_reduce(comm_, d, n, algo); });
+}
+void OpCollectives::all_reduce(int64_t* data, size_t n, AllReduceAlgo algo) {
+  if (path_ == Path::kAlone) return;
+  if (path_ == Path::kGpuLibrary) return gpu_->all_reduce(data, n);
+  on_host(data, n, [&](int64_t* d) { anvil::all_reduce(comm_, d, n, algo); });
+}
+void OpCollectives::reduce_scatter(float* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
+  if (path_ == Path::kAlone) return;
+  if (path_ == Path::kGpuLibrary) return gpu_->reduce_scatter(data, counts);
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  on_host(data, n, [&](float* d) { anvil::reduce_scatter(comm_, d, counts, algo); });
+}
+void OpCollectives::reduce_scatter(int64_t* data, const std::vector<size_t>& counts, AllReduceAlgo algo) {
+  if (path_ == Path::kAlone) return;
+  if (path_ == Path::kGpuLibrary) return gpu_->reduce_scatter(data, counts);
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  on_host(data, n, [&](int64_t* d) { anvil::reduce_scatter(comm_, d, counts, algo); });
+}
+void OpCollectives::all_gather(float* data, const std::vector<size_t>& counts) {
+  if (path_ == Path::kAlone) return;
+  if (path_ == Path::kGpuLibrary) return gpu_->all_gather(data, counts);
+  const size_t n = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  on_host(data, n, [&](float* d) { anvil::all_gather(comm_, d, counts); });
+}
+
+}  // namespace anvil

@@ -1,0 +1,52 @@
+// anvil's collectives on op memory (kernels/buffer.h): what data parallelism reduces and gathers
+// lives wherever the ops run. Host arrays go straight to anvil's collectives (dist/collectives.h).
+// GPU arrays go to NCCL/RCCL (dist/gpu_collectives.h), or are copied through host memory around
+// anvil's collectives: the way when the ranks of a host share GPUs, which NCCL refuses. Integer
+// (fixed-point) sums are exact on every path, so the path never changes a bit of a
+// deterministic run.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/collectives.h"
+#include "dist/gpu_collectives.h"
+
+namespace anvil {
+
+// How GPU arrays travel: auto (NCCL/RCCL when the build has it and every rank of a host has a GPU
+// of its own, else host), nccl (NCCL/RCCL, even for one rank), host (copies through host memory).
+enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
+GpuCollectivesChoice parse_gpu_collectives(const std::string& name);  // auto | nccl | host
+
+class OpCollectives {
+ public:
+  // largest_bytes: the largest array any call below will be given. Collective over comm's ranks.
+  OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice);
+  ~OpCollectives();
+  // "anvil's (host memory)", "NCCL 2.28.3", "anvil's, through host memory".
+  std::string description() const;
+
+  void all_reduce(float* data, size_t n, AllReduceAlgo algo);
+  void all_reduce(int64_t* data, size_t n, AllReduceAlgo algo);
+  void reduce_scatter(float* data, const std::vector<size_t>& counts, AllReduceAlgo algo);
+  void reduce_scatter(int64_t* data, const std::vector<size_t>& counts, AllReduceAlgo algo);
+  void all_gather(float* data, const std::vector<size_t>& counts);
+
+ private:
+  enum class Path { kHost, kStaged, kGpuLibrary, kAlone };
+  // Runs the host collective on data, or on a host copy of it (copied back after).
+  template <class T, class F>
+  void on_host(T* data, size_t n, F collective);
+
+  Communicator& comm_;
+  Path path_ = Path::kHost;
+  std::unique_ptr<GpuCollectives> gpu_;
+  std::mutex mu_;
+  std::vector<unsigned char> stage_;
+};
+
+}  // namespace anvil

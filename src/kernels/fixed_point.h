@@ -1,0 +1,80 @@
+// Fixed-point gradient accumulation: the exact, associative sum behind deterministic training.
+//
+// A value v of parameter tensor t is held as the integer round(v · 2^s_t) in an int64. Integer
+// addition is associative, so gradients summed sample by sample, microbatch by microbatch and
+// rank by rank give the same bits however the global batch is grouped, whichever all-reduce
+// algorithm runs, and on the CPU or the GPU. Each sample's contribution is rounded once, at a
+// scale that keeps the largest per-sample value near 2^46: about 22 bits finer than fp32 for the
+// largest entries.
+//
+// The scale comes from state every rank shares: the previous step's largest per-sample value of
+// the tensor, with 16x headroom. A step whose values outgrow that (any sample, any rank) is
+// detected after the backward pass and run again at the scale its own maxima give, so the
+// retry always fits; the first step assumes values below 1.
+//
+// The array functions are ops (kernels/impl.h): their arrays, the maxima and sums included, are
+// op memory, host or GPU.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace anvil {
+
+// a + b with two's-complement wrap-around: a step that outgrew its scale (detected afterwards,
+// then run again) may overflow, which must not be undefined behaviour; in range it is plain +.
+inline int64_t fixed_point_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+
+// Squares are summed as floor(acc² / 2^kSquareShift) (see fixed_point_sum_squares).
+constexpr int kSquareShift = 40;
+
+// The scale exponent s for a tensor whose largest per-sample |value| is max_abs, when `samples`
+// per-sample contributions are summed (the global batch): max_abs · 2^s lands 4 bits under the
+// per-sample limit, which is 2^50, or less for global batches over 4096 sequences so that the
+// sum stays under 2^62.
+int fixed_point_scale(float max_abs, int64_t samples);
+// Whether every per-sample value up to max_abs was exact at scale s (see fixed_point_accumulate).
+bool fixed_point_fits(float max_abs, int s, int64_t samples);
+
+// acc[i] += round(x[i] · 2^s) (to nearest, ties to even), then x[i] = 0, for i < n; *max_abs
+// becomes the larger of itself and every |x[i]| as it was (infinity when an x[i] is NaN, so that
+// a non-finite gradient is never lost in the maximum). Exact while |x[i]| · 2^s < 2^51; callers
+// check the maximum against fixed_point_fits before trusting acc.
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs);
+// The same for the rows rows[0..n_rows) of row_len elements each (offsets row · row_len into acc
+// and x): the embedding rows one sequence touched. The rows must be distinct.
+void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
+                                 float* max_abs);
+// out[i] = acc[i] · 2^-s, rounded to float.
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s);
+// *sum = Σ floor(acc[i]² / 2^kSquareShift), exact in 128-bit integers: sums of squares split over
+// shards add up to the same bits. (Entries below 2^-26 of the largest drop out of the norm:
+// their squares are under 2^-52 of it.)
+void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum);
+// acc[i] += x[i] (wrapping, as fixed_point_add).
+void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n);
+
+namespace ref {
+void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
+void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
+void fixed_point_to_float(float*, const int64_t*, size_t, int);
+void fixed_point_sum_squares(const int64_t*, size_t, unsigned __int128*);
+void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
+}  // namespace ref
+namespace cpu {
+void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
+void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
+void fixed_point_to_float(float*, const int64_t*, size_t, int);
+void fixed_point_sum_squares(const int64_t*, size_t, unsigned __int128*);
+void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
+}  // namespace cpu
+namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
+void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
+void fixed_point_to_float(float*, const int64_t*, size_t, int);
+void fixed_point_sum_squares(const int64_t*, size_t, unsigned __int128*);
+void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
+}  // namespace gpu
+
+}  // namespace anvil

@@ -1,0 +1,159 @@
+// Fixed-point accumulation on the GPU (one source for CUDA and HIP); see kernels/fixed_point.h.
+// Each element is rounded on its own, so the integers are the CPU's bit for bit. The two
+// reductions are order-free by nature: the maximum is exact, and the sum of squares adds
+// integers, so neither depends on how the threads are scheduled.
+#include <algorithm>
+
+#include "device/arch.h"
+#include "device/device.h"
+#include "device/stream.h"
+#include "kernels/fixed_point.h"
+
+namespace anvil::gpu {
+namespace {
+
+using u128 = unsigned __int128;
+constexpr int kThreads = 256;
+constexpr int kMaxSquareBlocks = 1024;
+
+// round(x · scale) to nearest even, as the CPU computes it: adding 1.5 · 2^52 leaves the integer
+// part in the low mantissa bits (exact for |x · scale| < 2^51, wrapping beyond like the CPU's).
+__device__ int64_t round_scaled(float x, double scale) {
+  constexpr double kMagic = 6755399441055744.0;  // 1.5 · 2^52
+  const double d = static_cast<double>(x) * scale + kMagic;  // the product is exact: a fused add rounds the same
+  return static_cast<int64_t>(static_cast<unsigned long long>(__double_as_longlong(d)) -
+                              static_cast<unsigned long long>(__double_as_longlong(kMagic)));
+}
+
+__device__ int64_t wrapping_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<unsigned long long>(a) + static_cast<unsigned long long>(b));
+}
+
+// |x|, with NaN as infinity so that a non-finite gradient is never lost in a maximum.
+__device__ float magnitude(float x) { return isnan(x) ? INFINITY : fabsf(x); }
+
+// *max_abs = max(*max_abs, the block's largest m). Non-negative floats order as their bit
+// patterns do, so an integer atomic maximum is exact and the same whatever the block order.
+__device__ void block_max_into(float m, float* max_abs) {
+  __shared__ float shared[kThreads];
+  shared[threadIdx.x] = m;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + half]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && shared[0] > 0.0f)
+    atomicMax(reinterpret_cast<unsigned int*>(max_abs), __float_as_uint(shared[0]));
+}
+
+__global__ void accumulate_kernel(int64_t* acc, float* x, size_t n, double scale, float* max_abs) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float m = 0.0f;
+  if (i < n) {
+    const float v = x[i];
+    m = magnitude(v);
+    acc[i] = wrapping_add(acc[i], round_scaled(v, scale));
+    x[i] = 0.0f;
+  }
+  block_max_into(m, max_abs);
+}
+
+// blockIdx.y: the row; the rows are distinct, so no two threads touch the same element.
+__global__ void accumulate_rows_kernel(int64_t* acc, float* x, const int32_t* rows, size_t row_len, double scale,
+                                       float* max_abs) {
+  const size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float m = 0.0f;
+  if (c < row_len) {
+    const size_t i = static_cast<size_t>(rows[blockIdx.y]) * row_len + c;
+    const float v = x[i];
+    m = magnitude(v);
+    acc[i] = wrapping_add(acc[i], round_scaled(v, scale));
+    x[i] = 0.0f;
+  }
+  block_max_into(m, max_abs);
+}
+
+__global__ void to_float_kernel(float* out, const int64_t* acc, size_t n, double inv) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
+}
+
+__device__ u128 block_sum(u128 v) {
+  __shared__ u128 shared[kThreads];
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void squares_kernel(u128* partial, const int64_t* acc, size_t n) {
+  u128 s = 0;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = acc[i];
+    const unsigned long long a = v < 0 ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
+    s += (static_cast<u128>(a) * a) >> kSquareShift;
+  }
+  const u128 total = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+__global__ void sum_partials_kernel(u128* sum, const u128* partial, int count) {
+  u128 s = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  const u128 total = block_sum(s);
+  if (threadIdx.x == 0) *sum = total;
+}
+
+__global__ void add_arrays_kernel(int64_t* acc, const int64_t* x, size_t n) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] = wrapping_add(acc[i], x[i]);
+}
+
+unsigned blocks_for(size_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+GpuScratch square_partials;
+
+}  // namespace
+
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
+  if (n == 0) return;
+  accumulate_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(acc, x, n, ldexp(1.0, s), max_abs);
+  GPU_CHECK_LAUNCH();
+}
+
+void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
+                                 float* max_abs) {
+  constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
+  for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
+    const dim3 grid(blocks_for(row_len), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
+    accumulate_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(acc, x, rows + r, row_len, ldexp(1.0, s), max_abs);
+    GPU_CHECK_LAUNCH();
+  }
+}
+
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
+  if (n == 0) return;
+  to_float_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(out, acc, n, ldexp(1.0, -s));
+  GPU_CHECK_LAUNCH();
+}
+
+void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
+  const int blocks = static_cast<int>(std::min<size_t>(std::max<size_t>(blocks_for(n), 1), kMaxSquareBlocks));
+  u128* partial = static_cast<u128*>(square_partials.get(blocks * sizeof(u128)));
+  squares_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(partial, acc, n);
+  GPU_CHECK_LAUNCH();
+  sum_partials_kernel<<<1, kThreads, 0, gpu_stream()>>>(sum, partial, blocks);
+  GPU_CHECK_LAUNCH();
+}
+
+void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
+  if (n == 0) return;
+  add_arrays_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(acc, x, n);
+  GPU_CHECK_LAUNCH();
+}
+
+}  // namespace anvil::gpu

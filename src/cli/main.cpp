@@ -135,7 +135,7 @@ options:
   --tokenizer DIR       as for `anvil data prepare`
 )";
 
-constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N]
+constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
        anvil bench data LOCATION [options]
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
 
@@ -145,6 +145,8 @@ sgemm on the CPU; with kernels=gpu, cuBLASLt in the precision's mode), MFU and p
 (host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
+  --profile     also print the time per op over the timed steps (every op timed: on the GPU by
+                events on its stream), largest first, and what the step spent outside the ops
 
 data: reads LOCATION (an MDS dataset directory, or s3://, http(s):// holding one) through the
 training loader twice, the first pass cold (downloading into the cache) and the second over
@@ -414,14 +416,26 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
   if (args[0] == "data") return cmd_bench_data(rest);
   if (args[0] == "comm") return cmd_bench_comm(rest);
-  Args a = parse_args(rest, {"--steps", "--warmup"}, {}, kBenchHelp);
+  Args a = parse_args(rest, {"--steps", "--warmup"}, {"--profile"}, kBenchHelp);
   if (a.positional.empty()) usage_error("bench train needs a config file", kBenchHelp);
   const std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());
   for (const auto& o : overrides)
     if (o.find('=') == std::string::npos) usage_error("'" + o + "' is not a key=value override", kBenchHelp);
   const TrainConfig cfg = load_train_config(a.positional[0], overrides);
   const int steps = number_flag(a, "--steps", 10, kBenchHelp), warmup = number_flag(a, "--warmup", 2, kBenchHelp);
-  const BenchTrainResult r = bench_train(cfg, warmup, steps);
+  const bool profile = std::find(a.switches.begin(), a.switches.end(), "--profile") != a.switches.end();
+  const BenchTrainResult r = bench_train(cfg, warmup, steps, profile);
+  if (profile) {
+    std::printf("time per step by op (%d steps of %.1f ms):\n", steps, r.step_ms);
+    double in_ops = 0;
+    for (const OpTime& t : r.profile) {
+      const double ms = t.ms / steps;
+      in_ops += ms;
+      std::printf("  %-32s %9.2f ms %6.1f%% %8lld calls\n", t.op.c_str(), ms, 100 * ms / r.step_ms,
+                  static_cast<long long>(t.calls / steps));
+    }
+    std::printf("  %-32s %9.2f ms %6.1f%%\n", "(outside the ops)", r.step_ms - in_ops, 100 * (r.step_ms - in_ops) / r.step_ms);
+  }
   std::printf("tokens/s:        %.1f\n", r.tokens_per_s);
   std::printf("achieved:        %.1f GFLOP/s\n", r.gflops);
   std::printf("measured peak:   %.1f GFLOP/s (%s, %s matrix products)\n", r.peak_gflops, r.peak_source.c_str(),

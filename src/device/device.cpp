@@ -150,6 +150,23 @@ GpuMark gpu_mark_op_stream() {
   return GpuMark{e};
 }
 
+void* gpu_timestamp() {
+  DeviceState& s = selected();
+  gpuEvent_t e = nullptr;
+  GPU_CHECK(gpuEventCreate(&e));
+  GPU_CHECK(gpuEventRecord(e, s.stream));
+  return e;
+}
+
+double gpu_elapsed_ms(void* start, void* end) {
+  GPU_CHECK(gpuEventSynchronize(static_cast<gpuEvent_t>(end)));
+  float ms = 0.0f;
+  GPU_CHECK(gpuEventElapsedTime(&ms, static_cast<gpuEvent_t>(start), static_cast<gpuEvent_t>(end)));
+  return ms;
+}
+
+void gpu_timestamp_release(void* stamp) { GPU_CHECK(gpuEventDestroy(static_cast<gpuEvent_t>(stamp))); }
+
 void gpu_wait_mark(GpuMark mark) {
   gpuEvent_t e = static_cast<gpuEvent_t>(mark.event);
   GPU_CHECK(gpuStreamWaitEvent(gpu_stream(), e, 0));

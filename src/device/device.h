@@ -68,6 +68,12 @@ GpuMark gpu_mark_op_stream();
 // The calling thread's stream waits for the mark, which is then released.
 void gpu_wait_mark(GpuMark mark);
 
+// Timestamps on the op stream, for the op profile: an event recorded now; the milliseconds between
+// two (waiting for the later one to pass); and the event's release.
+void* gpu_timestamp();
+double gpu_elapsed_ms(void* start, void* end);
+void gpu_timestamp_release(void* stamp);
+
 void gpu_copy_to_device(void* dst, const void* host_src, size_t bytes);
 void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
 void gpu_copy_on_device(void* dst, const void* src, size_t bytes);

@@ -26,6 +26,9 @@ void gpu_copy_on_device(void*, const void*, size_t) { not_built(); }
 void gpu_zero(void*, size_t) { not_built(); }
 void gpu_synchronize() { not_built(); }
 void gpu_use_comm_stream() { not_built(); }
+void* gpu_timestamp() { not_built(); }
+double gpu_elapsed_ms(void*, void*) { not_built(); }
+void gpu_timestamp_release(void*) { not_built(); }
 GpuMark gpu_mark_op_stream() { not_built(); }
 void gpu_wait_mark(GpuMark) { not_built(); }
 

@@ -11,6 +11,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
+#include "kernels/profile.h"
 #include "kernels/residual.h"
 #include "kernels/round.h"
 
@@ -39,11 +40,13 @@ KernelImpl parse_kernel_impl(const std::string& name, int local_rank) {
 
 #if defined(ANVIL_GPU)
 #define ANVIL_DISPATCH(op, ...)                                                  \
+  const OpProfileScope profile_scope(#op);                                       \
   return g_impl == KernelImpl::kRef   ? ref::op(__VA_ARGS__)                     \
          : g_impl == KernelImpl::kGpu ? gpu::op(__VA_ARGS__)                     \
                                       : cpu::op(__VA_ARGS__)
 #else  // kGpu cannot be chosen (parse_kernel_impl refuses it)
-#define ANVIL_DISPATCH(op, ...) \
+#define ANVIL_DISPATCH(op, ...)                \
+  const OpProfileScope profile_scope(#op);     \
   return g_impl == KernelImpl::kRef ? ref::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
 #endif
 

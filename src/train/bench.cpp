@@ -21,7 +21,7 @@
 
 namespace anvil {
 
-BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int steps) {
+BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int steps, bool profile) {
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
   TrainConfig cfg = config;  // with the microbatch resolved
   cfg.device_eval_batch_size = 0;  // no evaluation here
@@ -56,9 +56,12 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
            cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
            cfg.kernels, cfg.precision, cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
+  if (profile) op_profile_start();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (profile) r.profile = op_profile_stop();
+  r.step_ms = 1e3 * secs / steps;
   r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
   r.gflops = r.tokens_per_s * gpt2_train_flops_per_token(cfg.model, T) / 1e9;
   r.mfu = r.gflops / r.peak_gflops;

@@ -2,8 +2,10 @@
 // reported as tokens/s, achieved GFLOP/s and MFU against this machine's measured GEMM peak.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "config/train_config.h"
+#include "kernels/profile.h"
 
 namespace anvil {
 
@@ -13,8 +15,11 @@ struct BenchTrainResult {
   int microbatch = 0;         // the one used (auto resolved)
   std::string peak_source;    // what the peak was measured on (the matmul backend)
   double gpu_peak_mib = 0;    // kernels=gpu: the most GPU memory the allocator held
+  double step_ms = 0;         // mean time of a timed step
+  std::vector<OpTime> profile;  // with profile: the timed steps' time per op
 };
 
-BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps);
+// profile: time every op of the timed steps (kernels/profile.h), which slows them a little.
+BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps, bool profile);
 
 }  // namespace anvil

@@ -74,6 +74,16 @@ if [[ "$out" == "The jury said"* ]] && [ ${#out} -gt 20 ]; then pass "generate: 
 out2=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12 --seed 3 2>/dev/null)
 [ "$out" = "$out2" ] && pass "generate is reproducible for a seed" || fail "generate differs between runs with one seed"
 
+# bench train --profile: every op of the step listed, and the ops account for nearly all of it.
+"$anvil" bench train "$tmp/tiny.yaml" --steps 2 --warmup 1 --profile > "$tmp/profile.out" 2>&1
+outside=$(awk '/^  \(outside the ops\)/ {gsub("%", "", $(NF)); print $(NF)}' "$tmp/profile.out")
+if grep -q "^  matmul_backward " "$tmp/profile.out" && grep -q "^  fixed_point_accumulate " "$tmp/profile.out" \
+    && grep -q '"tokens_per_s"' "$tmp/profile.out" && awk -v o="${outside:-100}" 'BEGIN { exit !(o >= 0 && o < 20) }'; then
+  pass "bench train --profile: $(grep -c ' calls$' "$tmp/profile.out") ops, ${outside}% of the step outside them"
+else
+  fail "bench train --profile: $(cat "$tmp/profile.out")"
+fi
+
 # Memory: activation checkpointing with an automatic microbatch gives the weights of the plain
 # run bit for bit; a memory_limit nothing fits in is refused before training.
 short=(max_duration=12ba eval_first=false eval_interval=12ba save_interval=12ba seed=5)

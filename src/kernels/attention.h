@@ -17,7 +17,7 @@ void attention_forward(float*, float*, const float*, int, int, int, int);
 void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
                         int, int);
 }  // namespace ref
-namespace cpu {  // tiles with an online softmax; never forms T×T
+namespace cpu {  // query blocks of sgemms; never forms T×T
 void attention_forward(float*, float*, const float*, int, int, int, int);
 void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
                         int, int);

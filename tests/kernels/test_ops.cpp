@@ -155,11 +155,11 @@ TEST(Residual, MatchesReference) {
   }
 }
 
-TEST(Attention, TiledMatchesFullSoftmaxReference) {
+TEST(Attention, BlockedMatchesFullSoftmaxReference) {
   struct Shape { int B, T, C, NH; };
-  // T=1; T below, equal to, and not a multiple of the 32-wide tiles; one head; HS from 2 to 64.
+  // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to 64.
   for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3},
-                  Shape{1, 64, 32, 4}, Shape{1, 100, 128, 2}}) {
+                  Shape{1, 64, 32, 4}, Shape{1, 100, 128, 2}, Shape{2, 130, 96, 3}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
     auto qkv = randn(s.B * s.T * 3 * s.C, 1), dout = randn(s.B * s.T * s.C, 2);
     std::vector<float> out_ref(s.B * s.T * s.C), out_cpu(out_ref.size()), lse_ref(s.B * s.NH * s.T),
@@ -173,6 +173,29 @@ TEST(Attention, TiledMatchesFullSoftmaxReference) {
     cpu::attention_backward(dqkv_cpu.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), s.B, s.T, s.C, s.NH);
     EXPECT_TRUE(rel_norm_close(dqkv_cpu.data(), dqkv_ref.data(), dqkv_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(all_close(dqkv_cpu.data(), dqkv_ref.data(), dqkv_ref.size(), kFp32Reduction));
+  }
+}
+
+// Each (sequence, head, query block) is one thread's work in a fixed order: 1, 2 or 3 threads give
+// the same bits.
+TEST(Attention, ThreadCountDoesNotChangeABit) {
+  const int B = 2, T = 150, C = 96, NH = 3;
+  auto qkv = randn(B * T * 3 * C, 1), dout = randn(B * T * C, 2);
+  std::vector<float> out[3], lse[3], dqkv[3];
+  const int saved = omp_get_max_threads();
+  for (int k = 0; k < 3; k++) {
+    omp_set_num_threads(k + 1);
+    out[k].resize(B * T * C);
+    lse[k].resize(B * NH * T);
+    dqkv[k].resize(qkv.size());
+    cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), B, T, C, NH);
+    cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), B, T, C, NH);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; k++) {
+    EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads";
+    EXPECT_TRUE(lse[k] == lse[0]) << k + 1 << " threads";
+    EXPECT_TRUE(dqkv[k] == dqkv[0]) << k + 1 << " threads";
   }
 }
 

@@ -1,18 +1,61 @@
-// Causal attention in tiles with an online softmax (flash-attention style): the T×T score matrix
-// is never formed. Forward keeps a running max and sum per query row while it walks key tiles;
-// backward rebuilds each probability from the saved log-sum-exp. Work is split by (batch, head)
-// so every gradient row has one owner and sums run in a fixed order.
+// Causal attention in query blocks, each a few single-threaded sgemms (OpenBLAS runs serially
+// inside an OpenMP region): for 64 queries, their scores against every key up to the block's last
+// position (64 × keys, in L2), the masked softmax in place, then the output as probabilities ×
+// values. The T×T matrix is never formed. Backward rebuilds each block's probabilities from the
+// saved log-sum-exp. Forward work is split by (sequence, head, query block) and backward by
+// (sequence, head), so every gradient row has one owner and every sum runs in a fixed order,
+// whatever the thread count.
+#include <cblas.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace anvil::cpu {
 namespace {
 
-constexpr int kKeyTile = 32;    // keys whose K and V rows stay in L1 while a query tile walks them
-constexpr int kQueryTile = 32;  // queries that share one pass over the key tiles
+constexpr int kQueryBlock = 64;
+
+// Row i of a block's scores s[0..keys): scaled, masked past `valid`, turned into probabilities in
+// place (zeros past valid); returns the row's log-sum-exp.
+ANVIL_CPU_CLONES float softmax_row(float* s, int valid, int keys, float scale) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < valid; j++) {
+    s[j] *= scale;
+    mx = std::max(mx, s[j]);
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < valid; j++) {
+    const float e = exp_approx(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int j = 0; j < valid; j++) s[j] *= inv;
+  std::fill(s + valid, s + keys, 0.0f);
+  return mx + std::log(sum);
+}
+
+// From row i's raw scores s and dP = dO·Vᵀ: p = e^(scale·s - lse) in s, and the score gradient
+// dS = scale · p · (dP - D) in dp; zeros past valid.
+ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int valid, int keys, float scale, float lse,
+                                           float D) {
+#pragma omp simd
+  for (int j = 0; j < valid; j++) {
+    const float p = exp_approx(scale * s[j] - lse);
+    s[j] = p;
+    dp[j] = scale * p * (dp[j] - D);
+  }
+  std::fill(s + valid, s + keys, 0.0f);
+  std::fill(dp + valid, dp + keys, 0.0f);
+}
 
 inline float dot(const float* a, const float* b, int n) {
   float s = 0;
@@ -21,9 +64,10 @@ inline float dot(const float* a, const float* b, int n) {
   return s;
 }
 
-inline void axpy(float* y, float a, const float* x, int n) {
-#pragma omp simd
-  for (int d = 0; d < n; d++) y[d] += a * x[d];
+// Per-thread block scratch, grown once and kept, so that a training step does not allocate.
+float* scratch(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
 }
 
 }  // namespace
@@ -31,102 +75,72 @@ inline void axpy(float* y, float a, const float* x, int n) {
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int q_tiles = (T + kQueryTile - 1) / kQueryTile;
-#pragma omp parallel for collapse(3) schedule(dynamic)
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++)
-      for (int qt = 0; qt < q_tiles; qt++) {
-        const int q0 = qt * kQueryTile, q1 = std::min(T, q0 + kQueryTile);
-        const long row_stride = 3L * C;
-        const float* base = qkv + static_cast<long>(b) * T * row_stride + h * HS;
-        float m[kQueryTile], l[kQueryTile], s[kKeyTile];
-        for (int i = q0; i < q1; i++) {
-          m[i - q0] = -INFINITY;
-          l[i - q0] = 0.0f;
-          std::memset(out + (static_cast<long>(b) * T + i) * C + h * HS, 0, sizeof(float) * HS);
+  const int blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  const int ld = 3 * C;  // qkv row stride
+#pragma omp parallel
+  {
+    thread_local std::vector<float> s_buf;
+    float* S = scratch(s_buf, static_cast<size_t>(kQueryBlock) * T);
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < NH; h++)
+        for (int qb = 0; qb < blocks; qb++) {
+          const int q0 = qb * kQueryBlock, rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
+          const float* base = qkv + static_cast<long>(b) * T * ld + h * HS;
+          const float *Q = base + static_cast<long>(q0) * ld, *K = base + C, *V = base + 2 * C;
+          // S (rows × keys) = Q Kᵀ
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, Q, ld, K, ld, 0.0f, S, keys);
+          float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
+          for (int i = 0; i < rows; i++) lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale);
+          // out rows (rows × HS) = P V
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, S, keys, V, ld, 0.0f,
+                      out + (static_cast<long>(b) * T + q0) * C + h * HS, C);
         }
-        for (int k0 = 0; k0 < q1; k0 += kKeyTile) {
-          const int k1 = std::min(q1, k0 + kKeyTile);
-          for (int i = std::max(q0, k0); i < q1; i++) {
-            const float* qi = base + i * row_stride;
-            float* acc = out + (static_cast<long>(b) * T + i) * C + h * HS;
-            const int jend = std::min(k1, i + 1);
-            float tile_max = -INFINITY;
-            for (int j = k0; j < jend; j++) {
-              s[j - k0] = scale * dot(qi, base + j * row_stride + C, HS);
-              tile_max = std::max(tile_max, s[j - k0]);
-            }
-            const float m_new = std::max(m[i - q0], tile_max);
-            const float correction = std::exp(m[i - q0] - m_new);
-            if (correction != 1.0f) {
-#pragma omp simd
-              for (int d = 0; d < HS; d++) acc[d] *= correction;
-            }
-            float sum = l[i - q0] * correction;
-            for (int j = k0; j < jend; j++) {
-              const float p = std::exp(s[j - k0] - m_new);
-              sum += p;
-              axpy(acc, p, base + j * row_stride + 2 * C, HS);
-            }
-            m[i - q0] = m_new;
-            l[i - q0] = sum;
-          }
-        }
-        for (int i = q0; i < q1; i++) {
-          float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
-          const float inv = 1.0f / l[i - q0];
-#pragma omp simd
-          for (int d = 0; d < HS; d++) o[d] *= inv;
-          lse[(static_cast<long>(b) * NH + h) * T + i] = m[i - q0] + std::log(l[i - q0]);
-        }
-      }
+  }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH) {
   const int HS = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const long row_stride = 3L * C;
+  const int ld = 3 * C;
 #pragma omp parallel
   {
-    // Per-thread row terms, kept between calls so a training step does not allocate.
-    thread_local std::vector<float> D;
-    if (D.size() < static_cast<size_t>(T)) D.resize(T);
+    thread_local std::vector<float> s_buf, dp_buf, d_buf;
+    float* S = scratch(s_buf, static_cast<size_t>(kQueryBlock) * T);
+    float* dP = scratch(dp_buf, static_cast<size_t>(kQueryBlock) * T);
+    float* D = scratch(d_buf, static_cast<size_t>(T));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++) {
-        const float* base = qkv + static_cast<long>(b) * T * row_stride + h * HS;
-        float* dbase = dqkv + static_cast<long>(b) * T * row_stride + h * HS;
+        const float* base = qkv + static_cast<long>(b) * T * ld + h * HS;
+        const float *K = base + C, *V = base + 2 * C;
+        float* dbase = dqkv + static_cast<long>(b) * T * ld + h * HS;
+        float *dK = dbase + C, *dV = dbase + 2 * C;
+        const float* dO = dout + static_cast<long>(b) * T * C + h * HS;
         const float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
         for (int t = 0; t < T; t++) {
-          float* r = dbase + t * row_stride;
+          float* r = dbase + static_cast<long>(t) * ld;
           std::memset(r, 0, sizeof(float) * HS);
           std::memset(r + C, 0, sizeof(float) * HS);
           std::memset(r + 2 * C, 0, sizeof(float) * HS);
-          const long o = (static_cast<long>(b) * T + t) * C + h * HS;
-          D[t] = dot(dout + o, out + o, HS);  // Σ_j P_ij dP_ij, the softmax backward's row term
+          const long o = static_cast<long>(t) * C;
+          D[t] = dot(dO + o, out + static_cast<long>(b) * T * C + h * HS + o, HS);  // Σ_j P_ij dP_ij
         }
-        for (int q0 = 0; q0 < T; q0 += kQueryTile) {
-          const int q1 = std::min(T, q0 + kQueryTile);
-          for (int k0 = 0; k0 < q1; k0 += kKeyTile) {
-            const int k1 = std::min(q1, k0 + kKeyTile);
-            for (int i = std::max(q0, k0); i < q1; i++) {
-              const float* qi = base + i * row_stride;
-              const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
-              float* dqi = dbase + i * row_stride;
-              const int jend = std::min(k1, i + 1);
-              for (int j = k0; j < jend; j++) {
-                const float* kj = base + j * row_stride + C;
-                const float p = std::exp(scale * dot(qi, kj, HS) - lse_bh[i]);
-                const float dp = dot(doi, kj + C, HS);
-                const float ds = p * (dp - D[i]) * scale;
-                float* dkj = dbase + j * row_stride + C;
-                axpy(dkj + C, p, doi, HS);  // dV_j
-                axpy(dqi, ds, kj, HS);
-                axpy(dkj, ds, qi, HS);
-              }
-            }
-          }
+        for (int q0 = 0; q0 < T; q0 += kQueryBlock) {
+          const int rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
+          const float* Q = base + static_cast<long>(q0) * ld;
+          const float* dOb = dO + static_cast<long>(q0) * C;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, Q, ld, K, ld, 0.0f, S, keys);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, dOb, C, V, ld, 0.0f, dP, keys);
+          for (int i = 0; i < rows; i++)
+            softmax_backward_row(S + static_cast<long>(i) * keys, dP + static_cast<long>(i) * keys, q0 + i + 1, keys,
+                                 scale, lse_bh[q0 + i], D[q0 + i]);
+          // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, dP, keys, K, ld, 0.0f,
+                      dbase + static_cast<long>(q0) * ld, ld);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, dP, keys, Q, ld, 1.0f, dK, ld);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, S, keys, dOb, C, 1.0f, dV, ld);
         }
       }
   }

@@ -18,7 +18,10 @@ namespace anvil::cpu {
 // x = n·ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n placed in the exponent.
 #pragma omp declare simd notinbranch
 inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  // Two selects whose comparisons always run: a nested one would evaluate its inner comparison
+  // conditionally, which GCC (trapping math) will not turn into vector code.
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
   const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;  // ln2 split in two for exactness
   float p = 1.0f / 720.0f;

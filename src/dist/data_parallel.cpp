@@ -303,9 +303,9 @@ void DataParallel::convert_owned_grads() {
   for (size_t k = 0; k < tensors_.size(); k++) {
     const ParamTensor& t = tensors_[k];
     const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
-    if (a < b) fixed_point_to_float(grads + (a - lo_), fixed + (a - lo_), b - a, scale_[k]);
-    // An empty range sums to zero.
-    fixed_point_sum_squares(fixed + (a < b ? a - lo_ : 0), a < b ? b - a : 0, owned_squares_.data() + k);
+    // An empty range converts nothing and sums to zero.
+    const size_t at = a < b ? a - lo_ : 0, count = a < b ? b - a : 0;
+    fixed_point_to_float(grads + at, fixed + at, count, scale_[k], owned_squares_.data() + k);
   }
   op_copy_to_host(host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
 }

@@ -136,11 +136,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
                                  float* max_abs) {
   ANVIL_DISPATCH(fixed_point_accumulate_rows, acc, x, rows, n_rows, row_len, s, max_abs);
 }
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
-  ANVIL_DISPATCH(fixed_point_to_float, out, acc, n, s);
-}
-void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
-  ANVIL_DISPATCH(fixed_point_sum_squares, acc, n, sum);
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
+  ANVIL_DISPATCH(fixed_point_to_float, out, acc, n, s, squares);
 }
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
   ANVIL_DISPATCH(fixed_point_add_arrays, acc, x, n);

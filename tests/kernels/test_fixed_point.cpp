@@ -76,7 +76,8 @@ TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
       for (size_t i = 0; i < n; i++) total[i] += part[i];
     }
     std::vector<float> out(n);
-    fixed_point_to_float(out.data(), total.data(), n, s);
+    unsigned __int128 squares = 0;
+    fixed_point_to_float(out.data(), total.data(), n, s, &squares);
     return out;
   };
   const std::vector<float> a = sum({{0, 1, 2, 3, 4, 5, 6, 7}});
@@ -98,9 +99,10 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   float m = 0.0f;
   fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
   unsigned __int128 whole = 0, head = 0, tail = 0;
-  fixed_point_sum_squares(acc.data(), acc.size(), &whole);
-  fixed_point_sum_squares(acc.data(), 1234, &head);
-  fixed_point_sum_squares(acc.data() + 1234, acc.size() - 1234, &tail);
+  std::vector<float> out(acc.size());
+  fixed_point_to_float(out.data(), acc.data(), acc.size(), s, &whole);
+  fixed_point_to_float(out.data(), acc.data(), 1234, s, &head);
+  fixed_point_to_float(out.data() + 1234, acc.data() + 1234, acc.size() - 1234, s, &tail);
   EXPECT_TRUE(whole == head + tail);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
@@ -109,7 +111,7 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
 // The fast kernels against the reference: every integer, maximum and float bit for bit, the
 // embedding-rows form and a NaN included.
 TEST(FixedPoint, CpuKernelsMatchTheReference) {
-  const size_t rows = 50, row_len = 37, n = rows * row_len;
+  const size_t rows = 1800, row_len = 37, n = rows * row_len;  // 2n elements: the threaded conversion
   const std::vector<float> x0 = random_values(n, 4, 0.02f);
   const std::vector<int32_t> touched = {7, 0, 49, 12, 13};
   const int s = fixed_point_scale(0.02f, 16);
@@ -132,9 +134,8 @@ TEST(FixedPoint, CpuKernelsMatchTheReference) {
     std::vector<int64_t> twice = r.acc;
     fixed_point_add_arrays(twice.data(), r.acc.data(), n);
     r.acc.insert(r.acc.end(), twice.begin(), twice.end());
-    r.back.resize(n);
-    fixed_point_to_float(r.back.data(), r.acc.data(), n, s);
-    fixed_point_sum_squares(r.acc.data(), r.acc.size(), &r.squares);
+    r.back.resize(r.acc.size());
+    fixed_point_to_float(r.back.data(), r.acc.data(), r.acc.size(), s, &r.squares);
     std::vector<float> nan = {1.0f, std::nanf(""), -2.0f};
     std::vector<int64_t> nan_acc(3, 0);
     r.max_nan = 0.0f;

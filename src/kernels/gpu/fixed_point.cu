@@ -73,10 +73,6 @@ __global__ void accumulate_rows_kernel(int64_t* acc, float* x, const int32_t* ro
   block_max_into(m, max_abs);
 }
 
-__global__ void to_float_kernel(float* out, const int64_t* acc, size_t n, double inv) {
-  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
-}
 
 __device__ u128 block_sum(u128 v) {
   __shared__ u128 shared[kThreads];
@@ -89,11 +85,13 @@ __device__ u128 block_sum(u128 v) {
   return shared[0];
 }
 
-__global__ void squares_kernel(u128* partial, const int64_t* acc, size_t n) {
+// The conversion, and each block's part of the sum of squares (grid-stride over a fixed grid).
+__global__ void to_float_kernel(float* out, u128* partial, const int64_t* acc, size_t n, double inv) {
   u128 s = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int64_t v = acc[i];
+    out[i] = static_cast<float>(static_cast<double>(v) * inv);
     const unsigned long long a = v < 0 ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
     s += (static_cast<u128>(a) * a) >> kSquareShift;
   }
@@ -135,18 +133,12 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   }
 }
 
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
-  if (n == 0) return;
-  to_float_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(out, acc, n, ldexp(1.0, -s));
-  GPU_CHECK_LAUNCH();
-}
-
-void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
   const int blocks = static_cast<int>(std::min<size_t>(std::max<size_t>(blocks_for(n), 1), kMaxSquareBlocks));
   u128* partial = static_cast<u128*>(square_partials.get(blocks * sizeof(u128)));
-  squares_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(partial, acc, n);
+  to_float_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(out, partial, acc, n, ldexp(1.0, -s));
   GPU_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, gpu_stream()>>>(sum, partial, blocks);
+  sum_partials_kernel<<<1, kThreads, 0, gpu_stream()>>>(squares, partial, blocks);
   GPU_CHECK_LAUNCH();
 }
 

@@ -345,17 +345,14 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   }
 }
 
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s) {
-  for (size_t i = 0; i < n; i++) out[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -s));
-}
-
-void fixed_point_sum_squares(const int64_t* acc, size_t n, unsigned __int128* sum) {
+void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
   unsigned __int128 total = 0;
   for (size_t i = 0; i < n; i++) {
+    out[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -s));
     const unsigned __int128 a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
     total += (a * a) >> kSquareShift;
   }
-  *sum = total;
+  *squares = total;
 }
 
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {

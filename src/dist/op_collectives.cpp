@@ -19,7 +19,10 @@ GpuCollectivesChoice parse_gpu_collectives(const std::string& name) {
 
 OpCollectives::OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice) : comm_(comm) {
   if (kernel_impl() != KernelImpl::kGpu) return;  // kHost
-  const bool own_gpus = static_cast<size_t>(comm.local_size()) <= gpu_devices().size();
+  const size_t gpus = gpu_devices().size();
+  const bool own_gpus = static_cast<size_t>(comm.local_size()) <= gpus;
+  ANVIL_CHECK(choice != GpuCollectivesChoice::kNccl || own_gpus, "distributed.gpu_collectives: nccl needs a GPU per "
+              "rank, but {} ranks on this host share {} GPU(s); use host (or auto)", comm.local_size(), gpus);
   if (choice == GpuCollectivesChoice::kNccl ||
       (choice == GpuCollectivesChoice::kAuto && comm.size() > 1 && gpu_collectives_built() && own_gpus)) {
     path_ = Path::kGpuLibrary;

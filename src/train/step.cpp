@@ -7,8 +7,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "kernels/fixed_point.h"
 #include "kernels/crossentropy.h"
+#include "kernels/fixed_point.h"
 
 namespace anvil {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "kernels/impl.h"
 #include "kernels/fixed_point.h"
+#include "kernels/impl.h"
 
 namespace anvil {
 namespace {

@@ -311,6 +311,7 @@ void DataParallel::convert_owned_grads() {
 }
 
 double DataParallel::clip_and_norm(double max_norm) {
+  double norm = 0;
   if (opt_.deterministic) {
     // The per-tensor integer sums of squares add up exactly over ranks; only the final sum over
     // tensors is in floating point, in layout order, identically everywhere.
@@ -328,19 +329,19 @@ double DataParallel::clip_and_norm(double max_norm) {
     }
     double sq = 0;
     for (size_t k = 0; k < K; k++) sq += std::ldexp(static_cast<double>(squares[k]), kSquareShift - 2 * step_scale_[k]);
-    const double norm = std::sqrt(sq);
-    scale_values(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
-    return norm;
+    norm = std::sqrt(sq);
+  } else if (opt_.zero_stage == 0) {
+    norm = grad_norm(model_.grads(), n_);  // every rank holds it all: the same norm everywhere
+  } else {
+    norm = std::sqrt(sum_in_rank_order(comm_, sum_of_squares(owned_grads(), hi_ - lo_)));
   }
-  if (opt_.zero_stage == 0) return clip_grad_norm(model_.grads(), n_, max_norm);  // identical on every rank
-  const double sq = sum_in_rank_order(comm_, sum_of_squares(owned_grads(), hi_ - lo_));
-  const double norm = std::sqrt(sq);
-  scale_values(owned_grads(), hi_ - lo_, clip_coefficient(norm, max_norm));
+  clip_scale_ = clip_coefficient(norm, max_norm);
   return norm;
 }
 
 void DataParallel::optimizer_step(double lr) {
-  optimizer_.step(owned_params(), owned_grads(), lr);
+  optimizer_.step(owned_params(), owned_grads(), lr, clip_scale_);
+  clip_scale_ = 1.0f;
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
     // A unit at a time: what a host copy of GPU parameters needs is one unit's room.
     for (size_t u = 0; u < units_.size(); u++) collectives_.all_gather(model_.params() + units_[u].offset, unit_counts_[u]);

@@ -121,7 +121,9 @@ class DataParallel : public UnitAccess {
   // The same answer on every rank. A non-finite gradient without loss scaling is an error (the
   // run diverged).
   Backward finish_backward();
-  double clip_and_norm(double max_norm);  // the global gradient norm before clipping
+  // The global gradient norm before clipping; the clipping it calls for is applied by
+  // optimizer_step, as AdamW reads the gradient.
+  double clip_and_norm(double max_norm);
   void optimizer_step(double lr);
   // Before anything else talks on the communicator (evaluation, scalars): no job in flight.
   void quiesce() { thread_.wait_all(); }
@@ -195,6 +197,7 @@ class DataParallel : public UnitAccess {
   std::vector<unsigned __int128> squares_, all_squares_;
   std::vector<float> all_max_;
   double loss_scale_ = 1.0;
+  float clip_scale_ = 1.0f;  // from clip_and_norm, for the next optimizer_step
   int loss_scale_log2_ = 0;
   OpArray<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
   OpArray<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard

@@ -123,7 +123,6 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
   ANVIL_DISPATCH(adamw_update, p, g, m, v, n, s);
 }
 double sum_of_squares(const float* x, size_t n) { ANVIL_DISPATCH(sum_of_squares, x, n); }
-void scale_values(float* x, size_t n, float coef) { ANVIL_DISPATCH(scale_values, x, n, coef); }
 bool scale_values_check_finite(float* x, size_t n, float coef) {
   ANVIL_DISPATCH(scale_values_check_finite, x, n, coef);
 }

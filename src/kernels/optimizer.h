@@ -1,45 +1,42 @@
 // The element-wise work of the optimizer step: the AdamW update, the gradient's sum of squares
-// (for clipping by global norm) and scaling. Arrays are op memory (kernels/buffer.h).
+// (for clipping by global norm) and the loss scale's removal. Arrays are op memory (kernels/buffer.h).
 #pragma once
 #include <cstddef>
 
 namespace anvil {
 
-// One AdamW step for one tensor, as PyTorch computes it: p *= keep (decoupled weight decay);
-// m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²; p -= step_size · m / (√v / bc2_sqrt + eps).
+// One AdamW step for one tensor, as PyTorch computes it, on the clipped gradient
+// g = grad_scale · g_in: p *= keep (decoupled weight decay); m = β1·m + (1-β1)·g;
+// v = β2·v + (1-β2)·g²; p -= step_size · m / (√v / bc2_sqrt + eps).
 struct AdamWStep {
   float beta1, beta2, eps;
-  float step_size;  // lr / (1 - β1^t)
-  float bc2_sqrt;   // √(1 - β2^t)
-  float keep;       // 1 - decay rate, or 1 for tensors that do not decay
+  float step_size;   // lr / (1 - β1^t)
+  float bc2_sqrt;    // √(1 - β2^t)
+  float keep;        // 1 - decay rate, or 1 for tensors that do not decay
+  float grad_scale;  // the clipping coefficient (1: none), applied as the gradient is read
 };
-// p (n) =, m (n) =, v (n) = updated in place from g (n).
+// p (n) =, m (n) =, v (n) = updated in place from g (n), which is left as it was.
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s);
 
 // Σ x² over x (n), in double: fixed 64K-element chunks, each summed in double, added in chunk
 // order, so the value does not depend on the thread count.
 double sum_of_squares(const float* x, size_t n);
-// x (n) *= coef (nothing to do for 1).
-void scale_values(float* x, size_t n, float coef);
 // x (n) *= coef; returns whether every result is finite.
 bool scale_values_check_finite(float* x, size_t n, float coef);
 
 namespace ref {
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
-void scale_values(float*, size_t, float);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace ref
 namespace cpu {
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
-void scale_values(float*, size_t, float);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
-void scale_values(float*, size_t, float);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace gpu
 

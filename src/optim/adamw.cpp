@@ -22,7 +22,7 @@ AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout,
               "optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", cfg.name);
 }
 
-void AdamW::step(float* params, const float* grads, double lr) {
+void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
   t_++;
   const float beta1 = static_cast<float>(cfg_.beta1), beta2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
@@ -38,7 +38,7 @@ void AdamW::step(float* params, const float* grads, double lr) {
     const float keep = t.weight_decay ? static_cast<float>(1.0 - decay_rate) : 1.0f;
     const size_t at = a - lo_;
     adamw_update(params + at, grads + at, m_.data() + at, v_.data() + at, b - a,
-                 {beta1, beta2, eps, step_size, bc2_sqrt, keep});
+                 {beta1, beta2, eps, step_size, bc2_sqrt, keep, grad_scale});
   }
 }
 
@@ -46,10 +46,6 @@ float clip_coefficient(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
-double clip_grad_norm(float* grads, size_t n, double max_norm) {
-  const double norm = std::sqrt(sum_of_squares(grads, n));
-  scale_values(grads, n, clip_coefficient(norm, max_norm));
-  return norm;
-}
+double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
 
 }  // namespace anvil

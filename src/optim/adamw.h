@@ -15,9 +15,10 @@ class AdamW {
   // default). Its moments cover that range only.
   AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params);
   AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi);
-  // One update with this step's learning rate (the schedule already applied). params and grads
-  // point at element lo of their flat arrays (op memory).
-  void step(float* params, const float* grads, double lr);
+  // One update with this step's learning rate (the schedule already applied), on the gradient
+  // times grad_scale (the clipping coefficient; the gradient itself is not modified). params and
+  // grads point at element lo of their flat arrays (op memory).
+  void step(float* params, const float* grads, double lr, float grad_scale);
   int64_t steps_taken() const { return t_; }
   // The moments over [lo, hi), op memory.
   float* exp_avg() { return m_.data(); }
@@ -32,12 +33,12 @@ class AdamW {
   int64_t t_ = 0;
 };
 
-// Gradients are op memory. The L2 norm of the whole gradient (kernels/optimizer.h's
-// sum_of_squares: a fixed order whatever the thread count). When max_norm > 0 and the norm exceeds
-// it, scales grads by max_norm / (norm + 1e-6) as PyTorch's clip_grad_norm_ does. Returns the norm
-// before clipping.
-double clip_grad_norm(float* grads, size_t n, double max_norm);
-// The clip coefficient for a norm (1 when no clipping applies), for gradients sharded over ranks.
+// The L2 norm of a gradient in op memory (kernels/optimizer.h's sum_of_squares: a fixed order
+// whatever the thread count).
+double grad_norm(const float* grads, size_t n);
+// Clipping by global norm as PyTorch's clip_grad_norm_ does: when max_norm > 0 and the norm
+// exceeds it, the gradient is scaled by max_norm / (norm + 1e-6); 1 otherwise. AdamW::step
+// applies it as it reads the gradient.
 float clip_coefficient(double norm, double max_norm);
 
 }  // namespace anvil

@@ -18,6 +18,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/round.h"
 
@@ -163,6 +164,17 @@ TEST_F(GpuOps, ElementwiseMatchReference) {
     gpu::residual_backward(d_da.get(), d_db.get(), d_dout.get(), n);
     EXPECT_TRUE(all_close(d_da.host().data(), da.data(), n, kFp32Elementwise));
     EXPECT_TRUE(all_close(d_db.host().data(), db.data(), n, kFp32Elementwise));
+    // AdamW with clipping folded in; the gradient stays as it was.
+    auto p = randn(n, 6), m = randn(n, 7, 0.1f), v = randn(n, 8);
+    for (float& e : v) e = e * e;  // a second moment is not negative
+    Dev<float> d_p(p), d_m(m), d_v(v);
+    const AdamWStep step{0.9f, 0.95f, 1e-8f, 1e-3f, 0.3f, 0.999f, 0.25f};
+    ref::adamw_update(p.data(), dout.data(), m.data(), v.data(), n, step);
+    gpu::adamw_update(d_p.get(), d_dout.get(), d_m.get(), d_v.get(), n, step);
+    EXPECT_TRUE(all_close(d_p.host().data(), p.data(), n, kFp32Elementwise));
+    EXPECT_TRUE(all_close(d_m.host().data(), m.data(), n, kFp32Elementwise));
+    EXPECT_TRUE(all_close(d_v.host().data(), v.data(), n, kFp32Elementwise));
+    EXPECT_EQ(d_dout.host(), dout);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/optimizer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
@@ -42,8 +43,8 @@ TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {
   const std::vector<float> g = {0.1f, 0.2f, -0.3f, 0.05f, 0.4f, -0.1f};
   AdamW a(composer, two_tensors(), 6), b(torch, two_tensors(), 6);
   for (int step = 0; step < 3; step++) {
-    a.step(p1.data(), g.data(), 5e-3);
-    b.step(p2.data(), g.data(), 5e-3);
+    a.step(p1.data(), g.data(), 5e-3, 1.0f);
+    b.step(p2.data(), g.data(), 5e-3, 1.0f);
   }
   for (int i = 0; i < 6; i++) EXPECT_NEAR(p1[i], p2[i], 1e-7) << i;
   // Without decay on the bias tensor, both conventions move it identically to plain Adam.
@@ -56,18 +57,39 @@ TEST(AdamW, FirstStepMovesEachWeightByLr) {
   std::vector<float> p = {1, 1, 1, 1, 1, 1};
   const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
   AdamW opt(c, two_tensors(), 6);
-  opt.step(p.data(), g.data(), 1e-3);
+  opt.step(p.data(), g.data(), 1e-3, 1.0f);
   for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0f - 1e-3f * (g[i] > 0 ? 1 : -1), 1e-6) << i;
 }
 
 TEST(ClipGradNorm, ScalesOnlyAboveTheThreshold) {
-  std::vector<float> g = {3, 4};  // norm 5
-  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 10.0), 5.0);
-  EXPECT_EQ(g, (std::vector<float>{3, 4}));
-  EXPECT_DOUBLE_EQ(clip_grad_norm(g.data(), 2, 1.0), 5.0);
-  EXPECT_NEAR(std::hypot(g[0], g[1]), 1.0, 1e-6);
+  const std::vector<float> g = {3, 4};  // norm 5
+  EXPECT_DOUBLE_EQ(grad_norm(g.data(), 2), 5.0);
+  EXPECT_EQ(clip_coefficient(5.0, 10.0), 1.0f);
+  EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);  // 0: no clipping
+  EXPECT_NEAR(5.0 * clip_coefficient(5.0, 1.0), 1.0, 1e-6);
   std::vector<float> big(300000, 1e-3f);  // several chunks
-  EXPECT_NEAR(clip_grad_norm(big.data(), big.size(), 0.0), std::sqrt(300000.0) * 1e-3, 1e-6);
+  EXPECT_NEAR(grad_norm(big.data(), big.size()), std::sqrt(300000.0) * 1e-3, 1e-6);
+}
+
+// Clipping folded into the update is the update of the clipped gradient, bit for bit, and leaves
+// the gradient as it was; the fast kernel matches the reference bit for bit.
+TEST(AdamW, ClippingInsideTheUpdateIsClippingBefore) {
+  const std::vector<float> g0 = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
+  const float coef = clip_coefficient(7.0, 1.0);
+  std::vector<float> clipped = g0;
+  for (float& x : clipped) x *= coef;
+  const AdamWStep s{0.9f, 0.95f, 1e-8f, 1e-3f, 0.2f, 0.999f, coef}, plain{0.9f, 0.95f, 1e-8f, 1e-3f, 0.2f, 0.999f, 1.0f};
+  std::vector<float> p1(6, 1.0f), m1(6, 0.1f), v1(6, 0.01f), p2 = p1, m2 = m1, v2 = v1, p3 = p1, m3 = m1, v3 = v1;
+  std::vector<float> g = g0;
+  cpu::adamw_update(p1.data(), g.data(), m1.data(), v1.data(), 6, s);
+  cpu::adamw_update(p2.data(), clipped.data(), m2.data(), v2.data(), 6, plain);
+  ref::adamw_update(p3.data(), g.data(), m3.data(), v3.data(), 6, s);
+  EXPECT_EQ(g, g0);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  EXPECT_EQ(p1, p3);
+  EXPECT_EQ(v1, v3);
 }
 
 }  // namespace

@@ -9,9 +9,10 @@ namespace anvil::cpu {
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) {
+    const float gi = g[i] * s.grad_scale;
     p[i] *= s.keep;
-    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g[i];
-    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g[i] * g[i];
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
     p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
   }
 }
@@ -34,12 +35,6 @@ double sum_of_squares(const float* x, size_t n) {
   double sum = 0;
   for (long c = 0; c < chunks; c++) sum += partial[c];
   return sum;
-}
-
-void scale_values(float* x, size_t n, float coef) {
-  if (coef == 1.0f) return;
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; i++) x[i] *= coef;
 }
 
 bool scale_values_check_finite(float* x, size_t n, float coef) {

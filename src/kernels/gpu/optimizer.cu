@@ -17,7 +17,7 @@ constexpr size_t kChunk = size_t{1} << 16;
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamWStep s) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float gi = g[i];
+  const float gi = g[i] * s.grad_scale;
   const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
   const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
   m[i] = mi;
@@ -44,7 +44,7 @@ __global__ void scale_kernel(float* x, size_t n, float coef, int* bad) {
   if (i >= n) return;
   const float y = x[i] * coef;
   x[i] = y;
-  if (bad && !isfinite(y)) *bad = 1;  // every writer writes the same value: no race on the result
+  if (!isfinite(y)) *bad = 1;  // every writer writes the same value: no race on the result
 }
 
 int blocks_for(size_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
@@ -71,12 +71,6 @@ double sum_of_squares(const float* x, size_t n) {
   double sum = 0;
   for (double c : host) sum += c;
   return sum;
-}
-
-void scale_values(float* x, size_t n, float coef) {
-  if (n == 0 || coef == 1.0f) return;
-  scale_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(x, n, coef, nullptr);
-  GPU_CHECK_LAUNCH();
 }
 
 bool scale_values_check_finite(float* x, size_t n, float coef) {

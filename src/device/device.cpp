@@ -173,6 +173,13 @@ void gpu_wait_mark(GpuMark mark) {
   GPU_CHECK(gpuEventDestroy(e));  // released once the wait is done; the wait stays queued
 }
 
+std::string gpu_pci_bus_id() {
+  const DeviceState& s = selected();
+  char id[64] = {};
+  GPU_CHECK(gpuDeviceGetPCIBusId(id, sizeof id, s.index));
+  return id;
+}
+
 size_t gpu_free_bytes() {
   selected();
   size_t free_bytes = 0, total = 0;

@@ -25,6 +25,9 @@ std::string gpu_backend_description();
 std::vector<GpuInfo> gpu_devices();
 // The device this process uses from now on; an error naming what is missing when there is none.
 void gpu_select(int index);
+// The selected device's PCI address ("0000:19:00.0"): with the host name, which physical GPU a
+// process drives, whatever CUDA_VISIBLE_DEVICES numbering it sees.
+std::string gpu_pci_bus_id();
 // Free memory on the selected device now, as the driver reports it (what anvil's allocator caches
 // counts as used).
 size_t gpu_free_bytes();

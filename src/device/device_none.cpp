@@ -16,6 +16,7 @@ std::string gpu_backend_description() { return "none: built without a GPU backen
 std::vector<GpuInfo> gpu_devices() { return {}; }
 void gpu_select(int) { not_built(); }
 size_t gpu_free_bytes() { not_built(); }
+std::string gpu_pci_bus_id() { not_built(); }
 void* gpu_alloc(size_t) { not_built(); }
 void gpu_release(void*) { not_built(); }
 GpuAllocatorStats gpu_allocator_stats() { return {}; }

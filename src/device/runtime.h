@@ -41,6 +41,7 @@ using gpu_bf16 = hip_bfloat16;
 #define gpuEventCreateWithFlags hipEventCreateWithFlags
 #define gpuEventDisableTiming hipEventDisableTiming
 #define gpuStreamQuery hipStreamQuery
+#define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuErrorNotReady hipErrorNotReady
 #else
 #include <cuda_bf16.h>
@@ -80,6 +81,7 @@ using gpu_bf16 = __nv_bfloat16;
 #define gpuEventCreateWithFlags cudaEventCreateWithFlags
 #define gpuEventDisableTiming cudaEventDisableTiming
 #define gpuStreamQuery cudaStreamQuery
+#define gpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define gpuErrorNotReady cudaErrorNotReady
 #endif
 

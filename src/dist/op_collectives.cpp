@@ -1,6 +1,7 @@
 // Collectives on op memory; see op_collectives.h.
 #include "dist/op_collectives.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -17,12 +18,27 @@ GpuCollectivesChoice parse_gpu_collectives(const std::string& name) {
   ANVIL_FAIL("distributed.gpu_collectives '{}' is not valid: expected auto, nccl or host", name);
 }
 
+GpuSharing gpu_sharing(Communicator& comm) {
+  constexpr size_t kKey = 128;
+  std::vector<char> keys(kKey * static_cast<size_t>(comm.size()), 0);
+  const std::string mine = comm.host() + "/" + gpu_pci_bus_id();
+  std::copy_n(mine.begin(), std::min(mine.size(), kKey - 1), keys.begin() + kKey * comm.rank());
+  all_gather_blocks(comm, keys.data(), kKey);
+  std::vector<std::string> all;
+  for (int r = 0; r < comm.size(); r++) all.emplace_back(keys.data() + kKey * r);
+  GpuSharing out;
+  out.on_my_gpu = static_cast<int>(std::count(all.begin(), all.end(), all[comm.rank()]));
+  std::sort(all.begin(), all.end());
+  out.any = std::adjacent_find(all.begin(), all.end()) != all.end();
+  return out;
+}
+
 OpCollectives::OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice) : comm_(comm) {
   if (kernel_impl() != KernelImpl::kGpu) return;  // kHost
-  const size_t gpus = gpu_devices().size();
-  const bool own_gpus = static_cast<size_t>(comm.local_size()) <= gpus;
+  const bool own_gpus = !gpu_sharing(comm).any;
   ANVIL_CHECK(choice != GpuCollectivesChoice::kNccl || own_gpus, "distributed.gpu_collectives: nccl needs a GPU per "
-              "rank, but {} ranks on this host share {} GPU(s); use host (or auto)", comm.local_size(), gpus);
+              "rank, but ranks of this job share a GPU (rank {} drives {} on {}); use host (or auto)", comm.rank(),
+              gpu_pci_bus_id(), comm.host());
   if (choice == GpuCollectivesChoice::kNccl ||
       (choice == GpuCollectivesChoice::kAuto && comm.size() > 1 && gpu_collectives_built() && own_gpus)) {
     path_ = Path::kGpuLibrary;

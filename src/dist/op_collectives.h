@@ -17,10 +17,19 @@
 
 namespace anvil {
 
-// How GPU arrays travel: auto (NCCL/RCCL when the build has it and every rank of a host has a GPU
-// of its own, else host), nccl (NCCL/RCCL, even for one rank), host (copies through host memory).
+// How GPU arrays travel: auto (NCCL/RCCL when the build has it and no two ranks share a GPU, else
+// host), nccl (NCCL/RCCL, even for one rank), host (copies through host memory).
 enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
 GpuCollectivesChoice parse_gpu_collectives(const std::string& name);  // auto | nccl | host
+
+// Which ranks drive the same physical GPU, from every rank's host name and GPU PCI address
+// (device numbers alone mislead when a launcher gives each task its own CUDA_VISIBLE_DEVICES).
+// Collective; every rank has its GPU selected.
+struct GpuSharing {
+  int on_my_gpu = 1;  // ranks driving this rank's GPU, this one included
+  bool any = false;   // whether any two ranks of the job share a GPU
+};
+GpuSharing gpu_sharing(Communicator& comm);
 
 class OpCollectives {
  public:

@@ -16,6 +16,7 @@
 #include "dist/collectives.h"
 #include "dist/communicator.h"
 #include "dist/gpu_collectives.h"
+#include "dist/op_collectives.h"
 #include "kernels/attention.h"
 #include "kernels/buffer.h"
 #include "kernels/crossentropy.h"
@@ -193,10 +194,11 @@ int run_doctor() {
   if (rank0)
     std::printf("self-test, all-reduce over %d rank(s): %s\n", comm->size(), all_exact ? "exact" : "WRONG SUMS");
   ok = ok && all_exact;
-  // The same through NCCL/RCCL, where every rank of a host has a GPU of its own (NCCL refuses two
-  // ranks on one GPU).
-  const int gpu_ok = gpu_collectives_built() && !gpus.empty() && static_cast<size_t>(comm->local_size()) <= gpus.size();
-  if (sum_exact(*comm, gpu_ok) == W) {
+  // The same through NCCL/RCCL, where every rank has a GPU of its own (NCCL refuses two ranks on
+  // one GPU).
+  const bool all_have_gpus = sum_exact(*comm, gpu_collectives_built() && !gpus.empty()) == W;
+  const bool shared = all_have_gpus && gpu_sharing(*comm).any;
+  if (all_have_gpus && !shared) {
     all_exact = sum_exact(*comm, gpu_all_reduce_exact(*comm, mine, want) ? 0 : 1) == 0;
     if (rank0)
       std::printf("self-test, %s all-reduce over %d GPU(s): %s\n", gpu_collectives_description().c_str(),
@@ -206,6 +208,7 @@ int run_doctor() {
     std::printf("self-test, GPU all-reduce: skipped (%s)\n",
                 !gpu_collectives_built() ? "no NCCL/RCCL in this build"
                 : gpus.empty()           ? "no GPU"
+                : !all_have_gpus         ? "a rank without a GPU"
                                          : "ranks share a GPU");
   }
   if (rank0) std::printf("%s\n", ok ? "all self-tests passed" : "a self-test FAILED");

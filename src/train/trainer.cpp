@@ -14,9 +14,9 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
-#include "device/device.h"
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
+#include "dist/op_collectives.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "train/checkpoint.h"
@@ -196,13 +196,8 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   Gpt2 model(cfg.model, 1, T, storage);
   DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
   const MemoryReport mem = dp.memory();
-  // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's (the ranks of a
-  // host take the GPUs in turn).
-  int sharing = comm.local_size();
-  if (kernel_impl() == KernelImpl::kGpu) {
-    const int gpus = static_cast<int>(gpu_devices().size());
-    sharing = (comm.local_size() - 1 - comm.local_rank() % gpus) / gpus + 1;
-  }
+  // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
+  const int sharing = kernel_impl() == KernelImpl::kGpu ? gpu_sharing(comm).on_my_gpu : comm.local_size();
   const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, sharing);
   int microbatch = plan.microbatch;
   // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the

@@ -1,9 +1,8 @@
 // Fast CPU kernels for the memory-bound ops: rows split across OpenMP threads, inner loops left
 // for the compiler to vectorise. Every reduction keeps one fixed order, whatever the thread count.
-#include <omp.h>
-
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -126,42 +125,33 @@ inline Sigmoid2 sigmoid2(float u) {
   return Sigmoid2{positive ? big : small, positive ? small : big};
 }
 
-ANVIL_CPU_CLONES void gelu_forward_range(float* out, const float* inp, long lo, long hi) {
+ANVIL_CPU_CLONES void gelu_forward_range(float* out, const float* inp, size_t lo, size_t hi) {
 #pragma omp simd
-  for (long i = lo; i < hi; i++) {
+  for (size_t i = lo; i < hi; i++) {
     const float x = inp[i];
     out[i] = x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s;
   }
 }
 
 // d/dx [x·s(u)] = s + x·s'(u)·u', with s = sigmoid(2u): s'(u) = 2·s·(1 - s).
-ANVIL_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout, long lo, long hi) {
+ANVIL_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout, size_t lo,
+                                          size_t hi) {
 #pragma omp simd
-  for (long i = lo; i < hi; i++) {
+  for (size_t i = lo; i < hi; i++) {
     const float x = inp[i];
     const Sigmoid2 g = sigmoid2(kGeluScale * (x + 0.044715f * x * x * x));
     const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     dinp[i] = (g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i];
   }
 }
-
-// Element-wise work split into one contiguous range per thread.
-template <class F>
-void over_threads(long N, F range) {
-#pragma omp parallel
-  {
-    const long parts = omp_get_num_threads(), me = omp_get_thread_num();
-    range(N * me / parts, N * (me + 1) / parts);
-  }
-}
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, long N) {
-  over_threads(N, [&](long lo, long hi) { gelu_forward_range(out, inp, lo, hi); });
+  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_forward_range(out, inp, lo, hi); });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
-  over_threads(N, [&](long lo, long hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });
+  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });
 }
 
 void residual_forward(float* out, const float* a, const float* b, long N) {

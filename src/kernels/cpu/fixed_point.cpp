@@ -1,13 +1,12 @@
 // Fixed-point accumulation on the CPU: OpenMP over elements, SIMD within; see fixed_point.h.
 #include "kernels/fixed_point.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace anvil::cpu {
@@ -47,12 +46,11 @@ void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_
     m = accumulate_range(acc, x, n, scale);
   } else {
     // Each element is rounded on its own and the maximum is exact: the split cannot change a bit.
-#pragma omp parallel reduction(max : m)
-    {
-      const size_t parts = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
-      const size_t lo = n * me / parts, hi = n * (me + 1) / parts;
-      m = std::max(m, accumulate_range(acc + lo, x + lo, hi - lo, scale));
-    }
+    over_threads(n, [&](size_t lo, size_t hi) {
+      const float part = accumulate_range(acc + lo, x + lo, hi - lo, scale);
+#pragma omp critical
+      m = std::max(m, part);
+    });
   }
   *max_abs = std::max(*max_abs, m);
 }
@@ -87,13 +85,11 @@ void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsig
     return;
   }
   u128 total = 0;
-#pragma omp parallel
-  {
-    const size_t parts = static_cast<size_t>(omp_get_num_threads()), me = static_cast<size_t>(omp_get_thread_num());
-    const u128 part = range(n * me / parts, n * (me + 1) / parts);
+  over_threads(n, [&](size_t lo, size_t hi) {
+    const u128 part = range(lo, hi);
 #pragma omp critical
     total += part;  // integers: any order gives the same sum
-  }
+  });
   *squares = total;
 }
 

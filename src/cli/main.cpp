@@ -18,8 +18,10 @@
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/tools.h"
-#include "kernels/blas.h"
 #include "dist/bench_comm.h"
+#include "kernels/bench_gemm.h"
+#include "kernels/blas.h"
+#include "kernels/matmul.h"
 #include "train/bench.h"
 #include "train/checkpoint.h"
 #include "train/doctor.h"
@@ -43,6 +45,7 @@ commands:
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
   bench comm                           all-reduce bandwidth of anvil's algorithms and MPI's (under mpirun)
+  bench gemm                           anvil's CPU matrix products beside OpenBLAS's sgemm
   doctor                               this machine's CPU, GPUs and MPI, and self-tests of ops and all-reduce
 
 Run `anvil COMMAND --help` for a command's options.
@@ -138,10 +141,11 @@ options:
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
        anvil bench data LOCATION [options]
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
+       anvil bench gemm [--rounds N] [--seconds S]
 
 train: runs the config's training step on synthetic tokens (no dataset needed) and reports
-tokens/s, achieved GFLOP/s, the measured GEMM peak of what runs the matrix products (OpenBLAS
-sgemm on the CPU; with kernels=gpu, cuBLASLt in the precision's mode), MFU and peak memory
+tokens/s, achieved GFLOP/s, the measured GEMM peak (on the CPU the faster of OpenBLAS's sgemm
+and anvil's GEMM in the precision's mode; with kernels=gpu, cuBLASLt in that mode), MFU and peak memory
 (host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
@@ -163,6 +167,14 @@ recursive_doubling, rank_ordered) and with the MPI library's own MPI_Allreduce, 
 and prints the time, algbw and busbw (nccl-tests' definitions: algbw = bytes / time, busbw =
 algbw * 2(W-1)/W, time = the slowest rank's mean). Then, per size, the ratio of anvil's ring to
 MPI's busbw. Each row is also printed as JSON.
+
+gemm: times the CPU's matrix products of training (bench-16m's and GPT-2 124M's linear layers,
+their forward, input-gradient and weight-gradient products, and a 2048 square) with anvil's GEMM
+on all threads, in fp32 and in the bf16 mode of amp_bf16 (AVX512-BF16 where the CPU has it), and
+with OpenBLAS's sgemm, alternating, and prints GFLOP/s and the ratios to OpenBLAS. Each row is
+also printed as JSON.
+  --rounds N    alternating rounds; each side's best is kept (default 3)
+  --seconds S   time each product at least S seconds per round (default 0.3)
 )";
 
 struct Args {
@@ -407,15 +419,39 @@ int cmd_bench_comm(const std::vector<std::string>& rest) {
   return 0;
 }
 
+int cmd_bench_gemm(const std::vector<std::string>& rest) {
+  Args a = parse_args(rest, {"--rounds", "--seconds"}, {}, kBenchHelp);
+  if (!a.positional.empty()) usage_error("bench gemm takes no positional arguments", kBenchHelp);
+  const int rounds = number_flag(a, "--rounds", 3, kBenchHelp);
+  const double seconds = number_flag(a, "--seconds", 0.3, kBenchHelp);
+  if (rounds < 1 || !(seconds > 0)) usage_error("bench gemm needs --rounds >= 1 and --seconds > 0", kBenchHelp);
+  const std::vector<BenchGemmRow> rows = bench_gemm(rounds, seconds);
+  const CpuInfo& cpu = cpu_info();
+  std::printf("CPU matrix products, %d threads: %s beside %s\n", cpu.threads, matmul_backend_description().c_str(),
+              blas_description().c_str());
+  std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each\n", rounds, seconds);
+  std::printf("%-46s %6s %6s %6s  %8s %8s %8s  %6s %6s\n", "product", "M", "N", "K", "OpenBLAS", "anvil", "bf16",
+              "ratio", "bf16");
+  for (const BenchGemmRow& r : rows)
+    std::printf("%-46s %6d %6d %6d  %8.1f %8.1f %8.1f  %6.2f %6.2f\n", r.name.c_str(), r.M, r.N, r.K, r.openblas,
+                r.anvil_fp32, r.anvil_bf16, r.anvil_fp32 / r.openblas, r.anvil_bf16 / r.openblas);
+  for (const BenchGemmRow& r : rows)
+    std::printf("{\"product\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"openblas_gflops\": %.2f, "
+                "\"anvil_fp32_gflops\": %.2f, \"anvil_bf16_gflops\": %.2f}\n", r.name.c_str(), r.M, r.N, r.K,
+                r.openblas, r.anvil_fp32, r.anvil_bf16);
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
-  if (args.empty() || (args[0] != "train" && args[0] != "data" && args[0] != "comm")) {
+  if (args.empty() || (args[0] != "train" && args[0] != "data" && args[0] != "comm" && args[0] != "gemm")) {
     if (wants_help(args)) return std::fputs(kBenchHelp, stdout), 0;
-    usage_error("bench needs a subcommand: train, data or comm", kBenchHelp);
+    usage_error("bench needs a subcommand: train, data, comm or gemm", kBenchHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
   if (args[0] == "data") return cmd_bench_data(rest);
   if (args[0] == "comm") return cmd_bench_comm(rest);
+  if (args[0] == "gemm") return cmd_bench_gemm(rest);
   Args a = parse_args(rest, {"--steps", "--warmup"}, {"--profile"}, kBenchHelp);
   if (a.positional.empty()) usage_error("bench train needs a config file", kBenchHelp);
   const std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());

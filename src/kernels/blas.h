@@ -1,5 +1,5 @@
-// The BLAS underneath the CPU matmuls (OpenBLAS): choosing its AVX-512 kernels, describing it,
-// and measuring the machine's peak GEMM rate, the denominator of MFU on CPU.
+// OpenBLAS, the CPU's yardstick: its sgemm rate is one side of the machine's measured peak (the
+// MFU denominator, kernels/matmul.h) and the comparison of `anvil bench gemm`.
 #pragma once
 #include <string>
 
@@ -12,8 +12,8 @@ void blas_select_kernels(char** argv);
 
 std::string blas_description();  // e.g. "OpenBLAS 0.3.21 (SkylakeX kernels, 2 threads)"
 
-// Measured fp32 GEMM rate of this machine in GFLOP/s (large square sgemm, all threads),
-// cached after the first call.
-double measured_peak_gflops();
+// OpenBLAS's measured sgemm rate on this machine in GFLOP/s (2048³, all threads), cached after
+// the first call.
+double openblas_peak_gflops();
 
 }  // namespace anvil

@@ -2,7 +2,6 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"
-#include "kernels/blas.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
@@ -69,20 +68,22 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 void set_matmul_operand_dtype(ComputeDtype d) {
 #if defined(ANVIL_GPU)
-  if (g_impl == KernelImpl::kGpu) gpu::set_matmul_operand_dtype(d);
+  if (g_impl == KernelImpl::kGpu) return gpu::set_matmul_operand_dtype(d);
 #endif
+  cpu::set_matmul_operand_dtype(d);
 }
+bool matmul_rows_independent() { return g_impl != KernelImpl::kGpu; }
 double matmul_peak_gflops() {
 #if defined(ANVIL_GPU)
   if (g_impl == KernelImpl::kGpu) return gpu::matmul_peak_gflops();
 #endif
-  return measured_peak_gflops();
+  return cpu::matmul_peak_gflops();
 }
 std::string matmul_backend_description() {
 #if defined(ANVIL_GPU)
   if (g_impl == KernelImpl::kGpu) return gpu::matmul_backend_description();
 #endif
-  return blas_description();
+  return cpu::matmul_backend_description();
 }
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {

@@ -14,17 +14,23 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
 
+// Whether each output row's bits depend on that row's input alone, not on how many rows share
+// the call: true of the CPU's GEMM (kernels/cpu/gemm.h), which lets the model run a whole
+// microbatch in one product; GPU BLAS libraries choose algorithms by shape, so there it goes a
+// sequence at a time.
+bool matmul_rows_independent();
+
 // A promise that every operand of the matmuls that follow is a value of dtype d (amp rounds
-// them so). GPU GEMMs then multiply in that dtype's tensor-core mode, which is exact for such
-// operands and accumulates in fp32; the CPU's are unaffected.
+// them so). GPU GEMMs then multiply in that dtype's tensor-core mode, the CPU's bf16 products
+// in bf16 pairs (AVX512-BF16 where the CPU has it, kernels/cpu/gemm.h); both accumulate in fp32.
 void set_matmul_operand_dtype(ComputeDtype d);
 
 // The measured rate of large matrix products in the mode set above, in GFLOP/s (the MFU
-// denominator), cached per mode: OpenBLAS sgemm on all threads on the CPU (kernels/blas.h),
-// cuBLASLt / hipBLASLt on the GPU.
+// denominator), cached per mode: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h) and
+// anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.
 double matmul_peak_gflops();
-// What runs the matrix products: "OpenBLAS 0.3.21 (SkylakeX kernels, 2 threads)" or the GPU's
-// BLAS, device and runtime.
+// What runs the matrix products: "anvil GEMM (avx2 kernels, 2 threads)" or the GPU's BLAS,
+// device and runtime.
 std::string matmul_backend_description();
 
 namespace ref {
@@ -32,6 +38,9 @@ void matmul_forward(float*, const float*, const float*, const float*, int, int, 
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
 }  // namespace ref
 namespace cpu {
+void set_matmul_operand_dtype(ComputeDtype);
+double matmul_peak_gflops();
+std::string matmul_backend_description();
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
 }  // namespace cpu

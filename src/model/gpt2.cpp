@@ -267,9 +267,12 @@ const float* Gpt2::compute_params(int unit, const float* p) {
 void Gpt2::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 namespace {
-// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias, one sequence per call (see UnitAccess).
-void matmul_forward_per_sequence(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
-                                 int C, int OC) {
+// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
+// bits do not depend on the rows beside it, else one sequence per call, so that a sequence's
+// result never depends on the microbatch it came in (see UnitAccess).
+void matmul_forward_sequences(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
+                              int C, int OC) {
+  if (matmul_rows_independent()) return matmul_forward(out, inp, weight, bias, B * T, C, OC);
   const size_t rows = static_cast<size_t>(T);
   for (int b = 0; b < B; b++) matmul_forward(out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
 }
@@ -314,20 +317,20 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   const long NC = static_cast<long>(N) * C;
   layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype_);
-  matmul_forward_per_sequence(x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+  matmul_forward_sequences(x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
   round_to_dtype(x.qkv, 3 * NC, dtype_);
   attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
   round_to_dtype(x.atty, NC, dtype_);
-  matmul_forward_per_sequence(scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  matmul_forward_sequences(scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(x.residual2, residual, scratch, NC);
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(x.ln2, NC, dtype_);
-  matmul_forward_per_sequence(x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
+  matmul_forward_sequences(x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
   round_to_dtype(x.fch, 4 * NC, dtype_);
   gelu_forward(x.fch_gelu, x.fch, 4 * NC);
   round_to_dtype(x.fch_gelu, 4 * NC, dtype_);
-  matmul_forward_per_sequence(scratch, x.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  matmul_forward_sequences(scratch, x.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(residual3, x.residual2, scratch, NC);
 }

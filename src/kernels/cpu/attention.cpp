@@ -1,11 +1,10 @@
-// Causal attention in query blocks, each a few single-threaded sgemms (OpenBLAS runs serially
-// inside an OpenMP region): for 64 queries, their scores against every key up to the block's last
+// Causal attention in query blocks, each a few single-threaded products (kernels/cpu/gemm.h):
+// for 64 queries, their scores against every key up to the block's last
 // position (64 × keys, in L2), the masked softmax in place, then the output as probabilities ×
 // values. The T×T matrix is never formed. Backward rebuilds each block's probabilities from the
 // saved log-sum-exp. Forward work is split by (sequence, head, query block) and backward by
 // (sequence, head), so every gradient row has one owner and every sum runs in a fixed order,
 // whatever the thread count.
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace anvil::cpu {
@@ -89,12 +89,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
           const float* base = qkv + static_cast<long>(b) * T * ld + h * HS;
           const float *Q = base + static_cast<long>(q0) * ld, *K = base + C, *V = base + 2 * C;
           // S (rows × keys) = Q Kᵀ
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, Q, ld, K, ld, 0.0f, S, keys);
+          gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
           float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
           for (int i = 0; i < rows; i++) lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale);
           // out rows (rows × HS) = P V
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, S, keys, V, ld, 0.0f,
-                      out + (static_cast<long>(b) * T + q0) * C + h * HS, C);
+          gemm(GemmPrecision::fp32, rows, HS, keys, {S, keys, 1}, {V, ld, 1},
+               out + (static_cast<long>(b) * T + q0) * C + h * HS, C, false);
         }
   }
 }
@@ -131,16 +131,16 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const int rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
           const float* Q = base + static_cast<long>(q0) * ld;
           const float* dOb = dO + static_cast<long>(q0) * C;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, Q, ld, K, ld, 0.0f, S, keys);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, HS, 1.0f, dOb, C, V, ld, 0.0f, dP, keys);
+          gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
+          gemm(GemmPrecision::fp32, rows, keys, HS, {dOb, C, 1}, {V, 1, ld}, dP, keys, false);
           for (int i = 0; i < rows; i++)
             softmax_backward_row(S + static_cast<long>(i) * keys, dP + static_cast<long>(i) * keys, q0 + i + 1, keys,
                                  scale, lse_bh[q0 + i], D[q0 + i]);
           // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HS, keys, 1.0f, dP, keys, K, ld, 0.0f,
-                      dbase + static_cast<long>(q0) * ld, ld);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, dP, keys, Q, ld, 1.0f, dK, ld);
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, HS, rows, 1.0f, S, keys, dOb, C, 1.0f, dV, ld);
+          gemm(GemmPrecision::fp32, rows, HS, keys, {dP, keys, 1}, {K, ld, 1}, dbase + static_cast<long>(q0) * ld, ld,
+               false);
+          gemm(GemmPrecision::fp32, keys, HS, rows, {dP, 1, keys}, {Q, ld, 1}, dK, ld, true);
+          gemm(GemmPrecision::fp32, keys, HS, rows, {S, 1, keys}, {dOb, C, 1}, dV, ld, true);
         }
       }
   }

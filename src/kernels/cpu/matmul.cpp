@@ -1,5 +1,6 @@
-// Matmuls through OpenBLAS's sgemm in fixed blocks; the bias gradient is a column sum over row
-// blocks owned by threads so its order is fixed. Results do not depend on the thread count.
+// Matmuls on anvil's GEMM (gemm.h), which gives the same bits for any blocking, thread count or
+// instruction set; the bias gradient is a column sum over row blocks owned by threads so its
+// order is fixed. OpenBLAS stays as the yardstick for the machine's peak (blas.h).
 #include <cblas.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/blas.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/matmul.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -32,85 +34,78 @@ std::string blas_description() {
                      openblas_get_num_threads());
 }
 
-double measured_peak_gflops() {
-  // The best of repeated 2048³ sgemms over at least a second: shorter windows on a shared
-  // machine catch a slow moment and inflate MFU.
+namespace {
+// The best rate of repeated 2048³ products over at least a second: shorter windows on a shared
+// machine catch a slow moment and inflate MFU.
+template <class Product>
+double best_rate_gflops(const Product& product) {
+  const int n = 2048;
+  product(n);  // warm up threads and caches
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 3 || spent < 1.0; rep++) {
+    auto t0 = std::chrono::steady_clock::now();
+    product(n);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += s;
+    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
+  }
+  return best;
+}
+}  // namespace
+
+double openblas_peak_gflops() {
   static const double peak = [] {
-    const int n = 2048;
-    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
-    auto run = [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                  0.0f, c.data(), n);
-    };
-    run();  // warm up threads and caches
-    double best = 0, spent = 0;
-    for (int rep = 0; rep < 3 || spent < 1.0; rep++) {
-      auto t0 = std::chrono::steady_clock::now();
-      run();
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      spent += s;
-      best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
-    }
-    return best;
+    std::vector<float> a(2048 * 2048, 0.5f), b(a), c(a.size());
+    return best_rate_gflops([&](int n) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
+                  n);
+    });
   }();
   return peak;
 }
 
 namespace cpu {
+namespace {
+GemmPrecision g_precision = GemmPrecision::fp32;
+}
 
-// OpenBLAS rounds an element differently depending on how its threads split the matrix (an
-// element at the edge of a thread's tile goes through an edge kernel), so the thread count would
-// change results. Instead the output is cut into a fixed grid of blocks, each a single-threaded
-// sgemm (OpenBLAS runs serially inside an OpenMP region), shared out over OpenMP threads: every
-// element is computed by the same call whatever the thread count. Blocks are kBlock × kBlock;
-// when that gives fewer than kMinBlocks, the rows are cut finer (down to kMinBandRows), so that a
-// narrow product (d_model columns, or the LM head's input gradient) still keeps every core
-// busy. The grid is a function of the shape alone.
-constexpr int kBlock = 256, kMinBlocks = 4, kMinBandRows = 64;
+void set_matmul_operand_dtype(ComputeDtype d) {
+  g_precision = d == ComputeDtype::kBf16 ? GemmPrecision::bf16 : GemmPrecision::fp32;
+}
 
-// Calls block(r0, rows, c0, cols) for each block of a rows × cols output, in parallel.
-template <typename Block>
-void for_each_block(int rows, int cols, const Block& block) {
-  const int col_blocks = (cols + kBlock - 1) / kBlock;
-  const int wanted_row_blocks = (kMinBlocks + col_blocks - 1) / col_blocks;
-  int band = kBlock;
-  if ((rows + band - 1) / band < wanted_row_blocks)
-    band = std::max(kMinBandRows, (rows + wanted_row_blocks - 1) / wanted_row_blocks);
-  const int row_blocks = (rows + band - 1) / band;
-#pragma omp parallel for schedule(dynamic)
-  for (int t = 0; t < row_blocks * col_blocks; t++) {
-    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * kBlock;
-    block(r0, std::min(band, rows - r0), c0, std::min(kBlock, cols - c0));
+double matmul_peak_gflops() {
+  // The faster of OpenBLAS's sgemm and anvil's own product in the current mode, so that MFU is
+  // never measured against a slow denominator (amp_bf16's peak is VDPBF16PS's where the CPU has it).
+  static double peak[2] = {0, 0};
+  double& p = peak[static_cast<int>(g_precision)];
+  if (p == 0) {
+    std::vector<float> a(2048 * 2048, 0.5f), b(a), c(a.size());
+    p = std::max(openblas_peak_gflops(),
+                 best_rate_gflops([&](int n) { matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n); }));
   }
+  return p;
+}
+
+std::string matmul_backend_description() {
+  return fmt::format("anvil GEMM ({} kernels, {} threads)", gemm_isa_name(gemm_best_isa()), cpu_info().threads);
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-  float beta = 0.0f;
   if (bias) {
-    // Start from the bias and let sgemm accumulate onto it: one pass over out instead of two.
+    // Each output's chain starts from its bias: one pass over out instead of two.
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
-    beta = 1.0f;
   }
-  for_each_block(N, OC, [&](int n0, int nb, int o0, int ob) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, ob, C, 1.0f, inp + static_cast<long>(n0) * C, C,
-                weight + static_cast<long>(o0) * C, C, beta, out + static_cast<long>(n0) * OC + o0, OC);
-  });
+  parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
   if (dinp) {
-    for_each_block(N, C, [&](int n0, int nb, int c0, int cb) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, cb, OC, 1.0f, dout + static_cast<long>(n0) * OC,
-                  OC, weight + c0, C, 0.0f, dinp + static_cast<long>(n0) * C + c0, C);
-    });
+    parallel_gemm(g_precision, N, C, OC, {dout, OC, 1}, {weight, C, 1}, dinp, C, false);
   }
-  for_each_block(OC, C, [&](int o0, int ob, int c0, int cb) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ob, cb, N, 1.0f, dout + o0, OC, inp + c0, C, 1.0f,
-                dweight + static_cast<long>(o0) * C + c0, C);
-  });
+  parallel_gemm(g_precision, OC, C, N, {dout, 1, OC}, {inp, C, 1}, dweight, C, true);
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;

@@ -1,0 +1,104 @@
+// The shapes are products of one sequence (or of one microbatch, where training runs the whole
+// microbatch in one product) of bench-16m and of GPT-2 124M at sequence 64, and a large square.
+#include "kernels/bench_gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "kernels/cpu/gemm.h"
+
+namespace anvil {
+namespace {
+
+// The three products of a linear layer with input inp (rows × in) and weight W (out × in).
+enum class Product { kForward, kInputGrad, kWeightGrad };
+
+struct Shape {
+  const char* name;
+  Product product;
+  int rows, in, out;
+};
+
+template <class Run>
+double best_gflops(double flops, double min_seconds, const Run& run) {
+  run();  // warm up
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 2 || spent < min_seconds; rep++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += s;
+    best = std::max(best, flops / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
+  const Shape shapes[] = {
+      {"bench-16m LM head, forward", Product::kForward, 256, 256, 50257},
+      {"bench-16m LM head, input gradient", Product::kInputGrad, 256, 256, 50257},
+      {"bench-16m LM head, weight gradient", Product::kWeightGrad, 256, 256, 50257},
+      {"bench-16m MLP up, forward (microbatch)", Product::kForward, 2048, 256, 1024},
+      {"bench-16m MLP down, input gradient", Product::kInputGrad, 256, 1024, 256},
+      {"GPT-2 124M qkv, forward (microbatch)", Product::kForward, 256, 768, 2304},
+      {"GPT-2 124M MLP up, weight gradient", Product::kWeightGrad, 64, 768, 3072},
+      {"GPT-2 124M LM head, forward", Product::kForward, 64, 768, 50257},
+      {"square 2048", Product::kForward, 2048, 2048, 2048},
+  };
+  std::vector<BenchGemmRow> rows;
+  for (const Shape& s : shapes) {
+    const int R = s.rows, I = s.in, O = s.out;
+    std::vector<float> inp(static_cast<size_t>(R) * I), w(static_cast<size_t>(O) * I), dout(static_cast<size_t>(R) * O);
+    for (size_t i = 0; i < inp.size(); i++) inp[i] = static_cast<float>(i % 97) * 0.01f;
+    for (size_t i = 0; i < w.size(); i++) w[i] = static_cast<float>(i % 89) * 0.01f;
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = static_cast<float>(i % 83) * 0.01f;
+    std::vector<float> out(std::max(inp.size(), std::max(w.size(), dout.size())));
+    BenchGemmRow row;
+    row.name = s.name;
+    // M × N × K (output rows and columns, summed dimension), anvil's operands and OpenBLAS's call.
+    cpu::GemmOperand a{}, b{};
+    bool accumulate = false;
+    CBLAS_TRANSPOSE ta = CblasNoTrans, tb = CblasNoTrans;
+    const float *pa = nullptr, *pb = nullptr;
+    int lda = 0, ldb = 0;
+    switch (s.product) {
+      case Product::kForward:
+        row.M = R, row.N = O, row.K = I;
+        a = {inp.data(), I, 1}, b = {w.data(), 1, I};
+        pa = inp.data(), lda = I, pb = w.data(), ldb = I, tb = CblasTrans;
+        break;
+      case Product::kInputGrad:
+        row.M = R, row.N = I, row.K = O;
+        a = {dout.data(), O, 1}, b = {w.data(), I, 1};
+        pa = dout.data(), lda = O, pb = w.data(), ldb = I;
+        break;
+      case Product::kWeightGrad:
+        row.M = O, row.N = I, row.K = R;
+        a = {dout.data(), 1, O}, b = {inp.data(), I, 1};
+        pa = dout.data(), lda = O, ta = CblasTrans, pb = inp.data(), ldb = I;
+        accumulate = true;
+        break;
+    }
+    const double flops = 2.0 * row.M * row.N * row.K;
+    for (int round = 0; round < rounds; round++) {
+      row.openblas = std::max(row.openblas, best_gflops(flops, min_seconds, [&] {
+        cblas_sgemm(CblasRowMajor, ta, tb, row.M, row.N, row.K, 1.0f, pa, lda, pb, ldb, accumulate ? 1.0f : 0.0f,
+                    out.data(), row.N);
+      }));
+      row.anvil_fp32 = std::max(row.anvil_fp32, best_gflops(flops, min_seconds, [&] {
+        cpu::parallel_gemm(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
+      }));
+      row.anvil_bf16 = std::max(row.anvil_bf16, best_gflops(flops, min_seconds, [&] {
+        cpu::parallel_gemm(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
+      }));
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace anvil

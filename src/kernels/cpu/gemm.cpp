@@ -1,0 +1,143 @@
+// gemm(): chooses the instruction set's blocked implementation (gemm_blocked.h) and gives it
+// this thread's packing buffers.
+#include "kernels/cpu/gemm.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "core/cpu.h"
+#include "core/error.h"
+
+namespace anvil::cpu {
+namespace {
+
+// This thread's packing buffers, allocated on its first product and reused after.
+struct PackBuffers {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> a{std::aligned_alloc(64, sizeof(float) * kGemmMc * kGemmKc)};
+  std::unique_ptr<void, Free> b{std::aligned_alloc(64, sizeof(float) * kGemmNc * kGemmKc)};
+};
+PackBuffers& pack_buffers() {
+  thread_local PackBuffers buffers;
+  ANVIL_CHECK(buffers.a && buffers.b, "out of memory for the GEMM packing buffers");
+  return buffers;
+}
+
+const GemmKernels& kernels_for(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::avx512bf16: return gemm_kernels_avx512bf16();
+    case GemmIsa::avx512: return gemm_kernels_avx512();
+    case GemmIsa::avx2: return gemm_kernels_avx2();
+    case GemmIsa::portable: break;
+  }
+  return gemm_kernels_portable();
+}
+
+// bf16 products run with subnormals flushed to zero on input and output (the x86 FTZ and DAZ
+// bits), which is what VDPBF16PS does whatever the control register says; restored on exit.
+class FlushSubnormals {
+ public:
+  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushSubnormals() { _mm_setcsr(saved_); }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  unsigned saved_;
+};
+
+// parallel_gemm: every element has the same bits however the output is cut, so the grid is
+// chosen for speed alone: each block is one single-threaded gemm() call, handed out
+// over OpenMP threads. A call packs its A rows and B columns once for the whole block, so large
+// blocks pack less; but threads take blocks dynamically, and the last block finishing alone is
+// what large blocks cost. Sides start at kMaxSide at most; then the longer side is halved (which
+// adds the least packing) until there are four blocks per thread, stopping at kMinSide.
+constexpr int kMaxSide = 512, kMinSide = 64;
+
+// Calls block(r0, rows, c0, cols) for each block of a rows × cols output, in parallel.
+template <typename Block>
+void for_each_block(int rows, int cols, const Block& block) {
+  const int wanted = 4 * std::max(1, omp_get_max_threads());
+  int band = std::min(rows, kMaxSide), width = std::min(cols, kMaxSide);
+  auto count = [&] { return ((rows + band - 1) / band) * ((cols + width - 1) / width); };
+  while (count() < wanted && (band > kMinSide || width > kMinSide)) {
+    if (band >= width && band > kMinSide)
+      band = std::max(kMinSide, (band + 1) / 2);
+    else
+      width = std::max(kMinSide, (width + 1) / 2);
+  }
+  const int col_blocks = (cols + width - 1) / width, row_blocks = (rows + band - 1) / band;
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < row_blocks * col_blocks; t++) {
+    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * width;
+    block(r0, std::min(band, rows - r0), c0, std::min(width, cols - c0));
+  }
+}
+
+}  // namespace
+
+bool gemm_isa_supported(GemmIsa isa) {
+  const CpuInfo& cpu = cpu_info();
+  switch (isa) {
+    case GemmIsa::avx512bf16: return cpu.avx512 && cpu.avx512bf16 && cpu.fma;
+    case GemmIsa::avx512: return cpu.avx512 && cpu.fma;
+    case GemmIsa::avx2: return cpu.avx2 && cpu.fma;
+    case GemmIsa::portable: return true;
+  }
+  return false;
+}
+
+GemmIsa gemm_best_isa() {
+  static const GemmIsa best = [] {
+    for (GemmIsa isa : {GemmIsa::avx512bf16, GemmIsa::avx512, GemmIsa::avx2})
+      if (gemm_isa_supported(isa)) return isa;
+    return GemmIsa::portable;
+  }();
+  return best;
+}
+
+std::string gemm_isa_name(GemmIsa isa) {
+  switch (isa) {
+    case GemmIsa::avx512bf16: return "avx512_bf16";
+    case GemmIsa::avx512: return "avx512";
+    case GemmIsa::avx2: return "avx2";
+    case GemmIsa::portable: break;
+  }
+  return "portable";
+}
+
+void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+          bool accumulate, GemmIsa isa) {
+  ANVIL_CHECK(gemm_isa_supported(isa), "this CPU cannot run the {} GEMM kernels", gemm_isa_name(isa));
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int i = 0; i < M; i++) std::fill(c + i * ldc, c + i * ldc + N, 0.0f);
+    return;
+  }
+  PackBuffers& buffers = pack_buffers();
+  GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false, buffers.a.get(),
+                buffers.b.get()};
+  const GemmKernels& kernels = kernels_for(isa);
+  if (precision == GemmPrecision::fp32) return kernels.fp32(call);
+  const FlushSubnormals flush;
+  if (kernels.pairs) return kernels.pairs(call);
+  call.bf16_operands = true;
+  kernels.fp32(call);
+}
+
+void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+                   bool accumulate) {
+  for_each_block(M, N, [&](int i0, int rows, int j0, int cols) {
+    gemm(precision, rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride},
+         {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate);
+  });
+}
+
+}  // namespace anvil::cpu

@@ -1,0 +1,249 @@
+// The blocked GEMM as templates over a vector type, included by one source file per instruction
+// set (gemm_kernels_*.cpp), each compiled for its ISA, so that packing is vectorised for the
+// same ISA as the microkernel. Everything here has internal linkage, so that no instantiation
+// compiled for one ISA can stand in for another's.
+//
+// B is packed a KC × NC block at a time and A a MC × KC block at a time, into k-major panels of
+// MR rows (A) and NR columns (B); the microkernel computes an MR × NR tile of C from a pair of
+// panels. A k block after the first continues each element's chain from the partial sum stored
+// in C, so the blocking changes no bit (gemm.h).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/gemm.h"
+
+namespace anvil::cpu {
+namespace {
+
+// V provides W (floats per vector), Vec, zero(), load(const float*), store(float*, Vec), and
+// for fp32 bcast(float) and fma(a, b, c) = a·b + c rounded once; for bf16 words, Pairs,
+// PairScalar, load_pairs(const uint32_t*), bcast_pair(uint32_t) and dot_pair(a, b, acc), one
+// VDPBF16PS step.
+
+template <class V, int MR, int NV, class Step>
+inline void micro_tile(int steps, float* c, long ldc, int m, int n, bool load_c, const Step& step) {
+  constexpr int NR = NV * V::W;
+  typename V::Vec acc[MR][NV];
+  alignas(64) float edge[MR * NR];
+  const bool full = m == MR && n == NR;
+  float* cp = c;
+  long ld = ldc;
+  if (!full) {  // an edge tile works in a full-size copy: the same arithmetic, the valid part kept
+    cp = edge;
+    ld = NR;
+    std::memset(edge, 0, sizeof edge);
+    if (load_c)
+      for (int r = 0; r < m; r++) std::memcpy(edge + r * NR, c + r * ldc, sizeof(float) * n);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) acc[r][v] = load_c ? V::load(cp + r * ld + v * V::W) : V::zero();
+  for (int k = 0; k < steps; k++) step(k, acc);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) V::store(cp + r * ld + v * V::W, acc[r][v]);
+  if (!full)
+    for (int r = 0; r < m; r++) std::memcpy(c + r * ldc, edge + r * NR, sizeof(float) * n);
+}
+
+template <class V, int MR, int NV>
+void micro_fp32(int steps, const float* a, const float* b, float* c, long ldc, int m, int n, bool load_c) {
+  constexpr int NR = NV * V::W;
+  micro_tile<V, MR, NV>(steps, c, ldc, m, n, load_c, [&](int k, typename V::Vec(&acc)[MR][NV]) {
+    typename V::Vec bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) bv[v] = V::load(b + k * NR + v * V::W);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+      const typename V::Vec ar = V::bcast(a[k * MR + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[r][v] = V::fma(ar, bv[v], acc[r][v]);
+    }
+  });
+}
+
+template <class V, int MR, int NV>
+void micro_pairs(int steps, const uint32_t* a, const uint32_t* b, float* c, long ldc, int m, int n, bool load_c) {
+  constexpr int NR = NV * V::W;
+  micro_tile<V, MR, NV>(steps, c, ldc, m, n, load_c, [&](int p, typename V::Vec(&acc)[MR][NV]) {
+    typename V::Pairs bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) bv[v] = V::load_pairs(b + p * NR + v * V::W);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++) {
+      const typename V::PairScalar ar = V::bcast_pair(a[p * MR + r]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[r][v] = V::dot_pair(ar, bv[v], acc[r][v]);
+    }
+  });
+}
+
+// fp32 → bf16 bits, nearest even, as float_to_bf16 (core/dtype.h), with a subnormal result
+// flushed to a zero of its sign: VDPBF16PS reads subnormal inputs as zero.
+inline uint32_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;  // NaN stays a (quiet) NaN
+  uint32_t h = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  if ((h & 0x7F80u) == 0) h &= 0x8000u;
+  return h;
+}
+inline float bf16_value(float f) {
+  const uint32_t bits = bf16_bits(f) << 16;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Packs rows [i0, i0 + rows) × k [k0, k0 + kc) of an operand into panels of Width rows,
+// k-major, zero-padded: A as it is, B transposed (GemmCall::b is Bᵀ) with NR for the width.
+// Rows of k at or past K (bf16's odd tail) are zero. Either layout is read in address order.
+template <int Width>
+void pack_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, float* dst) {
+  const int valid_k = std::min(kc, K - k0);
+  const long panel = static_cast<long>(kc) * Width;
+  const int panels = (rows + Width - 1) / Width;
+  for (int p = 0; p < panels; p++) {
+    const int valid = std::min(Width, rows - p * Width);
+    float* out = dst + p * panel;
+    if (m.row_stride == 1) {  // each k is a contiguous run of the rows
+      for (int k = 0; k < valid_k; k++) {
+        const float* src = m.data + (k0 + k) * m.col_stride + i0 + p * Width;
+        if (valid == Width)
+          for (int r = 0; r < Width; r++) out[k * Width + r] = src[r];
+        else
+          for (int r = 0; r < Width; r++) out[k * Width + r] = r < valid ? src[r] : 0.0f;
+      }
+    } else {
+      // Rows along k (the usual case when k is the contiguous index): transposed through a
+      // small tile, 8 k at a time, so that loads run along rows and stores along the panel.
+      const float* src = m.data + (i0 + p * Width) * m.row_stride + k0 * m.col_stride;
+      const long rs = m.row_stride, cs = m.col_stride;
+      int k = 0;
+      if (valid == Width && cs == 1) {
+        for (; k + 8 <= valid_k; k += 8) {
+          float tile[8][Width];
+          for (int r = 0; r < Width; r++)
+            for (int j = 0; j < 8; j++) tile[j][r] = src[r * rs + k + j];
+          for (int j = 0; j < 8; j++)
+            for (int r = 0; r < Width; r++) out[(k + j) * Width + r] = tile[j][r];
+        }
+      }
+      for (; k < valid_k; k++)
+        for (int r = 0; r < Width; r++) out[k * Width + r] = r < valid ? src[r * rs + k * cs] : 0.0f;
+    }
+    std::fill(out + static_cast<long>(valid_k) * Width, out + panel, 0.0f);
+  }
+}
+
+// bf16 on CPUs without VDPBF16PS: packed fp32 panels (kc even) rounded to bf16 with the two
+// members of each pair of k swapped, so that the fp32 kernel's chain takes the odd k first,
+// exactly like the instruction (whose odd tail is the zero padding).
+inline void round_and_swap_pairs(float* panels, long values, int width) {
+  for (long i = 0; i < values; i += 2L * width)
+    for (int j = 0; j < width; j++) {
+      const float even = bf16_value(panels[i + j]), odd = bf16_value(panels[i + width + j]);
+      panels[i + j] = odd;
+      panels[i + width + j] = even;
+    }
+}
+
+// Packing for VDPBF16PS: pairs of k in one 32-bit word, the even k low; k = K pads with zero.
+inline void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, int width, uint32_t* dst) {
+  const int pairs = (kc + 1) / 2;
+  for (int p = 0; p < rows; p += width, dst += static_cast<long>(pairs) * width) {
+    const int valid = std::min(width, rows - p);
+    for (int r = 0; r < width; r++) {
+      const float* row = m.data + (i0 + p + r) * m.row_stride;
+      for (int q = 0; q < pairs; q++) {
+        const int k = k0 + 2 * q;
+        uint32_t w = 0;
+        if (r < valid) {
+          w = bf16_bits(row[k * m.col_stride]);
+          if (k + 1 < K) w |= bf16_bits(row[(k + 1) * m.col_stride]) << 16;
+        }
+        dst[q * width + r] = w;
+      }
+    }
+  }
+}
+
+// The loops around a microkernel: pack_a / pack_b fill a block's panels, and k_per_step is how
+// many k one step of the kernel's chain consumes (bf16 words: 2).
+template <class Element, class Kernel, class PackA, class PackB>
+void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const Kernel& kernel, const PackA& pack_a,
+                 const PackB& pack_b) {
+  auto* abuf = static_cast<Element*>(g.a_buffer);
+  auto* bbuf = static_cast<Element*>(g.b_buffer);
+  for (int jc = 0; jc < g.N; jc += kGemmNc) {
+    const int nc = std::min(kGemmNc, g.N - jc);
+    for (int pc = 0; pc < K; pc += kGemmKc) {
+      const int kc = std::min(kGemmKc, K - pc);
+      const int steps = (kc + k_per_step - 1) / k_per_step;
+      pack_b(pc, kc, jc, nc, bbuf);
+      for (int ic = 0; ic < g.M; ic += kGemmMc) {
+        const int mc = std::min(kGemmMc, g.M - ic);
+        pack_a(ic, mc, pc, kc, abuf);
+        for (int q = 0; q < nc; q += NR) {
+          const Element* bp = bbuf + static_cast<long>(q / NR) * steps * NR;
+          for (int p = 0; p < mc; p += MR) {
+            const Element* ap = abuf + static_cast<long>(p / MR) * steps * MR;
+            // The next tile's C rows are fetched while this tile computes: C is usually cold
+            // (a fresh output, or the gradient a long product accumulates into).
+            if (p + MR < mc) {
+              const int next_rows = std::min(MR, mc - p - MR), cols = std::min(NR, nc - q);
+              const float* next = g.c + (ic + p + MR) * g.ldc + jc + q;
+              for (int r = 0; r < next_rows; r++)
+                for (int x = 0; x < cols; x += 16) __builtin_prefetch(next + r * g.ldc + x, 1);
+            }
+            kernel(steps, ap, bp, g.c + (ic + p) * g.ldc + jc + q, g.ldc, std::min(MR, mc - p), std::min(NR, nc - q),
+                   g.accumulate || pc > 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fp32 product, and bf16 through it (rounded operands in swapped pair order; an odd K gets
+// its zero pad as one more k, so every chain has VDPBF16PS's steps).
+template <class V, int MR, int NV>
+void blocked_fp32(const GemmCall& g) {
+  constexpr int NR = NV * V::W;
+  if (!g.bf16_operands) {
+    run_blocked<float>(
+        g, MR, NR, 1, g.K, micro_fp32<V, MR, NV>,
+        [&](int i0, int rows, int k0, int kc, float* dst) { pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },
+        [&](int k0, int kc, int j0, int cols, float* dst) { pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); });
+    return;
+  }
+  auto round_up = [](int n, int multiple) { return static_cast<long>((n + multiple - 1) / multiple) * multiple; };
+  run_blocked<float>(
+      g, MR, NR, 1, g.K + (g.K & 1), micro_fp32<V, MR, NV>,
+      [&](int i0, int rows, int k0, int kc, float* dst) {
+        pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst);
+        round_and_swap_pairs(dst, round_up(rows, MR) * kc, MR);
+      },
+      [&](int k0, int kc, int j0, int cols, float* dst) {
+        pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst);
+        round_and_swap_pairs(dst, round_up(cols, NR) * kc, NR);
+      });
+}
+
+// bf16 on VDPBF16PS.
+template <class V, int MR, int NV>
+void blocked_pairs(const GemmCall& g) {
+  constexpr int NR = NV * V::W;
+  run_blocked<uint32_t>(
+      g, MR, NR, 2, g.K, micro_pairs<V, MR, NV>,
+      [&](int i0, int rows, int k0, int kc, uint32_t* dst) { pack_pair_panels(g.a, g.K, i0, rows, k0, kc, MR, dst); },
+      [&](int k0, int kc, int j0, int cols, uint32_t* dst) {
+        pack_pair_panels(g.bt, g.K, j0, cols, k0, kc, NR, dst);
+      });
+}
+
+}  // namespace
+}  // namespace anvil::cpu

@@ -1,0 +1,115 @@
+// anvil's CPU GEMM: every element is one fused multiply-add chain in k order, so each
+// instruction set's kernels must give exactly the bits of a scalar std::fma loop, for any shape,
+// operand layout and blocking (kernels/cpu/gemm.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "compare.h"
+#include "core/dtype.h"
+#include "kernels/cpu/gemm.h"
+
+namespace anvil::cpu {
+namespace {
+
+std::vector<GemmIsa> supported_isas() {
+  std::vector<GemmIsa> isas;
+  for (GemmIsa isa : {GemmIsa::portable, GemmIsa::avx2, GemmIsa::avx512, GemmIsa::avx512bf16})
+    if (gemm_isa_supported(isa)) isas.push_back(isa);
+  return isas;
+}
+
+float flush(float f) {  // a subnormal to a zero of its sign, as VDPBF16PS does
+  return std::fabs(f) < 1.17549435e-38f ? std::copysign(0.0f, f) : f;
+}
+float bf16(float f) { return flush(bf16_to_float(float_to_bf16(f))); }
+
+// The specification of gemm.h, one element at a time.
+float reference_element(GemmPrecision precision, int i, int j, int K, const GemmOperand& a, const GemmOperand& b,
+                        float init) {
+  auto A = [&](int k) { return a.data[i * a.row_stride + k * a.col_stride]; };
+  auto B = [&](int k) { return b.data[k * b.row_stride + j * b.col_stride]; };
+  float c = init;
+  if (precision == GemmPrecision::fp32) {
+    for (int k = 0; k < K; k++) c = std::fma(A(k), B(k), c);
+    return c;
+  }
+  c = flush(c);
+  for (int k = 0; k < K; k += 2) {
+    if (k + 1 < K) c = flush(std::fma(bf16(A(k + 1)), bf16(B(k + 1)), c));
+    c = flush(std::fma(bf16(A(k)), bf16(B(k)), c));
+  }
+  return c;
+}
+
+struct Shape {
+  int M, N, K;
+};
+
+void check_against_reference(GemmPrecision precision) {
+  // Edge tiles in every direction, k blocks (256) split with an odd tail, and more columns than
+  // one packed B block (2048).
+  const Shape shapes[] = {{1, 1, 1}, {5, 7, 3}, {13, 37, 300}, {100, 70, 513}, {3, 2100, 20}, {97, 33, 256}};
+  int checked = 0;
+  for (const Shape& s : shapes)
+    for (bool a_rows : {true, false})
+      for (bool b_rows : {true, false})
+        for (bool accumulate : {false, true}) {
+          const std::vector<float> av = testing::randn(static_cast<size_t>(s.M) * s.K, 1);
+          const std::vector<float> bv = testing::randn(static_cast<size_t>(s.K) * s.N, 2);
+          const std::vector<float> init = testing::randn(static_cast<size_t>(s.M) * s.N, 3);
+          // A stored row-major (M×K) or column-major; likewise B (K×N).
+          const GemmOperand a = a_rows ? GemmOperand{av.data(), s.K, 1} : GemmOperand{av.data(), 1, s.M};
+          const GemmOperand b = b_rows ? GemmOperand{bv.data(), s.N, 1} : GemmOperand{bv.data(), 1, s.K};
+          std::vector<float> want(init.size());
+          for (int i = 0; i < s.M; i++)
+            for (int j = 0; j < s.N; j++)
+              want[i * s.N + j] = reference_element(precision, i, j, s.K, a, b, accumulate ? init[i * s.N + j] : 0.0f);
+          for (GemmIsa isa : supported_isas()) {
+            std::vector<float> c = init;
+            gemm(precision, s.M, s.N, s.K, a, b, c.data(), s.N, accumulate, isa);
+            ASSERT_EQ(0, std::memcmp(c.data(), want.data(), sizeof(float) * c.size()))
+                << gemm_isa_name(isa) << " M=" << s.M << " N=" << s.N << " K=" << s.K << " a_rows=" << a_rows
+                << " b_rows=" << b_rows << " accumulate=" << accumulate;
+            checked++;
+          }
+        }
+  std::string names;
+  for (GemmIsa isa : supported_isas()) names += " " + gemm_isa_name(isa);
+  std::printf("checked %d products on:%s\n", checked, names.c_str());
+}
+
+TEST(Gemm, Fp32IsTheFmaChainOnEveryInstructionSet) { check_against_reference(GemmPrecision::fp32); }
+
+TEST(Gemm, Bf16IsThePairedChainOnEveryInstructionSet) { check_against_reference(GemmPrecision::bf16); }
+
+// A sub-block of the output (another M, N, leading dimension) holds the same bits as the whole.
+TEST(Gemm, BlockOfTheOutputEqualsTheWhole) {
+  const int M = 70, N = 90, K = 130;
+  const std::vector<float> av = testing::randn(M * K, 4), bv = testing::randn(K * N, 5);
+  for (GemmPrecision precision : {GemmPrecision::fp32, GemmPrecision::bf16}) {
+    std::vector<float> whole(M * N), part(M * N, 0.0f);
+    gemm(precision, M, N, K, {av.data(), K, 1}, {bv.data(), N, 1}, whole.data(), N, false);
+    const int i0 = 13, j0 = 21;
+    gemm(precision, 40, 50, K, {av.data() + i0 * K, K, 1}, {bv.data() + j0, N, 1}, part.data() + i0 * N + j0, N,
+         false);
+    for (int i = i0; i < i0 + 40; i++)
+      for (int j = j0; j < j0 + 50; j++) ASSERT_EQ(part[i * N + j], whole[i * N + j]) << i << "," << j;
+  }
+}
+
+// bf16 operands: rounding to nearest even, NaN kept, subnormal inputs read as zero.
+TEST(Gemm, Bf16RoundsOperandsAndFlushesSubnormals) {
+  const float third = 1.0f / 3.0f;
+  std::vector<float> a = {third, 1e-39f}, b = {3.0f, 1e30f}, c(1);
+  gemm(GemmPrecision::bf16, 1, 1, 2, {a.data(), 2, 1}, {b.data(), 1, 1}, c.data(), 1, false);
+  EXPECT_EQ(c[0], bf16_to_float(float_to_bf16(third)) * 3.0f);  // 1e-39 · 1e30 flushed to 0
+  a[0] = std::nanf("");
+  gemm(GemmPrecision::bf16, 1, 1, 2, {a.data(), 2, 1}, {b.data(), 1, 1}, c.data(), 1, false);
+  EXPECT_TRUE(std::isnan(c[0]));
+}
+
+}  // namespace
+}  // namespace anvil::cpu

@@ -46,7 +46,10 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
       {"bench-16m MLP down, input gradient", Product::kInputGrad, 256, 1024, 256},
       {"GPT-2 124M qkv, forward (microbatch)", Product::kForward, 256, 768, 2304},
       {"GPT-2 124M MLP up, weight gradient", Product::kWeightGrad, 64, 768, 3072},
+      {"GPT-2 124M MLP up, input gradient", Product::kInputGrad, 64, 768, 3072},
       {"GPT-2 124M LM head, forward", Product::kForward, 64, 768, 50257},
+      {"GPT-2 124M LM head, input gradient", Product::kInputGrad, 64, 768, 50257},
+      {"GPT-2 124M LM head, weight gradient", Product::kWeightGrad, 64, 768, 50257},
       {"square 2048", Product::kForward, 2048, 2048, 2048},
   };
   std::vector<BenchGemmRow> rows;

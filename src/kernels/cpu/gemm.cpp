@@ -80,6 +80,22 @@ void for_each_block(int rows, int cols, const Block& block) {
   }
 }
 
+void run(GemmPrecision precision, GemmIsa isa, GemmCall call) {
+  const GemmKernels& kernels = kernels_for(isa);
+  if (precision == GemmPrecision::fp32) return kernels.fp32(call);
+  const FlushSubnormals flush;
+  if (kernels.pairs) return kernels.pairs(call);
+  call.bf16_operands = true;
+  kernels.fp32(call);
+}
+
+// The B block a team of threads packs together (parallel_gemm), allocated on first use.
+void* team_b_buffer() {
+  static const std::unique_ptr<void, PackBuffers::Free> buffer{std::aligned_alloc(64, sizeof(float) * kGemmNc * kGemmKc)};
+  ANVIL_CHECK(buffer, "out of memory for the GEMM packing buffers");
+  return buffer.get();
+}
+
 }  // namespace
 
 bool gemm_isa_supported(GemmIsa isa) {
@@ -122,18 +138,27 @@ void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOpera
     return;
   }
   PackBuffers& buffers = pack_buffers();
-  GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false, buffers.a.get(),
-                buffers.b.get()};
-  const GemmKernels& kernels = kernels_for(isa);
-  if (precision == GemmPrecision::fp32) return kernels.fp32(call);
-  const FlushSubnormals flush;
-  if (kernels.pairs) return kernels.pairs(call);
-  call.bf16_operands = true;
-  kernels.fp32(call);
+  run(precision, isa, {M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false, buffers.a.get(),
+                        buffers.b.get(), 0, 1});
 }
 
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
                    bool accumulate) {
+  // A long sum into a small output (the LM head's input gradient: 256 × 256 from 50257 terms)
+  // would have every block pack most of both operands; there the threads work as one team on
+  // one product, sharing each packed B block. Elsewhere, independent blocks.
+  const int threads = omp_get_max_threads();
+  if (threads > 1 && K > 2 * std::max(M, N) && !omp_in_parallel()) {
+    void* shared_b = team_b_buffer();
+    const GemmIsa isa = gemm_best_isa();
+#pragma omp parallel
+    {
+      const GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false,
+                          pack_buffers().a.get(), shared_b, omp_get_thread_num(), omp_get_num_threads()};
+      run(precision, isa, call);
+    }
+    return;
+  }
   for_each_block(M, N, [&](int i0, int rows, int j0, int cols) {
     gemm(precision, rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride},
          {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate);

@@ -5,8 +5,7 @@
 //
 // B is packed a KC × NC block at a time and A a MC × KC block at a time, into k-major panels of
 // MR rows (A) and NR columns (B); the microkernel computes an MR × NR tile of C from a pair of
-// panels. A k block after the first continues each element's chain from the partial sum stored
-// in C, so the blocking changes no bit (gemm.h).
+// panels: each element's chain over the k block from zero, then added to C (gemm.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -17,46 +16,56 @@
 namespace anvil::cpu {
 namespace {
 
-// V provides W (floats per vector), Vec, zero(), load(const float*), store(float*, Vec), and
+// V provides W (floats per vector), Vec, zero(), load(const float*), store(float*, Vec),
+// add(a, b), and
 // for fp32 bcast(float) and fma(a, b, c) = a·b + c rounded once; for bf16 words, Pairs,
 // PairScalar, load_pairs(const uint32_t*), bcast_pair(uint32_t) and dot_pair(a, b, acc), one
 // VDPBF16PS step.
 
 template <class V, int MR, int NV, class Step>
-inline void micro_tile(int steps, float* c, long ldc, int m, int n, bool load_c, const Step& step) {
+inline void micro_tile(int steps, float* c, long ldc, int m, int n, bool add_to_c, const Step& step) {
   constexpr int NR = NV * V::W;
+  // C is usually cold (a fresh output, or a gradient accumulated into): its lines are fetched
+  // while the chains run, and it is read only at the end.
+  for (int r = 0; r < m; r++) {
+    __builtin_prefetch(c + r * ldc, 1);
+    __builtin_prefetch(c + r * ldc + n - 1, 1);
+  }
   typename V::Vec acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) acc[r][v] = V::zero();
+#pragma GCC unroll 4
+  for (int k = 0; k < steps; k++) step(k, acc);
   alignas(64) float edge[MR * NR];
   const bool full = m == MR && n == NR;
   float* cp = c;
   long ld = ldc;
-  if (!full) {  // an edge tile works in a full-size copy: the same arithmetic, the valid part kept
+  if (!full) {  // an edge tile goes through a full-size copy: the same arithmetic, the valid part kept
     cp = edge;
     ld = NR;
     std::memset(edge, 0, sizeof edge);
-    if (load_c)
+    if (add_to_c)
       for (int r = 0; r < m; r++) std::memcpy(edge + r * NR, c + r * ldc, sizeof(float) * n);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) acc[r][v] = load_c ? V::load(cp + r * ld + v * V::W) : V::zero();
-  for (int k = 0; k < steps; k++) step(k, acc);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; r++)
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) V::store(cp + r * ld + v * V::W, acc[r][v]);
+    for (int v = 0; v < NV; v++) {
+      float* at = cp + r * ld + v * V::W;
+      V::store(at, add_to_c ? V::add(V::load(at), acc[r][v]) : acc[r][v]);
+    }
   if (!full)
     for (int r = 0; r < m; r++) std::memcpy(c + r * ldc, edge + r * NR, sizeof(float) * n);
 }
 
 template <class V, int MR, int NV>
-void micro_fp32(int steps, const float* a, const float* b, float* c, long ldc, int m, int n, bool load_c) {
-  constexpr int NR = NV * V::W;
-  micro_tile<V, MR, NV>(steps, c, ldc, m, n, load_c, [&](int k, typename V::Vec(&acc)[MR][NV]) {
+void micro_fp32(int steps, const float* a, const float* b, long ldb, float* c, long ldc, int m, int n, bool add_to_c) {
+  micro_tile<V, MR, NV>(steps, c, ldc, m, n, add_to_c, [&](int k, typename V::Vec(&acc)[MR][NV]) {
     typename V::Vec bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) bv[v] = V::load(b + k * NR + v * V::W);
+    for (int v = 0; v < NV; v++) bv[v] = V::load(b + k * ldb + v * V::W);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
       const typename V::Vec ar = V::bcast(a[k * MR + r]);
@@ -67,12 +76,12 @@ void micro_fp32(int steps, const float* a, const float* b, float* c, long ldc, i
 }
 
 template <class V, int MR, int NV>
-void micro_pairs(int steps, const uint32_t* a, const uint32_t* b, float* c, long ldc, int m, int n, bool load_c) {
-  constexpr int NR = NV * V::W;
-  micro_tile<V, MR, NV>(steps, c, ldc, m, n, load_c, [&](int p, typename V::Vec(&acc)[MR][NV]) {
+void micro_pairs(int steps, const uint32_t* a, const uint32_t* b, long ldb, float* c, long ldc, int m, int n,
+                 bool add_to_c) {
+  micro_tile<V, MR, NV>(steps, c, ldc, m, n, add_to_c, [&](int p, typename V::Vec(&acc)[MR][NV]) {
     typename V::Pairs bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; v++) bv[v] = V::load_pairs(b + p * NR + v * V::W);
+    for (int v = 0; v < NV; v++) bv[v] = V::load_pairs(b + p * ldb + v * V::W);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++) {
       const typename V::PairScalar ar = V::bcast_pair(a[p * MR + r]);
@@ -171,38 +180,49 @@ inline void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int 
   }
 }
 
-// The loops around a microkernel: pack_a / pack_b fill a block's panels, and k_per_step is how
-// many k one step of the kernel's chain consumes (bf16 words: 2).
+// The loops around a microkernel: pack_a / pack_b fill panels (pack_b one NR-column panel per
+// call), and k_per_step is how many k one step of the kernel's chain consumes (bf16 words: 2).
+// A team call (g.threads > 1, every thread of an OpenMP team calling with its g.thread) shares
+// each packed B block: the threads pack its panels in turn into the shared g.b_buffer, then each
+// computes its own band of rows; barriers order the two. With direct_b (fp32 whose B rows are
+// contiguous, `direct` its k stride), full panels are read from B itself: where few rows of A
+// use each panel, packing would cost more than it saves. Each element's chain is the same.
 template <class Element, class Kernel, class PackA, class PackB>
 void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const Kernel& kernel, const PackA& pack_a,
-                 const PackB& pack_b) {
+                 const PackB& pack_b, const float* direct = nullptr, long direct_stride = 0) {
   auto* abuf = static_cast<Element*>(g.a_buffer);
   auto* bbuf = static_cast<Element*>(g.b_buffer);
+  const int band = (g.M + g.threads - 1) / g.threads;
+  const int band_rows = (band + MR - 1) / MR * MR;
+  const int row0 = std::min(g.M, g.thread * band_rows), row1 = std::min(g.M, row0 + band_rows);
   for (int jc = 0; jc < g.N; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, g.N - jc);
     for (int pc = 0; pc < K; pc += kGemmKc) {
       const int kc = std::min(kGemmKc, K - pc);
       const int steps = (kc + k_per_step - 1) / k_per_step;
-      pack_b(pc, kc, jc, nc, bbuf);
-      for (int ic = 0; ic < g.M; ic += kGemmMc) {
-        const int mc = std::min(kGemmMc, g.M - ic);
+      for (int q = g.thread * NR; q < nc; q += g.threads * NR)
+        if (!direct || q + NR > nc)
+          pack_b(pc, kc, jc + q, std::min(NR, nc - q), bbuf + static_cast<long>(q / NR) * steps * NR);
+      if (g.threads > 1) {
+#pragma omp barrier
+      }
+      for (int ic = row0; ic < row1; ic += kGemmMc) {
+        const int mc = std::min(kGemmMc, row1 - ic);
         pack_a(ic, mc, pc, kc, abuf);
         for (int q = 0; q < nc; q += NR) {
-          const Element* bp = bbuf + static_cast<long>(q / NR) * steps * NR;
+          const bool from_b = direct && q + NR <= nc;
+          const Element* bp = from_b ? reinterpret_cast<const Element*>(direct + pc * direct_stride + jc + q)
+                                     : bbuf + static_cast<long>(q / NR) * steps * NR;
+          const long ldb = from_b ? direct_stride : NR;
           for (int p = 0; p < mc; p += MR) {
             const Element* ap = abuf + static_cast<long>(p / MR) * steps * MR;
-            // The next tile's C rows are fetched while this tile computes: C is usually cold
-            // (a fresh output, or the gradient a long product accumulates into).
-            if (p + MR < mc) {
-              const int next_rows = std::min(MR, mc - p - MR), cols = std::min(NR, nc - q);
-              const float* next = g.c + (ic + p + MR) * g.ldc + jc + q;
-              for (int r = 0; r < next_rows; r++)
-                for (int x = 0; x < cols; x += 16) __builtin_prefetch(next + r * g.ldc + x, 1);
-            }
-            kernel(steps, ap, bp, g.c + (ic + p) * g.ldc + jc + q, g.ldc, std::min(MR, mc - p), std::min(NR, nc - q),
-                   g.accumulate || pc > 0);
+            kernel(steps, ap, bp, ldb, g.c + (ic + p) * g.ldc + jc + q, g.ldc, std::min(MR, mc - p),
+                   std::min(NR, nc - q), g.accumulate || pc > 0);
           }
         }
+      }
+      if (g.threads > 1) {
+#pragma omp barrier
       }
     }
   }
@@ -214,10 +234,13 @@ template <class V, int MR, int NV>
 void blocked_fp32(const GemmCall& g) {
   constexpr int NR = NV * V::W;
   if (!g.bf16_operands) {
+    // B read in place when its rows are contiguous and each thread's rows fit one A block.
+    const bool direct = g.bt.row_stride == 1 && (g.M + g.threads - 1) / g.threads <= kGemmMc;
     run_blocked<float>(
         g, MR, NR, 1, g.K, micro_fp32<V, MR, NV>,
         [&](int i0, int rows, int k0, int kc, float* dst) { pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },
-        [&](int k0, int kc, int j0, int cols, float* dst) { pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); });
+        [&](int k0, int kc, int j0, int cols, float* dst) { pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); },
+        direct ? g.bt.data : nullptr, g.bt.col_stride);
     return;
   }
   auto round_up = [](int n, int multiple) { return static_cast<long>((n + multiple - 1) / multiple) * multiple; };

@@ -13,6 +13,7 @@ struct Avx2 {
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec bcast(float s) { return _mm256_set1_ps(s); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 };

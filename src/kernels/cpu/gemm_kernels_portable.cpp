@@ -19,6 +19,11 @@ struct Portable {
     return v;
   }
   static void store(float* p, const Vec& v) { std::memcpy(p, v.x, sizeof v.x); }
+  static Vec add(const Vec& a, const Vec& b) {
+    Vec c;
+    for (int i = 0; i < W; i++) c.x[i] = a.x[i] + b.x[i];
+    return c;
+  }
   static Vec bcast(float s) {
     Vec v;
     for (float& e : v.x) e = s;

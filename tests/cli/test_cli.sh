@@ -84,6 +84,18 @@ else
   fail "bench train --profile: $(cat "$tmp/profile.out")"
 fi
 
+# bench gemm: every product timed on both sides, in fp32 and bf16, each row also as JSON.
+"$anvil" bench gemm --rounds 1 --seconds 0.01 > "$tmp/gemm.out" 2>&1
+if [ "$(grep -c '"anvil_bf16_gflops"' "$tmp/gemm.out")" -ge 9 ] && grep -q '^square 2048 ' "$tmp/gemm.out" \
+    && ! grep -q '": 0.00' "$tmp/gemm.out"; then
+  pass "bench gemm: $(grep '^square 2048 ' "$tmp/gemm.out" | tr -s ' ')"
+else
+  fail "bench gemm: $(cat "$tmp/gemm.out")"
+fi
+"$anvil" bench gemm --rounds 0 > /dev/null 2> "$tmp/err"; rc=$?
+[ $rc -eq 2 ] && head -1 "$tmp/err" | grep -q "bench gemm needs --rounds >= 1" \
+  && pass "bench gemm --rounds 0: $(head -1 "$tmp/err")" || fail "bench gemm --rounds 0: exit $rc, $(cat "$tmp/err")"
+
 # Memory: activation checkpointing with an automatic microbatch gives the weights of the plain
 # run bit for bit; a memory_limit nothing fits in is refused before training.
 short=(max_duration=12ba eval_first=false eval_interval=12ba save_interval=12ba seed=5)

@@ -91,7 +91,8 @@ void run(GemmPrecision precision, GemmIsa isa, GemmCall call) {
 
 // The B block a team of threads packs together (parallel_gemm), allocated on first use.
 void* team_b_buffer() {
-  static const std::unique_ptr<void, PackBuffers::Free> buffer{std::aligned_alloc(64, sizeof(float) * kGemmNc * kGemmKc)};
+  static const std::unique_ptr<void, PackBuffers::Free> buffer{
+      std::aligned_alloc(64, sizeof(float) * kGemmTeamMaxN * kGemmTeamBlocks * kGemmKc)};
   ANVIL_CHECK(buffer, "out of memory for the GEMM packing buffers");
   return buffer.get();
 }
@@ -146,9 +147,11 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
                    bool accumulate) {
   // A long sum into a small output (the LM head's input gradient: 256 × 256 from 50257 terms)
   // would have every block pack most of both operands; there the threads work as one team on
-  // one product, sharing each packed B block. Elsewhere, independent blocks.
+  // one product, sharing the packed B. Not where B is read in place anyway (few rows, B's rows
+  // contiguous: gemm_blocked.h). Elsewhere, independent blocks.
   const int threads = omp_get_max_threads();
-  if (threads > 1 && K > 2 * std::max(M, N) && !omp_in_parallel()) {
+  const bool b_in_place = b.col_stride == 1 && M <= kGemmMc;
+  if (threads > 1 && K > 2 * std::max(M, N) && N <= kGemmTeamMaxN && !b_in_place && !omp_in_parallel()) {
     void* shared_b = team_b_buffer();
     const GemmIsa isa = gemm_best_isa();
 #pragma omp parallel

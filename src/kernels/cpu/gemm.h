@@ -45,6 +45,8 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
 constexpr int kGemmKc = 256;   // k values per block (even: bf16 pairs never straddle blocks)
 constexpr int kGemmMc = 96;    // rows of A per packed block: a multiple of every MR (4, 6, 12)
 constexpr int kGemmNc = 2048;  // columns of B per packed block: a multiple of every NR (8, 16, 32)
+constexpr int kGemmTeamBlocks = 8;    // k blocks of B a thread team packs per barrier pair
+constexpr int kGemmTeamMaxN = 512;    // the widest output a team computes (its B buffer's width)
 struct GemmCall {
   int M, N, K;
   GemmOperand a, bt;          // A, and B transposed (Bᵀ's row j is B's column j)
@@ -52,8 +54,9 @@ struct GemmCall {
   long ldc;
   bool accumulate;
   bool bf16_operands;         // the fp32 kernel emulating VDPBF16PS (gemm_blocked.h)
-  void *a_buffer, *b_buffer;  // packing space: kGemmMc and kGemmNc rows × kGemmKc floats
-  int thread, threads;        // a team call: this thread of how many, b_buffer shared by the team
+  void *a_buffer, *b_buffer;  // packing space: kGemmMc and kGemmNc rows × kGemmKc floats; a
+                              // team's shared B: kGemmTeamMaxN × kGemmTeamBlocks·kGemmKc floats
+  int thread, threads;        // a team call: this thread of how many
 };
 struct GemmKernels {
   void (*fp32)(const GemmCall&);   // fp32 products, and bf16 ones when bf16_operands

@@ -183,10 +183,11 @@ inline void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int 
 // The loops around a microkernel: pack_a / pack_b fill panels (pack_b one NR-column panel per
 // call), and k_per_step is how many k one step of the kernel's chain consumes (bf16 words: 2).
 // A team call (g.threads > 1, every thread of an OpenMP team calling with its g.thread) shares
-// each packed B block: the threads pack its panels in turn into the shared g.b_buffer, then each
-// computes its own band of rows; barriers order the two. With direct_b (fp32 whose B rows are
-// contiguous, `direct` its k stride), full panels are read from B itself: where few rows of A
-// use each panel, packing would cost more than it saves. Each element's chain is the same.
+// the packed B: the threads pack its panels in turn, kGemmTeamBlocks k blocks at a time, into
+// the shared g.b_buffer, then each computes its own band of rows; a barrier pair per group of
+// blocks orders the two (few, so that a thread the OS pauses holds the others back rarely).
+// With `direct` (fp32 whose B rows are contiguous, direct_stride apart), full panels are read
+// from B itself: where few rows of A use each panel, packing would cost more than it saves.
 template <class Element, class Kernel, class PackA, class PackB>
 void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const Kernel& kernel, const PackA& pack_a,
                  const PackB& pack_b, const float* direct = nullptr, long direct_stride = 0) {
@@ -195,29 +196,38 @@ void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const
   const int band = (g.M + g.threads - 1) / g.threads;
   const int band_rows = (band + MR - 1) / MR * MR;
   const int row0 = std::min(g.M, g.thread * band_rows), row1 = std::min(g.M, row0 + band_rows);
+  const int group = g.threads > 1 ? kGemmTeamBlocks : 1;  // k blocks packed per barrier pair
   for (int jc = 0; jc < g.N; jc += kGemmNc) {
     const int nc = std::min(kGemmNc, g.N - jc);
-    for (int pc = 0; pc < K; pc += kGemmKc) {
-      const int kc = std::min(kGemmKc, K - pc);
-      const int steps = (kc + k_per_step - 1) / k_per_step;
-      for (int q = g.thread * NR; q < nc; q += g.threads * NR)
-        if (!direct || q + NR > nc)
-          pack_b(pc, kc, jc + q, std::min(NR, nc - q), bbuf + static_cast<long>(q / NR) * steps * NR);
+    const long block_size = static_cast<long>((nc + NR - 1) / NR) * NR * (kGemmKc / k_per_step);
+    for (int pg = 0; pg < K; pg += group * kGemmKc) {
+      const int pg_end = std::min(K, pg + group * kGemmKc);
+      for (int pc = pg; pc < pg_end; pc += kGemmKc) {
+        const int kc = std::min(kGemmKc, K - pc), steps = (kc + k_per_step - 1) / k_per_step;
+        Element* blocks = bbuf + (pc - pg) / kGemmKc * block_size;
+        for (int q = g.thread * NR; q < nc; q += g.threads * NR)
+          if (!direct || q + NR > nc)
+            pack_b(pc, kc, jc + q, std::min(NR, nc - q), blocks + static_cast<long>(q / NR) * steps * NR);
+      }
       if (g.threads > 1) {
 #pragma omp barrier
       }
-      for (int ic = row0; ic < row1; ic += kGemmMc) {
-        const int mc = std::min(kGemmMc, row1 - ic);
-        pack_a(ic, mc, pc, kc, abuf);
-        for (int q = 0; q < nc; q += NR) {
-          const bool from_b = direct && q + NR <= nc;
-          const Element* bp = from_b ? reinterpret_cast<const Element*>(direct + pc * direct_stride + jc + q)
-                                     : bbuf + static_cast<long>(q / NR) * steps * NR;
-          const long ldb = from_b ? direct_stride : NR;
-          for (int p = 0; p < mc; p += MR) {
-            const Element* ap = abuf + static_cast<long>(p / MR) * steps * MR;
-            kernel(steps, ap, bp, ldb, g.c + (ic + p) * g.ldc + jc + q, g.ldc, std::min(MR, mc - p),
-                   std::min(NR, nc - q), g.accumulate || pc > 0);
+      for (int pc = pg; pc < pg_end; pc += kGemmKc) {
+        const int kc = std::min(kGemmKc, K - pc), steps = (kc + k_per_step - 1) / k_per_step;
+        const Element* blocks = bbuf + (pc - pg) / kGemmKc * block_size;
+        for (int ic = row0; ic < row1; ic += kGemmMc) {
+          const int mc = std::min(kGemmMc, row1 - ic);
+          pack_a(ic, mc, pc, kc, abuf);
+          for (int q = 0; q < nc; q += NR) {
+            const bool from_b = direct && q + NR <= nc;
+            const Element* bp = from_b ? reinterpret_cast<const Element*>(direct + pc * direct_stride + jc + q)
+                                       : blocks + static_cast<long>(q / NR) * steps * NR;
+            const long ldb = from_b ? direct_stride : NR;
+            for (int p = 0; p < mc; p += MR) {
+              const Element* ap = abuf + static_cast<long>(p / MR) * steps * MR;
+              kernel(steps, ap, bp, ldb, g.c + (ic + p) * g.ldc + jc + q, g.ldc, std::min(MR, mc - p),
+                     std::min(NR, nc - q), g.accumulate || pc > 0);
+            }
           }
         }
       }
@@ -234,8 +244,8 @@ template <class V, int MR, int NV>
 void blocked_fp32(const GemmCall& g) {
   constexpr int NR = NV * V::W;
   if (!g.bf16_operands) {
-    // B read in place when its rows are contiguous and each thread's rows fit one A block.
-    const bool direct = g.bt.row_stride == 1 && (g.M + g.threads - 1) / g.threads <= kGemmMc;
+    // B read in place when its rows are contiguous and the rows of A fit one packed block.
+    const bool direct = g.bt.row_stride == 1 && g.M <= kGemmMc;
     run_blocked<float>(
         g, MR, NR, 1, g.K, micro_fp32<V, MR, NV>,
         [&](int i0, int rows, int k0, int kc, float* dst) { pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },

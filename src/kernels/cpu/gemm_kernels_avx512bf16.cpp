@@ -1,21 +1,13 @@
 // The bf16 GEMM microkernel on VDPBF16PS (AVX512-BF16: compiled with that flag, run only where
 // the CPU has it): one instruction per pair of k, twice the products of fp32 FMAs per cycle.
 // Its fp32 kernel is the AVX-512 one.
-#include <immintrin.h>
-
+#include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/gemm_blocked.h"
 
 namespace anvil::cpu {
 namespace {
 
-struct Avx512Bf16 {
-  static constexpr int W = 16;
-  using Vec = __m512;
-  static Vec zero() { return _mm512_setzero_ps(); }
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-
+struct Avx512Bf16 : Avx512 {
   using Pairs = __m512bh;
   using PairScalar = __m512bh;
   static Pairs load_pairs(const uint32_t* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); }

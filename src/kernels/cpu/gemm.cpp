@@ -150,7 +150,7 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
   // one product, sharing the packed B. Not where B is read in place anyway (few rows, B's rows
   // contiguous: gemm_blocked.h). Elsewhere, independent blocks.
   const int threads = omp_get_max_threads();
-  const bool b_in_place = b.col_stride == 1 && M <= kGemmMc;
+  const bool b_in_place = precision == GemmPrecision::fp32 && b.col_stride == 1 && M <= kGemmMc;
   if (threads > 1 && K > 2 * std::max(M, N) && N <= kGemmTeamMaxN && !b_in_place && !omp_in_parallel()) {
     void* shared_b = team_b_buffer();
     const GemmIsa isa = gemm_best_isa();

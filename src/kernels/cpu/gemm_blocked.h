@@ -16,11 +16,10 @@
 namespace anvil::cpu {
 namespace {
 
-// V provides W (floats per vector), Vec, zero(), load(const float*), store(float*, Vec),
-// add(a, b), and
-// for fp32 bcast(float) and fma(a, b, c) = a·b + c rounded once; for bf16 words, Pairs,
-// PairScalar, load_pairs(const uint32_t*), bcast_pair(uint32_t) and dot_pair(a, b, acc), one
-// VDPBF16PS step.
+// V provides W (floats per vector), Vec, zero(), load(const float*), store(float*, Vec) and
+// add(a, b); for fp32, bcast(float) and fma(a, b, c) = a·b + c rounded once; for bf16 words,
+// Pairs, PairScalar, load_pairs(const uint32_t*), bcast_pair(uint32_t) and dot_pair(a, b, acc),
+// one VDPBF16PS step.
 
 template <class V, int MR, int NV, class Step>
 inline void micro_tile(int steps, float* c, long ldc, int m, int n, bool add_to_c, const Step& step) {
@@ -108,7 +107,7 @@ inline float bf16_value(float f) {
 }
 
 // Packs rows [i0, i0 + rows) × k [k0, k0 + kc) of an operand into panels of Width rows,
-// k-major, zero-padded: A as it is, B transposed (GemmCall::b is Bᵀ) with NR for the width.
+// k-major, zero-padded: A as it is, B through GemmCall::bt (Bᵀ) with NR for the width.
 // Rows of k at or past K (bf16's odd tail) are zero. Either layout is read in address order.
 template <int Width>
 void pack_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, float* dst) {
@@ -166,14 +165,15 @@ inline void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int 
   for (int p = 0; p < rows; p += width, dst += static_cast<long>(pairs) * width) {
     const int valid = std::min(width, rows - p);
     for (int r = 0; r < width; r++) {
+      if (r >= valid) {
+        for (int q = 0; q < pairs; q++) dst[q * width + r] = 0;
+        continue;
+      }
       const float* row = m.data + (i0 + p + r) * m.row_stride;
       for (int q = 0; q < pairs; q++) {
         const int k = k0 + 2 * q;
-        uint32_t w = 0;
-        if (r < valid) {
-          w = bf16_bits(row[k * m.col_stride]);
-          if (k + 1 < K) w |= bf16_bits(row[(k + 1) * m.col_stride]) << 16;
-        }
+        uint32_t w = bf16_bits(row[k * m.col_stride]);
+        if (k + 1 < K) w |= bf16_bits(row[(k + 1) * m.col_stride]) << 16;
         dst[q * width + r] = w;
       }
     }

@@ -93,7 +93,7 @@ std::string matmul_backend_description() {
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   if (bias) {
-    // Each output's chain starts from its bias: one pass over out instead of two.
+    // The products are added onto the bias: one pass over out instead of two.
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
   }

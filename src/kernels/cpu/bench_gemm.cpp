@@ -5,8 +5,8 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/gemm.h"
 
 namespace anvil {
@@ -20,20 +20,6 @@ struct Shape {
   Product product;
   int rows, in, out;
 };
-
-template <class Run>
-double best_gflops(double flops, double min_seconds, const Run& run) {
-  run();  // warm up
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 2 || spent < min_seconds; rep++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spent += s;
-    best = std::max(best, flops / s / 1e9);
-  }
-  return best;
-}
 
 }  // namespace
 
@@ -88,14 +74,14 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
     }
     const double flops = 2.0 * row.M * row.N * row.K;
     for (int round = 0; round < rounds; round++) {
-      row.openblas = std::max(row.openblas, best_gflops(flops, min_seconds, [&] {
+      row.openblas = std::max(row.openblas, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cblas_sgemm(CblasRowMajor, ta, tb, row.M, row.N, row.K, 1.0f, pa, lda, pb, ldb, accumulate ? 1.0f : 0.0f,
                     out.data(), row.N);
       }));
-      row.anvil_fp32 = std::max(row.anvil_fp32, best_gflops(flops, min_seconds, [&] {
+      row.anvil_fp32 = std::max(row.anvil_fp32, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cpu::parallel_gemm(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
       }));
-      row.anvil_bf16 = std::max(row.anvil_bf16, best_gflops(flops, min_seconds, [&] {
+      row.anvil_bf16 = std::max(row.anvil_bf16, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cpu::parallel_gemm(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
       }));
     }

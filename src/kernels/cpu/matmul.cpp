@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -13,6 +12,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/blas.h"
+#include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/matmul.h"
 
@@ -34,29 +34,16 @@ std::string blas_description() {
                      openblas_get_num_threads());
 }
 
-namespace {
-// The best rate of repeated 2048³ products over at least a second: shorter windows on a shared
-// machine catch a slow moment and inflate MFU.
-template <class Product>
-double best_rate_gflops(const Product& product) {
-  const int n = 2048;
-  product(n);  // warm up threads and caches
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 3 || spent < 1.0; rep++) {
-    auto t0 = std::chrono::steady_clock::now();
-    product(n);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spent += s;
-    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / s / 1e9);
-  }
-  return best;
-}
-}  // namespace
+// The MFU denominator: the best 2048³ product over at least a second (shorter windows on a shared
+// machine catch a slow moment and inflate MFU).
+constexpr int kPeakN = 2048;
+constexpr double kPeakFlops = 2.0 * kPeakN * kPeakN * kPeakN;
 
 double openblas_peak_gflops() {
   static const double peak = [] {
-    std::vector<float> a(2048 * 2048, 0.5f), b(a), c(a.size());
-    return best_rate_gflops([&](int n) {
+    const int n = kPeakN;
+    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+    return cpu::best_gflops(kPeakFlops, 1.0, 3, [&] {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
                   n);
     });
@@ -79,9 +66,11 @@ double matmul_peak_gflops() {
   static double peak[2] = {0, 0};
   double& p = peak[static_cast<int>(g_precision)];
   if (p == 0) {
-    std::vector<float> a(2048 * 2048, 0.5f), b(a), c(a.size());
-    p = std::max(openblas_peak_gflops(),
-                 best_rate_gflops([&](int n) { matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n); }));
+    const int n = kPeakN;
+    std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+    p = std::max(openblas_peak_gflops(), best_gflops(kPeakFlops, 1.0, 3, [&] {
+                   matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n);
+                 }));
   }
   return p;
 }

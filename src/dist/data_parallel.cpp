@@ -85,7 +85,10 @@ void CommThread::run() {
   }
 }
 
-Gpt2Storage gpt2_storage_for_stage(int zero_stage) { return {zero_stage < 3, zero_stage < 2}; }
+Gpt2Storage gpt2_storage_for(const DataParallelOptions& options) {
+  // In deterministic mode the gradient lives in the fixed-point accumulators, which AdamW reads.
+  return {options.zero_stage < 3, options.zero_stage < 2 && !options.deterministic};
+}
 
 namespace {
 
@@ -141,19 +144,20 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   ANVIL_CHECK(opt_.global_batch >= 1, "global batch {} must be at least one sequence", opt_.global_batch);
   ANVIL_CHECK(!opt_.bf16_compression || kernel_impl() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
-  const Gpt2Storage want = gpt2_storage_for_stage(opt_.zero_stage);
+  const Gpt2Storage want = gpt2_storage_for(opt_);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
-              "the model was not built for zero_stage {} (use gpt2_storage_for_stage)", opt_.zero_stage);
+              "the model was not built for zero_stage {}{} (use gpt2_storage_for)", opt_.zero_stage,
+              opt_.deterministic ? " in deterministic mode" : "");
   for (const ParamUnit& u : units_) unit_counts_.push_back(split_by_shards(u.offset, u.numel, shard_counts_));
   size_t largest_other = 0;
   for (size_t u = 1; u < units_.size(); u++) largest_other = std::max(largest_other, units_[u].numel);
   if (opt_.zero_stage >= 2) {
-    grad_shard_.assign_zeros(hi_ - lo_);
     if (opt_.deterministic) {
       fixed_shard_.assign_zeros(hi_ - lo_);
       emb_grads_.fixed.assign_zeros(units_[0].numel);
       for (Slot& s : block_grads_) s.fixed.assign_zeros(largest_other);
     } else {
+      grad_shard_.assign_zeros(hi_ - lo_);
       emb_grads_.buf.assign_zeros(units_[0].numel);
       for (Slot& s : block_grads_) s.buf.assign_zeros(largest_other);
     }
@@ -197,7 +201,7 @@ MemoryReport DataParallel::memory() const {
   const size_t f = sizeof(float), shard = hi_ - lo_;
   MemoryReport m;
   m.params = (opt_.zero_stage == 3 ? shard : n_) * f;
-  m.grads = (opt_.zero_stage >= 2 ? shard : n_) * f;
+  m.grads = (model_.grads() ? n_ : 0) * f + grad_shard_.size() * f;
   m.optimizer = 2 * shard * f;
   auto slot_bytes = [&](const Slot& s) { return s.buf.size() * f; };
   m.working = error_feedback_.size() * f + slot_bytes(emb_params_) + slot_bytes(emb_grads_);
@@ -288,24 +292,22 @@ DataParallel::Backward DataParallel::finish_backward() {
     if (m > 0.0f) next[k] = fixed_point_scale(m, opt_.global_batch);
   }
   if (fits) {
-    convert_owned_grads();
+    sum_owned_squares();
     step_scale_ = scale_;
   }
   scale_ = next;
   return fits ? Backward::kDone : Backward::kRunAgain;
 }
 
-// What this rank owns, from fixed point to fp32 at this step's scales, and its part of the
-// squared norm per tensor.
-void DataParallel::convert_owned_grads() {
+// This rank's part of the squared norm per tensor, from what it owns.
+void DataParallel::sum_owned_squares() {
   const int64_t* fixed = owned_fixed();
-  float* grads = owned_grads();
   for (size_t k = 0; k < tensors_.size(); k++) {
     const ParamTensor& t = tensors_[k];
     const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
-    // An empty range converts nothing and sums to zero.
+    // An empty range sums to zero.
     const size_t at = a < b ? a - lo_ : 0, count = a < b ? b - a : 0;
-    fixed_point_to_float(grads + at, fixed + at, count, scale_[k], owned_squares_.data() + k);
+    fixed_point_squares(fixed + at, count, owned_squares_.data() + k);
   }
   op_copy_to_host(host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
 }
@@ -340,7 +342,10 @@ double DataParallel::clip_and_norm(double max_norm) {
 }
 
 void DataParallel::optimizer_step(double lr) {
-  optimizer_.step(owned_params(), owned_grads(), lr, clip_scale_);
+  if (opt_.deterministic)
+    optimizer_.step(owned_params(), owned_fixed(), step_scale_, lr, clip_scale_);
+  else
+    optimizer_.step(owned_params(), owned_grads(), lr, clip_scale_);
   clip_scale_ = 1.0f;
   if (opt_.zero_stage == 1 || opt_.zero_stage == 2) {
     // A unit at a time: what a host copy of GPU parameters needs is one unit's room.

@@ -18,9 +18,9 @@
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
 // float scratch buffer and are added, one sequence at a time, into int64 fixed-point
-// accumulators (kernels/fixed_point.h), which are what the stages above reduce (in integers: exact). After the backward
-// pass the rank converts what it owns to fp32 for clipping and AdamW; the gradient norm is summed
-// from the integers too. A step whose values outgrew the fixed-point scale is reported by
+// accumulators (kernels/fixed_point.h), which are what the stages above reduce (in integers: exact).
+// The gradient norm is summed from the integers, and AdamW reads the rank's gradient from them
+// too (kernels/optimizer.h): no fp32 copy of the gradient exists in this mode. A step whose values outgrew the fixed-point scale is reported by
 // finish_backward and must be run again (see fixed_point.h).
 #pragma once
 #include <condition_variable>
@@ -53,8 +53,8 @@ struct DataParallelOptions {
   GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // under kernels=gpu
 };
 
-// Which arrays the model should allocate for itself under a stage.
-Gpt2Storage gpt2_storage_for_stage(int zero_stage);
+// Which arrays the model should allocate for itself under these options.
+Gpt2Storage gpt2_storage_for(const DataParallelOptions& options);
 
 // Bytes per rank, as the trainer reports them.
 struct MemoryReport {
@@ -94,7 +94,7 @@ class CommThread {
 class DataParallel : public UnitAccess {
  public:
   // Takes over the model's unit access. The model must have been built with
-  // gpt2_storage_for_stage(options.zero_stage).
+  // gpt2_storage_for(options).
   DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfig& optimizer, DataParallelOptions options);
   ~DataParallel() override;
 
@@ -168,7 +168,7 @@ class DataParallel : public UnitAccess {
   int64_t* owned_fixed();
   Slot* open_grad_slot(int unit);
   Slot* find_open_grad_slot(int unit);
-  void convert_owned_grads();
+  void sum_owned_squares();
   int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
 
   Communicator& comm_;
@@ -181,7 +181,7 @@ class DataParallel : public UnitAccess {
   std::vector<std::vector<size_t>> unit_counts_;  // [unit][rank]: the unit's part in each shard
   AdamW optimizer_;
   OpCollectives collectives_;
-  OpArray<float> param_shard_, grad_shard_;
+  OpArray<float> param_shard_, grad_shard_;  // grad_shard_: ZeRO-2/3 outside deterministic mode
   std::vector<float> error_feedback_;  // bf16 compression (host only)
   Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
   bool last_microbatch_ = true;
@@ -189,7 +189,7 @@ class DataParallel : public UnitAccess {
   const std::vector<ParamTensor>& tensors_;
   std::vector<std::pair<size_t, size_t>> unit_tensors_;  // [unit]: its tensors' index range
   std::vector<int> scale_;         // [tensor]: fixed-point exponent of this step
-  std::vector<int> step_scale_;    // [tensor]: the exponents the converted gradients had
+  std::vector<int> step_scale_;    // [tensor]: the exponents of the gradient AdamW reads this step
   OpArray<float> sample_max_;      // [tensor]: largest per-sequence |gradient| this step, this rank (loss-scaled)
   OpArray<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
   std::vector<unsigned __int128> host_squares_;

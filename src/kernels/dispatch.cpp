@@ -123,6 +123,9 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
   ANVIL_DISPATCH(adamw_update, p, g, m, v, n, s);
 }
+void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
+  ANVIL_DISPATCH(adamw_update_fixed, p, acc, e, m, v, n, s);
+}
 double sum_of_squares(const float* x, size_t n) { ANVIL_DISPATCH(sum_of_squares, x, n); }
 bool scale_values_check_finite(float* x, size_t n, float coef) {
   ANVIL_DISPATCH(scale_values_check_finite, x, n, coef);
@@ -136,8 +139,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
                                  float* max_abs) {
   ANVIL_DISPATCH(fixed_point_accumulate_rows, acc, x, rows, n_rows, row_len, s, max_abs);
 }
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
-  ANVIL_DISPATCH(fixed_point_to_float, out, acc, n, s, squares);
+void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
+  ANVIL_DISPATCH(fixed_point_squares, acc, n, squares);
 }
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
   ANVIL_DISPATCH(fixed_point_add_arrays, acc, x, n);

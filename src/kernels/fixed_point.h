@@ -26,7 +26,7 @@ inline int64_t fixed_point_add(int64_t a, int64_t b) {
   return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
 }
 
-// Squares are summed as floor(acc² / 2^kSquareShift) (see fixed_point_to_float).
+// Squares are summed as floor(acc² / 2^kSquareShift) (see fixed_point_squares).
 constexpr int kSquareShift = 40;
 
 // The scale exponent s for a tensor whose largest per-sample |value| is max_abs, when `samples`
@@ -46,30 +46,31 @@ void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_
 // and x): the embedding rows one sequence touched. The rows must be distinct.
 void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
                                  float* max_abs);
-// out[i] = acc[i] · 2^-s, rounded to float; and, from the same pass over acc, *squares =
-// Σ floor(acc[i]² / 2^kSquareShift), exact in 128-bit integers: sums of squares split over shards
-// add up to the same bits. (Entries below 2^-26 of the largest drop out of the norm: their squares
-// are under 2^-52 of it.)
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares);
+// *squares = Σ floor(acc[i]² / 2^kSquareShift) over i < n, exact in 128-bit integers: sums of
+// squares split over shards add up to the same bits. At scale s the squared norm is
+// squares · 2^(kSquareShift - 2s). (Entries below 2^-26 of the largest drop out of the norm: their
+// squares are under 2^-52 of it.) The gradient's floats are read from acc by AdamW itself
+// (kernels/optimizer.h, adamw_update_fixed).
+void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares);
 // acc[i] += x[i] (wrapping, as fixed_point_add).
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n);
 
 namespace ref {
 void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
 void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_to_float(float*, const int64_t*, size_t, int, unsigned __int128*);
+void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
 void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
 }  // namespace ref
 namespace cpu {
 void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
 void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_to_float(float*, const int64_t*, size_t, int, unsigned __int128*);
+void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
 void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
 void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_to_float(float*, const int64_t*, size_t, int, unsigned __int128*);
+void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
 void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
 }  // namespace gpu
 

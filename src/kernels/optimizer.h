@@ -2,6 +2,7 @@
 // (for clipping by global norm) and the loss scale's removal. Arrays are op memory (kernels/buffer.h).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace anvil {
 
@@ -17,6 +18,10 @@ struct AdamWStep {
 };
 // p (n) =, m (n) =, v (n) = updated in place from g (n), which is left as it was.
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s);
+// The same, with g_in read from a fixed-point gradient (kernels/fixed_point.h) at exponent e:
+// g_in[i] = (float)((double)acc[i] · 2^-e), the float that the accumulator stands for. So the
+// deterministic mode needs no fp32 copy of the gradient.
+void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s);
 
 // Σ x² over x (n), in double: fixed 64K-element chunks, each summed in double, added in chunk
 // order, so the value does not depend on the thread count.
@@ -26,16 +31,19 @@ bool scale_values_check_finite(float* x, size_t n, float coef);
 
 namespace ref {
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
+void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace ref
 namespace cpu {
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
+void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
+void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
 double sum_of_squares(const float*, size_t);
 bool scale_values_check_finite(float*, size_t, float);
 }  // namespace gpu

@@ -19,6 +19,9 @@ class AdamW {
   // times grad_scale (the clipping coefficient; the gradient itself is not modified). params and
   // grads point at element lo of their flat arrays (op memory).
   void step(float* params, const float* grads, double lr, float grad_scale);
+  // The same update reading the gradient from int64 fixed-point accumulators (kernels/
+  // fixed_point.h; element lo of the flat array), tensor k of the layout at exponent exponents[k].
+  void step(float* params, const int64_t* fixed, const std::vector<int>& exponents, double lr, float grad_scale);
   int64_t steps_taken() const { return t_; }
   // The moments over [lo, hi), op memory.
   float* exp_avg() { return m_.data(); }
@@ -26,6 +29,10 @@ class AdamW {
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
+  // Advances the step count and calls update(k, offset from lo, count, step) for each layout
+  // tensor k that overlaps [lo, hi).
+  template <class Update>
+  void for_each_tensor(double lr, float grad_scale, const Update& update);
   OptimizerConfig cfg_;
   std::vector<ParamTensor> layout_;
   size_t lo_ = 0, hi_ = 0;

@@ -27,12 +27,13 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   cfg.device_eval_batch_size = 0;  // no evaluation here
   set_kernel_impl(parse_kernel_impl(cfg.kernels, 0));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  Gpt2Storage storage;
+  const DataParallelOptions dp_options = data_parallel_options(cfg);
+  Gpt2Storage storage = gpt2_storage_for(dp_options);
   storage.activation_checkpointing = cfg.activation_checkpointing;
   Gpt2 model(cfg.model, 1, T, storage);
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
-  DataParallel dp(*comm, model, cfg.optimizer, data_parallel_options(cfg));
+  DataParallel dp(*comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
   cfg.device_train_microbatch_size = plan_microbatch(cfg, GB, mem.model_states() + mem.working, 1).microbatch;
   model.set_max_batch(cfg.device_train_microbatch_size);

@@ -190,11 +190,12 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   };
 
   const DistributedConfig& dc = cfg.distributed;
-  Gpt2Storage storage = gpt2_storage_for_stage(dc.zero_stage);
+  const DataParallelOptions dp_options = data_parallel_options(cfg);
+  Gpt2Storage storage = gpt2_storage_for(dp_options);
   storage.activation_checkpointing = cfg.activation_checkpointing;
   // Activations are sized once the memory the model states take is known.
   Gpt2 model(cfg.model, 1, T, storage);
-  DataParallel dp(comm, model, cfg.optimizer, data_parallel_options(cfg));
+  DataParallel dp(comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
   const int sharing = kernel_impl() == KernelImpl::kGpu ? gpu_sharing(comm).on_my_gpu : comm.local_size();

@@ -280,15 +280,23 @@ TEST_F(GpuOps, FixedPointMatchesReferenceBitForBit) {
   EXPECT_EQ(d_twice.host(), twice);
 
   for (size_t len : {size_t{0}, size_t{1}, size_t{1000}, n}) {
-    std::vector<float> back(n, -1.0f);
-    Dev<float> d_back(back);
     unsigned __int128 want = 0;
-    ref::fixed_point_to_float(back.data(), twice.data(), len, s, &want);
+    ref::fixed_point_squares(twice.data(), len, &want);
     Dev<unsigned __int128> d_sum(std::vector<unsigned __int128>{123});
-    gpu::fixed_point_to_float(d_back.get(), d_twice.get(), len, s, d_sum.get());
-    EXPECT_EQ(d_back.host(), back) << "length " << len;
+    gpu::fixed_point_squares(d_twice.get(), len, d_sum.get());
     EXPECT_TRUE(d_sum.host()[0] == want) << "length " << len;
   }
+
+  // AdamW reading the fixed-point gradient (the GPU may contract the moments' updates into
+  // fused multiply-adds, as in adamw_update's test).
+  std::vector<float> p(n, 1.0f), m(n, 0.1f), v(n, 0.01f);
+  Dev<float> d_p(p), d_m(m), d_v(v);
+  const AdamWStep step{0.9f, 0.95f, 1e-8f, 1e-3f, 0.3f, 0.999f, 0.25f};
+  ref::adamw_update_fixed(p.data(), twice.data(), s, m.data(), v.data(), n, step);
+  gpu::adamw_update_fixed(d_p.get(), d_twice.get(), s, d_m.get(), d_v.get(), n, step);
+  EXPECT_TRUE(all_close(d_p.host().data(), p.data(), n, kFp32Elementwise));
+  EXPECT_TRUE(all_close(d_m.host().data(), m.data(), n, kFp32Elementwise));
+  EXPECT_TRUE(all_close(d_v.host().data(), v.data(), n, kFp32Elementwise));
 
   // A NaN is infinity in the maximum.
   Dev<float> d_nan(std::vector<float>{1.0f, std::nanf(""), -2.0f}), d_nan_max(std::vector<float>{0.0f});

@@ -19,6 +19,13 @@ std::vector<float> random_values(size_t n, uint64_t seed, float scale) {
   return v;
 }
 
+// The floats a fixed-point array stands for at scale s.
+std::vector<float> values_of(const std::vector<int64_t>& acc, int s) {
+  std::vector<float> out(acc.size());
+  for (size_t i = 0; i < acc.size(); i++) out[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -s));
+  return out;
+}
+
 TEST(FixedPoint, RoundsToNearestEvenAndClearsTheInput) {
   // Ties at scale 2^0: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, -1.5 -> -2; and ordinary values.
   std::vector<float> x = {0.5f, 1.5f, 2.5f, -1.5f, -0.75f, 3.25f, 1e6f, -7.0f};
@@ -75,10 +82,7 @@ TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
       }
       for (size_t i = 0; i < n; i++) total[i] += part[i];
     }
-    std::vector<float> out(n);
-    unsigned __int128 squares = 0;
-    fixed_point_to_float(out.data(), total.data(), n, s, &squares);
-    return out;
+    return values_of(total, s);
   };
   const std::vector<float> a = sum({{0, 1, 2, 3, 4, 5, 6, 7}});
   const std::vector<float> b = sum({{7, 3}, {1}, {0, 2, 4, 6, 5}});
@@ -99,25 +103,24 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   float m = 0.0f;
   fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
   unsigned __int128 whole = 0, head = 0, tail = 0;
-  std::vector<float> out(acc.size());
-  fixed_point_to_float(out.data(), acc.data(), acc.size(), s, &whole);
-  fixed_point_to_float(out.data(), acc.data(), 1234, s, &head);
-  fixed_point_to_float(out.data() + 1234, acc.data() + 1234, acc.size() - 1234, s, &tail);
+  fixed_point_squares(acc.data(), acc.size(), &whole);
+  fixed_point_squares(acc.data(), 1234, &head);
+  fixed_point_squares(acc.data() + 1234, acc.size() - 1234, &tail);
   EXPECT_TRUE(whole == head + tail);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
 }
 
 // The fast kernels against the reference: every integer, maximum and float bit for bit, the
-// embedding-rows form and a NaN included.
+// embedding-rows form, a NaN and the threaded sum of squares included.
 TEST(FixedPoint, CpuKernelsMatchTheReference) {
-  const size_t rows = 1800, row_len = 37, n = rows * row_len;  // 2n elements: the threaded conversion
+  const size_t rows = 1800, row_len = 37, n = rows * row_len;  // 2n elements: the threaded sum of squares
   const std::vector<float> x0 = random_values(n, 4, 0.02f);
   const std::vector<int32_t> touched = {7, 0, 49, 12, 13};
   const int s = fixed_point_scale(0.02f, 16);
   struct Result {
     std::vector<int64_t> acc;
-    std::vector<float> x, back;
+    std::vector<float> x;
     float max_all, max_rows, max_nan;
     unsigned __int128 squares;
   };
@@ -134,8 +137,7 @@ TEST(FixedPoint, CpuKernelsMatchTheReference) {
     std::vector<int64_t> twice = r.acc;
     fixed_point_add_arrays(twice.data(), r.acc.data(), n);
     r.acc.insert(r.acc.end(), twice.begin(), twice.end());
-    r.back.resize(r.acc.size());
-    fixed_point_to_float(r.back.data(), r.acc.data(), r.acc.size(), s, &r.squares);
+    fixed_point_squares(r.acc.data(), r.acc.size(), &r.squares);
     std::vector<float> nan = {1.0f, std::nanf(""), -2.0f};
     std::vector<int64_t> nan_acc(3, 0);
     r.max_nan = 0.0f;
@@ -146,7 +148,6 @@ TEST(FixedPoint, CpuKernelsMatchTheReference) {
   const Result want = run(KernelImpl::kRef), got = run(KernelImpl::kCpu);
   EXPECT_EQ(got.acc, want.acc);
   EXPECT_EQ(got.x, want.x);
-  EXPECT_EQ(got.back, want.back);
   EXPECT_EQ(got.max_all, want.max_all);
   EXPECT_EQ(got.max_rows, want.max_rows);
   EXPECT_TRUE(got.squares == want.squares);

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "kernels/optimizer.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -89,6 +91,35 @@ TEST(AdamW, ClippingInsideTheUpdateIsClippingBefore) {
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(v1, v2);
   EXPECT_EQ(p1, p3);
+  EXPECT_EQ(v1, v3);
+}
+
+// AdamW reading a fixed-point gradient is AdamW on the floats the integers stand for, bit for
+// bit: small and huge integers (beyond 2^53, where the conversion to double rounds), negative
+// ones, and enough of them for the threaded loop.
+TEST(AdamW, FixedPointGradientIsTheFloatsItStandsFor) {
+  const size_t n = 100003;
+  const int e = 47;
+  Rng rng(5, 0);
+  std::vector<int64_t> acc(n);
+  for (size_t i = 0; i < n; i++) {
+    const double magnitude = std::ldexp(rng.uniform(), static_cast<int>(rng.below(62)));
+    acc[i] = static_cast<int64_t>(i % 2 ? magnitude : -magnitude);
+  }
+  acc[0] = (int64_t{1} << 53) + 1;
+  acc[1] = -((int64_t{1} << 61) + 12345);
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; i++) g[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -e));
+  const AdamWStep s{0.9f, 0.95f, 1e-8f, 1e-3f, 0.2f, 0.999f, 0.75f};
+  std::vector<float> p1(n, 1.0f), m1(n, 0.1f), v1(n, 0.01f), p2 = p1, m2 = m1, v2 = v1, p3 = p1, m3 = m1, v3 = v1;
+  cpu::adamw_update(p1.data(), g.data(), m1.data(), v1.data(), n, s);
+  cpu::adamw_update_fixed(p2.data(), acc.data(), e, m2.data(), v2.data(), n, s);
+  ref::adamw_update_fixed(p3.data(), acc.data(), e, m3.data(), v3.data(), n, s);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(m1, m2);
+  EXPECT_EQ(v1, v2);
+  EXPECT_EQ(p1, p3);
+  EXPECT_EQ(m1, m3);
   EXPECT_EQ(v1, v3);
 }
 

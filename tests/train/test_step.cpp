@@ -69,7 +69,7 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
   c.precision = precision;
-  Gpt2Storage storage;
+  Gpt2Storage storage = gpt2_storage_for(data_parallel_options(c));
   storage.activation_checkpointing = activation_checkpointing;
   Gpt2 model(c.model, microbatch, c.max_seq_len, storage);
   model.init_weights(1);
@@ -85,7 +85,7 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
 TEST(TrainStep, DoesNotAllocateOnceWarm) {
   for (bool checkpointing : {false, true}) {
     TrainConfig c = small_config(2);
-    Gpt2Storage storage;
+    Gpt2Storage storage = gpt2_storage_for(data_parallel_options(c));
     storage.activation_checkpointing = checkpointing;
     Gpt2 model(c.model, 2, c.max_seq_len, storage);
     model.init_weights(1);
@@ -177,7 +177,7 @@ TEST(TrainStep, OverflowedStepRunsAgain) {
 // losing the NaN in the gradient maximum or taking it for a fixed-point overflow.
 TEST(TrainStep, NonFiniteGradientIsAnError) {
   TrainConfig c = small_config(2);
-  Gpt2 model(c.model, 2, c.max_seq_len);
+  Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(data_parallel_options(c)));
   model.init_weights(1);
   model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
   auto comm = make_communicator();
@@ -220,7 +220,7 @@ TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
     c.loss_scaler.init_scale = 0x1p40;
     c.loss_scaler.hysteresis = 2;
     c.loss_scaler.growth_interval = 3;
-    Gpt2 model(c.model, 2, c.max_seq_len);
+    Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(data_parallel_options(c)));
     model.init_weights(1);
     const std::vector<float> initial(model.params(), model.params() + model.num_params());
     auto comm = make_communicator();

@@ -66,15 +66,12 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   *max_abs = std::max(*max_abs, m);
 }
 
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
+void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
   using u128 = unsigned __int128;
-  const double inv = std::ldexp(1.0, -s);
-  // One pass over acc for both: the conversion and the squares are memory-bound.
   auto range = [&](size_t lo, size_t hi) {
     u128 total = 0;
     for (size_t i = lo; i < hi; i++) {
       const int64_t v = acc[i];
-      out[i] = static_cast<float>(static_cast<double>(v) * inv);
       const uint64_t a = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
       total += (static_cast<u128>(a) * a) >> kSquareShift;
     }

@@ -6,15 +6,28 @@
 
 namespace anvil::cpu {
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+namespace {
+template <class Gradient>
+void adamw(float* p, const Gradient& g, float* m, float* v, size_t n, const AdamWStep& s) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) {
-    const float gi = g[i] * s.grad_scale;
+    const float gi = g(i) * s.grad_scale;
     p[i] *= s.keep;
     m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
     v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
     p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
   }
+}
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+  adamw(p, [g](size_t i) { return g[i]; }, m, v, n, s);
+}
+
+void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
+  const double inverse_scale = std::ldexp(1.0, -e);  // a power of two: the product is exact
+  adamw(p, [acc, inverse_scale](size_t i) { return static_cast<float>(static_cast<double>(acc[i]) * inverse_scale); },
+        m, v, n, s);
 }
 
 double sum_of_squares(const float* x, size_t n) {

@@ -85,13 +85,12 @@ __device__ u128 block_sum(u128 v) {
   return shared[0];
 }
 
-// The conversion, and each block's part of the sum of squares (grid-stride over a fixed grid).
-__global__ void to_float_kernel(float* out, u128* partial, const int64_t* acc, size_t n, double inv) {
+// Each block's part of the sum of squares (grid-stride over a fixed grid).
+__global__ void squares_kernel(u128* partial, const int64_t* acc, size_t n) {
   u128 s = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int64_t v = acc[i];
-    out[i] = static_cast<float>(static_cast<double>(v) * inv);
     const unsigned long long a = v < 0 ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
     s += (static_cast<u128>(a) * a) >> kSquareShift;
   }
@@ -133,10 +132,10 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   }
 }
 
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
+void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
   const int blocks = static_cast<int>(std::min<size_t>(std::max<size_t>(blocks_for(n), 1), kMaxSquareBlocks));
   u128* partial = static_cast<u128*>(square_partials.get(blocks * sizeof(u128)));
-  to_float_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(out, partial, acc, n, ldexp(1.0, -s));
+  squares_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(partial, acc, n);
   GPU_CHECK_LAUNCH();
   sum_partials_kernel<<<1, kThreads, 0, gpu_stream()>>>(squares, partial, blocks);
   GPU_CHECK_LAUNCH();

@@ -1,6 +1,7 @@
 // The optimizer's element-wise work on the GPU (one source for CUDA and HIP). The sum of squares
 // reduces fixed 64K-element chunks in double, in a fixed tree, and the host adds the chunks in
 // order: the same value on every run.
+#include <cmath>
 #include <vector>
 
 #include "device/arch.h"
@@ -14,10 +15,22 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kChunk = size_t{1} << 16;
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamWStep s) {
+// The gradient as floats, or read from fixed point (kernels/optimizer.h).
+struct FloatGradient {
+  const float* g;
+  __device__ float operator()(size_t i) const { return g[i]; }
+};
+struct FixedGradient {
+  const int64_t* acc;
+  double inverse_scale;
+  __device__ float operator()(size_t i) const { return static_cast<float>(static_cast<double>(acc[i]) * inverse_scale); }
+};
+
+template <class Gradient>
+__global__ void adamw_kernel(float* p, Gradient g, float* m, float* v, size_t n, AdamWStep s) {
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float gi = g[i] * s.grad_scale;
+  const float gi = g(i) * s.grad_scale;
   const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
   const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
   m[i] = mi;
@@ -55,7 +68,13 @@ GpuScratch chunk_sums, nonfinite_flag;
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
   if (n == 0) return;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, g, m, v, n, s);
+  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, FloatGradient{g}, m, v, n, s);
+  GPU_CHECK_LAUNCH();
+}
+
+void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, FixedGradient{acc, std::ldexp(1.0, -e)}, m, v, n, s);
   GPU_CHECK_LAUNCH();
 }
 

@@ -290,14 +290,25 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
 
 namespace anvil::ref {
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+namespace {
+template <class Gradient>
+void adamw(float* p, const Gradient& g, float* m, float* v, size_t n, const AdamWStep& s) {
   for (size_t i = 0; i < n; i++) {
-    const float gi = g[i] * s.grad_scale;
+    const float gi = g(i) * s.grad_scale;
     p[i] *= s.keep;
     m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
     v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
     p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
   }
+}
+}  // namespace
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
+  adamw(p, [g](size_t i) { return g[i]; }, m, v, n, s);
+}
+
+void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
+  adamw(p, [acc, e](size_t i) { return static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -e)); }, m, v, n, s);
 }
 
 double sum_of_squares(const float* x, size_t n) {
@@ -342,10 +353,9 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   }
 }
 
-void fixed_point_to_float(float* out, const int64_t* acc, size_t n, int s, unsigned __int128* squares) {
+void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
   unsigned __int128 total = 0;
   for (size_t i = 0; i < n; i++) {
-    out[i] = static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -s));
     const unsigned __int128 a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
     total += (a * a) >> kSquareShift;
   }

@@ -111,9 +111,9 @@ namespace {
 // Floats of every activation array: per layer in the order of Gpt2::BlockActs, then the rest of
 // Gpt2::Acts, then the activation gradients.
 struct ActivationSizes {
-  size_t block[12];
+  size_t block[11];
   size_t block_layers;  // L, or 1 under activation checkpointing
-  size_t rest[9];       // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch
+  size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
   size_t grads;         // dresidual and dsmall for the microbatch, dbig and dqkv for one sequence
 
   size_t block_total() const {
@@ -131,9 +131,9 @@ struct ActivationSizes {
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, bool checkpointing) {
   const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
                V = cfg.vocab_size, NH = cfg.n_heads;
-  return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C, BT * 4 * C},
+  return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C},
           checkpointing ? 1 : L,
-          {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C},
+          {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C, BT * 4 * C},
           2 * BT * C + T * 4 * C + T * 3 * C};
 }
 }  // namespace
@@ -328,9 +328,9 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   round_to_dtype(x.ln2, NC, dtype_);
   matmul_forward_sequences(x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
   round_to_dtype(x.fch, 4 * NC, dtype_);
-  gelu_forward(x.fch_gelu, x.fch, 4 * NC);
-  round_to_dtype(x.fch_gelu, 4 * NC, dtype_);
-  matmul_forward_sequences(scratch, x.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
+  round_to_dtype(acts_.fch_gelu, 4 * NC, dtype_);
+  matmul_forward_sequences(scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(residual3, x.residual2, scratch, NC);
 }
@@ -442,7 +442,10 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       float* dsmall = dsmall_ + r * C;
       // The residual stream's gradient stays fp32; the projections see it rounded.
       const float* dproj = rounded(dres, TC);
-      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, x.fch_gelu + r * 4 * C, p.fcprojw, T, 4 * C, C);
+      float* fch_gelu = a.fch_gelu + r * 4 * C;  // this sequence's GELU output, recomputed
+      gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * TC);
+      round_to_dtype(fch_gelu, 4 * TC, dtype_);
+      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, fch_gelu, p.fcprojw, T, 4 * C, C);
       round_to_dtype(dbig_, 4 * TC, dtype_);
       gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * TC);
       round_to_dtype(dbig_, 4 * TC, dtype_);

@@ -141,12 +141,14 @@ class Gpt2 {
  private:
   // A block's activations, per layer (or for one layer under activation checkpointing).
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-        *fch_gelu;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch;
   };
   struct Acts {
     BlockActs block;  // layer l's at offset l·(its size for one layer)
     float *encoded, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *ce_lse, *scratch;
+    // GELU's output, the MLP projection's input: one layer's, not kept per layer, since the
+    // backward pass recomputes it from fch a sequence at a time (the same bits) for less memory.
+    float* fch_gelu;
   };
   // One block's tensors inside its unit, in layout order.
   struct Block {

@@ -1,33 +1,54 @@
 // The optimizer's element-wise work on the CPU: OpenMP over elements, fixed chunks for the sum.
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/optimizer.h"
 
 namespace anvil::cpu {
 
 namespace {
-template <class Gradient>
-void adamw(float* p, const Gradient& g, float* m, float* v, size_t n, const AdamWStep& s) {
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    const float gi = g(i) * s.grad_scale;
-    p[i] *= s.keep;
-    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
-    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
-    p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
-  }
+
+[[gnu::always_inline]] inline void adamw_element(float& p, float g_in, float& m, float& v, const AdamWStep& s) {
+  const float g = g_in * s.grad_scale;
+  p *= s.keep;
+  m = s.beta1 * m + (1.0f - s.beta1) * g;
+  v = s.beta2 * v + (1.0f - s.beta2) * g * g;
+  p -= s.step_size * m / (std::sqrt(v) / s.bc2_sqrt + s.eps);
 }
+
+// (double)v with the same rounding, from the two 32-bit halves, each converted exactly: the sum
+// is the one rounding. Unlike a direct conversion it vectorises without AVX-512's vcvtqq2pd.
+[[gnu::always_inline]] inline double int64_to_double(int64_t v) {
+  const double high = static_cast<double>(static_cast<int32_t>(v >> 32)) * 4294967296.0;
+  const double low = static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(v) ^ 0x80000000u)) + 2147483648.0;
+  return high + low;
+}
+
+// Not compiled per instruction set (ANVIL_CPU_CLONES): where FMA exists GCC would contract the
+// moments' updates, and the update would then differ from the reference's by ISA.
+void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi, const AdamWStep& s) {
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) adamw_element(p[i], g[i], m[i], v[i], s);
+}
+
+void adamw_fixed_range(float* p, const int64_t* acc, double inverse_scale, float* m, float* v, size_t lo, size_t hi,
+                       const AdamWStep& s) {
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++)
+    adamw_element(p[i], static_cast<float>(int64_to_double(acc[i]) * inverse_scale), m[i], v[i], s);
+}
+
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
-  adamw(p, [g](size_t i) { return g[i]; }, m, v, n, s);
+  over_threads(n, [&](size_t lo, size_t hi) { adamw_range(p, g, m, v, lo, hi, s); });
 }
 
 void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
   const double inverse_scale = std::ldexp(1.0, -e);  // a power of two: the product is exact
-  adamw(p, [acc, inverse_scale](size_t i) { return static_cast<float>(static_cast<double>(acc[i]) * inverse_scale); },
-        m, v, n, s);
+  over_threads(n, [&](size_t lo, size_t hi) { adamw_fixed_range(p, acc, inverse_scale, m, v, lo, hi, s); });
 }
 
 double sum_of_squares(const float* x, size_t n) {

@@ -100,6 +100,7 @@ class DataParallel : public UnitAccess {
 
   Communicator& comm() { return comm_; }
   std::string collectives_description() const { return collectives_.description(); }
+  const GpuSharing& gpu_sharing() const { return collectives_.sharing(); }
   int zero_stage() const { return opt_.zero_stage; }
   MemoryReport memory() const;
 

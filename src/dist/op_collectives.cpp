@@ -35,7 +35,8 @@ GpuSharing gpu_sharing(Communicator& comm) {
 
 OpCollectives::OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice) : comm_(comm) {
   if (kernel_impl() != KernelImpl::kGpu) return;  // kHost
-  const bool own_gpus = !gpu_sharing(comm).any;
+  sharing_ = gpu_sharing(comm);
+  const bool own_gpus = !sharing_.any;
   ANVIL_CHECK(choice != GpuCollectivesChoice::kNccl || own_gpus, "distributed.gpu_collectives: nccl needs a GPU per "
               "rank, but ranks of this job share a GPU (rank {} drives {} on {}); use host (or auto)", comm.rank(),
               gpu_pci_bus_id(), comm.host());

@@ -38,6 +38,8 @@ class OpCollectives {
   ~OpCollectives();
   // "anvil's (host memory)", "NCCL 2.28.3", "anvil's, through host memory".
   std::string description() const;
+  // Under kernels=gpu, which ranks share a GPU (found once, at construction); {1, false} otherwise.
+  const GpuSharing& sharing() const { return sharing_; }
 
   void all_reduce(float* data, size_t n, AllReduceAlgo algo);
   void all_reduce(int64_t* data, size_t n, AllReduceAlgo algo);
@@ -53,6 +55,7 @@ class OpCollectives {
 
   Communicator& comm_;
   Path path_ = Path::kHost;
+  GpuSharing sharing_;
   std::unique_ptr<GpuCollectives> gpu_;
   std::mutex mu_;
   std::vector<unsigned char> stage_;

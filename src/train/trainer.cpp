@@ -198,7 +198,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   DataParallel dp(comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
-  const int sharing = kernel_impl() == KernelImpl::kGpu ? gpu_sharing(comm).on_my_gpu : comm.local_size();
+  const int sharing = kernel_impl() == KernelImpl::kGpu ? dp.gpu_sharing().on_my_gpu : comm.local_size();
   const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, sharing);
   int microbatch = plan.microbatch;
   // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the

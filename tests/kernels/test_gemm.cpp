@@ -3,6 +3,7 @@
 // any shape, operand layout and blocking (kernels/cpu/gemm.h).
 #include <gtest/gtest.h>
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_blocked.h"
+#include "kernels/cpu/gemm_portable.h"
 
 namespace anvil::cpu {
 namespace {
@@ -125,37 +127,9 @@ TEST(Gemm, Bf16MatchesTheSpecificationOnEveryInstructionSet) {
 // The AVX-512 kernels' blocking (12 × 32 tiles; VDPBF16PS's packed pairs of k) through the same
 // templates (gemm_blocked.h) on vector types that compute lane by lane, so that everything but
 // the intrinsics runs on any CPU, single-threaded and as a thread team.
-struct Lanes16 {
-  static constexpr int W = 16;
-  struct Vec {
-    float x[W];
-  };
-  static Vec zero() { return Vec{}; }
-  static Vec load(const float* p) {
-    Vec v;
-    std::memcpy(v.x, p, sizeof v.x);
-    return v;
-  }
-  static void store(float* p, const Vec& v) { std::memcpy(p, v.x, sizeof v.x); }
-  static Vec add(const Vec& a, const Vec& b) {
-    Vec c;
-    for (int i = 0; i < W; i++) c.x[i] = flush_if_bf16(flush_if_bf16(a.x[i]) + flush_if_bf16(b.x[i]));
-    return c;
-  }
-  static Vec bcast(float s) {
-    Vec v;
-    for (float& e : v.x) e = s;
-    return v;
-  }
-  static Vec fma(const Vec& a, const Vec& b, Vec c) {
-    for (int i = 0; i < W; i++)
-      c.x[i] = flush_if_bf16(std::fma(flush_if_bf16(a.x[i]), flush_if_bf16(b.x[i]), flush_if_bf16(c.x[i])));
-    return c;
-  }
-  // bf16 products run under FTZ and DAZ (gemm.cpp); here the lanes flush for themselves.
-  static inline bool bf16 = false;
-  static float flush_if_bf16(float f) { return bf16 ? flush(f) : f; }
-};
+// bf16 products run with subnormals flushed (FTZ and DAZ) as gemm.cpp runs them; the lanes'
+// std::fma follows the control register like the vector instructions.
+using Lanes16 = PortableLanes<16>;
 
 // VDPBF16PS as the instruction set reference describes it: per lane, the odd members' product
 // added first, then the even ones', each rounded to fp32, subnormals read and written as zero.
@@ -187,10 +161,13 @@ Implementation lanes(std::string name, void (*blocked)(const GemmCall&), bool bf
                     bool accumulate) {
             std::vector<float> shared_b(static_cast<size_t>(kGemmTeamMaxN) * kGemmTeamBlocks * kGemmKc);
             const bool team = threads > 1 && N <= kGemmTeamMaxN;
-            Lanes16::bf16 = precision == GemmPrecision::bf16;
 #pragma omp parallel num_threads(team ? threads : 1)
             {
-              if (team) EXPECT_EQ(threads, omp_get_num_threads());
+              const unsigned control = _mm_getcsr();  // per thread
+              if (precision == GemmPrecision::bf16) _mm_setcsr(control | 0x8040u);
+              if (team) {
+                EXPECT_EQ(threads, omp_get_num_threads());
+              }
               std::vector<float> a_buffer(static_cast<size_t>(kGemmMc) * kGemmKc);
               std::vector<float> b_buffer(static_cast<size_t>(kGemmNc) * kGemmKc);
               const int thread = team ? omp_get_thread_num() : 0;
@@ -198,6 +175,7 @@ Implementation lanes(std::string name, void (*blocked)(const GemmCall&), bool bf
                                   bf16_operands, a_buffer.data(), team ? shared_b.data() : b_buffer.data(),
                                   thread, team ? omp_get_num_threads() : 1};
               blocked(call);
+              _mm_setcsr(control);
             }
           }};
 }

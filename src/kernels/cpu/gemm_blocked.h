@@ -91,14 +91,14 @@ void micro_pairs(int steps, const uint32_t* a, const uint32_t* b, long ldb, floa
 }
 
 // fp32 → bf16 bits, nearest even, as float_to_bf16 (core/dtype.h), with a subnormal result
-// flushed to a zero of its sign: VDPBF16PS reads subnormal inputs as zero.
+// flushed to a zero of its sign: VDPBF16PS reads subnormal inputs as zero. Branch-free, so that
+// the packing loops below vectorise.
 inline uint32_t bf16_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;  // NaN stays a (quiet) NaN
-  uint32_t h = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  if ((h & 0x7F80u) == 0) h &= 0x8000u;
-  return h;
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t flushed = (rounded & 0x7F80u) == 0 ? rounded & 0x8000u : rounded;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : flushed;  // NaN stays a (quiet) NaN
 }
 inline float bf16_value(float f) {
   const uint32_t bits = bf16_bits(f) << 16;
@@ -160,23 +160,44 @@ inline void round_and_swap_pairs(float* panels, long values, int width) {
 }
 
 // Packing for VDPBF16PS: pairs of k in one 32-bit word, the even k low; k = K pads with zero.
-inline void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, int width, uint32_t* dst) {
+// Panels of Width rows, k-major, as pack_panels; each layout is read in address order and the
+// full panels go through loops the compiler vectorises (packing otherwise costs as much as the
+// products: a bf16 operand is converted on every call).
+template <int Width>
+void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, uint32_t* dst) {
   const int pairs = (kc + 1) / 2;
-  for (int p = 0; p < rows; p += width, dst += static_cast<long>(pairs) * width) {
-    const int valid = std::min(width, rows - p);
-    for (int r = 0; r < width; r++) {
-      if (r >= valid) {
-        for (int q = 0; q < pairs; q++) dst[q * width + r] = 0;
-        continue;
+  const long rs = m.row_stride, cs = m.col_stride;
+  auto word = [&](const float* row, int k) {  // pair (k, k + 1) of a row; k < K always
+    return k + 1 < K ? bf16_bits(row[k * cs]) | bf16_bits(row[(k + 1) * cs]) << 16 : bf16_bits(row[k * cs]);
+  };
+  for (int p = 0; p < rows; p += Width, dst += static_cast<long>(pairs) * Width) {
+    const int valid = std::min(Width, rows - p);
+    const float* panel = m.data + (i0 + p) * rs;
+    int q = 0;
+    if (valid == Width && rs == 1) {  // each k a contiguous run of the panel's rows
+      for (; q < pairs && k0 + 2 * q + 1 < K; q++) {
+        const float* lo = panel + (k0 + 2 * q) * cs;
+        const float* hi = lo + cs;
+        uint32_t* out = dst + q * Width;
+        for (int r = 0; r < Width; r++) out[r] = bf16_bits(lo[r]) | bf16_bits(hi[r]) << 16;
       }
-      const float* row = m.data + (i0 + p + r) * m.row_stride;
-      for (int q = 0; q < pairs; q++) {
-        const int k = k0 + 2 * q;
-        uint32_t w = bf16_bits(row[k * m.col_stride]);
-        if (k + 1 < K) w |= bf16_bits(row[(k + 1) * m.col_stride]) << 16;
-        dst[q * width + r] = w;
+    } else if (valid == Width && cs == 1) {  // each row a contiguous run of k: 8 pairs at a time
+      for (; q + 8 <= pairs && k0 + 2 * q + 16 <= K; q += 8) {
+        uint32_t tile[8][Width];
+        for (int r = 0; r < Width; r++) {
+          const float* src = panel + r * rs + k0 + 2 * q;
+          uint16_t halves[16];
+          for (int j = 0; j < 16; j++) halves[j] = static_cast<uint16_t>(bf16_bits(src[j]));
+          uint32_t words[8];
+          std::memcpy(words, halves, sizeof words);
+          for (int j = 0; j < 8; j++) tile[j][r] = words[j];
+        }
+        for (int j = 0; j < 8; j++)
+          for (int r = 0; r < Width; r++) dst[(q + j) * Width + r] = tile[j][r];
       }
     }
+    for (; q < pairs; q++)
+      for (int r = 0; r < Width; r++) dst[q * Width + r] = r < valid ? word(panel + r * rs, k0 + 2 * q) : 0;
   }
 }
 
@@ -272,10 +293,8 @@ void blocked_pairs(const GemmCall& g) {
   constexpr int NR = NV * V::W;
   run_blocked<uint32_t>(
       g, MR, NR, 2, g.K, micro_pairs<V, MR, NV>,
-      [&](int i0, int rows, int k0, int kc, uint32_t* dst) { pack_pair_panels(g.a, g.K, i0, rows, k0, kc, MR, dst); },
-      [&](int k0, int kc, int j0, int cols, uint32_t* dst) {
-        pack_pair_panels(g.bt, g.K, j0, cols, k0, kc, NR, dst);
-      });
+      [&](int i0, int rows, int k0, int kc, uint32_t* dst) { pack_pair_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },
+      [&](int k0, int kc, int j0, int cols, uint32_t* dst) { pack_pair_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); });
 }
 
 }  // namespace

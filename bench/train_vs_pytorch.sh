@@ -4,7 +4,10 @@
 # noisy neighbour). key=value overrides go to anvil, and the model shape, precision and device
 # they set go to PyTorch too. With kernels=gpu both run on the GPU (anvil from the cuda-release
 # build, PyTorch on cuda) and the memory compared is GPU memory; otherwise both run on the CPU
-# with all its threads. Installs Debian's python3-torch if no torch is importable.
+# with all its threads, and on the CPU PyTorch runs twice: as Debian ships it, and tuned (a
+# caching allocator, tcmalloc, preloaded; OpenBLAS told to use its AVX-512 kernels where the CPU
+# has them, which its Debian build does not detect on Zen 4/5). Installs Debian's python3-torch
+# and libtcmalloc-minimal4 if they are missing.
 # Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R] [--attention manual|sdpa] [key=value ...]
 #        (default configs/bench-16m.yaml; e.g. precision=amp_bf16, max_seq_len=1024, kernels=gpu)
 set -euo pipefail
@@ -22,9 +25,13 @@ while [ $# -gt 0 ]; do
 done
 python=python3
 command -v /usr/bin/python3 > /dev/null && /usr/bin/python3 -c "import torch" 2>/dev/null && python=/usr/bin/python3
+apt_install() {
+  local sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get -o DPkg::Lock::Timeout=900 install -y -qq "$@" >/dev/null
+}
 if ! "$python" -c "import torch" 2>/dev/null; then
   echo "installing python3-torch (Debian) for the comparison"
-  apt-get -o DPkg::Lock::Timeout=900 install -y -qq python3-torch >/dev/null
+  apt_install python3-torch
   python=/usr/bin/python3
 fi
 # get KEY [YAML-KEY]: the last override of KEY (dotted, e.g. model.n_layers) or, failing that, the
@@ -40,37 +47,59 @@ seq=$(get max_seq_len) batch=$(get global_train_batch_size) precision=$(get prec
 precision=${precision:-fp32}
 threads=$(nproc)
 export OMP_NUM_THREADS=$threads
-anvil=build/bin/anvil device=cpu memory=peak_rss_mib
+anvil=build/bin/anvil device=cpu memory=peak_rss_mib tuned=()
 if [ "$kernels" = gpu ]; then
   anvil=build/cuda-release/bin/anvil device=cuda memory=gpu_peak_mib
   [ -x "$anvil" ] || { cmake --preset cuda-release > /dev/null && cmake --build build/cuda-release -j"$threads" --target anvil > /dev/null; }
 else
   [ -x "$anvil" ] || scripts/build.sh
+  tcmalloc=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+  [ -f "$tcmalloc" ] || { echo "installing libtcmalloc-minimal4 (Debian) for tuned PyTorch"; apt_install libtcmalloc-minimal4; }
+  tuned=(env LD_PRELOAD="$tcmalloc")
+  grep -qw avx512f /proc/cpuinfo && tuned+=(OPENBLAS_CORETYPE=SkylakeX)
 fi
 echo "model: GPT-2 L=$layers H=$heads d=$dmodel V=$vocab T=$seq B=$batch, $precision, AdamW, on $device" \
      "($threads threads), $steps timed steps x $rounds rounds; PyTorch attention: $attention"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); avx512: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)"
 field() { sed "s/.*\"$1\": \([0-9.]*\).*/\1/"; }
-ratios=()
-best_anvil=0 best_torch=0 mem_anvil=0 mem_torch=0
+max() { awk -v x="$1" -v y="$2" 'BEGIN{print (x>y)?x:y}'; }
+median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END{print (NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2}'; }
+torch_run() {
+  "$@" "$python" bench/pytorch_gpt2.py --layers "$layers" --heads "$heads" --d-model "$dmodel" --vocab "$vocab" \
+    --seq "$seq" --batch "$batch" --steps "$steps" --threads "$threads" --device "$device" \
+    --precision "$precision" --attention "$attention" 2>/dev/null
+}
+ratios=() tuned_ratios=()
+best_anvil=0 best_torch=0 best_tuned=0 mem_anvil=0 mem_torch=0 mem_tuned=0
 for r in $(seq "$rounds"); do
   a=$("$anvil" bench train "$config" ${overrides[@]+"${overrides[@]}"} --steps "$steps" 2>/dev/null | tail -1)
-  t=$("$python" bench/pytorch_gpt2.py --layers "$layers" --heads "$heads" --d-model "$dmodel" --vocab "$vocab" \
-        --seq "$seq" --batch "$batch" --steps "$steps" --threads "$threads" --device "$device" \
-        --precision "$precision" --attention "$attention" 2>/dev/null)
+  t=$(torch_run)
   echo "round $r: anvil $a"
   echo "round $r: torch $t"
   ta=$(echo "$a" | field tokens_per_s); tt=$(echo "$t" | field tokens_per_s)
   ratios+=("$(awk -v a="$ta" -v t="$tt" 'BEGIN{printf "%.3f", a/t}')")
-  best_anvil=$(awk -v x="$ta" -v y="$best_anvil" 'BEGIN{print (x>y)?x:y}')
-  best_torch=$(awk -v x="$tt" -v y="$best_torch" 'BEGIN{print (x>y)?x:y}')
-  ma=$(echo "$a" | field "$memory"); mt=$(echo "$t" | field "$memory")
-  mem_anvil=$(awk -v x="$ma" -v y="$mem_anvil" 'BEGIN{print (x>y)?x:y}')
-  mem_torch=$(awk -v x="$mt" -v y="$mem_torch" 'BEGIN{print (x>y)?x:y}')
+  best_anvil=$(max "$ta" "$best_anvil"); best_torch=$(max "$tt" "$best_torch")
+  mem_anvil=$(max "$(echo "$a" | field "$memory")" "$mem_anvil")
+  mem_torch=$(max "$(echo "$t" | field "$memory")" "$mem_torch")
+  if [ ${#tuned[@]} -gt 0 ]; then
+    u=$(torch_run "${tuned[@]}")
+    echo "round $r: torch tuned $u"
+    tu=$(echo "$u" | field tokens_per_s)
+    tuned_ratios+=("$(awk -v a="$ta" -v t="$tu" 'BEGIN{printf "%.3f", a/t}')")
+    best_tuned=$(max "$tu" "$best_tuned")
+    mem_tuned=$(max "$(echo "$u" | field "$memory")" "$mem_tuned")
+  fi
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{v[NR]=$1} END{print (NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2}')
 echo "per-round ratios (anvil/PyTorch): ${ratios[*]}"
-awk -v a="$best_anvil" -v t="$best_torch" -v m="$median" \
+awk -v a="$best_anvil" -v t="$best_torch" -v m="$(median "${ratios[@]}")" \
   'BEGIN{printf "best tokens/s: anvil %.0f, PyTorch %.0f; median ratio %.2fx\n", a, t, m}'
 awk -v a="$mem_anvil" -v t="$mem_torch" -v w="$memory" \
   'BEGIN{printf "peak memory (%s): anvil %.0f MiB, PyTorch %.0f MiB; ratio %.2f\n", w, a, t, a/t}'
+if [ ${#tuned[@]} -gt 0 ]; then
+  echo "tuned PyTorch: ${tuned[*]:1}"
+  echo "per-round ratios (anvil/tuned PyTorch): ${tuned_ratios[*]}"
+  awk -v a="$best_anvil" -v t="$best_tuned" -v m="$(median "${tuned_ratios[@]}")" \
+    'BEGIN{printf "best tokens/s: anvil %.0f, tuned PyTorch %.0f; median ratio %.2fx\n", a, t, m}'
+  awk -v a="$mem_anvil" -v t="$mem_tuned" -v w="$memory" \
+    'BEGIN{printf "peak memory (%s): anvil %.0f MiB, tuned PyTorch %.0f MiB; ratio %.2f\n", w, a, t, a/t}'
+fi

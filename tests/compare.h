@@ -25,6 +25,11 @@ struct Tolerance {
 // element; reductions over up to ~5e4 terms (vocabulary) accumulate float error ~ sqrt(n)·eps.
 constexpr Tolerance kFp32Elementwise{1e-6, 1e-5};
 constexpr Tolerance kFp32Reduction{1e-5, 1e-4};
+// fp32 arithmetic within kFp32Elementwise, then rounded to a 16-bit dtype: the two sides can
+// round to neighbours, one unit of the format apart (bf16: 8 significant bits, so up to 2^-7
+// relative; fp16: 11 bits, 2^-10).
+constexpr Tolerance kBf16Rounded{1e-6, 8e-3};
+constexpr Tolerance kFp16Rounded{1e-6, 1e-3};
 // Relative norm error ||x - ref|| / ||ref||, for matmuls and whole-model comparisons.
 constexpr double kFp32RelNorm = 1e-5;
 // A model trained a few steps with 16-bit matrix products against fp32: bf16 rounds each operand

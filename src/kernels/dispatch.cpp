@@ -112,12 +112,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                          int N, int V) {
-  ANVIL_DISPATCH(crossentropy_forward, losses, lse, logits, targets, N, V);
+                          int N, int V, ComputeDtype d) {
+  ANVIL_DISPATCH(crossentropy_forward, losses, lse, logits, targets, N, V, d);
 }
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
-                                   const int32_t* targets, float dloss, int N, int V) {
-  ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V);
+                                   const int32_t* targets, float dloss, int N, int V, ComputeDtype d) {
+  ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V, d);
 }
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {

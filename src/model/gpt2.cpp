@@ -337,8 +337,8 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
 
 void Gpt2::lm_head(const float* emb, int b) {
   const int T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
-  matmul_forward(acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);  // tied
-  round_to_dtype(acts_.logits, static_cast<long>(T) * V, dtype_);
+  // Tied. Under amp the product is a 16-bit tensor; cross-entropy rounds the logits as it reads them.
+  matmul_forward(acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);
 }
 
 void Gpt2::check_targets(const int32_t* targets, int N) const {
@@ -373,7 +373,7 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
-    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size);
+    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
   }
   access_->release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
@@ -404,10 +404,10 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     lm_head(emb, b);
-    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V);
     // Under amp the gradients entering and leaving each matrix product are rounded to the
-    // compute dtype too; parameter gradients accumulate in fp32.
-    round_to_dtype(a.logits, static_cast<long>(T) * V, dtype_);
+    // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
+    // accumulate in fp32.
+    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype_);
     matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits, a.lnf + r * C, emb, T, C, V);
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
     access_->grain_done(0, 0, wpe_offset);

@@ -132,7 +132,8 @@ class Gpt2 {
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets);
 
-  // (T,V) in op memory: the last sequence of the last forward().
+  // (T,V) in op memory: the last sequence of the last forward(), the LM head's fp32 products
+  // (under amp, of 16-bit operands; the loss reads them rounded: crossentropy.h).
   const float* logits() const { return acts_.logits; }
   // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
   // ignored. Host memory.

@@ -105,7 +105,7 @@ std::vector<ParityResult> op_parity(KernelImpl impl) {
          t.assign_zeros(N);
          op_copy_from_host(t.data(), targets.data(), N * sizeof(int32_t));
          float *losses = r.zeros(N), *d = r.put(logits);
-         crossentropy_forward_backward(losses, d, d, t.data(), 0.5f, N, V);
+         crossentropy_forward_backward(losses, d, d, t.data(), 0.5f, N, V, ComputeDtype::kFp32);
          std::vector<float> all = OpRun::get(losses, N), g = OpRun::get(d, logits.size());
          all.insert(all.end(), g.begin(), g.end());
          return all;

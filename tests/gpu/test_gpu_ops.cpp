@@ -25,6 +25,8 @@
 namespace anvil {
 namespace {
 using testing::all_close;
+using testing::kBf16Rounded;
+using testing::kFp16Rounded;
 using testing::kFp32Elementwise;
 using testing::kFp32Reduction;
 using testing::kFp32RelNorm;
@@ -219,26 +221,31 @@ TEST_F(GpuOps, AttentionMatchesReference) {
   }
 }
 
+// In fp32 and with the amp rounding of logits and gradient in bf16 and fp16.
 TEST_F(GpuOps, CrossEntropyMatchesReferenceWithIgnoredTargets) {
   struct Shape { int N, V; };
+  for (ComputeDtype dt : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
   for (Shape s : {Shape{1, 1}, Shape{3, 5}, Shape{17, 1000}, Shape{64, 50257}}) {
-    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V);
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V << " dtype " << static_cast<int>(dt));
+    const testing::Tolerance gradient = dt == ComputeDtype::kBf16   ? kBf16Rounded
+                               : dt == ComputeDtype::kFp16 ? kFp16Rounded
+                                                           : kFp32Elementwise;
     auto logits = randn(s.N * static_cast<size_t>(s.V), 1, 3.0f);
     std::vector<int32_t> targets(s.N);
     for (int n = 0; n < s.N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % s.V;
     std::vector<float> l(s.N), lse(s.N), d(logits.size());
-    ref::crossentropy_forward(l.data(), lse.data(), logits.data(), targets.data(), s.N, s.V);
-    ref::crossentropy_forward_backward(l.data(), d.data(), logits.data(), targets.data(), 0.25f, s.N, s.V);
+    ref::crossentropy_forward(l.data(), lse.data(), logits.data(), targets.data(), s.N, s.V, dt);
+    ref::crossentropy_forward_backward(l.data(), d.data(), logits.data(), targets.data(), 0.25f, s.N, s.V, dt);
     Dev<float> d_logits(logits), d_l(std::vector<float>(s.N, NAN)), d_lse(std::vector<float>(s.N, NAN));
     Dev<int32_t> d_t(targets);
-    gpu::crossentropy_forward(d_l.get(), d_lse.get(), d_logits.get(), d_t.get(), s.N, s.V);
+    gpu::crossentropy_forward(d_l.get(), d_lse.get(), d_logits.get(), d_t.get(), s.N, s.V, dt);
     EXPECT_TRUE(all_close(d_l.host().data(), l.data(), s.N, kFp32Reduction));
     EXPECT_TRUE(all_close(d_lse.host().data(), lse.data(), s.N, kFp32Reduction));
     // The training form in place over the logits, as the model uses it.
     Dev<float> d_l2(std::vector<float>(s.N, NAN));
-    gpu::crossentropy_forward_backward(d_l2.get(), d_logits.get(), d_logits.get(), d_t.get(), 0.25f, s.N, s.V);
+    gpu::crossentropy_forward_backward(d_l2.get(), d_logits.get(), d_logits.get(), d_t.get(), 0.25f, s.N, s.V, dt);
     EXPECT_TRUE(all_close(d_l2.host().data(), l.data(), s.N, kFp32Reduction));
-    EXPECT_TRUE(all_close(d_logits.host().data(), d.data(), d.size(), kFp32Elementwise));
+    EXPECT_TRUE(all_close(d_logits.host().data(), d.data(), d.size(), gradient));
   }
 }
 

@@ -14,10 +14,13 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
+#include "kernels/round.h"
 
 namespace anvil {
 namespace {
 using testing::all_close;
+using testing::kBf16Rounded;
+using testing::kFp16Rounded;
 using testing::kFp32Elementwise;
 using testing::kFp32Reduction;
 using testing::kFp32RelNorm;
@@ -199,20 +202,37 @@ TEST(Attention, ThreadCountDoesNotChangeABit) {
   }
 }
 
+// In fp32 and with the amp rounding of logits (read) and gradient (written) in bf16 and fp16.
 TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
   struct Shape { int N, V; };
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
   for (Shape s : {Shape{1, 1}, Shape{3, 5}, Shape{17, 1000}, Shape{4, 50257}}) {
-    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V);
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " V=" << s.V << " dtype " << static_cast<int>(d));
+    const testing::Tolerance gradient = d == ComputeDtype::kBf16   ? kBf16Rounded
+                               : d == ComputeDtype::kFp16 ? kFp16Rounded
+                                                          : kFp32Elementwise;
     auto logits = randn(s.N * static_cast<size_t>(s.V), 1, 3.0f);
     std::vector<int32_t> targets(s.N);
     for (int n = 0; n < s.N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % s.V;
     std::vector<float> l_ref(s.N), l_cpu(s.N), lse_ref(s.N), lse_cpu(s.N);
-    ref::crossentropy_forward(l_ref.data(), lse_ref.data(), logits.data(), targets.data(), s.N, s.V);
-    cpu::crossentropy_forward(l_cpu.data(), lse_cpu.data(), logits.data(), targets.data(), s.N, s.V);
+    ref::crossentropy_forward(l_ref.data(), lse_ref.data(), logits.data(), targets.data(), s.N, s.V, d);
+    cpu::crossentropy_forward(l_cpu.data(), lse_cpu.data(), logits.data(), targets.data(), s.N, s.V, d);
     EXPECT_TRUE(all_close(l_cpu.data(), l_ref.data(), s.N, kFp32Reduction));
     EXPECT_TRUE(all_close(lse_cpu.data(), lse_ref.data(), s.N, kFp32Reduction));
+    if (d != ComputeDtype::kFp32) {
+      // The same as fp32 on logits rounded beforehand, which is what the dtype stands for.
+      std::vector<float> rounded = logits, l_rounded(s.N), lse_rounded(s.N);
+      ref::round_to_dtype(rounded.data(), static_cast<long>(rounded.size()), d);
+      ref::crossentropy_forward(l_rounded.data(), lse_rounded.data(), rounded.data(), targets.data(), s.N, s.V,
+                                ComputeDtype::kFp32);
+      EXPECT_TRUE(l_rounded == l_ref);
+      EXPECT_TRUE(lse_rounded == lse_ref);
+    }
     std::vector<float> d_ref(logits.size());
-    ref::crossentropy_backward(d_ref.data(), logits.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V);
+    ref::crossentropy_backward(d_ref.data(), logits.data(), lse_ref.data(), targets.data(), 0.25f, s.N, s.V, d);
+    std::vector<float> d_check = d_ref;  // every gradient is a value of the dtype
+    ref::round_to_dtype(d_check.data(), static_cast<long>(d_check.size()), d);
+    EXPECT_TRUE(d_check == d_ref);
     // The fused training form, in place and into a buffer of garbage (NaN): the same losses and
     // gradient, with ignored rows zeroed.
     for (bool in_place : {true, false}) {
@@ -220,12 +240,16 @@ TEST(CrossEntropy, MatchesReferenceWithIgnoredTargets) {
       std::vector<float> d_ref2(logits.size(), NAN);
       std::vector<float> d_cpu2 = in_place ? logits : std::vector<float>(logits.size(), NAN);
       const float* src = in_place ? d_cpu2.data() : logits.data();
-      ref::crossentropy_forward_backward(l_ref2.data(), d_ref2.data(), logits.data(), targets.data(), 0.25f, s.N, s.V);
-      cpu::crossentropy_forward_backward(l_cpu2.data(), d_cpu2.data(), src, targets.data(), 0.25f, s.N, s.V);
+      ref::crossentropy_forward_backward(l_ref2.data(), d_ref2.data(), logits.data(), targets.data(), 0.25f, s.N, s.V,
+                                         d);
+      cpu::crossentropy_forward_backward(l_cpu2.data(), d_cpu2.data(), src, targets.data(), 0.25f, s.N, s.V, d);
       EXPECT_TRUE(all_close(l_ref2.data(), l_ref.data(), s.N, kFp32Elementwise));
       EXPECT_TRUE(all_close(d_ref2.data(), d_ref.data(), d_ref.size(), kFp32Elementwise));
       EXPECT_TRUE(all_close(l_cpu2.data(), l_ref.data(), s.N, kFp32Reduction)) << "in place " << in_place;
-      EXPECT_TRUE(all_close(d_cpu2.data(), d_ref.data(), d_ref.size(), kFp32Elementwise)) << "in place " << in_place;
+      EXPECT_TRUE(all_close(d_cpu2.data(), d_ref.data(), d_ref.size(), gradient)) << "in place " << in_place;
+      std::vector<float> d_cpu_check = d_cpu2;
+      ref::round_to_dtype(d_cpu_check.data(), static_cast<long>(d_cpu_check.size()), d);
+      EXPECT_TRUE(d_cpu_check == d_cpu2) << "the fast gradient is not a value of the dtype";
     }
     for (int n = 0; n < s.N; n++) {
       if (targets[n] == kIgnoreIndex) {

@@ -197,27 +197,32 @@ __global__ void residual_backward_kernel(float* da, float* db, const float* dout
   db[i] += dout[i];
 }
 
-// The same bit operations as the CPU's rounding (kernels/cpu/round.cpp).
-__global__ void round_bf16_kernel(float* x, long N) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= N) return;
-  const uint32_t u = __float_as_uint(x[i]);
+// The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
+__device__ inline float round_bf16_value(float x) {
+  const uint32_t u = __float_as_uint(x);
   const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  x[i] = __uint_as_float(nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded);
+  return __uint_as_float(nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded);
 }
 
-__global__ void round_fp16_kernel(float* x, long N) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= N) return;
-  const uint32_t u = __float_as_uint(x[i]);
+__device__ inline float round_fp16_value(float x) {
+  const uint32_t u = __float_as_uint(x);
   const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
   const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
-  const float small = (__uint_as_float(a) + 0.5f) - 0.5f;  // exact: see cpu/round.cpp
+  const float small = (__uint_as_float(a) + 0.5f) - 0.5f;  // exact: see cpu/round_value.h
   uint32_t out = a < 0x38800000u ? __float_as_uint(small) : normal;
   out = a >= 0x477ff000u ? 0x7f800000u : out;
   out = a > 0x7f800000u ? (a | 0x00400000u) : out;
-  x[i] = __uint_as_float(out | sign);
+  return __uint_as_float(out | sign);
+}
+
+__device__ inline float round_value(float x, ComputeDtype d) {
+  return d == ComputeDtype::kBf16 ? round_bf16_value(x) : d == ComputeDtype::kFp16 ? round_fp16_value(x) : x;
+}
+
+__global__ void round_kernel(float* x, long N, ComputeDtype d) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) x[i] = round_value(x[i], d);
 }
 
 // ---- attention's element-wise parts (the products are GEMMs: attention.cpp). Scores of one
@@ -274,10 +279,11 @@ __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse,
 
 constexpr int kCeThreads = 512;
 
-// Block-wide (max, sum of exp) of one row, combined in a fixed tree; every thread gets the result.
-__device__ void row_logsumexp(const float* x, int V, float* shared, float& lse) {
+// Block-wide (max, sum of exp) of one row rounded to d, combined in a fixed tree; every thread
+// gets the result.
+__device__ void row_logsumexp(const float* x, int V, ComputeDtype d, float* shared, float& lse) {
   MaxSum acc;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) acc.add(x[v]);
+  for (int v = threadIdx.x; v < V; v += blockDim.x) acc.add(round_value(x[v], d));
   // Within the warp, then across warps through shared memory.
   acc.merge_warp();
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, warps = blockDim.x / kWarpSize;
@@ -296,33 +302,33 @@ __device__ void row_logsumexp(const float* x, int V, float* shared, float& lse) 
 }
 
 __global__ void crossentropy_forward_kernel(float* losses, float* lse_out, const float* logits, const int32_t* targets,
-                                            int V) {
+                                            int V, ComputeDtype d) {
   __shared__ float shared[2 * (kCeThreads / 32) + 1];
   const long row = blockIdx.x;
   const float* x = logits + row * V;
   float lse;
-  row_logsumexp(x, V, shared, lse);
+  row_logsumexp(x, V, d, shared, lse);
   if (threadIdx.x == 0) {
     const int32_t target = targets[row];
     lse_out[row] = lse;
-    losses[row] = target == kIgnoreIndex ? 0.0f : lse - x[target];
+    losses[row] = target == kIgnoreIndex ? 0.0f : lse - round_value(x[target], d);
   }
 }
 
 __global__ void crossentropy_forward_backward_kernel(float* losses, float* dlogits, const float* logits,
-                                                     const int32_t* targets, float dloss, int V) {
+                                                     const int32_t* targets, float dloss, int V, ComputeDtype d) {
   __shared__ float shared[2 * (kCeThreads / 32) + 1];
   const long row = blockIdx.x;
   const float* x = logits + row * V;
   float lse;
-  row_logsumexp(x, V, shared, lse);
+  row_logsumexp(x, V, d, shared, lse);
   const int32_t target = targets[row];
-  if (threadIdx.x == 0) losses[row] = target == kIgnoreIndex ? 0.0f : lse - x[target];
+  if (threadIdx.x == 0) losses[row] = target == kIgnoreIndex ? 0.0f : lse - round_value(x[target], d);
   __syncthreads();  // the loss reads x[target] before the gradient may overwrite it (aliasing)
   float* dx = dlogits + row * V;
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(x[v] - lse);
-    dx[v] = target == kIgnoreIndex ? 0.0f : dloss * (p - (v == target ? 1.0f : 0.0f));
+    const float p = expf(round_value(x[v], d) - lse);
+    dx[v] = target == kIgnoreIndex ? 0.0f : round_value(dloss * (p - (v == target ? 1.0f : 0.0f)), d);
   }
 }
 
@@ -397,8 +403,8 @@ void residual_backward(float* da, float* db, const float* dout, long N) {
 }
 
 void round_to_dtype(float* x, long N, ComputeDtype d) {
-  if (d == ComputeDtype::kBf16) round_bf16_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N);
-  if (d == ComputeDtype::kFp16) round_fp16_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N);
+  if (d == ComputeDtype::kFp32 || N == 0) return;
+  round_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N, d);
   GPU_CHECK_LAUNCH();
 }
 
@@ -420,14 +426,16 @@ void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, i
   GPU_CHECK_LAUNCH();
 }
 
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V) {
-  crossentropy_forward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, lse, logits, targets, V);
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
+                          ComputeDtype d) {
+  crossentropy_forward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, lse, logits, targets, V, d);
   GPU_CHECK_LAUNCH();
 }
 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                                   float dloss, int N, int V) {
-  crossentropy_forward_backward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, dlogits, logits, targets, dloss, V);
+                                   float dloss, int N, int V, ComputeDtype d) {
+  crossentropy_forward_backward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, dlogits, logits, targets, dloss, V,
+                                                                           d);
   GPU_CHECK_LAUNCH();
 }
 

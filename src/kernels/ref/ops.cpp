@@ -245,45 +245,51 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     }
 }
 
+namespace {
+float rounded_to(float x, ComputeDtype d) {
+  if (d == ComputeDtype::kBf16) return bf16_to_float(float_to_bf16(x));
+  if (d == ComputeDtype::kFp16) return fp16_to_float(float_to_fp16(x));
+  return x;
+}
+}  // namespace
+
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                          int N, int V) {
+                          int N, int V, ComputeDtype d) {
   for (int n = 0; n < N; n++) {
-    const float* x = logits + static_cast<long>(n) * V;
-    double mx = x[0];
-    for (int v = 1; v < V; v++) mx = std::max(mx, static_cast<double>(x[v]));
+    const float* row = logits + static_cast<long>(n) * V;
+    auto x = [&](int v) { return static_cast<double>(rounded_to(row[v], d)); };
+    double mx = x(0);
+    for (int v = 1; v < V; v++) mx = std::max(mx, x(v));
     double sum = 0;
-    for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
+    for (int v = 0; v < V; v++) sum += std::exp(x(v) - mx);
     double l = mx + std::log(sum);
     lse[n] = static_cast<float>(l);
-    losses[n] = targets[n] == kIgnoreIndex ? 0.0f : static_cast<float>(l - x[targets[n]]);
+    losses[n] = targets[n] == kIgnoreIndex ? 0.0f : static_cast<float>(l - x(targets[n]));
   }
 }
 
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const int32_t* targets, float dloss, int N, int V) {
+                           const int32_t* targets, float dloss, int N, int V, ComputeDtype d) {
   for (int n = 0; n < N; n++) {
     const float* x = logits + static_cast<long>(n) * V;
     float* dx = dlogits + static_cast<long>(n) * V;
     bool ignored = targets[n] == kIgnoreIndex;
     for (int v = 0; v < V; v++) {
-      double p = std::exp(static_cast<double>(x[v]) - lse[n]);
-      dx[v] = ignored ? 0.0f : static_cast<float>(dloss * (p - (v == targets[n] ? 1.0 : 0.0)));
+      double p = std::exp(static_cast<double>(rounded_to(x[v], d)) - lse[n]);
+      dx[v] = ignored ? 0.0f : rounded_to(static_cast<float>(dloss * (p - (v == targets[n] ? 1.0 : 0.0))), d);
     }
   }
 }
 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
-                                   const int32_t* targets, float dloss, int N, int V) {
+                                   const int32_t* targets, float dloss, int N, int V, ComputeDtype d) {
   std::vector<float> lse(N);
-  crossentropy_forward(losses, lse.data(), logits, targets, N, V);
-  crossentropy_backward(dlogits, logits, lse.data(), targets, dloss, N, V);  // element-wise: aliasing is safe
+  ref::crossentropy_forward(losses, lse.data(), logits, targets, N, V, d);
+  ref::crossentropy_backward(dlogits, logits, lse.data(), targets, dloss, N, V, d);  // element-wise: aliasing is safe
 }
 
 void round_to_dtype(float* x, long N, ComputeDtype d) {
-  for (long i = 0; i < N; i++) {
-    if (d == ComputeDtype::kBf16) x[i] = bf16_to_float(float_to_bf16(x[i]));
-    if (d == ComputeDtype::kFp16) x[i] = fp16_to_float(float_to_fp16(x[i]));
-  }
+  for (long i = 0; i < N; i++) x[i] = rounded_to(x[i], d);
 }
 
 }  // namespace anvil::ref

@@ -37,7 +37,7 @@ ANVIL_CPU_CLONES float row_sum_exp(const float* x, float shift, int V) {
   return static_cast<float>(total);
 }
 
-// dx[v] = e^(x[v] - shift), x rounded to d; returns the sum, blocked as in row_sum_exp. dx may
+// dx[v] = e^(x[v] - shift), x rounded to D; returns the sum, blocked as in row_sum_exp. dx may
 // alias x.
 template <ComputeDtype D>
 ANVIL_CPU_CLONES float row_exp_store(float* dx, const float* x, float shift, int V) {

@@ -89,9 +89,10 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int C, int OC) {
   ANVIL_DISPATCH(matmul_forward, out, inp, weight, bias, N, C, OC);
 }
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
-  ANVIL_DISPATCH(matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+  ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);
+  ANVIL_DISPATCH(matmul_backward, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
 }
 void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_forward, out, inp, N); }
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {

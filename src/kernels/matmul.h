@@ -9,10 +9,17 @@ namespace anvil {
 // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
-// dinp (N,C) = dout · weight (dinp may be null: not needed); dweight (OC,C) += doutᵀ · inp;
-// dbias (OC) += column sums of dout (dbias may be null).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+// dinp (N,C) = dout · weight, or += with accumulate_dinp (dinp may be null: not needed);
+// dweight (OC,C) += doutᵀ · inp; dbias (OC) += column sums of dout (dbias may be null). dout's
+// rows are ld_dout >= OC apart, so it may be a block of columns of a wider matrix: the LM head's
+// backward goes a vocabulary chunk at a time, its input gradient accumulating over the chunks.
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool accumulate_dinp);
+
+// The CPU's products sum k in blocks of this many (kernels/cpu/gemm.h), each added to the output
+// in order: a product split along k at multiples of it, the parts accumulated in order, has
+// the bits of the whole on the CPU.
+constexpr int kMatmulSumBlock = 256;
 
 // Whether each output row's bits depend on that row's input alone, not on how many rows share
 // the call: true of the CPU's GEMM (kernels/cpu/gemm.h), which lets the model run a whole
@@ -35,21 +42,21 @@ std::string matmul_backend_description();
 
 namespace ref {
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
 }  // namespace ref
 namespace cpu {
 void set_matmul_operand_dtype(ComputeDtype);
 double matmul_peak_gflops();
 std::string matmul_backend_description();
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void set_matmul_operand_dtype(ComputeDtype);
 double matmul_peak_gflops();
 std::string matmul_backend_description();
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
 }  // namespace gpu
 
 }  // namespace anvil

@@ -395,9 +395,13 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
 
   // The LM head, one sequence at a time: its logits, the loss and the logits' gradient in one
-  // pass (written over the logits), and the gradient back through the head. The embedding unit's
-  // gradient stays open for the whole backward pass: the head adds to it first, the token
-  // embedding last.
+  // pass (written over the logits), and the gradient back through the head a vocabulary chunk at
+  // a time, so that a chunk of the logits' gradient is read from memory once for both products
+  // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
+  // cache. Chunks split the input gradient's sum at multiples of kMatmulSumBlock: the same bits
+  // as one product. The embedding unit's gradient stays open for the whole backward pass: the
+  // head adds to it first, the token embedding last.
+  constexpr int kVocabChunk = 8 * kMatmulSumBlock;
   const float* emb = compute_params(0, access_->acquire_params(0, L + 1));
   float* demb = access_->grads(0);
   const long TC = static_cast<long>(T) * C;
@@ -408,9 +412,14 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
     crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype_);
-    matmul_backward(dsmall_ + r * C, demb, nullptr, a.logits, a.lnf + r * C, emb, T, C, V);
+    for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
+      const int width = std::min(kVocabChunk, V - v0);
+      const size_t at = static_cast<size_t>(v0) * C;
+      matmul_backward(dsmall_ + r * C, demb + at, nullptr, a.logits + v0, V, a.lnf + r * C, emb + at, T, C, width,
+                      v0 > 0);
+      access_->grain_done(0, at, static_cast<size_t>(width) * C);
+    }
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
-    access_->grain_done(0, 0, wpe_offset);
   }
   access_->release_params(0);
   op_zero(dresidual_, sizeof(float) * B * rows * C);
@@ -445,20 +454,20 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       float* fch_gelu = a.fch_gelu + r * 4 * C;  // this sequence's GELU output, recomputed
       gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * TC);
       round_to_dtype(fch_gelu, 4 * TC, dtype_);
-      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, fch_gelu, p.fcprojw, T, 4 * C, C);
+      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, C, fch_gelu, p.fcprojw, T, 4 * C, C, false);
       round_to_dtype(dbig_, 4 * TC, dtype_);
       gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * TC);
       round_to_dtype(dbig_, 4 * TC, dtype_);
-      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, x.ln2 + r * C, p.fcw, T, C, 4 * C);
+      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, 4 * C, x.ln2 + r * C, p.fcw, T, C, 4 * C, false);
       round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r,
                          T, C);
       dproj = rounded(dres, TC);
-      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, x.atty + r * C, p.attprojw, T, C, C);
+      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, C, x.atty + r * C, p.attprojw, T, C, C, false);
       round_to_dtype(dsmall, TC, dtype_);
       attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, 1, T, C, NH);
       round_to_dtype(dqkv_, 3 * TC, dtype_);
-      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, x.ln1 + r * C, p.qkvw, T, C, 3 * C);
+      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, 3 * C, x.ln1 + r * C, p.qkvw, T, C, 3 * C, false);
       round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, T,
                          C);

@@ -4,6 +4,7 @@
 // Without a GPU every test skips and says so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -133,16 +134,36 @@ TEST_F(GpuOps, MatmulMatchesReference) {
       std::vector<float> dinp(inp.size());
       auto dw = randn(w.size(), 5), db = randn(s.OC, 6);
       Dev<float> d_dinp(std::vector<float>(inp.size(), NAN)), d_dw(dw), d_db(db);
-      ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), inp.data(), w.data(),
-                           s.N, s.C, s.OC);
-      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), d_inp.get(),
-                           d_w.get(), s.N, s.C, s.OC);
+      ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), s.OC, inp.data(),
+                           w.data(), s.N, s.C, s.OC, false);
+      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), s.OC, d_inp.get(),
+                           d_w.get(), s.N, s.C, s.OC, false);
       EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
       EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
       EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.OC, kFp32Reduction));
     }
   }
   gpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
+}
+
+// dout as a block of columns of a wider matrix, the input gradient accumulated over the blocks
+// (the LM head's vocabulary chunks), with a bias.
+TEST_F(GpuOps, MatmulBackwardOnColumnBlocksMatchesReference) {
+  const int N = 64, C = 96, OC = 1000, chunk = 256;
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  std::vector<float> dinp(N * C), dw(w.size(), 0.0f), db(OC, 0.0f);
+  Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_dinp(std::vector<float>(N * C, NAN)), d_dw(dw), d_db(db);
+  for (int o0 = 0; o0 < OC; o0 += chunk) {
+    const int width = std::min(chunk, OC - o0);
+    const size_t rows = static_cast<size_t>(o0) * C;
+    ref::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
+                         w.data() + rows, N, C, width, o0 > 0);
+    gpu::matmul_backward(d_dinp.get(), d_dw.get() + rows, d_db.get() + o0, d_dout.get() + o0, OC, d_inp.get(),
+                         d_w.get() + rows, N, C, width, o0 > 0);
+  }
+  EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
+  EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
+  EXPECT_TRUE(all_close(d_db.host().data(), db.data(), OC, kFp32Reduction));
 }
 
 TEST_F(GpuOps, ElementwiseMatchReference) {
@@ -324,7 +345,8 @@ TEST_F(GpuOps, RepeatBitForBit) {
         d_dlnb(std::vector<float>(C, 0.0f)), d_m(std::vector<float>(N, 0.0f)), d_r(std::vector<float>(N, 0.0f));
     gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
     gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B, T, C, NH);
-    gpu::matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dqkv.get(), d_out.get(), d_w.get(), N, C, 3 * C);
+    gpu::matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dqkv.get(), 3 * C, d_out.get(), d_w.get(), N, C, 3 * C,
+                         false);
     gpu::layernorm_forward(d_out.get(), d_m.get(), d_r.get(), d_dinp.get(), d_dln.get(), d_dlnb.get(), N, C);
     gpu::layernorm_backward(d_dinp.get(), d_dln.get(), d_dlnb.get(), d_dout.get(), d_out.get(), d_w.get(), d_m.get(),
                             d_r.get(), N, C);

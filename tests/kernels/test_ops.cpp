@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "compare.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -92,12 +94,42 @@ TEST(Matmul, MatchesReference) {
     auto dw_cpu = dw_ref, db_cpu = db_ref;
     float* dbias_ref = s.bias ? db_ref.data() : nullptr;
     float* dbias_cpu = s.bias ? db_cpu.data() : nullptr;
-    ref::matmul_backward(dinp_ref.data(), dw_ref.data(), dbias_ref, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
-    cpu::matmul_backward(dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    ref::matmul_backward(dinp_ref.data(), dw_ref.data(), dbias_ref, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
+                         s.OC, false);
+    cpu::matmul_backward(dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
+                         s.OC, false);
     EXPECT_TRUE(rel_norm_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(rel_norm_close(dw_cpu.data(), dw_ref.data(), dw_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), s.OC, kFp32Reduction));
   }
+}
+
+// The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
+// logits' gradient (rows ld_dout apart), the input gradient accumulated over the chunks. Chunks
+// that start at multiples of the GEMM's k block (kGemmKc) give the whole product's bits on the
+// CPU; the reference agrees at fp32 tolerance, biases included.
+TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
+  const int N = 64, C = 96, OC = 1000;  // chunks of 256: three whole and one of 232
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  std::vector<float> dinp_whole(N * C), dw_whole(w.size(), 0.0f), db_whole(OC, 0.0f);
+  cpu::matmul_backward(dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(), N, C,
+                       OC, false);
+  std::vector<float> dinp(N * C, NAN), dw(w.size(), 0.0f), db(OC, 0.0f);
+  std::vector<float> dinp_ref(N * C, NAN), dw_ref(w.size(), 0.0f), db_ref(OC, 0.0f);
+  for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
+    const int width = std::min(cpu::kGemmKc, OC - o0);
+    const size_t rows = static_cast<size_t>(o0) * C;
+    cpu::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
+                         w.data() + rows, N, C, width, o0 > 0);
+    ref::matmul_backward(dinp_ref.data(), dw_ref.data() + rows, db_ref.data() + o0, dout.data() + o0, OC, inp.data(),
+                         w.data() + rows, N, C, width, o0 > 0);
+  }
+  EXPECT_TRUE(dinp == dinp_whole);
+  EXPECT_TRUE(dw == dw_whole);
+  EXPECT_TRUE(db == db_whole);
+  EXPECT_TRUE(rel_norm_close(dinp_ref.data(), dinp_whole.data(), dinp.size(), kFp32RelNorm));
+  EXPECT_TRUE(rel_norm_close(dw_ref.data(), dw_whole.data(), dw.size(), kFp32RelNorm));
+  EXPECT_TRUE(all_close(db_ref.data(), db_whole.data(), OC, kFp32Reduction));
 }
 
 // The GEMM grid is a function of the shape only: 1, 2 and 3 threads give the same bits, for
@@ -116,8 +148,8 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
       dw[k] = randn(w.size(), 5);
       db[k] = randn(s.OC, 6);
       cpu::matmul_forward(out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
-      cpu::matmul_backward(dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), inp.data(), w.data(), s.N, s.C,
-                           s.OC);
+      cpu::matmul_backward(dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(), s.N,
+                           s.C, s.OC, false);
     }
     omp_set_num_threads(saved);
     for (int k = 1; k < 3; k++) {

@@ -22,6 +22,8 @@ extern "C" int openblas_get_num_threads(void);
 
 namespace anvil {
 
+static_assert(cpu::kGemmKc == kMatmulSumBlock, "matmul.h promises the GEMM's k block");
+
 void blas_select_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") || !cpu_info().avx512) return;
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
@@ -89,12 +91,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   if (dinp) {
-    parallel_gemm(g_precision, N, C, OC, {dout, OC, 1}, {weight, C, 1}, dinp, C, false);
+    parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
   }
-  parallel_gemm(g_precision, OC, C, N, {dout, 1, OC}, {inp, C, 1}, dweight, C, true);
+  parallel_gemm(g_precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;
@@ -103,7 +105,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       const int o0 = ch * kChunk, o1 = std::min(OC, o0 + kChunk);
       float acc[kChunk] = {};
       for (int n = 0; n < N; n++) {
-        const float* d = dout + static_cast<long>(n) * OC;
+        const float* d = dout + n * ld_dout;
 #pragma omp simd
         for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
       }

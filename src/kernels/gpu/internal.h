@@ -3,8 +3,8 @@
 
 namespace anvil::gpu {
 
-// out (C) += the column sums of x (N,C), in a fixed order.
-void column_sums_accumulate(float* out, const float* x, int N, int C);
+// out (C) += the column sums of x (N,C), rows ld >= C apart, in a fixed order.
+void column_sums_accumulate(float* out, const float* x, long ld, int N, int C);
 
 // Column-major GEMMs, fp32 in, out and compute whatever set_matmul_operand_dtype says: count
 // products D_i = alpha·op(A_i)·op(B_i) + beta·D_i, the i-th operands stride_* floats apart.

@@ -162,13 +162,14 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
-  // dinp^T (C,N) = W^T (C,OC) · dout^T (OC,N)
-  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+  const int ld = static_cast<int>(ld_dout);
+  // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
+  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);
   // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
-  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
-  if (dbias) column_sums_accumulate(dbias, dout, N, OC);
+  gemm(false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
+  if (dbias) column_sums_accumulate(dbias, dout, ld, N, OC);
 }
 
 }  // namespace anvil::gpu

@@ -135,12 +135,12 @@ __global__ void layernorm_param_partials_kernel(double* partial, const float* do
   partial[(chunks + chunk) * static_cast<long>(C) + c] = db;
 }
 
-__global__ void column_partials_kernel(double* partial, const float* x, int N, int C) {
+__global__ void column_partials_kernel(double* partial, const float* x, long ld, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
   double s = 0;
   const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
-  for (int r = chunk * kRowsPerChunk; r < r1; r++) s += x[static_cast<long>(r) * C + c];
+  for (int r = chunk * kRowsPerChunk; r < r1; r++) s += x[r * ld + c];
   partial[chunk * static_cast<long>(C) + c] = s;
 }
 
@@ -373,10 +373,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   GPU_CHECK_LAUNCH();
 }
 
-void column_sums_accumulate(float* out, const float* x, int N, int C) {
+void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   double* partial = scratch(static_cast<size_t>(chunks) * C);
-  column_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, x, N, C);
+  column_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, x, ld, N, C);
   GPU_CHECK_LAUNCH();
   sum_partials_kernel<<<dim3(blocks_for(C), 1), kThreads, 0, gpu_stream()>>>(out, nullptr, partial, chunks, C);
   GPU_CHECK_LAUNCH();

@@ -100,26 +100,25 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
+                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   if (dinp)
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++) {
-        double acc = 0;
+        double acc = accumulate_dinp ? dinp[static_cast<long>(n) * C + c] : 0.0;
         for (int o = 0; o < OC; o++)
-          acc += static_cast<double>(dout[static_cast<long>(n) * OC + o]) * weight[static_cast<long>(o) * C + c];
+          acc += static_cast<double>(dout[n * ld_dout + o]) * weight[static_cast<long>(o) * C + c];
         dinp[static_cast<long>(n) * C + c] = static_cast<float>(acc);
       }
   for (int o = 0; o < OC; o++) {
     for (int c = 0; c < C; c++) {
       double acc = 0;
-      for (int n = 0; n < N; n++)
-        acc += static_cast<double>(dout[static_cast<long>(n) * OC + o]) * inp[static_cast<long>(n) * C + c];
+      for (int n = 0; n < N; n++) acc += static_cast<double>(dout[n * ld_dout + o]) * inp[static_cast<long>(n) * C + c];
       dweight[static_cast<long>(o) * C + c] += static_cast<float>(acc);
     }
     if (dbias) {
       double acc = 0;
-      for (int n = 0; n < N; n++) acc += dout[static_cast<long>(n) * OC + o];
+      for (int n = 0; n < N; n++) acc += dout[n * ld_dout + o];
       dbias[o] += static_cast<float>(acc);
     }
   }

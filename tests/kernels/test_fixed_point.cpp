@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "core/rng.h"
@@ -109,6 +110,32 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   EXPECT_TRUE(whole == head + tail);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
+}
+
+// The CPU's sum of squares works in 64-bit lanes (32-bit halves, 30-bit limbs): against the
+// 128-bit reference at the edges of every split, the extremes of int64 and random full-range
+// values, where any lost carry shows.
+TEST(FixedPoint, SumOfSquaresIsExactOverTheWholeInt64Range) {
+  std::vector<int64_t> acc = {0, 1, -1, INT64_MAX, INT64_MIN, INT64_MIN + 1};
+  for (int e : {20, 31, 32, 33, 39, 40, 41, 51, 52, 62}) {
+    const int64_t p = int64_t{1} << e;
+    for (int64_t v : {p - 1, p, p + 1}) {
+      acc.push_back(v);
+      acc.push_back(-v);
+    }
+  }
+  for (uint64_t i = 0; i < 3000; i++) {  // full-range values from the project's counter RNG
+    const double u = normal_at(99, 7, i), w = normal_at(99, 8, i);
+    acc.push_back(static_cast<int64_t>((static_cast<uint64_t>(std::fabs(u) * 1e9) << 33) ^
+                                       static_cast<uint64_t>(std::fabs(w) * 1e12)) *
+                  (u < 0 ? -1 : 1));
+  }
+  for (size_t n : {acc.size(), size_t{6}, size_t{17}}) {
+    unsigned __int128 want = 0, got = 0;
+    ref::fixed_point_squares(acc.data(), n, &want);
+    cpu::fixed_point_squares(acc.data(), n, &got);
+    EXPECT_TRUE(got == want) << n << " values";
+  }
 }
 
 // The fast kernels against the reference: every integer, maximum and float bit for bit, the

@@ -66,15 +66,41 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   *max_abs = std::max(*max_abs, m);
 }
 
+// Σ floor(a² / 2^40) over |acc[i]| = a, exactly, in 64-bit lanes so that the loop vectorises
+// (a 64 × 64 → 128-bit product per element does not): a = h·2^32 + l gives a² = H·2^64 + L from
+// three 32 × 32-bit products, and each floor(a² / 2^40) < 2^87 is summed as three limbs of 30
+// bits in separate 64-bit sums, which cannot overflow within kSquaresBlock elements.
+namespace {
+
+static_assert(kSquareShift == 40, "the limbs below are cut for a shift of 40");
+constexpr size_t kSquaresBlock = size_t{1} << 32;
+
+ANVIL_CPU_CLONES unsigned __int128 squares_range(const int64_t* acc, size_t n) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2)
+  for (size_t i = 0; i < n; i++) {
+    const uint64_t v = static_cast<uint64_t>(acc[i]);
+    const uint64_t a = acc[i] < 0 ? 0 - v : v;  // <= 2^63
+    const uint64_t l = a & 0xFFFFFFFFu, h = a >> 32;
+    const uint64_t ll = l * l, m = h * l, hh = h * h;  // a² = hh·2^64 + m·2^33 + ll
+    const uint64_t L = ll + (m << 33);
+    const uint64_t H = hh + (m >> 31) + (L < ll ? 1 : 0);
+    // floor(a² / 2^40) = H·2^24 + (L >> 40), as limbs of 30 bits.
+    s0 += ((H & 63) << 24) | (L >> 40);
+    s1 += (H >> 6) & 0x3FFFFFFFu;
+    s2 += H >> 36;
+  }
+  using u128 = unsigned __int128;
+  return (static_cast<u128>(s2) << 60) + (static_cast<u128>(s1) << 30) + s0;
+}
+
+}  // namespace
+
 void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
   using u128 = unsigned __int128;
   auto range = [&](size_t lo, size_t hi) {
     u128 total = 0;
-    for (size_t i = lo; i < hi; i++) {
-      const int64_t v = acc[i];
-      const uint64_t a = v < 0 ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-      total += (static_cast<u128>(a) * a) >> kSquareShift;
-    }
+    for (size_t i = lo; i < hi; i += kSquaresBlock) total += squares_range(acc + i, std::min(kSquaresBlock, hi - i));
     return total;
   };
   if (n < kParallelMin) {

@@ -445,6 +445,12 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     const Block g = bind_block(access_->grads(1 + l));
     if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
     const BlockActs x = block_acts(l);
+    // Each tensor's part of a sequence's contribution is handed over (grain_done) right after the
+    // op that forms it, while it is still in cache, rather than the whole unit's at the end.
+    const float* unit_end = g.ln1w + units_[1 + l].numel;
+    auto part_done = [&](const float* from, const float* to) {
+      access_->grain_done(1 + l, static_cast<size_t>(from - g.ln1w), static_cast<size_t>(to - from));
+    };
     for (int b = 0; b < B; b++) {
       const size_t r = b * rows;
       float* dres = dresidual_ + r * C;
@@ -455,23 +461,28 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * TC);
       round_to_dtype(fch_gelu, 4 * TC, dtype_);
       matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, C, fch_gelu, p.fcprojw, T, 4 * C, C, false);
+      part_done(g.fcprojw, unit_end);
       round_to_dtype(dbig_, 4 * TC, dtype_);
       gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * TC);
       round_to_dtype(dbig_, 4 * TC, dtype_);
       matmul_backward(dsmall, g.fcw, g.fcb, dbig_, 4 * C, x.ln2 + r * C, p.fcw, T, C, 4 * C, false);
+      part_done(g.fcw, g.fcprojw);
       round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r,
                          T, C);
+      part_done(g.ln2w, g.fcw);
       dproj = rounded(dres, TC);
       matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, C, x.atty + r * C, p.attprojw, T, C, C, false);
+      part_done(g.attprojw, g.ln2w);
       round_to_dtype(dsmall, TC, dtype_);
       attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, 1, T, C, NH);
       round_to_dtype(dqkv_, 3 * TC, dtype_);
       matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, 3 * C, x.ln1 + r * C, p.qkvw, T, C, 3 * C, false);
+      part_done(g.qkvw, g.attprojw);
       round_to_dtype(dsmall, TC, dtype_);
       layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, T,
                          C);
-      access_->grain_done(1 + l, 0, units_[1 + l].numel);
+      part_done(g.ln1w, g.qkvw);
     }
     access_->release_params(1 + l);
     access_->grads_done(1 + l);

@@ -123,7 +123,7 @@ constexpr int kPackAhead = 64;
 // is eight shuffled 256-bit loads and stores, where the plain loops became a scalar store per
 // word (a fifth of a bf16 product's time went to packing).
 template <class T>
-inline void transpose_8x8(const T* in, long in_stride, T* out, long out_stride) {
+__attribute__((always_inline)) inline void transpose_8x8(const T* in, long in_stride, T* out, long out_stride) {
   static_assert(sizeof(T) == 4, "32-bit words");
 #if defined(__AVX2__)
   __m256 r[8], t[8], u[8];

@@ -373,7 +373,8 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
-    if (targets) crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
+    if (targets)
+      crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
   }
   access_->release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;

@@ -139,8 +139,10 @@ __attribute__((always_inline)) inline void transpose_8x8(const T* in, long in_st
     u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
   }
   for (int j = 0; j < 4; j++) {
-    _mm256_storeu_ps(reinterpret_cast<float*>(out + j * out_stride), _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
-    _mm256_storeu_ps(reinterpret_cast<float*>(out + (j + 4) * out_stride), _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+    float* low = reinterpret_cast<float*>(out + j * out_stride);
+    float* high = reinterpret_cast<float*>(out + (j + 4) * out_stride);
+    _mm256_storeu_ps(low, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+    _mm256_storeu_ps(high, _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
   }
 #else
   for (int j = 0; j < 8; j++)

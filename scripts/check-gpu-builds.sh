@@ -50,7 +50,8 @@ for src in "${sources[@]}"; do
   for pair in "$obj:gfx90a" "$obj:gfx940" "$obj942:gfx942"; do
     o="${pair%:*}" arch="${pair##*:}"
     objcopy --dump-section .hip_fatbin="$out/fatbin" "$o" /dev/null
-    /usr/lib/llvm-19/bin/clang-offload-bundler --list --type=o --input="$out/fatbin" | grep -q "$arch" ||
+    bundles=$(/usr/lib/llvm-19/bin/clang-offload-bundler --list --type=o --input="$out/fatbin")
+    grep -q "$arch" <<< "$bundles" ||
       { echo "$src: no $arch code in $o" >&2; exit 1; }
   done
   echo "$src: gfx90a gfx940 gfx942"

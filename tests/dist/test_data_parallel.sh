@@ -80,7 +80,8 @@ for _ in $(seq 1 300); do
 done
 victim=""
 for pid in $(pgrep -f "run_dir=$tmp/killed"); do
-  if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; then victim=$pid; fi
+  environment=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null)
+  if grep -qx "OMPI_COMM_WORLD_RANK=2" <<< "$environment"; then victim=$pid; fi
 done
 if [ -z "$victim" ]; then
   fail "SIGKILL: rank 2 of the job was not found"; kill "$job" 2>/dev/null

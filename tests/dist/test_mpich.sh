@@ -13,7 +13,9 @@ cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMPI_C_COMPILER=/usr/bin
 grep -q "Found MPI_C: .*mpich" "$build/configure.log" || { echo "FAIL: CMake did not pick MPICH"; grep MPI "$build/configure.log"; exit 1; }
 cmake --build "$build" --target test_collectives -j "$(nproc)" > "$build/build.log" 2>&1 \
   || { echo "FAIL: build against MPICH"; grep -E "error|undefined" "$build/build.log" | head -20; exit 1; }
-ldd "$build/bin/test_collectives" | grep -q libmpich || { echo "FAIL: test_collectives is not linked to MPICH"; exit 1; }
+# Captured first: under pipefail, grep -q closing the pipe early can kill ldd with SIGPIPE.
+linked=$(ldd "$build/bin/test_collectives")
+grep -q libmpich <<< "$linked" || { echo "FAIL: test_collectives is not linked to MPICH"; exit 1; }
 fail=0
 for np in 1 2 3; do
   OMP_NUM_THREADS=1 mpiexec.mpich -n "$np" "$build/bin/test_collectives" || { echo "FAIL: MPICH, $np rank(s)"; fail=1; }

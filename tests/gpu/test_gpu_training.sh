@@ -18,8 +18,9 @@
 set -uo pipefail
 anvil="$1" src="$2"
 source "$src/tests/lib.sh"
-if "$anvil" doctor 2>/dev/null | grep -q "^gpus: none visible"; then
-  echo "skipped: no GPU visible ($("$anvil" doctor 2>/dev/null | grep '^gpu backend'))"
+doctor_report=$("$anvil" doctor 2>/dev/null)
+if grep -q "^gpus: none visible" <<< "$doctor_report"; then
+  echo "skipped: no GPU visible ($(grep '^gpu backend' <<< "$doctor_report"))"
   exit 0
 fi
 start_test

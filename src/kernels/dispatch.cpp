@@ -72,6 +72,13 @@ void set_matmul_operand_dtype(ComputeDtype d) {
 #endif
   cpu::set_matmul_operand_dtype(d);
 }
+void matmul_hold_weight(const float* weight, int OC, int C) {
+  if (g_impl == KernelImpl::kCpu) cpu::matmul_hold_weight(weight, OC, C);
+}
+void matmul_release_weight() {
+  if (g_impl == KernelImpl::kCpu) cpu::matmul_release_weight();
+}
+bool matmul_hold_rounds_weight() { return g_impl == KernelImpl::kCpu && cpu::matmul_hold_rounds_weight(); }
 bool matmul_rows_independent() { return g_impl != KernelImpl::kGpu; }
 double matmul_peak_gflops() {
 #if defined(ANVIL_GPU)

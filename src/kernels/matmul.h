@@ -16,6 +16,19 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
                      const float* weight, int N, int C, int OC, bool accumulate_dinp);
 
+// A weight (OC,C) that the products to come use many times over, unchanged: the tied LM head,
+// once per sequence forward and backward. Until matmul_release_weight, matmul_forward with this
+// weight, and the input gradient of matmul_backward with it or with a block of its rows starting
+// at a multiple of kMatmulSumBlock, use a copy prepared once in the operand dtype: on the CPU
+// under bf16 operands the GEMM's packed bf16 panels (each product would otherwise convert the
+// weight again: 51 MB of fp32 per sequence for GPT-2's vocabulary at d_model 256). The same bits
+// as without. Elsewhere (fp32, whose packing is a copy; fp16; ref; GPU) it does nothing.
+void matmul_hold_weight(const float* weight, int OC, int C);
+void matmul_release_weight();
+// Whether a held weight is rounded to the operand dtype by the hold itself (the CPU's bf16
+// packing rounds), so that its holder need not round it first.
+bool matmul_hold_rounds_weight();
+
 // The CPU's products sum k in blocks of this many (kernels/cpu/gemm.h), each added to the output
 // in order: a product split along k at multiples of it, the parts accumulated in order, has
 // the bits of the whole on the CPU.
@@ -46,6 +59,9 @@ void matmul_backward(float*, float*, float*, const float*, long, const float*, c
 }  // namespace ref
 namespace cpu {
 void set_matmul_operand_dtype(ComputeDtype);
+void matmul_hold_weight(const float*, int, int);
+void matmul_release_weight();
+bool matmul_hold_rounds_weight();
 double matmul_peak_gflops();
 std::string matmul_backend_description();
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);

@@ -231,8 +231,9 @@ void Gpt2::init_weights(uint64_t seed) {
 void Gpt2::set_compute_dtype(ComputeDtype dtype) {
   dtype_ = dtype;
   set_matmul_operand_dtype(dtype);  // every matmul operand below is rounded to it
+  lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_hold_rounds_weight();
   size_t largest = 0;
-  for (const ParamUnit& u : units_) largest = std::max(largest, u.numel);
+  for (size_t u = lm_head_held_rounded_ ? 1 : 0; u < units_.size(); u++) largest = std::max(largest, units_[u].numel);
   compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
   // The gradient of the residual stream, rounded for the projections' backward, needs its own
   // sequence-sized buffer.
@@ -246,15 +247,24 @@ const float* Gpt2::rounded(const float* x, long n) {
   return rounded_dres_.data();
 }
 
+const float* Gpt2::hold_lm_head(const float* p) {
+  if (dtype_ == ComputeDtype::kFp32) return p;
+  const int V = cfg_.vocab_size, C = cfg_.d_model;
+  if (matmul_hold_rounds_weight()) {
+    matmul_hold_weight(p, V, C);
+    return p;
+  }
+  ANVIL_CHECK(!lm_head_held_rounded_, "the kernels changed after the model's compute dtype was set");
+  float* out = compute_params_.data();
+  op_copy(out, p, static_cast<size_t>(V) * C * sizeof(float));
+  round_to_dtype(out, static_cast<long>(V) * C, dtype_);
+  matmul_hold_weight(out, V, C);
+  return out;
+}
+
 const float* Gpt2::compute_params(int unit, const float* p) {
   if (dtype_ == ComputeDtype::kFp32) return p;
   float* out = compute_params_.data();
-  if (unit == 0) {  // the tied LM head: wte
-    const size_t n = static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
-    op_copy(out, p, n * sizeof(float));
-    round_to_dtype(out, static_cast<long>(n), dtype_);
-    return out;
-  }
   const size_t n = units_[unit].numel;
   op_copy(out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj: the norms stay fp32.
@@ -368,7 +378,7 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   if (targets) check_targets(targets, B * T);
   forward_to_lnf(tokens, B, T);
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
-  const float* emb = compute_params(0, access_->acquire_params(0, -1));
+  const float* emb = hold_lm_head(access_->acquire_params(0, -1));
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
@@ -376,6 +386,7 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
     if (targets)
       crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
   }
+  matmul_release_weight();
   access_->release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
@@ -403,7 +414,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   // as one product. The embedding unit's gradient stays open for the whole backward pass: the
   // head adds to it first, the token embedding last.
   constexpr int kVocabChunk = 8 * kMatmulSumBlock;
-  const float* emb = compute_params(0, access_->acquire_params(0, L + 1));
+  const float* emb = hold_lm_head(access_->acquire_params(0, L + 1));
   float* demb = access_->grads(0);
   const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
@@ -422,6 +433,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     }
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
   }
+  matmul_release_weight();
   access_->release_params(0);
   op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;

@@ -156,9 +156,13 @@ class Gpt2 {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
-  // The unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
-  // compute_params_ with the matrix operands rounded (unit 0: the token embedding only, as LM head).
+  // Block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
+  // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
+  // The LM head (the token embedding p, tied) as the products use it, held by the matmuls
+  // (matmul_hold_weight) until matmul_release_weight: p itself in fp32, and where the hold
+  // rounds it (lm_head_held_rounded_); otherwise a rounded copy in compute_params_.
+  const float* hold_lm_head(const float* p);
   // x (n <= one sequence's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   class OwnArrays;
@@ -168,7 +172,7 @@ class Gpt2 {
   void forward_to_lnf(const int32_t* tokens, int B, int T);
   // Block l over the microbatch: its activations in block_acts(l), its output in residual3 of l.
   void block_forward(int l, const Block& p, const float* residual);
-  // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (compute_params of unit 0).
+  // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
   // Copies the losses to the host and sums them.
@@ -189,6 +193,7 @@ class Gpt2 {
   OpArray<int32_t> tokens_op_, targets_op_;  // the microbatch's tokens and targets, where the ops run
   std::vector<float> losses_host_;
   ComputeDtype dtype_ = ComputeDtype::kFp32;
+  bool lm_head_held_rounded_ = false;  // amp, and matmul_hold_rounds_weight(): no copy of unit 0
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
   Acts acts_{};

@@ -16,6 +16,7 @@
 
 #include "compare.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_blocked.h"
 #include "kernels/cpu/gemm_portable.h"
@@ -173,7 +174,7 @@ Implementation lanes(std::string name, void (*blocked)(const GemmCall&), bool bf
               const int thread = team ? omp_get_thread_num() : 0;
               const GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, N, accumulate,
                                   bf16_operands, a_buffer.data(), team ? shared_b.data() : b_buffer.data(),
-                                  thread, team ? omp_get_num_threads() : 1};
+                                  thread, team ? omp_get_num_threads() : 1, nullptr, 0};
               blocked(call);
               _mm_setcsr(control);
             }
@@ -204,6 +205,48 @@ TEST(Gemm, BlockOfTheOutputEqualsTheWhole) {
          false);
     for (int i = i0; i < i0 + 40; i++)
       for (int j = j0; j < j0 + 50; j++) ASSERT_EQ(part[i * N + j], whole[i * N + j]) << i << "," << j;
+  }
+}
+
+// A B packed ahead gives the bits of B itself, whole or in parts that start at a k block and a
+// panel (an odd K only at B's end), and parts elsewhere are refused.
+TEST(Gemm, PackedBGivesTheBitsOfB) {
+  const int M = 50, K = 2 * kGemmKc + 75, N = 2 * kGemmNc + 70;  // an odd K; a partial last panel
+  const std::vector<float> av = testing::randn(M * K, 6), bv = testing::randn(K * N, 7);
+  struct Mode { GemmIsa isa; GemmPrecision precision; bool b_transposed; };  // Bᵀ stored: the forward's
+  std::vector<Mode> modes;
+  for (GemmIsa isa : supported_isas())
+    for (GemmPrecision precision : {GemmPrecision::fp32, GemmPrecision::bf16})
+      for (bool b_transposed : {false, true}) modes.push_back({isa, precision, b_transposed});
+  for (const auto& [isa, precision, b_transposed] : modes) {
+    SCOPED_TRACE(::testing::Message() << gemm_isa_name(isa) << (precision == GemmPrecision::bf16 ? " bf16" : " fp32")
+                                      << (b_transposed ? ", Bᵀ stored" : ", B stored"));
+    std::vector<float> bt(bv.size());
+    for (int k = 0; k < K; k++)
+      for (int j = 0; j < N; j++) bt[static_cast<size_t>(j) * K + k] = bv[static_cast<size_t>(k) * N + j];
+    const GemmOperand b = b_transposed ? GemmOperand{bt.data(), 1, K} : GemmOperand{bv.data(), N, 1};
+    GemmPackedB packed;
+    packed.pack(precision, K, N, b, isa);
+    struct Part { int k0, K, j0, N; };
+    for (Part p : {Part{0, K, 0, N}, Part{kGemmKc, K - kGemmKc, 0, N}, Part{0, kGemmKc, kGemmNc, N - kGemmNc},
+                   Part{kGemmKc, kGemmKc, 64, 96}}) {
+      SCOPED_TRACE(::testing::Message() << "k0=" << p.k0 << " K=" << p.K << " j0=" << p.j0 << " N=" << p.N);
+      const GemmOperand a{av.data() + p.k0, K, 1};
+      const GemmOperand b_part{b.data + p.k0 * b.row_stride + p.j0 * b.col_stride, b.row_stride, b.col_stride};
+      std::vector<float> want = testing::randn(M * p.N, 8), got = want;
+      parallel_gemm(precision, M, p.N, p.K, a, b_part, want.data(), p.N, true);
+      parallel_gemm(precision, M, p.N, p.K, a, packed, p.k0, p.j0, got.data(), p.N, true);
+      ASSERT_TRUE(got == want);
+    }
+    std::vector<float> c(M * 64);
+    EXPECT_THROW(parallel_gemm(precision, M, 64, 100, {av.data() + 100, K, 1}, packed, 100, 0, c.data(), 64, false),
+                 Error);  // not at a k block
+    EXPECT_THROW(parallel_gemm(precision, M, 64, 100, {av.data(), K, 1}, packed, 0, 3, c.data(), 64, false),
+                 Error);  // not at a panel
+    if (precision == GemmPrecision::bf16) {
+      EXPECT_THROW(parallel_gemm(precision, M, 64, 101, {av.data(), K, 1}, packed, 0, 0, c.data(), 64, false),
+                   Error);  // an odd K short of B's end
+    }
   }
 }
 

@@ -132,6 +132,53 @@ TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   EXPECT_TRUE(all_close(db_ref.data(), db_whole.data(), OC, kFp32Reduction));
 }
 
+// A held weight (the LM head's, packed once for a step's products) gives the bits of the weight
+// itself, in the forward and in a chunked backward whose last chunk is odd; with bf16 operands,
+// where the CPU packs it, and fp32, where holding does nothing.
+TEST(Matmul, HeldWeightGivesTheSameBits) {
+  const int N = 40, C = 96, OC = 2 * 256 + 81;  // chunks of 256 rows: two whole, one odd
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  for (ComputeDtype dtype : {ComputeDtype::kBf16, ComputeDtype::kFp32}) {
+    SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16 operands" : "fp32");
+    cpu::set_matmul_operand_dtype(dtype);
+    std::vector<float> out[2], dinp[2], dw[2];
+    for (int held = 0; held < 2; held++) {
+      if (held) cpu::matmul_hold_weight(w.data(), OC, C);
+      out[held].resize(N * OC);
+      cpu::matmul_forward(out[held].data(), inp.data(), w.data(), nullptr, N, C, OC);
+      dinp[held].assign(N * C, NAN);
+      dw[held].assign(w.size(), 0.0f);
+      for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
+        const int width = std::min(cpu::kGemmKc, OC - o0);
+        const size_t rows = static_cast<size_t>(o0) * C;
+        cpu::matmul_backward(dinp[held].data(), dw[held].data() + rows, nullptr, dout.data() + o0, OC, inp.data(),
+                             w.data() + rows, N, C, width, o0 > 0);
+      }
+      cpu::matmul_release_weight();
+    }
+    EXPECT_TRUE(out[1] == out[0]);
+    EXPECT_TRUE(dinp[1] == dinp[0]);
+    EXPECT_TRUE(dw[1] == dw[0]);
+  }
+  // Held, the products read the copy packed at their first use (hence "unchanged"): a change to
+  // the weight after that is not seen until the weight is released.
+  cpu::set_matmul_operand_dtype(ComputeDtype::kBf16);
+  std::vector<float> before(N * OC), after(N * OC), dinp_before(N * C), dinp_after(N * C), dw(w.size(), 0.0f);
+  auto products = [&](std::vector<float>& out, std::vector<float>& di) {
+    cpu::matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+    cpu::matmul_backward(di.data(), dw.data(), nullptr, dout.data(), OC, inp.data(), w.data(), N, C, 256, false);
+  };
+  cpu::matmul_hold_weight(w.data(), OC, C);
+  products(before, dinp_before);
+  for (float& x : w) x *= 2.0f;
+  products(after, dinp_after);
+  EXPECT_TRUE(after == before && dinp_after == dinp_before);
+  cpu::matmul_release_weight();
+  products(after, dinp_after);
+  EXPECT_FALSE(after == before || dinp_after == dinp_before);
+  cpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
+}
+
 // The GEMM grid is a function of the shape only: 1, 2 and 3 threads give the same bits, for
 // shapes cut into column blocks, row bands and both.
 TEST(Matmul, ThreadCountDoesNotChangeABit) {

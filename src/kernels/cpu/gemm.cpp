@@ -150,7 +150,7 @@ void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOpera
   }
   PackBuffers& buffers = pack_buffers();
   run(precision, isa, {M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false, buffers.a.get(),
-                        buffers.b.get(), 0, 1});
+                        buffers.b.get(), 0, 1, nullptr, 0});
 }
 
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
@@ -166,8 +166,9 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
     const GemmIsa isa = gemm_best_isa();
 #pragma omp parallel
     {
-      const GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false,
-                          pack_buffers().a.get(), shared_b, omp_get_thread_num(), omp_get_num_threads()};
+      const GemmCall call{M,        N,         K,        a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate,
+                          false,    pack_buffers().a.get(), shared_b, omp_get_thread_num(), omp_get_num_threads(),
+                          nullptr,  0};
       run(precision, isa, call);
     }
     return;
@@ -175,6 +176,81 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
   for_each_block(M, N, [&](int i0, int rows, int j0, int cols) {
     gemm(precision, rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride},
          {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate);
+  });
+}
+
+void GemmPackedB::Free::operator()(void* p) const { std::free(p); }
+
+void GemmPackedB::pack(GemmPrecision precision, int K, int N, GemmOperand b, GemmIsa isa) {
+  ANVIL_CHECK(gemm_isa_supported(isa), "this CPU cannot run the {} GEMM kernels", gemm_isa_name(isa));
+  ANVIL_CHECK(K > 0 && N > 0, "GemmPackedB::pack: an empty matrix ({} × {})", K, N);
+  const GemmKernels& kernels = kernels_for(isa);
+  const bool pairs = precision == GemmPrecision::bf16 && kernels.pairs;
+  const int nr = pairs ? kernels.pairs_nr : kernels.fp32_nr;
+  const int k_per_step = pairs ? 2 : 1;
+  const long panels = (N + nr - 1) / nr, slot = static_cast<long>(kGemmKc / k_per_step) * nr;
+  const long blocks = (K + (precision == GemmPrecision::bf16 ? K & 1 : 0) + kGemmKc - 1) / kGemmKc;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(blocks * panels * slot);
+  if (bytes > capacity_) {
+    data_.reset();  // the old storage goes before the new is taken
+    data_.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    ANVIL_CHECK(data_, "out of memory for a packed GEMM operand ({} bytes)", bytes);
+    capacity_ = bytes;
+  }
+  precision_ = precision, isa_ = isa, K_ = K, N_ = N, nr_ = nr, panels_ = panels, slot_ = slot;
+  const GemmCall call{0,     N,       K,     {}, {b.data, b.col_stride, b.row_stride}, nullptr, 0, false,
+                      !pairs && precision == GemmPrecision::bf16, nullptr, nullptr, 0, 1, nullptr, 0};
+  void* dst = data_.get();
+#pragma omp parallel
+  {
+    if (pairs)
+      kernels.pairs_pack_b(call, dst);
+    else
+      kernels.fp32_pack_b(call, dst);
+  }
+}
+
+namespace {
+
+// With B packed ahead, what a block adds to its products is packing its rows of A, once per
+// kGemmNc columns whatever the block's width: so blocks span kGemmNc columns (or all of a
+// narrower output) and are cut into bands of rows only where there are fewer column blocks
+// than threads (bands of whole 12-row tiles: 12 is a multiple of every MR).
+template <typename Block>
+void for_each_packed_block(int rows, int cols, const Block& block) {
+  const int threads = std::max(1, omp_get_max_threads());
+  const int width = std::min(cols, kGemmNc), col_blocks = (cols + width - 1) / width;
+  const int bands = (threads + col_blocks - 1) / col_blocks;
+  const int band = std::max(12, ((rows + bands - 1) / bands + 11) / 12 * 12);
+  const int row_blocks = (rows + band - 1) / band;
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < row_blocks * col_blocks; t++) {
+    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * width;
+    block(r0, std::min(band, rows - r0), c0, std::min(width, cols - c0));
+  }
+}
+
+}  // namespace
+
+void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, const GemmPackedB& b, int k0, int j0,
+                   float* c, long ldc, bool accumulate) {
+  ANVIL_CHECK(!b.empty() && b.precision_ == precision, "parallel_gemm: B was not packed for this precision");
+  ANVIL_CHECK(k0 >= 0 && j0 >= 0 && K >= 0 && N >= 0 && k0 + K <= b.K_ && j0 + N <= b.N_,
+              "parallel_gemm: rows [{}, {}) × columns [{}, {}) are outside the packed {} × {} B", k0, k0 + K, j0,
+              j0 + N, b.K_, b.N_);
+  ANVIL_CHECK(k0 % kGemmKc == 0 && j0 % b.nr_ == 0,
+              "parallel_gemm: a packed B's part must start at a k block ({}) and a panel ({})", kGemmKc, b.nr_);
+  ANVIL_CHECK(precision == GemmPrecision::fp32 || K % 2 == 0 || k0 + K == b.K_,
+              "parallel_gemm: a bf16 part of a packed B with an odd K must end at B's last k");
+  if (M <= 0 || N <= 0) return;
+  if (K == 0) return gemm(precision, M, N, 0, a, {nullptr, 0, 0}, c, ldc, accumulate, b.isa_);
+  const auto* words = static_cast<const uint32_t*>(b.data_.get());
+  for_each_packed_block(M, N, [&](int i0, int rows, int c0, int cols) {
+    PackBuffers& buffers = pack_buffers();
+    run(precision, b.isa_,
+        {rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride}, {}, c + i0 * ldc + c0, ldc,
+         accumulate, false, buffers.a.get(), buffers.b.get(), 0, 1,
+         words + (k0 / kGemmKc * b.panels_ + (j0 + c0) / b.nr_) * b.slot_, b.panels_});
   });
 }
 

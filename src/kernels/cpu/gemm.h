@@ -7,6 +7,7 @@
 // give the result of one sequence at a time.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace anvil::cpu {
@@ -40,6 +41,42 @@ void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOpera
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
                    bool accumulate);
 
+// B packed ahead, for a weight that many products in a row multiply by (the tied LM head: every
+// sequence of a step): the panels each product would otherwise pack (and, in bf16, convert)
+// from B, formed once. A product on a part of it gives the bits of the same product on B itself.
+class GemmPackedB {
+ public:
+  // Packs B (K × N) for isa's kernels in precision's mode, on all threads. The storage is kept
+  // and reused by later packs of the same or a smaller size.
+  void pack(GemmPrecision precision, int K, int N, GemmOperand b, GemmIsa isa = gemm_best_isa());
+  void clear() { K_ = N_ = 0; }
+  bool empty() const { return K_ == 0; }
+  GemmPrecision precision() const { return precision_; }
+  int K() const { return K_; }
+  int N() const { return N_; }
+
+ private:
+  friend void parallel_gemm(GemmPrecision, int, int, int, GemmOperand, const GemmPackedB&, int, int, float*, long,
+                            bool);
+  struct Free {
+    void operator()(void* p) const;
+  };
+  GemmPrecision precision_ = GemmPrecision::fp32;
+  GemmIsa isa_ = GemmIsa::portable;
+  int K_ = 0, N_ = 0;
+  int nr_ = 0;         // columns per panel of the kernels packed for
+  long panels_ = 0;    // panels per block of kGemmKc k
+  long slot_ = 0;      // 32-bit words per panel and k block
+  size_t capacity_ = 0;  // bytes
+  std::unique_ptr<void, Free> data_;
+};
+
+// parallel_gemm with rows [k0, k0 + K) × columns [j0, j0 + N) of a packed B: k0 a multiple of
+// kGemmKc, j0 of the kernel's panel width (kGemmNc's divisors that are multiples of 32 are);
+// in bf16 an odd K only where the part reaches B's last k (where B's own pair padding is).
+void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, const GemmPackedB& b, int k0, int j0,
+                   float* c, long ldc, bool accumulate);
+
 // Internals: one blocked implementation per instruction set (gemm_kernels_*.cpp, from the
 // templates of gemm_blocked.h), which gemm() chooses from.
 constexpr int kGemmKc = 256;   // k values per block (even: bf16 pairs never straddle blocks)
@@ -57,10 +94,19 @@ struct GemmCall {
   void *a_buffer, *b_buffer;  // packing space: kGemmMc and kGemmNc rows × kGemmKc floats; a
                               // team's shared B: kGemmTeamMaxN × kGemmTeamBlocks·kGemmKc floats
   int thread, threads;        // a team call: this thread of how many
+  const void* packed_b;       // B's panels packed ahead (bt unused), or null
+  long packed_panels;         // panels per k block of packed_b
 };
+// The layout of a B packed ahead (GemmPackedB): for each block of kGemmKc k, for each panel of
+// NR columns, that block's steps of the panel (as the product packs them) in a slot of a whole
+// block's size; packed_b points at the product's first block and panel.
 struct GemmKernels {
   void (*fp32)(const GemmCall&);   // fp32 products, and bf16 ones when bf16_operands
   void (*pairs)(const GemmCall&);  // bf16 on VDPBF16PS; null without AVX512-BF16
+  // Pack all of a call's B (bt, K, N, bf16_operands) into dst, on the calling team's threads.
+  void (*fp32_pack_b)(const GemmCall&, void* dst);
+  void (*pairs_pack_b)(const GemmCall&, void* dst);
+  int fp32_nr, pairs_nr;           // their panels' widths
 };
 const GemmKernels& gemm_kernels_portable();
 const GemmKernels& gemm_kernels_avx2();

@@ -257,11 +257,14 @@ void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int
 // blocks orders the two (few, so that a thread the OS pauses holds the others back rarely).
 // With `direct` (fp32 whose B rows are contiguous, direct_stride apart), full panels are read
 // from B itself: where few rows of A use each panel, packing would cost more than it saves.
+// With g.packed_b, every panel is read from there (gemm.h has its layout).
 template <class Element, class Kernel, class PackA, class PackB>
 void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const Kernel& kernel, const PackA& pack_a,
                  const PackB& pack_b, const float* direct = nullptr, long direct_stride = 0) {
   auto* abuf = static_cast<Element*>(g.a_buffer);
   auto* bbuf = static_cast<Element*>(g.b_buffer);
+  const auto* packed = static_cast<const Element*>(g.packed_b);
+  const long slot = static_cast<long>(kGemmKc / k_per_step) * NR;
   const int band = (g.M + g.threads - 1) / g.threads;
   const int band_rows = (band + MR - 1) / MR * MR;
   const int row0 = std::min(g.M, g.thread * band_rows), row1 = std::min(g.M, row0 + band_rows);
@@ -274,7 +277,7 @@ void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const
       for (int pc = pg; pc < pg_end; pc += kGemmKc) {
         const int kc = std::min(kGemmKc, K - pc), steps = (kc + k_per_step - 1) / k_per_step;
         Element* blocks = bbuf + (pc - pg) / kGemmKc * block_size;
-        for (int q = g.thread * NR; q < nc; q += g.threads * NR)
+        for (int q = g.thread * NR; q < nc && !packed; q += g.threads * NR)
           if (!direct || q + NR > nc)
             pack_b(pc, kc, jc + q, std::min(NR, nc - q), blocks + static_cast<long>(q / NR) * steps * NR);
       }
@@ -289,8 +292,9 @@ void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const
           pack_a(ic, mc, pc, kc, abuf);
           for (int q = 0; q < nc; q += NR) {
             const bool from_b = direct && q + NR <= nc;
-            const Element* bp = from_b ? reinterpret_cast<const Element*>(direct + pc * direct_stride + jc + q)
-                                       : blocks + static_cast<long>(q / NR) * steps * NR;
+            const Element* bp = packed   ? packed + (pc / kGemmKc * g.packed_panels + (jc + q) / NR) * slot
+                                : from_b ? reinterpret_cast<const Element*>(direct + pc * direct_stride + jc + q)
+                                         : blocks + static_cast<long>(q / NR) * steps * NR;
             const long ldb = from_b ? direct_stride : NR;
             for (int p = 0; p < mc; p += MR) {
               const Element* ap = abuf + static_cast<long>(p / MR) * steps * MR;
@@ -307,32 +311,46 @@ void run_blocked(const GemmCall& g, int MR, int NR, int k_per_step, int K, const
   }
 }
 
+// Packs all of B ahead (GemmPackedB) with a product's pack_b, the slots shared out over the
+// calling team's threads.
+template <class Element, class PackB>
+void pack_whole_b(const GemmCall& g, int NR, int k_per_step, int K, const PackB& pack_b, void* dst) {
+  const long panels = (g.N + NR - 1) / NR, slot = static_cast<long>(kGemmKc / k_per_step) * NR;
+  const long slots = (K + kGemmKc - 1) / kGemmKc * panels;
+#pragma omp for schedule(dynamic, 8)
+  for (long t = 0; t < slots; t++) {
+    const int pc = static_cast<int>(t / panels) * kGemmKc, j0 = static_cast<int>(t % panels) * NR;
+    pack_b(pc, std::min(kGemmKc, K - pc), j0, std::min(NR, g.N - j0), static_cast<Element*>(dst) + t * slot);
+  }
+}
+
 // The fp32 product, and bf16 through it (rounded operands in swapped pair order; an odd K gets
 // its zero pad as one more k, so every chain has VDPBF16PS's steps).
+template <int Width>
+void pack_fp32_panels(const GemmCall& g, const GemmOperand& m, int i0, int rows, int k0, int kc, float* dst) {
+  pack_panels<Width>(m, g.K, i0, rows, k0, kc, dst);
+  if (g.bf16_operands) round_and_swap_pairs(dst, static_cast<long>((rows + Width - 1) / Width) * Width * kc, Width);
+}
+
 template <class V, int MR, int NV>
 void blocked_fp32(const GemmCall& g) {
   constexpr int NR = NV * V::W;
-  if (!g.bf16_operands) {
-    // B read in place when its rows are contiguous and the rows of A fit one packed block.
-    const bool direct = g.bt.row_stride == 1 && g.M <= kGemmMc;
-    run_blocked<float>(
-        g, MR, NR, 1, g.K, micro_fp32<V, MR, NV>,
-        [&](int i0, int rows, int k0, int kc, float* dst) { pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },
-        [&](int k0, int kc, int j0, int cols, float* dst) { pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); },
-        direct ? g.bt.data : nullptr, g.bt.col_stride);
-    return;
-  }
-  auto round_up = [](int n, int multiple) { return static_cast<long>((n + multiple - 1) / multiple) * multiple; };
+  // B read in place when its rows are contiguous and the rows of A fit one packed block.
+  const bool direct = !g.bf16_operands && g.bt.row_stride == 1 && g.M <= kGemmMc;
   run_blocked<float>(
-      g, MR, NR, 1, g.K + (g.K & 1), micro_fp32<V, MR, NV>,
-      [&](int i0, int rows, int k0, int kc, float* dst) {
-        pack_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst);
-        round_and_swap_pairs(dst, round_up(rows, MR) * kc, MR);
-      },
-      [&](int k0, int kc, int j0, int cols, float* dst) {
-        pack_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst);
-        round_and_swap_pairs(dst, round_up(cols, NR) * kc, NR);
-      });
+      g, MR, NR, 1, g.K + (g.bf16_operands ? g.K & 1 : 0), micro_fp32<V, MR, NV>,
+      [&](int i0, int rows, int k0, int kc, float* dst) { pack_fp32_panels<MR>(g, g.a, i0, rows, k0, kc, dst); },
+      [&](int k0, int kc, int j0, int cols, float* dst) { pack_fp32_panels<NR>(g, g.bt, j0, cols, k0, kc, dst); },
+      direct ? g.bt.data : nullptr, g.bt.col_stride);
+}
+
+template <class V, int NV>
+void pack_b_fp32(const GemmCall& g, void* dst) {
+  constexpr int NR = NV * V::W;
+  pack_whole_b<float>(
+      g, NR, 1, g.K + (g.bf16_operands ? g.K & 1 : 0),
+      [&](int k0, int kc, int j0, int cols, float* out) { pack_fp32_panels<NR>(g, g.bt, j0, cols, k0, kc, out); },
+      dst);
 }
 
 // bf16 on VDPBF16PS.
@@ -343,6 +361,28 @@ void blocked_pairs(const GemmCall& g) {
       g, MR, NR, 2, g.K, micro_pairs<V, MR, NV>,
       [&](int i0, int rows, int k0, int kc, uint32_t* dst) { pack_pair_panels<MR>(g.a, g.K, i0, rows, k0, kc, dst); },
       [&](int k0, int kc, int j0, int cols, uint32_t* dst) { pack_pair_panels<NR>(g.bt, g.K, j0, cols, k0, kc, dst); });
+}
+
+template <class V, int NV>
+void pack_b_pairs(const GemmCall& g, void* dst) {
+  constexpr int NR = NV * V::W;
+  pack_whole_b<uint32_t>(
+      g, NR, 2, g.K,
+      [&](int k0, int kc, int j0, int cols, uint32_t* out) { pack_pair_panels<NR>(g.bt, g.K, j0, cols, k0, kc, out); },
+      dst);
+}
+
+// An instruction set's kernels: fp32 (and bf16 through it), then VDPBF16PS's added.
+template <class V, int MR, int NV>
+GemmKernels fp32_kernels() {
+  return {blocked_fp32<V, MR, NV>, nullptr, pack_b_fp32<V, NV>, nullptr, NV * V::W, 0};
+}
+template <class V, int MR, int NV>
+GemmKernels with_pairs(GemmKernels kernels) {
+  kernels.pairs = blocked_pairs<V, MR, NV>;
+  kernels.pairs_pack_b = pack_b_pairs<V, NV>;
+  kernels.pairs_nr = NV * V::W;
+  return kernels;
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ struct Avx2 {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx2() {
-  static const GemmKernels kernels{blocked_fp32<Avx2, 6, 2>, nullptr};
+  static const GemmKernels kernels = fp32_kernels<Avx2, 6, 2>();
   return kernels;
 }
 

@@ -7,7 +7,7 @@
 namespace anvil::cpu {
 
 const GemmKernels& gemm_kernels_avx512() {
-  static const GemmKernels kernels{blocked_fp32<Avx512, 12, 2>, nullptr};
+  static const GemmKernels kernels = fp32_kernels<Avx512, 12, 2>();
   return kernels;
 }
 

@@ -20,7 +20,7 @@ struct Avx512Bf16 : Avx512 {
 }  // namespace
 
 const GemmKernels& gemm_kernels_avx512bf16() {
-  static const GemmKernels kernels{gemm_kernels_avx512().fp32, blocked_pairs<Avx512Bf16, 12, 2>};
+  static const GemmKernels kernels = with_pairs<Avx512Bf16, 12, 2>(gemm_kernels_avx512());
   return kernels;
 }
 

@@ -6,7 +6,7 @@
 namespace anvil::cpu {
 
 const GemmKernels& gemm_kernels_portable() {
-  static const GemmKernels kernels{blocked_fp32<PortableLanes<8>, 4, 1>, nullptr};
+  static const GemmKernels kernels = fp32_kernels<PortableLanes<8>, 4, 1>();
   return kernels;
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -56,11 +57,56 @@ double openblas_peak_gflops() {
 namespace cpu {
 namespace {
 GemmPrecision g_precision = GemmPrecision::fp32;
+
+// The weight matmul_hold_weight names, and its packed forms, each packed on its first use (an
+// eval pass needs only the forward's); their storage stays for the next hold.
+struct HeldWeight {
+  const float* weight = nullptr;
+  int OC = 0, C = 0;
+  GemmPackedB forward;   // B = weightᵀ (C × OC)
+  GemmPackedB backward;  // B = weight (OC × C), for the input gradient
+} g_held;
+
+// The packed forward B, or null where weight is not the held one.
+const GemmPackedB* held_forward(const float* weight, int C, int OC) {
+  if (!g_held.weight || weight != g_held.weight || C != g_held.C || OC != g_held.OC) return nullptr;
+  if (g_held.forward.empty()) g_held.forward.pack(g_precision, C, OC, {weight, 1, C});
+  return &g_held.forward;
 }
+
+// The packed backward B and the first of weight's rows in it, or null where weight is not the
+// held one or a block of its rows that a packed part can stand for (gemm.h).
+const GemmPackedB* held_backward(const float* weight, int C, int OC, int* row0) {
+  if (!g_held.weight || C != g_held.C) return nullptr;
+  const auto at = reinterpret_cast<uintptr_t>(weight), start = reinterpret_cast<uintptr_t>(g_held.weight);
+  const uintptr_t row_bytes = sizeof(float) * static_cast<uintptr_t>(C);
+  if (at < start || (at - start) % row_bytes != 0) return nullptr;
+  *row0 = static_cast<int>((at - start) / row_bytes);
+  if (*row0 % kGemmKc != 0 || *row0 + OC > g_held.OC || (OC % 2 != 0 && *row0 + OC != g_held.OC)) return nullptr;
+  if (g_held.backward.empty()) g_held.backward.pack(g_precision, g_held.OC, C, {g_held.weight, C, 1});
+  return &g_held.backward;
+}
+}  // namespace
 
 void set_matmul_operand_dtype(ComputeDtype d) {
   g_precision = d == ComputeDtype::kBf16 ? GemmPrecision::bf16 : GemmPrecision::fp32;
+  matmul_release_weight();
 }
+
+void matmul_hold_weight(const float* weight, int OC, int C) {
+  matmul_release_weight();
+  if (!matmul_hold_rounds_weight()) return;
+  g_held.weight = weight, g_held.OC = OC, g_held.C = C;
+}
+
+void matmul_release_weight() {
+  g_held.weight = nullptr;
+  g_held.forward.clear();
+  g_held.backward.clear();
+}
+
+// Packing for VDPBF16PS, or for the fp32 kernel's bf16 emulation, rounds every value to bf16.
+bool matmul_hold_rounds_weight() { return g_precision == GemmPrecision::bf16; }
 
 double matmul_peak_gflops() {
   // The faster of OpenBLAS's sgemm and anvil's own product in the current mode, so that MFU is
@@ -88,13 +134,20 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
   }
-  parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
+  if (const GemmPackedB* packed = held_forward(weight, C, OC))
+    parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, *packed, 0, 0, out, OC, bias != nullptr);
+  else
+    parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
                      const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   if (dinp) {
-    parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
+    int row0 = 0;
+    if (const GemmPackedB* packed = held_backward(weight, C, OC, &row0))
+      parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, *packed, row0, 0, dinp, C, accumulate_dinp);
+    else
+      parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
   }
   parallel_gemm(g_precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
   if (dbias) {

@@ -208,6 +208,23 @@ TEST(Gemm, BlockOfTheOutputEqualsTheWhole) {
   }
 }
 
+// parallel_gemm cuts the output into blocks on threads, or packs a small B once for many row
+// bands: the bits of one gemm() call either way, for each grid it chooses.
+TEST(Gemm, ParallelProductEqualsOneCall) {
+  struct Shape { int M, N, K; };
+  for (Shape s : {Shape{1100, 300, 280}, Shape{600, 2100, 70}, Shape{64, 3000, 300}, Shape{300, 200, 1500}}) {
+    const std::vector<float> av = testing::randn(s.M * s.K, 9), bv = testing::randn(s.K * s.N, 10);
+    for (GemmPrecision precision : {GemmPrecision::fp32, GemmPrecision::bf16}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << s.M << " N=" << s.N << " K=" << s.K
+                                        << (precision == GemmPrecision::bf16 ? " bf16" : " fp32"));
+      std::vector<float> want = testing::randn(s.M * s.N, 11), got = want;
+      gemm(precision, s.M, s.N, s.K, {av.data(), s.K, 1}, {bv.data(), s.N, 1}, want.data(), s.N, true);
+      parallel_gemm(precision, s.M, s.N, s.K, {av.data(), s.K, 1}, {bv.data(), s.N, 1}, got.data(), s.N, true);
+      ASSERT_TRUE(got == want);
+    }
+  }
+}
+
 // A B packed ahead gives the bits of B itself, whole or in parts that start at a k block and a
 // panel (an odd K only at B's end), and parts elsewhere are refused.
 TEST(Gemm, PackedBGivesTheBitsOfB) {

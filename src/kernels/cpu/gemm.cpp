@@ -64,9 +64,12 @@ class FlushSubnormals {
 // long sums went from 0.7 to 0.8-0.9 of OpenBLAS).
 constexpr int kMaxSide = 512, kMinSide = 64;
 
-// Calls block(r0, rows, c0, cols) for each block of a rows × cols output, in parallel.
-template <typename Block>
-void for_each_block(int rows, int cols, const Block& block) {
+// Blocks of band rows × width columns (the last ones smaller).
+struct BlockGrid {
+  int band, width;
+};
+
+BlockGrid block_grid(int rows, int cols) {
   const int threads = std::max(1, omp_get_max_threads());
   int band = std::min(rows, kMaxSide), width = std::min(cols, kMaxSide);
   if (rows <= kGemmMc) {
@@ -82,13 +85,34 @@ void for_each_block(int rows, int cols, const Block& block) {
         width = std::max(kMinSide, (width + 1) / 2);
     }
   }
-  const int col_blocks = (cols + width - 1) / width, row_blocks = (rows + band - 1) / band;
+  return {band, width};
+}
+
+// Calls block(r0, rows, c0, cols) for each block of a rows × cols output, in parallel.
+template <typename Block>
+void for_each_block(int rows, int cols, BlockGrid grid, const Block& block) {
+  const int col_blocks = (cols + grid.width - 1) / grid.width, row_blocks = (rows + grid.band - 1) / grid.band;
 #pragma omp parallel for schedule(dynamic)
   for (int t = 0; t < row_blocks * col_blocks; t++) {
-    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * width;
-    block(r0, std::min(band, rows - r0), c0, std::min(width, cols - c0));
+    const int r0 = (t / col_blocks) * grid.band, c0 = (t % col_blocks) * grid.width;
+    block(r0, std::min(grid.band, rows - r0), c0, std::min(grid.width, cols - c0));
   }
 }
+
+// With B packed ahead, what a block adds to its products is packing its rows of A, once per
+// kGemmNc columns whatever the block's width: so blocks span kGemmNc columns (or all of a
+// narrower output), and rows are cut into as many bands as give each thread the same number
+// of blocks, up to four of at least 256 rows each (whole 12-row tiles: 12 is a multiple of every MR).
+BlockGrid packed_block_grid(int rows, int cols) {
+  const int threads = std::max(1, omp_get_max_threads());
+  const int width = std::min(cols, kGemmNc), col_blocks = (cols + width - 1) / width;
+  const int per_thread = std::clamp(rows / (threads * 256), 1, 4);
+  const int bands = std::max(1, (threads * per_thread + col_blocks - 1) / col_blocks);
+  return {std::max(12, ((rows + bands - 1) / bands + 11) / 12 * 12), width};
+}
+
+// A B small enough to pack once for the whole product, where blocks would each pack it again.
+constexpr long kPackOnceMax = 1L << 21;  // elements: 8 MB of fp32
 
 void run(GemmPrecision precision, GemmIsa isa, GemmCall call) {
   const GemmKernels& kernels = kernels_for(isa);
@@ -173,7 +197,15 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
     }
     return;
   }
-  for_each_block(M, N, [&](int i0, int rows, int j0, int cols) {
+  const BlockGrid grid = block_grid(M, N);
+  if (grid.band < M && static_cast<long>(K) * N <= kPackOnceMax && !omp_in_parallel()) {
+    // Several bands of rows would each pack all of B: pack it once (the weight gradients'
+    // inputs, the microbatch's forward products).
+    thread_local GemmPackedB packed;
+    packed.pack(precision, K, N, b);
+    return parallel_gemm(precision, M, N, K, a, packed, 0, 0, c, ldc, accumulate);
+  }
+  for_each_block(M, N, grid, [&](int i0, int rows, int j0, int cols) {
     gemm(precision, rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride},
          {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate);
   });
@@ -210,28 +242,6 @@ void GemmPackedB::pack(GemmPrecision precision, int K, int N, GemmOperand b, Gem
   }
 }
 
-namespace {
-
-// With B packed ahead, what a block adds to its products is packing its rows of A, once per
-// kGemmNc columns whatever the block's width: so blocks span kGemmNc columns (or all of a
-// narrower output) and are cut into bands of rows only where there are fewer column blocks
-// than threads (bands of whole 12-row tiles: 12 is a multiple of every MR).
-template <typename Block>
-void for_each_packed_block(int rows, int cols, const Block& block) {
-  const int threads = std::max(1, omp_get_max_threads());
-  const int width = std::min(cols, kGemmNc), col_blocks = (cols + width - 1) / width;
-  const int bands = (threads + col_blocks - 1) / col_blocks;
-  const int band = std::max(12, ((rows + bands - 1) / bands + 11) / 12 * 12);
-  const int row_blocks = (rows + band - 1) / band;
-#pragma omp parallel for schedule(dynamic)
-  for (int t = 0; t < row_blocks * col_blocks; t++) {
-    const int r0 = (t / col_blocks) * band, c0 = (t % col_blocks) * width;
-    block(r0, std::min(band, rows - r0), c0, std::min(width, cols - c0));
-  }
-}
-
-}  // namespace
-
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, const GemmPackedB& b, int k0, int j0,
                    float* c, long ldc, bool accumulate) {
   ANVIL_CHECK(!b.empty() && b.precision_ == precision, "parallel_gemm: B was not packed for this precision");
@@ -245,7 +255,7 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
   if (M <= 0 || N <= 0) return;
   if (K == 0) return gemm(precision, M, N, 0, a, {nullptr, 0, 0}, c, ldc, accumulate, b.isa_);
   const auto* words = static_cast<const uint32_t*>(b.data_.get());
-  for_each_packed_block(M, N, [&](int i0, int rows, int c0, int cols) {
+  for_each_block(M, N, packed_block_grid(M, N), [&](int i0, int rows, int c0, int cols) {
     PackBuffers& buffers = pack_buffers();
     run(precision, b.isa_,
         {rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride}, {}, c + i0 * ldc + c0, ldc,

@@ -69,7 +69,8 @@ mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tm
 
 # SIGKILL in the middle of writing step 10's checkpoint, then autoresume.
 ANVIL_FAULT_KILL_IN_SAVE=10 run killed 1
-grep -q '^\.step-00000010\.tmp' <<< "$(ls -a "$tmp/killed/checkpoints")" && [ ! -d "$tmp/killed/checkpoints/step-00000010" ] \
+listing=$(ls -a "$tmp/killed/checkpoints")
+grep -q '^\.step-00000010\.tmp' <<< "$listing" && [ ! -d "$tmp/killed/checkpoints/step-00000010" ] \
   && [ "$(cat "$tmp/killed/checkpoints/latest")" = "step-00000005" ] \
   && pass "killed while saving step 10: only a temporary directory, latest still step-00000005" \
   || fail "after the kill: $(ls -a "$tmp/killed/checkpoints" | tr '\n' ' ')"

@@ -102,7 +102,8 @@ void for_each_block(int rows, int cols, BlockGrid grid, const Block& block) {
 // With B packed ahead, what a block adds to its products is packing its rows of A, once per
 // kGemmNc columns whatever the block's width: so blocks span kGemmNc columns (or all of a
 // narrower output), and rows are cut into as many bands as give each thread the same number
-// of blocks, up to four of at least 256 rows each (whole 12-row tiles: 12 is a multiple of every MR).
+// of blocks, up to four of at least 256 rows each (whole 12-row tiles: 12 is a multiple of
+// every MR).
 BlockGrid packed_block_grid(int rows, int cols) {
   const int threads = std::max(1, omp_get_max_threads());
   const int width = std::min(cols, kGemmNc), col_blocks = (cols + width - 1) / width;
@@ -190,9 +191,8 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
     const GemmIsa isa = gemm_best_isa();
 #pragma omp parallel
     {
-      const GemmCall call{M,        N,         K,        a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate,
-                          false,    pack_buffers().a.get(), shared_b, omp_get_thread_num(), omp_get_num_threads(),
-                          nullptr,  0};
+      const GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false,
+                          pack_buffers().a.get(), shared_b, omp_get_thread_num(), omp_get_num_threads(), nullptr, 0};
       run(precision, isa, call);
     }
     return;
@@ -230,8 +230,9 @@ void GemmPackedB::pack(GemmPrecision precision, int K, int N, GemmOperand b, Gem
     capacity_ = bytes;
   }
   precision_ = precision, isa_ = isa, K_ = K, N_ = N, nr_ = nr, panels_ = panels, slot_ = slot;
-  const GemmCall call{0,     N,       K,     {}, {b.data, b.col_stride, b.row_stride}, nullptr, 0, false,
-                      !pairs && precision == GemmPrecision::bf16, nullptr, nullptr, 0, 1, nullptr, 0};
+  const bool emulated = !pairs && precision == GemmPrecision::bf16;  // the fp32 kernel on rounded pairs
+  const GemmCall call{0, N, K, {}, {b.data, b.col_stride, b.row_stride}, nullptr, 0, false, emulated, nullptr, nullptr,
+                      0, 1, nullptr, 0};
   void* dst = data_.get();
 #pragma omp parallel
   {

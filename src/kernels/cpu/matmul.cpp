@@ -81,8 +81,9 @@ const GemmPackedB* held_backward(const float* weight, int C, int OC, int* row0) 
   const auto at = reinterpret_cast<uintptr_t>(weight), start = reinterpret_cast<uintptr_t>(g_held.weight);
   const uintptr_t row_bytes = sizeof(float) * static_cast<uintptr_t>(C);
   if (at < start || (at - start) % row_bytes != 0) return nullptr;
-  *row0 = static_cast<int>((at - start) / row_bytes);
-  if (*row0 % kGemmKc != 0 || *row0 + OC > g_held.OC || (OC % 2 != 0 && *row0 + OC != g_held.OC)) return nullptr;
+  const uintptr_t rows = (at - start) / row_bytes, end = static_cast<uintptr_t>(g_held.OC);
+  if (rows % kGemmKc != 0 || rows + OC > end || (OC % 2 != 0 && rows + OC != end)) return nullptr;
+  *row0 = static_cast<int>(rows);
   if (g_held.backward.empty()) g_held.backward.pack(g_precision, g_held.OC, C, {g_held.weight, C, 1});
   return &g_held.backward;
 }

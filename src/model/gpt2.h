@@ -156,7 +156,7 @@ class Gpt2 {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
-  // Block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
+  // A block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
   // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
   // The LM head (the token embedding p, tied) as the products use it, held by the matmuls

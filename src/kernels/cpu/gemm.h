@@ -51,9 +51,6 @@ class GemmPackedB {
   void pack(GemmPrecision precision, int K, int N, GemmOperand b, GemmIsa isa = gemm_best_isa());
   void clear() { K_ = N_ = 0; }
   bool empty() const { return K_ == 0; }
-  GemmPrecision precision() const { return precision_; }
-  int K() const { return K_; }
-  int N() const { return N_; }
 
  private:
   friend void parallel_gemm(GemmPrecision, int, int, int, GemmOperand, const GemmPackedB&, int, int, float*, long,

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/buffer.h"
+#include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
 #include "kernels/impl.h"
 #include "kernels/optimizer.h"
@@ -164,16 +165,12 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   }
   if (opt_.deterministic) {
     if (opt_.zero_stage < 2) fixed_.assign_zeros(n_);
-    emb_scratch_.assign_zeros(units_[0].numel);
-    block_scratch_.assign_zeros(largest_other);
-    rows_.assign_zeros(static_cast<size_t>(model.config().vocab_size));
+    emb_scratch_.buf.assign_zeros(model.largest_grads_span(0));
+    size_t largest_span = 0;
+    for (size_t u = 1; u < units_.size(); u++)
+      largest_span = std::max(largest_span, model.largest_grads_span(static_cast<int>(u)));
+    block_scratch_.buf.assign_zeros(largest_span);
     fixed_dest_.assign(units_.size(), nullptr);
-    unit_tensors_.assign(units_.size(), {tensors_.size(), 0});
-    for (size_t k = 0; k < tensors_.size(); k++) {
-      auto& [first, end] = unit_tensors_[tensors_[k].unit];
-      first = std::min(first, k);
-      end = std::max(end, k + 1);
-    }
     scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt_.global_batch));
     sample_max_.assign_zeros(tensors_.size());
     owned_squares_.assign_zeros(tensors_.size());
@@ -185,6 +182,13 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
     squares_.resize(K);
     all_max_.resize(K * W);
     all_squares_.resize(K * W);
+  }
+  rows_.assign_zeros(static_cast<size_t>(model.config().vocab_size));
+  unit_tensors_.assign(units_.size(), {tensors_.size(), 0});
+  for (size_t k = 0; k < tensors_.size(); k++) {
+    auto& [first, end] = unit_tensors_[tensors_[k].unit];
+    first = std::min(first, k);
+    end = std::max(end, k + 1);
   }
   if (opt_.zero_stage == 3) {
     param_shard_.assign_zeros(hi_ - lo_);
@@ -209,7 +213,7 @@ MemoryReport DataParallel::memory() const {
   // Deterministic mode: the int64 accumulators count as gradients, the scratch as working space.
   const size_t i64 = sizeof(int64_t);
   m.grads += (fixed_.size() + fixed_shard_.size()) * i64;
-  m.working += (emb_scratch_.size() + block_scratch_.size()) * f + emb_grads_.fixed.size() * i64;
+  m.working += (emb_scratch_.buf.size() + block_scratch_.buf.size()) * f + emb_grads_.fixed.size() * i64;
   for (const Slot& s : block_grads_) m.working += s.fixed.size() * i64;
   return m;
 }
@@ -473,21 +477,30 @@ DataParallel::Slot* DataParallel::open_grad_slot(int unit) {
   return s;
 }
 
-float* DataParallel::grads(int unit) {
+float* DataParallel::grads(int unit, size_t offset, size_t count) {
+  ANVIL_CHECK(offset + count <= units_[unit].numel, "a span [{}, {}) of unit {}'s gradient, which has {} values",
+              offset, offset + count, unit, units_[unit].numel);
   if (!opt_.deterministic) {
-    if (opt_.zero_stage < 2) return model_.grads() + units_[unit].offset;
-    return open_grad_slot(unit)->buf.data();
+    if (opt_.zero_stage < 2) return model_.grads() + units_[unit].offset + offset;
+    return open_grad_slot(unit)->buf.data() + offset;
   }
   fixed_dest_[unit] = opt_.zero_stage < 2 ? fixed_.data() + units_[unit].offset : open_grad_slot(unit)->fixed.data();
-  return unit == 0 ? emb_scratch_.data() : block_scratch_.data();  // all zero between sequences
+  Scratch& s = scratch_for(unit);
+  ANVIL_CHECK(count <= s.buf.size(), "a span of {} values of unit {}'s gradient, scratch for {}", count, unit,
+              s.buf.size());
+  s.origin = offset;
+  return s.buf.data();  // all zero between sequences
 }
 
 void DataParallel::grain_done(int unit, size_t offset, size_t count) {
   if (!opt_.deterministic) return;  // float contributions accumulated in place
   int64_t* dest = fixed_dest_[unit];
   ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
-  float* scratch = unit == 0 ? emb_scratch_.data() : block_scratch_.data();
+  Scratch& s = scratch_for(unit);
+  ANVIL_CHECK(offset >= s.origin && offset + count <= s.origin + s.buf.size(),
+              "unit {}'s gradient [{}, {}) was handed over outside the span asked for", unit, offset, offset + count);
   const size_t base = units_[unit].offset, lo = base + offset, hi = lo + count;
+  float* scratch = s.buf.data();  // from unit offset s.origin
   const auto [first, end] = unit_tensors_[unit];
   for (size_t k = first; k < end; k++) {
     const ParamTensor& t = tensors_[k];
@@ -495,7 +508,7 @@ void DataParallel::grain_done(int unit, size_t offset, size_t count) {
     if (a >= b) continue;
     // The loss scale 2^e comes off exactly here (and off the maxima in finish_backward): the
     // accumulators and so the fixed-point scales are those of the unscaled gradients.
-    fixed_point_accumulate(dest + (a - base), scratch + (a - base), b - a, scale_[k] - loss_scale_log2_,
+    fixed_point_accumulate(dest + (a - base), scratch + (a - base - s.origin), b - a, scale_[k] - loss_scale_log2_,
                            sample_max_.data() + k);
   }
 }
@@ -508,10 +521,9 @@ int DataParallel::tensor_at(int unit, size_t offset) const {
   ANVIL_FAIL("unit {} has no element at offset {}", unit, offset);
 }
 
-void DataParallel::grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) {
-  if (!opt_.deterministic || n_rows == 0) return;
-  int64_t* dest = fixed_dest_[unit];
-  ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
+void DataParallel::grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows,
+                              size_t row_len) {
+  if (n_rows == 0) return;
   ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
   const int k = tensor_at(unit, offset);
   const ParamTensor& t = tensors_[k];
@@ -520,8 +532,13 @@ void DataParallel::grain_rows_done(int unit, size_t offset, const int32_t* rows,
                                     t.offset + t.numel,
                 "row {} lies outside tensor '{}'", rows[r], t.name);
   op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
-  float* scratch = (unit == 0 ? emb_scratch_.data() : block_scratch_.data()) + offset;
-  fixed_point_accumulate_rows(dest + offset, scratch, rows_.data(), n_rows, row_len, scale_[k] - loss_scale_log2_,
+  if (!opt_.deterministic) {
+    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
+    return;
+  }
+  int64_t* dest = fixed_dest_[unit];
+  ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
+  fixed_point_accumulate_rows(dest + offset, x, rows_.data(), n_rows, row_len, scale_[k] - loss_scale_log2_,
                               sample_max_.data() + k);
 }
 

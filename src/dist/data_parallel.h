@@ -17,7 +17,7 @@
 // kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
-// float scratch buffer and are added, one sequence at a time, into int64 fixed-point
+// float scratch buffer (a block's size, or a span of the embeddings) and are added, one sequence at a time, into int64 fixed-point
 // accumulators (kernels/fixed_point.h), which are what the stages above reduce (in integers:
 // exact). The gradient norm is summed from the integers, and AdamW reads the rank's gradient from
 // them too (kernels/optimizer.h): no fp32 copy of the gradient exists in this mode. A step whose
@@ -149,9 +149,9 @@ class DataParallel : public UnitAccess {
   // UnitAccess
   const float* acquire_params(int unit, int next_unit) override;
   void release_params(int unit) override;
-  float* grads(int unit) override;
+  float* grads(int unit, size_t offset, size_t count) override;
   void grain_done(int unit, size_t offset, size_t count) override;
-  void grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) override;
+  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override;
   void grads_done(int unit) override;
 
  private:
@@ -187,9 +187,9 @@ class DataParallel : public UnitAccess {
   std::vector<float> error_feedback_;  // bf16 compression (host only)
   Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
   bool last_microbatch_ = true;
-  // Deterministic mode.
   const std::vector<ParamTensor>& tensors_;
   std::vector<std::pair<size_t, size_t>> unit_tensors_;  // [unit]: its tensors' index range
+  // Deterministic mode.
   std::vector<int> scale_;         // [tensor]: fixed-point exponent of this step
   std::vector<int> step_scale_;    // [tensor]: the exponents of the gradient AdamW reads this step
   OpArray<float> sample_max_;      // [tensor]: largest per-sequence |gradient| this step, this rank (loss-scaled)
@@ -201,9 +201,16 @@ class DataParallel : public UnitAccess {
   double loss_scale_ = 1.0;
   float clip_scale_ = 1.0f;  // from clip_and_norm, for the next optimizer_step
   int loss_scale_log2_ = 0;
-  OpArray<float> emb_scratch_, block_scratch_;  // one sequence's contribution, before rounding
-  OpArray<int64_t> fixed_, fixed_shard_;        // stages 0/1: every gradient; 2/3: the shard
-  OpArray<int32_t> rows_;                       // grain_rows_done's rows, in op memory
+  // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'
+  // spans, and the blocks' (each a whole unit).
+  struct Scratch {
+    OpArray<float> buf;
+    size_t origin = 0;  // the unit offset buf[0] stands for (the last span asked for)
+  };
+  Scratch& scratch_for(int unit) { return unit == 0 ? emb_scratch_ : block_scratch_; }
+  Scratch emb_scratch_, block_scratch_;
+  OpArray<int64_t> fixed_, fixed_shard_;  // stages 0/1: every gradient; 2/3: the shard
+  OpArray<int32_t> rows_;                 // grain_rows's rows, in op memory
   std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates
   CommThread thread_;
 };

@@ -57,6 +57,9 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
                       int T, int C) {
   ANVIL_DISPATCH(encoder_backward, dwte, dwpe, dout, tokens, B, T, C);
 }
+void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
+  ANVIL_DISPATCH(add_rows, dst, x, rows, n_rows, row_len);
+}
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
   ANVIL_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C);

@@ -1,5 +1,6 @@
 // Token + position embedding. Dimension letters: B batch, T time, C channels, V vocabulary.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace anvil {
@@ -7,21 +8,28 @@ namespace anvil {
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) in [0, V); wte (V,C); wpe (>=T, C).
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                      int T, int C);
-// dwte (V,C) += and dwpe (>=T, C) += the gradient of out, given dout (B,T,C).
+// dwte (V,C) += and dwpe (>=T, C) += the gradient of out, given dout (B,T,C). With tokens
+// renumbered to the distinct tokens of the batch, dwte is that gradient in compact rows.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
                       int T, int C);
+// Row rows[r] of dst += row r of x, for r < n_rows (rows of row_len; rows distinct): a gradient
+// held in compact rows added into the full table.
+void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len);
 
 namespace ref {
 void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
 void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
+void add_rows(float*, const float*, const int32_t*, size_t, size_t);
 }  // namespace ref
 namespace cpu {
 void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
 void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
+void add_rows(float*, const float*, const int32_t*, size_t, size_t);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
 void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
 void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
+void add_rows(float*, const float*, const int32_t*, size_t, size_t);
 }  // namespace gpu
 
 }  // namespace anvil

@@ -42,8 +42,9 @@ bool fixed_point_fits(float max_abs, int s, int64_t samples);
 // a non-finite gradient is never lost in the maximum). Exact while |x[i]| · 2^s < 2^51; callers
 // check the maximum against fixed_point_fits before trusting acc.
 void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs);
-// The same for the rows rows[0..n_rows) of row_len elements each (offsets row · row_len into acc
-// and x): the embedding rows one sequence touched. The rows must be distinct.
+// The same for the embedding rows one sequence touched, held compact: row r of x (offset
+// r · row_len) goes to row rows[r] of acc (offset rows[r] · row_len), for r < n_rows. The rows
+// must be distinct.
 void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
                                  float* max_abs);
 // *squares = Σ floor(acc[i]² / 2^kSquareShift) over i < n, exact in 128-bit integers: sums of

@@ -16,6 +16,11 @@
 #include "kernels/round.h"
 
 namespace anvil {
+namespace {
+// Vocabulary rows per piece of the LM head's backward (Gpt2::backward): a multiple of
+// kMatmulSumBlock, so that the pieces' input-gradient sums are one product's.
+constexpr int kVocabChunk = 8 * kMatmulSumBlock;
+}  // namespace
 
 std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg) {
   const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
@@ -87,22 +92,27 @@ Gpt2::Block Gpt2::bind_block(const float* base) const {
 // The default access: the model's own full arrays, nothing to gather or reduce.
 class Gpt2::OwnArrays : public UnitAccess {
  public:
-  explicit OwnArrays(Gpt2& m) : m_(m) {}
+  explicit OwnArrays(Gpt2& m) : m_(m) { rows_.assign_zeros(static_cast<size_t>(m.max_seq_)); }
   const float* acquire_params(int unit, int) override {
     ANVIL_CHECK(!m_.params_.empty(), "the model holds no parameters of its own and has no unit access set");
     return m_.params_.data() + m_.units_[unit].offset;
   }
   void release_params(int) override {}
   void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
-  void grain_rows_done(int, size_t, const int32_t*, size_t, size_t) override {}
-  float* grads(int unit) override {
+  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override {
+    ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
+    op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
+    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
+  }
+  float* grads(int unit, size_t offset, size_t) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
-    return m_.grads_.data() + m_.units_[unit].offset;
+    return m_.grads_.data() + m_.units_[unit].offset + offset;
   }
   void grads_done(int) override {}
 
  private:
   Gpt2& m_;
+  OpArray<int32_t> rows_;  // grain_rows's rows, where the ops run
 };
 
 void Gpt2::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
@@ -114,7 +124,7 @@ struct ActivationSizes {
   size_t block[11];
   size_t block_layers;  // L, or 1 under activation checkpointing
   size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
-  size_t grads;         // dresidual and dsmall for the microbatch, dbig and dqkv for one sequence
+  size_t grads;         // dresidual and dsmall for the microbatch; dbig, dqkv and demb_rows for one sequence
 
   size_t block_total() const {
     size_t n = 0;
@@ -134,7 +144,7 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C},
           checkpointing ? 1 : L,
           {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C, BT * 4 * C},
-          2 * BT * C + T * 4 * C + T * 3 * C};
+          2 * BT * C + T * 4 * C + T * 3 * C + T * C};
 }
 }  // namespace
 
@@ -161,6 +171,8 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
   own_access_ = std::make_unique<OwnArrays>(*this);
   access_ = own_access_.get();
   touched_rows_.reserve(static_cast<size_t>(max_seq));
+  compact_tokens_.resize(static_cast<size_t>(max_seq));
+  compact_tokens_op_.assign_zeros(static_cast<size_t>(max_seq));
 
   set_max_batch(max_batch);
 }
@@ -193,6 +205,14 @@ void Gpt2::set_max_batch(int max_batch) {
   dsmall_ = dresidual_ + BT * C;
   dbig_ = dsmall_ + BT * C;
   dqkv_ = dbig_ + T * 4 * C;
+  demb_rows_ = dqkv_ + T * 3 * C;
+}
+
+size_t Gpt2::largest_grads_span(int unit) const {
+  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units_.size(), "no unit {} in a model of {}", unit,
+              units_.size());
+  if (unit > 0) return units_[unit].numel;
+  return static_cast<size_t>(std::max(std::min(kVocabChunk, cfg_.vocab_size), max_seq_)) * cfg_.d_model;
 }
 
 Gpt2::BlockActs Gpt2::block_acts(int l) const {
@@ -410,12 +430,9 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   // pass (written over the logits), and the gradient back through the head a vocabulary chunk at
   // a time, so that a chunk of the logits' gradient is read from memory once for both products
   // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
-  // cache. Chunks split the input gradient's sum at multiples of kMatmulSumBlock: the same bits
-  // as one product. The embedding unit's gradient stays open for the whole backward pass: the
-  // head adds to it first, the token embedding last.
-  constexpr int kVocabChunk = 8 * kMatmulSumBlock;
+  // cache (kVocabChunk). The embedding unit's gradient stays open for the whole backward pass:
+  // the head adds to it first, the token embedding last.
   const float* emb = hold_lm_head(access_->acquire_params(0, L + 1));
-  float* demb = access_->grads(0);
   const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
@@ -426,10 +443,10 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype_);
     for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int width = std::min(kVocabChunk, V - v0);
-      const size_t at = static_cast<size_t>(v0) * C;
-      matmul_backward(dsmall_ + r * C, demb + at, nullptr, a.logits + v0, V, a.lnf + r * C, emb + at, T, C, width,
-                      v0 > 0);
-      access_->grain_done(0, at, static_cast<size_t>(width) * C);
+      const size_t at = static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
+      matmul_backward(dsmall_ + r * C, access_->grads(0, at, count), nullptr, a.logits + v0, V, a.lnf + r * C,
+                      emb + at, T, C, width, v0 > 0);
+      access_->grain_done(0, at, count);
     }
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
   }
@@ -438,7 +455,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
   const float* lnf = access_->acquire_params(L + 1, L);
-  float* dlnf = access_->grads(L + 1);
+  float* dlnf = access_->grads(L + 1, 0, units_[L + 1].numel);
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     layernorm_backward(dresidual_ + r * C, dlnf, dlnf + C, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r,
@@ -455,7 +472,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
     const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, l == 0 ? -1 : l)));
-    const Block g = bind_block(access_->grads(1 + l));
+    const Block g = bind_block(access_->grads(1 + l, 0, units_[1 + l].numel));
     if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
     const BlockActs x = block_acts(l);
     // Each tensor's part of a sequence's contribution is handed over (grain_done) right after the
@@ -500,15 +517,24 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     access_->release_params(1 + l);
     access_->grads_done(1 + l);
   }
+  // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
+  // compact (within the reserved capacity: no allocation), and its positions' rows.
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
-    encoder_backward(demb, demb + wpe_offset, dresidual_ + r * C, tokens_op_.data() + r, 1, T, C);
-    access_->grain_done(0, wpe_offset, rows * C);
-    // The token rows this sequence touched, each once (within the reserved capacity: no allocation).
-    touched_rows_.assign(tokens_ + r, tokens_ + r + T);
+    const int32_t* tokens = tokens_ + r;
+    touched_rows_.assign(tokens, tokens + T);
     std::sort(touched_rows_.begin(), touched_rows_.end());
     touched_rows_.erase(std::unique(touched_rows_.begin(), touched_rows_.end()), touched_rows_.end());
-    access_->grain_rows_done(0, 0, touched_rows_.data(), touched_rows_.size(), C);
+    for (int t = 0; t < T; t++)
+      compact_tokens_[t] = static_cast<int32_t>(
+          std::lower_bound(touched_rows_.begin(), touched_rows_.end(), tokens[t]) - touched_rows_.begin());
+    op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), rows * sizeof(int32_t));
+    const size_t n_touched = touched_rows_.size();
+    op_zero(demb_rows_, n_touched * C * sizeof(float));
+    encoder_backward(demb_rows_, access_->grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+                     compact_tokens_op_.data(), 1, T, C);
+    access_->grain_done(0, wpe_offset, rows * C);
+    access_->grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
   }
   access_->grads_done(0);
 }

@@ -59,18 +59,21 @@ class UnitAccess {
   // the model will ask for after this one (-1: none), so that it can be fetched ahead.
   virtual const float* acquire_params(int unit, int next_unit) = 0;
   virtual void release_params(int unit) = 0;
-  // Where the unit's gradient is accumulated (+=); asked for again while the unit is still
-  // open returns the same buffer.
-  virtual float* grads(int unit) = 0;
+  // Where sequences' contributions to [offset, offset + count) of the unit's gradient are added
+  // (+=): count floats. A span may share memory with the unit's earlier spans whose
+  // contributions were handed over (grain_done), so that deterministic training needs scratch
+  // for the largest span only (Gpt2::largest_grads_span), not for the embedding table.
+  virtual float* grads(int unit, size_t offset, size_t count) = 0;
   // One sequence's contribution to [offset, offset + count) of the unit's gradient is complete
-  // in grads(unit). The backward pass works one sequence at a time and says so after each,
-  // so that contributions can be summed exactly (deterministic training accumulates them in
-  // fixed point and clears the range); parts it did not touch since the last call need not
-  // be named.
+  // in the span grads() gave for it. The backward pass works one sequence at a time and says so
+  // after each, so that contributions can be summed exactly (deterministic training accumulates
+  // them in fixed point and clears the range); parts it did not touch since the last call need
+  // not be named.
   virtual void grain_done(int unit, size_t offset, size_t count) = 0;
-  // The same for rows of one tensor: [offset + r·row_len, + row_len) for each r in rows (host
-  // memory, distinct), as the token embedding rows a sequence touched.
-  virtual void grain_rows_done(int unit, size_t offset, const int32_t* rows, size_t n_rows, size_t row_len) = 0;
+  // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
+  // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of
+  // the unit. rows: host memory, distinct. x may be cleared.
+  virtual void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) = 0;
   // The backward pass has added everything it will to the unit's gradient in this microbatch.
   virtual void grads_done(int unit) = 0;
 };
@@ -103,6 +106,10 @@ class Gpt2 {
   size_t num_params() const { return num_params_; }
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
+  // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once:
+  // a block's whole unit; of the embeddings, a chunk of the LM head's rows or a sequence's
+  // positions.
+  size_t largest_grads_span(int unit) const;
   size_t activation_bytes() const { return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float); }
   // Reallocates the activations for microbatches of up to max_batch sequences.
   void set_max_batch(int max_batch);
@@ -198,10 +205,13 @@ class Gpt2 {
   UnitAccess* access_ = nullptr;
   Acts acts_{};
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
-  // sequence (the blocks' backward works a sequence at a time).
-  float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr;
+  // sequence (the blocks' backward works a sequence at a time); demb_rows_ the token embedding's
+  // gradient for one sequence, a row per distinct token (touched_rows_).
+  float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr, *demb_rows_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
-  std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens (capacity max_seq)
+  std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens, ascending (capacity max_seq)
+  std::vector<int32_t> compact_tokens_;  // each position's token as its index in touched_rows_
+  OpArray<int32_t> compact_tokens_op_;   // the same where the ops run
   int B_ = 0, T_ = 0;
 };
 

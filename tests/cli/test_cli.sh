@@ -109,7 +109,7 @@ a=$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256"); b=$("$anvil" inspect
   && pass "auto microbatch ($chosen) with activation checkpointing: the same weights as microbatch 8" \
   || fail "auto microbatch / activation checkpointing: '$chosen' '$a' vs '$b'"
 expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
-  run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=80mb
+  run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 
 # --- bad input -------------------------------------------------------------------------------
 expect_error "missing config" "config file '$tmp/nope.yaml' not found" "$anvil" train "$tmp/nope.yaml"

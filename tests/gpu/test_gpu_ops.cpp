@@ -87,6 +87,21 @@ TEST_F(GpuOps, EncoderMatchesReference) {
   }
 }
 
+// Compact rows added into a table (the model's token-embedding gradient): each element one fp32
+// addition, so the GPU gives the reference's bits; more rows than the grid's y extent.
+TEST_F(GpuOps, AddRowsMatchesReferenceBitForBit) {
+  const int V = 140000, C = 5;
+  std::vector<int32_t> rows;
+  for (int v = V - 1; v >= 0; v -= 2) rows.push_back(v);  // 70000 rows, descending
+  std::vector<float> table = randn(V * C, 1);
+  const std::vector<float> x = randn(rows.size() * C, 2);
+  Dev<float> d_table(table), d_x(x);
+  Dev<int32_t> d_rows(rows);
+  ref::add_rows(table.data(), x.data(), rows.data(), rows.size(), C);
+  gpu::add_rows(d_table.get(), d_x.get(), d_rows.get(), rows.size(), C);
+  EXPECT_EQ(d_table.host(), table);
+}
+
 TEST_F(GpuOps, LayerNormMatchesReference) {
   struct Shape { int N, C; };
   for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{33, 64}, Shape{17, 768}, Shape{1000, 1024}}) {

@@ -179,11 +179,16 @@ TEST(FixedPoint, CpuKernelsMatchTheReference) {
   EXPECT_EQ(got.max_rows, want.max_rows);
   EXPECT_TRUE(got.squares == want.squares);
   EXPECT_TRUE(std::isinf(want.max_nan) && std::isinf(got.max_nan));
-  // The rows form cleared exactly the touched rows.
-  for (size_t r = 0; r < rows; r++) {
-    const bool hit = std::find(touched.begin(), touched.end(), static_cast<int32_t>(r)) != touched.end();
-    EXPECT_EQ(want.x[r * row_len], hit ? 0.0f : x0[r * row_len]) << "row " << r;
-  }
+  // The rows form read and cleared the compact rows (one per touched row), nothing after them.
+  for (size_t r = 0; r < rows; r++) EXPECT_EQ(want.x[r * row_len], r < touched.size() ? 0.0f : x0[r * row_len]) << r;
+  // And added compact row r into row touched[r] of the accumulator.
+  std::vector<int64_t> one(n, 0);
+  std::vector<float> x = x0;
+  float max_abs = 0.0f;
+  fixed_point_accumulate_rows(one.data(), x.data(), touched.data(), touched.size(), row_len, s, &max_abs);
+  for (size_t r = 0; r < touched.size(); r++)
+    EXPECT_EQ(one[touched[r] * row_len + 3], std::llrint(std::ldexp(static_cast<double>(x0[r * row_len + 3]), s)));
+  EXPECT_EQ(one[1 * row_len + 3], 0) << "an untouched row";
   float biggest = 0.0f;
   for (float v : x0) biggest = std::max(biggest, std::fabs(v));
   EXPECT_EQ(want.max_all, biggest);

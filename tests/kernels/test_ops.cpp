@@ -13,6 +13,7 @@
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
+#include "kernels/impl.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
@@ -48,6 +49,38 @@ TEST(Encoder, MatchesReference) {
     EXPECT_TRUE(all_close(dwte_cpu.data(), dwte_ref.data(), dwte_ref.size(), kFp32Elementwise));
     EXPECT_TRUE(all_close(dwpe_cpu.data(), dwpe_ref.data(), dwpe_ref.size(), kFp32Elementwise));
   }
+}
+
+// The embeddings' backward as the model runs it: a sequence's token gradient in compact rows (a
+// row per distinct token), added into the table. Onto a zero table, the bits of the direct form.
+TEST(Encoder, CompactRowsAddUpToTheDirectGradient) {
+  const int T = 19, C = 40, V = 23;
+  std::vector<int32_t> tokens(T);
+  for (int t = 0; t < T; t++) tokens[t] = static_cast<int32_t>((t * t * 5 + 2) % V);  // repeats, gaps
+  std::vector<int32_t> rows = tokens;
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  ASSERT_LT(rows.size(), static_cast<size_t>(T));
+  std::vector<int32_t> compact(T);
+  for (int t = 0; t < T; t++) compact[t] = std::lower_bound(rows.begin(), rows.end(), tokens[t]) - rows.begin();
+  const auto dout = randn(T * C, 8);
+  for (auto impl : {KernelImpl::kRef, KernelImpl::kCpu}) {
+    set_kernel_impl(impl);
+    std::vector<float> direct(V * C, 0.0f), dwpe(T * C, 0.0f), table(V * C, 0.0f), dwpe2(T * C, 0.0f);
+    encoder_backward(direct.data(), dwpe.data(), dout.data(), tokens.data(), 1, T, C);
+    std::vector<float> x(rows.size() * C, 0.0f);
+    encoder_backward(x.data(), dwpe2.data(), dout.data(), compact.data(), 1, T, C);
+    add_rows(table.data(), x.data(), rows.data(), rows.size(), C);
+    EXPECT_EQ(table, direct);
+    EXPECT_EQ(dwpe2, dwpe);
+    // Onto a table that holds values: row rows[r] gains row r, the other rows keep theirs.
+    std::vector<float> held = randn(V * C, 9), want = held;
+    for (size_t r = 0; r < rows.size(); r++)
+      for (int c = 0; c < C; c++) want[rows[r] * C + c] += x[r * C + c];
+    add_rows(held.data(), x.data(), rows.data(), rows.size(), C);
+    EXPECT_EQ(held, want);
+  }
+  set_kernel_impl(KernelImpl::kCpu);
 }
 
 TEST(LayerNorm, MatchesReference) {

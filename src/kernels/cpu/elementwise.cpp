@@ -46,6 +46,17 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   }
 }
 
+void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
+  // The rows are distinct: no two threads add into the same one.
+#pragma omp parallel for schedule(static)
+  for (size_t r = 0; r < n_rows; r++) {
+    float* d = dst + static_cast<size_t>(rows[r]) * row_len;
+    const float* v = x + r * row_len;
+#pragma omp simd
+    for (size_t i = 0; i < row_len; i++) d[i] += v[i];
+  }
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
 #pragma omp parallel for schedule(static)

@@ -59,10 +59,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
                                  float* max_abs) {
   const double scale = std::ldexp(1.0, s);
   float m = 0.0f;
-  for (size_t r = 0; r < n_rows; r++) {
-    const size_t at = static_cast<size_t>(rows[r]) * row_len;
-    m = std::max(m, accumulate_range(acc + at, x + at, row_len, scale));
-  }
+  for (size_t r = 0; r < n_rows; r++)
+    m = std::max(m, accumulate_range(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, scale));
   *max_abs = std::max(*max_abs, m);
 }
 

@@ -64,11 +64,11 @@ __global__ void accumulate_rows_kernel(int64_t* acc, float* x, const int32_t* ro
   const size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float m = 0.0f;
   if (c < row_len) {
-    const size_t i = static_cast<size_t>(rows[blockIdx.y]) * row_len + c;
-    const float v = x[i];
+    const size_t i = static_cast<size_t>(rows[blockIdx.y]) * row_len + c, xi = blockIdx.y * row_len + c;
+    const float v = x[xi];
     m = magnitude(v);
     acc[i] = wrapping_add(acc[i], round_scaled(v, scale));
-    x[i] = 0.0f;
+    x[xi] = 0.0f;
   }
   block_max_into(m, max_abs);
 }
@@ -127,7 +127,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
   for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
     const dim3 grid(blocks_for(row_len), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
-    accumulate_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(acc, x, rows + r, row_len, ldexp(1.0, s), max_abs);
+    accumulate_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(acc, x + r * row_len, rows + r, row_len,
+                                                                 ldexp(1.0, s), max_abs);
     GPU_CHECK_LAUNCH();
   }
 }

@@ -1,6 +1,7 @@
 // GPU kernels for every op but the GEMMs (matmul.cpp, attention.cpp): one source, compiled as CUDA
 // or as HIP. Every reduction runs in a fixed order (warp butterflies, per-chunk partial sums
 // added in chunk order), with no atomics, so a run repeats bit for bit.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/targets.h"
@@ -62,6 +63,12 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   for (long n = 0; n < N; n++) dwte[static_cast<long>(tokens[n]) * C + c] += dout[n * C + c];
+}
+
+// blockIdx.y: the row; the rows are distinct, so no two threads touch the same element.
+__global__ void add_rows_kernel(float* dst, const float* x, const int32_t* rows, size_t row_len) {
+  const size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < row_len) dst[static_cast<size_t>(rows[blockIdx.y]) * row_len + c] += x[blockIdx.y * row_len + c];
 }
 
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
@@ -348,6 +355,15 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   GPU_CHECK_LAUNCH();
   encoder_backward_wpe_kernel<<<blocks_for(static_cast<long>(T) * C), kThreads, 0, gpu_stream()>>>(dwpe, dout, B, T, C);
   GPU_CHECK_LAUNCH();
+}
+
+void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
+  constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
+  for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
+    const dim3 grid(blocks_for(static_cast<long>(row_len)), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
+    add_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(dst, x + r * row_len, rows + r, row_len);
+    GPU_CHECK_LAUNCH();
+  }
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,

@@ -43,6 +43,13 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
     }
 }
 
+void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
+  for (size_t r = 0; r < n_rows; r++) {
+    float* d = dst + static_cast<size_t>(rows[r]) * row_len;
+    for (size_t i = 0; i < row_len; i++) d[i] += x[r * row_len + i];
+  }
+}
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
   for (int n = 0; n < N; n++) {
@@ -352,10 +359,8 @@ void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_
 
 void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
                                  float* max_abs) {
-  for (size_t r = 0; r < n_rows; r++) {
-    const size_t at = static_cast<size_t>(rows[r]) * row_len;
-    fixed_point_accumulate(acc + at, x + at, row_len, s, max_abs);
-  }
+  for (size_t r = 0; r < n_rows; r++)
+    fixed_point_accumulate(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, s, max_abs);
 }
 
 void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {

@@ -87,8 +87,13 @@ void CommThread::run() {
 }
 
 Gpt2Storage gpt2_storage_for(const DataParallelOptions& options) {
-  // In deterministic mode the gradient lives in the fixed-point accumulators, which AdamW reads.
-  return {options.zero_stage < 3, options.zero_stage < 2 && !options.deterministic};
+  Gpt2Storage s;
+  s.params = options.zero_stage < 3;
+  // In deterministic mode the gradient lives in the fixed-point accumulators, which AdamW reads,
+  // and is summed a sequence at a time.
+  s.grads = options.zero_stage < 2 && !options.deterministic;
+  s.microbatch_invariant = options.deterministic;
+  return s;
 }
 
 namespace {
@@ -146,7 +151,8 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   ANVIL_CHECK(!opt_.bf16_compression || kernel_impl() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
   const Gpt2Storage want = gpt2_storage_for(opt_);
-  ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads,
+  ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads &&
+                  (model.microbatch_invariant() || !opt_.deterministic),
               "the model was not built for zero_stage {}{} (use gpt2_storage_for)", opt_.zero_stage,
               opt_.deterministic ? " in deterministic mode" : "");
   for (const ParamUnit& u : units_) unit_counts_.push_back(split_by_shards(u.offset, u.numel, shard_counts_));

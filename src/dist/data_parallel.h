@@ -54,7 +54,8 @@ struct DataParallelOptions {
   GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // under kernels=gpu
 };
 
-// Which arrays the model should allocate for itself under these options.
+// Which arrays the model should allocate for itself under these options, and whether it must be
+// microbatch-invariant (deterministic mode).
 Gpt2Storage gpt2_storage_for(const DataParallelOptions& options);
 
 // Bytes per rank, as the trainer reports them.

@@ -124,7 +124,7 @@ struct ActivationSizes {
   size_t block[11];
   size_t block_layers;  // L, or 1 under activation checkpointing
   size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
-  size_t grads;         // dresidual and dsmall for the microbatch; dbig, dqkv and demb_rows for one sequence
+  size_t grads;         // dresidual and dsmall for the microbatch; dbig and dqkv for a grain; demb_rows for a sequence
 
   size_t block_total() const {
     size_t n = 0;
@@ -138,22 +138,29 @@ struct ActivationSizes {
   }
 };
 
-ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, bool checkpointing) {
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, bool checkpointing,
+                                 bool invariant) {
   const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads;
+               V = cfg.vocab_size, NH = cfg.n_heads, GT = invariant ? T : BT;
   return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C},
           checkpointing ? 1 : L,
           {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C, BT * 4 * C},
-          2 * BT * C + T * 4 * C + T * 3 * C + T * C};
+          2 * BT * C + GT * 4 * C + GT * 3 * C + T * C};
 }
 }  // namespace
 
-size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, bool activation_checkpointing) {
-  return activation_sizes(cfg, max_batch, max_seq, activation_checkpointing).total() * sizeof(float);
+size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const Gpt2Storage& storage) {
+  return activation_sizes(cfg, max_batch, max_seq, storage.activation_checkpointing, storage.microbatch_invariant)
+             .total() *
+         sizeof(float);
 }
 
 Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage storage)
-    : cfg_(cfg), max_batch_(max_batch), max_seq_(max_seq), checkpointing_(storage.activation_checkpointing) {
+    : cfg_(cfg),
+      max_batch_(max_batch),
+      max_seq_(max_seq),
+      checkpointing_(storage.activation_checkpointing),
+      invariant_(storage.microbatch_invariant) {
   ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
                   cfg.max_seq_len > 0,
               "model sizes must be positive (n_layers {}, n_heads {}, d_model {}, vocab_size {}, "
@@ -180,7 +187,7 @@ Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage stora
 void Gpt2::set_max_batch(int max_batch) {
   ANVIL_CHECK(max_batch >= 1, "a microbatch must hold at least one sequence, got {}", max_batch);
   max_batch_ = max_batch;
-  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, checkpointing_);
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, checkpointing_, invariant_);
   // Freed first, so that growing never holds the old and the new buffers at once.
   act_memory_.reset();
   grad_act_memory_.reset();
@@ -204,8 +211,10 @@ void Gpt2::set_max_batch(int max_batch) {
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
   dbig_ = dsmall_ + BT * C;
-  dqkv_ = dbig_ + T * 4 * C;
-  demb_rows_ = dqkv_ + T * 3 * C;
+  const size_t GT = static_cast<size_t>(grain_sequences()) * T;
+  dqkv_ = dbig_ + GT * 4 * C;
+  demb_rows_ = dqkv_ + GT * 3 * C;
+  allocate_rounded_dres();
 }
 
 size_t Gpt2::largest_grads_span(int unit) const {
@@ -216,7 +225,7 @@ size_t Gpt2::largest_grads_span(int unit) const {
 }
 
 Gpt2::BlockActs Gpt2::block_acts(int l) const {
-  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, checkpointing_);
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, checkpointing_, invariant_);
   const size_t slot = checkpointing_ ? 0 : static_cast<size_t>(l);
   BlockActs x = acts_.block;
   float** p = &x.ln1;
@@ -255,9 +264,14 @@ void Gpt2::set_compute_dtype(ComputeDtype dtype) {
   size_t largest = 0;
   for (size_t u = lm_head_held_rounded_ ? 1 : 0; u < units_.size(); u++) largest = std::max(largest, units_[u].numel);
   compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
+  allocate_rounded_dres();
+}
+
+void Gpt2::allocate_rounded_dres() {
   // The gradient of the residual stream, rounded for the projections' backward, needs its own
-  // sequence-sized buffer.
-  rounded_dres_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : static_cast<size_t>(max_seq_) * cfg_.d_model);
+  // grain-sized buffer.
+  const size_t n = static_cast<size_t>(grain_sequences()) * max_seq_ * cfg_.d_model;
+  rounded_dres_.assign_zeros(dtype_ == ComputeDtype::kFp32 ? 0 : n);
 }
 
 const float* Gpt2::rounded(const float* x, long n) {
@@ -298,11 +312,12 @@ void Gpt2::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); 
 
 namespace {
 // out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
-// bits do not depend on the rows beside it, else one sequence per call, so that a sequence's
-// result never depends on the microbatch it came in (see UnitAccess).
-void matmul_forward_sequences(float* out, const float* inp, const float* weight, const float* bias, int B, int T,
-                              int C, int OC) {
-  if (matmul_rows_independent()) return matmul_forward(out, inp, weight, bias, B * T, C, OC);
+// bits do not depend on the rows beside it, or where the model need not be invariant; else one
+// sequence per call, so that a sequence's result never depends on the microbatch it came in
+// (see UnitAccess).
+void matmul_forward_sequences(bool invariant, float* out, const float* inp, const float* weight, const float* bias,
+                              int B, int T, int C, int OC) {
+  if (!invariant || matmul_rows_independent()) return matmul_forward(out, inp, weight, bias, B * T, C, OC);
   const size_t rows = static_cast<size_t>(T);
   for (int b = 0; b < B; b++) matmul_forward(out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
 }
@@ -347,20 +362,20 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   const long NC = static_cast<long>(N) * C;
   layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype_);
-  matmul_forward_sequences(x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+  matmul_forward_sequences(invariant_, x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
   round_to_dtype(x.qkv, 3 * NC, dtype_);
   attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
   round_to_dtype(x.atty, NC, dtype_);
-  matmul_forward_sequences(scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  matmul_forward_sequences(invariant_, scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(x.residual2, residual, scratch, NC);
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(x.ln2, NC, dtype_);
-  matmul_forward_sequences(x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
+  matmul_forward_sequences(invariant_, x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
   round_to_dtype(x.fch, 4 * NC, dtype_);
   gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
   round_to_dtype(acts_.fch_gelu, 4 * NC, dtype_);
-  matmul_forward_sequences(scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  matmul_forward_sequences(invariant_, scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(residual3, x.residual2, scratch, NC);
 }
@@ -475,42 +490,45 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     const Block g = bind_block(access_->grads(1 + l, 0, units_[1 + l].numel));
     if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
     const BlockActs x = block_acts(l);
-    // Each tensor's part of a sequence's contribution is handed over (grain_done) right after the
-    // op that forms it, while it is still in cache, rather than the whole unit's at the end.
+    // Each tensor's part of a grain's contribution is handed over (grain_done) right after the op
+    // that forms it, while it is still in cache, rather than the whole unit's at the end.
     const float* unit_end = g.ln1w + units_[1 + l].numel;
     auto part_done = [&](const float* from, const float* to) {
       access_->grain_done(1 + l, static_cast<size_t>(from - g.ln1w), static_cast<size_t>(to - from));
     };
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b += grain_sequences()) {
+      const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
+      const int N = n * T;
+      const long NC = static_cast<long>(N) * C;
       const size_t r = b * rows;
       float* dres = dresidual_ + r * C;
       float* dsmall = dsmall_ + r * C;
       // The residual stream's gradient stays fp32; the projections see it rounded.
-      const float* dproj = rounded(dres, TC);
-      float* fch_gelu = a.fch_gelu + r * 4 * C;  // this sequence's GELU output, recomputed
-      gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * TC);
-      round_to_dtype(fch_gelu, 4 * TC, dtype_);
-      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, C, fch_gelu, p.fcprojw, T, 4 * C, C, false);
+      const float* dproj = rounded(dres, NC);
+      float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
+      gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
+      round_to_dtype(fch_gelu, 4 * NC, dtype_);
+      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, C, fch_gelu, p.fcprojw, N, 4 * C, C, false);
       part_done(g.fcprojw, unit_end);
-      round_to_dtype(dbig_, 4 * TC, dtype_);
-      gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * TC);
-      round_to_dtype(dbig_, 4 * TC, dtype_);
-      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, 4 * C, x.ln2 + r * C, p.fcw, T, C, 4 * C, false);
+      round_to_dtype(dbig_, 4 * NC, dtype_);
+      gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
+      round_to_dtype(dbig_, 4 * NC, dtype_);
+      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, 4 * C, x.ln2 + r * C, p.fcw, N, C, 4 * C, false);
       part_done(g.fcw, g.fcprojw);
-      round_to_dtype(dsmall, TC, dtype_);
+      round_to_dtype(dsmall, NC, dtype_);
       layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r,
-                         T, C);
+                         N, C);
       part_done(g.ln2w, g.fcw);
-      dproj = rounded(dres, TC);
-      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, C, x.atty + r * C, p.attprojw, T, C, C, false);
+      dproj = rounded(dres, NC);
+      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, C, x.atty + r * C, p.attprojw, N, C, C, false);
       part_done(g.attprojw, g.ln2w);
-      round_to_dtype(dsmall, TC, dtype_);
-      attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, 1, T, C, NH);
-      round_to_dtype(dqkv_, 3 * TC, dtype_);
-      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, 3 * C, x.ln1 + r * C, p.qkvw, T, C, 3 * C, false);
+      round_to_dtype(dsmall, NC, dtype_);
+      attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
+      round_to_dtype(dqkv_, 3 * NC, dtype_);
+      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, 3 * C, x.ln1 + r * C, p.qkvw, N, C, 3 * C, false);
       part_done(g.qkvw, g.attprojw);
-      round_to_dtype(dsmall, TC, dtype_);
-      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, T,
+      round_to_dtype(dsmall, NC, dtype_);
+      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, N,
                          C);
       part_done(g.ln1w, g.qkvw);
     }

@@ -48,10 +48,11 @@ void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t h
 // parameters (ZeRO-3) or hands out working gradient buffers that it reduces as soon as the
 // backward pass has finished with them (ZeRO-2/3), or starts reducing full gradients then.
 //
-// Every matrix product runs one sequence at a time (M = sequence length), and every parameter
-// gradient is formed one sequence at a time: OpenBLAS rounds a row differently depending on how
-// many rows a call has, so this keeps each sequence's forward pass and gradient independent of
-// what else shares its microbatch, the basis of bitwise determinism across microbatch sizes.
+// In a microbatch-invariant model (Gpt2Storage, the default) every matrix product whose rows'
+// bits depend on the rows beside them (GPU BLAS) runs one sequence at a time, and every parameter
+// gradient is formed one sequence at a time: this keeps each sequence's forward pass and gradient
+// independent of what else shares its microbatch, the basis of bitwise determinism across
+// microbatch sizes. Otherwise the grain below is a whole microbatch.
 class UnitAccess {
  public:
   virtual ~UnitAccess() = default;
@@ -65,10 +66,10 @@ class UnitAccess {
   // for the largest span only (Gpt2::largest_grads_span), not for the embedding table.
   virtual float* grads(int unit, size_t offset, size_t count) = 0;
   // One sequence's contribution to [offset, offset + count) of the unit's gradient is complete
-  // in the span grads() gave for it. The backward pass works one sequence at a time and says so
-  // after each, so that contributions can be summed exactly (deterministic training accumulates
-  // them in fixed point and clears the range); parts it did not touch since the last call need
-  // not be named.
+  // in the span grads() gave for it. The backward pass works one sequence (grain) at a time and
+  // says so after each, so that contributions can be summed exactly (deterministic training
+  // accumulates them in fixed point and clears the range); parts it did not touch since the last
+  // call need not be named.
   virtual void grain_done(int unit, size_t offset, size_t count) = 0;
   // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
   // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of
@@ -89,11 +90,18 @@ struct Gpt2Storage {
   // in the backward pass (one block's worth of memory instead of L, for one more forward pass).
   // The recomputed values are the same bits, so the gradients do not change.
   bool activation_checkpointing = false;
+  // Each sequence's forward pass and parameter gradient independent of its microbatch (see
+  // UnitAccess), which deterministic training needs. Off: products and gradients over a whole
+  // microbatch at once (larger products, faster, most of all on GPUs), whose rounding then
+  // depends on the microbatch size; the blocks' backward holds a microbatch's gradients of the
+  // MLP and attention inputs instead of one sequence's.
+  bool microbatch_invariant = true;
 };
 
-// Bytes of activations (and their gradients) a Gpt2 holds for microbatches of up to max_batch
-// sequences of max_seq tokens: what activation_bytes() will report, known before building it.
-size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, bool activation_checkpointing);
+// Bytes of activations (and their gradients) a Gpt2 built with storage holds for microbatches of
+// up to max_batch sequences of max_seq tokens: what activation_bytes() will report, known before
+// building it.
+size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const Gpt2Storage& storage);
 
 class Gpt2 {
  public:
@@ -104,6 +112,7 @@ class Gpt2 {
   const std::vector<ParamTensor>& tensors() const { return layout_; }
   const std::vector<ParamUnit>& units() const { return units_; }
   size_t num_params() const { return num_params_; }
+  bool microbatch_invariant() const { return invariant_; }
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
   // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once:
@@ -170,8 +179,12 @@ class Gpt2 {
   // (matmul_hold_weight) until matmul_release_weight: p itself in fp32, and where the hold
   // rounds it (lm_head_held_rounded_); otherwise a rounded copy in compute_params_.
   const float* hold_lm_head(const float* p);
-  // x (n <= one sequence's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
+  // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
+  // Sequences per grain of the backward pass: 1, or the whole microbatch when not invariant.
+  int grain_sequences() const { return invariant_ ? 1 : max_batch_; }
+  // rounded_dres_ for the compute dtype and the grain.
+  void allocate_rounded_dres();
   class OwnArrays;
   // Layer l's activations (slot 0 for every layer under activation checkpointing).
   BlockActs block_acts(int l) const;
@@ -192,7 +205,7 @@ class Gpt2 {
 
   ModelConfig cfg_;
   int max_batch_, max_seq_;
-  bool checkpointing_;
+  bool checkpointing_, invariant_;
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
@@ -205,7 +218,7 @@ class Gpt2 {
   UnitAccess* access_ = nullptr;
   Acts acts_{};
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
-  // sequence (the blocks' backward works a sequence at a time); demb_rows_ the token embedding's
+  // grain (the blocks' backward works a grain at a time); demb_rows_ the token embedding's
   // gradient for one sequence, a row per distinct token (touched_rows_).
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr, *demb_rows_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward

@@ -28,8 +28,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   set_kernel_impl(parse_kernel_impl(cfg.kernels, 0));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const DataParallelOptions dp_options = data_parallel_options(cfg);
-  Gpt2Storage storage = gpt2_storage_for(dp_options);
-  storage.activation_checkpointing = cfg.activation_checkpointing;
+  const Gpt2Storage storage = gpt2_storage_for(cfg);
   Gpt2 model(cfg.model, 1, T, storage);
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");

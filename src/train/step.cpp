@@ -31,6 +31,12 @@ DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
   return o;
 }
 
+Gpt2Storage gpt2_storage_for(const TrainConfig& cfg) {
+  Gpt2Storage s = gpt2_storage_for(data_parallel_options(cfg));
+  s.activation_checkpointing = cfg.activation_checkpointing;
+  return s;
+}
+
 namespace {
 constexpr int kLossFractionBits = 32;
 }  // namespace

@@ -16,6 +16,9 @@ namespace anvil {
 
 // The data-parallel options a config asks for (ZeRO stage, all-reduce, determinism).
 DataParallelOptions data_parallel_options(const TrainConfig& cfg);
+// What the model allocates and how it works for this config: gpt2_storage_for its data-parallel
+// options, with the config's activation checkpointing.
+Gpt2Storage gpt2_storage_for(const TrainConfig& cfg);
 
 // Sums of per-token losses that do not depend on how sequences are grouped: each sequence's
 // losses (B sequences of T tokens) are summed in token order and added in fixed point (2^-32).

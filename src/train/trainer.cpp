@@ -191,8 +191,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
 
   const DistributedConfig& dc = cfg.distributed;
   const DataParallelOptions dp_options = data_parallel_options(cfg);
-  Gpt2Storage storage = gpt2_storage_for(dp_options);
-  storage.activation_checkpointing = cfg.activation_checkpointing;
+  const Gpt2Storage storage = gpt2_storage_for(cfg);
   // Activations are sized once the memory the model states take is known.
   Gpt2 model(cfg.model, 1, T, storage);
   DataParallel dp(comm, model, cfg.optimizer, dp_options);

@@ -69,9 +69,8 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
   c.precision = precision;
-  Gpt2Storage storage = gpt2_storage_for(data_parallel_options(c));
-  storage.activation_checkpointing = activation_checkpointing;
-  Gpt2 model(c.model, microbatch, c.max_seq_len, storage);
+  c.activation_checkpointing = activation_checkpointing;
+  Gpt2 model(c.model, microbatch, c.max_seq_len, gpt2_storage_for(c));
   model.init_weights(1);
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
@@ -83,11 +82,12 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
 }
 
 TEST(TrainStep, DoesNotAllocateOnceWarm) {
-  for (bool checkpointing : {false, true}) {
+  for (bool checkpointing : {false, true})
+  for (bool deterministic : {true, false}) {
     TrainConfig c = small_config(2);
-    Gpt2Storage storage = gpt2_storage_for(data_parallel_options(c));
-    storage.activation_checkpointing = checkpointing;
-    Gpt2 model(c.model, 2, c.max_seq_len, storage);
+    c.activation_checkpointing = checkpointing;
+    c.deterministic_mode = deterministic;
+    Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(c));
     model.init_weights(1);
     auto comm = make_communicator();
     DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
@@ -96,7 +96,8 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
     step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
     const long before = g_allocations.load();
     for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
-    EXPECT_EQ(g_allocations.load() - before, 0) << "activation checkpointing " << checkpointing;
+    EXPECT_EQ(g_allocations.load() - before, 0) << "activation checkpointing " << checkpointing
+                                                << ", deterministic " << deterministic;
   }
 }
 
@@ -110,12 +111,17 @@ TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
           << precision << ", microbatch " << mb;
   }
   const ModelConfig m = small_config(4).model;
-  const size_t stored = gpt2_activation_bytes(m, 4, 16, false), recomputed = gpt2_activation_bytes(m, 4, 16, true);
-  EXPECT_EQ(Gpt2(m, 4, 16).activation_bytes(), stored);
   Gpt2Storage storage;
+  const size_t stored = gpt2_activation_bytes(m, 4, 16, storage);
+  EXPECT_EQ(Gpt2(m, 4, 16).activation_bytes(), stored);
   storage.activation_checkpointing = true;
+  const size_t recomputed = gpt2_activation_bytes(m, 4, 16, storage);
   EXPECT_EQ(Gpt2(m, 4, 16, storage).activation_bytes(), recomputed);
   EXPECT_LT(recomputed, stored);
+  // Not microbatch-invariant: the blocks' backward holds a microbatch's gradients, not a sequence's.
+  storage.microbatch_invariant = false;
+  EXPECT_EQ(Gpt2(m, 4, 16, storage).activation_bytes(), gpt2_activation_bytes(m, 4, 16, storage));
+  EXPECT_GT(gpt2_activation_bytes(m, 4, 16, storage), recomputed);
 }
 
 // device_train_microbatch_size: auto picks the largest microbatch whose activations fit in what
@@ -125,8 +131,8 @@ TEST(Microbatch, AutoPicksTheLargestThatFits) {
   c.global_train_batch_size = 8;
   c.microbatch_auto = true;
   const size_t model_bytes = 1 << 20;
-  const size_t one = gpt2_activation_bytes(c.model, 1, c.max_seq_len, false);
-  const size_t five = gpt2_activation_bytes(c.model, 5, c.max_seq_len, false);
+  const size_t one = gpt2_activation_bytes(c.model, 1, c.max_seq_len, gpt2_storage_for(c));
+  const size_t five = gpt2_activation_bytes(c.model, 5, c.max_seq_len, gpt2_storage_for(c));
   c.memory_limit = static_cast<int64_t>(model_bytes + five + (one / 4));
   MicrobatchPlan plan = plan_microbatch(c, 8, model_bytes, 1);
   EXPECT_EQ(plan.microbatch, 5);
@@ -298,7 +304,24 @@ TEST(LossScaler, ConsecutiveHysteresis) {
   }
 }
 
-// deterministic_mode: false sums in fp32: the same math, equal to fp32 rounding only.
+// Deterministic training sums a sequence's gradient at a time: a model that forms them a
+// microbatch at a time is refused, naming the way to build the right one.
+TEST(TrainStep, DeterministicModeRefusesAModelThatIsNotMicrobatchInvariant) {
+  TrainConfig c = small_config(2);
+  Gpt2Storage storage = gpt2_storage_for(c);
+  storage.microbatch_invariant = false;
+  Gpt2 model(c.model, 2, c.max_seq_len, storage);
+  auto comm = make_communicator();
+  try {
+    DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt2_storage_for"), std::string::npos) << e.what();
+  }
+}
+
+// deterministic_mode: false sums in fp32, each layer's backward one product over the microbatch
+// (a model that is not microbatch-invariant): the same math, equal to fp32 rounding only.
 TEST(TrainStep, FloatGradientsFollowTheDeterministicResult) {
   const std::vector<float> exact = train_steps(4, 3);
   for (int mb : {4, 1, 3}) {

@@ -19,10 +19,10 @@
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
 // float scratch buffer (a block's size, or a span of the embeddings) and are added, one sequence
 // at a time, into int64 fixed-point accumulators (kernels/fixed_point.h), which are what the
-// stages above reduce (in integers: exact). The gradient norm is summed from the integers, and AdamW reads the rank's gradient from
-// them too (kernels/optimizer.h): no fp32 copy of the gradient exists in this mode. A step whose
-// values outgrew the fixed-point scale is reported by finish_backward and must be run again (see
-// fixed_point.h).
+// stages above reduce (in integers: exact). The gradient norm is summed from the integers, and
+// AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32 copy of the
+// gradient exists in this mode. A step whose values outgrew the fixed-point scale is reported by
+// finish_backward and must be run again (see fixed_point.h).
 #pragma once
 #include <condition_variable>
 #include <cstdint>

@@ -28,15 +28,16 @@ namespace {
 }
 
 // Compiled per instruction set (ANVIL_CPU_CLONES) for vector width (124M parameters' update: 80
-// ms a step in SSE2, 50-60 in AVX). This file is compiled with -ffp-contract=off, so that where FMA exists
-// GCC does not fuse the moments' updates: every clone gives the reference's bits.
-ANVIL_CPU_CLONES void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi, const AdamWStep& s) {
+// ms a step in SSE2, 50-60 in AVX). This file is compiled with -ffp-contract=off, so that where
+// FMA exists GCC does not fuse the moments' updates: every clone gives the reference's bits.
+ANVIL_CPU_CLONES void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi,
+                                  const AdamWStep& s) {
 #pragma omp simd
   for (size_t i = lo; i < hi; i++) adamw_element(p[i], g[i], m[i], v[i], s);
 }
 
-ANVIL_CPU_CLONES void adamw_fixed_range(float* p, const int64_t* acc, double inverse_scale, float* m, float* v, size_t lo, size_t hi,
-                       const AdamWStep& s) {
+ANVIL_CPU_CLONES void adamw_fixed_range(float* p, const int64_t* acc, double inverse_scale, float* m, float* v,
+                                        size_t lo, size_t hi, const AdamWStep& s) {
 #pragma omp simd
   for (size_t i = lo; i < hi; i++)
     adamw_element(p[i], static_cast<float>(int64_to_double(acc[i]) * inverse_scale), m[i], v[i], s);

@@ -82,22 +82,23 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
 }
 
 TEST(TrainStep, DoesNotAllocateOnceWarm) {
-  for (bool checkpointing : {false, true})
-  for (bool deterministic : {true, false}) {
-    TrainConfig c = small_config(2);
-    c.activation_checkpointing = checkpointing;
-    c.deterministic_mode = deterministic;
-    Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(c));
-    model.init_weights(1);
-    auto comm = make_communicator();
-    DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-    TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
-    Batch b(c);
-    step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
-    const long before = g_allocations.load();
-    for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
-    EXPECT_EQ(g_allocations.load() - before, 0) << "activation checkpointing " << checkpointing
-                                                << ", deterministic " << deterministic;
+  for (bool checkpointing : {false, true}) {
+    for (bool deterministic : {true, false}) {
+      TrainConfig c = small_config(2);
+      c.activation_checkpointing = checkpointing;
+      c.deterministic_mode = deterministic;
+      Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(c));
+      model.init_weights(1);
+      auto comm = make_communicator();
+      DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
+      TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+      Batch b(c);
+      step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
+      const long before = g_allocations.load();
+      for (int t = 1; t < 4; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
+      EXPECT_EQ(g_allocations.load() - before, 0) << "activation checkpointing " << checkpointing
+                                                  << ", deterministic " << deterministic;
+    }
   }
 }
 

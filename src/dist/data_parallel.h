@@ -17,12 +17,12 @@
 // kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
-// float scratch buffer (a block's size, or a span of the embeddings) and are added, one sequence
-// at a time, into int64 fixed-point accumulators (kernels/fixed_point.h), which are what the
-// stages above reduce (in integers: exact). The gradient norm is summed from the integers, and
-// AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32 copy of the
-// gradient exists in this mode. A step whose values outgrew the fixed-point scale is reported by
-// finish_backward and must be run again (see fixed_point.h).
+// float scratch buffer (the size of the largest span one op forms, Gpt2::largest_grads_span) and
+// are added, one sequence at a time, into int64 fixed-point accumulators (kernels/fixed_point.h),
+// which are what the stages above reduce (in integers: exact). The gradient norm is summed from
+// the integers, and AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32
+// copy of the gradient exists in this mode. A step whose values outgrew the fixed-point scale is
+// reported by finish_backward and must be run again (see fixed_point.h).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -203,7 +203,7 @@ class DataParallel : public UnitAccess {
   float clip_scale_ = 1.0f;  // from clip_and_norm, for the next optimizer_step
   int loss_scale_log2_ = 0;
   // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'
-  // spans, and the blocks' (each a whole unit).
+  // spans, and the blocks' and the final norm's.
   struct Scratch {
     OpArray<float> buf;
     size_t origin = 0;  // the unit offset buf[0] stands for (the last span asked for)

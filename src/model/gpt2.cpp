@@ -220,8 +220,10 @@ void Gpt2::set_max_batch(int max_batch) {
 size_t Gpt2::largest_grads_span(int unit) const {
   ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units_.size(), "no unit {} in a model of {}", unit,
               units_.size());
-  if (unit > 0) return units_[unit].numel;
-  return static_cast<size_t>(std::max(std::min(kVocabChunk, cfg_.vocab_size), max_seq_)) * cfg_.d_model;
+  const size_t C = cfg_.d_model;
+  if (unit == 0) return static_cast<size_t>(std::max(std::min(kVocabChunk, cfg_.vocab_size), max_seq_)) * C;
+  if (unit == cfg_.n_layers + 1) return units_[unit].numel;  // the final norm, whole
+  return 4 * C * C + 4 * C;  // a block's largest op: the MLP's projections, weight and bias
 }
 
 Gpt2::BlockActs Gpt2::block_acts(int l) const {
@@ -487,20 +489,32 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
     const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, l == 0 ? -1 : l)));
-    const Block g = bind_block(access_->grads(1 + l, 0, units_[1 + l].numel));
     if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
     const BlockActs x = block_acts(l);
-    // Each tensor's part of a grain's contribution is handed over (grain_done) right after the op
-    // that forms it, while it is still in cache, rather than the whole unit's at the end.
-    const float* unit_end = g.ln1w + units_[1 + l].numel;
-    auto part_done = [&](const float* from, const float* to) {
-      access_->grain_done(1 + l, static_cast<size_t>(from - g.ln1w), static_cast<size_t>(to - from));
-    };
+    // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's two
+    // vectors), are asked for just before the op and handed over (grain_done) right after it,
+    // while in cache: deterministic training's scratch then holds the largest op's, not the
+    // block's (largest_grads_span).
+    const float* unit_end = p.ln1w + units_[1 + l].numel;
+    auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
     for (int b = 0; b < B; b += grain_sequences()) {
       const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
       const int N = n * T;
       const long NC = static_cast<long>(N) * C;
       const size_t r = b * rows;
+      // A linear layer (weight w, then its bias, up to end) and a layer norm (weight, then bias).
+      auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w,
+                                 const float* bias, const float* end, int IC, int OC) {
+        float* dw = access_->grads(1 + l, at(w), at(end) - at(w));
+        matmul_backward(dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
+        access_->grain_done(1 + l, at(w), at(end) - at(w));
+      };
+      auto norm_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
+                               const float* rstd) {
+        float* dw = access_->grads(1 + l, at(w), 2 * static_cast<size_t>(C));
+        layernorm_backward(dinp, dw, dw + C, dout, inp, w, mean, rstd, N, C);
+        access_->grain_done(1 + l, at(w), 2 * static_cast<size_t>(C));
+      };
       float* dres = dresidual_ + r * C;
       float* dsmall = dsmall_ + r * C;
       // The residual stream's gradient stays fp32; the projections see it rounded.
@@ -508,29 +522,21 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
       gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
       round_to_dtype(fch_gelu, 4 * NC, dtype_);
-      matmul_backward(dbig_, g.fcprojw, g.fcprojb, dproj, C, fch_gelu, p.fcprojw, N, 4 * C, C, false);
-      part_done(g.fcprojw, unit_end);
+      linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, 4 * C, C);
       round_to_dtype(dbig_, 4 * NC, dtype_);
       gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
       round_to_dtype(dbig_, 4 * NC, dtype_);
-      matmul_backward(dsmall, g.fcw, g.fcb, dbig_, 4 * C, x.ln2 + r * C, p.fcw, N, C, 4 * C, false);
-      part_done(g.fcw, g.fcprojw);
+      linear_backward(dsmall, dbig_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, 4 * C);
       round_to_dtype(dsmall, NC, dtype_);
-      layernorm_backward(dres, g.ln2w, g.ln2b, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r,
-                         N, C);
-      part_done(g.ln2w, g.fcw);
+      norm_backward(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
       dproj = rounded(dres, NC);
-      matmul_backward(dsmall, g.attprojw, g.attprojb, dproj, C, x.atty + r * C, p.attprojw, N, C, C, false);
-      part_done(g.attprojw, g.ln2w);
+      linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
       round_to_dtype(dsmall, NC, dtype_);
       attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
       round_to_dtype(dqkv_, 3 * NC, dtype_);
-      matmul_backward(dsmall, g.qkvw, g.qkvb, dqkv_, 3 * C, x.ln1 + r * C, p.qkvw, N, C, 3 * C, false);
-      part_done(g.qkvw, g.attprojw);
+      linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, 3 * C);
       round_to_dtype(dsmall, NC, dtype_);
-      layernorm_backward(dres, g.ln1w, g.ln1b, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r, N,
-                         C);
-      part_done(g.ln1w, g.qkvw);
+      norm_backward(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
     }
     access_->release_params(1 + l);
     access_->grads_done(1 + l);

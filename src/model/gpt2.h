@@ -116,8 +116,8 @@ class Gpt2 {
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
   // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once:
-  // a block's whole unit; of the embeddings, a chunk of the LM head's rows or a sequence's
-  // positions.
+  // of a block, its largest op's (the MLP projections' weight and bias); of the embeddings, a
+  // chunk of the LM head's rows or a sequence's positions; the final norm whole.
   size_t largest_grads_span(int unit) const;
   size_t activation_bytes() const { return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float); }
   // Reallocates the activations for microbatches of up to max_batch sequences.

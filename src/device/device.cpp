@@ -23,7 +23,9 @@ std::string gpu_backend_description() {
   const bool have_runtime = gpuRuntimeGetVersion(&runtime) == gpuSuccess;
   const bool have_driver = gpuDriverGetVersion(&driver) == gpuSuccess;
   (void)gpuGetLastError();
-#if defined(ANVIL_HIP)
+#if defined(ANVIL_GPU_EMULATION)
+  const char* name = "emulated";
+#elif defined(ANVIL_HIP)
   const char* name = "HIP";
 #else
   const char* name = "CUDA";

@@ -1,9 +1,12 @@
 // The one header that maps anvil's GPU vocabulary to the vendor's: CUDA runtime, cuBLASLt and
 // NCCL on NVIDIA; HIP, hipBLASLt and RCCL on AMD. Kernel and host sources write gpuX and never
-// name a vendor; the build defines ANVIL_HIP for AMD.
+// name a vendor; the build defines ANVIL_HIP for AMD, and ANVIL_GPU_EMULATION for the kernel
+// tests that run on the CPU (device/emulation.h).
 #pragma once
 
-#if defined(ANVIL_HIP)
+#if defined(ANVIL_GPU_EMULATION)
+#include "device/emulation.h"
+#elif defined(ANVIL_HIP)
 #include <hip/hip_bfloat16.h>
 #include <hip/hip_runtime.h>
 using gpuError_t = hipError_t;

@@ -118,7 +118,7 @@ GpuScratch square_partials;
 
 void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
   if (n == 0) return;
-  accumulate_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(acc, x, n, ldexp(1.0, s), max_abs);
+  GPU_LAUNCH(accumulate_kernel, blocks_for(n), kThreads)(acc, x, n, ldexp(1.0, s), max_abs);
   GPU_CHECK_LAUNCH();
 }
 
@@ -127,8 +127,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
   for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
     const dim3 grid(blocks_for(row_len), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
-    accumulate_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(acc, x + r * row_len, rows + r, row_len,
-                                                                 ldexp(1.0, s), max_abs);
+    GPU_LAUNCH(accumulate_rows_kernel, grid, kThreads)(acc, x + r * row_len, rows + r, row_len,
+                                                       ldexp(1.0, s), max_abs);
     GPU_CHECK_LAUNCH();
   }
 }
@@ -136,15 +136,15 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
 void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
   const int blocks = static_cast<int>(std::min<size_t>(std::max<size_t>(blocks_for(n), 1), kMaxSquareBlocks));
   u128* partial = static_cast<u128*>(square_partials.get(blocks * sizeof(u128)));
-  squares_kernel<<<blocks, kThreads, 0, gpu_stream()>>>(partial, acc, n);
+  GPU_LAUNCH(squares_kernel, blocks, kThreads)(partial, acc, n);
   GPU_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, gpu_stream()>>>(squares, partial, blocks);
+  GPU_LAUNCH(sum_partials_kernel, 1, kThreads)(squares, partial, blocks);
   GPU_CHECK_LAUNCH();
 }
 
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
   if (n == 0) return;
-  add_arrays_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(acc, x, n);
+  GPU_LAUNCH(add_arrays_kernel, blocks_for(n), kThreads)(acc, x, n);
   GPU_CHECK_LAUNCH();
 }
 

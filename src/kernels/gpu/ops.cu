@@ -345,15 +345,15 @@ __global__ void crossentropy_forward_backward_kernel(float* losses, float* dlogi
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
-  encoder_forward_kernel<<<blocks_for(N * C), kThreads, 0, gpu_stream()>>>(out, tokens, wte, wpe, T, C, N);
+  GPU_LAUNCH(encoder_forward_kernel, blocks_for(N * C), kThreads)(out, tokens, wte, wpe, T, C, N);
   GPU_CHECK_LAUNCH();
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
-  encoder_backward_wte_kernel<<<blocks_for(C, 64), 64, 0, gpu_stream()>>>(dwte, dout, tokens, C, N);
+  GPU_LAUNCH(encoder_backward_wte_kernel, blocks_for(C, 64), 64)(dwte, dout, tokens, C, N);
   GPU_CHECK_LAUNCH();
-  encoder_backward_wpe_kernel<<<blocks_for(static_cast<long>(T) * C), kThreads, 0, gpu_stream()>>>(dwpe, dout, B, T, C);
+  GPU_LAUNCH(encoder_backward_wpe_kernel, blocks_for(static_cast<long>(T) * C), kThreads)(dwpe, dout, B, T, C);
   GPU_CHECK_LAUNCH();
 }
 
@@ -361,7 +361,7 @@ void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, si
   constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
   for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
     const dim3 grid(blocks_for(static_cast<long>(row_len)), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
-    add_rows_kernel<<<grid, kThreads, 0, gpu_stream()>>>(dst, x + r * row_len, rows + r, row_len);
+    GPU_LAUNCH(add_rows_kernel, grid, kThreads)(dst, x + r * row_len, rows + r, row_len);
     GPU_CHECK_LAUNCH();
   }
 }
@@ -369,89 +369,89 @@ void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, si
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C) {
   const int rows_per_block = kThreads / kWarpSize;
-  layernorm_forward_kernel<<<blocks_for(N, rows_per_block), kThreads, 0, gpu_stream()>>>(out, mean, rstd, inp, weight,
-                                                                                         bias, N, C);
+  GPU_LAUNCH(layernorm_forward_kernel, blocks_for(N, rows_per_block), kThreads)(out, mean, rstd, inp,
+                                                                                weight, bias, N, C);
   GPU_CHECK_LAUNCH();
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   const int rows_per_block = kThreads / kWarpSize;
-  layernorm_backward_dinp_kernel<<<blocks_for(N, rows_per_block), kThreads, 0, gpu_stream()>>>(dinp, dout, inp, weight,
-                                                                                               mean, rstd, N, C);
+  GPU_LAUNCH(layernorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(
+      dinp, dout, inp, weight, mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   double* partial = scratch(2L * chunks * C);
-  layernorm_param_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, dout, inp, mean,
-                                                                                              rstd, N, C);
+  GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
+      partial, dout, inp, mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
-  sum_partials_kernel<<<dim3(blocks_for(C), 2), kThreads, 0, gpu_stream()>>>(dweight, dbias, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 2), kThreads)(dweight, dbias, partial, chunks, C);
   GPU_CHECK_LAUNCH();
 }
 
 void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   double* partial = scratch(static_cast<size_t>(chunks) * C);
-  column_partials_kernel<<<dim3(blocks_for(C), chunks), kThreads, 0, gpu_stream()>>>(partial, x, ld, N, C);
+  GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(partial, x, ld, N, C);
   GPU_CHECK_LAUNCH();
-  sum_partials_kernel<<<dim3(blocks_for(C), 1), kThreads, 0, gpu_stream()>>>(out, nullptr, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(out, nullptr, partial, chunks, C);
   GPU_CHECK_LAUNCH();
 }
 
 void gelu_forward(float* out, const float* inp, long N) {
-  gelu_forward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(out, inp, N);
+  GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
   GPU_CHECK_LAUNCH();
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
-  gelu_backward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(dinp, inp, dout, N);
+  GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
   GPU_CHECK_LAUNCH();
 }
 
 void residual_forward(float* out, const float* a, const float* b, long N) {
-  residual_forward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(out, a, b, N);
+  GPU_LAUNCH(residual_forward_kernel, blocks_for(N), kThreads)(out, a, b, N);
   GPU_CHECK_LAUNCH();
 }
 
 void residual_backward(float* da, float* db, const float* dout, long N) {
-  residual_backward_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(da, db, dout, N);
+  GPU_LAUNCH(residual_backward_kernel, blocks_for(N), kThreads)(da, db, dout, N);
   GPU_CHECK_LAUNCH();
 }
 
 void round_to_dtype(float* x, long N, ComputeDtype d) {
   if (d == ComputeDtype::kFp32 || N == 0) return;
-  round_kernel<<<blocks_for(N), kThreads, 0, gpu_stream()>>>(x, N, d);
+  GPU_LAUNCH(round_kernel, blocks_for(N), kThreads)(x, N, d);
   GPU_CHECK_LAUNCH();
 }
 
 void attention_softmax(float* S, float* lse, int T, int NH, float scale) {
   const int rows = NH * T, rows_per_block = kThreads / kWarpSize;
-  attention_softmax_kernel<<<blocks_for(rows, rows_per_block), kThreads, 0, gpu_stream()>>>(S, lse, T, rows, scale);
+  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale);
   GPU_CHECK_LAUNCH();
 }
 
 void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH) {
   const int rows_per_block = kThreads / kWarpSize;
-  attention_delta_kernel<<<blocks_for(NH * T, rows_per_block), kThreads, 0, gpu_stream()>>>(D, dout, out, T, C, NH);
+  GPU_LAUNCH(attention_delta_kernel, blocks_for(NH * T, rows_per_block), kThreads)(D, dout, out, T, C, NH);
   GPU_CHECK_LAUNCH();
 }
 
 void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int NH, float scale) {
   const long n = static_cast<long>(NH) * T * T;
-  attention_dsoftmax_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(S, dP, lse, D, T, n, scale);
+  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale);
   GPU_CHECK_LAUNCH();
 }
 
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets, int N, int V,
                           ComputeDtype d) {
-  crossentropy_forward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, lse, logits, targets, V, d);
+  GPU_LAUNCH(crossentropy_forward_kernel, N, kCeThreads)(losses, lse, logits, targets, V, d);
   GPU_CHECK_LAUNCH();
 }
 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                    float dloss, int N, int V, ComputeDtype d) {
-  crossentropy_forward_backward_kernel<<<N, kCeThreads, 0, gpu_stream()>>>(losses, dlogits, logits, targets, dloss, V,
-                                                                           d);
+  GPU_LAUNCH(crossentropy_forward_backward_kernel, N, kCeThreads)(losses, dlogits, logits, targets,
+                                                                  dloss, V, d);
   GPU_CHECK_LAUNCH();
 }
 

@@ -68,13 +68,14 @@ GpuScratch chunk_sums, nonfinite_flag;
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
   if (n == 0) return;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, FloatGradient{g}, m, v, n, s);
+  GPU_LAUNCH(adamw_kernel<FloatGradient>, blocks_for(n), kThreads)(p, FloatGradient{g}, m, v, n, s);
   GPU_CHECK_LAUNCH();
 }
 
 void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
   if (n == 0) return;
-  adamw_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(p, FixedGradient{acc, std::ldexp(1.0, -e)}, m, v, n, s);
+  GPU_LAUNCH(adamw_kernel<FixedGradient>, blocks_for(n), kThreads)(p, FixedGradient{acc, std::ldexp(1.0, -e)}, m, v,
+                                                                   n, s);
   GPU_CHECK_LAUNCH();
 }
 
@@ -82,7 +83,7 @@ double sum_of_squares(const float* x, size_t n) {
   if (n == 0) return 0.0;
   const size_t chunks = (n + kChunk - 1) / kChunk;
   double* partial = static_cast<double*>(chunk_sums.get(chunks * sizeof(double)));
-  chunk_squares_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, gpu_stream()>>>(partial, x, n);
+  GPU_LAUNCH(chunk_squares_kernel, static_cast<unsigned>(chunks), kThreads)(partial, x, n);
   GPU_CHECK_LAUNCH();
   thread_local std::vector<double> host;
   host.resize(chunks);
@@ -96,7 +97,7 @@ bool scale_values_check_finite(float* x, size_t n, float coef) {
   if (n == 0) return true;
   int* bad = static_cast<int*>(nonfinite_flag.get(sizeof(int)));
   gpu_zero(bad, sizeof(int));
-  scale_kernel<<<blocks_for(n), kThreads, 0, gpu_stream()>>>(x, n, coef, bad);
+  GPU_LAUNCH(scale_kernel, blocks_for(n), kThreads)(x, n, coef, bad);
   GPU_CHECK_LAUNCH();
   int host = 0;
   gpu_copy_to_host(&host, bad, sizeof(int));

@@ -105,14 +105,17 @@ void start_fiber(int t, dim3 block) {
 }
 
 // The block's threads from `first` on started as fibers, and every fiber run until all have
-// ended; false when some barrier is never reached.
+// ended; false when some barrier is never reached. The sweeps alternate between ascending and
+// descending thread order, so that a thread reading what another writes without a barrier between
+// them reads it too early in one of the two, as it may on a GPU.
 bool run_block_on_fibers(int first, dim3 block) {
   run.fibers_on = true;
   for (int t = first; t < run.threads; t++) start_fiber(t, block);
   bool progressed = true;
-  while (run.live > 0 && progressed) {
+  for (bool descending = false; run.live > 0 && progressed; descending = !descending) {
     progressed = false;
-    for (int t = 0; t < run.threads; t++) {
+    for (int i = 0; i < run.threads; i++) {
+      const int t = descending ? run.threads - 1 - i : i;
       if (run.fibers[t].state != State::kRunnable) continue;
       resume(t);
       progressed = true;

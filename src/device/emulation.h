@@ -6,9 +6,11 @@
 // that meets a barrier (__syncthreads, a warp shuffle or sync) runs as a fiber of its own, switched
 // at the barriers, so block- and warp-synchronous code behaves as on a GPU; a block whose first
 // thread ends without meeting one runs its threads as plain calls. Warps are 32 lanes, or 64 with
-// ANVIL_HIP (AMD's wavefronts), so both branches of device/arch.h are exercised. What emulation
-// cannot show: races between blocks or between unsynchronised threads, the device's own math
-// library (expf, rsqrtf differ in the last bits), vendor BLAS, and speed.
+// ANVIL_HIP (AMD's wavefronts), so both branches of device/arch.h are exercised. The threads run
+// from one barrier to the next in ascending and descending order by turns, so a missing barrier
+// between a write and another thread's read gives a stale read. What emulation cannot show:
+// races between blocks, the device's own math library (expf, rsqrtf differ in the last bits),
+// vendor BLAS, and speed.
 #pragma once
 #include <bit>
 #include <cmath>

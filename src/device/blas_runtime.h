@@ -3,7 +3,9 @@
 #pragma once
 #include "device/runtime.h"
 
-#if defined(ANVIL_HIP)
+#if defined(ANVIL_GPU_EMULATION)
+#include "device/blas_emulation.h"
+#elif defined(ANVIL_HIP)
 #include <hipblaslt/hipblaslt.h>
 using gpublasStatus_t = hipblasStatus_t;
 using gpublasLtHandle_t = hipblasLtHandle_t;

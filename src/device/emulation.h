@@ -10,7 +10,7 @@
 // from one barrier to the next in ascending and descending order by turns, so a missing barrier
 // between a write and another thread's read gives a stale read. What emulation cannot show:
 // races between blocks, the device's own math library (expf, rsqrtf differ in the last bits),
-// vendor BLAS, and speed.
+// the vendor libraries' own algorithms (blas_emulation.h stands in for cuBLASLt), and speed.
 #pragma once
 #include <bit>
 #include <cmath>

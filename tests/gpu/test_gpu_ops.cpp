@@ -1,8 +1,8 @@
 // Every GPU op against the scalar reference (the same contracts as the CPU kernels' tests, in
 // tests/kernels/test_ops.cpp), at the tolerances of tests/compare.h; and the properties the GPU
 // backend promises: results that repeat bit for bit, and no device allocation once warm.
-// Without a GPU every test skips and says so. The CPU build runs them too, less the vendor BLAS
-// products, on the emulated runtime (src/device/emulation.h): the kernels' logic, in 32- and
+// Without a GPU every test skips and says so. The CPU build runs them too, on the emulated
+// runtime and BLAS (src/device/emulation.h, blas_emulation.h): the kernels' logic, in 32- and
 // 64-lane warps.
 #include <gtest/gtest.h>
 
@@ -289,9 +289,6 @@ TEST_F(GpuOps, CachingAllocatorReusesBlocks) {
   EXPECT_EQ(gpu_allocator_stats().device_mallocs, before);
 }
 
-// The products run on the vendor's BLAS (cuBLASLt, hipBLASLt), which the emulated runtime
-// does not have: these need a GPU.
-#if !defined(ANVIL_GPU_EMULATION)
 // fp32 operands with fp32 compute, and bf16-valued operands through the bf16 tensor-core mode
 // that set_matmul_operand_dtype allows: exact products, so the same tolerance holds.
 TEST_F(GpuOps, MatmulMatchesReference) {
@@ -396,7 +393,6 @@ TEST_F(GpuOps, RepeatBitForBit) {
       EXPECT_EQ(std::memcmp(now[k].data(), first[k].data(), now[k].size() * sizeof(float)), 0) << "output " << k;
   }
 }
-#endif
 
 }  // namespace
 }  // namespace anvil

@@ -1,0 +1,180 @@
+// The emulated cuBLASLt / hipBLASLt subset (see blas_emulation.h): descriptors are plain
+// structs, and a product is a loop over the outputs.
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <vector>
+
+#include "device/blas_runtime.h"
+
+struct EmulatedBlasHandle {};
+struct EmulatedMatmulDesc {
+  gpublasComputeType_t compute = GPUBLAS_COMPUTE_32F;
+  gpublasOperation_t trans_a = GPUBLAS_OP_N, trans_b = GPUBLAS_OP_N;
+  gpublasLtEpilogue_t epilogue = GPUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;
+};
+struct EmulatedMatrixLayout {
+  long rows = 0, cols = 0, ld = 0;
+  int batch = 1;
+  long long stride = 0;
+};
+struct EmulatedMatmulPreference {};
+
+namespace {
+
+// Descriptors live in pools that are never destroyed: those anvil keeps for the whole process
+// (matmul.cpp's plans) stay reachable at exit, as a vendor library's do.
+std::mutex pools_mutex;
+template <class T>
+std::list<T>& pool() {
+  static auto* objects = new std::list<T>;
+  return *objects;
+}
+template <class T>
+T* make() {
+  std::lock_guard<std::mutex> lock(pools_mutex);
+  return &pool<T>().emplace_back();
+}
+template <class T>
+gpublasStatus_t destroy(T* x) {
+  std::lock_guard<std::mutex> lock(pools_mutex);
+  pool<T>().remove_if([x](const T& e) { return &e == x; });
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+template <class T>
+gpublasStatus_t read_attribute(T* out, const void* value, size_t bytes) {
+  if (bytes != sizeof(T)) return GPUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(out, value, sizeof(T));
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+// An operand as the compute mode reads it: bf16 or fp16 modes round to nearest even first.
+float operand(float x, gpublasComputeType_t compute) {
+  if (compute == GPUBLAS_COMPUTE_32F_FAST_16F) return static_cast<float>(static_cast<_Float16>(x));
+  if (compute != GPUBLAS_COMPUTE_32F_FAST_16BF) return x;
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN
+  return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
+}  // namespace
+
+gpublasStatus_t gpublasLtCreate(gpublasLtHandle_t* handle) {
+  *handle = make<EmulatedBlasHandle>();
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+size_t gpublasLtGetVersion() { return 0; }
+
+gpublasStatus_t gpublasLtMatmulDescCreate(gpublasLtMatmulDesc_t* desc, gpublasComputeType_t compute,
+                                          gpublasDataType_t) {
+  *desc = make<EmulatedMatmulDesc>();
+  (*desc)->compute = compute;
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+gpublasStatus_t gpublasLtMatmulDescDestroy(gpublasLtMatmulDesc_t desc) { return destroy(desc); }
+
+gpublasStatus_t gpublasLtMatmulDescSetAttribute(gpublasLtMatmulDesc_t desc, gpublasLtMatmulDescAttribute_t attribute,
+                                                const void* value, size_t bytes) {
+  switch (attribute) {
+    case GPUBLASLT_MATMUL_DESC_TRANSA: return read_attribute(&desc->trans_a, value, bytes);
+    case GPUBLASLT_MATMUL_DESC_TRANSB: return read_attribute(&desc->trans_b, value, bytes);
+    case GPUBLASLT_MATMUL_DESC_EPILOGUE: return read_attribute(&desc->epilogue, value, bytes);
+    case GPUBLASLT_MATMUL_DESC_BIAS_POINTER: return read_attribute(&desc->bias, value, bytes);
+  }
+  return GPUBLAS_STATUS_INVALID_VALUE;
+}
+
+gpublasStatus_t gpublasLtMatrixLayoutCreate(gpublasLtMatrixLayout_t* layout, gpublasDataType_t, unsigned long rows,
+                                            unsigned long cols, long ld) {
+  if (ld < static_cast<long>(rows)) return GPUBLAS_STATUS_INVALID_VALUE;
+  *layout = make<EmulatedMatrixLayout>();
+  **layout = EmulatedMatrixLayout{static_cast<long>(rows), static_cast<long>(cols), ld};
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+gpublasStatus_t gpublasLtMatrixLayoutDestroy(gpublasLtMatrixLayout_t layout) { return destroy(layout); }
+
+gpublasStatus_t gpublasLtMatrixLayoutSetAttribute(gpublasLtMatrixLayout_t layout,
+                                                  gpublasLtMatrixLayoutAttribute_t attribute, const void* value,
+                                                  size_t bytes) {
+  switch (attribute) {
+    case GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return read_attribute(&layout->batch, value, bytes);
+    case GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return read_attribute(&layout->stride, value, bytes);
+  }
+  return GPUBLAS_STATUS_INVALID_VALUE;
+}
+
+gpublasStatus_t gpublasLtMatmulPreferenceCreate(gpublasLtMatmulPreference_t* pref) {
+  *pref = make<EmulatedMatmulPreference>();
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+gpublasStatus_t gpublasLtMatmulPreferenceDestroy(gpublasLtMatmulPreference_t pref) { return destroy(pref); }
+
+gpublasStatus_t gpublasLtMatmulPreferenceSetAttribute(gpublasLtMatmulPreference_t,
+                                                      gpublasLtMatmulPreferenceAttribute_t, const void*, size_t) {
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+// One algorithm for every product whose shapes agree.
+gpublasStatus_t gpublasLtMatmulAlgoGetHeuristic(gpublasLtHandle_t, gpublasLtMatmulDesc_t desc,
+                                                gpublasLtMatrixLayout_t a, gpublasLtMatrixLayout_t b,
+                                                gpublasLtMatrixLayout_t c, gpublasLtMatrixLayout_t d,
+                                                gpublasLtMatmulPreference_t, int requested,
+                                                gpublasLtMatmulHeuristicResult_t* results, int* found) {
+  *found = 0;
+  const long m = desc->trans_a == GPUBLAS_OP_T ? a->cols : a->rows, k = desc->trans_a == GPUBLAS_OP_T ? a->rows : a->cols;
+  const long kb = desc->trans_b == GPUBLAS_OP_T ? b->cols : b->rows, n = desc->trans_b == GPUBLAS_OP_T ? b->rows : b->cols;
+  if (requested < 1 || k != kb || d->rows != m || d->cols != n || c->rows != m || c->cols != n ||
+      a->batch != d->batch || b->batch != d->batch)
+    return GPUBLAS_STATUS_INVALID_VALUE;
+  results[0].algo.id = 0;
+  *found = 1;
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+gpublasStatus_t gpublasLtMatmul(gpublasLtHandle_t, gpublasLtMatmulDesc_t desc, const void* alpha, const void* A,
+                                gpublasLtMatrixLayout_t a, const void* B, gpublasLtMatrixLayout_t b, const void* beta,
+                                const void* C, gpublasLtMatrixLayout_t c, void* D, gpublasLtMatrixLayout_t d,
+                                const gpublasLtMatmulAlgo_t*, void*, size_t, gpuStream_t) {
+  const bool ta = desc->trans_a == GPUBLAS_OP_T, tb = desc->trans_b == GPUBLAS_OP_T;
+  const long m = d->rows, n = d->cols, k = ta ? a->rows : a->cols;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const float* bias = desc->epilogue == GPUBLASLT_EPILOGUE_BIAS ? desc->bias : nullptr;
+  // op(A)'s rows and op(B)'s columns, as the compute mode reads them, each contiguous over k.
+  std::vector<float> rows(static_cast<size_t>(m * k)), cols(static_cast<size_t>(n * k));
+  for (int batch = 0; batch < d->batch; batch++) {
+    const float* pa = static_cast<const float*>(A) + batch * a->stride;
+    const float* pb = static_cast<const float*>(B) + batch * b->stride;
+    const float* pc = static_cast<const float*>(C) + batch * c->stride;
+    float* pd = static_cast<float*>(D) + batch * d->stride;
+    for (long i = 0; i < m; i++)
+      for (long l = 0; l < k; l++) rows[i * k + l] = operand(ta ? pa[l + i * a->ld] : pa[i + l * a->ld], desc->compute);
+    for (long j = 0; j < n; j++)
+      for (long l = 0; l < k; l++) cols[j * k + l] = operand(tb ? pb[j + l * b->ld] : pb[l + j * b->ld], desc->compute);
+    for (long j = 0; j < n; j++)
+      for (long i = 0; i < m; i++) {
+        const float* x = &rows[i * k];
+        const float* y = &cols[j * k];
+        // Eight interleaved partial sums, then added in order: a fixed order, like a GPU's.
+        float part[8] = {};
+        long l = 0;
+        for (; l + 8 <= k; l += 8)
+          for (int q = 0; q < 8; q++) part[q] += x[l + q] * y[l + q];
+        for (; l < k; l++) part[l % 8] += x[l] * y[l];
+        float s = 0.0f;
+        for (float p : part) s += p;
+        // beta = 0 ignores C, NaNs included, as the vendor libraries do.
+        float out = al * s + (be == 0.0f ? 0.0f : be * pc[i + j * c->ld]);
+        if (bias) out += bias[i];
+        pd[i + j * d->ld] = out;
+      }
+  }
+  return GPUBLAS_STATUS_SUCCESS;
+}

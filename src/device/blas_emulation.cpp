@@ -1,5 +1,7 @@
 // The emulated cuBLASLt / hipBLASLt subset (see blas_emulation.h): descriptors are plain
-// structs, and a product is a loop over the outputs.
+// structs, and a product is the host's sgemm (OpenBLAS) on operands the compute mode has read.
+#include <cblas.h>
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -59,6 +61,15 @@ float operand(float x, gpublasComputeType_t compute) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN
   return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
+// A (rows, cols) column-major matrix, ld apart, as the compute mode reads it, into `copy`.
+const float* rounded(const float* x, long rows, long cols, long ld, gpublasComputeType_t compute,
+                     std::vector<float>& copy) {
+  copy.resize(static_cast<size_t>(ld * cols));
+  for (long j = 0; j < cols; j++)
+    for (long i = 0; i < rows; i++) copy[i + j * ld] = operand(x[i + j * ld], compute);
+  return copy.data();
 }
 
 }  // namespace
@@ -129,8 +140,9 @@ gpublasStatus_t gpublasLtMatmulAlgoGetHeuristic(gpublasLtHandle_t, gpublasLtMatm
                                                 gpublasLtMatmulPreference_t, int requested,
                                                 gpublasLtMatmulHeuristicResult_t* results, int* found) {
   *found = 0;
-  const long m = desc->trans_a == GPUBLAS_OP_T ? a->cols : a->rows, k = desc->trans_a == GPUBLAS_OP_T ? a->rows : a->cols;
-  const long kb = desc->trans_b == GPUBLAS_OP_T ? b->cols : b->rows, n = desc->trans_b == GPUBLAS_OP_T ? b->rows : b->cols;
+  const bool ta = desc->trans_a == GPUBLAS_OP_T, tb = desc->trans_b == GPUBLAS_OP_T;
+  const long m = ta ? a->cols : a->rows, k = ta ? a->rows : a->cols;
+  const long kb = tb ? b->cols : b->rows, n = tb ? b->rows : b->cols;
   if (requested < 1 || k != kb || d->rows != m || d->cols != n || c->rows != m || c->cols != n ||
       a->batch != d->batch || b->batch != d->batch)
     return GPUBLAS_STATUS_INVALID_VALUE;
@@ -143,38 +155,33 @@ gpublasStatus_t gpublasLtMatmul(gpublasLtHandle_t, gpublasLtMatmulDesc_t desc, c
                                 gpublasLtMatrixLayout_t a, const void* B, gpublasLtMatrixLayout_t b, const void* beta,
                                 const void* C, gpublasLtMatrixLayout_t c, void* D, gpublasLtMatrixLayout_t d,
                                 const gpublasLtMatmulAlgo_t*, void*, size_t, gpuStream_t) {
+  const float* bias = desc->epilogue == GPUBLASLT_EPILOGUE_BIAS ? desc->bias : nullptr;
+  using anvil::emulation::on_device;
+  if (!on_device(A) || !on_device(B) || !on_device(C) || !on_device(D) || (bias && !on_device(bias)))
+    return GPUBLAS_STATUS_INVALID_VALUE;  // an operand in host memory: a GPU would fault
   const bool ta = desc->trans_a == GPUBLAS_OP_T, tb = desc->trans_b == GPUBLAS_OP_T;
   const long m = d->rows, n = d->cols, k = ta ? a->rows : a->cols;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  const float* bias = desc->epilogue == GPUBLASLT_EPILOGUE_BIAS ? desc->bias : nullptr;
-  // op(A)'s rows and op(B)'s columns, as the compute mode reads them, each contiguous over k.
-  std::vector<float> rows(static_cast<size_t>(m * k)), cols(static_cast<size_t>(n * k));
+  // The 16-bit modes read rounded copies of the operands.
+  const bool rounds = desc->compute != GPUBLAS_COMPUTE_32F;
+  std::vector<float> a16, b16;
   for (int batch = 0; batch < d->batch; batch++) {
     const float* pa = static_cast<const float*>(A) + batch * a->stride;
     const float* pb = static_cast<const float*>(B) + batch * b->stride;
     const float* pc = static_cast<const float*>(C) + batch * c->stride;
     float* pd = static_cast<float*>(D) + batch * d->stride;
-    for (long i = 0; i < m; i++)
-      for (long l = 0; l < k; l++) rows[i * k + l] = operand(ta ? pa[l + i * a->ld] : pa[i + l * a->ld], desc->compute);
-    for (long j = 0; j < n; j++)
-      for (long l = 0; l < k; l++) cols[j * k + l] = operand(tb ? pb[j + l * b->ld] : pb[l + j * b->ld], desc->compute);
-    for (long j = 0; j < n; j++)
-      for (long i = 0; i < m; i++) {
-        const float* x = &rows[i * k];
-        const float* y = &cols[j * k];
-        // Eight interleaved partial sums, then added in order: a fixed order, like a GPU's.
-        float part[8] = {};
-        long l = 0;
-        for (; l + 8 <= k; l += 8)
-          for (int q = 0; q < 8; q++) part[q] += x[l + q] * y[l + q];
-        for (; l < k; l++) part[l % 8] += x[l] * y[l];
-        float s = 0.0f;
-        for (float p : part) s += p;
-        // beta = 0 ignores C, NaNs included, as the vendor libraries do.
-        float out = al * s + (be == 0.0f ? 0.0f : be * pc[i + j * c->ld]);
-        if (bias) out += bias[i];
-        pd[i + j * d->ld] = out;
-      }
+    if (rounds) {
+      pa = rounded(pa, a->rows, a->cols, a->ld, desc->compute, a16);
+      pb = rounded(pb, b->rows, b->cols, b->ld, desc->compute, b16);
+    }
+    if (pc != pd && be != 0.0f)
+      for (long j = 0; j < n; j++) std::memcpy(pd + j * d->ld, pc + j * c->ld, static_cast<size_t>(m) * sizeof(float));
+    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), al, pa, static_cast<int>(a->ld), pb, static_cast<int>(b->ld), be,
+                pd, static_cast<int>(d->ld));
+    if (bias)
+      for (long j = 0; j < n; j++)
+        for (long i = 0; i < m; i++) pd[i + j * d->ld] += bias[i];
   }
   return GPUBLAS_STATUS_SUCCESS;
 }

@@ -1,8 +1,8 @@
 // The part of cuBLASLt / hipBLASLt that anvil uses (src/kernels/gpu/matmul.cpp), emulated on the
 // CPU for the emulated runtime (device/emulation.h): blas_runtime.h includes this instead of the
 // vendor's header when the build defines ANVIL_GPU_EMULATION. Products are column-major, strided-
-// batched, with the bias epilogue; each output is summed in fp32 in a fixed order, and the 16-bit
-// compute modes round the operands to bf16 / fp16 first, as the tensor cores read them.
+// batched, with the bias epilogue, computed by the host's sgemm in fp32; the 16-bit compute
+// modes round the operands to bf16 / fp16 first, as the tensor cores read them.
 #pragma once
 #include <cstddef>
 

@@ -51,7 +51,7 @@ std::vector<GpuInfo> gpu_devices() {
     GpuInfo g;
     g.index = i;
     g.name = p.name;
-#if defined(ANVIL_HIP)
+#if defined(ANVIL_HIP) || defined(ANVIL_GPU_EMULATION)
     g.arch = p.gcnArchName;
 #else
     g.arch = fmt::format("sm_{}{}", p.major, p.minor);

@@ -1,19 +1,63 @@
 // The emulated GPU runtime and the scheduler of emulated GPU threads (see emulation.h): one
 // device whose memory is host memory, work done when issued, and the threads of a block as
-// fibers (ucontext) switched at barriers.
+// fibers switched at barriers. A switch saves the callee-saved registers and swaps stacks (x86-64
+// assembly below): a block of 512 threads crosses ~20 barriers, so switching must cost
+// nanoseconds, not the two system calls of swapcontext.
 #include "device/emulation.h"
 
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
-#include <unordered_set>
+#include <map>
 #include <vector>
+
+#if !defined(__x86_64__)
+#error "the GPU emulator's fiber switch is written for x86-64"
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// switch_stack(&save, load): pushes the callee-saved registers and the floating-point control
+// words, stores the stack pointer in save, takes load as the stack pointer and pops the same from
+// it, returning where that stack last called switch_stack (or into a new fiber's entry).
+extern "C" void anvil_emulation_switch_stack(void** save, void* load);
+asm(R"(
+  .text
+  .globl anvil_emulation_switch_stack
+  .type anvil_emulation_switch_stack, @function
+anvil_emulation_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size anvil_emulation_switch_stack, .-anvil_emulation_switch_stack
+)");
 
 namespace anvil::emulation {
 
@@ -36,7 +80,7 @@ constexpr size_t kStackBytes = size_t{256} << 10;
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
 struct Fiber {
-  ucontext_t context;
+  void* sp = nullptr;  // the stack pointer it was switched away at
   std::unique_ptr<char[]> stack;
   dim3 thread;
   State state = State::kRunnable;
@@ -45,7 +89,9 @@ struct Fiber {
 // The block being run: its threads, which one runs, and who waits at which barrier.
 struct BlockRun {
   const std::function<void()>* body = nullptr;
-  ucontext_t scheduler;
+  void* scheduler_sp = nullptr;
+  const void* scheduler_stack = nullptr;  // its bounds, for AddressSanitizer
+  size_t scheduler_stack_bytes = 0;
   std::vector<Fiber> fibers;  // grown, never shrunk: their stacks are reused
   int threads = 0, current = 0, live = 0, at_block_barrier = 0;
   std::vector<int> warp_arrived;
@@ -56,10 +102,34 @@ struct BlockRun {
 BlockRun run;
 std::mutex launch_mutex;  // one launch at a time: `position` and `run` are shared
 
-void fiber_main() {
+// AddressSanitizer follows the stack switches (it must know which stack is in use).
+void* start_switch(const void* to_stack, size_t bytes, bool leaving_for_good) {
+  void* fake_stack = nullptr;
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(leaving_for_good ? nullptr : &fake_stack, to_stack, bytes);
+#else
+  (void)to_stack, (void)bytes, (void)leaving_for_good;
+#endif
+  return fake_stack;
+}
+void finish_switch(void* fake_stack, const void** from_stack = nullptr, size_t* from_bytes = nullptr) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake_stack, from_stack, from_bytes);
+#else
+  (void)fake_stack, (void)from_stack, (void)from_bytes;
+#endif
+}
+
+// Where a new fiber starts (entered by switch_stack's ret); it runs the thread, then hands the
+// stack back for good.
+[[noreturn]] void fiber_entry() {
+  finish_switch(nullptr, &run.scheduler_stack, &run.scheduler_stack_bytes);
   (*run.body)();
-  run.fibers[run.current].state = State::kDone;
-  // Returning resumes the scheduler through uc_link.
+  Fiber& f = run.fibers[run.current];
+  f.state = State::kDone;
+  start_switch(run.scheduler_stack, run.scheduler_stack_bytes, true);
+  anvil_emulation_switch_stack(&f.sp, run.scheduler_sp);
+  __builtin_unreachable();
 }
 
 dim3 thread_index(int t, dim3 block) {
@@ -68,40 +138,60 @@ dim3 thread_index(int t, dim3 block) {
 
 void resume(int t) {
   run.current = t;
-  position.thread = run.fibers[t].thread;
-  swapcontext(&run.scheduler, &run.fibers[t].context);
+  Fiber& f = run.fibers[t];
+  position.thread = f.thread;
+  void* fake_stack = start_switch(f.stack.get(), kStackBytes, false);
+  anvil_emulation_switch_stack(&run.scheduler_sp, f.sp);
+  finish_switch(fake_stack);
 }
 
-void yield_to_scheduler() { swapcontext(&run.fibers[run.current].context, &run.scheduler); }
+void yield_to_scheduler() {
+  Fiber& f = run.fibers[run.current];
+  void* fake_stack = start_switch(run.scheduler_stack, run.scheduler_stack_bytes, false);
+  anvil_emulation_switch_stack(&f.sp, run.scheduler_sp);
+  finish_switch(fake_stack);
+}
 
 // Frees the threads at a barrier once every thread of the block (of the warp) has reached it. A
 // thread that ended before reaching it never will: as on a GPU, where a barrier must be reached
 // by all or by none, the others wait for good, and run_block_on_fibers reports it.
-void settle(bool finished) {
+void settle(int t, bool finished) {
   if (finished) run.live--;
   if (run.at_block_barrier == run.threads) {
-    for (int t = 0; t < run.threads; t++) run.fibers[t].state = State::kRunnable;
+    for (int u = 0; u < run.threads; u++) run.fibers[u].state = State::kRunnable;
     run.at_block_barrier = 0;
   }
-  for (size_t w = 0; w < run.warp_arrived.size(); w++) {
-    const int first = static_cast<int>(w) * kWarpLanes, end = std::min(run.threads, first + kWarpLanes);
-    if (run.warp_arrived[w] != end - first) continue;
-    for (int t = first; t < end; t++) run.fibers[t].state = State::kRunnable;
-    run.warp_arrived[w] = 0;
-  }
+  // Only thread t moved: only its warp can have become complete.
+  const int w = t / kWarpLanes, first = w * kWarpLanes, end = std::min(run.threads, first + kWarpLanes);
+  if (run.warp_arrived[w] != end - first) return;
+  for (int u = first; u < end; u++) run.fibers[u].state = State::kRunnable;
+  run.warp_arrived[w] = 0;
 }
 
-// Runs thread t of the block as a fiber until it ends or waits at a barrier.
+// Makes thread t of the block a fiber ready to start: its stack holds what switch_stack pops, with
+// fiber_entry as the return address (16-byte aligned as a call would leave it).
 void start_fiber(int t, dim3 block) {
   Fiber& f = run.fibers[t];
   if (!f.stack) f.stack = std::make_unique<char[]>(kStackBytes);
+#if defined(__SANITIZE_ADDRESS__)
+  ASAN_UNPOISON_MEMORY_REGION(f.stack.get(), kStackBytes);  // a fiber abandoned at a barrier left frames
+#endif
   f.thread = thread_index(t, block);
   f.state = State::kRunnable;
-  getcontext(&f.context);
-  f.context.uc_stack.ss_sp = f.stack.get();
-  f.context.uc_stack.ss_size = kStackBytes;
-  f.context.uc_link = &run.scheduler;
-  makecontext(&f.context, fiber_main, 0);
+  auto top = (reinterpret_cast<uintptr_t>(f.stack.get()) + kStackBytes) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<uint64_t*>(top) - 2;  // slot[0]: fiber_entry; slot[1]: a null frame
+  slot[0] = reinterpret_cast<uint64_t>(&fiber_entry);
+  slot[1] = 0;
+  slot -= 6;  // rbp, rbx, r12-r15
+  for (int r = 0; r < 6; r++) slot[r] = 0;
+  slot -= 1;  // the control words, as this thread has them
+  uint32_t mxcsr = 0;
+  uint16_t x87 = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(x87));
+  std::memcpy(slot, &mxcsr, 4);
+  std::memcpy(reinterpret_cast<char*>(slot) + 4, &x87, 2);
+  f.sp = slot;
 }
 
 // The block's threads from `first` on started as fibers, and every fiber run until all have
@@ -119,7 +209,7 @@ bool run_block_on_fibers(int first, dim3 block) {
       if (run.fibers[t].state != State::kRunnable) continue;
       resume(t);
       progressed = true;
-      settle(run.fibers[t].state == State::kDone);
+      settle(t, run.fibers[t].state == State::kDone);
     }
   }
   run.fibers_on = false;
@@ -142,7 +232,7 @@ bool run_block(dim3 block) {
   resume(0);
   run.fibers_on = false;
   if (run.met_barrier) {
-    settle(run.fibers[0].state == State::kDone);
+    settle(0, run.fibers[0].state == State::kDone);
     return run_block_on_fibers(1, block);
   }
   for (int t = 1; t < run.threads; t++) {
@@ -211,16 +301,32 @@ using anvil::emulation::fail;
 
 namespace {
 
-// The live allocations, never destroyed: what the caching allocator still holds at exit stays
-// reachable (a GPU's memory goes with the process), and freeing a pointer twice is an error.
+// The live allocations (start -> bytes), never destroyed: what the caching allocator still holds
+// at exit stays reachable (a GPU's memory goes with the process), and freeing a pointer twice is
+// an error.
 std::mutex allocations_mutex;
-auto* const allocations = new std::unordered_set<void*>;
+auto* const allocations = new std::map<uintptr_t, size_t>;
 
 size_t host_memory_bytes() {
   return static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace
+
+namespace anvil::emulation {
+
+bool on_device(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(allocations_mutex);
+  auto it = allocations->upper_bound(a);
+  if (it == allocations->begin()) return false;
+  --it;
+  return a <= it->first + it->second;
+}
+
+void fail_illegal_address() { fail(gpuErrorIllegalAddress); }
+
+}  // namespace anvil::emulation
 
 struct EmulatedStream {};
 struct EmulatedEvent {
@@ -234,6 +340,8 @@ const char* gpuGetErrorString(gpuError_t error) {
     case gpuErrorMemoryAllocation: return "out of memory";
     case gpuErrorInvalidConfiguration: return "invalid configuration argument";
     case gpuErrorNotReady: return "device not ready";
+    case gpuErrorIllegalAddress:
+      return "an illegal memory access was encountered (a kernel argument points outside device memory)";
     case gpuErrorBarrierNotReached:
       return "a barrier was not reached by every thread of its block or warp (the kernel would hang on a GPU)";
   }
@@ -302,24 +410,31 @@ gpuError_t gpuMalloc(void** p, size_t bytes) {
   if (!*p) return fail(gpuErrorMemoryAllocation);
   std::memset(*p, 0xff, bytes);
   std::lock_guard<std::mutex> lock(allocations_mutex);
-  allocations->insert(*p);
+  allocations->emplace(reinterpret_cast<uintptr_t>(*p), bytes);
   return gpuSuccess;
 }
 
 gpuError_t gpuFree(void* p) {
   if (!p) return gpuSuccess;
   std::lock_guard<std::mutex> lock(allocations_mutex);
-  if (allocations->erase(p) == 0) return fail(gpuErrorInvalidValue);
+  if (allocations->erase(reinterpret_cast<uintptr_t>(p)) == 0) return fail(gpuErrorInvalidValue);
   std::free(p);
   return gpuSuccess;
 }
 
-gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind, gpuStream_t) {
+// The direction must match the pointers, as it must on a GPU without unified addressing.
+gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
+  const bool dst_device = anvil::emulation::on_device(dst), src_device = anvil::emulation::on_device(src);
+  const bool fits = kind == gpuMemcpyHostToDevice   ? dst_device && !src_device
+                    : kind == gpuMemcpyDeviceToHost ? !dst_device && src_device
+                                                    : dst_device && src_device;
+  if (!fits) return fail(gpuErrorInvalidValue);
   std::memmove(dst, src, bytes);
   return gpuSuccess;
 }
 
 gpuError_t gpuMemsetAsync(void* dst, int value, size_t bytes, gpuStream_t) {
+  if (!anvil::emulation::on_device(dst)) return fail(gpuErrorInvalidValue);
   std::memset(dst, value, bytes);
   return gpuSuccess;
 }

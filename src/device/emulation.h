@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 // ---- the runtime (host side)
@@ -29,6 +30,7 @@ enum gpuError_t {
   gpuErrorMemoryAllocation = 2,
   gpuErrorInvalidConfiguration = 9,
   gpuErrorNotReady = 600,
+  gpuErrorIllegalAddress = 700,
   gpuErrorBarrierNotReached = 1000,  // emulation only: the kernel would hang on a GPU
 };
 enum gpuMemcpyKind { gpuMemcpyHostToDevice, gpuMemcpyDeviceToHost, gpuMemcpyDeviceToDevice };
@@ -102,6 +104,13 @@ extern Position position;
 // or a barrier that not every thread of a block reaches becomes the next gpuGetLastError.
 void run_grid(dim3 grid, dim3 block, const std::function<void()>& thread_body);
 
+// Whether p lies in (or just past) a live gpuMalloc allocation. Memory is host memory here, so
+// the emulator checks what a GPU would fault on: a kernel argument, BLAS operand or copy that
+// points to host memory where device memory is meant.
+bool on_device(const void* p);
+// Records an illegal address as the next gpuGetLastError (as a GPU reports the fault).
+void fail_illegal_address();
+
 // Block and warp barriers, and a warp's exchange of 8-byte values: each lane gives `bits` and
 // receives lane `source`'s.
 void block_barrier();
@@ -124,6 +133,14 @@ inline int lane() {
 
 // kernel<<<grid, block>>>(args...) as launch(kernel, grid, block)(args...): the arguments are
 // converted to the kernel's parameter types once, as a launch copies them.
+template <class T>
+bool device_or_not_pointer(const T& x) {
+  if constexpr (std::is_pointer_v<T>)
+    return x == nullptr || on_device(x);
+  else
+    return true;
+}
+
 template <class... P>
 class Launch {
  public:
@@ -131,6 +148,11 @@ class Launch {
   template <class... A>
   void operator()(A&&... args) const {
     const std::tuple<P...> params(std::forward<A>(args)...);
+    const bool pointers_on_device = std::apply([](const auto&... p) { return (device_or_not_pointer(p) && ...); }, params);
+    if (!pointers_on_device) {
+      fail_illegal_address();
+      return;
+    }
     run_grid(grid_, block_, [&] { std::apply(kernel_, params); });
   }
 

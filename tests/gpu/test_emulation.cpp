@@ -125,6 +125,19 @@ TEST_F(GpuEmulation, ABarrierNotEveryThreadReachesIsAnError) {
   GPU_CHECK_LAUNCH();
 }
 
+// A GPU faults on host memory where device memory is meant; the emulated one, whose memory is all
+// host memory, checks instead.
+TEST_F(GpuEmulation, HostMemoryWhereDeviceMemoryIsMeantIsAnError) {
+  std::vector<float> host(kThreads);
+  GPU_LAUNCH(write_kernel, 1, 1)(host.data());
+  EXPECT_THROW(GPU_CHECK_LAUNCH(), Error);
+  EXPECT_EQ(host[0], 0.0f);  // the kernel did not run
+  float* d = device_floats(std::vector<float>(kThreads));
+  EXPECT_THROW(gpu_copy_to_device(host.data(), d, sizeof(float)), Error);  // the direction reversed
+  EXPECT_THROW(gpu_copy_to_host(host.data(), host.data() + 1, sizeof(float)), Error);
+  gpu_copy_to_host(host.data(), d + kThreads - 1, sizeof(float));  // the allocation's last element
+}
+
 TEST_F(GpuEmulation, ALaunchAGpuWouldRefuseIsAnError) {
   float* d_out = device_floats(std::vector<float>(1));
   GPU_LAUNCH(write_kernel, dim3(1, 65536), 1)(d_out);

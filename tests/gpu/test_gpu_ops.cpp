@@ -36,6 +36,7 @@ using testing::kFp32RelNorm;
 using testing::randn;
 using testing::rel_norm_close;
 
+
 // A device copy of a host vector, read back with host().
 template <class T>
 class Dev {
@@ -128,6 +129,60 @@ TEST_F(GpuOps, LayerNormMatchesReference) {
   }
 }
 
+// fp32 operands with fp32 compute, and bf16-valued operands through the bf16 tensor-core mode
+// that set_matmul_operand_dtype allows: exact products, so the same tolerance holds.
+TEST_F(GpuOps, MatmulMatchesReference) {
+  struct Shape { int N, C, OC; bool bias; };
+  for (ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+    gpu::set_matmul_operand_dtype(dtype);
+    for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false}, Shape{64, 96, 130, true},
+                    Shape{1, 256, 1000, false}, Shape{64, 768, 2304, true}, Shape{8, 768, 50257, false}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC
+                                        << " bias=" << s.bias);
+      auto inp = randn(s.N * s.C, 1), w = randn(static_cast<size_t>(s.OC) * s.C, 2, 0.1f), b = randn(s.OC, 3),
+           dout = randn(static_cast<size_t>(s.N) * s.OC, 4);
+      for (auto* v : {&inp, &w, &b, &dout}) ref::round_to_dtype(v->data(), static_cast<long>(v->size()), dtype);
+      const float* bias = s.bias ? b.data() : nullptr;
+      std::vector<float> out(static_cast<size_t>(s.N) * s.OC);
+      ref::matmul_forward(out.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+      Dev<float> d_inp(inp), d_w(w), d_b(b), d_dout(dout), d_out(std::vector<float>(out.size(), NAN));
+      gpu::matmul_forward(d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr, s.N, s.C, s.OC);
+      EXPECT_TRUE(rel_norm_close(d_out.host().data(), out.data(), out.size(), kFp32RelNorm));
+      std::vector<float> dinp(inp.size());
+      auto dw = randn(w.size(), 5), db = randn(s.OC, 6);
+      Dev<float> d_dinp(std::vector<float>(inp.size(), NAN)), d_dw(dw), d_db(db);
+      ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), s.OC, inp.data(),
+                           w.data(), s.N, s.C, s.OC, false);
+      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), s.OC, d_inp.get(),
+                           d_w.get(), s.N, s.C, s.OC, false);
+      EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
+      EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
+      EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.OC, kFp32Reduction));
+    }
+  }
+  gpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
+}
+
+// dout as a block of columns of a wider matrix, the input gradient accumulated over the blocks
+// (the LM head's vocabulary chunks), with a bias.
+TEST_F(GpuOps, MatmulBackwardOnColumnBlocksMatchesReference) {
+  const int N = 64, C = 96, OC = 1000, chunk = 256;
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  std::vector<float> dinp(N * C), dw(w.size(), 0.0f), db(OC, 0.0f);
+  Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_dinp(std::vector<float>(N * C, NAN)), d_dw(dw), d_db(db);
+  for (int o0 = 0; o0 < OC; o0 += chunk) {
+    const int width = std::min(chunk, OC - o0);
+    const size_t rows = static_cast<size_t>(o0) * C;
+    ref::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
+                         w.data() + rows, N, C, width, o0 > 0);
+    gpu::matmul_backward(d_dinp.get(), d_dw.get() + rows, d_db.get() + o0, d_dout.get() + o0, OC, d_inp.get(),
+                         d_w.get() + rows, N, C, width, o0 > 0);
+  }
+  EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
+  EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
+  EXPECT_TRUE(all_close(d_db.host().data(), db.data(), OC, kFp32Reduction));
+}
+
 TEST_F(GpuOps, ElementwiseMatchReference) {
   for (long n : {1L, 7L, 1000L, 1L << 20}) {
     SCOPED_TRACE(::testing::Message() << "N=" << n);
@@ -178,6 +233,29 @@ TEST_F(GpuOps, RoundingMatchesReferenceBitForBit) {
     gpu::round_to_dtype(d_x.get(), static_cast<long>(x.size()), d);
     const std::vector<float> got = d_x.host();
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << dtype_name(d);
+  }
+}
+
+TEST_F(GpuOps, AttentionMatchesReference) {
+  struct Shape { int B, T, C, NH; };
+  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3}, Shape{1, 64, 32, 4},
+                  Shape{1, 100, 128, 2}, Shape{2, 256, 768, 12}, Shape{1, 129, 256, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+    auto qkv = randn(s.B * s.T * 3 * s.C, 1), dout = randn(s.B * s.T * s.C, 2);
+    std::vector<float> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T);
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    Dev<float> d_qkv(qkv), d_dout(dout), d_out(std::vector<float>(out.size(), NAN)),
+        d_lse(std::vector<float>(lse.size(), NAN));
+    gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
+    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), out.size(), kFp32Reduction));
+    EXPECT_TRUE(all_close(d_lse.host().data(), lse.data(), lse.size(), kFp32Reduction));
+    std::vector<float> dqkv(qkv.size());
+    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
+    Dev<float> d_outr(out), d_lser(lse), d_dqkv(std::vector<float>(qkv.size(), NAN));  // must be overwritten
+    gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_outr.get(), d_lser.get(), s.B, s.T, s.C, s.NH);
+    const std::vector<float> got = d_dqkv.host();
+    EXPECT_TRUE(rel_norm_close(got.data(), dqkv.data(), dqkv.size(), kFp32RelNorm));
+    EXPECT_TRUE(all_close(got.data(), dqkv.data(), dqkv.size(), kFp32Reduction));
   }
 }
 
@@ -271,101 +349,6 @@ TEST_F(GpuOps, FixedPointMatchesReferenceBitForBit) {
   EXPECT_TRUE(std::isinf(d_nan_max.host()[0]));
 }
 
-// Once the sizes have been seen, the caching allocator serves them without the driver.
-TEST_F(GpuOps, CachingAllocatorReusesBlocks) {
-  for (int i = 0; i < 3; i++) {
-    void* a = gpu_alloc(1000);
-    void* b = gpu_alloc(5 << 20);
-    gpu_release(a);
-    gpu_release(b);
-  }
-  const size_t before = gpu_allocator_stats().device_mallocs;
-  for (int i = 0; i < 100; i++) {
-    void* a = gpu_alloc(900);
-    void* b = gpu_alloc(5 << 20);
-    gpu_release(b);
-    gpu_release(a);
-  }
-  EXPECT_EQ(gpu_allocator_stats().device_mallocs, before);
-}
-
-// fp32 operands with fp32 compute, and bf16-valued operands through the bf16 tensor-core mode
-// that set_matmul_operand_dtype allows: exact products, so the same tolerance holds.
-TEST_F(GpuOps, MatmulMatchesReference) {
-  struct Shape { int N, C, OC; bool bias; };
-  for (ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
-    gpu::set_matmul_operand_dtype(dtype);
-    for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false}, Shape{64, 96, 130, true},
-                    Shape{1, 256, 1000, false}, Shape{64, 768, 2304, true}, Shape{8, 768, 50257, false}}) {
-      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC
-                                        << " bias=" << s.bias);
-      auto inp = randn(s.N * s.C, 1), w = randn(static_cast<size_t>(s.OC) * s.C, 2, 0.1f), b = randn(s.OC, 3),
-           dout = randn(static_cast<size_t>(s.N) * s.OC, 4);
-      for (auto* v : {&inp, &w, &b, &dout}) ref::round_to_dtype(v->data(), static_cast<long>(v->size()), dtype);
-      const float* bias = s.bias ? b.data() : nullptr;
-      std::vector<float> out(static_cast<size_t>(s.N) * s.OC);
-      ref::matmul_forward(out.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
-      Dev<float> d_inp(inp), d_w(w), d_b(b), d_dout(dout), d_out(std::vector<float>(out.size(), NAN));
-      gpu::matmul_forward(d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr, s.N, s.C, s.OC);
-      EXPECT_TRUE(rel_norm_close(d_out.host().data(), out.data(), out.size(), kFp32RelNorm));
-      std::vector<float> dinp(inp.size());
-      auto dw = randn(w.size(), 5), db = randn(s.OC, 6);
-      Dev<float> d_dinp(std::vector<float>(inp.size(), NAN)), d_dw(dw), d_db(db);
-      ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), s.OC, inp.data(),
-                           w.data(), s.N, s.C, s.OC, false);
-      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), s.OC, d_inp.get(),
-                           d_w.get(), s.N, s.C, s.OC, false);
-      EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
-      EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
-      EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.OC, kFp32Reduction));
-    }
-  }
-  gpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
-}
-
-// dout as a block of columns of a wider matrix, the input gradient accumulated over the blocks
-// (the LM head's vocabulary chunks), with a bias.
-TEST_F(GpuOps, MatmulBackwardOnColumnBlocksMatchesReference) {
-  const int N = 64, C = 96, OC = 1000, chunk = 256;
-  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
-  std::vector<float> dinp(N * C), dw(w.size(), 0.0f), db(OC, 0.0f);
-  Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_dinp(std::vector<float>(N * C, NAN)), d_dw(dw), d_db(db);
-  for (int o0 = 0; o0 < OC; o0 += chunk) {
-    const int width = std::min(chunk, OC - o0);
-    const size_t rows = static_cast<size_t>(o0) * C;
-    ref::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
-                         w.data() + rows, N, C, width, o0 > 0);
-    gpu::matmul_backward(d_dinp.get(), d_dw.get() + rows, d_db.get() + o0, d_dout.get() + o0, OC, d_inp.get(),
-                         d_w.get() + rows, N, C, width, o0 > 0);
-  }
-  EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
-  EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
-  EXPECT_TRUE(all_close(d_db.host().data(), db.data(), OC, kFp32Reduction));
-}
-
-TEST_F(GpuOps, AttentionMatchesReference) {
-  struct Shape { int B, T, C, NH; };
-  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3}, Shape{1, 64, 32, 4},
-                  Shape{1, 100, 128, 2}, Shape{2, 256, 768, 12}, Shape{1, 129, 256, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
-    auto qkv = randn(s.B * s.T * 3 * s.C, 1), dout = randn(s.B * s.T * s.C, 2);
-    std::vector<float> out(s.B * s.T * s.C), lse(s.B * s.NH * s.T);
-    ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    Dev<float> d_qkv(qkv), d_dout(dout), d_out(std::vector<float>(out.size(), NAN)),
-        d_lse(std::vector<float>(lse.size(), NAN));
-    gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), s.B, s.T, s.C, s.NH);
-    EXPECT_TRUE(all_close(d_out.host().data(), out.data(), out.size(), kFp32Reduction));
-    EXPECT_TRUE(all_close(d_lse.host().data(), lse.data(), lse.size(), kFp32Reduction));
-    std::vector<float> dqkv(qkv.size());
-    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.NH);
-    Dev<float> d_outr(out), d_lser(lse), d_dqkv(std::vector<float>(qkv.size(), NAN));  // must be overwritten
-    gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_outr.get(), d_lser.get(), s.B, s.T, s.C, s.NH);
-    const std::vector<float> got = d_dqkv.host();
-    EXPECT_TRUE(rel_norm_close(got.data(), dqkv.data(), dqkv.size(), kFp32RelNorm));
-    EXPECT_TRUE(all_close(got.data(), dqkv.data(), dqkv.size(), kFp32Reduction));
-  }
-}
-
 // No atomics anywhere: the same inputs give the same bits, run after run.
 TEST_F(GpuOps, RepeatBitForBit) {
   const int B = 2, T = 200, C = 256, NH = 4, N = B * T;
@@ -392,6 +375,24 @@ TEST_F(GpuOps, RepeatBitForBit) {
     for (size_t k = 0; k < now.size(); k++)
       EXPECT_EQ(std::memcmp(now[k].data(), first[k].data(), now[k].size() * sizeof(float)), 0) << "output " << k;
   }
+}
+
+// Once the sizes have been seen, the caching allocator serves them without the driver.
+TEST_F(GpuOps, CachingAllocatorReusesBlocks) {
+  for (int i = 0; i < 3; i++) {
+    void* a = gpu_alloc(1000);
+    void* b = gpu_alloc(5 << 20);
+    gpu_release(a);
+    gpu_release(b);
+  }
+  const size_t before = gpu_allocator_stats().device_mallocs;
+  for (int i = 0; i < 100; i++) {
+    void* a = gpu_alloc(900);
+    void* b = gpu_alloc(5 << 20);
+    gpu_release(b);
+    gpu_release(a);
+  }
+  EXPECT_EQ(gpu_allocator_stats().device_mallocs, before);
 }
 
 }  // namespace

@@ -46,12 +46,19 @@ __device__ void block_max_into(float m, float* max_abs) {
     atomicMax(reinterpret_cast<unsigned int*>(max_abs), __float_as_uint(shared[0]));
 }
 
+// Each block takes kPerThread · kThreads consecutive elements (a thread every kThreads of them,
+// so that a warp's reads stay contiguous): the block's maximum and its atomic are paid once per
+// kPerThread elements.
+constexpr int kPerThread = 8;
+
 __global__ void accumulate_kernel(int64_t* acc, float* x, size_t n, double scale, float* max_abs) {
-  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x * kPerThread + threadIdx.x;
   float m = 0.0f;
-  if (i < n) {
+  for (int k = 0; k < kPerThread; k++) {
+    const size_t i = first + static_cast<size_t>(k) * blockDim.x;
+    if (i >= n) break;
     const float v = x[i];
-    m = magnitude(v);
+    m = fmaxf(m, magnitude(v));
     acc[i] = wrapping_add(acc[i], round_scaled(v, scale));
     x[i] = 0.0f;
   }
@@ -118,7 +125,8 @@ GpuScratch square_partials;
 
 void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
   if (n == 0) return;
-  GPU_LAUNCH(accumulate_kernel, blocks_for(n), kThreads)(acc, x, n, ldexp(1.0, s), max_abs);
+  const auto blocks = static_cast<unsigned>((n + kThreads * kPerThread - 1) / (kThreads * kPerThread));
+  GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, ldexp(1.0, s), max_abs);
   GPU_CHECK_LAUNCH();
 }
 

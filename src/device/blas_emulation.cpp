@@ -176,9 +176,9 @@ gpublasStatus_t gpublasLtMatmul(gpublasLtHandle_t, gpublasLtMatmulDesc_t desc, c
     }
     if (pc != pd && be != 0.0f)
       for (long j = 0; j < n; j++) std::memcpy(pd + j * d->ld, pc + j * c->ld, static_cast<size_t>(m) * sizeof(float));
-    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(n), static_cast<int>(k), al, pa, static_cast<int>(a->ld), pb, static_cast<int>(b->ld), be,
-                pd, static_cast<int>(d->ld));
+    const auto i32 = [](long v) { return static_cast<int>(v); };
+    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, i32(m), i32(n), i32(k),
+                al, pa, i32(a->ld), pb, i32(b->ld), be, pd, i32(d->ld));
     if (bias)
       for (long j = 0; j < n; j++)
         for (long i = 0; i < m; i++) pd[i + j * d->ld] += bias[i];

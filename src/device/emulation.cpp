@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <map>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -65,7 +65,7 @@ Position position;
 
 namespace {
 
-gpuError_t last_error = gpuSuccess;
+thread_local gpuError_t last_error = gpuSuccess;  // per thread, as the runtimes keep it
 int current_device = 0;
 
 gpuError_t fail(gpuError_t e) {

@@ -131,8 +131,7 @@ inline int lane() {
   return static_cast<int>((p.thread.z * p.block_dim.y + p.thread.y) * p.block_dim.x + p.thread.x) % kWarpLanes;
 }
 
-// kernel<<<grid, block>>>(args...) as launch(kernel, grid, block)(args...): the arguments are
-// converted to the kernel's parameter types once, as a launch copies them.
+// A kernel argument a GPU could read: not a pointer, null, or a pointer to device memory.
 template <class T>
 bool device_or_not_pointer(const T& x) {
   if constexpr (std::is_pointer_v<T>)
@@ -141,6 +140,9 @@ bool device_or_not_pointer(const T& x) {
     return true;
 }
 
+// kernel<<<grid, block>>>(args...) as launch(kernel, grid, block)(args...): the arguments are
+// converted to the kernel's parameter types once, as a launch copies them.
+
 template <class... P>
 class Launch {
  public:
@@ -148,8 +150,8 @@ class Launch {
   template <class... A>
   void operator()(A&&... args) const {
     const std::tuple<P...> params(std::forward<A>(args)...);
-    const bool pointers_on_device = std::apply([](const auto&... p) { return (device_or_not_pointer(p) && ...); }, params);
-    if (!pointers_on_device) {
+    const bool readable = std::apply([](const auto&... p) { return (device_or_not_pointer(p) && ...); }, params);
+    if (!readable) {
       fail_illegal_address();
       return;
     }

@@ -2,13 +2,13 @@
 // structs, and a product is the host's sgemm (OpenBLAS) on operands the compute mode has read.
 #include <cblas.h>
 
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <list>
 #include <mutex>
 #include <vector>
 
+#include "core/dtype.h"
 #include "device/blas_runtime.h"
 
 struct EmulatedBlasHandle {};
@@ -56,11 +56,9 @@ gpublasStatus_t read_attribute(T* out, const void* value, size_t bytes) {
 
 // An operand as the compute mode reads it: bf16 or fp16 modes round to nearest even first.
 float operand(float x, gpublasComputeType_t compute) {
-  if (compute == GPUBLAS_COMPUTE_32F_FAST_16F) return static_cast<float>(static_cast<_Float16>(x));
-  if (compute != GPUBLAS_COMPUTE_32F_FAST_16BF) return x;
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN
-  return std::bit_cast<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  if (compute == GPUBLAS_COMPUTE_32F_FAST_16F) return anvil::fp16_to_float(anvil::float_to_fp16(x));
+  if (compute == GPUBLAS_COMPUTE_32F_FAST_16BF) return anvil::bf16_to_float(anvil::float_to_bf16(x));
+  return x;
 }
 
 // A (rows, cols) column-major matrix, ld apart, as the compute mode reads it, into `copy`.

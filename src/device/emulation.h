@@ -1,6 +1,7 @@
 // The GPU runtime and kernel language emulated on the CPU, so that the kernel sources' logic is
 // tested on machines without a GPU: runtime.h includes this instead of the vendor's headers when
-// the build defines ANVIL_GPU_EMULATION (only the emulated kernel tests do; never the anvil binary).
+// the build defines ANVIL_GPU_EMULATION (the CPU build's emulated op tests, and anvil built by the
+// gpu-emulated preset; never a release binary).
 //
 // A launch runs its blocks one after another on the calling thread. Each GPU thread of a block
 // that meets a barrier (__syncthreads, a warp shuffle or sync) runs as a fiber of its own, switched
@@ -208,4 +209,3 @@ using std::isfinite;
 using std::isnan;
 inline int min(int a, int b) { return a < b ? a : b; }
 inline size_t min(size_t a, size_t b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }

@@ -12,9 +12,8 @@
 #   follows the same curve;
 # - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
 #   give the same weights bit for bit; 2 MPI ranks sharing the GPU (host-staged collectives), under
-#   ZeRO stages 0 to 3, give those same bits too, and so does one rank through NCCL (builds with
-#   NCCL/RCCL; the emulated GPU has none); and the run
-#   follows the deterministic CPU run.
+#   ZeRO stages 0 to 3, give those same bits too, and so does one rank through NCCL (in builds
+#   with NCCL/RCCL; the emulated GPU has none); and the run follows the deterministic CPU run.
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"

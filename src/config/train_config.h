@@ -7,17 +7,9 @@
 #include <vector>
 
 #include "config/duration.h"
+#include "config/model_config.h"
 
 namespace anvil {
-
-struct ModelConfig {
-  int n_layers = 0;
-  int n_heads = 0;
-  int d_model = 0;
-  int vocab_size = 50257;
-  int max_seq_len = 0;  // defaults to the top-level max_seq_len
-  std::string name = "gpt2";
-};
 
 struct OptimizerConfig {
   // "decoupled_adamw" (Composer's, LLM Foundry's default): decay p -= (lr / optimizer.lr)·wd·p,

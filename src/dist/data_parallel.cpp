@@ -14,80 +14,8 @@
 
 namespace anvil {
 
-CommThread::CommThread() : thread_([this] { run(); }) {}
-
-CommThread::~CommThread() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-uint64_t CommThread::submit(std::function<void()> job) {
-  const GpuMark after = kernel_impl() == KernelImpl::kGpu ? gpu_mark_op_stream() : GpuMark{};
-  std::lock_guard<std::mutex> lock(mu_);
-  jobs_.push_back({++submitted_, std::move(job), after});
-  cv_.notify_all();
-  return submitted_;
-}
-
-void CommThread::wait(uint64_t ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return finished_ >= ticket || error_; });
-  if (error_) std::rethrow_exception(error_);
-}
-
-void CommThread::wait_all() {
-  uint64_t last;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    last = submitted_;
-  }
-  wait(last);
-}
-
-void CommThread::run() {
-  const bool gpu = kernel_impl() == KernelImpl::kGpu;
-  try {
-    if (gpu) gpu_use_comm_stream();
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(mu_);
-    error_ = std::current_exception();
-  }
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    bool failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      failed = error_ != nullptr;
-    }
-    try {
-      if (gpu) gpu_wait_mark(job.after);
-      if (!failed) job.run();  // after an error, later jobs are skipped: their inputs are wrong
-      if (gpu) gpu_synchronize();
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_) error_ = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      finished_ = job.ticket;
-    }
-    cv_.notify_all();
-  }
-}
-
-Gpt2Storage gpt2_storage_for(const DataParallelOptions& options) {
-  Gpt2Storage s;
+ModelStorage model_storage_for(const DataParallelOptions& options) {
+  ModelStorage s;
   s.params = options.zero_stage < 3;
   // In deterministic mode the gradient lives in the fixed-point accumulators, which AdamW reads,
   // and is summed a sequence at a time.
@@ -133,7 +61,7 @@ std::pair<size_t, size_t> owned_range(const std::vector<size_t>& shard_counts, i
 
 }  // namespace
 
-DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfig& optimizer,
+DataParallel::DataParallel(Communicator& comm, Model& model, const OptimizerConfig& optimizer,
                            DataParallelOptions options)
     : comm_(comm), model_(model), opt_(options), units_(model.units()), n_(model.num_params()),
       shard_counts_(even_counts(n_, comm.size())),
@@ -150,10 +78,10 @@ DataParallel::DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfi
   ANVIL_CHECK(opt_.global_batch >= 1, "global batch {} must be at least one sequence", opt_.global_batch);
   ANVIL_CHECK(!opt_.bf16_compression || kernel_impl() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
-  const Gpt2Storage want = gpt2_storage_for(opt_);
+  const ModelStorage want = model_storage_for(opt_);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads &&
                   (model.microbatch_invariant() || !opt_.deterministic),
-              "the model was not built for zero_stage {}{} (use gpt2_storage_for)", opt_.zero_stage,
+              "the model was not built for zero_stage {}{} (use model_storage_for)", opt_.zero_stage,
               opt_.deterministic ? " in deterministic mode" : "");
   for (const ParamUnit& u : units_) unit_counts_.push_back(split_by_shards(u.offset, u.numel, shard_counts_));
   size_t largest_other = 0;
@@ -238,7 +166,7 @@ void DataParallel::set_grad_scales(const std::vector<int>& scales) {
 void DataParallel::init_weights(uint64_t seed) {
   if (opt_.zero_stage == 3) {
     std::vector<float> host(hi_ - lo_);
-    gpt2_init_params(model_.config(), seed, lo_, hi_, host.data());
+    model_init_params(model_.config(), seed, lo_, hi_, host.data());
     op_copy_from_host(param_shard_.data(), host.data(), host.size() * sizeof(float));
     for (Slot* s : {&emb_params_, &block_params_[0], &block_params_[1]}) s->unit = -1;
   } else {

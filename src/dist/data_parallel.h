@@ -17,27 +17,23 @@
 // kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
-// float scratch buffer (the size of the largest span one op forms, Gpt2::largest_grads_span) and
+// float scratch buffer (the size of the largest span one op forms, Model::largest_grads_span) and
 // are added, one sequence at a time, into int64 fixed-point accumulators (kernels/fixed_point.h),
 // which are what the stages above reduce (in integers: exact). The gradient norm is summed from
 // the integers, and AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32
 // copy of the gradient exists in this mode. A step whose values outgrew the fixed-point scale is
 // reported by finish_backward and must be run again (see fixed_point.h).
 #pragma once
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "dist/collectives.h"
+#include "dist/comm_thread.h"
 #include "dist/communicator.h"
 #include "device/device.h"
 #include "dist/op_collectives.h"
 #include "kernels/buffer.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "optim/adamw.h"
 
 namespace anvil {
@@ -56,7 +52,7 @@ struct DataParallelOptions {
 
 // Which arrays the model should allocate for itself under these options, and whether it must be
 // microbatch-invariant (deterministic mode).
-Gpt2Storage gpt2_storage_for(const DataParallelOptions& options);
+ModelStorage model_storage_for(const DataParallelOptions& options);
 
 // Bytes per rank, as the trainer reports them.
 struct MemoryReport {
@@ -65,39 +61,11 @@ struct MemoryReport {
   size_t model_states() const { return params + grads + optimizer; }
 };
 
-// Runs jobs on one thread, first in, first out. Under kernels=gpu the thread launches on the
-// communication stream (device/device.h): a job starts after the ops launched before it was
-// submitted (they produced the data it reads and finished with the buffers it fills), and is
-// done when its stream work is, so that waiting for its ticket orders what follows.
-class CommThread {
- public:
-  CommThread();
-  ~CommThread();
-  uint64_t submit(std::function<void()> job);
-  void wait(uint64_t ticket);  // rethrows a job's error
-  void wait_all();
-
- private:
-  void run();
-  std::mutex mu_;
-  std::condition_variable cv_;
-  struct Job {
-    uint64_t ticket;
-    std::function<void()> run;
-    GpuMark after;  // under kernels=gpu
-  };
-  std::deque<Job> jobs_;
-  uint64_t submitted_ = 0, finished_ = 0;
-  std::exception_ptr error_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
 class DataParallel : public UnitAccess {
  public:
   // Takes over the model's unit access. The model must have been built with
-  // gpt2_storage_for(options).
-  DataParallel(Communicator& comm, Gpt2& model, const OptimizerConfig& optimizer, DataParallelOptions options);
+  // model_storage_for(options).
+  DataParallel(Communicator& comm, Model& model, const OptimizerConfig& optimizer, DataParallelOptions options);
   ~DataParallel() override;
 
   Communicator& comm() { return comm_; }
@@ -175,7 +143,7 @@ class DataParallel : public UnitAccess {
   int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
 
   Communicator& comm_;
-  Gpt2& model_;
+  Model& model_;
   DataParallelOptions opt_;
   std::vector<ParamUnit> units_;
   size_t n_ = 0;

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
@@ -45,29 +44,7 @@ std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg) {
   }
   const int last = static_cast<int>(L) + 1;
   t.insert(t.end(), {{"lnfw", {C}, 0, 0, last, false, 0, 1}, {"lnfb", {C}, 0, 0, last, false, 0, 0}});
-  size_t offset = 0;
-  for (auto& p : t) {
-    p.numel = 1;
-    for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
-    p.offset = offset;
-    offset += p.numel;
-  }
   return t;
-}
-
-size_t gpt2_num_params(const ModelConfig& cfg) {
-  auto t = gpt2_param_layout(cfg);
-  return t.back().offset + t.back().numel;
-}
-
-std::vector<ParamUnit> gpt2_units(const ModelConfig& cfg) {
-  std::vector<ParamUnit> units(static_cast<size_t>(cfg.n_layers) + 2);
-  for (const ParamTensor& t : gpt2_param_layout(cfg)) {
-    ParamUnit& u = units[t.unit];
-    if (u.numel == 0) u.offset = t.offset;
-    u.numel = t.offset + t.numel - u.offset;
-  }
-  return units;
 }
 
 double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
@@ -88,34 +65,6 @@ Gpt2::Block Gpt2::bind_block(const float* base) const {
   }
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
 }
-
-// The default access: the model's own full arrays, nothing to gather or reduce.
-class Gpt2::OwnArrays : public UnitAccess {
- public:
-  explicit OwnArrays(Gpt2& m) : m_(m) { rows_.assign_zeros(static_cast<size_t>(m.max_seq_)); }
-  const float* acquire_params(int unit, int) override {
-    ANVIL_CHECK(!m_.params_.empty(), "the model holds no parameters of its own and has no unit access set");
-    return m_.params_.data() + m_.units_[unit].offset;
-  }
-  void release_params(int) override {}
-  void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
-  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override {
-    ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
-    op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
-    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
-  }
-  float* grads(int unit, size_t offset, size_t) override {
-    ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
-    return m_.grads_.data() + m_.units_[unit].offset + offset;
-  }
-  void grads_done(int) override {}
-
- private:
-  Gpt2& m_;
-  OpArray<int32_t> rows_;  // grain_rows's rows, where the ops run
-};
-
-void Gpt2::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
 
 namespace {
 // Floats of every activation array: per layer in the order of Gpt2::BlockActs, then the rest of
@@ -138,56 +87,32 @@ struct ActivationSizes {
   }
 };
 
-ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, bool checkpointing,
-                                 bool invariant) {
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
   const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads, GT = invariant ? T : BT;
+               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
   return {{BT * C, BT, BT, BT * 3 * C, BT * C, NH * BT, BT * C, BT * C, BT, BT, BT * 4 * C},
-          checkpointing ? 1 : L,
+          storage.activation_checkpointing ? 1 : L,
           {BT * C, L * BT * C, BT * C, BT, BT, T * V, BT, T, BT * C, BT * 4 * C},
           2 * BT * C + GT * 4 * C + GT * 3 * C + T * C};
 }
 }  // namespace
 
-size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const Gpt2Storage& storage) {
-  return activation_sizes(cfg, max_batch, max_seq, storage.activation_checkpointing, storage.microbatch_invariant)
-             .total() *
-         sizeof(float);
+size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
 }
 
-Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, Gpt2Storage storage)
-    : cfg_(cfg),
-      max_batch_(max_batch),
-      max_seq_(max_seq),
-      checkpointing_(storage.activation_checkpointing),
-      invariant_(storage.microbatch_invariant) {
-  ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
-                  cfg.max_seq_len > 0,
-              "model sizes must be positive (n_layers {}, n_heads {}, d_model {}, vocab_size {}, "
-              "max_seq_len {})",
-              cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size, cfg.max_seq_len);
-  ANVIL_CHECK(cfg.d_model % cfg.n_heads == 0, "model.d_model ({}) must be divisible by model.n_heads ({})",
-              cfg.d_model, cfg.n_heads);
-  ANVIL_CHECK(max_seq <= cfg.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}",
-              max_seq, cfg.max_seq_len);
-  layout_ = gpt2_param_layout(cfg);
-  units_ = gpt2_units(cfg);
-  num_params_ = gpt2_num_params(cfg);
-  if (storage.params) params_.assign_zeros(num_params_);
-  if (storage.grads) grads_.assign_zeros(num_params_);
-  own_access_ = std::make_unique<OwnArrays>(*this);
-  access_ = own_access_.get();
+Gpt2::Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage)
+    : Model(cfg, max_seq, storage), max_batch_(max_batch) {
   touched_rows_.reserve(static_cast<size_t>(max_seq));
   compact_tokens_.resize(static_cast<size_t>(max_seq));
   compact_tokens_op_.assign_zeros(static_cast<size_t>(max_seq));
-
   set_max_batch(max_batch);
 }
 
 void Gpt2::set_max_batch(int max_batch) {
   ANVIL_CHECK(max_batch >= 1, "a microbatch must hold at least one sequence, got {}", max_batch);
   max_batch_ = max_batch;
-  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, checkpointing_, invariant_);
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, storage_);
   // Freed first, so that growing never holds the old and the new buffers at once.
   act_memory_.reset();
   grad_act_memory_.reset();
@@ -218,45 +143,21 @@ void Gpt2::set_max_batch(int max_batch) {
 }
 
 size_t Gpt2::largest_grads_span(int unit) const {
-  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units_.size(), "no unit {} in a model of {}", unit,
-              units_.size());
+  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units().size(), "no unit {} in a model of {}", unit,
+              units().size());
   const size_t C = cfg_.d_model;
   if (unit == 0) return static_cast<size_t>(std::max(std::min(kVocabChunk, cfg_.vocab_size), max_seq_)) * C;
-  if (unit == cfg_.n_layers + 1) return units_[unit].numel;  // the final norm, whole
+  if (unit == cfg_.n_layers + 1) return units()[unit].numel;  // the final norm, whole
   return 4 * C * C + 4 * C;  // a block's largest op: the MLP's projections, weight and bias
 }
 
 Gpt2::BlockActs Gpt2::block_acts(int l) const {
-  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, checkpointing_, invariant_);
-  const size_t slot = checkpointing_ ? 0 : static_cast<size_t>(l);
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, storage_);
+  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l);
   BlockActs x = acts_.block;
   float** p = &x.ln1;
   for (size_t i = 0; i < std::size(sizes.block); i++) p[i] += slot * sizes.block[i];
   return x;
-}
-
-void gpt2_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out) {
-  const std::vector<ParamTensor> layout = gpt2_param_layout(cfg);
-  for (size_t k = 0; k < layout.size(); k++) {
-    const ParamTensor& t = layout[k];
-    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
-    if (a >= b) continue;
-    float* p = out + (a - lo);
-    if (t.init_std == 0.0f) {
-      std::fill(p, p + (b - a), t.init_value);
-      continue;
-    }
-    const size_t first = a - t.offset, n = b - a;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, first + i));
-  }
-}
-
-void Gpt2::init_weights(uint64_t seed) {
-  ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
-  std::vector<float> host(num_params_);
-  gpt2_init_params(cfg_, seed, 0, num_params_, host.data());
-  op_copy_from_host(params_.data(), host.data(), num_params_ * sizeof(float));
 }
 
 void Gpt2::set_compute_dtype(ComputeDtype dtype) {
@@ -264,7 +165,7 @@ void Gpt2::set_compute_dtype(ComputeDtype dtype) {
   set_matmul_operand_dtype(dtype);  // every matmul operand below is rounded to it
   lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_hold_rounds_weight();
   size_t largest = 0;
-  for (size_t u = lm_head_held_rounded_ ? 1 : 0; u < units_.size(); u++) largest = std::max(largest, units_[u].numel);
+  for (size_t u = lm_head_held_rounded_ ? 1 : 0; u < units().size(); u++) largest = std::max(largest, units()[u].numel);
   compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
   allocate_rounded_dres();
 }
@@ -301,7 +202,7 @@ const float* Gpt2::hold_lm_head(const float* p) {
 const float* Gpt2::compute_params(int unit, const float* p) {
   if (dtype_ == ComputeDtype::kFp32) return p;
   float* out = compute_params_.data();
-  const size_t n = units_[unit].numel;
+  const size_t n = units()[unit].numel;
   op_copy(out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj: the norms stay fp32.
   const Block b = bind_block(out);
@@ -309,8 +210,6 @@ const float* Gpt2::compute_params(int unit, const float* p) {
   round_to_dtype(b.fcw, (out + n) - b.fcw, dtype_);
   return out;
 }
-
-void Gpt2::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 namespace {
 // out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
@@ -340,18 +239,18 @@ void Gpt2::forward_to_lnf(const int32_t* tokens, int B, int T) {
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // residual3's per-layer stride
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
 
-  const float* emb = access_->acquire_params(0, 1);
+  const float* emb = access().acquire_params(0, 1);
   encoder_forward(a.encoded, tokens_op_.data(), emb, emb + wpe_offset, B, T, C);
-  access_->release_params(0);
+  access().release_params(0);
   for (int l = 0; l < L; l++) {
-    const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, 2 + l)));
+    const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, 2 + l)));
     block_forward(l, p, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
-    access_->release_params(1 + l);
+    access().release_params(1 + l);
   }
-  const float* lnf = access_->acquire_params(L + 1, 0);
+  const float* lnf = access().acquire_params(L + 1, 0);
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf, lnf + C, N, C);
   round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype_);
-  access_->release_params(L + 1);
+  access().release_params(L + 1);
 }
 
 void Gpt2::block_forward(int l, const Block& p, const float* residual) {
@@ -364,20 +263,20 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   const long NC = static_cast<long>(N) * C;
   layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype_);
-  matmul_forward_sequences(invariant_, x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+  matmul_forward_sequences(microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
   round_to_dtype(x.qkv, 3 * NC, dtype_);
   attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
   round_to_dtype(x.atty, NC, dtype_);
-  matmul_forward_sequences(invariant_, scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  matmul_forward_sequences(microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(x.residual2, residual, scratch, NC);
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(x.ln2, NC, dtype_);
-  matmul_forward_sequences(invariant_, x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
+  matmul_forward_sequences(microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
   round_to_dtype(x.fch, 4 * NC, dtype_);
   gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
   round_to_dtype(acts_.fch_gelu, 4 * NC, dtype_);
-  matmul_forward_sequences(invariant_, scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  matmul_forward_sequences(microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
   round_to_dtype(scratch, NC, dtype_);
   residual_forward(residual3, x.residual2, scratch, NC);
 }
@@ -415,7 +314,7 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
   if (targets) check_targets(targets, B * T);
   forward_to_lnf(tokens, B, T);
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
-  const float* emb = hold_lm_head(access_->acquire_params(0, -1));
+  const float* emb = hold_lm_head(access().acquire_params(0, -1));
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
@@ -424,7 +323,7 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
       crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
   }
   matmul_release_weight();
-  access_->release_params(0);
+  access().release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
 
@@ -449,7 +348,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
   // cache (kVocabChunk). The embedding unit's gradient stays open for the whole backward pass:
   // the head adds to it first, the token embedding last.
-  const float* emb = hold_lm_head(access_->acquire_params(0, L + 1));
+  const float* emb = hold_lm_head(access().acquire_params(0, L + 1));
   const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
@@ -461,26 +360,26 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int width = std::min(kVocabChunk, V - v0);
       const size_t at = static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      matmul_backward(dsmall_ + r * C, access_->grads(0, at, count), nullptr, a.logits + v0, V, a.lnf + r * C,
+      matmul_backward(dsmall_ + r * C, access().grads(0, at, count), nullptr, a.logits + v0, V, a.lnf + r * C,
                       emb + at, T, C, width, v0 > 0);
-      access_->grain_done(0, at, count);
+      access().grain_done(0, at, count);
     }
     round_to_dtype(dsmall_ + r * C, TC, dtype_);
   }
   matmul_release_weight();
-  access_->release_params(0);
+  access().release_params(0);
   op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
-  const float* lnf = access_->acquire_params(L + 1, L);
-  float* dlnf = access_->grads(L + 1, 0, units_[L + 1].numel);
+  const float* lnf = access().acquire_params(L + 1, L);
+  float* dlnf = access().grads(L + 1, 0, units()[L + 1].numel);
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     layernorm_backward(dresidual_ + r * C, dlnf, dlnf + C, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r,
                        a.lnf_rstd + r, T, C);
-    access_->grain_done(L + 1, 0, 2 * static_cast<size_t>(C));
+    access().grain_done(L + 1, 0, 2 * static_cast<size_t>(C));
   }
-  access_->release_params(L + 1);
-  access_->grads_done(L + 1);
+  access().release_params(L + 1);
+  access().grads_done(L + 1);
 
   // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
   // gradient of the block output, of the skip path and of the projection at once; the layer
@@ -488,14 +387,14 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   // residual_backward.
   for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    const Block p = bind_block(compute_params(1 + l, access_->acquire_params(1 + l, l == 0 ? -1 : l)));
-    if (checkpointing_) block_forward(l, p, residual);  // the same bits as the forward pass's
+    const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, l == 0 ? -1 : l)));
+    if (storage_.activation_checkpointing) block_forward(l, p, residual);  // the same bits as the forward pass's
     const BlockActs x = block_acts(l);
     // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's two
     // vectors), are asked for just before the op and handed over (grain_done) right after it,
     // while in cache: deterministic training's scratch then holds the largest op's, not the
     // block's (largest_grads_span).
-    const float* unit_end = p.ln1w + units_[1 + l].numel;
+    const float* unit_end = p.ln1w + units()[1 + l].numel;
     auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
     for (int b = 0; b < B; b += grain_sequences()) {
       const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
@@ -505,15 +404,15 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       // A linear layer (weight w, then its bias, up to end) and a layer norm (weight, then bias).
       auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w,
                                  const float* bias, const float* end, int IC, int OC) {
-        float* dw = access_->grads(1 + l, at(w), at(end) - at(w));
+        float* dw = access().grads(1 + l, at(w), at(end) - at(w));
         matmul_backward(dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
-        access_->grain_done(1 + l, at(w), at(end) - at(w));
+        access().grain_done(1 + l, at(w), at(end) - at(w));
       };
       auto norm_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                                const float* rstd) {
-        float* dw = access_->grads(1 + l, at(w), 2 * static_cast<size_t>(C));
+        float* dw = access().grads(1 + l, at(w), 2 * static_cast<size_t>(C));
         layernorm_backward(dinp, dw, dw + C, dout, inp, w, mean, rstd, N, C);
-        access_->grain_done(1 + l, at(w), 2 * static_cast<size_t>(C));
+        access().grain_done(1 + l, at(w), 2 * static_cast<size_t>(C));
       };
       float* dres = dresidual_ + r * C;
       float* dsmall = dsmall_ + r * C;
@@ -538,8 +437,8 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       round_to_dtype(dsmall, NC, dtype_);
       norm_backward(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
     }
-    access_->release_params(1 + l);
-    access_->grads_done(1 + l);
+    access().release_params(1 + l);
+    access().grads_done(1 + l);
   }
   // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
   // compact (within the reserved capacity: no allocation), and its positions' rows.
@@ -555,12 +454,12 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), rows * sizeof(int32_t));
     const size_t n_touched = touched_rows_.size();
     op_zero(demb_rows_, n_touched * C * sizeof(float));
-    encoder_backward(demb_rows_, access_->grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+    encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
                      compact_tokens_op_.data(), 1, T, C);
-    access_->grain_done(0, wpe_offset, rows * C);
-    access_->grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
+    access().grain_done(0, wpe_offset, rows * C);
+    access().grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
   }
-  access_->grads_done(0);
+  access().grads_done(0);
 }
 
 }  // namespace anvil

@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "kernels/buffer.h"
-#include "model/gpt2.h"
+#include "config/train_config.h"
+#include "model/model.h"
 
 namespace anvil {
 

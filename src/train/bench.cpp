@@ -15,7 +15,7 @@
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "dist/communicator.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "train/microbatch.h"
 #include "train/step.h"
 
@@ -28,8 +28,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   set_kernel_impl(parse_kernel_impl(cfg.kernels, 0));
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const DataParallelOptions dp_options = data_parallel_options(cfg);
-  const Gpt2Storage storage = gpt2_storage_for(cfg);
-  Gpt2 model(cfg.model, 1, T, storage);
+  const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
+  Model& model = *built;
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
   DataParallel dp(*comm, model, cfg.optimizer, dp_options);
@@ -51,8 +51,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
-  log_info("bench train: GPT-2 {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
-           "parameters; {}; {} kernels, {}{}", cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
+  log_info("bench train: {} {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
+           "parameters; {}; {} kernels, {}{}", model_family_title(cfg.model), cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
            cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
            cfg.kernels, cfg.precision, cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
@@ -63,7 +63,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   if (profile) r.profile = op_profile_stop();
   r.step_ms = 1e3 * secs / steps;
   r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
-  r.gflops = r.tokens_per_s * gpt2_train_flops_per_token(cfg.model, T) / 1e9;
+  r.gflops = r.tokens_per_s * model_train_flops_per_token(cfg.model, T) / 1e9;
   r.mfu = r.gflops / r.peak_gflops;
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

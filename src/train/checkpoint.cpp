@@ -61,7 +61,7 @@ void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& mode
               shard.hi);
   SafeTensorsFile file;
   nlohmann::json pieces = nlohmann::json::array();
-  for (const ParamTensor& t : gpt2_param_layout(model)) {
+  for (const ParamTensor& t : model_param_layout(model)) {
     const size_t a = std::max(shard.lo, t.offset), b = std::min(shard.hi, t.offset + t.numel);
     if (a >= b) continue;
     const std::vector<int64_t> shape = {static_cast<int64_t>(b - a)};
@@ -106,7 +106,7 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
     shards.push_back(std::move(entry));
   }
   nlohmann::json tensors = nlohmann::json::array();
-  for (const ParamTensor& t : gpt2_param_layout(cfg.model))
+  for (const ParamTensor& t : model_param_layout(cfg.model))
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}});
   const std::string config_yaml = to_yaml(cfg);
   const ModelConfig& m = cfg.model;
@@ -262,9 +262,9 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
   }
   std::map<std::string, const ParamTensor*> by_name;
-  const std::vector<ParamTensor> layout = gpt2_param_layout(out.config);
+  const std::vector<ParamTensor> layout = model_param_layout(out.config);
   for (const ParamTensor& t : layout) by_name[t.name] = &t;
-  const size_t n = gpt2_num_params(out.config);
+  const size_t n = model_num_params(out.config);
   out.params.assign(n, 0.0f);
   if (with_optimizer) {
     out.exp_avg.assign(n, 0.0f);
@@ -342,7 +342,7 @@ void prune_checkpoints(const std::string& run_dir, int keep) {
 
 std::string weights_sha256(const ModelConfig& cfg, const float* params) {
   Sha256 sha;
-  for (const ParamTensor& t : gpt2_param_layout(cfg)) sha.update(params + t.offset, t.numel * sizeof(float));
+  for (const ParamTensor& t : model_param_layout(cfg)) sha.update(params + t.offset, t.numel * sizeof(float));
   return sha.hex();
 }
 

@@ -16,13 +16,13 @@
 
 #include "config/train_config.h"
 #include "dist/communicator.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 namespace anvil {
 
 constexpr int kCheckpointVersion = 3;
 
-// One rank's part of the training state: the flat range [lo, hi) (gpt2_param_layout order) of
+// One rank's part of the training state: the flat range [lo, hi) (model_param_layout order) of
 // the parameters and both AdamW moments. Rank r of W saves the r-th of W even ranges, which is
 // its ZeRO shard; under ZeRO-0 it is still only that range, so every rank writes 1/W.
 struct CheckpointShard {
@@ -85,7 +85,7 @@ class CheckpointWriter {
 struct LoadedCheckpoint {
   std::string dir;            // the checkpoint directory read
   ModelConfig config;
-  std::vector<float> params;  // flat, in gpt2_param_layout order
+  std::vector<float> params;  // flat, in model_param_layout order
   int64_t step = 0, tokens_seen = 0;
   std::string data_state;     // JSON
   std::string config_yaml;    // the resolved config of the run that saved it

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/gpt2_tokenizer.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "train/checkpoint.h"
 
 namespace anvil {
@@ -20,8 +20,8 @@ std::string generate_text(const GenerateOptions& opt) {
   const LoadedCheckpoint loaded = load_checkpoint(opt.checkpoint, /*with_optimizer=*/false);
   Gpt2Tokenizer tok(opt.tokenizer_dir);
   const ModelConfig& cfg = loaded.config;
-  Gpt2 model(cfg, 1, cfg.max_seq_len);
-  std::copy(loaded.params.begin(), loaded.params.end(), model.params());
+  const std::unique_ptr<Model> model = make_model(cfg, 1, cfg.max_seq_len);
+  std::copy(loaded.params.begin(), loaded.params.end(), model->params());
 
   std::vector<int32_t> ids = tok.encode(opt.prompt);
   if (ids.empty()) ids.push_back(tok.eot_id());  // an empty prompt starts a new document
@@ -33,8 +33,8 @@ std::string generate_text(const GenerateOptions& opt) {
   std::vector<double> probs(cfg.vocab_size);
   for (int n = 0; n < opt.max_new_tokens; n++) {
     const int T = static_cast<int>(std::min<size_t>(ids.size(), cfg.max_seq_len));
-    model.forward(ids.data() + ids.size() - T, nullptr, 1, T, nullptr);
-    const float* logits = model.logits() + static_cast<size_t>(T - 1) * cfg.vocab_size;
+    model->forward(ids.data() + ids.size() - T, nullptr, 1, T, nullptr);
+    const float* logits = model->logits() + static_cast<size_t>(T - 1) * cfg.vocab_size;
     int next;
     if (opt.temperature == 0) {
       next = static_cast<int>(std::max_element(logits, logits + cfg.vocab_size) - logits);

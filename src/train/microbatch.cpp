@@ -6,7 +6,7 @@
 #include "core/memory.h"
 #include "device/device.h"
 #include "kernels/impl.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "train/step.h"
 
 namespace anvil {
@@ -29,7 +29,7 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
       gpu ? 2 * sizeof(float) * static_cast<size_t>(cfg.model.n_heads) * T * T + (size_t{32} << 20) : 0;
   auto activations = [&](int microbatch, int eval_batch) {
     return gpu_scratch +
-           gpt2_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, gpt2_storage_for(cfg));
+           model_activation_bytes(cfg.model, std::max(microbatch, eval_batch), T, model_storage_for(cfg));
   };
   const bool given = cfg.memory_limit > 0;
   plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);

@@ -12,7 +12,7 @@
 
 namespace anvil {
 
-TrainStep::TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule)
+TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule)
     : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
       lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold),
       scaler_(cfg.loss_scaler, parse_precision(cfg.precision) == ComputeDtype::kFp16) {
@@ -31,8 +31,8 @@ DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
   return o;
 }
 
-Gpt2Storage gpt2_storage_for(const TrainConfig& cfg) {
-  Gpt2Storage s = gpt2_storage_for(data_parallel_options(cfg));
+ModelStorage model_storage_for(const TrainConfig& cfg) {
+  ModelStorage s = model_storage_for(data_parallel_options(cfg));
   s.activation_checkpointing = cfg.activation_checkpointing;
   return s;
 }

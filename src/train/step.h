@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "config/train_config.h"
-#include "model/gpt2.h"
 #include "dist/data_parallel.h"
 #include "optim/schedule.h"
 #include "train/loss_scaler.h"
@@ -16,9 +15,9 @@ namespace anvil {
 
 // The data-parallel options a config asks for (ZeRO stage, all-reduce, determinism).
 DataParallelOptions data_parallel_options(const TrainConfig& cfg);
-// What the model allocates and how it works for this config: gpt2_storage_for its data-parallel
+// What the model allocates and how it works for this config: model_storage_for its data-parallel
 // options, with the config's activation checkpointing.
-Gpt2Storage gpt2_storage_for(const TrainConfig& cfg);
+ModelStorage model_storage_for(const TrainConfig& cfg);
 
 // Sums of per-token losses that do not depend on how sequences are grouped: each sequence's
 // losses (B sequences of T tokens) are summed in token order and added in fixed point (2^-32).
@@ -37,14 +36,14 @@ struct StepResult {
 class TrainStep {
  public:
   // Also sets the model's compute dtype from cfg.precision.
-  TrainStep(const TrainConfig& cfg, Gpt2& model, DataParallel& dp, const LrSchedule& schedule);
+  TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule);
   // tokens, targets: (batch, seq_len), this rank's block of the global batch. t: 0-based step.
   // The loss and the gradient norm returned are the global ones, the same on every rank.
   StepResult run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t);
   LossScaler& loss_scaler() { return scaler_; }
 
  private:
-  Gpt2& model_;
+  Model& model_;
   DataParallel& dp_;
   LrSchedule schedule_;
   int microbatch_;

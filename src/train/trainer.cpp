@@ -32,7 +32,7 @@ namespace {
 // eval_subset_num_batches batches), the same bits whatever the world size. Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
 // pass gathers parameters with every rank, so a rank past the last batch runs its first batch
 // again and discards it.
-double evaluate(Gpt2& model, DataParallel& dp, StreamingDataset& data, const TrainConfig& cfg,
+double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const TrainConfig& cfg,
                 std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
   Communicator& comm = dp.comm();
@@ -191,9 +191,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
 
   const DistributedConfig& dc = cfg.distributed;
   const DataParallelOptions dp_options = data_parallel_options(cfg);
-  const Gpt2Storage storage = gpt2_storage_for(cfg);
   // Activations are sized once the memory the model states take is known.
-  Gpt2 model(cfg.model, 1, T, storage);
+  const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
+  Model& model = *built;
   DataParallel dp(comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
@@ -227,13 +227,13 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   TrainStep step(cfg, model, dp, schedule);
   if (step.loss_scaler().enabled() && !resume_loss_scaler.empty())
     step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
-  const double flops_per_token = gpt2_train_flops_per_token(cfg.model, T);
+  const double flops_per_token = model_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
   const double peak = sum_in_rank_order(comm, matmul_peak_gflops());
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
-  log_info("model: GPT-2, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", cfg.model.n_layers,
-           cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
+  log_info("model: {}, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", model_family_title(cfg.model),
+           cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
            cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);

@@ -70,7 +70,8 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
   c.deterministic_mode = deterministic;
   c.precision = precision;
   c.activation_checkpointing = activation_checkpointing;
-  Gpt2 model(c.model, microbatch, c.max_seq_len, gpt2_storage_for(c));
+  const std::unique_ptr<Model> built = make_model(c.model, microbatch, c.max_seq_len, model_storage_for(c));
+  Model& model = *built;
   model.init_weights(1);
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
@@ -87,7 +88,8 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
       TrainConfig c = small_config(2);
       c.activation_checkpointing = checkpointing;
       c.deterministic_mode = deterministic;
-      Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(c));
+      const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, model_storage_for(c));
+      Model& model = *built;
       model.init_weights(1);
       auto comm = make_communicator();
       DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
@@ -112,17 +114,17 @@ TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
           << precision << ", microbatch " << mb;
   }
   const ModelConfig m = small_config(4).model;
-  Gpt2Storage storage;
-  const size_t stored = gpt2_activation_bytes(m, 4, 16, storage);
-  EXPECT_EQ(Gpt2(m, 4, 16).activation_bytes(), stored);
+  ModelStorage storage;
+  const size_t stored = model_activation_bytes(m, 4, 16, storage);
+  EXPECT_EQ(make_model(m, 4, 16)->activation_bytes(), stored);
   storage.activation_checkpointing = true;
-  const size_t recomputed = gpt2_activation_bytes(m, 4, 16, storage);
-  EXPECT_EQ(Gpt2(m, 4, 16, storage).activation_bytes(), recomputed);
+  const size_t recomputed = model_activation_bytes(m, 4, 16, storage);
+  EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), recomputed);
   EXPECT_LT(recomputed, stored);
   // Not microbatch-invariant: the blocks' backward holds a microbatch's gradients, not a sequence's.
   storage.microbatch_invariant = false;
-  EXPECT_EQ(Gpt2(m, 4, 16, storage).activation_bytes(), gpt2_activation_bytes(m, 4, 16, storage));
-  EXPECT_GT(gpt2_activation_bytes(m, 4, 16, storage), recomputed);
+  EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), model_activation_bytes(m, 4, 16, storage));
+  EXPECT_GT(model_activation_bytes(m, 4, 16, storage), recomputed);
 }
 
 // device_train_microbatch_size: auto picks the largest microbatch whose activations fit in what
@@ -132,8 +134,8 @@ TEST(Microbatch, AutoPicksTheLargestThatFits) {
   c.global_train_batch_size = 8;
   c.microbatch_auto = true;
   const size_t model_bytes = 1 << 20;
-  const size_t one = gpt2_activation_bytes(c.model, 1, c.max_seq_len, gpt2_storage_for(c));
-  const size_t five = gpt2_activation_bytes(c.model, 5, c.max_seq_len, gpt2_storage_for(c));
+  const size_t one = model_activation_bytes(c.model, 1, c.max_seq_len, model_storage_for(c));
+  const size_t five = model_activation_bytes(c.model, 5, c.max_seq_len, model_storage_for(c));
   c.memory_limit = static_cast<int64_t>(model_bytes + five + (one / 4));
   MicrobatchPlan plan = plan_microbatch(c, 8, model_bytes, 1);
   EXPECT_EQ(plan.microbatch, 5);
@@ -184,7 +186,8 @@ TEST(TrainStep, OverflowedStepRunsAgain) {
 // losing the NaN in the gradient maximum or taking it for a fixed-point overflow.
 TEST(TrainStep, NonFiniteGradientIsAnError) {
   TrainConfig c = small_config(2);
-  Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(data_parallel_options(c)));
+  const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
+  Model& model = *built;
   model.init_weights(1);
   model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
   auto comm = make_communicator();
@@ -227,7 +230,8 @@ TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
     c.loss_scaler.init_scale = 0x1p40;
     c.loss_scaler.hysteresis = 2;
     c.loss_scaler.growth_interval = 3;
-    Gpt2 model(c.model, 2, c.max_seq_len, gpt2_storage_for(data_parallel_options(c)));
+    const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
+    Model& model = *built;
     model.init_weights(1);
     const std::vector<float> initial(model.params(), model.params() + model.num_params());
     auto comm = make_communicator();
@@ -309,15 +313,16 @@ TEST(LossScaler, ConsecutiveHysteresis) {
 // microbatch at a time is refused, naming the way to build the right one.
 TEST(TrainStep, DeterministicModeRefusesAModelThatIsNotMicrobatchInvariant) {
   TrainConfig c = small_config(2);
-  Gpt2Storage storage = gpt2_storage_for(c);
+  ModelStorage storage = model_storage_for(c);
   storage.microbatch_invariant = false;
-  Gpt2 model(c.model, 2, c.max_seq_len, storage);
+  const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, storage);
+  Model& model = *built;
   auto comm = make_communicator();
   try {
     DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gpt2_storage_for"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model_storage_for"), std::string::npos) << e.what();
   }
 }
 

@@ -1,0 +1,160 @@
+// The family table (model.name -> its layout, sizes, FLOPs and constructor) and what every
+// family shares: the flat arrays, the units and the initialisation.
+#include "model/model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/encoder.h"
+#include "model/gpt2.h"
+
+namespace anvil {
+namespace {
+
+// One row per family: what model.name selects.
+struct Family {
+  const char* name;
+  const char* title;
+  std::vector<ParamTensor> (*param_layout)(const ModelConfig&);
+  size_t (*activation_bytes)(const ModelConfig&, int max_batch, int max_seq, const ModelStorage&);
+  double (*train_flops_per_token)(const ModelConfig&, int seq_len);
+  std::unique_ptr<Model> (*build)(const ModelConfig&, int max_batch, int max_seq, const ModelStorage&);
+};
+
+const Family kFamilies[] = {
+    {"gpt2", "GPT-2", gpt2_param_layout, gpt2_activation_bytes, gpt2_train_flops_per_token,
+     [](const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) -> std::unique_ptr<Model> {
+       return std::make_unique<Gpt2>(cfg, max_batch, max_seq, storage);
+     }},
+};
+
+const Family& family_of(const ModelConfig& cfg) {
+  std::string names;
+  for (const Family& f : kFamilies) {
+    if (cfg.name == f.name) return f;
+    names += (names.empty() ? "'" : ", '") + std::string(f.name) + "'";
+  }
+  ANVIL_FAIL("model.name '{}' is not a model family anvil knows: expected {}", cfg.name, names);
+}
+
+}  // namespace
+
+std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg) {
+  std::vector<ParamTensor> layout = family_of(cfg).param_layout(cfg);
+  size_t offset = 0;
+  for (ParamTensor& t : layout) {
+    t.numel = 1;
+    for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
+    t.offset = offset;
+    offset += t.numel;
+  }
+  return layout;
+}
+
+size_t model_num_params(const ModelConfig& cfg) {
+  const std::vector<ParamTensor> layout = model_param_layout(cfg);
+  return layout.back().offset + layout.back().numel;
+}
+
+std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout) {
+  std::vector<ParamUnit> units(static_cast<size_t>(layout.back().unit) + 1);
+  for (const ParamTensor& t : layout) {
+    ParamUnit& u = units[t.unit];
+    if (u.numel == 0) u.offset = t.offset;
+    u.numel = t.offset + t.numel - u.offset;
+  }
+  return units;
+}
+
+void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out) {
+  const std::vector<ParamTensor> layout = model_param_layout(cfg);
+  for (size_t k = 0; k < layout.size(); k++) {
+    const ParamTensor& t = layout[k];
+    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
+    if (a >= b) continue;
+    float* p = out + (a - lo);
+    if (t.init_std == 0.0f) {
+      std::fill(p, p + (b - a), t.init_value);
+      continue;
+    }
+    const size_t first = a - t.offset, n = b - a;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, first + i));
+  }
+}
+
+size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  return family_of(cfg).activation_bytes(cfg, max_batch, max_seq, storage);
+}
+
+double model_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
+  return family_of(cfg).train_flops_per_token(cfg, seq_len);
+}
+
+std::string model_family_title(const ModelConfig& cfg) { return family_of(cfg).title; }
+
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  return family_of(cfg).build(cfg, max_batch, max_seq, storage);
+}
+
+// The default access: the model's own full arrays, nothing to gather or reduce.
+class Model::OwnArrays : public UnitAccess {
+ public:
+  explicit OwnArrays(Model& m) : m_(m) { rows_.assign_zeros(static_cast<size_t>(m.max_seq_)); }
+  const float* acquire_params(int unit, int) override {
+    ANVIL_CHECK(!m_.params_.empty(), "the model holds no parameters of its own and has no unit access set");
+    return m_.params_.data() + m_.units_[unit].offset;
+  }
+  void release_params(int) override {}
+  void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
+  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override {
+    ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
+    op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
+    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
+  }
+  float* grads(int unit, size_t offset, size_t) override {
+    ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
+    return m_.grads_.data() + m_.units_[unit].offset + offset;
+  }
+  void grads_done(int) override {}
+
+ private:
+  Model& m_;
+  OpArray<int32_t> rows_;  // grain_rows's rows, where the ops run
+};
+
+Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
+    : cfg_(cfg), storage_(storage), max_seq_(max_seq) {
+  ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
+                  cfg.max_seq_len > 0,
+              "model sizes must be positive (n_layers {}, n_heads {}, d_model {}, vocab_size {}, "
+              "max_seq_len {})",
+              cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size, cfg.max_seq_len);
+  ANVIL_CHECK(cfg.d_model % cfg.n_heads == 0, "model.d_model ({}) must be divisible by model.n_heads ({})",
+              cfg.d_model, cfg.n_heads);
+  ANVIL_CHECK(max_seq >= 1 && max_seq <= cfg.max_seq_len, "sequence length {} must be in 1..the model's "
+              "max_seq_len {}", max_seq, cfg.max_seq_len);
+  layout_ = model_param_layout(cfg);
+  units_ = model_units(layout_);
+  num_params_ = layout_.back().offset + layout_.back().numel;
+  if (storage.params) params_.assign_zeros(num_params_);
+  if (storage.grads) grads_.assign_zeros(num_params_);
+  own_access_ = std::make_unique<OwnArrays>(*this);
+  access_ = own_access_.get();
+}
+
+Model::~Model() = default;
+
+void Model::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
+
+void Model::init_weights(uint64_t seed) {
+  ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
+  std::vector<float> host(num_params_);
+  model_init_params(cfg_, seed, 0, num_params_, host.data());
+  op_copy_from_host(params_.data(), host.data(), num_params_ * sizeof(float));
+}
+
+void Model::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
+
+}  // namespace anvil

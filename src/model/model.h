@@ -1,0 +1,181 @@
+// What every layer above src/model sees of a model, whatever its family: the flat parameter
+// layout cut into units, how units are reached (UnitAccess), what the model stores, and the
+// passes. A family implements Model; make_model and the model_* functions choose it by
+// model.name in one table (model.cpp), so data parallelism, checkpoints, the trainer and the
+// benches never name a family.
+//
+// Parameters live in one flat array, unit by unit (the embeddings, each block, the final norm),
+// so that each unit is one contiguous range: a block's gradient is complete, and can be reduced,
+// while the backward pass goes on to the blocks below it, and a sharded run gathers one unit at a
+// time. Parameters, gradients and activations are op memory (kernels/buffer.h): on the GPU under
+// kernels=gpu; tokens, targets and losses cross to the host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+#include "core/dtype.h"
+#include "kernels/buffer.h"
+
+namespace anvil {
+
+// One named parameter tensor inside the flat buffer ("wte", "h.3.qkvw", "lnfw").
+struct ParamTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0, numel = 0;
+  int unit = 0;               // the contiguous unit that holds it (see ParamUnit)
+  bool weight_decay = false;  // matmul weights decay; biases, norms and embeddings do not
+  float init_std = 0.0f;      // 0: constant init (init_value)
+  float init_value = 0.0f;
+};
+
+// A contiguous range of the flat parameter array that the model uses as a whole: unit 0 is the
+// embeddings, unit 1 + l is block l, unit L + 1 the final norm.
+struct ParamUnit {
+  size_t offset = 0, numel = 0;
+};
+
+// How the model reaches its parameters and gradients, one unit at a time. The default serves the
+// model's own full arrays; data-parallel training substitutes one that gathers sharded
+// parameters (ZeRO-3) or hands out working gradient buffers that it reduces as soon as the
+// backward pass has finished with them (ZeRO-2/3), or starts reducing full gradients then.
+//
+// In a microbatch-invariant model (ModelStorage, the default) every matrix product whose rows'
+// bits depend on the rows beside them (GPU BLAS) runs one sequence at a time, and every parameter
+// gradient is formed one sequence at a time: this keeps each sequence's forward pass and gradient
+// independent of what else shares its microbatch, the basis of bitwise determinism across
+// microbatch sizes. Otherwise the grain below is a whole microbatch.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // The unit's parameters (layout order), valid until release_params(unit). next_unit: the unit
+  // the model will ask for after this one (-1: none), so that it can be fetched ahead.
+  virtual const float* acquire_params(int unit, int next_unit) = 0;
+  virtual void release_params(int unit) = 0;
+  // Where sequences' contributions to [offset, offset + count) of the unit's gradient are added
+  // (+=): count floats. A span may share memory with the unit's earlier spans whose
+  // contributions were handed over (grain_done), so that deterministic training needs scratch
+  // for the largest span only (Model::largest_grads_span), not for the embedding table.
+  virtual float* grads(int unit, size_t offset, size_t count) = 0;
+  // One sequence's contribution to [offset, offset + count) of the unit's gradient is complete
+  // in the span grads() gave for it. The backward pass works one sequence (grain) at a time and
+  // says so after each, so that contributions can be summed exactly (deterministic training
+  // accumulates them in fixed point and clears the range); parts it did not touch since the last
+  // call need not be named.
+  virtual void grain_done(int unit, size_t offset, size_t count) = 0;
+  // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
+  // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of
+  // the unit. rows: host memory, distinct. x may be cleared.
+  virtual void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) = 0;
+  // The backward pass has added everything it will to the unit's gradient in this microbatch.
+  virtual void grads_done(int unit) = 0;
+};
+
+// Which full arrays the model allocates for itself, and how it works. A sharded run leaves out
+// what it shards.
+struct ModelStorage {
+  bool params = true;
+  bool grads = true;
+  // Activation checkpointing: keep only each block's input and recompute the block's activations
+  // in the backward pass (one block's worth of memory instead of L, for one more forward pass).
+  // The recomputed values are the same bits, so the gradients do not change.
+  bool activation_checkpointing = false;
+  // Each sequence's forward pass and parameter gradient independent of its microbatch (see
+  // UnitAccess), which deterministic training needs. Off: products and gradients over a whole
+  // microbatch at once (larger products, faster, most of all on GPUs), whose rounding then
+  // depends on the microbatch size; the blocks' backward holds a microbatch's gradients of the
+  // MLP and attention inputs instead of one sequence's.
+  bool microbatch_invariant = true;
+};
+
+// What a config's model is before it is built (by model.name).
+std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg);
+size_t model_num_params(const ModelConfig& cfg);
+// The units of a layout, from its tensors' unit numbers.
+std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout);
+// The initial values of the flat range [lo, hi) into out (hi - lo floats), from each tensor's
+// init_std / init_value. Each value depends only on (seed, tensor, index), so a shard
+// initialises itself without the rest.
+void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out);
+// Bytes of activations (and their gradients) a model built with storage holds for microbatches
+// of up to max_batch sequences of max_seq tokens: what activation_bytes() will report.
+size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+// Training FLOPs per token (forward + backward), the MFU numerator.
+double model_train_flops_per_token(const ModelConfig& cfg, int seq_len);
+// A family's name as logs print it ("GPT-2").
+std::string model_family_title(const ModelConfig& cfg);
+
+class Model {
+ public:
+  virtual ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<ParamTensor>& tensors() const { return layout_; }
+  const std::vector<ParamUnit>& units() const { return units_; }
+  size_t num_params() const { return num_params_; }
+  bool microbatch_invariant() const { return storage_.microbatch_invariant; }
+  // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
+  void set_unit_access(UnitAccess* access);
+  // The model's own full arrays (op memory): null when ModelStorage left them out.
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  // model_init_params over the model's own parameter array.
+  void init_weights(uint64_t seed);
+  void zero_grad();
+
+  // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once.
+  virtual size_t largest_grads_span(int unit) const = 0;
+  virtual size_t activation_bytes() const = 0;
+  // Reallocates the activations for microbatches of up to max_batch sequences.
+  virtual void set_max_batch(int max_batch) = 0;
+
+  // What matrix products compute in. Under bf16 / fp16 every matrix product's operands (weights
+  // and biases, activations, the gradients flowing back) and its outputs are rounded to that
+  // dtype, as autocast does; norms, softmax, attention's sums, the loss and every parameter
+  // gradient stay fp32 (docs/precision.md).
+  virtual void set_compute_dtype(ComputeDtype dtype) = 0;
+
+  // Runs tokens (B,T) through the model (eval, generation). With targets (B,T) (kIgnoreIndex
+  // allowed) it also computes per-token losses and returns their sum; the count of non-ignored
+  // targets goes to *n_targets (may be null). The logits are formed one sequence at a time, so
+  // only the last sequence's remain (logits()).
+  virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) = 0;
+  // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
+  // gradient of the sum of the per-token losses). Returns that sum, as forward() does.
+  virtual double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
+                                  int64_t* n_targets) = 0;
+  // (T,V) in op memory: the last sequence of the last forward(), in fp32.
+  virtual const float* logits() const = 0;
+  // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
+  // ignored. Host memory.
+  virtual const float* losses() const = 0;
+
+ protected:
+  // The layout, units and own arrays of cfg's model; max_seq: the longest sequence it will see.
+  Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage);
+  UnitAccess& access() { return *access_; }
+
+  const ModelConfig cfg_;
+  const ModelStorage storage_;
+  const int max_seq_;
+
+ private:
+  class OwnArrays;
+  std::vector<ParamTensor> layout_;
+  std::vector<ParamUnit> units_;
+  size_t num_params_ = 0;
+  OpArray<float> params_, grads_;
+  std::unique_ptr<UnitAccess> own_access_;
+  UnitAccess* access_ = nullptr;
+};
+
+// The model cfg describes, with buffers for microbatches of up to max_batch sequences of up to
+// max_seq tokens.
+std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage = {});
+
+}  // namespace anvil

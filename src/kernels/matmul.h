@@ -1,33 +1,61 @@
 // Linear layer: a matrix product with an optional bias, weights stored (out, in) as in PyTorch.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
 
 namespace anvil {
 
+// How one model's matrix products run: the dtype their operands hold (amp rounds them so) and a
+// weight held for reuse. The model owns it and passes it to every product, so that two models
+// in one process (an eval model beside a training one, a base and its adapter) share nothing.
+class MatmulContext {
+ public:
+  explicit MatmulContext(ComputeDtype operand_dtype = ComputeDtype::kFp32);
+  ~MatmulContext();
+  MatmulContext(const MatmulContext&) = delete;
+  MatmulContext& operator=(const MatmulContext&) = delete;
+
+  // A promise that every operand of the products that follow is a value of dtype d. GPU GEMMs
+  // then multiply in that dtype's tensor-core mode, the CPU's bf16 products in bf16 pairs
+  // (AVX512-BF16 where the CPU has it, kernels/cpu/gemm.h); both accumulate in fp32. Releases
+  // a held weight.
+  void set_operand_dtype(ComputeDtype d);
+  ComputeDtype operand_dtype() const { return dtype_; }
+
+  // A weight (OC,C) that the products to come use many times over, unchanged: the tied LM head,
+  // once per sequence forward and backward. Until release_weight, matmul_forward with this
+  // weight, and the input gradient of matmul_backward with it or with a block of its rows
+  // starting at a multiple of kMatmulSumBlock, use a copy prepared once in the operand dtype: on
+  // the CPU under bf16 operands the GEMM's packed bf16 panels (each product would otherwise
+  // convert the weight again: 51 MB of fp32 per sequence for GPT-2's vocabulary at d_model
+  // 256). The same bits as without. Elsewhere (fp32, whose packing is a copy; fp16; ref; GPU)
+  // it does nothing.
+  void hold_weight(const float* weight, int OC, int C);
+  void release_weight();
+  // Whether a held weight is rounded to the operand dtype by the hold itself (the CPU's bf16
+  // packing rounds), so that its holder need not round it first.
+  bool hold_rounds_weight() const;
+
+  // The CPU's packed copies of the held weight (kernels/cpu/matmul.cpp).
+  struct Held;
+  Held& held() { return *held_; }
+
+ private:
+  ComputeDtype dtype_;
+  std::unique_ptr<Held> held_;
+};
+
 // out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
 // dinp (N,C) = dout · weight, or += with accumulate_dinp (dinp may be null: not needed);
 // dweight (OC,C) += doutᵀ · inp; dbias (OC) += column sums of dout (dbias may be null). dout's
 // rows are ld_dout >= OC apart, so it may be a block of columns of a wider matrix: the LM head's
 // backward goes a vocabulary chunk at a time, its input gradient accumulating over the chunks.
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
-                     const float* weight, int N, int C, int OC, bool accumulate_dinp);
-
-// A weight (OC,C) that the products to come use many times over, unchanged: the tied LM head,
-// once per sequence forward and backward. Until matmul_release_weight, matmul_forward with this
-// weight, and the input gradient of matmul_backward with it or with a block of its rows starting
-// at a multiple of kMatmulSumBlock, use a copy prepared once in the operand dtype: on the CPU
-// under bf16 operands the GEMM's packed bf16 panels (each product would otherwise convert the
-// weight again: 51 MB of fp32 per sequence for GPT-2's vocabulary at d_model 256). The same bits
-// as without. Elsewhere (fp32, whose packing is a copy; fp16; ref; GPU) it does nothing.
-void matmul_hold_weight(const float* weight, int OC, int C);
-void matmul_release_weight();
-// Whether a held weight is rounded to the operand dtype by the hold itself (the CPU's bf16
-// packing rounds), so that its holder need not round it first.
-bool matmul_hold_rounds_weight();
+void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
+                     const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp);
 
 // The CPU's products sum k in blocks of this many (kernels/cpu/gemm.h), each added to the output
 // in order: a product split along k at multiples of it, the parts accumulated in order, has
@@ -40,15 +68,10 @@ constexpr int kMatmulSumBlock = 256;
 // sequence at a time.
 bool matmul_rows_independent();
 
-// A promise that every operand of the matmuls that follow is a value of dtype d (amp rounds
-// them so). GPU GEMMs then multiply in that dtype's tensor-core mode, the CPU's bf16 products
-// in bf16 pairs (AVX512-BF16 where the CPU has it, kernels/cpu/gemm.h); both accumulate in fp32.
-void set_matmul_operand_dtype(ComputeDtype d);
-
-// The measured rate of large matrix products in the mode set above, in GFLOP/s (the MFU
-// denominator), cached per mode: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h) and
-// anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.
-double matmul_peak_gflops();
+// The measured rate of large matrix products with operands of dtype d, in GFLOP/s (the MFU
+// denominator), cached per dtype: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h)
+// and anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.
+double matmul_peak_gflops(ComputeDtype d);
 // What runs the matrix products: "anvil GEMM (avx2 kernels, 2 threads)" or the GPU's BLAS,
 // device and runtime.
 std::string matmul_backend_description();
@@ -57,22 +80,19 @@ namespace ref {
 void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
 void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
 }  // namespace ref
-namespace cpu {
-void set_matmul_operand_dtype(ComputeDtype);
-void matmul_hold_weight(const float*, int, int);
-void matmul_release_weight();
-bool matmul_hold_rounds_weight();
-double matmul_peak_gflops();
+namespace cpu {  // uses and fills ctx's held weight
+double matmul_peak_gflops(ComputeDtype);
 std::string matmul_backend_description();
-void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
+void matmul_forward(MatmulContext&, float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(MatmulContext&, float*, float*, float*, const float*, long, const float*, const float*, int, int,
+                     int, bool);
 }  // namespace cpu
 namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void set_matmul_operand_dtype(ComputeDtype);
-double matmul_peak_gflops();
+double matmul_peak_gflops(ComputeDtype);
 std::string matmul_backend_description();
-void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
+void matmul_forward(ComputeDtype, float*, const float*, const float*, const float*, int, int, int);
+void matmul_backward(ComputeDtype, float*, float*, float*, const float*, long, const float*, const float*, int, int,
+                     int, bool);
 }  // namespace gpu
 
 }  // namespace anvil

@@ -161,9 +161,8 @@ Gpt2::BlockActs Gpt2::block_acts(int l) const {
 }
 
 void Gpt2::set_compute_dtype(ComputeDtype dtype) {
-  dtype_ = dtype;
-  set_matmul_operand_dtype(dtype);  // every matmul operand below is rounded to it
-  lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_hold_rounds_weight();
+  matmul_.set_operand_dtype(dtype);  // every matmul operand below is rounded to it
+  lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_.hold_rounds_weight();
   size_t largest = 0;
   for (size_t u = lm_head_held_rounded_ ? 1 : 0; u < units().size(); u++) largest = std::max(largest, units()[u].numel);
   compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
@@ -174,40 +173,40 @@ void Gpt2::allocate_rounded_dres() {
   // The gradient of the residual stream, rounded for the projections' backward, needs its own
   // grain-sized buffer.
   const size_t n = static_cast<size_t>(grain_sequences()) * max_seq_ * cfg_.d_model;
-  rounded_dres_.assign_zeros(dtype_ == ComputeDtype::kFp32 ? 0 : n);
+  rounded_dres_.assign_zeros(dtype() == ComputeDtype::kFp32 ? 0 : n);
 }
 
 const float* Gpt2::rounded(const float* x, long n) {
-  if (dtype_ == ComputeDtype::kFp32) return x;
+  if (dtype() == ComputeDtype::kFp32) return x;
   op_copy(rounded_dres_.data(), x, n * sizeof(float));
-  round_to_dtype(rounded_dres_.data(), n, dtype_);
+  round_to_dtype(rounded_dres_.data(), n, dtype());
   return rounded_dres_.data();
 }
 
 const float* Gpt2::hold_lm_head(const float* p) {
-  if (dtype_ == ComputeDtype::kFp32) return p;
+  if (dtype() == ComputeDtype::kFp32) return p;
   const int V = cfg_.vocab_size, C = cfg_.d_model;
-  if (matmul_hold_rounds_weight()) {
-    matmul_hold_weight(p, V, C);
+  if (matmul_.hold_rounds_weight()) {
+    matmul_.hold_weight(p, V, C);
     return p;
   }
   ANVIL_CHECK(!lm_head_held_rounded_, "the kernels changed after the model's compute dtype was set");
   float* out = compute_params_.data();
   op_copy(out, p, static_cast<size_t>(V) * C * sizeof(float));
-  round_to_dtype(out, static_cast<long>(V) * C, dtype_);
-  matmul_hold_weight(out, V, C);
+  round_to_dtype(out, static_cast<long>(V) * C, dtype());
+  matmul_.hold_weight(out, V, C);
   return out;
 }
 
 const float* Gpt2::compute_params(int unit, const float* p) {
-  if (dtype_ == ComputeDtype::kFp32) return p;
+  if (dtype() == ComputeDtype::kFp32) return p;
   float* out = compute_params_.data();
   const size_t n = units()[unit].numel;
   op_copy(out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj: the norms stay fp32.
   const Block b = bind_block(out);
-  round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype_);
-  round_to_dtype(b.fcw, (out + n) - b.fcw, dtype_);
+  round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype());
+  round_to_dtype(b.fcw, (out + n) - b.fcw, dtype());
   return out;
 }
 
@@ -216,11 +215,11 @@ namespace {
 // bits do not depend on the rows beside it, or where the model need not be invariant; else one
 // sequence per call, so that a sequence's result never depends on the microbatch it came in
 // (see UnitAccess).
-void matmul_forward_sequences(bool invariant, float* out, const float* inp, const float* weight, const float* bias,
+void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight, const float* bias,
                               int B, int T, int C, int OC) {
-  if (!invariant || matmul_rows_independent()) return matmul_forward(out, inp, weight, bias, B * T, C, OC);
+  if (!invariant || matmul_rows_independent()) return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
   const size_t rows = static_cast<size_t>(T);
-  for (int b = 0; b < B; b++) matmul_forward(out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
+  for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
 }
 }  // namespace
 
@@ -249,7 +248,7 @@ void Gpt2::forward_to_lnf(const int32_t* tokens, int B, int T) {
   }
   const float* lnf = access().acquire_params(L + 1, 0);
   layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf, lnf + C, N, C);
-  round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype_);
+  round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype());
   access().release_params(L + 1);
 }
 
@@ -262,29 +261,29 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   // fp32); the residual stream and the norms stay fp32.
   const long NC = static_cast<long>(N) * C;
   layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
-  round_to_dtype(x.ln1, NC, dtype_);
-  matmul_forward_sequences(microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
-  round_to_dtype(x.qkv, 3 * NC, dtype_);
+  round_to_dtype(x.ln1, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
+  round_to_dtype(x.qkv, 3 * NC, dtype());
   attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
-  round_to_dtype(x.atty, NC, dtype_);
-  matmul_forward_sequences(microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
-  round_to_dtype(scratch, NC, dtype_);
+  round_to_dtype(x.atty, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  round_to_dtype(scratch, NC, dtype());
   residual_forward(x.residual2, residual, scratch, NC);
   layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
-  round_to_dtype(x.ln2, NC, dtype_);
-  matmul_forward_sequences(microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
-  round_to_dtype(x.fch, 4 * NC, dtype_);
+  round_to_dtype(x.ln2, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
+  round_to_dtype(x.fch, 4 * NC, dtype());
   gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
-  round_to_dtype(acts_.fch_gelu, 4 * NC, dtype_);
-  matmul_forward_sequences(microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
-  round_to_dtype(scratch, NC, dtype_);
+  round_to_dtype(acts_.fch_gelu, 4 * NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  round_to_dtype(scratch, NC, dtype());
   residual_forward(residual3, x.residual2, scratch, NC);
 }
 
 void Gpt2::lm_head(const float* emb, int b) {
   const int T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
   // Tied. Under amp the product is a 16-bit tensor; cross-entropy rounds the logits as it reads them.
-  matmul_forward(acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);
+  matmul_forward(matmul_, acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);
 }
 
 void Gpt2::check_targets(const int32_t* targets, int N) const {
@@ -320,9 +319,9 @@ double Gpt2::forward(const int32_t* tokens, const int32_t* targets, int B, int T
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
     if (targets)
-      crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype_);
+      crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype());
   }
-  matmul_release_weight();
+  matmul_.release_weight();
   access().release_params(0);
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
@@ -356,17 +355,17 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
-    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype_);
+    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
     for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int width = std::min(kVocabChunk, V - v0);
       const size_t at = static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      matmul_backward(dsmall_ + r * C, access().grads(0, at, count), nullptr, a.logits + v0, V, a.lnf + r * C,
+      matmul_backward(matmul_, dsmall_ + r * C, access().grads(0, at, count), nullptr, a.logits + v0, V, a.lnf + r * C,
                       emb + at, T, C, width, v0 > 0);
       access().grain_done(0, at, count);
     }
-    round_to_dtype(dsmall_ + r * C, TC, dtype_);
+    round_to_dtype(dsmall_ + r * C, TC, dtype());
   }
-  matmul_release_weight();
+  matmul_.release_weight();
   access().release_params(0);
   op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
@@ -405,7 +404,7 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w,
                                  const float* bias, const float* end, int IC, int OC) {
         float* dw = access().grads(1 + l, at(w), at(end) - at(w));
-        matmul_backward(dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
+        matmul_backward(matmul_, dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
         access().grain_done(1 + l, at(w), at(end) - at(w));
       };
       auto norm_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
@@ -420,21 +419,21 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
       const float* dproj = rounded(dres, NC);
       float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
       gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
-      round_to_dtype(fch_gelu, 4 * NC, dtype_);
+      round_to_dtype(fch_gelu, 4 * NC, dtype());
       linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, 4 * C, C);
-      round_to_dtype(dbig_, 4 * NC, dtype_);
+      round_to_dtype(dbig_, 4 * NC, dtype());
       gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
-      round_to_dtype(dbig_, 4 * NC, dtype_);
+      round_to_dtype(dbig_, 4 * NC, dtype());
       linear_backward(dsmall, dbig_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, 4 * C);
-      round_to_dtype(dsmall, NC, dtype_);
+      round_to_dtype(dsmall, NC, dtype());
       norm_backward(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
       dproj = rounded(dres, NC);
       linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
-      round_to_dtype(dsmall, NC, dtype_);
+      round_to_dtype(dsmall, NC, dtype());
       attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
-      round_to_dtype(dqkv_, 3 * NC, dtype_);
+      round_to_dtype(dqkv_, 3 * NC, dtype());
       linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, 3 * C);
-      round_to_dtype(dsmall, NC, dtype_);
+      round_to_dtype(dsmall, NC, dtype());
       norm_backward(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
     }
     access().release_params(1 + l);

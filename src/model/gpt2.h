@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/matmul.h"
 #include "model/model.h"
 
 namespace anvil {
@@ -59,11 +60,12 @@ class Gpt2 final : public Model {
   // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
   // The LM head (the token embedding p, tied) as the products use it, held by the matmuls
-  // (matmul_hold_weight) until matmul_release_weight: p itself in fp32, and where the hold
+  // (MatmulContext::hold_weight) until release_weight: p itself in fp32, and where the hold
   // rounds it (lm_head_held_rounded_); otherwise a rounded copy in compute_params_.
   const float* hold_lm_head(const float* p);
   // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
+  ComputeDtype dtype() const { return matmul_.operand_dtype(); }
   // Sequences per grain of the backward pass: 1, or the whole microbatch when not invariant.
   int grain_sequences() const { return storage_.microbatch_invariant ? 1 : max_batch_; }
   // rounded_dres_ for the compute dtype and the grain.
@@ -89,8 +91,8 @@ class Gpt2 final : public Model {
   OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
   OpArray<int32_t> tokens_op_, targets_op_;  // the microbatch's tokens and targets, where the ops run
   std::vector<float> losses_host_;
-  ComputeDtype dtype_ = ComputeDtype::kFp32;
-  bool lm_head_held_rounded_ = false;  // amp, and matmul_hold_rounds_weight(): no copy of unit 0
+  MatmulContext matmul_;  // the operand dtype (the compute dtype) and the held LM head
+  bool lm_head_held_rounded_ = false;  // amp, and matmul_.hold_rounds_weight(): no copy of unit 0
   Acts acts_{};
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
   // grain (the blocks' backward works a grain at a time); demb_rows_ the token embedding's

@@ -47,7 +47,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   std::vector<int32_t> tokens(stream.begin(), stream.end() - 1), targets(stream.begin() + 1, stream.end());
 
   BenchTrainResult r;
-  r.peak_gflops = matmul_peak_gflops();
+  r.peak_gflops = matmul_peak_gflops(parse_precision(cfg.precision));
   r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;

@@ -78,7 +78,8 @@ std::vector<ParityResult> op_parity(KernelImpl impl) {
       {"matmul", [&] {
          OpRun r;
          float* out = r.zeros(N * OC);
-         matmul_forward(out, r.put(x), r.put(w), r.put(b), N, C, OC);
+         MatmulContext ctx;
+         matmul_forward(ctx, out, r.put(x), r.put(w), r.put(b), N, C, OC);
          return OpRun::get(out, N * OC);
        }},
       {"layernorm", [&] {

@@ -229,7 +229,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
   const double flops_per_token = model_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
-  const double peak = sum_in_rank_order(comm, matmul_peak_gflops());
+  const double peak = sum_in_rank_order(comm, matmul_peak_gflops(parse_precision(cfg.precision)));
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: {}, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", model_family_title(cfg.model),

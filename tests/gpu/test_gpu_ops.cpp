@@ -130,11 +130,10 @@ TEST_F(GpuOps, LayerNormMatchesReference) {
 }
 
 // fp32 operands with fp32 compute, and bf16-valued operands through the bf16 tensor-core mode
-// that set_matmul_operand_dtype allows: exact products, so the same tolerance holds.
+// that the operand dtype allows: exact products, so the same tolerance holds.
 TEST_F(GpuOps, MatmulMatchesReference) {
   struct Shape { int N, C, OC; bool bias; };
   for (ComputeDtype dtype : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
-    gpu::set_matmul_operand_dtype(dtype);
     for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false}, Shape{64, 96, 130, true},
                     Shape{1, 256, 1000, false}, Shape{64, 768, 2304, true}, Shape{8, 768, 50257, false}}) {
       SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC
@@ -146,21 +145,20 @@ TEST_F(GpuOps, MatmulMatchesReference) {
       std::vector<float> out(static_cast<size_t>(s.N) * s.OC);
       ref::matmul_forward(out.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
       Dev<float> d_inp(inp), d_w(w), d_b(b), d_dout(dout), d_out(std::vector<float>(out.size(), NAN));
-      gpu::matmul_forward(d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr, s.N, s.C, s.OC);
+      gpu::matmul_forward(dtype, d_out.get(), d_inp.get(), d_w.get(), s.bias ? d_b.get() : nullptr, s.N, s.C, s.OC);
       EXPECT_TRUE(rel_norm_close(d_out.host().data(), out.data(), out.size(), kFp32RelNorm));
       std::vector<float> dinp(inp.size());
       auto dw = randn(w.size(), 5), db = randn(s.OC, 6);
       Dev<float> d_dinp(std::vector<float>(inp.size(), NAN)), d_dw(dw), d_db(db);
       ref::matmul_backward(dinp.data(), dw.data(), s.bias ? db.data() : nullptr, dout.data(), s.OC, inp.data(),
                            w.data(), s.N, s.C, s.OC, false);
-      gpu::matmul_backward(d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), s.OC, d_inp.get(),
-                           d_w.get(), s.N, s.C, s.OC, false);
+      gpu::matmul_backward(dtype, d_dinp.get(), d_dw.get(), s.bias ? d_db.get() : nullptr, d_dout.get(), s.OC,
+                           d_inp.get(), d_w.get(), s.N, s.C, s.OC, false);
       EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
       EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
       EXPECT_TRUE(all_close(d_db.host().data(), db.data(), s.OC, kFp32Reduction));
     }
   }
-  gpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
 }
 
 // dout as a block of columns of a wider matrix, the input gradient accumulated over the blocks
@@ -175,8 +173,8 @@ TEST_F(GpuOps, MatmulBackwardOnColumnBlocksMatchesReference) {
     const size_t rows = static_cast<size_t>(o0) * C;
     ref::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
                          w.data() + rows, N, C, width, o0 > 0);
-    gpu::matmul_backward(d_dinp.get(), d_dw.get() + rows, d_db.get() + o0, d_dout.get() + o0, OC, d_inp.get(),
-                         d_w.get() + rows, N, C, width, o0 > 0);
+    gpu::matmul_backward(ComputeDtype::kFp32, d_dinp.get(), d_dw.get() + rows, d_db.get() + o0, d_dout.get() + o0, OC,
+                         d_inp.get(), d_w.get() + rows, N, C, width, o0 > 0);
   }
   EXPECT_TRUE(rel_norm_close(d_dinp.host().data(), dinp.data(), dinp.size(), kFp32RelNorm));
   EXPECT_TRUE(rel_norm_close(d_dw.host().data(), dw.data(), dw.size(), kFp32RelNorm));
@@ -362,8 +360,8 @@ TEST_F(GpuOps, RepeatBitForBit) {
         d_dlnb(std::vector<float>(C, 0.0f)), d_m(std::vector<float>(N, 0.0f)), d_r(std::vector<float>(N, 0.0f));
     gpu::attention_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, C, NH);
     gpu::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(), B, T, C, NH);
-    gpu::matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dqkv.get(), 3 * C, d_out.get(), d_w.get(), N, C, 3 * C,
-                         false);
+    gpu::matmul_backward(ComputeDtype::kFp32, d_dinp.get(), d_dw.get(), nullptr, d_dqkv.get(), 3 * C, d_out.get(),
+                         d_w.get(), N, C, 3 * C, false);
     gpu::layernorm_forward(d_out.get(), d_m.get(), d_r.get(), d_dinp.get(), d_dln.get(), d_dlnb.get(), N, C);
     gpu::layernorm_backward(d_dinp.get(), d_dln.get(), d_dlnb.get(), d_dout.get(), d_out.get(), d_w.get(), d_m.get(),
                             d_r.get(), N, C);

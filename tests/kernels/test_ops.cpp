@@ -118,9 +118,10 @@ TEST(Matmul, MatchesReference) {
     auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3),
          dout = randn(s.N * s.OC, 4);
     const float* bias = s.bias ? b.data() : nullptr;
+    MatmulContext ctx;
     std::vector<float> out_ref(s.N * s.OC), out_cpu(out_ref.size());
     ref::matmul_forward(out_ref.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
-    cpu::matmul_forward(out_cpu.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+    cpu::matmul_forward(ctx, out_cpu.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
     EXPECT_TRUE(rel_norm_close(out_cpu.data(), out_ref.data(), out_ref.size(), kFp32RelNorm));
     std::vector<float> dinp_ref(inp.size()), dinp_cpu(inp.size());
     auto dw_ref = randn(w.size(), 5), db_ref = randn(s.OC, 6);
@@ -129,7 +130,7 @@ TEST(Matmul, MatchesReference) {
     float* dbias_cpu = s.bias ? db_cpu.data() : nullptr;
     ref::matmul_backward(dinp_ref.data(), dw_ref.data(), dbias_ref, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
                          s.OC, false);
-    cpu::matmul_backward(dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
+    cpu::matmul_backward(ctx, dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
                          s.OC, false);
     EXPECT_TRUE(rel_norm_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(rel_norm_close(dw_cpu.data(), dw_ref.data(), dw_ref.size(), kFp32RelNorm));
@@ -144,15 +145,16 @@ TEST(Matmul, MatchesReference) {
 TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   const int N = 64, C = 96, OC = 1000;  // chunks of 256: three whole and one of 232
   auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  MatmulContext ctx;
   std::vector<float> dinp_whole(N * C), dw_whole(w.size(), 0.0f), db_whole(OC, 0.0f);
-  cpu::matmul_backward(dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(), N, C,
+  cpu::matmul_backward(ctx, dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(), N, C,
                        OC, false);
   std::vector<float> dinp(N * C, NAN), dw(w.size(), 0.0f), db(OC, 0.0f);
   std::vector<float> dinp_ref(N * C, NAN), dw_ref(w.size(), 0.0f), db_ref(OC, 0.0f);
   for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
     const int width = std::min(cpu::kGemmKc, OC - o0);
     const size_t rows = static_cast<size_t>(o0) * C;
-    cpu::matmul_backward(dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
+    cpu::matmul_backward(ctx, dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
                          w.data() + rows, N, C, width, o0 > 0);
     ref::matmul_backward(dinp_ref.data(), dw_ref.data() + rows, db_ref.data() + o0, dout.data() + o0, OC, inp.data(),
                          w.data() + rows, N, C, width, o0 > 0);
@@ -173,21 +175,21 @@ TEST(Matmul, HeldWeightGivesTheSameBits) {
   auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
   for (ComputeDtype dtype : {ComputeDtype::kBf16, ComputeDtype::kFp32}) {
     SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16 operands" : "fp32");
-    cpu::set_matmul_operand_dtype(dtype);
+    MatmulContext ctx(dtype);
     std::vector<float> out[2], dinp[2], dw[2];
     for (int held = 0; held < 2; held++) {
-      if (held) cpu::matmul_hold_weight(w.data(), OC, C);
+      if (held) ctx.hold_weight(w.data(), OC, C);
       out[held].resize(N * OC);
-      cpu::matmul_forward(out[held].data(), inp.data(), w.data(), nullptr, N, C, OC);
+      cpu::matmul_forward(ctx, out[held].data(), inp.data(), w.data(), nullptr, N, C, OC);
       dinp[held].assign(N * C, NAN);
       dw[held].assign(w.size(), 0.0f);
       for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
         const int width = std::min(cpu::kGemmKc, OC - o0);
         const size_t rows = static_cast<size_t>(o0) * C;
-        cpu::matmul_backward(dinp[held].data(), dw[held].data() + rows, nullptr, dout.data() + o0, OC, inp.data(),
+        cpu::matmul_backward(ctx, dinp[held].data(), dw[held].data() + rows, nullptr, dout.data() + o0, OC, inp.data(),
                              w.data() + rows, N, C, width, o0 > 0);
       }
-      cpu::matmul_release_weight();
+      ctx.release_weight();
     }
     EXPECT_TRUE(out[1] == out[0]);
     EXPECT_TRUE(dinp[1] == dinp[0]);
@@ -195,21 +197,20 @@ TEST(Matmul, HeldWeightGivesTheSameBits) {
   }
   // Held, the products read the copy packed at their first use (hence "unchanged"): a change to
   // the weight after that is not seen until the weight is released.
-  cpu::set_matmul_operand_dtype(ComputeDtype::kBf16);
+  MatmulContext ctx(ComputeDtype::kBf16);
   std::vector<float> before(N * OC), after(N * OC), dinp_before(N * C), dinp_after(N * C), dw(w.size(), 0.0f);
   auto products = [&](std::vector<float>& out, std::vector<float>& di) {
-    cpu::matmul_forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
-    cpu::matmul_backward(di.data(), dw.data(), nullptr, dout.data(), OC, inp.data(), w.data(), N, C, 256, false);
+    cpu::matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+    cpu::matmul_backward(ctx, di.data(), dw.data(), nullptr, dout.data(), OC, inp.data(), w.data(), N, C, 256, false);
   };
-  cpu::matmul_hold_weight(w.data(), OC, C);
+  ctx.hold_weight(w.data(), OC, C);
   products(before, dinp_before);
   for (float& x : w) x *= 2.0f;
   products(after, dinp_after);
   EXPECT_TRUE(after == before && dinp_after == dinp_before);
-  cpu::matmul_release_weight();
+  ctx.release_weight();
   products(after, dinp_after);
   EXPECT_FALSE(after == before || dinp_after == dinp_before);
-  cpu::set_matmul_operand_dtype(ComputeDtype::kFp32);
 }
 
 // The GEMM grid is a function of the shape only: 1, 2 and 3 threads give the same bits, for
@@ -220,6 +221,7 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
     SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3), dout = randn(s.N * s.OC, 4);
     std::vector<float> out[3], dinp[3], dw[3], db[3];
+    MatmulContext ctx;
     const int saved = omp_get_max_threads();
     for (int k = 0; k < 3; k++) {
       omp_set_num_threads(k + 1);
@@ -227,8 +229,8 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
       dinp[k].resize(inp.size());
       dw[k] = randn(w.size(), 5);
       db[k] = randn(s.OC, 6);
-      cpu::matmul_forward(out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
-      cpu::matmul_backward(dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(), s.N,
+      cpu::matmul_forward(ctx, out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
+      cpu::matmul_backward(ctx, dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(), s.N,
                            s.C, s.OC, false);
     }
     omp_set_num_threads(saved);

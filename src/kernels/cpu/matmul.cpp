@@ -13,6 +13,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/blas.h"
+#include "kernels/impl.h"
 #include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/matmul.h"
@@ -54,71 +55,82 @@ double openblas_peak_gflops() {
   return peak;
 }
 
-namespace cpu {
-namespace {
-GemmPrecision g_precision = GemmPrecision::fp32;
-
-// The weight matmul_hold_weight names, and its packed forms, each packed on its first use (an
-// eval pass needs only the forward's); their storage stays for the next hold.
-struct HeldWeight {
+struct MatmulContext::Held {
+  // The weight hold_weight names, and its packed forms, each packed on its first use (an eval
+  // pass needs only the forward's); their storage stays for the next hold.
   const float* weight = nullptr;
   int OC = 0, C = 0;
-  GemmPackedB forward;   // B = weightᵀ (C × OC)
-  GemmPackedB backward;  // B = weight (OC × C), for the input gradient
-} g_held;
+  cpu::GemmPackedB forward;   // B = weightᵀ (C × OC)
+  cpu::GemmPackedB backward;  // B = weight (OC × C), for the input gradient
+};
+
+MatmulContext::MatmulContext(ComputeDtype operand_dtype) : dtype_(operand_dtype), held_(std::make_unique<Held>()) {}
+MatmulContext::~MatmulContext() = default;
+
+void MatmulContext::set_operand_dtype(ComputeDtype d) {
+  dtype_ = d;
+  release_weight();
+}
+
+void MatmulContext::hold_weight(const float* weight, int OC, int C) {
+  release_weight();
+  if (!hold_rounds_weight()) return;
+  held_->weight = weight, held_->OC = OC, held_->C = C;
+}
+
+void MatmulContext::release_weight() {
+  held_->weight = nullptr;
+  held_->forward.clear();
+  held_->backward.clear();
+}
+
+// Packing for VDPBF16PS, or for the fp32 kernel's bf16 emulation, rounds every value to bf16;
+// only the CPU's products hold a weight.
+bool MatmulContext::hold_rounds_weight() const {
+  return dtype_ == ComputeDtype::kBf16 && kernel_impl() == KernelImpl::kCpu;
+}
+
+namespace cpu {
+namespace {
+GemmPrecision gemm_precision(const MatmulContext& ctx) {
+  return ctx.operand_dtype() == ComputeDtype::kBf16 ? GemmPrecision::bf16 : GemmPrecision::fp32;
+}
 
 // The packed forward B, or null where weight is not the held one.
-const GemmPackedB* held_forward(const float* weight, int C, int OC) {
-  if (!g_held.weight || weight != g_held.weight || C != g_held.C || OC != g_held.OC) return nullptr;
-  if (g_held.forward.empty()) g_held.forward.pack(g_precision, C, OC, {weight, 1, C});
-  return &g_held.forward;
+const GemmPackedB* held_forward(MatmulContext& ctx, const float* weight, int C, int OC) {
+  MatmulContext::Held& h = ctx.held();
+  if (!h.weight || weight != h.weight || C != h.C || OC != h.OC) return nullptr;
+  if (h.forward.empty()) h.forward.pack(gemm_precision(ctx), C, OC, {weight, 1, C});
+  return &h.forward;
 }
 
 // The packed backward B and the first of weight's rows in it, or null where weight is not the
 // held one or a block of its rows that a packed part can stand for (gemm.h).
-const GemmPackedB* held_backward(const float* weight, int C, int OC, int* row0) {
-  if (!g_held.weight || C != g_held.C) return nullptr;
-  const auto at = reinterpret_cast<uintptr_t>(weight), start = reinterpret_cast<uintptr_t>(g_held.weight);
+const GemmPackedB* held_backward(MatmulContext& ctx, const float* weight, int C, int OC, int* row0) {
+  MatmulContext::Held& h = ctx.held();
+  if (!h.weight || C != h.C) return nullptr;
+  const auto at = reinterpret_cast<uintptr_t>(weight), start = reinterpret_cast<uintptr_t>(h.weight);
   const uintptr_t row_bytes = sizeof(float) * static_cast<uintptr_t>(C);
   if (at < start || (at - start) % row_bytes != 0) return nullptr;
-  const uintptr_t rows = (at - start) / row_bytes, end = static_cast<uintptr_t>(g_held.OC);
+  const uintptr_t rows = (at - start) / row_bytes, end = static_cast<uintptr_t>(h.OC);
   if (rows % kGemmKc != 0 || rows + OC > end || (OC % 2 != 0 && rows + OC != end)) return nullptr;
   *row0 = static_cast<int>(rows);
-  if (g_held.backward.empty()) g_held.backward.pack(g_precision, g_held.OC, C, {g_held.weight, C, 1});
-  return &g_held.backward;
+  if (h.backward.empty()) h.backward.pack(gemm_precision(ctx), h.OC, C, {h.weight, C, 1});
+  return &h.backward;
 }
 }  // namespace
 
-void set_matmul_operand_dtype(ComputeDtype d) {
-  g_precision = d == ComputeDtype::kBf16 ? GemmPrecision::bf16 : GemmPrecision::fp32;
-  matmul_release_weight();
-}
-
-void matmul_hold_weight(const float* weight, int OC, int C) {
-  matmul_release_weight();
-  if (!matmul_hold_rounds_weight()) return;
-  g_held.weight = weight, g_held.OC = OC, g_held.C = C;
-}
-
-void matmul_release_weight() {
-  g_held.weight = nullptr;
-  g_held.forward.clear();
-  g_held.backward.clear();
-}
-
-// Packing for VDPBF16PS, or for the fp32 kernel's bf16 emulation, rounds every value to bf16.
-bool matmul_hold_rounds_weight() { return g_precision == GemmPrecision::bf16; }
-
-double matmul_peak_gflops() {
-  // The faster of OpenBLAS's sgemm and anvil's own product in the current mode, so that MFU is
-  // never measured against a slow denominator (amp_bf16's peak is VDPBF16PS's where the CPU has it).
-  static double peak[2] = {0, 0};
-  double& p = peak[static_cast<int>(g_precision)];
+double matmul_peak_gflops(ComputeDtype d) {
+  // The faster of OpenBLAS's sgemm and anvil's own product in this mode, so that MFU is never
+  // measured against a slow denominator (amp_bf16's peak is VDPBF16PS's where the CPU has it).
+  static double peak[3] = {0, 0, 0};
+  double& p = peak[static_cast<int>(d)];
   if (p == 0) {
     const int n = kPeakN;
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+    MatmulContext ctx(d);
     p = std::max(openblas_peak_gflops(), best_gflops(kPeakFlops, 1.0, 3, [&] {
-                   matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n);
+                   cpu::matmul_forward(ctx, c.data(), a.data(), b.data(), nullptr, n, n, n);
                  }));
   }
   return p;
@@ -128,29 +140,31 @@ std::string matmul_backend_description() {
   return fmt::format("anvil GEMM ({} kernels, {} threads)", gemm_isa_name(gemm_best_isa()), cpu_info().threads);
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   if (bias) {
     // The products are added onto the bias: one pass over out instead of two.
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<long>(n) * OC, bias, sizeof(float) * OC);
   }
-  if (const GemmPackedB* packed = held_forward(weight, C, OC))
-    parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, *packed, 0, 0, out, OC, bias != nullptr);
+  const GemmPrecision precision = gemm_precision(ctx);
+  if (const GemmPackedB* packed = held_forward(ctx, weight, C, OC))
+    parallel_gemm(precision, N, OC, C, {inp, C, 1}, *packed, 0, 0, out, OC, bias != nullptr);
   else
-    parallel_gemm(g_precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
+    parallel_gemm(precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
-                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
+                     const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+  const GemmPrecision precision = gemm_precision(ctx);
   if (dinp) {
     int row0 = 0;
-    if (const GemmPackedB* packed = held_backward(weight, C, OC, &row0))
-      parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, *packed, row0, 0, dinp, C, accumulate_dinp);
+    if (const GemmPackedB* packed = held_backward(ctx, weight, C, OC, &row0))
+      parallel_gemm(precision, N, C, OC, {dout, ld_dout, 1}, *packed, row0, 0, dinp, C, accumulate_dinp);
     else
-      parallel_gemm(g_precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
+      parallel_gemm(precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
   }
-  parallel_gemm(g_precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
+  parallel_gemm(precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;

@@ -6,7 +6,7 @@ namespace anvil::gpu {
 // out (C) += the column sums of x (N,C), rows ld >= C apart, in a fixed order.
 void column_sums_accumulate(float* out, const float* x, long ld, int N, int C);
 
-// Column-major GEMMs, fp32 in, out and compute whatever set_matmul_operand_dtype says: count
+// Column-major GEMMs, fp32 in, out and compute (no tensor-core mode): count
 // products D_i = alpha·op(A_i)·op(B_i) + beta·D_i, the i-th operands stride_* floats apart.
 struct Strided {
   const float* p;

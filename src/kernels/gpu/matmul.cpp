@@ -24,7 +24,6 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 struct Blas {
   gpublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  gpublasComputeType_t compute = GPUBLAS_COMPUTE_32F;
 };
 
 Blas& blas() {
@@ -98,10 +97,17 @@ void gemm(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n
                                 b.workspace, kWorkspaceBytes, gpu_stream()));
 }
 
-// One product in the matmul operand mode.
-void gemm(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* D,
-          int ldd, float beta, const float* bias) {
-  gemm(blas().compute, trans_a, trans_b, m, n, k, 1.0f, {A, lda, 0}, {B, ldb, 0}, beta, D, ldd, 0, 1, bias);
+// The tensor-core mode for operands of dtype d (fp32 accumulation throughout).
+gpublasComputeType_t compute_type(ComputeDtype d) {
+  return d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF
+         : d == ComputeDtype::kFp16 ? GPUBLAS_COMPUTE_32F_FAST_16F
+                                    : GPUBLAS_COMPUTE_32F;
+}
+
+// One product with operands of dtype d.
+void gemm(ComputeDtype d, bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
+          int ldb, float* D, int ldd, float beta, const float* bias) {
+  gemm(compute_type(d), trans_a, trans_b, m, n, k, 1.0f, {A, lda, 0}, {B, ldb, 0}, beta, D, ldd, 0, 1, bias);
 }
 
 }  // namespace
@@ -111,16 +117,9 @@ void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float al
   gemm(GPUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, A, B, beta, D, ldd, stride_d, count, nullptr);
 }
 
-void set_matmul_operand_dtype(ComputeDtype d) {
-  blas().compute = d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF
-                   : d == ComputeDtype::kFp16 ? GPUBLAS_COMPUTE_32F_FAST_16F
-                                              : GPUBLAS_COMPUTE_32F;
-}
-
-double matmul_peak_gflops() {
-  Blas& b = blas();
-  static std::map<gpublasComputeType_t, double> measured;
-  auto it = measured.find(b.compute);
+double matmul_peak_gflops(ComputeDtype d) {
+  static std::map<ComputeDtype, double> measured;
+  auto it = measured.find(d);
   if (it != measured.end()) return it->second;
   // Square products of 8192, enough to fill any current GPU, timed after a warm-up. The emulated
   // GPU multiplies on the host, where one of those takes seconds: a small one shows its rate.
@@ -135,16 +134,16 @@ double matmul_peak_gflops() {
   float* z = static_cast<float*>(gpu_alloc(bytes));
   gpu_zero(x, bytes);
   gpu_zero(y, bytes);
-  gemm(true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  gemm(d, true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
   gpu_synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < reps; r++) gemm(true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  for (int r = 0; r < reps; r++) gemm(d, true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
   gpu_synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   gpu_release(x);
   gpu_release(y);
   gpu_release(z);
-  return measured[b.compute] = 2.0 * n * n * static_cast<double>(n) * reps / secs / 1e9;
+  return measured[d] = 2.0 * n * n * static_cast<double>(n) * reps / secs / 1e9;
 }
 
 std::string matmul_backend_description() {
@@ -163,17 +162,18 @@ std::string matmul_backend_description() {
 
 // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being
 // column-major (C,OC), hence transposed.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
-  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+void matmul_forward(ComputeDtype d, float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+  gemm(d, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
-                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+void matmul_backward(ComputeDtype d, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
+                     const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   const int ld = static_cast<int>(ld_dout);
   // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
-  if (dinp) gemm(false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);
+  if (dinp) gemm(d, false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);
   // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
-  gemm(false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
+  gemm(d, false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
   if (dbias) column_sums_accumulate(dbias, dout, ld, N, OC);
 }
 

@@ -252,7 +252,7 @@ int cmd_train(const std::vector<std::string>& args) {
     std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
                 static_cast<long long>(s.steps));
   std::printf("final train loss: %.4f\ncheckpoint: %s\n", s.final_train_loss, s.checkpoint.c_str());
-  if (cfg.precision == "amp_fp16")
+  if (cfg.precision == ComputeDtype::kFp16)
     std::printf("skipped steps (fp16 overflow): %lld\n", static_cast<long long>(s.skipped_steps));
   return 0;
 }
@@ -475,7 +475,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("tokens/s:        %.1f\n", r.tokens_per_s);
   std::printf("achieved:        %.1f GFLOP/s\n", r.gflops);
   std::printf("measured peak:   %.1f GFLOP/s (%s, %s matrix products)\n", r.peak_gflops, r.peak_source.c_str(),
-              cfg.precision.c_str());
+              choice_name(cfg.precision));
   std::printf("MFU:             %.1f%%\n", 100 * r.mfu);
   std::printf("peak memory:     %.0f MiB (activations %.0f MiB, microbatch %d)\n", r.peak_rss_mib, r.activation_mib,
               r.microbatch);

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "config/choices.h"
 #include "config/duration.h"
 #include "config/train_config.h"
 #include "core/error.h"
@@ -33,12 +34,16 @@ class MapReader {
   void get(const std::string& key, T& out) {
     if (!has(key)) return;
     const YAML::Node& v = node_[key];
-    try {
-      ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
-      out = v.as<T>();
-    } catch (const YAML::Exception&) {
-      ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.IsScalar() ? v.Scalar() : "(a structure)",
-                 expected<T>());
+    ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
+    if constexpr (std::is_enum_v<T>) {
+      ANVIL_CHECK(parse_choice(v.Scalar(), &out), "{}: {} '{}' is not valid: expected {}", file_, full(key),
+                  v.Scalar(), choice_list<T>());
+    } else {
+      try {
+        out = v.as<T>();
+      } catch (const YAML::Exception&) {
+        ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.Scalar(), expected<T>());
+      }
     }
   }
 

@@ -321,12 +321,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "{}: optimizer.betas must be in [0, 1), got [{}, {}]", path, c.optimizer.beta1, c.optimizer.beta2);
   ANVIL_CHECK(c.optimizer.eps > 0, "{}: optimizer.eps must be positive", path);
   ANVIL_CHECK(c.optimizer.weight_decay >= 0, "{}: optimizer.weight_decay must not be negative", path);
-  ANVIL_CHECK(c.optimizer.name == "decoupled_adamw" || c.optimizer.name == "adamw",
-              "{}: optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", path, c.optimizer.name);
-  static const std::set<std::string> schedulers = {"constant", "constant_with_warmup", "cosine_with_warmup",
-                                                   "linear_decay_with_warmup"};
-  ANVIL_CHECK(schedulers.count(c.scheduler.name), "{}: scheduler.name '{}' is not supported: expected constant, "
-              "constant_with_warmup, cosine_with_warmup or linear_decay_with_warmup", path, c.scheduler.name);
   ANVIL_CHECK(c.scheduler.t_warmup.unit == Duration::Unit::kBatch || c.scheduler.t_warmup.unit == Duration::Unit::kDur,
               "{}: scheduler.t_warmup '{}' must be in batches (ba) or a fraction of the run (dur)", path,
               c.scheduler.t_warmup.text);
@@ -351,8 +345,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "{}: console_log_interval must be a positive number of batches (e.g. 1ba)", path);
   ANVIL_CHECK(c.eval_subset_num_batches == -1 || c.eval_subset_num_batches > 0,
               "{}: eval_subset_num_batches must be -1 (all) or positive", path);
-  ANVIL_CHECK(c.precision == "fp32" || c.precision == "amp_bf16" || c.precision == "amp_fp16",
-              "{}: precision '{}' is not valid: expected fp32, amp_bf16 or amp_fp16", path, c.precision);
   auto power_of_two = [](double x) {
     int e = 0;
     return x > 0 && std::frexp(x, &e) == 0.5;
@@ -364,29 +356,18 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "<= 2^60", path, ls.init_scale, ls.min_scale);
   ANVIL_CHECK(ls.growth_interval > 0 && ls.hysteresis > 0, "{}: loss_scaler.growth_interval ({}) and hysteresis ({}) "
               "must be positive", path, ls.growth_interval, ls.hysteresis);
-  ANVIL_CHECK(c.kernels == "cpu" || c.kernels == "gpu" || c.kernels == "ref",
-              "{}: kernels '{}' is not valid: expected 'cpu', 'gpu' or 'ref'", path, c.kernels);
   ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}", path, c.dist_timeout);
   ANVIL_CHECK(c.distributed.zero_stage >= 0 && c.distributed.zero_stage <= 3,
               "{}: distributed.zero_stage {} is not valid: expected 0, 1, 2 or 3", path, c.distributed.zero_stage);
-  static const std::set<std::string> algos = {"auto", "ring", "recursive_doubling", "rank_ordered"};
-  ANVIL_CHECK(algos.count(c.distributed.all_reduce), "{}: distributed.all_reduce '{}' is not valid: expected auto, "
-              "ring, recursive_doubling or rank_ordered", path, c.distributed.all_reduce);
-  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.distributed.grad_compression == "bf16",
-              "{}: distributed.grad_compression '{}' is not valid: expected none or bf16", path,
-              c.distributed.grad_compression);
-  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.distributed.zero_stage == 0,
+  const bool compressed = c.distributed.grad_compression != GradCompression::kNone;
+  ANVIL_CHECK(!compressed || c.distributed.zero_stage == 0,
               "{}: distributed.grad_compression bf16 needs distributed.zero_stage 0 (stages 1-3 reduce-scatter in "
               "fp32)", path);
-  ANVIL_CHECK(c.distributed.grad_compression == "none" || !c.deterministic_mode,
+  ANVIL_CHECK(!compressed || !c.deterministic_mode,
               "{}: distributed.grad_compression bf16 rounds gradients on the wire, so it needs deterministic_mode: false",
               path);
-  ANVIL_CHECK(c.distributed.grad_compression == "none" || c.kernels != "gpu",
+  ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu", path);
-  ANVIL_CHECK(c.distributed.gpu_collectives == "auto" || c.distributed.gpu_collectives == "nccl" ||
-                  c.distributed.gpu_collectives == "host",
-              "{}: distributed.gpu_collectives '{}' is not valid: expected auto, nccl or host", path,
-              c.distributed.gpu_collectives);
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();
@@ -449,7 +430,7 @@ std::string to_yaml(const TrainConfig& c) {
   loader("train_loader", c.train_loader);
   if (c.has_eval) loader("eval_loader", c.eval_loader);
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << c.optimizer.name;
+  e << YAML::Key << "name" << YAML::Value << choice_name(c.optimizer.name);
   e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
   e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << c.optimizer.beta1
     << c.optimizer.beta2 << YAML::EndSeq;
@@ -457,7 +438,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
   e << YAML::EndMap;
   e << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << c.scheduler.name;
+  e << YAML::Key << "name" << YAML::Value << choice_name(c.scheduler.name);
   e << YAML::Key << "t_warmup" << YAML::Value << c.scheduler.t_warmup.text;
   e << YAML::Key << "t_max" << YAML::Value << c.scheduler.t_max.text;
   e << YAML::Key << "alpha_f" << YAML::Value << c.scheduler.alpha_f;
@@ -477,7 +458,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "device_eval_batch_size" << YAML::Value << c.device_eval_batch_size;
   e << YAML::Key << "memory_limit" << YAML::Value << c.memory_limit;
   e << YAML::Key << "activation_checkpointing" << YAML::Value << c.activation_checkpointing;
-  e << YAML::Key << "precision" << YAML::Value << c.precision;
+  e << YAML::Key << "precision" << YAML::Value << choice_name(c.precision);
   e << YAML::Key << "loss_scaler" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "init_scale" << YAML::Value << c.loss_scaler.init_scale;
   e << YAML::Key << "growth_interval" << YAML::Value << c.loss_scaler.growth_interval;
@@ -486,7 +467,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "consecutive_hysteresis" << YAML::Value << c.loss_scaler.consecutive_hysteresis;
   e << YAML::EndMap;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
-  e << YAML::Key << "kernels" << YAML::Value << c.kernels;
+  e << YAML::Key << "kernels" << YAML::Value << choice_name(c.kernels);
   e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;
   e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
@@ -495,9 +476,9 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "deterministic_mode" << YAML::Value << c.deterministic_mode;
   e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;
-  e << YAML::Key << "all_reduce" << YAML::Value << c.distributed.all_reduce;
-  e << YAML::Key << "grad_compression" << YAML::Value << c.distributed.grad_compression;
-  e << YAML::Key << "gpu_collectives" << YAML::Value << c.distributed.gpu_collectives;
+  e << YAML::Key << "all_reduce" << YAML::Value << choice_name(c.distributed.all_reduce);
+  e << YAML::Key << "grad_compression" << YAML::Value << choice_name(c.distributed.grad_compression);
+  e << YAML::Key << "gpu_collectives" << YAML::Value << choice_name(c.distributed.gpu_collectives);
   e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -6,15 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
 #include "config/duration.h"
 #include "config/model_config.h"
 
 namespace anvil {
 
 struct OptimizerConfig {
-  // "decoupled_adamw" (Composer's, LLM Foundry's default): decay p -= (lr / optimizer.lr)·wd·p,
-  // so weight_decay is not scaled by the lr. "adamw" (PyTorch's): decay p -= lr·wd·p.
-  std::string name = "decoupled_adamw";
+  OptimizerKind name = OptimizerKind::kDecoupledAdamW;  // LLM Foundry's default
   double lr = 6e-4;
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
@@ -22,8 +21,7 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  // constant | constant_with_warmup | cosine_with_warmup | linear_decay_with_warmup
-  std::string name = "cosine_with_warmup";
+  SchedulerKind name = SchedulerKind::kCosineWithWarmup;
   Duration t_warmup = parse_duration("0ba", "scheduler.t_warmup");
   // Where the decay ends (Composer's t_max): "1dur" is max_duration. A run stopped early and
   // resumed to a longer max_duration keeps its schedule by naming the full length here.
@@ -66,9 +64,9 @@ struct LoaderConfig {
 // Data parallelism across the ranks of an MPI job (docs/config.md).
 struct DistributedConfig {
   int zero_stage = 0;                    // 0 | 1 | 2 | 3; fsdp_config.sharding_strategy maps onto it
-  std::string all_reduce = "auto";       // auto | ring | recursive_doubling | rank_ordered
-  std::string grad_compression = "none"; // none | bf16 (zero_stage 0)
-  std::string gpu_collectives = "auto";  // auto | nccl | host (kernels=gpu)
+  AllReduceAlgo all_reduce = AllReduceAlgo::kAuto;
+  GradCompression grad_compression = GradCompression::kNone;  // bf16: zero_stage 0
+  GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // kernels=gpu
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is
@@ -114,10 +112,10 @@ struct TrainConfig {
   bool activation_checkpointing = false;
   // LLM Foundry's keys: fp32, amp_bf16 or amp_fp16 (16-bit matrix products, fp32 master weights,
   // accumulation and optimizer; docs/precision.md).
-  std::string precision = "fp32";
+  ComputeDtype precision = ComputeDtype::kFp32;
   LossScalerConfig loss_scaler;  // amp_fp16's dynamic loss scaling
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
-  std::string kernels = "cpu";  // anvil: "cpu" (fast), "gpu" (a build with a GPU backend) or "ref" (the reference ops)
+  KernelImpl kernels = KernelImpl::kCpu;  // anvil: cpu (fast), gpu (a build with a GPU backend) or ref
   DistributedConfig distributed;
   // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.
   Duration save_interval = parse_duration("1000ba", "save_interval");

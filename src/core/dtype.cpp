@@ -19,13 +19,6 @@ float float_of(uint32_t u) {
 }
 }  // namespace
 
-ComputeDtype parse_precision(const std::string& precision) {
-  if (precision == "fp32") return ComputeDtype::kFp32;
-  if (precision == "amp_bf16") return ComputeDtype::kBf16;
-  if (precision == "amp_fp16") return ComputeDtype::kFp16;
-  ANVIL_FAIL("precision '{}' is not valid: expected fp32, amp_bf16 or amp_fp16", precision);
-}
-
 const char* dtype_name(ComputeDtype d) {
   return d == ComputeDtype::kFp32 ? "fp32" : d == ComputeDtype::kBf16 ? "bf16" : "fp16";
 }

@@ -6,11 +6,10 @@
 
 namespace anvil {
 
-// What matrix products compute in (the `precision` config key): fp32, or fp32 values rounded to
-// bfloat16 or IEEE half at the inputs and outputs of every matrix product (docs/precision.md).
+// What matrix products compute in (the `precision` config key, config/choices.h): fp32, or fp32
+// values rounded to bfloat16 or IEEE half at the inputs and outputs of every matrix product
+// (docs/precision.md).
 enum class ComputeDtype { kFp32, kBf16, kFp16 };
-// "fp32", "amp_bf16", "amp_fp16".
-ComputeDtype parse_precision(const std::string& precision);
 const char* dtype_name(ComputeDtype d);
 
 // bfloat16: the top 16 bits of a float, rounded to nearest even; NaN stays NaN.

@@ -138,24 +138,6 @@ std::vector<T> all_gather_pod(Communicator& comm, T value) {
 
 }  // namespace
 
-AllReduceAlgo parse_all_reduce_algo(const std::string& name) {
-  if (name == "auto") return AllReduceAlgo::kAuto;
-  if (name == "ring") return AllReduceAlgo::kRing;
-  if (name == "recursive_doubling") return AllReduceAlgo::kRecursiveDoubling;
-  if (name == "rank_ordered") return AllReduceAlgo::kRankOrdered;
-  ANVIL_FAIL("all-reduce algorithm '{}' is not known: expected auto, ring, recursive_doubling or rank_ordered", name);
-}
-
-const char* all_reduce_algo_name(AllReduceAlgo algo) {
-  switch (algo) {
-    case AllReduceAlgo::kAuto: return "auto";
-    case AllReduceAlgo::kRing: return "ring";
-    case AllReduceAlgo::kRecursiveDoubling: return "recursive_doubling";
-    case AllReduceAlgo::kRankOrdered: return "rank_ordered";
-  }
-  return "?";
-}
-
 std::vector<size_t> even_counts(size_t n, int parts) {
   std::vector<size_t> c(parts, n / parts);
   for (size_t i = 0; i < n % parts; i++) c[i]++;

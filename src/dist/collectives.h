@@ -17,13 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
 #include "dist/communicator.h"
 
 namespace anvil {
-
-enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
-AllReduceAlgo parse_all_reduce_algo(const std::string& name);  // auto | ring | recursive_doubling | rank_ordered
-const char* all_reduce_algo_name(AllReduceAlgo algo);
 
 void all_reduce(Communicator& comm, float* data, size_t n, AllReduceAlgo algo = AllReduceAlgo::kAuto);
 // Integer sums are exact, so every algorithm and every grouping of ranks gives the same result:

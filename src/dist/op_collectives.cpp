@@ -11,13 +11,6 @@
 
 namespace anvil {
 
-GpuCollectivesChoice parse_gpu_collectives(const std::string& name) {
-  if (name == "auto") return GpuCollectivesChoice::kAuto;
-  if (name == "nccl") return GpuCollectivesChoice::kNccl;
-  if (name == "host") return GpuCollectivesChoice::kHost;
-  ANVIL_FAIL("distributed.gpu_collectives '{}' is not valid: expected auto, nccl or host", name);
-}
-
 GpuSharing gpu_sharing(Communicator& comm) {
   constexpr size_t kKey = 128;
   std::vector<char> keys(kKey * static_cast<size_t>(comm.size()), 0);

@@ -19,8 +19,6 @@ namespace anvil {
 
 // How GPU arrays travel: auto (NCCL/RCCL when the build has it and no two ranks share a GPU, else
 // host), nccl (NCCL/RCCL, even for one rank), host (copies through host memory).
-enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
-GpuCollectivesChoice parse_gpu_collectives(const std::string& name);  // auto | nccl | host
 
 // Which ranks drive the same physical GPU, from every rank's host name and GPU PCI address
 // (device numbers alone mislead when a launcher gives each task its own CUDA_VISIBLE_DEVICES).

@@ -22,19 +22,16 @@ KernelImpl g_impl = KernelImpl::kCpu;
 void set_kernel_impl(KernelImpl impl) { g_impl = impl; }
 KernelImpl kernel_impl() { return g_impl; }
 
-KernelImpl parse_kernel_impl(const std::string& name, int local_rank) {
-  if (name == "ref") return KernelImpl::kRef;
-  if (name == "cpu") return KernelImpl::kCpu;
-  if (name == "gpu") {
+void select_kernel_impl(KernelImpl impl, int local_rank) {
+  if (impl == KernelImpl::kGpu) {
     ANVIL_CHECK(gpu_backend_built(), "kernels=gpu: this anvil was built without a GPU backend; build the "
                 "cuda-release or hip-release preset (docs/gpu.md), or use kernels=cpu");
     const size_t n = gpu_devices().size();
     ANVIL_CHECK(n > 0, "kernels=gpu: no GPU is visible to this process; run with kernels=cpu, or on a machine "
                 "with a GPU and its driver");
     gpu_select(static_cast<int>(static_cast<size_t>(local_rank) % n));
-    return KernelImpl::kGpu;
   }
-  ANVIL_FAIL("unknown kernel implementation '{}': expected 'ref', 'cpu' or 'gpu'", name);
+  g_impl = impl;
 }
 
 #if defined(ANVIL_GPU)
@@ -43,7 +40,7 @@ KernelImpl parse_kernel_impl(const std::string& name, int local_rank) {
   return g_impl == KernelImpl::kRef   ? ref::op(__VA_ARGS__)                     \
          : g_impl == KernelImpl::kGpu ? gpu::op(__VA_ARGS__)                     \
                                       : cpu::op(__VA_ARGS__)
-#else  // kGpu cannot be chosen (parse_kernel_impl refuses it)
+#else  // kGpu cannot be chosen (select_kernel_impl refuses it)
 #define ANVIL_DISPATCH(op, ...)                \
   const OpProfileScope profile_scope(#op);     \
   return g_impl == KernelImpl::kRef ? ref::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)

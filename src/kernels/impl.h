@@ -1,17 +1,18 @@
-// Which implementation the ops run: the scalar reference (the executable specification), the
-// fast CPU kernels, or the GPU kernels (whose arrays live in GPU memory: kernels/buffer.h).
-// Chosen once per process; every op dispatches on it in dispatch.cpp.
+// Which implementation the ops run (KernelImpl, config/choices.h): the scalar reference (the
+// executable specification), the fast CPU kernels, or the GPU kernels (whose arrays live in GPU
+// memory: kernels/buffer.h). Chosen once per process, as the device is: every op dispatches on
+// it in dispatch.cpp.
 #pragma once
-#include <string>
+#include "config/choices.h"
 
 namespace anvil {
 
-enum class KernelImpl { kRef, kCpu, kGpu };
-
+// kGpu needs a build with a GPU backend and a visible GPU, and selects the process's GPU: number
+// local_rank modulo the GPUs it sees (the ranks of a host take its GPUs in turn). Errors say
+// what is missing.
+void select_kernel_impl(KernelImpl impl, int local_rank);
+// Without checks: tests that run the reference and the fast kernels side by side.
 void set_kernel_impl(KernelImpl impl);
 KernelImpl kernel_impl();
-// "ref", "cpu" or "gpu"; "gpu" needs a build with a GPU backend and selects the process's GPU:
-// number local_rank modulo the GPUs it sees (the ranks of a host take its GPUs in turn).
-KernelImpl parse_kernel_impl(const std::string& name, int local_rank);
 
 }  // namespace anvil

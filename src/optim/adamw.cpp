@@ -18,8 +18,6 @@ AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout,
   ANVIL_CHECK(lo <= hi, "optimizer range [{}, {}) is empty the wrong way round", lo, hi);
   m_.assign_zeros(hi - lo);
   v_.assign_zeros(hi - lo);
-  ANVIL_CHECK(cfg.name == "adamw" || cfg.name == "decoupled_adamw",
-              "optimizer.name '{}' is not supported: expected 'decoupled_adamw' or 'adamw'", cfg.name);
 }
 
 template <class Update>
@@ -31,7 +29,7 @@ void AdamW::for_each_tensor(double lr, float grad_scale, const Update& update) {
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
   const float step_size = static_cast<float>(lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const double decay_rate = cfg_.name == "adamw" ? lr * cfg_.weight_decay
+  const double decay_rate = cfg_.name == OptimizerKind::kAdamW ? lr * cfg_.weight_decay
                                                  : (cfg_.lr > 0 ? lr / cfg_.lr : 1.0) * cfg_.weight_decay;
   for (size_t k = 0; k < layout_.size(); k++) {
     const ParamTensor& t = layout_[k];

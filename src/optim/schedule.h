@@ -2,13 +2,13 @@
 // multiplier of optimizer.lr at batch t (0-based). Warmup is linear from 0: t / t_warmup.
 #pragma once
 #include <cstdint>
-#include <string>
+
+#include "config/choices.h"
 
 namespace anvil {
 
 struct LrSchedule {
-  // constant | constant_with_warmup | cosine_with_warmup | linear_decay_with_warmup
-  std::string name;
+  SchedulerKind name = SchedulerKind::kConstant;
   int64_t t_warmup = 0;  // batches
   double alpha_f = 0.0;  // final multiplier of the decaying schedules
   int64_t t_max = 0;     // batches in the whole run

@@ -25,7 +25,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
   TrainConfig cfg = config;  // with the microbatch resolved
   cfg.device_eval_batch_size = 0;  // no evaluation here
-  set_kernel_impl(parse_kernel_impl(cfg.kernels, 0));
+  select_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const DataParallelOptions dp_options = data_parallel_options(cfg);
   const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
@@ -37,7 +37,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   cfg.device_train_microbatch_size = plan_microbatch(cfg, GB, mem.model_states() + mem.working, 1).microbatch;
   model.set_max_batch(cfg.device_train_microbatch_size);
   dp.init_weights(cfg.seed);
-  LrSchedule constant{"constant", 0, 0.0, warmup_steps + steps};
+  LrSchedule constant{SchedulerKind::kConstant, 0, 0.0, warmup_steps + steps};
   TrainStep step(cfg, model, dp, constant);
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.
@@ -47,14 +47,14 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   std::vector<int32_t> tokens(stream.begin(), stream.end() - 1), targets(stream.begin() + 1, stream.end());
 
   BenchTrainResult r;
-  r.peak_gflops = matmul_peak_gflops(parse_precision(cfg.precision));
+  r.peak_gflops = matmul_peak_gflops(cfg.precision);
   r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
   log_info("bench train: {} {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
            "parameters; {}; {} kernels, {}{}", model_family_title(cfg.model), cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
            cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
-           cfg.kernels, cfg.precision, cfg.activation_checkpointing ? "; activation checkpointing" : "");
+           choice_name(cfg.kernels), choice_name(cfg.precision), cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
   const auto t0 = std::chrono::steady_clock::now();

@@ -15,19 +15,19 @@ namespace anvil {
 TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule)
     : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
       lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold),
-      scaler_(cfg.loss_scaler, parse_precision(cfg.precision) == ComputeDtype::kFp16) {
-  model_.set_compute_dtype(parse_precision(cfg.precision));
+      scaler_(cfg.loss_scaler, cfg.precision == ComputeDtype::kFp16) {
+  model_.set_compute_dtype(cfg.precision);
 }
 
 DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
   const DistributedConfig& dc = cfg.distributed;
   DataParallelOptions o;
   o.zero_stage = dc.zero_stage;
-  o.algo = parse_all_reduce_algo(dc.all_reduce);
+  o.algo = dc.all_reduce;
   o.deterministic = cfg.deterministic_mode;
   o.global_batch = cfg.global_train_batch_size;
-  o.bf16_compression = dc.grad_compression == "bf16";
-  o.gpu_collectives = parse_gpu_collectives(dc.gpu_collectives);
+  o.bf16_compression = dc.grad_compression == GradCompression::kBf16;
+  o.gpu_collectives = dc.gpu_collectives;
   return o;
 }
 

@@ -117,7 +117,7 @@ double peak_rss_mib() {
 
 TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   TrainConfig cfg = config;  // the microbatch and eval batch are resolved below
-  set_kernel_impl(parse_kernel_impl(cfg.kernels, comm.local_rank()));
+  select_kernel_impl(cfg.kernels, comm.local_rank());
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const int W = comm.size(), rank = comm.rank();
   const bool writer = rank == 0;
@@ -229,7 +229,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
   const double flops_per_token = model_train_flops_per_token(cfg.model, T);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
-  const double peak = sum_in_rank_order(comm, matmul_peak_gflops(parse_precision(cfg.precision)));
+  const double peak = sum_in_rank_order(comm, matmul_peak_gflops(cfg.precision));
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
   log_info("model: {}, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", model_family_title(cfg.model),
@@ -237,17 +237,17 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
            cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);
-  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", cfg.kernels, matmul_backend_description(), peak,
+  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg.kernels), matmul_backend_description(), peak,
            W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
     const LaunchInfo li = detect_launch();
     log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, collectives {}, "
              "timeout {:.0f} s", W, comm.local_size(), comm.backend(),
-             li.launcher.empty() ? "" : ", launched by " + li.launcher, dc.zero_stage, dc.all_reduce,
-             dc.grad_compression == "bf16" ? ", bf16 gradient compression" : "", dp.collectives_description(),
+             li.launcher.empty() ? "" : ", launched by " + li.launcher, dc.zero_stage, choice_name(dc.all_reduce),
+             dc.grad_compression == GradCompression::kBf16 ? ", bf16 gradient compression" : "", dp.collectives_description(),
              cfg.dist_timeout);
   }
-  if (W == 1 && cfg.kernels == "gpu" && dc.gpu_collectives == "nccl")
+  if (W == 1 && cfg.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
     log_info("collectives: {} (one rank)", dp.collectives_description());
   const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded; working "

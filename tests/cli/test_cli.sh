@@ -127,7 +127,7 @@ expect_error "empty corpus" "the input is empty" "$anvil" data prepare --out "$t
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
 expect_error "kernels=gpu without a GPU backend" "built without a GPU backend; build the cuda-release or hip-release preset" \
   "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r4" kernels=gpu
-expect_error "unknown kernels" "kernels 'tpu' is not valid: expected 'cpu', 'gpu' or 'ref'" "$anvil" train "$tmp/tiny.yaml" \
+expect_error "unknown kernels" "kernels 'tpu' is not valid: expected cpu, gpu or ref" "$anvil" train "$tmp/tiny.yaml" \
   run_dir="$tmp/r4" kernels=tpu
 expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
 cp -r "$tmp/run" "$tmp/run-truncated"

@@ -44,7 +44,7 @@ TEST_F(ConfigTest, MinimalConfigGetsDefaults) {
   EXPECT_EQ(c.device_train_microbatch_size, 4);
   EXPECT_EQ(c.device_eval_batch_size, 4);
   EXPECT_EQ(c.train_loader.dataset.split, "train");
-  EXPECT_EQ(c.optimizer.name, "decoupled_adamw");
+  EXPECT_EQ(c.optimizer.name, OptimizerKind::kDecoupledAdamW);
   EXPECT_EQ(c.seed, 17u);
   EXPECT_EQ(c.max_duration.unit, Duration::Unit::kBatch);
   EXPECT_EQ(c.run_dir, "runs/c");
@@ -87,6 +87,13 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"distributed.gpu_collectives=mpi"}).find("expected auto, nccl or host"),
             std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"scheduler.name=exponential"})
+                .find("scheduler.name 'exponential' is not valid: expected constant, constant_with_warmup, "
+                      "cosine_with_warmup or linear_decay_with_warmup"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"optimizer.name=sgd"}).find("expected decoupled_adamw or adamw"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.all_reduce=tree"}).find("expected auto, ring, recursive_doubling or "
+                                                                      "rank_ordered"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"kernels=gpu", "deterministic_mode=false", "distributed.grad_compression=bf16"})
                 .find("use it with kernels=cpu"), std::string::npos);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
@@ -131,7 +138,7 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   optimizer: {type: AdamW, params: {lr: 0.001, betas: [0.8, 0.99], eps: 1.0e-6, weight_decay: 0.1}}
 )";
   TrainConfig c = load_train_config(write(fp16), {});
-  EXPECT_EQ(c.precision, "amp_fp16");
+  EXPECT_EQ(c.precision, ComputeDtype::kFp16);
   EXPECT_EQ(c.loss_scaler.init_scale, 4096);
   EXPECT_EQ(c.loss_scaler.growth_interval, 500);
   EXPECT_EQ(c.loss_scaler.hysteresis, 3);
@@ -142,7 +149,7 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   EXPECT_EQ(c.clipping_threshold, 1.0);
   EXPECT_EQ(c.console_log_interval.value, 10);
   EXPECT_EQ(c.distributed.zero_stage, 2);
-  EXPECT_EQ(c.optimizer.name, "adamw");
+  EXPECT_EQ(c.optimizer.name, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
@@ -156,13 +163,13 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   std::ofstream(json) << R"({"train_batch_size": 4, "bf16": {"enabled": true}, "fp16": {"enabled": false,
                               "initial_scale_power": 8}, "zero_optimization": {"stage": 3}})";
   c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n"), {});
-  EXPECT_EQ(c.precision, "amp_bf16");
+  EXPECT_EQ(c.precision, ComputeDtype::kBf16);
   EXPECT_EQ(c.loss_scaler.init_scale, 65536);  // fp16's keys mean nothing while it is off
   EXPECT_EQ(c.distributed.zero_stage, 3);
   // An anvil key that agrees is fine; the JSON file's errors name the file.
   c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n"),
                         {"precision=amp_bf16", "global_train_batch_size=4"});
-  EXPECT_EQ(c.precision, "amp_bf16");
+  EXPECT_EQ(c.precision, ComputeDtype::kBf16);
   std::ofstream(json) << R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})";
   const std::string both = error_of(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n");
   EXPECT_NE(both.find(json.string() + ": deepspeed_config enables both fp16 and bf16"), std::string::npos) << both;

@@ -58,12 +58,12 @@ void test_all_reduce(Communicator& comm) {
       size_t bad = 0;
       while (bad < n && v[bad] == want[bad]) bad++;
       EXPECT(same_bits(v.data(), want.data(), n), "all_reduce {} n={} W={}: index {} got {} want {}",
-             all_reduce_algo_name(algo), n, W, bad, bad < n ? v[bad] : 0.f, bad < n ? want[bad] : 0.f);
+             choice_name(algo), n, W, bad, bad < n ? v[bad] : 0.f, bad < n ? want[bad] : 0.f);
 
       // Random inputs: the same bits everywhere; rank_ordered equals ((x0 + x1) + x2) + ...
       for (size_t i = 0; i < n; i++) v[i] = random_value(r, i);
       all_reduce(comm, v.data(), n, algo);
-      EXPECT(same_on_every_rank(comm, v), "all_reduce {} n={} W={}: ranks disagree", all_reduce_algo_name(algo), n, W);
+      EXPECT(same_on_every_rank(comm, v), "all_reduce {} n={} W={}: ranks disagree", choice_name(algo), n, W);
       if (algo == AllReduceAlgo::kRankOrdered) {
         for (size_t i = 0; i < n; i++) {
           float s = random_value(0, i);
@@ -95,7 +95,7 @@ void test_scatter_gather(Communicator& comm) {
       reduce_scatter(comm, v.data(), counts, algo);
       bool ok = true;
       for (size_t i = mine; i < mine + counts[r]; i++) ok &= v[i] == exact_sum(W, i);
-      EXPECT(ok, "reduce_scatter {} W={} n={}: rank {}'s segment is not the sum", all_reduce_algo_name(algo), W, n, r);
+      EXPECT(ok, "reduce_scatter {} W={} n={}: rank {}'s segment is not the sum", choice_name(algo), W, n, r);
       // All-gather of the reduced segments gives the whole sum everywhere.
       all_gather(comm, v.data(), counts);
       ok = true;

@@ -79,13 +79,13 @@ TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   Gpt2 model(fixture_config(f), B, T);
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
   OptimizerConfig oc;
-  oc.name = "adamw";
+  oc.name = OptimizerKind::kAdamW;
   oc.lr = meta_double(f, "lr");
   oc.beta1 = meta_double(f, "beta1");
   oc.beta2 = meta_double(f, "beta2");
   oc.eps = meta_double(f, "eps");
   oc.weight_decay = meta_double(f, "weight_decay");
-  LrSchedule sched{"cosine_with_warmup", meta_int(f, "t_warmup"), meta_double(f, "alpha_f"), steps};
+  LrSchedule sched{SchedulerKind::kCosineWithWarmup, meta_int(f, "t_warmup"), meta_double(f, "alpha_f"), steps};
   AdamW opt(oc, model.tensors(), model.num_params());
 
   std::vector<float> losses, norms;

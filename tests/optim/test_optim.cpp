@@ -16,7 +16,7 @@ namespace anvil {
 namespace {
 
 TEST(LrSchedule, CosineWithWarmup) {
-  LrSchedule s{"cosine_with_warmup", 10, 0.1, 110};
+  LrSchedule s{SchedulerKind::kCosineWithWarmup, 10, 0.1, 110};
   EXPECT_DOUBLE_EQ(s.multiplier(0), 0.0);
   EXPECT_DOUBLE_EQ(s.multiplier(5), 0.5);
   EXPECT_DOUBLE_EQ(s.multiplier(10), 1.0);
@@ -26,11 +26,10 @@ TEST(LrSchedule, CosineWithWarmup) {
 }
 
 TEST(LrSchedule, OtherShapes) {
-  EXPECT_DOUBLE_EQ((LrSchedule{"constant", 10, 0.0, 100}.multiplier(0)), 1.0);
-  EXPECT_DOUBLE_EQ((LrSchedule{"constant_with_warmup", 4, 0.0, 100}.multiplier(1)), 0.25);
-  EXPECT_DOUBLE_EQ((LrSchedule{"constant_with_warmup", 4, 0.0, 100}.multiplier(50)), 1.0);
-  EXPECT_NEAR((LrSchedule{"linear_decay_with_warmup", 0, 0.2, 100}.multiplier(50)), 0.6, 1e-12);
-  EXPECT_THROW((LrSchedule{"exponential", 0, 0.0, 100}.multiplier(50)), Error);
+  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstant, 10, 0.0, 100}.multiplier(0)), 1.0);
+  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstantWithWarmup, 4, 0.0, 100}.multiplier(1)), 0.25);
+  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstantWithWarmup, 4, 0.0, 100}.multiplier(50)), 1.0);
+  EXPECT_NEAR((LrSchedule{SchedulerKind::kLinearDecayWithWarmup, 0, 0.2, 100}.multiplier(50)), 0.6, 1e-12);
 }
 
 std::vector<ParamTensor> two_tensors() {
@@ -39,8 +38,8 @@ std::vector<ParamTensor> two_tensors() {
 
 TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {
   // Composer's decay (lr / initial_lr)·wd equals PyTorch's lr·wd' with wd' = wd / initial_lr.
-  OptimizerConfig composer{"decoupled_adamw", 1e-2, 0.9, 0.95, 1e-8, 1e-4};
-  OptimizerConfig torch{"adamw", 1e-2, 0.9, 0.95, 1e-8, 1e-4 / 1e-2};
+  OptimizerConfig composer{OptimizerKind::kDecoupledAdamW, 1e-2, 0.9, 0.95, 1e-8, 1e-4};
+  OptimizerConfig torch{OptimizerKind::kAdamW, 1e-2, 0.9, 0.95, 1e-8, 1e-4 / 1e-2};
   std::vector<float> p1 = {0.5f, -1.0f, 2.0f, 0.25f, 0.1f, -0.2f}, p2 = p1;
   const std::vector<float> g = {0.1f, 0.2f, -0.3f, 0.05f, 0.4f, -0.1f};
   AdamW a(composer, two_tensors(), 6), b(torch, two_tensors(), 6);
@@ -55,7 +54,7 @@ TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {
 
 TEST(AdamW, FirstStepMovesEachWeightByLr) {
   // Adam's bias-corrected first step is lr·sign(g) (up to eps), decay aside.
-  OptimizerConfig c{"adamw", 1e-3, 0.9, 0.999, 1e-12, 0.0};
+  OptimizerConfig c{OptimizerKind::kAdamW, 1e-3, 0.9, 0.999, 1e-12, 0.0};
   std::vector<float> p = {1, 1, 1, 1, 1, 1};
   const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
   AdamW opt(c, two_tensors(), 6);

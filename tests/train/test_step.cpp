@@ -65,7 +65,7 @@ struct Batch {
 // Final parameters after `steps` optimizer steps on the fixed batch.
 // forced_scale: start every tensor's fixed-point scale there (a huge one overflows at once).
 std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0,
-                               const std::string& precision = "fp32", bool activation_checkpointing = false) {
+                               ComputeDtype precision = ComputeDtype::kFp32, bool activation_checkpointing = false) {
   TrainConfig c = small_config(microbatch);
   c.deterministic_mode = deterministic;
   c.precision = precision;
@@ -76,7 +76,7 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
   if (forced_scale) dp.set_grad_scales(std::vector<int>(model.tensors().size(), forced_scale));
-  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+  TrainStep step(c, model, dp, LrSchedule{SchedulerKind::kConstant, 0, 0.0, 10});
   Batch b(c);
   for (int t = 0; t < steps; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
   return std::vector<float>(model.params(), model.params() + model.num_params());
@@ -93,7 +93,7 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
       model.init_weights(1);
       auto comm = make_communicator();
       DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-      TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+      TrainStep step(c, model, dp, LrSchedule{SchedulerKind::kConstant, 0, 0.0, 10});
       Batch b(c);
       step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
       const long before = g_allocations.load();
@@ -107,11 +107,11 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
 // Activation checkpointing recomputes each block's activations in the backward pass: the same
 // bits, so the same weights, in every precision and microbatch size, for less memory.
 TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
-  for (const char* precision : {"fp32", "amp_bf16"}) {
+  for (ComputeDtype precision : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
     const std::vector<float> stored = train_steps(4, 3, true, 0, precision);
     for (int mb : {4, 3})
       EXPECT_TRUE(train_steps(mb, 3, true, 0, precision, /*activation_checkpointing=*/true) == stored)
-          << precision << ", microbatch " << mb;
+          << choice_name(precision) << ", microbatch " << mb;
   }
   const ModelConfig m = small_config(4).model;
   ModelStorage storage;
@@ -192,7 +192,7 @@ TEST(TrainStep, NonFiniteGradientIsAnError) {
   model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-  TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+  TrainStep step(c, model, dp, LrSchedule{SchedulerKind::kConstant, 0, 0.0, 10});
   Batch b(c);
   try {
     step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
@@ -207,16 +207,16 @@ TEST(TrainStep, NonFiniteGradientIsAnError) {
 // the same bits for any microbatch size.
 TEST(TrainStep, MixedPrecisionFollowsFp32AndStaysDeterministic) {
   const std::vector<float> fp32 = train_steps(4, 3);
-  for (const char* precision : {"amp_bf16", "amp_fp16"}) {
+  for (ComputeDtype precision : {ComputeDtype::kBf16, ComputeDtype::kFp16}) {
     const std::vector<float> amp = train_steps(4, 3, true, 0, precision);
-    EXPECT_FALSE(amp == fp32) << precision << " changed nothing";
-    EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm)) << precision;
-    EXPECT_TRUE(train_steps(1, 3, true, 0, precision) == amp) << precision << ", microbatch 1";
+    EXPECT_FALSE(amp == fp32) << choice_name(precision) << " changed nothing";
+    EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm)) << choice_name(precision);
+    EXPECT_TRUE(train_steps(1, 3, true, 0, precision) == amp) << choice_name(precision) << ", microbatch 1";
     // fp32 sums differ from the fixed-point ones by fp32 rounding, but a 16-bit rounding of an
     // activation that sits on a boundary then flips by one 16-bit step, and AdamW turns a near-zero
     // gradient's change into a weight change of up to lr: close, not to fp32 precision.
     EXPECT_TRUE(testing::rel_norm_close(train_steps(4, 3, false, 0, precision).data(), amp.data(), amp.size(),
-                                        testing::kBf16RelNorm / 10)) << precision << ", fp32 sums";
+                                        testing::kBf16RelNorm / 10)) << choice_name(precision) << ", fp32 sums";
   }
 }
 
@@ -225,7 +225,7 @@ TEST(TrainStep, MixedPrecisionFollowsFp32AndStaysDeterministic) {
 TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
   for (bool deterministic : {true, false}) {
     TrainConfig c = small_config(2);
-    c.precision = "amp_fp16";
+    c.precision = ComputeDtype::kFp16;
     c.deterministic_mode = deterministic;
     c.loss_scaler.init_scale = 0x1p40;
     c.loss_scaler.hysteresis = 2;
@@ -236,7 +236,7 @@ TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
     const std::vector<float> initial(model.params(), model.params() + model.num_params());
     auto comm = make_communicator();
     DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-    TrainStep step(c, model, dp, LrSchedule{"constant", 0, 0.0, 10});
+    TrainStep step(c, model, dp, LrSchedule{SchedulerKind::kConstant, 0, 0.0, 10});
     Batch b(c);
     StepResult r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
     EXPECT_TRUE(r.skipped);

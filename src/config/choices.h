@@ -1,0 +1,101 @@
+// The closed sets of values a config chooses between, each with its names in one table: the
+// config reads a name once into the enum (an unknown name is an error listing the valid ones)
+// and writes the name back; the code reads the enum. Header only, so that modules below the
+// config's parser (kernels) can share the types.
+#pragma once
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/dtype.h"
+
+namespace anvil {
+
+// Which implementation the ops run (kernels/impl.h): the scalar reference, the fast CPU
+// kernels, or the GPU kernels.
+enum class KernelImpl { kRef, kCpu, kGpu };
+enum class OptimizerKind {
+  kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
+  kAdamW,           // PyTorch's: p -= lr·wd·p
+};
+enum class SchedulerKind { kConstant, kConstantWithWarmup, kCosineWithWarmup, kLinearDecayWithWarmup };
+// dist/collectives.h describes the algorithms.
+enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
+enum class GradCompression { kNone, kBf16 };
+// Under kernels=gpu: NCCL/RCCL, or host copies around anvil's collectives (dist/op_collectives.h).
+enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
+
+// Choices<E>::names: every value of E with the name configs spell it.
+template <class E>
+struct Choices;
+template <>
+struct Choices<ComputeDtype> {  // the `precision` key
+  static constexpr std::pair<ComputeDtype, const char*> names[] = {
+      {ComputeDtype::kFp32, "fp32"}, {ComputeDtype::kBf16, "amp_bf16"}, {ComputeDtype::kFp16, "amp_fp16"}};
+};
+template <>
+struct Choices<KernelImpl> {
+  static constexpr std::pair<KernelImpl, const char*> names[] = {
+      {KernelImpl::kCpu, "cpu"}, {KernelImpl::kGpu, "gpu"}, {KernelImpl::kRef, "ref"}};
+};
+template <>
+struct Choices<OptimizerKind> {
+  static constexpr std::pair<OptimizerKind, const char*> names[] = {{OptimizerKind::kDecoupledAdamW, "decoupled_adamw"},
+                                                                    {OptimizerKind::kAdamW, "adamw"}};
+};
+template <>
+struct Choices<SchedulerKind> {
+  static constexpr std::pair<SchedulerKind, const char*> names[] = {
+      {SchedulerKind::kConstant, "constant"},
+      {SchedulerKind::kConstantWithWarmup, "constant_with_warmup"},
+      {SchedulerKind::kCosineWithWarmup, "cosine_with_warmup"},
+      {SchedulerKind::kLinearDecayWithWarmup, "linear_decay_with_warmup"}};
+};
+template <>
+struct Choices<AllReduceAlgo> {
+  static constexpr std::pair<AllReduceAlgo, const char*> names[] = {{AllReduceAlgo::kAuto, "auto"},
+                                                                    {AllReduceAlgo::kRing, "ring"},
+                                                                    {AllReduceAlgo::kRecursiveDoubling, "recursive_doubling"},
+                                                                    {AllReduceAlgo::kRankOrdered, "rank_ordered"}};
+};
+template <>
+struct Choices<GradCompression> {
+  static constexpr std::pair<GradCompression, const char*> names[] = {{GradCompression::kNone, "none"},
+                                                                      {GradCompression::kBf16, "bf16"}};
+};
+template <>
+struct Choices<GpuCollectivesChoice> {
+  static constexpr std::pair<GpuCollectivesChoice, const char*> names[] = {{GpuCollectivesChoice::kAuto, "auto"},
+                                                                           {GpuCollectivesChoice::kNccl, "nccl"},
+                                                                           {GpuCollectivesChoice::kHost, "host"}};
+};
+
+template <class E>
+const char* choice_name(E value) {
+  for (const auto& [v, name] : Choices<E>::names)
+    if (v == value) return name;
+  return "?";
+}
+
+// The value named name; false when none is.
+template <class E>
+bool parse_choice(std::string_view name, E* out) {
+  for (const auto& [v, n] : Choices<E>::names)
+    if (name == n) {
+      *out = v;
+      return true;
+    }
+  return false;
+}
+
+// "a, b or c": the names, for errors.
+template <class E>
+std::string choice_list() {
+  std::string list;
+  const size_t n = std::size(Choices<E>::names);
+  for (size_t i = 0; i < n; i++)
+    list += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(Choices<E>::names[i].second);
+  return list;
+}
+
+}  // namespace anvil

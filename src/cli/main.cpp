@@ -23,7 +23,7 @@
 #include "kernels/blas.h"
 #include "kernels/matmul.h"
 #include "train/bench.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 #include "train/doctor.h"
 #include "train/generate.h"
 #include "train/trainer.h"
@@ -385,7 +385,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::printf("step:           %lld (%lld tokens seen; optimizer steps %lld)\n", static_cast<long long>(c.step),
               static_cast<long long>(c.tokens_seen), static_cast<long long>(c.optimizer_steps));
   std::printf("model:          %s, %d layers, %d heads, d_model %d, vocab %d, max_seq_len %d, %zu parameters\n",
-              m.name.c_str(), m.n_layers, m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, c.params.size());
+              choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, c.params.size());
   std::printf("data:           epoch %lld, %lld samples of it consumed, global batch %lld, order %s\n",
               static_cast<long long>(data.epoch), static_cast<long long>(data.sample_in_epoch),
               static_cast<long long>(data.global_batch), data.fingerprint.c_str());

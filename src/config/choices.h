@@ -11,6 +11,8 @@
 
 namespace anvil {
 
+// The model's family (`model.name`): src/model/model.cpp's table builds it.
+enum class ModelFamily { kGpt2 };
 // Which implementation the ops run (kernels/impl.h): the scalar reference, the fast CPU
 // kernels, or the GPU kernels.
 enum class KernelImpl { kRef, kCpu, kGpu };
@@ -28,6 +30,10 @@ enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
 // Choices<E>::names: every value of E with the name configs spell it.
 template <class E>
 struct Choices;
+template <>
+struct Choices<ModelFamily> {
+  static constexpr std::pair<ModelFamily, const char*> names[] = {{ModelFamily::kGpt2, "gpt2"}};
+};
 template <>
 struct Choices<ComputeDtype> {  // the `precision` key
   static constexpr std::pair<ComputeDtype, const char*> names[] = {

@@ -19,14 +19,18 @@ namespace anvil {
 
 class MapReader {
  public:
-  MapReader(const YAML::Node& node, std::string prefix, const std::string& file)
-      : node_(node), prefix_(std::move(prefix)), file_(file) {
+  // keys_read (may be null) collects the full dotted name of every key this reader and its
+  // sub-readers accept, present or not.
+  MapReader(const YAML::Node& node, std::string prefix, const std::string& file,
+            std::set<std::string>* keys_read = nullptr)
+      : node_(node), prefix_(std::move(prefix)), file_(file), keys_read_(keys_read) {
     ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
                 prefix_.empty() ? "the top level" : prefix_);
   }
 
   bool has(const std::string& key) {
     allowed_.insert(key);
+    if (keys_read_) keys_read_->insert(full(key));
     return static_cast<bool>(node_[key]) && !node_[key].IsNull();
   }
 
@@ -62,7 +66,7 @@ class MapReader {
 
   MapReader sub(const std::string& key) {
     has(key);
-    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_);
+    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_);
   }
 
   YAML::Node raw(const std::string& key) {
@@ -97,6 +101,7 @@ class MapReader {
   std::string prefix_;
   const std::string& file_;
   std::set<std::string> allowed_;
+  std::set<std::string>* keys_read_;
 };
 
 }  // namespace anvil

@@ -1,7 +1,7 @@
 // The model's shape and family (the `model:` section of a config), apart from the rest of the
 // training config so that the model module needs nothing else of it.
 #pragma once
-#include <string>
+#include "config/choices.h"
 
 namespace anvil {
 
@@ -11,7 +11,7 @@ struct ModelConfig {
   int d_model = 0;
   int vocab_size = 50257;
   int max_seq_len = 0;  // defaults to the top-level max_seq_len
-  std::string name = "gpt2";
+  ModelFamily name = ModelFamily::kGpt2;
 };
 
 }  // namespace anvil

@@ -44,7 +44,17 @@ void interpolate(YAML::Node node, const YAML::Node& vars, const std::string& fil
   }
 }
 
-void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, const std::string& file) {
+// LLM Foundry repeats max_seq_len in places (a loader's dataset, the tokenizer's kwargs): given
+// there, it must be the top-level value.
+void check_repeated_max_seq_len(MapReader& r, const char* key, int max_seq_len, const std::string& file) {
+  int repeated = 0;
+  r.get(key, repeated);
+  ANVIL_CHECK(!r.has(key) || repeated == max_seq_len, "{}: {} is {}, but max_seq_len is {}: they must agree",
+              file, r.full(key), repeated, max_seq_len);
+}
+
+void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, int max_seq_len,
+                 const std::string& file) {
   r.get("name", out.name);
   ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
   MapReader d = r.sub("dataset");
@@ -64,8 +74,7 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   d.get("download_retry", ds.download_retry);
   d.get("download_timeout", ds.download_timeout);
   d.get("validate_hash", ds.validate_hash);
-  int max_seq_len = 0;
-  d.get("max_seq_len", max_seq_len);  // LLM Foundry repeats it here; the top-level value rules
+  check_repeated_max_seq_len(d, "max_seq_len", max_seq_len, file);
   if (d.has("streams")) {
     const YAML::Node streams = d.raw("streams");
     ANVIL_CHECK(streams.IsMap() && streams.size() > 0, "{}: {} must map stream names to their settings", file,
@@ -122,7 +131,8 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   ANVIL_FAIL("{} = '{}' is not a size (expected bytes, or a number with kb, mb, gb or tb)", what, text);
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
+                              std::set<std::string>* keys_read) {
   ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);
   YAML::Node root;
   try {
@@ -155,7 +165,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   apply_deepspeed_config(root, path);
 
   TrainConfig c;
-  MapReader top(root, "", path);
+  MapReader top(root, "", path, keys_read);
   top.raw("variables");
   top.get("run_dir", c.run_dir);
   top.get("run_name", c.run_name);
@@ -175,15 +185,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     MapReader t = top.sub("tokenizer");
     t.get("name", c.tokenizer_name);
     MapReader kw = t.sub("kwargs");
-    int model_max_length = 0;
-    kw.get("model_max_length", model_max_length);
+    check_repeated_max_seq_len(kw, "model_max_length", c.max_seq_len, path);
     kw.finish();
     t.finish();
   }
   ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
-  read_loader(top.sub("train_loader"), c.train_loader, "train", path);
+  read_loader(top.sub("train_loader"), c.train_loader, "train", c.max_seq_len, path);
   if (top.has("eval_loader")) {
-    read_loader(top.sub("eval_loader"), c.eval_loader, "val", path);
+    read_loader(top.sub("eval_loader"), c.eval_loader, "val", c.max_seq_len, path);
     c.has_eval = true;
   }
   {
@@ -292,7 +301,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   };
   positive(c.max_seq_len, "max_seq_len");
   if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
-  ANVIL_CHECK(c.model.name == "gpt2", "{}: model.name '{}' is not supported: expected 'gpt2'", path, c.model.name);
   positive(c.model.n_layers, "model.n_layers");
   positive(c.model.n_heads, "model.n_heads");
   positive(c.model.d_model, "model.d_model");
@@ -381,8 +389,8 @@ std::string to_yaml(const TrainConfig& c) {
     e << YAML::Key << "name" << YAML::Value << l.name;
     e << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap;
     const DatasetConfig& ds = l.dataset;
-    if (!ds.remote.empty()) e << YAML::Key << "remote" << YAML::Value << ds.remote;
-    if (!ds.local.empty()) e << YAML::Key << "local" << YAML::Value << ds.local;
+    e << YAML::Key << "remote" << YAML::Value << ds.remote;
+    e << YAML::Key << "local" << YAML::Value << ds.local;
     e << YAML::Key << "split" << YAML::Value << ds.split;
     if (!ds.streams.empty()) {
       e << YAML::Key << "streams" << YAML::Value << YAML::BeginMap;
@@ -418,7 +426,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "seed" << YAML::Value << c.seed;
   e << YAML::Key << "max_seq_len" << YAML::Value << c.max_seq_len;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << c.model.name;
+  e << YAML::Key << "name" << YAML::Value << choice_name(c.model.name);
   e << YAML::Key << "n_layers" << YAML::Value << c.model.n_layers;
   e << YAML::Key << "n_heads" << YAML::Value << c.model.n_heads;
   e << YAML::Key << "d_model" << YAML::Value << c.model.d_model;

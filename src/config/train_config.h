@@ -3,6 +3,7 @@
 // level), and written back out resolved, with every default, into the run directory.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -130,8 +131,10 @@ struct TrainConfig {
 };
 
 // Loads path, applies overrides ("a.b.c=value", later wins), validates, and returns the config.
-// Errors name the file, the key and what was expected.
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+// Errors name the file, the key and what was expected. keys_read (may be null) collects the
+// dotted name of every key the reader accepts (what to_yaml must write back).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
+                              std::set<std::string>* keys_read = nullptr);
 
 // "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them);
 // what names the value in the error.

@@ -14,7 +14,7 @@ namespace {
 
 // One row per family: what model.name selects.
 struct Family {
-  const char* name;
+  ModelFamily name;
   const char* title;
   std::vector<ParamTensor> (*param_layout)(const ModelConfig&);
   size_t (*activation_bytes)(const ModelConfig&, int max_batch, int max_seq, const ModelStorage&);
@@ -23,19 +23,16 @@ struct Family {
 };
 
 const Family kFamilies[] = {
-    {"gpt2", "GPT-2", gpt2_param_layout, gpt2_activation_bytes, gpt2_train_flops_per_token,
+    {ModelFamily::kGpt2, "GPT-2", gpt2_param_layout, gpt2_activation_bytes, gpt2_train_flops_per_token,
      [](const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) -> std::unique_ptr<Model> {
        return std::make_unique<Gpt2>(cfg, max_batch, max_seq, storage);
      }},
 };
 
 const Family& family_of(const ModelConfig& cfg) {
-  std::string names;
-  for (const Family& f : kFamilies) {
+  for (const Family& f : kFamilies)
     if (cfg.name == f.name) return f;
-    names += (names.empty() ? "'" : ", '") + std::string(f.name) + "'";
-  }
-  ANVIL_FAIL("model.name '{}' is not a model family anvil knows: expected {}", cfg.name, names);
+  ANVIL_FAIL("model.name '{}' has no implementation in src/model/model.cpp", choice_name(cfg.name));
 }
 
 }  // namespace

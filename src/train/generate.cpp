@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "data/gpt2_tokenizer.h"
 #include "model/model.h"
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 namespace anvil {
 

@@ -19,7 +19,7 @@
 #include "dist/op_collectives.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
-#include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/data_pipeline.h"
 #include "train/microbatch.h"
 #include "train/step.h"

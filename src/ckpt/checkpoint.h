@@ -8,15 +8,10 @@
 // load what any other saved (docs/formats.md).
 #pragma once
 #include <cstdint>
-#include <atomic>
-#include <exception>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "config/train_config.h"
-#include "dist/communicator.h"
-#include "model/model.h"
 
 namespace anvil {
 
@@ -39,7 +34,7 @@ struct CheckpointInfo {
   std::string loss_scaler;       // amp_fp16: the LossScaler's state as JSON (else empty)
 };
 
-// The steps of a save, which CheckpointWriter runs on every rank:
+// The steps of a save, which train/checkpoint_writer.h runs on every rank:
 // run_dir/checkpoints/.step-NNNNNNNN.tmp, where the shards are written before the rename.
 std::string checkpoint_temp_dir(const std::string& run_dir, int64_t step);
 // This rank's shard-RRRRR-of-WWWWW.safetensors (pieces of the tensors it covers, 1-D, named as in
@@ -51,36 +46,6 @@ void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& mode
 // shards), fsync, rename to step-NNNNNNNN, then `latest`. Returns the checkpoint directory.
 std::string finalize_checkpoint(const std::string& run_dir, int world, const TrainConfig& cfg,
                                 const CheckpointInfo& info);
-
-// Asynchronous saves. Every rank calls save at the same step with its own shard (a copy: training
-// waits for nothing more) and poll after every step; the shards are written on background
-// threads, and once all are, rank 0 completes the checkpoint on its own background thread and
-// prunes the run's checkpoints to the newest `keep` (-1: all). A pending save makes poll a small
-// collective; finish (or the next save) completes it. Errors are rethrown there.
-class CheckpointWriter {
- public:
-  explicit CheckpointWriter(Communicator& comm) : comm_(comm) {}
-  ~CheckpointWriter();
-  void save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard, CheckpointInfo info, int keep);
-  void poll();
-  // Returns the directory of the last checkpoint completed (on rank 0; empty on the others).
-  std::string finish();
-
- private:
-  enum class State { kIdle, kWriting, kFinalizing };
-  void join();
-  void start_finalize(bool background);
-
-  Communicator& comm_;
-  State state_ = State::kIdle;
-  std::thread thread_;
-  std::atomic<bool> written_{false};
-  std::exception_ptr error_;
-  std::string run_dir_, dir_;
-  TrainConfig cfg_;
-  CheckpointInfo info_;
-  int keep_ = -1;
-};
 
 struct LoadedCheckpoint {
   std::string dir;            // the checkpoint directory read

@@ -1,13 +1,11 @@
 // Checkpoint save (shards into a temporary directory, fsync, rename, then `latest`) and load
 // (checksums verified, shards reassembled).
-#include "train/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
-
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -18,7 +16,8 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
-#include "dist/collectives.h"
+#include "core/sha256.h"
+#include "model/model.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
@@ -27,25 +26,6 @@ namespace {
 
 std::string shard_file_name(int rank, int world) { return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world); }
 std::string shard_pieces_name(int rank) { return fmt::format("shard-{:05d}.json", rank); }
-
-// SHA-256 as lowercase hex, fed piece by piece.
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  void update(const void* data, size_t bytes) { EVP_DigestUpdate(ctx_, data, bytes); }
-  std::string hex() {
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx_, digest, &len);
-    std::string out;
-    for (unsigned int i = 0; i < len; i++) out += fmt::format("{:02x}", digest[i]);
-    return out;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 }  // namespace
 
@@ -113,7 +93,7 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
   nlohmann::json manifest = {
       {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", info.step},
       {"tokens_seen", info.tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(info.data_state)},
-      {"model", {{"name", m.name}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"d_model", m.d_model},
+      {"model", {{"name", choice_name(m.name)}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"d_model", m.d_model},
                  {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}}},
       {"config", config_yaml}, {"config_xxh3", hex64(hash64(config_yaml.data(), config_yaml.size()))},
       {"optimizer_steps", info.optimizer_steps}, {"weights_sha256", weights.hex()}, {"tensors", tensors},
@@ -128,83 +108,6 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
   fsync_dir(ckpt_root);
   write_file_atomic(ckpt_root + "/latest", name + "\n");
   return final_dir;
-}
-
-CheckpointWriter::~CheckpointWriter() {
-  if (thread_.joinable()) thread_.join();
-}
-
-void CheckpointWriter::join() {
-  if (thread_.joinable()) thread_.join();
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    state_ = State::kIdle;
-    std::rethrow_exception(e);
-  }
-}
-
-void CheckpointWriter::save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard,
-                            CheckpointInfo info, int keep) {
-  finish();
-  run_dir_ = run_dir;
-  cfg_ = cfg;
-  info_ = std::move(info);
-  keep_ = keep;
-  const std::string tmp = checkpoint_temp_dir(run_dir, info_.step);
-  if (comm_.rank() == 0) {
-    fs::remove_all(tmp);  // left by a save of this step that was interrupted
-    make_dirs(tmp);
-  }
-  barrier(comm_);  // the directory exists before any rank writes into it
-  written_ = false;
-  state_ = State::kWriting;
-  thread_ = std::thread([this, tmp, shard = std::move(shard)] {
-    try {
-      write_checkpoint_shard(tmp, cfg_.model, shard, info_.step);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-    written_ = true;
-  });
-}
-
-void CheckpointWriter::start_finalize(bool background) {
-  auto work = [this] {
-    try {
-      dir_ = finalize_checkpoint(run_dir_, comm_.size(), cfg_, info_);
-      prune_checkpoints(run_dir_, keep_);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-  };
-  state_ = State::kFinalizing;
-  if (background)
-    thread_ = std::thread(work);
-  else
-    work();
-}
-
-void CheckpointWriter::poll() {
-  if (state_ != State::kWriting) return;
-  // Every rank is writing the same checkpoint, so every rank takes part in this count.
-  if (sum_exact(comm_, written_ ? 1 : 0) < comm_.size()) return;
-  join();
-  if (comm_.rank() == 0)
-    start_finalize(/*background=*/true);
-  else
-    state_ = State::kIdle;
-}
-
-std::string CheckpointWriter::finish() {
-  if (state_ == State::kWriting) {
-    join();
-    barrier(comm_);  // every shard is on disk
-    if (comm_.rank() == 0) start_finalize(/*background=*/false);
-  }
-  join();
-  state_ = State::kIdle;
-  return dir_;
 }
 
 namespace {
@@ -240,7 +143,9 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     ANVIL_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}, from an earlier anvil; this "
                 "anvil reads version {} only", dir, version, kCheckpointVersion);
     const auto& m = manifest.at("model");
-    out.config.name = m.at("name").get<std::string>();
+    const std::string family = m.at("name").get<std::string>();
+    ANVIL_CHECK(parse_choice(family, &out.config.name), "checkpoint '{}' holds a model of family '{}', which this "
+                "anvil does not know (it knows {})", dir, family, choice_list<ModelFamily>());
     out.config.n_layers = m.at("n_layers").get<int>();
     out.config.n_heads = m.at("n_heads").get<int>();
     out.config.d_model = m.at("d_model").get<int>();

@@ -1,0 +1,45 @@
+// Checkpoints saved in the background while training goes on: each rank writes its shard on its
+// own thread, rank 0 completes the checkpoint (ckpt/checkpoint.h describes the format).
+#pragma once
+#include <atomic>
+#include <exception>
+#include <string>
+#include <thread>
+
+#include "ckpt/checkpoint.h"
+#include "config/train_config.h"
+#include "dist/communicator.h"
+
+namespace anvil {
+
+// Asynchronous saves. Every rank calls save at the same step with its own shard (a copy: training
+// waits for nothing more) and poll after every step; the shards are written on background
+// threads, and once all are, rank 0 completes the checkpoint on its own background thread and
+// prunes the run's checkpoints to the newest `keep` (-1: all). A pending save makes poll a small
+// collective; finish (or the next save) completes it. Errors are rethrown there.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(Communicator& comm) : comm_(comm) {}
+  ~CheckpointWriter();
+  void save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard, CheckpointInfo info, int keep);
+  void poll();
+  // Returns the directory of the last checkpoint completed (on rank 0; empty on the others).
+  std::string finish();
+
+ private:
+  enum class State { kIdle, kWriting, kFinalizing };
+  void join();
+  void start_finalize(bool background);
+
+  Communicator& comm_;
+  State state_ = State::kIdle;
+  std::thread thread_;
+  std::atomic<bool> written_{false};
+  std::exception_ptr error_;
+  std::string run_dir_, dir_;
+  TrainConfig cfg_;
+  CheckpointInfo info_;
+  int keep_ = -1;
+};
+
+}  // namespace anvil

@@ -93,7 +93,8 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
   nlohmann::json manifest = {
       {"format", "anvil-checkpoint"}, {"version", kCheckpointVersion}, {"step", info.step},
       {"tokens_seen", info.tokens_seen}, {"seed", cfg.seed}, {"data_state", nlohmann::json::parse(info.data_state)},
-      {"model", {{"name", choice_name(m.name)}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"d_model", m.d_model},
+      {"model", {{"name", choice_name(m.name)}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
+                 {"d_model", m.d_model},
                  {"vocab_size", m.vocab_size}, {"max_seq_len", m.max_seq_len}}},
       {"config", config_yaml}, {"config_xxh3", hex64(hash64(config_yaml.data(), config_yaml.size()))},
       {"optimizer_steps", info.optimizer_steps}, {"weights_sha256", weights.hex()}, {"tensors", tensors},

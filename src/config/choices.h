@@ -59,10 +59,11 @@ struct Choices<SchedulerKind> {
 };
 template <>
 struct Choices<AllReduceAlgo> {
-  static constexpr std::pair<AllReduceAlgo, const char*> names[] = {{AllReduceAlgo::kAuto, "auto"},
-                                                                    {AllReduceAlgo::kRing, "ring"},
-                                                                    {AllReduceAlgo::kRecursiveDoubling, "recursive_doubling"},
-                                                                    {AllReduceAlgo::kRankOrdered, "rank_ordered"}};
+  static constexpr std::pair<AllReduceAlgo, const char*> names[] = {
+      {AllReduceAlgo::kAuto, "auto"},
+      {AllReduceAlgo::kRing, "ring"},
+      {AllReduceAlgo::kRecursiveDoubling, "recursive_doubling"},
+      {AllReduceAlgo::kRankOrdered, "rank_ordered"}};
 };
 template <>
 struct Choices<GradCompression> {

@@ -215,8 +215,8 @@ namespace {
 // bits do not depend on the rows beside it, or where the model need not be invariant; else one
 // sequence per call, so that a sequence's result never depends on the microbatch it came in
 // (see UnitAccess).
-void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight, const float* bias,
-                              int B, int T, int C, int OC) {
+void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
+                              const float* bias, int B, int T, int C, int OC) {
   if (!invariant || matmul_rows_independent()) return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
   const size_t rows = static_cast<size_t>(T);
   for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
@@ -275,7 +275,8 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   round_to_dtype(x.fch, 4 * NC, dtype());
   gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
   round_to_dtype(acts_.fch_gelu, 4 * NC, dtype());
-  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T, 4 * C, C);
+  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
+                           4 * C, C);
   round_to_dtype(scratch, NC, dtype());
   residual_forward(residual3, x.residual2, scratch, NC);
 }
@@ -335,10 +336,19 @@ double Gpt2::forward_backward(const int32_t* tokens, const int32_t* targets, int
 }
 
 void Gpt2::backward(const int32_t* targets_op, float dloss) {
-  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads, V = cfg_.vocab_size, L = cfg_.n_layers;
+  lm_head_backward(targets_op, dloss);
+  // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
+  // gradient of the block output, of the skip path and of the projection at once; the layer
+  // norms then add their input gradients into it. This saves two copies per layer over calling
+  // residual_backward.
+  for (int l = cfg_.n_layers - 1; l >= 0; l--) block_backward(l);
+  embedding_backward();
+}
+
+void Gpt2::lm_head_backward(const int32_t* targets_op, float dloss) {
+  const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
   Acts& a = acts_;
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
-  const size_t wpe_offset = static_cast<size_t>(V) * C;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
 
   // The LM head, one sequence at a time: its logits, the loss and the logits' gradient in one
@@ -379,66 +389,72 @@ void Gpt2::backward(const int32_t* targets_op, float dloss) {
   }
   access().release_params(L + 1);
   access().grads_done(L + 1);
+}
 
-  // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
-  // gradient of the block output, of the skip path and of the projection at once; the layer
-  // norms then add their input gradients into it. This saves two copies per layer over calling
-  // residual_backward.
-  for (int l = L - 1; l >= 0; l--) {
-    const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-    const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, l == 0 ? -1 : l)));
-    if (storage_.activation_checkpointing) block_forward(l, p, residual);  // the same bits as the forward pass's
-    const BlockActs x = block_acts(l);
-    // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's two
-    // vectors), are asked for just before the op and handed over (grain_done) right after it,
-    // while in cache: deterministic training's scratch then holds the largest op's, not the
-    // block's (largest_grads_span).
-    const float* unit_end = p.ln1w + units()[1 + l].numel;
-    auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
-    for (int b = 0; b < B; b += grain_sequences()) {
-      const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
-      const int N = n * T;
-      const long NC = static_cast<long>(N) * C;
-      const size_t r = b * rows;
-      // A linear layer (weight w, then its bias, up to end) and a layer norm (weight, then bias).
-      auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w,
-                                 const float* bias, const float* end, int IC, int OC) {
-        float* dw = access().grads(1 + l, at(w), at(end) - at(w));
-        matmul_backward(matmul_, dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
-        access().grain_done(1 + l, at(w), at(end) - at(w));
-      };
-      auto norm_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
-                               const float* rstd) {
-        float* dw = access().grads(1 + l, at(w), 2 * static_cast<size_t>(C));
-        layernorm_backward(dinp, dw, dw + C, dout, inp, w, mean, rstd, N, C);
-        access().grain_done(1 + l, at(w), 2 * static_cast<size_t>(C));
-      };
-      float* dres = dresidual_ + r * C;
-      float* dsmall = dsmall_ + r * C;
-      // The residual stream's gradient stays fp32; the projections see it rounded.
-      const float* dproj = rounded(dres, NC);
-      float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
-      gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
-      round_to_dtype(fch_gelu, 4 * NC, dtype());
-      linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, 4 * C, C);
-      round_to_dtype(dbig_, 4 * NC, dtype());
-      gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
-      round_to_dtype(dbig_, 4 * NC, dtype());
-      linear_backward(dsmall, dbig_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, 4 * C);
-      round_to_dtype(dsmall, NC, dtype());
-      norm_backward(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
-      dproj = rounded(dres, NC);
-      linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
-      round_to_dtype(dsmall, NC, dtype());
-      attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
-      round_to_dtype(dqkv_, 3 * NC, dtype());
-      linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, 3 * C);
-      round_to_dtype(dsmall, NC, dtype());
-      norm_backward(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
-    }
-    access().release_params(1 + l);
-    access().grads_done(1 + l);
+void Gpt2::block_backward(int l) {
+  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads;
+  Acts& a = acts_;
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
+  const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, l == 0 ? -1 : l)));
+  if (storage_.activation_checkpointing) block_forward(l, p, residual);  // the same bits as the forward pass's
+  const BlockActs x = block_acts(l);
+  // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's two
+  // vectors), are asked for just before the op and handed over (grain_done) right after it,
+  // while in cache: deterministic training's scratch then holds the largest op's, not the
+  // block's (largest_grads_span).
+  const float* unit_end = p.ln1w + units()[1 + l].numel;
+  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
+  for (int b = 0; b < B; b += grain_sequences()) {
+    const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
+    const int N = n * T;
+    const long NC = static_cast<long>(N) * C;
+    const size_t r = b * rows;
+    // A linear layer (weight w, then its bias, up to end) and a layer norm (weight, then bias).
+    auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w,
+                               const float* bias, const float* end, int IC, int OC) {
+      float* dw = access().grads(1 + l, at(w), at(end) - at(w));
+      matmul_backward(matmul_, dinp, dw, dw + (bias - w), dout, OC, inp, w, N, IC, OC, false);
+      access().grain_done(1 + l, at(w), at(end) - at(w));
+    };
+    auto norm_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
+                             const float* rstd) {
+      float* dw = access().grads(1 + l, at(w), 2 * static_cast<size_t>(C));
+      layernorm_backward(dinp, dw, dw + C, dout, inp, w, mean, rstd, N, C);
+      access().grain_done(1 + l, at(w), 2 * static_cast<size_t>(C));
+    };
+    float* dres = dresidual_ + r * C;
+    float* dsmall = dsmall_ + r * C;
+    // The residual stream's gradient stays fp32; the projections see it rounded.
+    const float* dproj = rounded(dres, NC);
+    float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
+    gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
+    round_to_dtype(fch_gelu, 4 * NC, dtype());
+    linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, 4 * C, C);
+    round_to_dtype(dbig_, 4 * NC, dtype());
+    gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
+    round_to_dtype(dbig_, 4 * NC, dtype());
+    linear_backward(dsmall, dbig_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, 4 * C);
+    round_to_dtype(dsmall, NC, dtype());
+    norm_backward(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
+    dproj = rounded(dres, NC);
+    linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
+    round_to_dtype(dsmall, NC, dtype());
+    attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
+    round_to_dtype(dqkv_, 3 * NC, dtype());
+    linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, 3 * C);
+    round_to_dtype(dsmall, NC, dtype());
+    norm_backward(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
   }
+  access().release_params(1 + l);
+  access().grads_done(1 + l);
+}
+
+void Gpt2::embedding_backward() {
+  const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const size_t wpe_offset = static_cast<size_t>(V) * C;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
   // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
   // compact (within the reserved capacity: no allocation), and its positions' rows.
   for (int b = 0; b < B; b++) {

@@ -84,8 +84,13 @@ class Gpt2 final : public Model {
   // The host targets copied where the ops run; returns that copy.
   const int32_t* upload_targets(const int32_t* targets, int N);
   // LM head forward, cross-entropy and the backward pass, after forward_to_lnf; targets_op as
-  // upload_targets returned them.
+  // upload_targets returned them. In three parts: the LM head and the final norm (the gradient
+  // of the last block's output into dresidual_), block l (dresidual_ from its output's gradient
+  // to its input's), and the embeddings.
   void backward(const int32_t* targets_op, float dloss);
+  void lm_head_backward(const int32_t* targets_op, float dloss);
+  void block_backward(int l);
+  void embedding_backward();
 
   int max_batch_;
   OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_;

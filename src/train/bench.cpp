@@ -52,9 +52,11 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
   log_info("bench train: {} {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
-           "parameters; {}; {} kernels, {}{}", model_family_title(cfg.model), cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model,
+           "parameters; {}; {} kernels, {}{}", model_family_title(cfg.model), cfg.model.n_layers, cfg.model.n_heads,
+           cfg.model.d_model,
            cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
-           choice_name(cfg.kernels), choice_name(cfg.precision), cfg.activation_checkpointing ? "; activation checkpointing" : "");
+           choice_name(cfg.kernels), choice_name(cfg.precision),
+           cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
   const auto t0 = std::chrono::steady_clock::now();

@@ -237,14 +237,16 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
            cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);
-  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg.kernels), matmul_backend_description(), peak,
+  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg.kernels), matmul_backend_description(),
+           peak,
            W > 1 ? fmt::format(" over {} ranks", W) : "");
   if (W > 1) {
     const LaunchInfo li = detect_launch();
     log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, collectives {}, "
              "timeout {:.0f} s", W, comm.local_size(), comm.backend(),
              li.launcher.empty() ? "" : ", launched by " + li.launcher, dc.zero_stage, choice_name(dc.all_reduce),
-             dc.grad_compression == GradCompression::kBf16 ? ", bf16 gradient compression" : "", dp.collectives_description(),
+             dc.grad_compression == GradCompression::kBf16 ? ", bf16 gradient compression" : "",
+             dp.collectives_description(),
              cfg.dist_timeout);
   }
   if (W == 1 && cfg.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)

@@ -130,8 +130,8 @@ TEST(Matmul, MatchesReference) {
     float* dbias_cpu = s.bias ? db_cpu.data() : nullptr;
     ref::matmul_backward(dinp_ref.data(), dw_ref.data(), dbias_ref, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
                          s.OC, false);
-    cpu::matmul_backward(ctx, dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), s.OC, inp.data(), w.data(), s.N, s.C,
-                         s.OC, false);
+    cpu::matmul_backward(ctx, dinp_cpu.data(), dw_cpu.data(), dbias_cpu, dout.data(), s.OC, inp.data(), w.data(), s.N,
+                         s.C, s.OC, false);
     EXPECT_TRUE(rel_norm_close(dinp_cpu.data(), dinp_ref.data(), dinp_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(rel_norm_close(dw_cpu.data(), dw_ref.data(), dw_ref.size(), kFp32RelNorm));
     EXPECT_TRUE(all_close(db_cpu.data(), db_ref.data(), s.OC, kFp32Reduction));
@@ -147,8 +147,8 @@ TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
   MatmulContext ctx;
   std::vector<float> dinp_whole(N * C), dw_whole(w.size(), 0.0f), db_whole(OC, 0.0f);
-  cpu::matmul_backward(ctx, dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(), N, C,
-                       OC, false);
+  cpu::matmul_backward(ctx, dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(),
+                       N, C, OC, false);
   std::vector<float> dinp(N * C, NAN), dw(w.size(), 0.0f), db(OC, 0.0f);
   std::vector<float> dinp_ref(N * C, NAN), dw_ref(w.size(), 0.0f), db_ref(OC, 0.0f);
   for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
@@ -230,8 +230,8 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
       dw[k] = randn(w.size(), 5);
       db[k] = randn(s.OC, 6);
       cpu::matmul_forward(ctx, out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
-      cpu::matmul_backward(ctx, dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(), s.N,
-                           s.C, s.OC, false);
+      cpu::matmul_backward(ctx, dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(),
+                           s.N, s.C, s.OC, false);
     }
     omp_set_num_threads(saved);
     for (int k = 1; k < 3; k++) {

@@ -186,7 +186,8 @@ TEST(TrainStep, OverflowedStepRunsAgain) {
 // losing the NaN in the gradient maximum or taking it for a fixed-point overflow.
 TEST(TrainStep, NonFiniteGradientIsAnError) {
   TrainConfig c = small_config(2);
-  const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
+  const std::unique_ptr<Model> built =
+      make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
   Model& model = *built;
   model.init_weights(1);
   model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
@@ -210,7 +211,8 @@ TEST(TrainStep, MixedPrecisionFollowsFp32AndStaysDeterministic) {
   for (ComputeDtype precision : {ComputeDtype::kBf16, ComputeDtype::kFp16}) {
     const std::vector<float> amp = train_steps(4, 3, true, 0, precision);
     EXPECT_FALSE(amp == fp32) << choice_name(precision) << " changed nothing";
-    EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm)) << choice_name(precision);
+    EXPECT_TRUE(testing::rel_norm_close(amp.data(), fp32.data(), fp32.size(), testing::kBf16RelNorm))
+        << choice_name(precision);
     EXPECT_TRUE(train_steps(1, 3, true, 0, precision) == amp) << choice_name(precision) << ", microbatch 1";
     // fp32 sums differ from the fixed-point ones by fp32 rounding, but a 16-bit rounding of an
     // activation that sits on a boundary then flips by one 16-bit step, and AdamW turns a near-zero
@@ -230,7 +232,8 @@ TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
     c.loss_scaler.init_scale = 0x1p40;
     c.loss_scaler.hysteresis = 2;
     c.loss_scaler.growth_interval = 3;
-    const std::unique_ptr<Model> built = make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
+    const std::unique_ptr<Model> built =
+        make_model(c.model, 2, c.max_seq_len, model_storage_for(data_parallel_options(c)));
     Model& model = *built;
     model.init_weights(1);
     const std::vector<float> initial(model.params(), model.params() + model.num_params());

@@ -1,6 +1,7 @@
 // Causal multi-head self-attention on a fused qkv tensor. NH heads of HS = C/NH channels; the
 // scores are scaled by 1/√HS and position i attends to positions j <= i.
 #pragma once
+#include "kernels/op.h"
 
 namespace anvil {
 
@@ -12,20 +13,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
 
-namespace ref {  // forms the full T×T score matrix per head
-void attention_forward(float*, float*, const float*, int, int, int, int);
-void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
-                        int, int);
-}  // namespace ref
-namespace cpu {  // query blocks of sgemms; never forms T×T
-void attention_forward(float*, float*, const float*, int, int, int, int);
-void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
-                        int, int);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void attention_forward(float*, float*, const float*, int, int, int, int);
-void attention_backward(float*, const float*, const float*, const float*, const float*, int, int,
-                        int, int);
-}  // namespace gpu
+// ref: forms the full T×T score matrix per head; cpu: query blocks of sgemms; never forms T×T.
+ANVIL_OP_IMPLEMENTATIONS(attention_forward)
+ANVIL_OP_IMPLEMENTATIONS(attention_backward)
 
 }  // namespace anvil

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/targets.h"  // kIgnoreIndex: a target with this value contributes no loss
+#include "kernels/op.h"
 
 namespace anvil {
 
@@ -22,20 +23,13 @@ void crossentropy_forward(float* losses, float* lse, const float* logits, const 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
                                    const int32_t* targets, float dloss, int N, int V, ComputeDtype d);
 
+// cpu: one exp per logit in the training form.
+ANVIL_OP_IMPLEMENTATIONS(crossentropy_forward)
+ANVIL_OP_IMPLEMENTATIONS(crossentropy_forward_backward)
 namespace ref {
-void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int, ComputeDtype);
 // The gradient from the saved lse, separately: the specification the fused form is built from.
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
                            const int32_t* targets, float dloss, int N, int V, ComputeDtype d);
-void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int, ComputeDtype);
 }  // namespace ref
-namespace cpu {  // one exp per logit in the training form
-void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int, ComputeDtype);
-void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int, ComputeDtype);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void crossentropy_forward(float*, float*, const float*, const int32_t*, int, int, ComputeDtype);
-void crossentropy_forward_backward(float*, float*, const float*, const int32_t*, float, int, int, ComputeDtype);
-}  // namespace gpu
 
 }  // namespace anvil

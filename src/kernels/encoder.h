@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/op.h"
+
 namespace anvil {
 
 // out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) in [0, V); wte (V,C); wpe (>=T, C).
@@ -16,20 +18,8 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 // held in compact rows added into the full table.
 void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len);
 
-namespace ref {
-void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
-void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
-void add_rows(float*, const float*, const int32_t*, size_t, size_t);
-}  // namespace ref
-namespace cpu {
-void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
-void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
-void add_rows(float*, const float*, const int32_t*, size_t, size_t);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int);
-void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int);
-void add_rows(float*, const float*, const int32_t*, size_t, size_t);
-}  // namespace gpu
+ANVIL_OP_IMPLEMENTATIONS(encoder_forward)
+ANVIL_OP_IMPLEMENTATIONS(encoder_backward)
+ANVIL_OP_IMPLEMENTATIONS(add_rows)
 
 }  // namespace anvil

@@ -18,6 +18,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/op.h"
+
 namespace anvil {
 
 // a + b with two's-complement wrap-around: a step that outgrew its scale (detected afterwards,
@@ -56,23 +58,9 @@ void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* square
 // acc[i] += x[i] (wrapping, as fixed_point_add).
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n);
 
-namespace ref {
-void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
-void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
-void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
-}  // namespace ref
-namespace cpu {
-void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
-void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
-void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void fixed_point_accumulate(int64_t*, float*, size_t, int, float*);
-void fixed_point_accumulate_rows(int64_t*, float*, const int32_t*, size_t, size_t, int, float*);
-void fixed_point_squares(const int64_t*, size_t, unsigned __int128*);
-void fixed_point_add_arrays(int64_t*, const int64_t*, size_t);
-}  // namespace gpu
+ANVIL_OP_IMPLEMENTATIONS(fixed_point_accumulate)
+ANVIL_OP_IMPLEMENTATIONS(fixed_point_accumulate_rows)
+ANVIL_OP_IMPLEMENTATIONS(fixed_point_squares)
+ANVIL_OP_IMPLEMENTATIONS(fixed_point_add_arrays)
 
 }  // namespace anvil

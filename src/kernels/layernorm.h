@@ -1,5 +1,6 @@
 // LayerNorm over the last dimension with eps 1e-5 (GPT-2's and PyTorch's default).
 #pragma once
+#include "kernels/op.h"
 
 namespace anvil {
 
@@ -13,20 +14,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
 
-namespace ref {
-void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int);
-void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
-                        const float*, const float*, int, int);
-}  // namespace ref
-namespace cpu {
-void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int);
-void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
-                        const float*, const float*, int, int);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int);
-void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
-                        const float*, const float*, int, int);
-}  // namespace gpu
+ANVIL_OP_IMPLEMENTATIONS(layernorm_forward)
+ANVIL_OP_IMPLEMENTATIONS(layernorm_backward)
 
 }  // namespace anvil

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/op.h"
+
 namespace anvil {
 
 // One AdamW step for one tensor, as PyTorch computes it, on the clipped gradient
@@ -29,23 +31,9 @@ double sum_of_squares(const float* x, size_t n);
 // x (n) *= coef; returns whether every result is finite.
 bool scale_values_check_finite(float* x, size_t n, float coef);
 
-namespace ref {
-void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
-void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
-double sum_of_squares(const float*, size_t);
-bool scale_values_check_finite(float*, size_t, float);
-}  // namespace ref
-namespace cpu {
-void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
-void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
-double sum_of_squares(const float*, size_t);
-bool scale_values_check_finite(float*, size_t, float);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void adamw_update(float*, const float*, float*, float*, size_t, const AdamWStep&);
-void adamw_update_fixed(float*, const int64_t*, int, float*, float*, size_t, const AdamWStep&);
-double sum_of_squares(const float*, size_t);
-bool scale_values_check_finite(float*, size_t, float);
-}  // namespace gpu
+ANVIL_OP_IMPLEMENTATIONS(adamw_update)
+ANVIL_OP_IMPLEMENTATIONS(adamw_update_fixed)
+ANVIL_OP_IMPLEMENTATIONS(sum_of_squares)
+ANVIL_OP_IMPLEMENTATIONS(scale_values_check_finite)
 
 }  // namespace anvil

@@ -2,6 +2,7 @@
 // the inputs and outputs of matrix products under amp_bf16 / amp_fp16 (docs/precision.md).
 #pragma once
 #include "core/dtype.h"
+#include "kernels/op.h"
 
 namespace anvil {
 
@@ -10,14 +11,6 @@ namespace anvil {
 // NaN stays NaN. kFp32 leaves x alone.
 void round_to_dtype(float* x, long N, ComputeDtype d);
 
-namespace ref {
-void round_to_dtype(float*, long, ComputeDtype);
-}  // namespace ref
-namespace cpu {
-void round_to_dtype(float*, long, ComputeDtype);
-}  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
-void round_to_dtype(float*, long, ComputeDtype);
-}  // namespace gpu
+ANVIL_OP_IMPLEMENTATIONS(round_to_dtype)
 
 }  // namespace anvil

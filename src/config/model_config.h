@@ -12,6 +12,8 @@ struct ModelConfig {
   int vocab_size = 50257;
   int max_seq_len = 0;  // defaults to the top-level max_seq_len
   ModelFamily name = ModelFamily::kGpt2;
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace anvil

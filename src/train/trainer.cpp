@@ -113,6 +113,42 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;
 }
 
+// Where training starts: load_path, the newest usable checkpoint of this run (autoresume), or
+// none (the seed). Rank 0 chooses, so that every rank loads the same one; it must hold the
+// config's model.
+std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicator& comm) {
+  const bool writer = comm.rank() == 0;
+  std::optional<LoadedCheckpoint> resume;
+  if (writer) resume = choose_resume_checkpoint(cfg);
+  const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
+  if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
+  if (resume) {
+    const ModelConfig& m = resume->config;
+    const ModelConfig& c = cfg.model;
+    ANVIL_CHECK(m == c, "checkpoint '{}' holds a {} model of {} layers, {} heads, d_model {}, vocab {}, max_seq_len "
+                "{}; the config asks for {}, {}, {}, {}, {}, {}", resume->dir, choice_name(m.name), m.n_layers,
+                m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, choice_name(c.name), c.n_layers, c.n_heads,
+                c.d_model, c.vocab_size, c.max_seq_len);
+  }
+  return resume;
+}
+
+// The run directory (rank 0): its resolved config, train.log, and metrics.jsonl, opened for
+// writing. An existing run is continued only when resuming, and its metrics are cut back to the
+// checkpoint's step.
+FILE* open_run_directory(const TrainConfig& cfg, bool resuming, int64_t start_step) {
+  const std::string metrics_path = cfg.run_dir + "/metrics.jsonl";
+  ANVIL_CHECK(!fs::exists(metrics_path) || resuming || cfg.autoresume, "run directory '{}' already holds a run; "
+              "continue it with autoresume=true, or choose another run_dir (e.g. run_dir=runs/NAME)", cfg.run_dir);
+  make_dirs(cfg.run_dir);
+  write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
+  log_to_file(cfg.run_dir + "/train.log");
+  if (resuming && fs::exists(metrics_path)) truncate_metrics(metrics_path, start_step);
+  FILE* metrics = std::fopen(metrics_path.c_str(), resuming ? "a" : "w");
+  ANVIL_CHECK(metrics, "cannot create '{}'", metrics_path);
+  return metrics;
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
@@ -151,38 +187,11 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
                       cfg.scheduler.alpha_f,
                       duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max")};
 
-  // Where training starts: load_path, the newest usable checkpoint of this run (autoresume), or
-  // the seed. Rank 0 chooses, so that every rank loads the same one.
-  std::optional<LoadedCheckpoint> resume;
-  if (writer) resume = choose_resume_checkpoint(cfg);
-  const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
-  if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
-  if (resume) {
-    const ModelConfig& m = resume->config;
-    ANVIL_CHECK(m.n_layers == cfg.model.n_layers && m.n_heads == cfg.model.n_heads && m.d_model == cfg.model.d_model &&
-                    m.vocab_size == cfg.model.vocab_size && m.max_seq_len == cfg.model.max_seq_len,
-                "checkpoint '{}' holds a model of {} layers, {} heads, d_model {}, vocab {}, max_seq_len {}; the config "
-                "asks for {}, {}, {}, {}, {}", resume->dir, m.n_layers, m.n_heads, m.d_model, m.vocab_size,
-                m.max_seq_len, cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size,
-                cfg.model.max_seq_len);
-    loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
-  }
+  std::optional<LoadedCheckpoint> resume = resume_point(cfg, comm);
+  if (resume) loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
   const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
 
-  // The run directory, written by rank 0 only. An existing run is continued only when resuming
-  // from it, and its metrics are cut back to the checkpoint's step.
-  FILE* metrics = nullptr;
-  if (writer) {
-    const std::string metrics_path = cfg.run_dir + "/metrics.jsonl";
-    ANVIL_CHECK(!fs::exists(metrics_path) || resume || cfg.autoresume, "run directory '{}' already holds a run; "
-                "continue it with autoresume=true, or choose another run_dir (e.g. run_dir=runs/NAME)", cfg.run_dir);
-    make_dirs(cfg.run_dir);
-    write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
-    log_to_file(cfg.run_dir + "/train.log");
-    if (resume && fs::exists(metrics_path)) truncate_metrics(metrics_path, start_step);
-    metrics = std::fopen(metrics_path.c_str(), resume ? "a" : "w");
-    ANVIL_CHECK(metrics, "cannot create '{}'", metrics_path);
-  }
+  FILE* metrics = writer ? open_run_directory(cfg, resume.has_value(), start_step) : nullptr;
   auto write_metrics = [&](const nlohmann::json& row) {
     if (!metrics) return;
     std::fprintf(metrics, "%s\n", row.dump().c_str());

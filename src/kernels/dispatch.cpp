@@ -79,29 +79,14 @@ std::string matmul_backend_description() {
 #endif
   return cpu::matmul_backend_description();
 }
-// The reference multiplies its (already rounded) operands in fp32; the CPU's GEMM takes the
-// context (operand dtype, held weight); GPU BLAS the operand dtype, for its tensor-core mode.
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-  const OpProfileScope profile_scope("matmul_forward");
-  if (g_impl == KernelImpl::kRef) return ref::matmul_forward(out, inp, weight, bias, N, C, OC);
-#if defined(ANVIL_GPU)
-  if (g_impl == KernelImpl::kGpu) return gpu::matmul_forward(ctx.operand_dtype(), out, inp, weight, bias, N, C, OC);
-#endif
-  cpu::matmul_forward(ctx, out, inp, weight, bias, N, C, OC);
+  ANVIL_DISPATCH(matmul_forward, ctx, out, inp, weight, bias, N, C, OC);
 }
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);
-  const OpProfileScope profile_scope("matmul_backward");
-  if (g_impl == KernelImpl::kRef)
-    return ref::matmul_backward(dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
-#if defined(ANVIL_GPU)
-  if (g_impl == KernelImpl::kGpu)
-    return gpu::matmul_backward(ctx.operand_dtype(), dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC,
-                                accumulate_dinp);
-#endif
-  cpu::matmul_backward(ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
+  ANVIL_DISPATCH(matmul_backward, ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
 }
 void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_forward, out, inp, N); }
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {

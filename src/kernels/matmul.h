@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "kernels/op.h"
 
 namespace anvil {
 
@@ -76,23 +77,19 @@ double matmul_peak_gflops(ComputeDtype d);
 // device and runtime.
 std::string matmul_backend_description();
 
-namespace ref {
-void matmul_forward(float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(float*, float*, float*, const float*, long, const float*, const float*, int, int, int, bool);
-}  // namespace ref
-namespace cpu {  // uses and fills ctx's held weight
+// ref: in double, ignoring ctx; cpu: anvil's GEMM (kernels/cpu/gemm.h), using and filling ctx's
+// held weight; gpu: cuBLASLt / hipBLASLt in ctx's operand dtype's tensor-core mode.
+ANVIL_OP_IMPLEMENTATIONS(matmul_forward)
+ANVIL_OP_IMPLEMENTATIONS(matmul_backward)
+
+// The backend queries behind matmul_peak_gflops and matmul_backend_description.
+namespace cpu {
 double matmul_peak_gflops(ComputeDtype);
 std::string matmul_backend_description();
-void matmul_forward(MatmulContext&, float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(MatmulContext&, float*, float*, float*, const float*, long, const float*, const float*, int, int,
-                     int, bool);
 }  // namespace cpu
-namespace gpu {  // device pointers; kernels/gpu/, one source for CUDA and HIP
+namespace gpu {
 double matmul_peak_gflops(ComputeDtype);
 std::string matmul_backend_description();
-void matmul_forward(ComputeDtype, float*, const float*, const float*, const float*, int, int, int);
-void matmul_backward(ComputeDtype, float*, float*, float*, const float*, long, const float*, const float*, int, int,
-                     int, bool);
 }  // namespace gpu
 
 }  // namespace anvil

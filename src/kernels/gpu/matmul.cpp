@@ -162,13 +162,14 @@ std::string matmul_backend_description() {
 
 // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being
 // column-major (C,OC), hence transposed.
-void matmul_forward(ComputeDtype d, float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-  gemm(d, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+  gemm(ctx.operand_dtype(), true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
 }
 
-void matmul_backward(ComputeDtype d, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
+void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+  const ComputeDtype d = ctx.operand_dtype();
   const int ld = static_cast<int>(ld_dout);
   // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
   if (dinp) gemm(d, false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);

@@ -96,7 +96,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+void matmul_forward(MatmulContext&, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) {
@@ -107,8 +107,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout, const float* inp,
-                     const float* weight, int N, int C, int OC, bool accumulate_dinp) {
+void matmul_backward(MatmulContext&, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
+                     const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   if (dinp)
     for (int n = 0; n < N; n++)
       for (int c = 0; c < C; c++) {

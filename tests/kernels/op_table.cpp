@@ -1,0 +1,353 @@
+// The one table of op cases (tests/kernels/op_harness.h): every op of src/kernels over shapes
+// that reach each branch of every backend (sizes of one, odd sizes, T not a multiple of the
+// attention tiles, one head, GPT-2's shapes, the 50257-word vocabulary, more rows than a GPU
+// grid's y extent), in each compute dtype an op takes. A new op adds its cases here.
+//
+// This file is built into one test binary per backend: test_kernels (the CPU kernels),
+// test_gpu_ops (the GPU kernels, in a GPU build) and test_gpu_ops_emulated_32/64 (the GPU kernels
+// on the emulated runtime, in the CPU build), each comparing its backend with the reference.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device/device.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/fixed_point.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/op_harness.h"
+#include "kernels/optimizer.h"
+#include "kernels/residual.h"
+#include "kernels/round.h"
+
+namespace anvil::testing {
+namespace {
+
+// "op_N5_C7": a test name from the op and its dimensions.
+std::string case_name(const char* op, std::initializer_list<std::pair<const char*, long>> dims,
+                      const std::string& suffix = "") {
+  std::string s = op;
+  for (const auto& [letter, value] : dims) s += std::string("_") + letter + std::to_string(value);
+  return suffix.empty() ? s : s + "_" + suffix;
+}
+
+std::vector<int32_t> token_ids(size_t n, int V) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; i++) t[i] = static_cast<int32_t>((i * 7 + 3) % V);
+  return t;
+}
+
+Tolerance rounded_tolerance(ComputeDtype d) {
+  return d == ComputeDtype::kBf16 ? kBf16Rounded : d == ComputeDtype::kFp16 ? kFp16Rounded : kFp32Elementwise;
+}
+
+std::vector<float> rounded(std::vector<float> v, ComputeDtype d) {
+  ref::round_to_dtype(v.data(), static_cast<long>(v.size()), d);
+  return v;
+}
+
+void embedding_cases(std::vector<OpCase>& cases) {
+  struct Shape { int B, T, C, V; };
+  for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}, Shape{4, 64, 96, 50257}}) {
+    const size_t BT = static_cast<size_t>(s.B) * s.T, wte_n = static_cast<size_t>(s.V) * s.C;
+    cases.push_back({case_name("encoder_forward", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), [=](OpRun& r) {
+      float* out = r.out("out", BT * s.C, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, encoder_forward, out, r.in("tokens", token_ids(BT, s.V)), r.in("wte", randn(wte_n, 1)),
+                   r.in("wpe", randn(s.T * s.C, 2)), s.B, s.T, s.C);
+    }});
+    cases.push_back({case_name("encoder_backward", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), [=](OpRun& r) {
+      float* dwte = r.inout("dwte", randn(wte_n, 4), close(kFp32Elementwise));  // +=
+      float* dwpe = r.inout("dwpe", randn(s.T * s.C, 5), close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, encoder_backward, dwte, dwpe, r.in("dout", randn(BT * s.C, 3)),
+                   r.in("tokens", token_ids(BT, s.V)), s.B, s.T, s.C);
+    }});
+  }
+  // Each element one addition: the reference's bits. 70000 rows, descending: more than a GPU
+  // grid's y extent.
+  for (int V : {3, 140000}) {
+    const int C = 5;
+    std::vector<int32_t> rows;
+    for (int v = V - 1; v >= 0; v -= 2) rows.push_back(v);
+    cases.push_back({case_name("add_rows", {{"V", V}, {"C", C}}), [=](OpRun& r) {
+      float* table = r.inout("table", randn(static_cast<size_t>(V) * C, 1), exact());
+      ANVIL_RUN_OP(r, add_rows, table, r.in("x", randn(rows.size() * C, 2)), r.in("rows", rows), rows.size(), C);
+    }});
+  }
+}
+
+void layernorm_cases(std::vector<OpCase>& cases) {
+  struct Shape { int N, C; };
+  for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{33, 64}, Shape{17, 768}, Shape{1000, 1024}}) {
+    const size_t NC = static_cast<size_t>(s.N) * s.C;
+    const auto inp = randn(NC, 1, 2.0f), w = randn(s.C, 2), b = randn(s.C, 3);
+    cases.push_back({case_name("layernorm_forward", {{"N", s.N}, {"C", s.C}}), [=](OpRun& r) {
+      float* out = r.out("out", NC, close(kFp32Reduction));
+      float* mean = r.out("mean", s.N, close(kFp32Reduction));
+      float* rstd = r.out("rstd", s.N, close(kFp32Reduction));
+      ANVIL_RUN_OP(r, layernorm_forward, out, mean, rstd, r.in("inp", inp), r.in("weight", w), r.in("bias", b), s.N,
+                   s.C);
+    }});
+    cases.push_back({case_name("layernorm_backward", {{"N", s.N}, {"C", s.C}}), [=](OpRun& r) {
+      std::vector<float> out(NC), mean(s.N), rstd(s.N);  // the forward's saves, from the reference
+      ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), s.N, s.C);
+      float* dinp = r.inout("dinp", randn(NC, 5), close(kFp32Reduction));  // +=
+      float* dw = r.inout("dweight", randn(s.C, 6), close(kFp32Reduction));
+      float* db = r.inout("dbias", randn(s.C, 7), close(kFp32Reduction));
+      ANVIL_RUN_OP(r, layernorm_backward, dinp, dw, db, r.in("dout", randn(NC, 4)), r.in("inp", inp),
+                   r.in("weight", w), r.in("mean", mean), r.in("rstd", rstd), s.N, s.C);
+    }});
+  }
+}
+
+// Operands that are values of the dtype, as amp makes them: the CPU's bf16 products and the
+// GPU's tensor-core modes then multiply exactly and accumulate in fp32, within fp32's tolerance.
+void matmul_cases(std::vector<OpCase>& cases) {
+  struct Shape { int N, C, OC; bool bias; };
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
+    for (Shape s : {Shape{1, 1, 1, true}, Shape{3, 5, 7, true}, Shape{17, 33, 65, false}, Shape{64, 96, 130, true},
+                    Shape{1, 256, 1000, false},
+                    // row bands: narrow outputs cut into 64- to 256-row blocks, uneven last ones
+                    Shape{256, 256, 300, true}, Shape{200, 64, 520, false},
+                    // GPT-2's attention input; a vocabulary's worth of outputs
+                    Shape{64, 768, 2304, true}, Shape{8, 96, 50257, false}}) {
+      const size_t NC = static_cast<size_t>(s.N) * s.C, W = static_cast<size_t>(s.OC) * s.C,
+                   NO = static_cast<size_t>(s.N) * s.OC;
+      const std::string name_dims = dtype_name(d) + std::string(s.bias ? "_bias" : "");
+      cases.push_back({case_name("matmul_forward", {{"N", s.N}, {"C", s.C}, {"OC", s.OC}}, name_dims), [=](OpRun& r) {
+        MatmulContext ctx(d);
+        float* out = r.out("out", NO, norm(kFp32RelNorm));
+        ANVIL_RUN_OP(r, matmul_forward, ctx, out, r.in("inp", rounded(randn(NC, 1), d)),
+                     r.in("weight", rounded(randn(W, 2, 0.1f), d)),
+                     s.bias ? r.in("bias", rounded(randn(s.OC, 3), d)) : nullptr, s.N, s.C, s.OC);
+      }});
+      cases.push_back({case_name("matmul_backward", {{"N", s.N}, {"C", s.C}, {"OC", s.OC}}, name_dims), [=](OpRun& r) {
+        MatmulContext ctx(d);
+        float* dinp = r.out("dinp", NC, norm(kFp32RelNorm));
+        float* dw = r.inout("dweight", randn(W, 5), norm(kFp32RelNorm));  // +=
+        float* db = s.bias ? r.inout("dbias", randn(s.OC, 6), close(kFp32Reduction)) : nullptr;
+        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw, db, r.in("dout", rounded(randn(NO, 4), d)), s.OC,
+                     r.in("inp", rounded(randn(NC, 1), d)), r.in("weight", rounded(randn(W, 2, 0.1f), d)), s.N, s.C,
+                     s.OC, false);
+      }});
+    }
+  // The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
+  // logits' gradient (rows ld_dout apart), the input gradient accumulated over the chunks.
+  const int N = 64, C = 96, OC = 1000, chunk = 256;
+  cases.push_back({case_name("matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}}, "column_blocks"), [=](OpRun& r) {
+    MatmulContext ctx;
+    float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+    float* dw = r.inout("dweight", std::vector<float>(OC * C, 0.0f), norm(kFp32RelNorm));
+    float* db = r.inout("dbias", std::vector<float>(OC, 0.0f), close(kFp32Reduction));
+    const float *inp = r.in("inp", randn(N * C, 1)), *w = r.in("weight", randn(OC * C, 2, 0.1f)),
+                *dout = r.in("dout", randn(N * OC, 4));
+    for (int o0 = 0; o0 < OC; o0 += chunk) {
+      const size_t rows = static_cast<size_t>(o0) * C;
+      ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw + rows, db + o0, dout + o0, OC, inp, w + rows, N, C,
+                   std::min(chunk, OC - o0), o0 > 0);
+    }
+  }});
+}
+
+void elementwise_cases(std::vector<OpCase>& cases) {
+  for (long n : {1L, 7L, 13L, 4099L, 1L << 20}) {
+    const auto x = randn(n, 1, 3.0f), y = randn(n, 2), dout = randn(n, 3);
+    cases.push_back({case_name("gelu_forward", {{"N", n}}), [=](OpRun& r) {
+      float* out = r.out("out", n, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, gelu_forward, out, r.in("inp", x), n);
+    }});
+    cases.push_back({case_name("gelu_backward", {{"N", n}}), [=](OpRun& r) {
+      float* dinp = r.out("dinp", n, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, gelu_backward, dinp, r.in("inp", x), r.in("dout", dout), n);
+    }});
+    cases.push_back({case_name("residual_forward", {{"N", n}}), [=](OpRun& r) {
+      float* out = r.out("out", n, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, residual_forward, out, r.in("a", x), r.in("b", y), n);
+    }});
+    cases.push_back({case_name("residual_backward", {{"N", n}}), [=](OpRun& r) {
+      float* da = r.inout("da", randn(n, 4), close(kFp32Elementwise));  // +=
+      float* db = r.inout("db", randn(n, 5), close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, residual_backward, da, db, r.in("dout", dout), n);
+    }});
+  }
+  // Rounding is exact, over normal, subnormal, overflowing, tie and NaN inputs.
+  std::vector<float> x = randn(1 << 16, 1, 100.0f);
+  for (float v : {0.0f, -0.0f, 1e-8f, 6e-8f, 3e-5f, 65519.0f, 65520.0f, 1e30f, INFINITY, NAN, 1.00390625f,
+                  1.01171875f})
+    x.push_back(v);
+  for (size_t i = 0; i < 4096; i++) x.push_back(x[i] * 1e-6f);
+  for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
+    cases.push_back({case_name("round_to_dtype", {{"N", static_cast<long>(x.size())}}, dtype_name(d)), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, round_to_dtype, r.inout("x", x, exact()), static_cast<long>(x.size()), d);
+    }});
+}
+
+void attention_cases(std::vector<OpCase>& cases) {
+  struct Shape { int B, T, C, NH; };
+  // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to
+  // 256; GPT-2's twelve heads of 64.
+  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3}, Shape{1, 64, 32, 4},
+                  Shape{1, 100, 128, 2}, Shape{2, 130, 96, 3}, Shape{1, 129, 256, 1}, Shape{2, 256, 768, 12}}) {
+    const size_t BTC = static_cast<size_t>(s.B) * s.T * s.C, L = static_cast<size_t>(s.B) * s.NH * s.T;
+    const auto qkv = randn(3 * BTC, 1);
+    const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}};
+    cases.push_back({case_name("attention_forward", dims), [=](OpRun& r) {
+      float* out = r.out("out", BTC, close(kFp32Reduction));
+      float* lse = r.out("lse", L, close(kFp32Reduction));
+      ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.B, s.T, s.C, s.NH);
+    }});
+    cases.push_back({case_name("attention_backward", dims), [=](OpRun& r) {
+      std::vector<float> out(BTC), lse(L);  // the forward's, from the reference
+      ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      Check dqkv_check = norm(kFp32RelNorm);
+      dqkv_check.close = kFp32Reduction;
+      float* dqkv = r.out("dqkv", 3 * BTC, dqkv_check);
+      ANVIL_RUN_OP(r, attention_backward, dqkv, r.in("dout", randn(BTC, 2)), r.in("qkv", qkv), r.in("out", out),
+                   r.in("lse", lse), s.B, s.T, s.C, s.NH);
+    }});
+  }
+}
+
+// In fp32 and with the amp rounding of logits (read) and gradient (written) in bf16 and fp16;
+// every third target ignored.
+void crossentropy_cases(std::vector<OpCase>& cases) {
+  struct Shape { int N, V; };
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
+    for (Shape s : {Shape{1, 1}, Shape{3, 5}, Shape{17, 1000}, Shape{4, 50257}, Shape{64, 50257}}) {
+      const size_t NV = static_cast<size_t>(s.N) * s.V;
+      const auto logits = randn(NV, 1, 3.0f);
+      std::vector<int32_t> targets(s.N);
+      for (int n = 0; n < s.N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % s.V;
+      cases.push_back({case_name("crossentropy_forward", {{"N", s.N}, {"V", s.V}}, dtype_name(d)), [=](OpRun& r) {
+        float* losses = r.out("losses", s.N, close(kFp32Reduction));
+        float* lse = r.out("lse", s.N, close(kFp32Reduction));
+        ANVIL_RUN_OP(r, crossentropy_forward, losses, lse, r.in("logits", logits), r.in("targets", targets), s.N, s.V,
+                     d);
+      }});
+      // The training form, into its own array and in place over the logits (as the model runs it).
+      Check gradient = close(rounded_tolerance(d));
+      gradient.values_of = d;
+      for (bool in_place : {false, true})
+        cases.push_back({case_name("crossentropy_forward_backward", {{"N", s.N}, {"V", s.V}},
+                                   dtype_name(d) + std::string(in_place ? "_in_place" : "")),
+                         [=](OpRun& r) {
+                           float* losses = r.out("losses", s.N, close(kFp32Reduction));
+                           float* dlogits = in_place ? r.inout("logits", logits, gradient) : r.out("dlogits", NV, gradient);
+                           const float* x = in_place ? dlogits : r.in("logits", logits);
+                           ANVIL_RUN_OP(r, crossentropy_forward_backward, losses, dlogits, x, r.in("targets", targets),
+                                        0.25f, s.N, s.V, d);
+                         }});
+    }
+}
+
+// The optimizer's and deterministic training's ops. The CPU's AdamW and sums give the
+// reference's bits; the GPU may contract AdamW's moment updates into fused multiply-adds.
+void optimizer_cases(std::vector<OpCase>& cases) {
+  const AdamWStep step{0.9f, 0.95f, 1e-8f, 1e-3f, 0.3f, 0.999f, 0.25f};
+  Check adamw = close(kFp32Elementwise);
+  adamw.bits_on_cpu = true;
+  for (long n : {1L, 7L, 1000L, 1L << 20}) {
+    auto v = randn(n, 8);
+    for (float& e : v) e = e * e;  // a second moment is not negative
+    cases.push_back({case_name("adamw_update", {{"N", n}}), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, adamw_update, r.inout("p", randn(n, 6), adamw), r.in("g", randn(n, 3)),
+                   r.inout("m", randn(n, 7, 0.1f), adamw), r.inout("v", v, adamw), n, step);
+    }});
+    Check sum = close(kFp32Reduction);
+    sum.bits_on_cpu = true;
+    cases.push_back({case_name("sum_of_squares", {{"N", n}}), [=](OpRun& r) {
+      r.result("sum", ANVIL_RUN_OP(r, sum_of_squares, r.in("x", randn(n, 1)), n), sum);
+    }});
+    for (bool finite : {true, false}) {
+      std::vector<float> x = randn(n, 2);
+      if (!finite) x[n / 2] = n % 2 ? INFINITY : NAN;
+      cases.push_back({case_name("scale_values_check_finite", {{"N", n}}, finite ? "finite" : "not_finite"),
+                       [=](OpRun& r) {
+                         r.result("finite", ANVIL_RUN_OP(r, scale_values_check_finite, r.inout("x", x, exact()), n,
+                                                         0.3f),
+                                  exact());
+                       }});
+    }
+  }
+  // Odd sizes (partial blocks), and 2·1800·37 values for the CPU's threaded sum of squares.
+  struct Shape { size_t rows, row_len; };
+  for (Shape s : {Shape{300, 769}, Shape{1800, 37}}) {
+    const size_t n = s.rows * s.row_len;
+    std::vector<float> x = randn(n, 31, 0.01f);
+    x[n / 3] = 0.75f;  // the largest
+    std::vector<int32_t> touched;
+    for (int row = 0; row < static_cast<int>(s.rows); row += 7) touched.push_back(row);
+    const int e = fixed_point_scale(0.75f, 64);
+    std::vector<int64_t> acc(n);
+    for (size_t i = 0; i < n; i++) acc[i] = static_cast<int64_t>(i * 977) - 5000000;
+    const auto dims = {std::pair<const char*, long>{"rows", static_cast<long>(s.rows)},
+                       {"row_len", static_cast<long>(s.row_len)}};
+    cases.push_back({case_name("fixed_point_accumulate", dims), [=](OpRun& r) {
+      float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
+      ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n, e, max_abs);
+    }});
+    cases.push_back({case_name("fixed_point_accumulate_rows", dims), [=](OpRun& r) {
+      float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
+      ANVIL_RUN_OP(r, fixed_point_accumulate_rows, r.inout("acc", acc, exact()), r.inout("x", x, exact()),
+                   r.in("rows", touched), touched.size(), s.row_len, e, max_abs);
+    }});
+    cases.push_back({case_name("fixed_point_add_arrays", dims), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, fixed_point_add_arrays, r.inout("acc", acc, exact()), r.in("x", acc), n);
+    }});
+    for (size_t len : {size_t{0}, size_t{1}, size_t{1000}, n})
+      cases.push_back({case_name("fixed_point_squares", {{"N", static_cast<long>(len)}}, std::to_string(s.rows)), [=](OpRun& r) {
+        auto* squares = r.inout("squares", std::vector<unsigned __int128>{123}, exact());
+        ANVIL_RUN_OP(r, fixed_point_squares, r.in("acc", acc), len, squares);
+      }});
+    cases.push_back({case_name("adamw_update_fixed", dims), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, adamw_update_fixed, r.inout("p", std::vector<float>(n, 1.0f), adamw), r.in("acc", acc), e,
+                   r.inout("m", std::vector<float>(n, 0.1f), adamw), r.inout("v", std::vector<float>(n, 0.01f), adamw),
+                   n, step);
+    }});
+  }
+  // A NaN is infinity in the maximum (which tells the caller that the sums are void).
+  cases.push_back({"fixed_point_accumulate_nan", [](OpRun& r) {
+    float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
+    ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", std::vector<int64_t>(3, 0), unspecified()),
+                 r.inout("x", std::vector<float>{1.0f, std::nanf(""), -2.0f}, exact()), 3, 0, max_abs);
+  }});
+}
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> cases;
+  embedding_cases(cases);
+  layernorm_cases(cases);
+  matmul_cases(cases);
+  elementwise_cases(cases);
+  attention_cases(cases);
+  crossentropy_cases(cases);
+  optimizer_cases(cases);
+  return cases;
+}
+
+#if defined(ANVIL_OP_TEST_GPU)
+constexpr Backend kBackendUnderTest = Backend::kGpu;
+#else
+constexpr Backend kBackendUnderTest = Backend::kCpu;
+#endif
+
+class Op : public ::testing::TestWithParam<OpCase> {
+ protected:
+  void SetUp() override {
+    if (kBackendUnderTest != Backend::kGpu) return;
+    if (gpu_devices().empty())
+      GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << "): the GPU op tests need one";
+    gpu_select(0);
+  }
+};
+
+TEST_P(Op, MatchesTheReference) { run_op_case(GetParam(), kBackendUnderTest); }
+
+INSTANTIATE_TEST_SUITE_P(Table, Op, ::testing::ValuesIn(op_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace anvil::testing

@@ -1,0 +1,234 @@
+// What the CPU kernels promise beyond agreeing with the reference (which the op table checks,
+// tests/kernels/op_table.cpp): bits that do not depend on the thread count, on how a product is
+// split or on a held weight; and the reference's own contracts that the table relies on.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "compare.h"
+#include "core/rng.h"
+#include "kernels/attention.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/impl.h"
+#include "kernels/matmul.h"
+#include "kernels/round.h"
+
+namespace anvil {
+namespace {
+using testing::all_close;
+using testing::kFp32Elementwise;
+using testing::randn;
+
+// The embeddings' backward as the model runs it: a sequence's token gradient in compact rows (a
+// row per distinct token), added into the table. Onto a zero table, the bits of the direct form.
+TEST(Encoder, CompactRowsAddUpToTheDirectGradient) {
+  const int T = 19, C = 40, V = 23;
+  std::vector<int32_t> tokens(T);
+  for (int t = 0; t < T; t++) tokens[t] = static_cast<int32_t>((t * t * 5 + 2) % V);  // repeats, gaps
+  std::vector<int32_t> rows = tokens;
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  ASSERT_LT(rows.size(), static_cast<size_t>(T));
+  std::vector<int32_t> compact(T);
+  for (int t = 0; t < T; t++) compact[t] = std::lower_bound(rows.begin(), rows.end(), tokens[t]) - rows.begin();
+  const auto dout = randn(T * C, 8);
+  for (auto impl : {KernelImpl::kRef, KernelImpl::kCpu}) {
+    set_kernel_impl(impl);
+    std::vector<float> direct(V * C, 0.0f), dwpe(T * C, 0.0f), table(V * C, 0.0f), dwpe2(T * C, 0.0f);
+    encoder_backward(direct.data(), dwpe.data(), dout.data(), tokens.data(), 1, T, C);
+    std::vector<float> x(rows.size() * C, 0.0f);
+    encoder_backward(x.data(), dwpe2.data(), dout.data(), compact.data(), 1, T, C);
+    add_rows(table.data(), x.data(), rows.data(), rows.size(), C);
+    EXPECT_EQ(table, direct);
+    EXPECT_EQ(dwpe2, dwpe);
+    // Onto a table that holds values: row rows[r] gains row r, the other rows keep theirs.
+    std::vector<float> held = randn(V * C, 9), want = held;
+    for (size_t r = 0; r < rows.size(); r++)
+      for (int c = 0; c < C; c++) want[rows[r] * C + c] += x[r * C + c];
+    add_rows(held.data(), x.data(), rows.data(), rows.size(), C);
+    EXPECT_EQ(held, want);
+  }
+  set_kernel_impl(KernelImpl::kCpu);
+}
+
+// The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
+// logits' gradient (rows ld_dout apart), the input gradient accumulated over the chunks. Chunks
+// that start at multiples of the GEMM's k block (kGemmKc) give the whole product's bits.
+TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
+  const int N = 64, C = 96, OC = 1000;  // chunks of 256: three whole and one of 232
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  MatmulContext ctx;
+  std::vector<float> dinp_whole(N * C), dw_whole(w.size(), 0.0f), db_whole(OC, 0.0f);
+  cpu::matmul_backward(ctx, dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(),
+                       N, C, OC, false);
+  std::vector<float> dinp(N * C, NAN), dw(w.size(), 0.0f), db(OC, 0.0f);
+  for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
+    const int width = std::min(cpu::kGemmKc, OC - o0);
+    const size_t rows = static_cast<size_t>(o0) * C;
+    cpu::matmul_backward(ctx, dinp.data(), dw.data() + rows, db.data() + o0, dout.data() + o0, OC, inp.data(),
+                         w.data() + rows, N, C, width, o0 > 0);
+  }
+  EXPECT_TRUE(dinp == dinp_whole);
+  EXPECT_TRUE(dw == dw_whole);
+  EXPECT_TRUE(db == db_whole);
+}
+
+// A held weight (the LM head's, packed once for a step's products) gives the bits of the weight
+// itself, in the forward and in a chunked backward whose last chunk is odd; with bf16 operands,
+// where the CPU packs it, and fp32, where holding does nothing.
+TEST(Matmul, HeldWeightGivesTheSameBits) {
+  const int N = 40, C = 96, OC = 2 * 256 + 81;  // chunks of 256 rows: two whole, one odd
+  auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
+  for (ComputeDtype dtype : {ComputeDtype::kBf16, ComputeDtype::kFp32}) {
+    SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16 operands" : "fp32");
+    MatmulContext ctx(dtype);
+    std::vector<float> out[2], dinp[2], dw[2];
+    for (int held = 0; held < 2; held++) {
+      if (held) ctx.hold_weight(w.data(), OC, C);
+      out[held].resize(N * OC);
+      cpu::matmul_forward(ctx, out[held].data(), inp.data(), w.data(), nullptr, N, C, OC);
+      dinp[held].assign(N * C, NAN);
+      dw[held].assign(w.size(), 0.0f);
+      for (int o0 = 0; o0 < OC; o0 += cpu::kGemmKc) {
+        const int width = std::min(cpu::kGemmKc, OC - o0);
+        const size_t rows = static_cast<size_t>(o0) * C;
+        cpu::matmul_backward(ctx, dinp[held].data(), dw[held].data() + rows, nullptr, dout.data() + o0, OC, inp.data(),
+                             w.data() + rows, N, C, width, o0 > 0);
+      }
+      ctx.release_weight();
+    }
+    EXPECT_TRUE(out[1] == out[0]);
+    EXPECT_TRUE(dinp[1] == dinp[0]);
+    EXPECT_TRUE(dw[1] == dw[0]);
+  }
+  // Held, the products read the copy packed at their first use (hence "unchanged"): a change to
+  // the weight after that is not seen until the weight is released.
+  MatmulContext ctx(ComputeDtype::kBf16);
+  std::vector<float> before(N * OC), after(N * OC), dinp_before(N * C), dinp_after(N * C), dw(w.size(), 0.0f);
+  auto products = [&](std::vector<float>& out, std::vector<float>& di) {
+    cpu::matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+    cpu::matmul_backward(ctx, di.data(), dw.data(), nullptr, dout.data(), OC, inp.data(), w.data(), N, C, 256, false);
+  };
+  ctx.hold_weight(w.data(), OC, C);
+  products(before, dinp_before);
+  for (float& x : w) x *= 2.0f;
+  products(after, dinp_after);
+  EXPECT_TRUE(after == before && dinp_after == dinp_before);
+  ctx.release_weight();
+  products(after, dinp_after);
+  EXPECT_FALSE(after == before || dinp_after == dinp_before);
+}
+
+// The GEMM grid is a function of the shape only: 1, 2 and 3 threads give the same bits, for
+// shapes cut into column blocks, row bands and both.
+TEST(Matmul, ThreadCountDoesNotChangeABit) {
+  struct Shape { int N, C, OC; };
+  for (Shape s : {Shape{256, 256, 768}, Shape{256, 256, 300}, Shape{200, 1024, 64}, Shape{130, 64, 2000}}) {
+    SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3), dout = randn(s.N * s.OC, 4);
+    std::vector<float> out[3], dinp[3], dw[3], db[3];
+    MatmulContext ctx;
+    const int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+      omp_set_num_threads(k + 1);
+      out[k].resize(s.N * s.OC);
+      dinp[k].resize(inp.size());
+      dw[k] = randn(w.size(), 5);
+      db[k] = randn(s.OC, 6);
+      cpu::matmul_forward(ctx, out[k].data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC);
+      cpu::matmul_backward(ctx, dinp[k].data(), dw[k].data(), db[k].data(), dout.data(), s.OC, inp.data(), w.data(),
+                           s.N, s.C, s.OC, false);
+    }
+    omp_set_num_threads(saved);
+    for (int k = 1; k < 3; k++) {
+      EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads";
+      EXPECT_TRUE(dinp[k] == dinp[0]) << k + 1 << " threads";
+      EXPECT_TRUE(dw[k] == dw[0]) << k + 1 << " threads";
+      EXPECT_TRUE(db[k] == db[0]) << k + 1 << " threads";
+    }
+  }
+}
+
+// Each (sequence, head, query block) is one thread's work in a fixed order: 1, 2 or 3 threads give
+// the same bits.
+TEST(Attention, ThreadCountDoesNotChangeABit) {
+  const int B = 2, T = 150, C = 96, NH = 3;
+  auto qkv = randn(B * T * 3 * C, 1), dout = randn(B * T * C, 2);
+  std::vector<float> out[3], lse[3], dqkv[3];
+  const int saved = omp_get_max_threads();
+  for (int k = 0; k < 3; k++) {
+    omp_set_num_threads(k + 1);
+    out[k].resize(B * T * C);
+    lse[k].resize(B * NH * T);
+    dqkv[k].resize(qkv.size());
+    cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), B, T, C, NH);
+    cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), B, T, C, NH);
+  }
+  omp_set_num_threads(saved);
+  for (int k = 1; k < 3; k++) {
+    EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads";
+    EXPECT_TRUE(lse[k] == lse[0]) << k + 1 << " threads";
+    EXPECT_TRUE(dqkv[k] == dqkv[0]) << k + 1 << " threads";
+  }
+}
+
+// The reference's own contract, which the op table holds every backend to: a 16-bit dtype means
+// fp32 on logits rounded beforehand; the training form is the forward and the gradient from the
+// saved lse, the gradient a value of the dtype and zero on ignored rows.
+TEST(CrossEntropyReference, AmpIsFp32OnRoundedLogitsAndTheFusedFormIsForwardThenBackward) {
+  const int N = 17, V = 1000;
+  const auto logits = randn(static_cast<size_t>(N) * V, 1, 3.0f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; n++) targets[n] = (n % 3 == 1) ? kIgnoreIndex : (n * 31 + 7) % V;
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+    SCOPED_TRACE(dtype_name(d));
+    std::vector<float> losses(N), lse(N), rounded = logits, losses_rounded(N), lse_rounded(N);
+    ref::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, d);
+    ref::round_to_dtype(rounded.data(), static_cast<long>(rounded.size()), d);
+    ref::crossentropy_forward(losses_rounded.data(), lse_rounded.data(), rounded.data(), targets.data(), N, V,
+                              ComputeDtype::kFp32);
+    EXPECT_TRUE(losses_rounded == losses);
+    EXPECT_TRUE(lse_rounded == lse);
+    std::vector<float> grad(logits.size()), fused_losses(N, 99.0f), fused_grad(logits.size(), NAN);
+    ref::crossentropy_backward(grad.data(), logits.data(), lse.data(), targets.data(), 0.25f, N, V, d);
+    ref::crossentropy_forward_backward(fused_losses.data(), fused_grad.data(), logits.data(), targets.data(), 0.25f, N,
+                                       V, d);
+    EXPECT_TRUE(all_close(fused_losses.data(), losses.data(), N, kFp32Elementwise));
+    EXPECT_TRUE(all_close(fused_grad.data(), grad.data(), grad.size(), kFp32Elementwise));
+    std::vector<float> check = grad;
+    ref::round_to_dtype(check.data(), static_cast<long>(check.size()), d);
+    EXPECT_TRUE(check == grad) << "the gradient is not a value of the dtype";
+    for (int n = 0; n < N; n++)
+      if (targets[n] == kIgnoreIndex) {
+        EXPECT_EQ(losses[n], 0.0f);
+        for (int v = 0; v < V; v++) ASSERT_EQ(grad[static_cast<size_t>(n) * V + v], 0.0f);
+      }
+  }
+}
+
+}  // namespace
+}  // namespace anvil
+
+#include "kernels/cpu/vec_math.h"
+
+namespace anvil {
+namespace {
+
+TEST(ExpApprox, RelativeErrorBelowThreeUlpOverTheFloatRange) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; i++) {
+    const float x = -87.0f + 175.0f * static_cast<float>(i) / 2000000.0f;
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(cpu::exp_approx(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(cpu::exp_approx(0.0f), 1.0f);
+  EXPECT_LT(cpu::exp_approx(-1000.0f), 1e-37f);  // clamps instead of producing garbage
+}
+
+}  // namespace
+}  // namespace anvil

@@ -12,6 +12,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/profile.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/round.h"
 
 namespace anvil {
@@ -65,6 +66,13 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
   ANVIL_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
+  ANVIL_DISPATCH(rmsnorm_forward, out, rstd, inp, weight, eps, N, C);
+}
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  ANVIL_DISPATCH(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 bool matmul_rows_independent() { return g_impl != KernelImpl::kGpu; }
 double matmul_peak_gflops(ComputeDtype d) {

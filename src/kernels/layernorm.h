@@ -7,6 +7,7 @@ namespace anvil {
 constexpr float kLayerNormEps = 1e-5f;
 
 // out (N,C) = (inp - mean) * rstd * weight + bias; mean (N) = and rstd (N) = are saved for backward.
+// bias may be null (MPT's no_bias: none added), and then so is dbias.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, given dout (N,C) and the forward's inputs and saves.

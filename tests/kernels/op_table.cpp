@@ -22,6 +22,7 @@
 #include "kernels/op_harness.h"
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/round.h"
 
 namespace anvil::testing {
@@ -79,27 +80,48 @@ void embedding_cases(std::vector<OpCase>& cases) {
   }
 }
 
-void layernorm_cases(std::vector<OpCase>& cases) {
+// LayerNorm with and without bias (GPT-2's; MPT's no_bias), and RMSNorm (Llama's).
+void norm_cases(std::vector<OpCase>& cases) {
   struct Shape { int N, C; };
   for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{33, 64}, Shape{17, 768}, Shape{1000, 1024}}) {
     const size_t NC = static_cast<size_t>(s.N) * s.C;
     const auto inp = randn(NC, 1, 2.0f), w = randn(s.C, 2), b = randn(s.C, 3);
-    cases.push_back({case_name("layernorm_forward", {{"N", s.N}, {"C", s.C}}), [=](OpRun& r) {
-      float* out = r.out("out", NC, close(kFp32Reduction));
-      float* mean = r.out("mean", s.N, close(kFp32Reduction));
-      float* rstd = r.out("rstd", s.N, close(kFp32Reduction));
-      ANVIL_RUN_OP(r, layernorm_forward, out, mean, rstd, r.in("inp", inp), r.in("weight", w), r.in("bias", b), s.N,
-                   s.C);
-    }});
-    cases.push_back({case_name("layernorm_backward", {{"N", s.N}, {"C", s.C}}), [=](OpRun& r) {
-      std::vector<float> out(NC), mean(s.N), rstd(s.N);  // the forward's saves, from the reference
-      ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), s.N, s.C);
-      float* dinp = r.inout("dinp", randn(NC, 5), close(kFp32Reduction));  // +=
-      float* dw = r.inout("dweight", randn(s.C, 6), close(kFp32Reduction));
-      float* db = r.inout("dbias", randn(s.C, 7), close(kFp32Reduction));
-      ANVIL_RUN_OP(r, layernorm_backward, dinp, dw, db, r.in("dout", randn(NC, 4)), r.in("inp", inp),
-                   r.in("weight", w), r.in("mean", mean), r.in("rstd", rstd), s.N, s.C);
-    }});
+    const auto dims = {std::pair<const char*, long>{"N", s.N}, {"C", s.C}};
+    for (bool bias : {true, false}) {
+      const std::string variant = bias ? "" : "no_bias";
+      cases.push_back({case_name("layernorm_forward", dims, variant), [=](OpRun& r) {
+        float* out = r.out("out", NC, close(kFp32Reduction));
+        float* mean = r.out("mean", s.N, close(kFp32Reduction));
+        float* rstd = r.out("rstd", s.N, close(kFp32Reduction));
+        ANVIL_RUN_OP(r, layernorm_forward, out, mean, rstd, r.in("inp", inp), r.in("weight", w),
+                     bias ? r.in("bias", b) : nullptr, s.N, s.C);
+      }});
+      cases.push_back({case_name("layernorm_backward", dims, variant), [=](OpRun& r) {
+        std::vector<float> out(NC), mean(s.N), rstd(s.N);  // the forward's saves, from the reference
+        ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), s.N, s.C);
+        float* dinp = r.inout("dinp", randn(NC, 5), close(kFp32Reduction));  // +=
+        float* dw = r.inout("dweight", randn(s.C, 6), close(kFp32Reduction));
+        float* db = bias ? r.inout("dbias", randn(s.C, 7), close(kFp32Reduction)) : nullptr;
+        ANVIL_RUN_OP(r, layernorm_backward, dinp, dw, db, r.in("dout", randn(NC, 4)), r.in("inp", inp),
+                     r.in("weight", w), r.in("mean", mean), r.in("rstd", rstd), s.N, s.C);
+      }});
+    }
+    for (float eps : {1e-5f, 1e-6f}) {
+      const std::string variant = eps == 1e-5f ? "eps1e5" : "eps1e6";
+      cases.push_back({case_name("rmsnorm_forward", dims, variant), [=](OpRun& r) {
+        float* out = r.out("out", NC, close(kFp32Reduction));
+        float* rstd = r.out("rstd", s.N, close(kFp32Reduction));
+        ANVIL_RUN_OP(r, rmsnorm_forward, out, rstd, r.in("inp", inp), r.in("weight", w), eps, s.N, s.C);
+      }});
+      cases.push_back({case_name("rmsnorm_backward", dims, variant), [=](OpRun& r) {
+        std::vector<float> out(NC), rstd(s.N);
+        ref::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), eps, s.N, s.C);
+        float* dinp = r.inout("dinp", randn(NC, 5), close(kFp32Reduction));  // +=
+        float* dw = r.inout("dweight", randn(s.C, 6), close(kFp32Reduction));
+        ANVIL_RUN_OP(r, rmsnorm_backward, dinp, dw, r.in("dout", randn(NC, 4)), r.in("inp", inp), r.in("weight", w),
+                     r.in("rstd", rstd), s.N, s.C);
+      }});
+    }
   }
 }
 
@@ -319,7 +341,7 @@ void optimizer_cases(std::vector<OpCase>& cases) {
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> cases;
   embedding_cases(cases);
-  layernorm_cases(cases);
+  norm_cases(cases);
   matmul_cases(cases);
   elementwise_cases(cases);
   attention_cases(cases);

@@ -8,6 +8,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 
 namespace anvil::cpu {
 
@@ -72,8 +73,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     v /= C;
     float s = 1.0f / std::sqrt(v + kLayerNormEps);
     float* o = out + static_cast<long>(n) * C;
+    if (bias) {
 #pragma omp simd
-    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+      for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c];
+    }
     mean[n] = m;
     rstd[n] = s;
   }
@@ -112,11 +118,57 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     for (int n = 0; n < N; n++) {
       const float* x = inp + static_cast<long>(n) * C;
       const float* d = dout + static_cast<long>(n) * C;
-      for (int c = c0; c < c1; c++) {
-        dbias[c] += d[c];
-        dweight[c] += d[c] * (x[c] - mean[n]) * rstd[n];
-      }
+      if (dbias)
+        for (int c = c0; c < c1; c++) dbias[c] += d[c];
+      for (int c = c0; c < c1; c++) dweight[c] += d[c] * (x[c] - mean[n]) * rstd[n];
     }
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    float ms = 0;
+#pragma omp simd reduction(+ : ms)
+    for (int c = 0; c < C; c++) ms += x[c] * x[c];
+    const float s = 1.0f / std::sqrt(ms / C + eps);
+    float* o = out + static_cast<long>(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = x[c] * s * weight[c];
+    rstd[n] = s;
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    const float* d = dout + static_cast<long>(n) * C;
+    float* dx = dinp + static_cast<long>(n) * C;
+    const float s = rstd[n];
+    float gx_mean = 0;
+#pragma omp simd reduction(+ : gx_mean)
+    for (int c = 0; c < C; c++) gx_mean += d[c] * weight[c] * x[c] * s;
+    gx_mean /= C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) dx[c] += s * (d[c] * weight[c] - x[c] * s * gx_mean);
+  }
+  // The weight's gradient: threads own channel ranges and sum rows in order, in double (a long
+  // column's terms cancel), added once.
+  constexpr int kChunk = 16;
+  const int chunks = (C + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < chunks; ch++) {
+    const int c0 = ch * kChunk, c1 = std::min(C, c0 + kChunk);
+    double sums[kChunk] = {};
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + static_cast<long>(n) * C;
+      const float* d = dout + static_cast<long>(n) * C;
+      for (int c = c0; c < c1; c++) sums[c - c0] += static_cast<double>(d[c] * x[c] * rstd[n]);
+    }
+    for (int c = c0; c < c1; c++) dweight[c] = static_cast<float>(dweight[c] + sums[c - c0]);
   }
 }
 

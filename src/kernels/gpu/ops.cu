@@ -14,6 +14,7 @@
 #include "kernels/gpu/internal.h"
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/round.h"
 
 namespace anvil::gpu {
@@ -94,11 +95,41 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   for (int c = lane; c < C; c += kWarpSize) v += (x[c] - m) * (x[c] - m);
   const float r = rsqrtf(warp_sum(v) / C + kLayerNormEps);
   float* o = out + static_cast<long>(row) * C;
-  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  for (int c = lane; c < C; c += kWarpSize) o[c] = (x[c] - m) * r * weight[c] + (bias ? bias[c] : 0.0f);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
   }
+}
+
+// ---- RMSNorm: a warp per row
+
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* weight, float eps, int N,
+                                       int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= N) return;
+  const float* x = inp + static_cast<long>(row) * C;
+  float ss = 0;
+  for (int c = lane; c < C; c += kWarpSize) ss += x[c] * x[c];
+  const float r = rsqrtf(warp_sum(ss) / C + eps);
+  float* o = out + static_cast<long>(row) * C;
+  for (int c = lane; c < C; c += kWarpSize) o[c] = x[c] * r * weight[c];
+  if (lane == 0) rstd[row] = r;
+}
+
+__global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
+                                             const float* rstd, int N, int C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= N) return;
+  const long base = static_cast<long>(row) * C;
+  const float r = rstd[row];
+  float gx_sum = 0;
+  for (int c = lane; c < C; c += kWarpSize) gx_sum += weight[c] * dout[base + c] * inp[base + c] * r;
+  const float gx_mean = warp_sum(gx_sum) / C;
+  for (int c = lane; c < C; c += kWarpSize)
+    dinp[base + c] += (weight[c] * dout[base + c] - inp[base + c] * r * gx_mean) * r;
 }
 
 __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
@@ -121,7 +152,7 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   }
 }
 
-// Column sums in two fixed-order stages: each block sums kRowsPerChunk rows of its columns into
+// Column sums in two fixed-order stages (mean null: RMSNorm's, no mean subtracted): each block sums kRowsPerChunk rows of its columns into
 // partial[chunk], then one thread per column adds the chunks in order. The sums are in double: the
 // terms of a long column cancel, and fp32 sums missed the reference by 2e-5 on 1000 rows.
 constexpr int kRowsPerChunk = 32;
@@ -134,7 +165,7 @@ __global__ void layernorm_param_partials_kernel(double* partial, const float* do
   const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
   for (int r = chunk * kRowsPerChunk; r < r1; r++) {
     const long i = static_cast<long>(r) * C + c;
-    dw += (inp[i] - mean[r]) * rstd[r] * dout[i];
+    dw += (mean ? inp[i] - mean[r] : inp[i]) * rstd[r] * dout[i];
     db += dout[i];
   }
   const long chunks = gridDim.y;
@@ -385,7 +416,28 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
       partial, dout, inp, mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 2), kThreads)(dweight, dbias, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), dbias ? 2 : 1), kThreads)(dweight, dbias, partial, chunks, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
+  const int rows_per_block = kThreads / kWarpSize;
+  GPU_LAUNCH(rmsnorm_forward_kernel, blocks_for(N, rows_per_block), kThreads)(out, rstd, inp, weight, eps, N, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  const int rows_per_block = kThreads / kWarpSize;
+  GPU_LAUNCH(rmsnorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(dinp, dout, inp, weight, rstd, N,
+                                                                                      C);
+  GPU_CHECK_LAUNCH();
+  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  double* partial = scratch(2L * chunks * C);
+  GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
+      partial, dout, inp, nullptr, rstd, N, C);
+  GPU_CHECK_LAUNCH();
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(dweight, nullptr, partial, chunks, C);
   GPU_CHECK_LAUNCH();
 }
 

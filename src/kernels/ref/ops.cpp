@@ -14,6 +14,7 @@
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/round.h"
 
 namespace anvil::ref {
@@ -62,7 +63,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     v /= C;
     double s = 1.0 / std::sqrt(v + kLayerNormEps);
     float* o = out + static_cast<long>(n) * C;
-    for (int c = 0; c < C; c++) o[c] = static_cast<float>((x[c] - m) * s * weight[c] + bias[c]);
+    for (int c = 0; c < C; c++) o[c] = static_cast<float>((x[c] - m) * s * weight[c] + (bias ? bias[c] : 0.0f));
     mean[n] = static_cast<float>(m);
     rstd[n] = static_cast<float>(s);
   }
@@ -89,10 +90,53 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     for (int c = 0; c < C; c++) {
       double xhat = (x[c] - mean[n]) * static_cast<double>(rstd[n]);
       double g = static_cast<double>(d[c]) * weight[c];
-      dbias[c] += d[c];
-      dweight[c] += static_cast<float>(d[c] * xhat);
       dx[c] += static_cast<float>(rstd[n] * (g - g_mean - xhat * gx_mean));
     }
+  }
+  // The parameter gradients: each column summed over the rows in double, added once.
+  for (int c = 0; c < C; c++) {
+    double dw = 0, db = 0;
+    for (int n = 0; n < N; n++) {
+      const double d = dout[static_cast<long>(n) * C + c];
+      dw += d * (inp[static_cast<long>(n) * C + c] - mean[n]) * static_cast<double>(rstd[n]);
+      db += d;
+    }
+    dweight[c] = static_cast<float>(dweight[c] + dw);
+    if (dbias) dbias[c] = static_cast<float>(dbias[c] + db);
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    double ms = 0;
+    for (int c = 0; c < C; c++) ms += static_cast<double>(x[c]) * x[c];
+    const double s = 1.0 / std::sqrt(ms / C + eps);
+    float* o = out + static_cast<long>(n) * C;
+    for (int c = 0; c < C; c++) o[c] = static_cast<float>(x[c] * s * weight[c]);
+    rstd[n] = static_cast<float>(s);
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    const float* d = dout + static_cast<long>(n) * C;
+    float* dx = dinp + static_cast<long>(n) * C;
+    // With xhat = x·rstd and g = dout·weight: dx = rstd · (g - xhat · mean(g · xhat)).
+    const double s = rstd[n];
+    double gx_mean = 0;
+    for (int c = 0; c < C; c++) gx_mean += static_cast<double>(d[c]) * weight[c] * x[c] * s;
+    gx_mean /= C;
+    for (int c = 0; c < C; c++)
+      dx[c] += static_cast<float>(s * (static_cast<double>(d[c]) * weight[c] - x[c] * s * gx_mean));
+  }
+  for (int c = 0; c < C; c++) {  // each column summed over the rows in double, added once
+    double dw = 0;
+    for (int n = 0; n < N; n++)
+      dw += static_cast<double>(dout[static_cast<long>(n) * C + c]) * inp[static_cast<long>(n) * C + c] * rstd[n];
+    dweight[c] = static_cast<float>(dweight[c] + dw);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/profile.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 #include "kernels/round.h"
 
 namespace anvil {
@@ -95,6 +96,10 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);
   ANVIL_DISPATCH(matmul_backward, ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
+}
+void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH(swiglu_forward, out, inp, N, F); }
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  ANVIL_DISPATCH(swiglu_backward, dinp, inp, dout, N, F);
 }
 void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_forward, out, inp, N); }
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {

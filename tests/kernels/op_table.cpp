@@ -23,6 +23,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 #include "kernels/round.h"
 
 namespace anvil::testing {
@@ -193,6 +194,20 @@ void elementwise_cases(std::vector<OpCase>& cases) {
       float* da = r.inout("da", randn(n, 4), close(kFp32Elementwise));  // +=
       float* db = r.inout("db", randn(n, 5), close(kFp32Elementwise));
       ANVIL_RUN_OP(r, residual_backward, da, db, r.in("dout", dout), n);
+    }});
+  }
+  // Llama's MLP activation over (N, 2F) rows of gate | up.
+  struct SwigluShape { int N, F; };
+  for (SwigluShape s : {SwigluShape{1, 1}, SwigluShape{3, 7}, SwigluShape{33, 1000}, SwigluShape{64, 2752}}) {
+    const size_t NF = static_cast<size_t>(s.N) * s.F;
+    const auto inp = randn(2 * NF, 1, 3.0f);
+    cases.push_back({case_name("swiglu_forward", {{"N", s.N}, {"F", s.F}}), [=](OpRun& r) {
+      float* out = r.out("out", NF, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, swiglu_forward, out, r.in("inp", inp), s.N, s.F);
+    }});
+    cases.push_back({case_name("swiglu_backward", {{"N", s.N}, {"F", s.F}}), [=](OpRun& r) {
+      float* dinp = r.out("dinp", 2 * NF, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, swiglu_backward, dinp, r.in("inp", inp), r.in("dout", randn(NF, 2)), s.N, s.F);
     }});
   }
   // Rounding is exact, over normal, subnormal, overflowing, tie and NaN inputs.

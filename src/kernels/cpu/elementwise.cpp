@@ -9,6 +9,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 
 namespace anvil::cpu {
 
@@ -208,6 +209,36 @@ ANVIL_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const f
   }
 }
 }  // namespace
+
+// sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's.
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (long n = 0; n < N; n++) {
+    const float* gate = inp + n * 2 * F;
+    const float* up = gate + F;
+    float* o = out + n * F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) o[f] = gate[f] * sigmoid2(0.5f * gate[f]).s * up[f];
+  }
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+#pragma omp parallel for schedule(static)
+  for (long n = 0; n < N; n++) {
+    const float* gate = inp + n * 2 * F;
+    const float* up = gate + F;
+    const float* d = dout + n * F;
+    float* dgate = dinp + n * 2 * F;
+    float* dup = dgate + F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+      const float g = gate[f];
+      const Sigmoid2 sig = sigmoid2(0.5f * g);
+      dgate[f] = d[f] * up[f] * sig.s * (1.0f + g * sig.one_minus_s);
+      dup[f] = d[f] * g * sig.s;
+    }
+  }
+}
 
 void gelu_forward(float* out, const float* inp, long N) {
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_forward_range(out, inp, lo, hi); });

@@ -15,6 +15,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 #include "kernels/round.h"
 
 namespace anvil::gpu {
@@ -212,6 +213,25 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
   if (i >= N) return;
   const float x = inp[i];
   out[i] = x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s;
+}
+
+// One thread per (row, f); sigmoid(x) = sigmoid2(x/2), as in GELU.
+__global__ void swiglu_forward_kernel(float* out, const float* inp, int F, long NF) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= NF) return;
+  const long n = i / F, f = i % F;
+  const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+  out[i] = g * sigmoid2(0.5f * g).s * u;
+}
+
+__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, int F, long NF) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= NF) return;
+  const long n = i / F, f = i % F;
+  const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f], d = dout[i];
+  const Sigmoid2 sig = sigmoid2(0.5f * g);
+  dinp[n * 2 * F + f] = d * u * sig.s * (1.0f + g * sig.one_minus_s);
+  dinp[n * 2 * F + F + f] = d * g * sig.s;
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
@@ -447,6 +467,18 @@ void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(partial, x, ld, N, C);
   GPU_CHECK_LAUNCH();
   GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(out, nullptr, partial, chunks, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  const long NF = static_cast<long>(N) * F;
+  GPU_LAUNCH(swiglu_forward_kernel, blocks_for(NF), kThreads)(out, inp, F, NF);
+  GPU_CHECK_LAUNCH();
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  const long NF = static_cast<long>(N) * F;
+  GPU_LAUNCH(swiglu_backward_kernel, blocks_for(NF), kThreads)(dinp, inp, dout, F, NF);
   GPU_CHECK_LAUNCH();
 }
 

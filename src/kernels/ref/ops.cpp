@@ -15,6 +15,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/swiglu.h"
 #include "kernels/round.h"
 
 namespace anvil::ref {
@@ -177,6 +178,24 @@ void matmul_backward(MatmulContext&, float* dinp, float* dweight, float* dbias, 
 
 namespace {
 constexpr double kGeluScale = 0.7978845608028654;  // √(2/π)
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  for (long n = 0; n < N; n++)
+    for (long f = 0; f < F; f++) {
+      const double g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+      out[n * F + f] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
+    }
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  for (long n = 0; n < N; n++)
+    for (long f = 0; f < F; f++) {
+      const double g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f], d = dout[n * F + f];
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      dinp[n * 2 * F + f] = static_cast<float>(d * u * sig * (1.0 + g * (1.0 - sig)));
+      dinp[n * 2 * F + F + f] = static_cast<float>(d * g * sig);
+    }
 }
 
 void gelu_forward(float* out, const float* inp, long N) {

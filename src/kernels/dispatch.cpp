@@ -13,6 +13,7 @@
 #include "kernels/profile.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "kernels/round.h"
 
@@ -96,6 +97,14 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);
   ANVIL_DISPATCH(matmul_backward, ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
+}
+void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  ANVIL_CHECK(HS % 2 == 0 && n_heads * HS <= row_stride, "rope: {} heads of {} channels (an even number) must fit "
+              "in rows of {}", n_heads, HS, row_stride);
+  ANVIL_DISPATCH(rope_forward, x, B, T, row_stride, n_heads, HS, theta);
+}
+void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  ANVIL_DISPATCH(rope_backward, dx, B, T, row_stride, n_heads, HS, theta);
 }
 void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH(swiglu_forward, out, inp, N, F); }
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {

@@ -23,6 +23,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "kernels/round.h"
 
@@ -194,6 +195,25 @@ void elementwise_cases(std::vector<OpCase>& cases) {
       float* da = r.inout("da", randn(n, 4), close(kFp32Elementwise));  // +=
       float* db = r.inout("db", randn(n, 5), close(kFp32Elementwise));
       ANVIL_RUN_OP(r, residual_backward, da, db, r.in("dout", dout), n);
+    }});
+  }
+  // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions
+  // up to 2048 where an angle's rounding would show; head dimensions 2, 64 and 128; theta 1e4 and
+  // Llama 3's 5e5.
+  struct RopeShape { int B, T, heads, kv_heads, HS; float theta; };
+  for (RopeShape s : {RopeShape{1, 1, 1, 1, 2, 1e4f}, RopeShape{2, 37, 4, 2, 64, 1e4f}, RopeShape{1, 130, 3, 1, 128, 5e5f},
+                      RopeShape{1, 2048, 2, 2, 64, 1e4f}}) {
+    const int row_stride = (s.heads + 2 * s.kv_heads) * s.HS, rotated = s.heads + s.kv_heads;
+    const size_t n = static_cast<size_t>(s.B) * s.T * row_stride;
+    const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"NH", s.heads}, {"KV", s.kv_heads},
+                       {"HS", s.HS}, {"theta", static_cast<long>(s.theta)}};
+    cases.push_back({case_name("rope_forward", dims), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, rope_forward, r.inout("qkv", randn(n, 1), close(kFp32Elementwise)), s.B, s.T, row_stride,
+                   rotated, s.HS, s.theta);
+    }});
+    cases.push_back({case_name("rope_backward", dims), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, rope_backward, r.inout("dqkv", randn(n, 2), close(kFp32Elementwise)), s.B, s.T, row_stride,
+                   rotated, s.HS, s.theta);
     }});
   }
   // Llama's MLP activation over (N, 2F) rows of gate | up.

@@ -15,6 +15,7 @@
 #include "kernels/encoder.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
+#include "kernels/rope.h"
 #include "kernels/round.h"
 
 namespace anvil {
@@ -208,6 +209,27 @@ TEST(CrossEntropyReference, AmpIsFp32OnRoundedLogitsAndTheFusedFormIsForwardThen
         for (int v = 0; v < V; v++) ASSERT_EQ(grad[static_cast<size_t>(n) * V + v], 0.0f);
       }
   }
+}
+
+// RoPE's convention is Hugging Face's rotate-half: channel i pairs with i + HS/2 (not i + 1), the
+// pair turned by t·theta^(-2i/HS); position 0 is left alone, and the backward undoes the forward.
+TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
+  const int HS = 4, T = 2;
+  std::vector<float> x = {9, 8, 7, 6,  // position 0: unchanged
+                          1, 0, 0, 0};  // position 1: channel 0 pairs with channel 2, at angle 1
+  const std::vector<float> x0 = x;
+  ref::rope_forward(x.data(), 1, T, HS, 1, HS, 100.0f);
+  for (int c = 0; c < HS; c++) EXPECT_EQ(x[c], x0[c]);
+  EXPECT_FLOAT_EQ(x[4], std::cos(1.0f));
+  EXPECT_EQ(x[5], 0.0f);
+  EXPECT_FLOAT_EQ(x[6], std::sin(1.0f));
+  EXPECT_EQ(x[7], 0.0f);
+  EXPECT_FLOAT_EQ(rope_inv_freq(100.0f, 1, HS), 0.1f);
+  auto y = randn(3 * 50 * 64, 1), y0 = y;  // rows of 3 heads, 2 rotated
+  ref::rope_forward(y.data(), 1, 50, 3 * 64, 2, 64, 1e4f);
+  EXPECT_FALSE(all_close(y.data(), y0.data(), 2 * 64 * 50, kFp32Elementwise));
+  ref::rope_backward(y.data(), 1, 50, 3 * 64, 2, 64, 1e4f);
+  EXPECT_TRUE(all_close(y.data(), y0.data(), y.size(), kFp32Elementwise));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Fast CPU kernels for the memory-bound ops: rows split across OpenMP threads, inner loops left
 // for the compiler to vectorise. Every reduction keeps one fixed order, whatever the thread count.
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
@@ -9,6 +10,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 
 namespace anvil::cpu {
@@ -209,6 +211,47 @@ ANVIL_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const f
   }
 }
 }  // namespace
+
+namespace {
+// The rotation of every (position t < T, pair i) by sign times its angle, as the reference forms
+// it (fp32 angle, double cos and sin), then applied to each row's heads.
+void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta, float sign) {
+  const int half = HS / 2;
+  // Kept between calls: a step does not allocate once the longest sequence has been seen.
+  thread_local std::vector<float> table;
+  if (table.size() < 2 * static_cast<size_t>(T) * half) table.resize(2 * static_cast<size_t>(T) * half);
+  float* cos_t = table.data();
+  float* sin_t = cos_t + static_cast<size_t>(T) * half;
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      const double angle = static_cast<float>(t) * rope_inv_freq(theta, i, HS);
+      cos_t[t * half + i] = static_cast<float>(std::cos(angle));
+      sin_t[t * half + i] = sign * static_cast<float>(std::sin(angle));
+    }
+#pragma omp parallel for schedule(static)
+  for (long row = 0; row < static_cast<long>(B) * T; row++) {
+    const float* c = cos_t + (row % T) * half;
+    const float* s = sin_t + (row % T) * half;
+    for (int h = 0; h < n_heads; h++) {
+      float* v = x + row * row_stride + static_cast<long>(h) * HS;
+#pragma omp simd
+      for (int i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+}  // namespace
+
+void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  rope_rotate(x, B, T, row_stride, n_heads, HS, theta, 1.0f);
+}
+void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  rope_rotate(dx, B, T, row_stride, n_heads, HS, theta, -1.0f);
+}
 
 // sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's.
 void swiglu_forward(float* out, const float* inp, int N, int F) {

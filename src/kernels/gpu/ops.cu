@@ -15,6 +15,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
 #include "kernels/swiglu.h"
 #include "kernels/round.h"
 
@@ -213,6 +214,22 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
   if (i >= N) return;
   const float x = inp[i];
   out[i] = x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s;
+}
+
+// ---- RoPE: one thread per (row, head, pair); inv_freq as rope_inv_freq forms it on the host.
+__global__ void rope_kernel(float* x, int T, int row_stride, int n_heads, int HS, float theta, float sign, long pairs) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= pairs) return;
+  const int half = HS / 2;
+  const int i = static_cast<int>(k % half);
+  const long head = k / half, row = head / n_heads;
+  const float inv_freq = static_cast<float>(pow(static_cast<double>(theta), -2.0 * i / HS));
+  const float angle = static_cast<float>(row % T) * inv_freq;
+  const float c = cosf(angle), s = sign * sinf(angle);
+  float* v = x + row * row_stride + (head % n_heads) * HS;
+  const float a = v[i], b = v[i + half];
+  v[i] = a * c - b * s;
+  v[i + half] = b * c + a * s;
 }
 
 // One thread per (row, f); sigmoid(x) = sigmoid2(x/2), as in GELU.
@@ -467,6 +484,18 @@ void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(partial, x, ld, N, C);
   GPU_CHECK_LAUNCH();
   GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(out, nullptr, partial, chunks, C);
+  GPU_CHECK_LAUNCH();
+}
+
+void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(x, T, row_stride, n_heads, HS, theta, 1.0f, pairs);
+  GPU_CHECK_LAUNCH();
+}
+
+void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(dx, T, row_stride, n_heads, HS, theta, -1.0f, pairs);
   GPU_CHECK_LAUNCH();
 }
 

@@ -110,9 +110,11 @@ void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
   ANVIL_DISPATCH(swiglu_backward, dinp, inp, dout, N, F);
 }
-void gelu_forward(float* out, const float* inp, long N) { ANVIL_DISPATCH(gelu_forward, out, inp, N); }
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
-  ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N);
+void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
+  ANVIL_DISPATCH(gelu_forward, out, inp, N, form);
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
+  ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N, form);
 }
 void round_to_dtype(float* x, long N, ComputeDtype d) { ANVIL_DISPATCH(round_to_dtype, x, N, d); }
 void residual_forward(float* out, const float* a, const float* b, long N) {

@@ -1,13 +1,17 @@
-// GELU, tanh approximation (GPT-2's): 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+// GELU in its two forms: the tanh approximation (GPT-2's, PyTorch's approximate='tanh')
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), and the exact 0.5·x·(1 + erf(x/√2)) (PyTorch's
+// default, and so LLM Foundry's MPT ffn_act_fn).
 #pragma once
 #include "kernels/op.h"
 
 namespace anvil {
 
+enum class GeluForm { kTanh, kErf };
+
 // out (N) = gelu(inp (N)). out may alias inp.
-void gelu_forward(float* out, const float* inp, long N);
+void gelu_forward(float* out, const float* inp, long N, GeluForm form);
 // dinp (N) = gelu'(inp) · dout. dinp may alias dout.
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N);
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form);
 
 ANVIL_OP_IMPLEMENTATIONS(gelu_forward)
 ANVIL_OP_IMPLEMENTATIONS(gelu_backward)

@@ -273,7 +273,7 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   round_to_dtype(x.ln2, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, 4 * C);
   round_to_dtype(x.fch, 4 * NC, dtype());
-  gelu_forward(acts_.fch_gelu, x.fch, 4 * NC);
+  gelu_forward(acts_.fch_gelu, x.fch, 4 * NC, GeluForm::kTanh);
   round_to_dtype(acts_.fch_gelu, 4 * NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
                            4 * C, C);
@@ -429,11 +429,11 @@ void Gpt2::block_backward(int l) {
     // The residual stream's gradient stays fp32; the projections see it rounded.
     const float* dproj = rounded(dres, NC);
     float* fch_gelu = a.fch_gelu + r * 4 * C;  // this grain's GELU output, recomputed
-    gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC);
+    gelu_forward(fch_gelu, x.fch + r * 4 * C, 4 * NC, GeluForm::kTanh);
     round_to_dtype(fch_gelu, 4 * NC, dtype());
     linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, 4 * C, C);
     round_to_dtype(dbig_, 4 * NC, dtype());
-    gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC);
+    gelu_backward(dbig_, x.fch + r * 4 * C, dbig_, 4 * NC, GeluForm::kTanh);
     round_to_dtype(dbig_, 4 * NC, dtype());
     linear_backward(dsmall, dbig_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, 4 * C);
     round_to_dtype(dsmall, NC, dtype());

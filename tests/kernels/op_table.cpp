@@ -179,14 +179,17 @@ void matmul_cases(std::vector<OpCase>& cases) {
 void elementwise_cases(std::vector<OpCase>& cases) {
   for (long n : {1L, 7L, 13L, 4099L, 1L << 20}) {
     const auto x = randn(n, 1, 3.0f), y = randn(n, 2), dout = randn(n, 3);
-    cases.push_back({case_name("gelu_forward", {{"N", n}}), [=](OpRun& r) {
-      float* out = r.out("out", n, close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, gelu_forward, out, r.in("inp", x), n);
-    }});
-    cases.push_back({case_name("gelu_backward", {{"N", n}}), [=](OpRun& r) {
-      float* dinp = r.out("dinp", n, close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, gelu_backward, dinp, r.in("inp", x), r.in("dout", dout), n);
-    }});
+    for (GeluForm form : {GeluForm::kTanh, GeluForm::kErf}) {
+      const char* variant = form == GeluForm::kTanh ? "tanh" : "erf";
+      cases.push_back({case_name("gelu_forward", {{"N", n}}, variant), [=](OpRun& r) {
+        float* out = r.out("out", n, close(kFp32Elementwise));
+        ANVIL_RUN_OP(r, gelu_forward, out, r.in("inp", x), n, form);
+      }});
+      cases.push_back({case_name("gelu_backward", {{"N", n}}, variant), [=](OpRun& r) {
+        float* dinp = r.out("dinp", n, close(kFp32Elementwise));
+        ANVIL_RUN_OP(r, gelu_backward, dinp, r.in("inp", x), r.in("dout", dout), n, form);
+      }});
+    }
     cases.push_back({case_name("residual_forward", {{"N", n}}), [=](OpRun& r) {
       float* out = r.out("out", n, close(kFp32Elementwise));
       ANVIL_RUN_OP(r, residual_forward, out, r.in("a", x), r.in("b", y), n);

@@ -177,6 +177,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;
+constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 
 // 0.5·(1 + tanh(u)) = sigmoid(2u). Written with exp(-2|u|) so that neither it nor 1 - it loses
 // digits to cancellation in the tails, where tanh(u) rounds to ±1. exp_approx vectorises where
@@ -283,11 +284,25 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
   }
 }
 
-void gelu_forward(float* out, const float* inp, long N) {
+// The erf form in float through libm's erff and expf.
+void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
+  if (form == GeluForm::kErf) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + std::erf(inp[i] * kSqrtHalf));
+    return;
+  }
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_forward_range(out, inp, lo, hi); });
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
+  if (form == GeluForm::kErf) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) {
+      const float x = inp[i];
+      dinp[i] = (0.5f * (1.0f + std::erf(x * kSqrtHalf)) + x * std::exp(-0.5f * x * x) * kInvSqrt2Pi) * dout[i];
+    }
+    return;
+  }
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });
 }
 

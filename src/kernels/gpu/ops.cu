@@ -209,6 +209,20 @@ __device__ inline Sigmoid2 sigmoid2(float u) {
   return u >= 0 ? Sigmoid2{large, small} : Sigmoid2{small, large};
 }
 
+constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+
+__global__ void gelu_erf_forward_kernel(float* out, const float* inp, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) out[i] = 0.5f * inp[i] * (1.0f + erff(inp[i] * kSqrtHalf));
+}
+
+__global__ void gelu_erf_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  const float x = inp[i];
+  dinp[i] = (0.5f * (1.0f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi) * dout[i];
+}
+
 __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
@@ -511,13 +525,19 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
   GPU_CHECK_LAUNCH();
 }
 
-void gelu_forward(float* out, const float* inp, long N) {
-  GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
+void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
+  if (form == GeluForm::kErf)
+    GPU_LAUNCH(gelu_erf_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
+  else
+    GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
   GPU_CHECK_LAUNCH();
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
-  GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
+  if (form == GeluForm::kErf)
+    GPU_LAUNCH(gelu_erf_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
+  else
+    GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
   GPU_CHECK_LAUNCH();
 }
 

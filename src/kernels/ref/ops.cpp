@@ -225,16 +225,23 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
     }
 }
 
-void gelu_forward(float* out, const float* inp, long N) {
+void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
   for (long i = 0; i < N; i++) {
     double x = inp[i];
-    out[i] = static_cast<float>(0.5 * x * (1.0 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
+    out[i] = static_cast<float>(form == GeluForm::kErf
+                                    ? 0.5 * x * (1.0 + std::erf(x * M_SQRT1_2))
+                                    : 0.5 * x * (1.0 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N) {
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
   for (long i = 0; i < N; i++) {
     double x = inp[i];
+    if (form == GeluForm::kErf) {  // Φ(x) + x·φ(x)
+      const double grad = 0.5 * (1.0 + std::erf(x * M_SQRT1_2)) + x * std::exp(-0.5 * x * x) * 0.5 * M_2_SQRTPI * M_SQRT1_2;
+      dinp[i] = static_cast<float>(grad * dout[i]);
+      continue;
+    }
     double u = kGeluScale * (x + 0.044715 * x * x * x);
     double th = std::tanh(u);
     double du = kGeluScale * (1.0 + 3.0 * 0.044715 * x * x);

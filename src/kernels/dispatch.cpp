@@ -14,8 +14,8 @@
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 #include "kernels/round.h"
+#include "kernels/swiglu.h"
 
 namespace anvil {
 namespace {
@@ -98,12 +98,18 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);
   ANVIL_DISPATCH(matmul_backward, ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC, accumulate_dinp);
 }
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+namespace {
+void check_rope_shape(int row_stride, int n_heads, int HS) {
   ANVIL_CHECK(HS % 2 == 0 && n_heads * HS <= row_stride, "rope: {} heads of {} channels (an even number) must fit "
               "in rows of {}", n_heads, HS, row_stride);
+}
+}  // namespace
+void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  check_rope_shape(row_stride, n_heads, HS);
   ANVIL_DISPATCH(rope_forward, x, B, T, row_stride, n_heads, HS, theta);
 }
 void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  check_rope_shape(row_stride, n_heads, HS);
   ANVIL_DISPATCH(rope_backward, dx, B, T, row_stride, n_heads, HS, theta);
 }
 void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH(swiglu_forward, out, inp, N, F); }

@@ -16,8 +16,8 @@
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
-#include "kernels/swiglu.h"
 #include "kernels/round.h"
+#include "kernels/swiglu.h"
 
 namespace anvil::ref {
 

@@ -456,12 +456,10 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   GPU_CHECK_LAUNCH();
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
-  const int rows_per_block = kThreads / kWarpSize;
-  GPU_LAUNCH(layernorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(
-      dinp, dout, inp, weight, mean, rstd, N, C);
-  GPU_CHECK_LAUNCH();
+namespace {
+// A norm's weight (and bias, if dbias) gradients +=, as fixed-order column sums; mean null: RMSNorm.
+void norm_param_grads(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
+                      const float* rstd, int N, int C) {
   const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
   double* partial = scratch(2L * chunks * C);
   GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
@@ -469,6 +467,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   GPU_CHECK_LAUNCH();
   GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), dbias ? 2 : 1), kThreads)(dweight, dbias, partial, chunks, C);
   GPU_CHECK_LAUNCH();
+}
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  const int rows_per_block = kThreads / kWarpSize;
+  GPU_LAUNCH(layernorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(
+      dinp, dout, inp, weight, mean, rstd, N, C);
+  GPU_CHECK_LAUNCH();
+  norm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
@@ -483,13 +491,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   GPU_LAUNCH(rmsnorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(dinp, dout, inp, weight, rstd, N,
                                                                                       C);
   GPU_CHECK_LAUNCH();
-  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-  double* partial = scratch(2L * chunks * C);
-  GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
-      partial, dout, inp, nullptr, rstd, N, C);
-  GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(dweight, nullptr, partial, chunks, C);
-  GPU_CHECK_LAUNCH();
+  norm_param_grads(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
 }
 
 void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {

@@ -1,17 +1,47 @@
-// Causal multi-head self-attention on a fused qkv tensor. NH heads of HS = C/NH channels; the
-// scores are scaled by 1/√HS and position i attends to positions j <= i.
+// Causal self-attention on a fused qkv tensor, with grouped-query heads and ALiBi as options:
+// position i attends to positions j <= i, scores scaled by 1/√head_size.
 #pragma once
+#include <cmath>
+
 #include "kernels/op.h"
 
 namespace anvil {
 
-// out (B,T,C) = softmax(q kᵀ/√HS + causal mask) v per head, with qkv (B,T,3C) holding q, k, v
-// side by side (head h at channels h·HS .. h·HS+HS-1 of each). lse (B,NH,T) = the log-sum-exp of
-// each score row, saved so the backward pass can rebuild probabilities without storing T×T.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
-// dqkv (B,T,3C) = the gradient wrt qkv, given dout (B,T,C), the forward's qkv, out and lse.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH);
+// The heads of one attention layer. n_heads query heads of head_size channels share n_kv_heads
+// key/value heads (n_kv_heads divides n_heads; each key/value head serves n_heads/n_kv_heads
+// consecutive query heads: grouped-query attention, multi-query when 1, multi-head when equal).
+// With alibi, the score of query i and key j gets slope_h·(j - i) added after scaling (ALiBi, as
+// MPT does it; alibi_slope below).
+struct AttentionHeads {
+  int n_heads, n_kv_heads, head_size;
+  bool alibi = false;
+  float alibi_bias_max = 8.0f;
+
+  int group() const { return n_heads / n_kv_heads; }
+  int q_channels() const { return n_heads * head_size; }
+  int kv_channels() const { return n_kv_heads * head_size; }
+  // A fused qkv row: the queries of every head, then the keys, then the values.
+  int qkv_channels() const { return q_channels() + 2 * kv_channels(); }
+};
+
+// ALiBi's slope for head h of n_heads, as LLM Foundry and Hugging Face's MPT form them: with n the
+// power of two at or above n_heads, slope_k = 1/2^(k·bias_max/n) for k = 1..n, in fp32; when n >
+// n_heads, heads take the even k first and then the odd ones. Host and device alike.
+ANVIL_HOST_DEVICE inline float alibi_slope(int h, int n_heads, float bias_max) {
+  int n = 1;
+  while (n < n_heads) n *= 2;
+  const int k = n == n_heads ? h + 1 : h < n / 2 ? 2 * h + 2 : 2 * (h - n / 2) + 1;
+  return 1.0f / exp2f(static_cast<float>(k) * (bias_max / static_cast<float>(n)));
+}
+
+// out (B,T,q_channels) = softmax(q kᵀ/√HS [+ ALiBi] + causal mask) v per query head, from qkv
+// (B,T,qkv_channels). lse (B,n_heads,T) = the log-sum-exp of each score row, saved so the backward
+// pass can rebuild probabilities without storing T×T.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads);
+// dqkv (B,T,qkv_channels) = the gradient wrt qkv, given dout (B,T,q_channels), the forward's qkv,
+// out and lse. A key/value head's gradient sums its query heads' contributions in head order.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, AttentionHeads heads);
 
 // ref: forms the full T×T score matrix per head; cpu: query blocks of sgemms; never forms T×T.
 ANVIL_OP_IMPLEMENTATIONS(attention_forward)

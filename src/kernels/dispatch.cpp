@@ -129,12 +129,12 @@ void residual_forward(float* out, const float* a, const float* b, long N) {
 void residual_backward(float* da, float* db, const float* dout, long N) {
   ANVIL_DISPATCH(residual_backward, da, db, dout, N);
 }
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  ANVIL_DISPATCH(attention_forward, out, lse, qkv, B, T, C, NH);
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+  ANVIL_DISPATCH(attention_forward, out, lse, qkv, B, T, heads);
 }
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH) {
-  ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, C, NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, AttentionHeads heads) {
+  ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, heads);
 }
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                           int N, int V, ComputeDtype d) {

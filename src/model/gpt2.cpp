@@ -264,7 +264,7 @@ void Gpt2::block_forward(int l, const Block& p, const float* residual) {
   round_to_dtype(x.ln1, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, 3 * C);
   round_to_dtype(x.qkv, 3 * NC, dtype());
-  attention_forward(x.atty, x.att_lse, x.qkv, B, T, C, NH);
+  attention_forward(x.atty, x.att_lse, x.qkv, B, T, {NH, NH, C / NH});
   round_to_dtype(x.atty, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype());
@@ -441,7 +441,7 @@ void Gpt2::block_backward(int l) {
     dproj = rounded(dres, NC);
     linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
     round_to_dtype(dsmall, NC, dtype());
-    attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, C, NH);
+    attention_backward(dqkv_, dsmall, x.qkv + r * 3 * C, x.atty + r * C, x.att_lse + r * NH, n, T, {NH, NH, C / NH});
     round_to_dtype(dqkv_, 3 * NC, dtype());
     linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, 3 * C);
     round_to_dtype(dsmall, NC, dtype());

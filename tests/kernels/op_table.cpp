@@ -31,7 +31,7 @@ namespace anvil::testing {
 namespace {
 
 // "op_N5_C7": a test name from the op and its dimensions.
-std::string case_name(const char* op, std::initializer_list<std::pair<const char*, long>> dims,
+std::string case_name(const char* op, const std::vector<std::pair<const char*, long>>& dims,
                       const std::string& suffix = "") {
   std::string s = op;
   for (const auto& [letter, value] : dims) s += std::string("_") + letter + std::to_string(value);
@@ -246,27 +246,45 @@ void elementwise_cases(std::vector<OpCase>& cases) {
 }
 
 void attention_cases(std::vector<OpCase>& cases) {
-  struct Shape { int B, T, C, NH; };
+  struct Shape {
+    int B, T;
+    AttentionHeads heads;
+  };
+  const auto mha = [](int n_heads, int head_size) { return AttentionHeads{n_heads, n_heads, head_size}; };
+  auto alibi = [](AttentionHeads a, float bias_max) {
+    a.alibi = true;
+    a.alibi_bias_max = bias_max;
+    return a;
+  };
   // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to
-  // 256; GPT-2's twelve heads of 64.
-  for (Shape s : {Shape{1, 1, 4, 1}, Shape{1, 5, 8, 2}, Shape{2, 33, 16, 1}, Shape{2, 70, 24, 3}, Shape{1, 64, 32, 4},
-                  Shape{1, 100, 128, 2}, Shape{2, 130, 96, 3}, Shape{1, 129, 256, 1}, Shape{2, 256, 768, 12}}) {
-    const size_t BTC = static_cast<size_t>(s.B) * s.T * s.C, L = static_cast<size_t>(s.B) * s.NH * s.T;
-    const auto qkv = randn(3 * BTC, 1);
-    const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"C", s.C}, {"NH", s.NH}};
+  // 256; GPT-2's twelve heads of 64. Grouped-query heads (two groups of three; Llama's four per
+  // key/value head) and multi-query; ALiBi with a power-of-two head count, with twelve heads
+  // (MPT-125M's, slopes interleaved from sixteen) and with grouped-query heads.
+  for (Shape s : {Shape{1, 1, mha(1, 4)}, Shape{1, 5, mha(2, 4)}, Shape{2, 33, mha(1, 16)}, Shape{2, 70, mha(3, 8)},
+                  Shape{1, 64, mha(4, 8)}, Shape{1, 100, mha(2, 64)}, Shape{2, 130, mha(3, 32)},
+                  Shape{1, 129, mha(1, 256)}, Shape{2, 256, mha(12, 64)}, Shape{2, 70, {6, 2, 8}},
+                  Shape{1, 130, {8, 2, 16}}, Shape{2, 65, {4, 1, 16}}, Shape{1, 1, {3, 1, 4}},
+                  Shape{2, 70, alibi(mha(4, 8), 8)}, Shape{1, 130, alibi(mha(12, 16), 8)},
+                  Shape{2, 33, alibi({6, 3, 8}, 16)}}) {
+    const AttentionHeads& a = s.heads;
+    const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
+    const auto qkv = randn(BT * a.qkv_channels(), 1);
+    std::vector<std::pair<const char*, long>> dims = {
+        {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
+    if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
     cases.push_back({case_name("attention_forward", dims), [=](OpRun& r) {
-      float* out = r.out("out", BTC, close(kFp32Reduction));
+      float* out = r.out("out", BT * a.q_channels(), close(kFp32Reduction));
       float* lse = r.out("lse", L, close(kFp32Reduction));
-      ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.B, s.T, s.C, s.NH);
+      ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.B, s.T, a);
     }});
     cases.push_back({case_name("attention_backward", dims), [=](OpRun& r) {
-      std::vector<float> out(BTC), lse(L);  // the forward's, from the reference
-      ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+      std::vector<float> out(BT * a.q_channels()), lse(L);  // the forward's, from the reference
+      ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, a);
       Check dqkv_check = norm(kFp32RelNorm);
       dqkv_check.close = kFp32Reduction;
-      float* dqkv = r.out("dqkv", 3 * BTC, dqkv_check);
-      ANVIL_RUN_OP(r, attention_backward, dqkv, r.in("dout", randn(BTC, 2)), r.in("qkv", qkv), r.in("out", out),
-                   r.in("lse", lse), s.B, s.T, s.C, s.NH);
+      float* dqkv = r.out("dqkv", BT * a.qkv_channels(), dqkv_check);
+      ANVIL_RUN_OP(r, attention_backward, dqkv, r.in("dout", randn(BT * a.q_channels(), 2)), r.in("qkv", qkv),
+                   r.in("out", out), r.in("lse", lse), s.B, s.T, a);
     }});
   }
 }

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "compare.h"
@@ -154,27 +155,65 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
   }
 }
 
-// Each (sequence, head, query block) is one thread's work in a fixed order: 1, 2 or 3 threads give
-// the same bits.
+// Each (sequence, head, query block) of the forward and each (sequence, key/value head) of the
+// backward is one thread's work in a fixed order: 1, 2 or 3 threads give the same bits, with
+// separate heads and with grouped-query heads and ALiBi.
 TEST(Attention, ThreadCountDoesNotChangeABit) {
-  const int B = 2, T = 150, C = 96, NH = 3;
-  auto qkv = randn(B * T * 3 * C, 1), dout = randn(B * T * C, 2);
-  std::vector<float> out[3], lse[3], dqkv[3];
-  const int saved = omp_get_max_threads();
-  for (int k = 0; k < 3; k++) {
-    omp_set_num_threads(k + 1);
-    out[k].resize(B * T * C);
-    lse[k].resize(B * NH * T);
-    dqkv[k].resize(qkv.size());
-    cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), B, T, C, NH);
-    cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), B, T, C, NH);
+  const int B = 2, T = 150;
+  AttentionHeads grouped{6, 2, 16};
+  grouped.alibi = true;
+  for (const AttentionHeads& a : {AttentionHeads{3, 3, 32}, grouped}) {
+    const size_t BT = static_cast<size_t>(B) * T;
+    auto qkv = randn(BT * a.qkv_channels(), 1), dout = randn(BT * a.q_channels(), 2);
+    std::vector<float> out[3], lse[3], dqkv[3];
+    const int saved = omp_get_max_threads();
+    for (int k = 0; k < 3; k++) {
+      omp_set_num_threads(k + 1);
+      out[k].resize(BT * a.q_channels());
+      lse[k].resize(BT * a.n_heads);
+      dqkv[k].resize(qkv.size());
+      cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), B, T, a);
+      cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), B, T, a);
+    }
+    omp_set_num_threads(saved);
+    for (int k = 1; k < 3; k++) {
+      EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads, " << a.n_kv_heads << " kv heads";
+      EXPECT_TRUE(lse[k] == lse[0]) << k + 1 << " threads, " << a.n_kv_heads << " kv heads";
+      EXPECT_TRUE(dqkv[k] == dqkv[0]) << k + 1 << " threads, " << a.n_kv_heads << " kv heads";
+    }
   }
-  omp_set_num_threads(saved);
-  for (int k = 1; k < 3; k++) {
-    EXPECT_TRUE(out[k] == out[0]) << k + 1 << " threads";
-    EXPECT_TRUE(lse[k] == lse[0]) << k + 1 << " threads";
-    EXPECT_TRUE(dqkv[k] == dqkv[0]) << k + 1 << " threads";
-  }
+}
+
+// ALiBi's slopes as LLM Foundry's gen_slopes and Hugging Face's MPT give them: 1/2^(8k/n) for a
+// power-of-two head count; for twelve heads, the slopes of sixteen taken even k first
+// (k = 2, 4, ..., 16) and then odd (k = 1, 3, 5, 7).
+TEST(AttentionReference, AlibiSlopesAreMptsSlopes) {
+  for (int h = 0; h < 8; h++) EXPECT_EQ(alibi_slope(h, 8, 8.0f), 1.0f / std::exp2(static_cast<float>(h + 1)));
+  const int k12[12] = {2, 4, 6, 8, 10, 12, 14, 16, 1, 3, 5, 7};
+  for (int h = 0; h < 12; h++)
+    EXPECT_FLOAT_EQ(alibi_slope(h, 12, 8.0f), 1.0f / std::pow(2.0f, 0.5f * static_cast<float>(k12[h]))) << h;
+  EXPECT_FLOAT_EQ(alibi_slope(0, 1, 8.0f), 1.0f / 256.0f);
+}
+
+// With ALiBi the score of query i and key j is scale·q·k + slope·(j - i): checked on one head of
+// two positions by hand, where the probabilities of query 1 are softmax(scale·q1·k0 - slope,
+// scale·q1·k1).
+TEST(AttentionReference, AlibiAddsSlopeTimesDistance) {
+  AttentionHeads a{1, 1, 2};
+  a.alibi = true;
+  a.alibi_bias_max = 8.0f;  // one head: slope 1/256
+  // Rows: q, k, v of positions 0 and 1.
+  const std::vector<float> qkv = {0.5f, -1.0f, 1.0f, 2.0f, 3.0f, -1.0f, 1.0f, 0.25f, 0.5f, 1.0f, -2.0f, 4.0f};
+  std::vector<float> out(4), lse(2);
+  ref::attention_forward(out.data(), lse.data(), qkv.data(), 1, 2, a);
+  const double scale = 1.0 / std::sqrt(2.0), slope = 1.0 / 256.0;
+  const double s0 = scale * (1.0 * 1.0 + 0.25 * 2.0) - slope, s1 = scale * (1.0 * 0.5 + 0.25 * 1.0);
+  const double p0 = std::exp(s0) / (std::exp(s0) + std::exp(s1)), p1 = 1.0 - p0;
+  EXPECT_NEAR(out[2], p0 * 3.0 + p1 * -2.0, 1e-6);
+  EXPECT_NEAR(out[3], p0 * -1.0 + p1 * 4.0, 1e-6);
+  EXPECT_NEAR(lse[1], std::log(std::exp(s0) + std::exp(s1)), 1e-6);
+  EXPECT_NEAR(lse[0], scale * (0.5 * 1.0 + -1.0 * 2.0), 1e-6);
+  EXPECT_EQ(out[0], 3.0f);
 }
 
 // The reference's own contract, which the op table holds every backend to: a 16-bit dtype means

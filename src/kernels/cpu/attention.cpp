@@ -2,9 +2,9 @@
 // for 64 queries, their scores against every key up to the block's last
 // position (64 × keys, in L2), the masked softmax in place, then the output as probabilities ×
 // values. The T×T matrix is never formed. Backward rebuilds each block's probabilities from the
-// saved log-sum-exp. Forward work is split by (sequence, head, query block) and backward by
-// (sequence, head), so every gradient row has one owner and every sum runs in a fixed order,
-// whatever the thread count.
+// saved log-sum-exp. Forward work is split by (sequence, query head, query block) and backward by
+// (sequence, key/value head), which walks its group of query heads in order: every gradient row
+// has one owner and every sum runs in a fixed order, whatever the thread count.
 
 #include <algorithm>
 #include <cmath>
@@ -20,13 +20,15 @@ namespace {
 
 constexpr int kQueryBlock = 64;
 
-// Row i of a block's scores s[0..keys): scaled, masked past `valid`, turned into probabilities in
-// place (zeros past valid); returns the row's log-sum-exp.
-ANVIL_CPU_CLONES float softmax_row(float* s, int valid, int keys, float scale) {
+// Row i of a block's scores s[0..keys) (key j against query valid - 1): scaled, with ALiBi's
+// slope·(j - i) added (slope 0 without), masked past `valid`, turned into probabilities in place
+// (zeros past valid); returns the row's log-sum-exp.
+ANVIL_CPU_CLONES float softmax_row(float* s, int valid, int keys, float scale, float slope) {
+  const int i = valid - 1;
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int j = 0; j < valid; j++) {
-    s[j] *= scale;
+    s[j] = s[j] * scale + slope * static_cast<float>(j - i);
     mx = std::max(mx, s[j]);
   }
   float sum = 0.0f;
@@ -43,13 +45,16 @@ ANVIL_CPU_CLONES float softmax_row(float* s, int valid, int keys, float scale) {
   return mx + std::log(sum);
 }
 
-// From row i's raw scores s and dP = dO·Vᵀ: p = e^(scale·s - lse) in s, and the score gradient
-// dS = scale · p · (dP - D) in dp; zeros past valid.
-ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int valid, int keys, float scale, float lse,
-                                           float D) {
+// From row i's raw scores s and dP = dO·Vᵀ: p = e^(scale·s + slope·(j - i) - lse) in s, and the
+// score gradient dS = scale · p · (dP - D) in dp; zeros past valid.
+ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int valid, int keys, float scale, float slope,
+                                           float lse, float D) {
+  const int i = valid - 1;
 #pragma omp simd
   for (int j = 0; j < valid; j++) {
-    const float p = exp_approx(scale * s[j] - lse);
+    // The bias moves into the subtrahend so that without ALiBi (slope 0) the exponent is exactly
+    // scale·s - lse, formed as it always was.
+    const float p = exp_approx(scale * s[j] - (lse - slope * static_cast<float>(j - i)));
     s[j] = p;
     dp[j] = scale * p * (dp[j] - D);
   }
@@ -70,13 +75,16 @@ float* scratch(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
+// Head h's ALiBi slope, 0 without ALiBi.
+float slope_of(const AttentionHeads& a, int h) { return a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0f; }
+
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  const int HS = C / NH;
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+  const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int blocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const int ld = 3 * C;  // qkv row stride
+  const int ld = heads.qkv_channels();
 #pragma omp parallel
   {
     thread_local std::vector<float> s_buf;
@@ -86,12 +94,16 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       for (int h = 0; h < NH; h++)
         for (int qb = 0; qb < blocks; qb++) {
           const int q0 = qb * kQueryBlock, rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
-          const float* base = qkv + static_cast<long>(b) * T * ld + h * HS;
-          const float *Q = base + static_cast<long>(q0) * ld, *K = base + C, *V = base + 2 * C;
+          const float* seq = qkv + static_cast<long>(b) * T * ld;
+          const float* Q = seq + static_cast<long>(q0) * ld + h * HS;
+          const float* K = seq + C + (h / heads.group()) * HS;
+          const float* V = K + heads.kv_channels();
+          const float slope = slope_of(heads, h);
           // S (rows × keys) = Q Kᵀ
           gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
           float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
-          for (int i = 0; i < rows; i++) lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale);
+          for (int i = 0; i < rows; i++)
+            lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale, slope);
           // out rows (rows × HS) = P V
           gemm(GemmPrecision::fp32, rows, HS, keys, {S, keys, 1}, {V, ld, 1},
                out + (static_cast<long>(b) * T + q0) * C + h * HS, C, false);
@@ -100,10 +112,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH) {
-  const int HS = C / NH;
+                        const float* lse, int B, int T, AttentionHeads heads) {
+  const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int ld = 3 * C;
+  const int ld = heads.qkv_channels();
 #pragma omp parallel
   {
     thread_local std::vector<float> s_buf, dp_buf, d_buf;
@@ -112,35 +124,41 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* D = scratch(d_buf, static_cast<size_t>(T));
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
-      for (int h = 0; h < NH; h++) {
-        const float* base = qkv + static_cast<long>(b) * T * ld + h * HS;
-        const float *K = base + C, *V = base + 2 * C;
-        float* dbase = dqkv + static_cast<long>(b) * T * ld + h * HS;
-        float *dK = dbase + C, *dV = dbase + 2 * C;
-        const float* dO = dout + static_cast<long>(b) * T * C + h * HS;
-        const float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
+      for (int kv = 0; kv < heads.n_kv_heads; kv++) {
+        const long seq = static_cast<long>(b) * T * ld;
+        const float* K = qkv + seq + C + kv * HS;
+        const float* V = K + heads.kv_channels();
+        float* dK = dqkv + seq + C + kv * HS;
+        float* dV = dK + heads.kv_channels();
         for (int t = 0; t < T; t++) {
-          float* r = dbase + static_cast<long>(t) * ld;
-          std::memset(r, 0, sizeof(float) * HS);
-          std::memset(r + C, 0, sizeof(float) * HS);
-          std::memset(r + 2 * C, 0, sizeof(float) * HS);
-          const long o = static_cast<long>(t) * C;
-          D[t] = dot(dO + o, out + static_cast<long>(b) * T * C + h * HS + o, HS);  // Σ_j P_ij dP_ij
+          std::memset(dK + static_cast<long>(t) * ld, 0, sizeof(float) * HS);
+          std::memset(dV + static_cast<long>(t) * ld, 0, sizeof(float) * HS);
         }
-        for (int q0 = 0; q0 < T; q0 += kQueryBlock) {
-          const int rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
-          const float* Q = base + static_cast<long>(q0) * ld;
-          const float* dOb = dO + static_cast<long>(q0) * C;
-          gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
-          gemm(GemmPrecision::fp32, rows, keys, HS, {dOb, C, 1}, {V, 1, ld}, dP, keys, false);
-          for (int i = 0; i < rows; i++)
-            softmax_backward_row(S + static_cast<long>(i) * keys, dP + static_cast<long>(i) * keys, q0 + i + 1, keys,
-                                 scale, lse_bh[q0 + i], D[q0 + i]);
-          // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
-          gemm(GemmPrecision::fp32, rows, HS, keys, {dP, keys, 1}, {K, ld, 1}, dbase + static_cast<long>(q0) * ld, ld,
-               false);
-          gemm(GemmPrecision::fp32, keys, HS, rows, {dP, 1, keys}, {Q, ld, 1}, dK, ld, true);
-          gemm(GemmPrecision::fp32, keys, HS, rows, {S, 1, keys}, {dOb, C, 1}, dV, ld, true);
+        for (int h = kv * heads.group(); h < (kv + 1) * heads.group(); h++) {
+          const float* Q = qkv + seq + h * HS;
+          float* dQ = dqkv + seq + h * HS;
+          const float* dO = dout + static_cast<long>(b) * T * C + h * HS;
+          const float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
+          const float slope = slope_of(heads, h);
+          for (int t = 0; t < T; t++) {
+            const long o = static_cast<long>(t) * C;
+            D[t] = dot(dO + o, out + static_cast<long>(b) * T * C + h * HS + o, HS);  // Σ_j P_ij dP_ij
+          }
+          for (int q0 = 0; q0 < T; q0 += kQueryBlock) {
+            const int rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
+            const float* Qb = Q + static_cast<long>(q0) * ld;
+            const float* dOb = dO + static_cast<long>(q0) * C;
+            gemm(GemmPrecision::fp32, rows, keys, HS, {Qb, ld, 1}, {K, 1, ld}, S, keys, false);
+            gemm(GemmPrecision::fp32, rows, keys, HS, {dOb, C, 1}, {V, 1, ld}, dP, keys, false);
+            for (int i = 0; i < rows; i++)
+              softmax_backward_row(S + static_cast<long>(i) * keys, dP + static_cast<long>(i) * keys, q0 + i + 1,
+                                   keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
+            // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
+            gemm(GemmPrecision::fp32, rows, HS, keys, {dP, keys, 1}, {K, ld, 1}, dQ + static_cast<long>(q0) * ld, ld,
+                 false);
+            gemm(GemmPrecision::fp32, keys, HS, rows, {dP, 1, keys}, {Qb, ld, 1}, dK, ld, true);
+            gemm(GemmPrecision::fp32, keys, HS, rows, {S, 1, keys}, {dOb, C, 1}, dV, ld, true);
+          }
         }
       }
   }

@@ -1,5 +1,6 @@
 // What the GPU op sources share (device code and GPU host code only).
 #pragma once
+#include "kernels/attention.h"
 
 namespace anvil::gpu {
 
@@ -16,12 +17,14 @@ struct Strided {
 void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
                        float* D, int ldd, long long stride_d, int count);
 
-// Attention's element-wise steps over one sequence's scores (NH, T, T), row-major per head
-// (ops.cu): the causal softmax of scale·S in place with each row's log-sum-exp into lse (NH·T);
-// D (NH·T) = row sums of dout ∘ out; and, from the recomputed scores S and dP = dout·Vᵀ,
-// S = P and dP = scale · P ∘ (dP - D).
-void attention_softmax(float* S, float* lse, int T, int NH, float scale);
+// Attention's element-wise steps over the scores (count, T, T) of `count` query heads of one
+// sequence from head h0 on, row-major per head (ops.cu): the causal softmax of scale·S (+ ALiBi)
+// in place with each row's log-sum-exp into lse (count·T); and, from the recomputed scores S and
+// dP = dout·Vᵀ, S = P and dP = scale · P ∘ (dP - D). D (NH·T) = row sums of dout ∘ out over all
+// NH heads of C channels.
+void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0);
 void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH);
-void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int NH, float scale);
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
+                        const AttentionHeads& heads, int h0);
 
 }  // namespace anvil::gpu

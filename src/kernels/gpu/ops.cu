@@ -8,6 +8,7 @@
 #include "device/arch.h"
 #include "device/device.h"
 #include "device/stream.h"
+#include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -317,19 +318,24 @@ __global__ void round_kernel(float* x, long N, ComputeDtype d) {
 // ---- attention's element-wise parts (the products are GEMMs: attention.cpp). Scores of one
 // sequence are (NH, T, T) row-major: head h, query i, key j.
 
-// A warp per score row: P = softmax(scale · S) over the keys j <= i (0 above the diagonal), in
-// place, and the row's log-sum-exp of the scaled scores.
-__global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, float scale) {
+// A warp per score row: P = softmax(scale · S + ALiBi) over the keys j <= i (0 above the
+// diagonal), in place, and the row's log-sum-exp of the biased scaled scores. Row h·T + i of a
+// group of heads starting at head h0. The bias joins the subtrahend of the exponents so that
+// without ALiBi (slope 0) they are formed exactly as scale·S - lse.
+__global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, float scale, AttentionHeads heads,
+                                         int h0) {
   const int lane = threadIdx.x % kWarpSize;
-  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;  // h·T + i
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
   if (row >= rows) return;
   const int i = row % T;
+  const float slope = heads.alibi ? alibi_slope(h0 + row / T, heads.n_heads, heads.alibi_bias_max) : 0.0f;
   float* s = S + static_cast<long>(row) * T;
   MaxSum acc;  // lanes without keys keep an empty one
-  for (int j = lane; j <= i; j += kWarpSize) acc.add(s[j] * scale);
+  for (int j = lane; j <= i; j += kWarpSize) acc.add(s[j] * scale + slope * static_cast<float>(j - i));
   acc.merge_warp();
   const float l = acc.logsumexp();
-  for (int j = lane; j < T; j += kWarpSize) s[j] = j <= i ? expf(s[j] * scale - l) : 0.0f;
+  for (int j = lane; j < T; j += kWarpSize)
+    s[j] = j <= i ? expf(s[j] * scale - (l - slope * static_cast<float>(j - i))) : 0.0f;
   if (lane == 0) lse[row] = l;
 }
 
@@ -346,10 +352,11 @@ __global__ void attention_delta_kernel(float* D, const float* dout, const float*
   if (lane == 0) D[row] = s;
 }
 
-// Element-wise over (h, i, j): S (the recomputed raw scores) becomes P = exp(scale·S - lse), and
-// dP becomes scale · P · (dP - D_i), both 0 above the diagonal.
+// Element-wise over (h, i, j) of a group of heads starting at head h0: S (the recomputed raw
+// scores) becomes P = exp(scale·S + ALiBi - lse), and dP becomes scale · P · (dP - D_i), both 0
+// above the diagonal.
 __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse, const float* D, int T, long n,
-                                          float scale) {
+                                          float scale, AttentionHeads heads, int h0) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const long row = k / T;
@@ -359,7 +366,9 @@ __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse,
     dP[k] = 0.0f;
     return;
   }
-  const float p = expf(S[k] * scale - lse[row]);
+  const float slope =
+      heads.alibi ? alibi_slope(h0 + static_cast<int>(row / T), heads.n_heads, heads.alibi_bias_max) : 0.0f;
+  const float p = expf(S[k] * scale - (lse[row] - slope * static_cast<float>(j - i)));
   S[k] = p;
   dP[k] = scale * p * (dP[k] - D[row]);
 }
@@ -559,9 +568,9 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
   GPU_CHECK_LAUNCH();
 }
 
-void attention_softmax(float* S, float* lse, int T, int NH, float scale) {
-  const int rows = NH * T, rows_per_block = kThreads / kWarpSize;
-  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale);
+void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0) {
+  const int rows = count * T, rows_per_block = kThreads / kWarpSize;
+  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale, heads, h0);
   GPU_CHECK_LAUNCH();
 }
 
@@ -571,9 +580,10 @@ void attention_delta(float* D, const float* dout, const float* out, int T, int C
   GPU_CHECK_LAUNCH();
 }
 
-void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int NH, float scale) {
-  const long n = static_cast<long>(NH) * T * T;
-  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale);
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
+                        const AttentionHeads& heads, int h0) {
+  const long n = static_cast<long>(count) * T * T;
+  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale, heads, h0);
   GPU_CHECK_LAUNCH();
 }
 

@@ -261,91 +261,93 @@ void residual_backward(float* da, float* db, const float* dout, long N) {
   }
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  const int HS = C / NH;
+namespace {
+// Where head h's query (part 0), key (1) or value (2) of position t of sequence b starts in a
+// fused qkv tensor.
+const float* qkv_at(const float* qkv, const AttentionHeads& a, int b, int T, int t, int part, int h) {
+  const float* row = qkv + (static_cast<long>(b) * T + t) * a.qkv_channels();
+  if (part == 0) return row + h * a.head_size;
+  const int kv = h / a.group();
+  return row + a.q_channels() + (part - 1) * a.kv_channels() + kv * a.head_size;
+}
+
+// Query i's scaled scores against keys 0..i of head h in s, in double.
+void score_row(double* s, const float* qkv, const AttentionHeads& a, int b, int T, int h, int i) {
+  const int HS = a.head_size;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
-  std::vector<double> scores(static_cast<size_t>(T) * T);
+  const double slope = a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0;
+  const float* q = qkv_at(qkv, a, b, T, i, 0, h);
+  for (int j = 0; j <= i; j++) {
+    const float* k = qkv_at(qkv, a, b, T, j, 1, h);
+    double dot = 0;
+    for (int d = 0; d < HS; d++) dot += static_cast<double>(q[d]) * k[d];
+    s[j] = dot * scale + slope * (j - i);
+  }
+}
+
+// p[0..i] = softmax(s[0..i]); returns the log-sum-exp.
+double softmax_in_place(double* p, int i) {
+  double mx = p[0];
+  for (int j = 1; j <= i; j++) mx = std::max(mx, p[j]);
+  double sum = 0;
+  for (int j = 0; j <= i; j++) sum += std::exp(p[j] - mx);
+  for (int j = 0; j <= i; j++) p[j] = std::exp(p[j] - mx) / sum;
+  return mx + std::log(sum);
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+  const int HS = heads.head_size, C = heads.q_channels();
+  std::vector<double> p(T);
   for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      auto q = [&](int t) { return qkv + (static_cast<long>(b) * T + t) * 3 * C + h * HS; };
-      auto k = [&](int t) { return q(t) + C; };
-      auto v = [&](int t) { return q(t) + 2 * C; };
-      for (int i = 0; i < T; i++)
-        for (int j = 0; j <= i; j++) {
-          double s = 0;
-          for (int d = 0; d < HS; d++) s += static_cast<double>(q(i)[d]) * k(j)[d];
-          scores[static_cast<size_t>(i) * T + j] = s * scale;
-        }
+    for (int h = 0; h < heads.n_heads; h++)
       for (int i = 0; i < T; i++) {
-        double* row = &scores[static_cast<size_t>(i) * T];
-        double mx = row[0];
-        for (int j = 1; j <= i; j++) mx = std::max(mx, row[j]);
-        double sum = 0;
-        for (int j = 0; j <= i; j++) sum += std::exp(row[j] - mx);
-        lse[(static_cast<long>(b) * NH + h) * T + i] = static_cast<float>(mx + std::log(sum));
+        score_row(p.data(), qkv, heads, b, T, h, i);
+        lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = static_cast<float>(softmax_in_place(p.data(), i));
         float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
         for (int d = 0; d < HS; d++) {
           double acc = 0;
-          for (int j = 0; j <= i; j++) acc += std::exp(row[j] - mx) / sum * v(j)[d];
+          for (int j = 0; j <= i; j++) acc += p[j] * qkv_at(qkv, heads, b, T, j, 2, h)[d];
           o[d] = static_cast<float>(acc);
         }
       }
-    }
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH) {
-  const int HS = C / NH;
+                        const float* lse, int B, int T, AttentionHeads heads) {
+  const int HS = heads.head_size, C = heads.q_channels();
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
-  std::vector<double> p(T), dp(T);
-  std::vector<double> dq(static_cast<size_t>(T) * HS), dk(dq.size()), dv(dq.size());
+  std::vector<double> p(T), dp(T), grad(static_cast<size_t>(B) * T * heads.qkv_channels());
+  // Position t's gradient wrt head h's part, at the offsets of qkv_at.
+  auto g = [&](int b, int t, int part, int h) { return &grad[qkv_at(qkv, heads, b, T, t, part, h) - qkv]; };
   for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      auto row = [&](const float* base, int t, int part) {
-        return base + (static_cast<long>(b) * T + t) * 3 * C + part * C + h * HS;
-      };
-      std::fill(dq.begin(), dq.end(), 0.0);
-      std::fill(dk.begin(), dk.end(), 0.0);
-      std::fill(dv.begin(), dv.end(), 0.0);
+    for (int h = 0; h < heads.n_heads; h++)
       for (int i = 0; i < T; i++) {
-        const float* qi = row(qkv, i, 0);
-        const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
         // Rebuild the probability row from the scores, independently of the saved lse.
-        double mx = -INFINITY;
-        for (int j = 0; j <= i; j++) {
-          double s = 0;
-          for (int d = 0; d < HS; d++) s += static_cast<double>(qi[d]) * row(qkv, j, 1)[d];
-          p[j] = s * scale;
-          mx = std::max(mx, p[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j <= i; j++) sum += (p[j] = std::exp(p[j] - mx));
+        score_row(p.data(), qkv, heads, b, T, h, i);
+        softmax_in_place(p.data(), i);
+        const float* qi = qkv_at(qkv, heads, b, T, i, 0, h);
+        const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
         double pdp = 0;
         for (int j = 0; j <= i; j++) {
-          p[j] /= sum;
+          const float* vj = qkv_at(qkv, heads, b, T, j, 2, h);
           double s = 0;
-          for (int d = 0; d < HS; d++) s += static_cast<double>(doi[d]) * row(qkv, j, 2)[d];
+          for (int d = 0; d < HS; d++) s += static_cast<double>(doi[d]) * vj[d];
           dp[j] = s;
           pdp += p[j] * s;
         }
         for (int j = 0; j <= i; j++) {
-          double ds = p[j] * (dp[j] - pdp) * scale;
-          const float* kj = row(qkv, j, 1);
+          const double ds = p[j] * (dp[j] - pdp) * scale;
+          const float* kj = qkv_at(qkv, heads, b, T, j, 1, h);
+          double *dq = g(b, i, 0, h), *dk = g(b, j, 1, h), *dv = g(b, j, 2, h);
           for (int d = 0; d < HS; d++) {
-            dq[static_cast<size_t>(i) * HS + d] += ds * kj[d];
-            dk[static_cast<size_t>(j) * HS + d] += ds * qi[d];
-            dv[static_cast<size_t>(j) * HS + d] += p[j] * doi[d];
+            dq[d] += ds * kj[d];
+            dk[d] += ds * qi[d];
+            dv[d] += p[j] * doi[d];
           }
         }
       }
-      for (int t = 0; t < T; t++)
-        for (int d = 0; d < HS; d++) {
-          float* base = dqkv + (static_cast<long>(b) * T + t) * 3 * C + h * HS + d;
-          base[0] = static_cast<float>(dq[static_cast<size_t>(t) * HS + d]);
-          base[C] = static_cast<float>(dk[static_cast<size_t>(t) * HS + d]);
-          base[2 * C] = static_cast<float>(dv[static_cast<size_t>(t) * HS + d]);
-        }
-    }
+  for (size_t k = 0; k < grad.size(); k++) dqkv[k] = static_cast<float>(grad[k]);
 }
 
 namespace {

@@ -11,8 +11,9 @@
 
 namespace anvil {
 
-// The model's family (`model.name`): src/model/model.cpp's table builds it.
-enum class ModelFamily { kGpt2 };
+// The model's family (`model.name`): which architecture options the config fills in
+// (config/train_config.cpp) and under which names they are read; one decoder builds them all.
+enum class ModelFamily { kGpt2, kMpt, kLlama };
 // Which implementation the ops run (kernels/impl.h): the scalar reference, the fast CPU
 // kernels, or the GPU kernels.
 enum class KernelImpl { kRef, kCpu, kGpu };
@@ -32,7 +33,8 @@ template <class E>
 struct Choices;
 template <>
 struct Choices<ModelFamily> {
-  static constexpr std::pair<ModelFamily, const char*> names[] = {{ModelFamily::kGpt2, "gpt2"}};
+  static constexpr std::pair<ModelFamily, const char*> names[] = {
+      {ModelFamily::kGpt2, "gpt2"}, {ModelFamily::kMpt, "mpt_causal_lm"}, {ModelFamily::kLlama, "llama"}};
 };
 template <>
 struct Choices<ComputeDtype> {  // the `precision` key

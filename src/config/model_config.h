@@ -1,9 +1,25 @@
-// The model's shape and family (the `model:` section of a config), apart from the rest of the
-// training config so that the model module needs nothing else of it.
+// The model's shape and architecture (the `model:` section of a config), apart from the rest of
+// the training config so that the model module needs nothing else of it. A family (model.name)
+// is a choice of the architecture options below, which the config reader fills in from the
+// family's defaults and its keys; the decoder (model/decoder.h) reads only the options. The
+// defaults are GPT-2's.
 #pragma once
 #include "config/choices.h"
 
 namespace anvil {
+
+enum class NormKind { kLayerNorm, kRmsNorm };
+// How positions enter: a learned table added to the token embeddings (GPT-2's wpe), ALiBi's
+// bias on the attention scores, or RoPE's rotation of the queries and keys.
+enum class PositionKind { kLearned, kAlibi, kRope };
+// The MLP: GELU (tanh approximation or exact erf form) between two products, or SwiGLU with its
+// gate and up products fused in one.
+enum class MlpKind { kGeluTanh, kGeluErf, kSwiglu };
+// How the weights start: GPT-2's normal(0.02) with the residual projections scaled by
+// 1/√(2·n_layers); LLM Foundry's kaiming_normal_ (fan_in, ReLU gain: std √(2/fan_in), the
+// residual projections divided by √(2·n_layers), the embeddings alike with fan_in d_model); or
+// normal(init_std) everywhere, as Hugging Face initialises Llama.
+enum class InitScheme { kGpt2, kKaimingNormal, kNormal };
 
 struct ModelConfig {
   int n_layers = 0;
@@ -12,6 +28,24 @@ struct ModelConfig {
   int vocab_size = 50257;
   int max_seq_len = 0;  // defaults to the top-level max_seq_len
   ModelFamily name = ModelFamily::kGpt2;
+
+  int n_kv_heads = 0;  // key/value heads (grouped-query attention); 0: n_heads
+  NormKind norm = NormKind::kLayerNorm;
+  bool norm_bias = true;    // LayerNorm's bias
+  float norm_eps = 1e-5f;   // RMSNorm's eps (LayerNorm's is kernels/layernorm.h's)
+  PositionKind positions = PositionKind::kLearned;
+  float rope_theta = 10000.0f;
+  float alibi_bias_max = 8.0f;
+  MlpKind mlp = MlpKind::kGeluTanh;
+  int mlp_hidden = 0;       // the MLP's hidden width (SwiGLU: of each of gate and up); 0: 4·d_model
+  bool linear_bias = true;  // biases on the attention and MLP products
+  bool tied_embeddings = true;  // the LM head is the token embedding
+  InitScheme init = InitScheme::kGpt2;
+  float init_std = 0.02f;   // kNormal's
+
+  int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
+  int head_size() const { return d_model / n_heads; }
+  int mlp_width() const { return mlp_hidden ? mlp_hidden : 4 * d_model; }
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -7,7 +7,8 @@
 
 namespace anvil {
 
-// out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) in [0, V); wte (V,C); wpe (>=T, C).
+// out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) in [0, V); wte (V,C); wpe (>=T, C), or
+// null for a model without learned positions (then only wte's rows, and dwpe is null too).
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
                      int T, int C);
 // dwte (V,C) += and dwpe (>=T, C) += the gradient of out, given dout (B,T,C). With tokens

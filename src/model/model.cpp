@@ -1,5 +1,5 @@
-// The family table (model.name -> its layout, sizes, FLOPs and constructor) and what every
-// family shares: the flat arrays, the units and the initialisation.
+// What every model shares (the flat arrays, the units, the initialisation), and the model_*
+// functions, which every family answers through the one decoder (model/decoder.h).
 #include "model/model.h"
 
 #include <algorithm>
@@ -7,38 +7,12 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/encoder.h"
-#include "model/gpt2.h"
+#include "model/decoder.h"
 
 namespace anvil {
-namespace {
-
-// One row per family: what model.name selects.
-struct Family {
-  ModelFamily name;
-  const char* title;
-  std::vector<ParamTensor> (*param_layout)(const ModelConfig&);
-  size_t (*activation_bytes)(const ModelConfig&, int max_batch, int max_seq, const ModelStorage&);
-  double (*train_flops_per_token)(const ModelConfig&, int seq_len);
-  std::unique_ptr<Model> (*build)(const ModelConfig&, int max_batch, int max_seq, const ModelStorage&);
-};
-
-const Family kFamilies[] = {
-    {ModelFamily::kGpt2, "GPT-2", gpt2_param_layout, gpt2_activation_bytes, gpt2_train_flops_per_token,
-     [](const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) -> std::unique_ptr<Model> {
-       return std::make_unique<Gpt2>(cfg, max_batch, max_seq, storage);
-     }},
-};
-
-const Family& family_of(const ModelConfig& cfg) {
-  for (const Family& f : kFamilies)
-    if (cfg.name == f.name) return f;
-  ANVIL_FAIL("model.name '{}' has no implementation in src/model/model.cpp", choice_name(cfg.name));
-}
-
-}  // namespace
 
 std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg) {
-  std::vector<ParamTensor> layout = family_of(cfg).param_layout(cfg);
+  std::vector<ParamTensor> layout = decoder_param_layout(cfg);
   size_t offset = 0;
   for (ParamTensor& t : layout) {
     t.numel = 1;
@@ -82,17 +56,27 @@ void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t 
 }
 
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  return family_of(cfg).activation_bytes(cfg, max_batch, max_seq, storage);
+  return decoder_activation_bytes(cfg, max_batch, max_seq, storage);
 }
 
 double model_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
-  return family_of(cfg).train_flops_per_token(cfg, seq_len);
+  return decoder_train_flops_per_token(cfg, seq_len);
 }
 
-std::string model_family_title(const ModelConfig& cfg) { return family_of(cfg).title; }
+std::string model_family_title(const ModelConfig& cfg) {
+  switch (cfg.name) {
+    case ModelFamily::kGpt2:
+      return "GPT-2";
+    case ModelFamily::kMpt:
+      return "MPT";
+    case ModelFamily::kLlama:
+      return "Llama";
+  }
+  return choice_name(cfg.name);
+}
 
 std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  return family_of(cfg).build(cfg, max_batch, max_seq, storage);
+  return std::make_unique<Decoder>(cfg, max_batch, max_seq, storage);
 }
 
 // The default access: the model's own full arrays, nothing to gather or reduce.
@@ -130,6 +114,11 @@ Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
               cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size, cfg.max_seq_len);
   ANVIL_CHECK(cfg.d_model % cfg.n_heads == 0, "model.d_model ({}) must be divisible by model.n_heads ({})",
               cfg.d_model, cfg.n_heads);
+  ANVIL_CHECK(cfg.kv_heads() >= 1 && cfg.n_heads % cfg.kv_heads() == 0,
+              "the key/value heads ({}) must divide the heads ({})", cfg.kv_heads(), cfg.n_heads);
+  ANVIL_CHECK(cfg.positions != PositionKind::kRope || cfg.head_size() % 2 == 0,
+              "RoPE needs an even head size, got {}", cfg.head_size());
+  ANVIL_CHECK(cfg.mlp_width() > 0, "the MLP's hidden width must be positive, got {}", cfg.mlp_width());
   ANVIL_CHECK(max_seq >= 1 && max_seq <= cfg.max_seq_len, "sequence length {} must be in 1..the model's "
               "max_seq_len {}", max_seq, cfg.max_seq_len);
   layout_ = model_param_layout(cfg);

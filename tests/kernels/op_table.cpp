@@ -55,20 +55,25 @@ std::vector<float> rounded(std::vector<float> v, ComputeDtype d) {
 
 void embedding_cases(std::vector<OpCase>& cases) {
   struct Shape { int B, T, C, V; };
-  for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}, Shape{4, 64, 96, 50257}}) {
-    const size_t BT = static_cast<size_t>(s.B) * s.T, wte_n = static_cast<size_t>(s.V) * s.C;
-    cases.push_back({case_name("encoder_forward", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), [=](OpRun& r) {
-      float* out = r.out("out", BT * s.C, close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, encoder_forward, out, r.in("tokens", token_ids(BT, s.V)), r.in("wte", randn(wte_n, 1)),
-                   r.in("wpe", randn(s.T * s.C, 2)), s.B, s.T, s.C);
-    }});
-    cases.push_back({case_name("encoder_backward", {{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}}), [=](OpRun& r) {
-      float* dwte = r.inout("dwte", randn(wte_n, 4), close(kFp32Elementwise));  // +=
-      float* dwpe = r.inout("dwpe", randn(s.T * s.C, 5), close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, encoder_backward, dwte, dwpe, r.in("dout", randn(BT * s.C, 3)),
-                   r.in("tokens", token_ids(BT, s.V)), s.B, s.T, s.C);
-    }});
-  }
+  // With learned positions (wpe) and without (MPT with ALiBi, Llama).
+  for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}, Shape{4, 64, 96, 50257}})
+    for (bool positions : {true, false}) {
+      const size_t BT = static_cast<size_t>(s.B) * s.T, wte_n = static_cast<size_t>(s.V) * s.C;
+      const std::string suffix = positions ? "" : "no_wpe";
+      const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}};
+      cases.push_back({case_name("encoder_forward", dims, suffix), [=](OpRun& r) {
+        float* out = r.out("out", BT * s.C, close(kFp32Elementwise));
+        const float* wpe = positions ? r.in("wpe", randn(s.T * s.C, 2)) : nullptr;
+        ANVIL_RUN_OP(r, encoder_forward, out, r.in("tokens", token_ids(BT, s.V)), r.in("wte", randn(wte_n, 1)), wpe,
+                     s.B, s.T, s.C);
+      }});
+      cases.push_back({case_name("encoder_backward", dims, suffix), [=](OpRun& r) {
+        float* dwte = r.inout("dwte", randn(wte_n, 4), close(kFp32Elementwise));  // +=
+        float* dwpe = positions ? r.inout("dwpe", randn(s.T * s.C, 5), close(kFp32Elementwise)) : nullptr;
+        ANVIL_RUN_OP(r, encoder_backward, dwte, dwpe, r.in("dout", randn(BT * s.C, 3)),
+                     r.in("tokens", token_ids(BT, s.V)), s.B, s.T, s.C);
+      }});
+    }
   // Each element one addition: the reference's bits. 70000 rows, descending: more than a GPU
   // grid's y extent.
   for (int V : {3, 140000}) {

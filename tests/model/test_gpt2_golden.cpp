@@ -10,7 +10,7 @@
 #include "compare.h"
 #include "kernels/crossentropy.h"
 #include "kernels/impl.h"
-#include "model/gpt2.h"
+#include "model/decoder.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
@@ -33,7 +33,7 @@ ModelConfig fixture_config(const SafeTensorsFile& f) {
 }
 
 // Compares two flat parameter-shaped arrays tensor by tensor, naming the tensor on failure.
-void expect_params_close(const Gpt2& model, const float* got, const float* want, double tol) {
+void expect_params_close(const Decoder& model, const float* got, const float* want, double tol) {
   for (const ParamTensor& t : model.tensors()) {
     EXPECT_TRUE(rel_norm_close(got + t.offset, want + t.offset, t.numel, tol)) << "tensor " << t.name;
   }
@@ -48,7 +48,7 @@ class Gpt2Golden : public ::testing::TestWithParam<KernelImpl> {
 TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
   SafeTensorsFile f = load_fixture();
   const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
-  Gpt2 model(fixture_config(f), B, T);
+  Decoder model(fixture_config(f), B, T);
   ASSERT_EQ(model.num_params(), f.at("params_init").numel());
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
 
@@ -76,7 +76,7 @@ TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
 TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   SafeTensorsFile f = load_fixture();
   const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len"), steps = meta_int(f, "steps");
-  Gpt2 model(fixture_config(f), B, T);
+  Decoder model(fixture_config(f), B, T);
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
   OptimizerConfig oc;
   oc.name = OptimizerKind::kAdamW;
@@ -136,7 +136,7 @@ TEST(Gpt2, MicrobatchesGiveTheSameGradientAsOneBatch) {
   const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
   const int32_t* tokens = f.at("tokens").i32();
   const int32_t* targets = f.at("targets").i32();
-  Gpt2 whole(fixture_config(f), B, T), micro(fixture_config(f), 1, T);
+  Decoder whole(fixture_config(f), B, T), micro(fixture_config(f), 1, T);
   std::copy_n(f.at("params_init").f32(), whole.num_params(), whole.params());
   std::copy_n(f.at("params_init").f32(), micro.num_params(), micro.params());
 
@@ -154,7 +154,7 @@ TEST(Gpt2, MicrobatchesGiveTheSameGradientAsOneBatch) {
 
 TEST(Gpt2, InitIsDeterministicAndScaled) {
   ModelConfig cfg{4, 4, 64, 500, 32};
-  Gpt2 a(cfg, 1, 8), b(cfg, 1, 8), c(cfg, 1, 8);
+  Decoder a(cfg, 1, 8), b(cfg, 1, 8), c(cfg, 1, 8);
   a.init_weights(42);
   b.init_weights(42);
   c.init_weights(43);

@@ -21,8 +21,12 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       const float* e = wte + static_cast<long>(tokens[b * T + t]) * C;
-      const float* p = wpe + static_cast<long>(t) * C;
       float* o = out + (static_cast<long>(b) * T + t) * C;
+      if (!wpe) {
+        std::copy(e, e + C, o);
+        continue;
+      }
+      const float* p = wpe + static_cast<long>(t) * C;
 #pragma omp simd
       for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
@@ -41,11 +45,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
       for (int t = 0; t < T; t++) {
         const float* d = dout + (static_cast<long>(b) * T + t) * C;
         float* de = dwte + static_cast<long>(tokens[b * T + t]) * C;
+        for (int c = c0; c < c1; c++) de[c] += d[c];
+        if (!dwpe) continue;
         float* dp = dwpe + static_cast<long>(t) * C;
-        for (int c = c0; c < c1; c++) {
-          de[c] += d[c];
-          dp[c] += d[c];
-        }
+        for (int c = c0; c < c1; c++) dp[c] += d[c];
       }
   }
 }

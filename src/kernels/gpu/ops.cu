@@ -58,7 +58,8 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   if (i >= N * C) return;
   const long n = i / C;
   const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
-  out[i] = wte[static_cast<long>(tokens[n]) * C + c] + wpe[static_cast<long>(t) * C + c];
+  const float e = wte[static_cast<long>(tokens[n]) * C + c];
+  out[i] = wpe ? e + wpe[static_cast<long>(t) * C + c] : e;
 }
 
 // One thread per channel walks the positions in order: a token that occurs twice adds its two
@@ -444,6 +445,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   const long N = static_cast<long>(B) * T;
   GPU_LAUNCH(encoder_backward_wte_kernel, blocks_for(C, 64), 64)(dwte, dout, tokens, C, N);
   GPU_CHECK_LAUNCH();
+  if (!dwpe) return;
   GPU_LAUNCH(encoder_backward_wpe_kernel, blocks_for(static_cast<long>(T) * C), kThreads)(dwpe, dout, B, T, C);
   GPU_CHECK_LAUNCH();
 }

@@ -26,9 +26,8 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       const float* e = wte + static_cast<long>(tokens[b * T + t]) * C;
-      const float* p = wpe + static_cast<long>(t) * C;
       float* o = out + (static_cast<long>(b) * T + t) * C;
-      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+      for (int c = 0; c < C; c++) o[c] = wpe ? e[c] + wpe[static_cast<long>(t) * C + c] : e[c];
     }
 }
 
@@ -38,10 +37,9 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
     for (int t = 0; t < T; t++) {
       const float* d = dout + (static_cast<long>(b) * T + t) * C;
       float* de = dwte + static_cast<long>(tokens[b * T + t]) * C;
-      float* dp = dwpe + static_cast<long>(t) * C;
       for (int c = 0; c < C; c++) {
         de[c] += d[c];
-        dp[c] += d[c];
+        if (dwpe) dwpe[static_cast<long>(t) * C + c] += d[c];
       }
     }
 }

@@ -1,30 +1,37 @@
-// GPT-2: learned positions, pre-LayerNorm blocks with biases, GELU MLP, tied input/output
-// embeddings; the first family behind model/model.h. Every activation is allocated once, for the
-// largest microbatch (at construction, or by set_max_batch before training): a step never
-// allocates.
+// The decoder every family is built from (model/model.h's Model): token embeddings (and learned
+// positions when the family has them), L pre-norm blocks (norm, fused qkv product, RoPE on the
+// queries and keys when chosen, causal attention with grouped-query heads and ALiBi as options,
+// output projection, residual; norm, MLP of GELU or SwiGLU, residual), the final norm and the LM
+// head, tied to the token embedding or its own. ModelConfig's architecture options choose each
+// part; GPT-2 is the defaults. Every activation is allocated once, for the largest microbatch (at
+// construction, or by set_max_batch before training): a step never allocates.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
 
 namespace anvil {
 
-// The family's entries in model.cpp's table. The layout's offsets and sizes are filled in there.
-std::vector<ParamTensor> gpt2_param_layout(const ModelConfig& cfg);
-// 6 per matmul weight (the embedding table counts once, as the LM head) plus the attention score
-// and value products, 12·L·C·T.
-double gpt2_train_flops_per_token(const ModelConfig& cfg, int seq_len);
-size_t gpt2_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+// What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
+// sizes are filled in there.
+std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);
+// 6 per matmul weight (the LM head counts once, tied or not) plus the attention score and value
+// products, 12·L·C·T.
+double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len);
+size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 
-class Gpt2 final : public Model {
+class Decoder final : public Model {
  public:
   // Buffers for microbatches of up to max_batch sequences of up to max_seq tokens.
-  Gpt2(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage = {});
+  Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage = {});
 
-  // Of a block, its largest op's (the MLP projections' weight and bias); of the embeddings, a
-  // chunk of the LM head's rows or a sequence's positions; the final norm whole.
+  // Of a block, its largest op's (a product's weight and bias); of the embeddings, a chunk of the
+  // tied LM head's rows or a sequence's positions; of the final unit, its norm or a chunk of its
+  // own LM head's rows.
   size_t largest_grads_span(int unit) const override;
   size_t activation_bytes() const override {
     return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float);
@@ -47,22 +54,42 @@ class Gpt2 final : public Model {
   struct Acts {
     BlockActs block;  // layer l's at offset l·(its size for one layer)
     float *encoded, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *ce_lse, *scratch;
-    // GELU's output, the MLP projection's input: one layer's, not kept per layer, since the
-    // backward pass recomputes it from fch a sequence at a time (the same bits) for less memory.
+    // The MLP activation's output (GELU's or SwiGLU's), the MLP projection's input: one layer's,
+    // not kept per layer, since the backward pass recomputes it from fch a grain at a time (the
+    // same bits) for less memory.
     float* fch_gelu;
   };
-  // One block's tensors inside its unit, in layout order.
+  // One block's tensors inside its unit, in layout order; null where the architecture has none
+  // (norm biases, product biases).
   struct Block {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
+  // Floats of each of Block's tensors (0: absent), in its order: a weight, then its bias.
+  std::array<size_t, 12> block_sizes_{};
   // A block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
   // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
-  // The LM head (the token embedding p, tied) as the products use it, held by the matmuls
+  // The LM head p (the token embedding when tied) as the products use it, held by the matmuls
   // (MatmulContext::hold_weight) until release_weight: p itself in fp32, and where the hold
   // rounds it (lm_head_held_rounded_); otherwise a rounded copy in compute_params_.
   const float* hold_lm_head(const float* p);
+  // The unit holding the LM head (0 when tied, else the final unit, after the final norm) and
+  // where the head starts in it.
+  int head_unit() const { return cfg_.tied_embeddings ? 0 : cfg_.n_layers + 1; }
+  size_t head_offset() const { return cfg_.tied_embeddings ? 0 : norm_params(); }
+  // Floats of one norm's parameters: its weight, and its bias when it has one.
+  size_t norm_params() const;
+  // The norm of the architecture, forward and backward (mean unused by RMSNorm); dw: the norm's
+  // parameter gradient span (weight, then bias).
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N);
+  void norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* mean,
+                     const float* rstd, int N);
+  // The MLP activation (GELU or SwiGLU) of N rows of fch into out, and its gradient: dfc from
+  // dout and fch.
+  void mlp_activation(float* out, const float* fch, int N);
+  void mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N);
+  AttentionHeads attention_heads() const;
   // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   ComputeDtype dtype() const { return matmul_.operand_dtype(); }
@@ -99,10 +126,12 @@ class Gpt2 final : public Model {
   MatmulContext matmul_;  // the operand dtype (the compute dtype) and the held LM head
   bool lm_head_held_rounded_ = false;  // amp, and matmul_.hold_rounds_weight(): no copy of unit 0
   Acts acts_{};
-  // Gradients of activations: dresidual_ and dsmall_ for the microbatch, dbig_ and dqkv_ for one
-  // grain (the blocks' backward works a grain at a time); demb_rows_ the token embedding's
-  // gradient for one sequence, a row per distinct token (touched_rows_).
-  float *dresidual_ = nullptr, *dbig_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr, *demb_rows_ = nullptr;
+  // Gradients of activations: dresidual_ and dsmall_ for the microbatch; dbig_ (the activation's
+  // output), dfc_ (its input: dbig_ itself for GELU, in place) and dqkv_ for one grain (the blocks'
+  // backward works a grain at a time); demb_rows_ the token embedding's gradient for one
+  // sequence, a row per distinct token (touched_rows_).
+  float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,
+        *demb_rows_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
   std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens, ascending (capacity max_seq)
   std::vector<int32_t> compact_tokens_;  // each position's token as its index in touched_rows_

@@ -1,0 +1,620 @@
+// The decoder's forward and backward, written once against the ops of src/kernels for every
+// family's options.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/round.h"
+#include "kernels/swiglu.h"
+
+namespace anvil {
+namespace {
+// Vocabulary rows per piece of the LM head's backward (Decoder::lm_head_backward): a multiple of
+// kMatmulSumBlock, so that the pieces' input-gradient sums are one product's.
+constexpr int kVocabChunk = 8 * kMatmulSumBlock;
+}  // namespace
+
+namespace {
+
+// Widths of the products: the fused qkv rows, the MLP's hidden width F, and the first MLP
+// product's outputs (F, or gate and up: 2F).
+struct Widths {
+  explicit Widths(const ModelConfig& cfg)
+      : qkv((cfg.n_heads + 2 * cfg.kv_heads()) * cfg.head_size()),
+        hidden(cfg.mlp_width()),
+        fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
+  int qkv, hidden, fc;
+};
+
+bool has_norm_bias(const ModelConfig& cfg) { return cfg.norm == NormKind::kLayerNorm && cfg.norm_bias; }
+
+// The init std of a matrix with fan_in inputs; residual: it writes to the residual stream (the
+// attention and MLP output projections).
+float init_std(const ModelConfig& cfg, int64_t fan_in, bool residual) {
+  const float depth = std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
+  switch (cfg.init) {
+    case InitScheme::kGpt2:
+      return residual ? 0.02f / depth : 0.02f;
+    case InitScheme::kKaimingNormal: {
+      const float std = std::sqrt(2.0f / static_cast<float>(fan_in));
+      return residual ? std / depth : std;
+    }
+    case InitScheme::kNormal:
+      return cfg.init_std;
+  }
+  return 0.0f;
+}
+
+// A block's tensors in the order of Decoder::Block, with their shapes; absent ones (no bias) are
+// left out of the layout and null in Block.
+struct BlockTensor {
+  const char* name;
+  std::vector<int64_t> shape;  // empty: absent
+  bool matrix = false, residual = false;
+};
+std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
+  const int64_t C = cfg.d_model;
+  const Widths w(cfg);
+  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias;
+  auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
+  return {{"ln1w", {C}},
+          {"ln1b", opt(nb, C)},
+          {"qkvw", {w.qkv, C}, true},
+          {"qkvb", opt(lb, w.qkv)},
+          {"attprojw", {C, C}, true, true},
+          {"attprojb", opt(lb, C)},
+          {"ln2w", {C}},
+          {"ln2b", opt(nb, C)},
+          {"fcw", {w.fc, C}, true},
+          {"fcb", opt(lb, w.fc)},
+          {"fcprojw", {C, w.hidden}, true, true},
+          {"fcprojb", opt(lb, C)}};
+}
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return 0;
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+}  // namespace
+
+std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
+  const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
+  // The embeddings are tables, initialised as a matrix of fan_in C (kaiming) or at 0.02.
+  const float emb_std = init_std(cfg, C, false);
+  std::vector<ParamTensor> t = {{"wte", {V, C}, 0, 0, 0, false, emb_std, 0}};
+  if (cfg.positions == PositionKind::kLearned) t.push_back({"wpe", {P, C}, 0, 0, 0, false, emb_std, 0});
+  const std::vector<BlockTensor> block = block_tensors(cfg);
+  for (int l = 0; l < L; l++) {
+    const std::string h = fmt::format("h.{}.", l);
+    for (const BlockTensor& b : block) {
+      if (b.shape.empty()) continue;
+      const bool norm_weight = b.shape.size() == 1 && (b.name == std::string("ln1w") || b.name == std::string("ln2w"));
+      t.push_back({h + b.name, b.shape, 0, 0, 1 + l, b.matrix, b.matrix ? init_std(cfg, b.shape[1], b.residual) : 0,
+                   norm_weight ? 1.0f : 0.0f});
+    }
+  }
+  const int last = static_cast<int>(L) + 1;
+  t.push_back({"lnfw", {C}, 0, 0, last, false, 0, 1});
+  if (has_norm_bias(cfg)) t.push_back({"lnfb", {C}, 0, 0, last, false, 0, 0});
+  if (!cfg.tied_embeddings) t.push_back({"lm_head", {V, C}, 0, 0, last, true, init_std(cfg, C, false), 0});
+  return t;
+}
+
+double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
+  const double C = cfg.d_model, L = cfg.n_layers;
+  const Widths w(cfg);
+  const double block_matrices = C * (w.qkv + C + w.fc + w.hidden);
+  const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
+  return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+}
+
+Decoder::Block Decoder::bind_block(const float* base) const {
+  float* p[12];
+  float* cursor = const_cast<float*>(base);
+  for (int i = 0; i < 12; i++) {
+    p[i] = block_sizes_[i] ? cursor : nullptr;
+    cursor += block_sizes_[i];
+  }
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+}
+
+size_t Decoder::norm_params() const { return static_cast<size_t>(cfg_.d_model) * (has_norm_bias(cfg_) ? 2 : 1); }
+
+AttentionHeads Decoder::attention_heads() const {
+  AttentionHeads a{cfg_.n_heads, cfg_.kv_heads(), cfg_.head_size()};
+  a.alibi = cfg_.positions == PositionKind::kAlibi;
+  a.alibi_bias_max = cfg_.alibi_bias_max;
+  return a;
+}
+
+namespace {
+// Floats of every activation array: per layer in the order of Decoder::BlockActs, then the rest
+// of Decoder::Acts, then the activation gradients.
+struct ActivationSizes {
+  size_t block[11];
+  size_t block_layers;  // L, or 1 under activation checkpointing
+  size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
+  // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
+  // demb_rows for a sequence
+  size_t grads;
+
+  size_t block_total() const {
+    size_t n = 0;
+    for (size_t x : block) n += x;
+    return n;
+  }
+  size_t total() const {
+    size_t n = block_layers * block_total() + grads;
+    for (size_t x : rest) n += x;
+    return n;
+  }
+};
+
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
+               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
+  const Widths w(cfg);
+  const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
+  const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
+  const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
+  return {{BT * C, mean, BT, BT * QKV, BT * C, NH * BT, BT * C, BT * C, mean, BT, BT * FC},
+          storage.activation_checkpointing ? 1 : L,
+          {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
+          2 * BT * C + GT * F + dfc + GT * QKV + T * C};
+}
+}  // namespace
+
+size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
+}
+
+Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage)
+    : Model(cfg, max_seq, storage), max_batch_(max_batch) {
+  const std::vector<BlockTensor> block = block_tensors(cfg);
+  for (size_t i = 0; i < block_sizes_.size(); i++) block_sizes_[i] = numel_of(block[i].shape);
+  touched_rows_.reserve(static_cast<size_t>(max_seq));
+  compact_tokens_.resize(static_cast<size_t>(max_seq));
+  compact_tokens_op_.assign_zeros(static_cast<size_t>(max_seq));
+  set_max_batch(max_batch);
+}
+
+void Decoder::set_max_batch(int max_batch) {
+  ANVIL_CHECK(max_batch >= 1, "a microbatch must hold at least one sequence, got {}", max_batch);
+  max_batch_ = max_batch;
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch, max_seq_, storage_);
+  // Freed first, so that growing never holds the old and the new buffers at once.
+  act_memory_.reset();
+  grad_act_memory_.reset();
+  act_memory_.assign_zeros(sizes.total() - sizes.grads);
+  float* cursor = act_memory_.data();
+  float** block = &acts_.block.ln1;
+  for (size_t i = 0; i < std::size(sizes.block); i++) {
+    block[i] = cursor;
+    cursor += sizes.block_layers * sizes.block[i];
+  }
+  float** rest = &acts_.encoded;
+  for (size_t i = 0; i < std::size(sizes.rest); i++) {
+    rest[i] = cursor;
+    cursor += sizes.rest[i];
+  }
+  const size_t BT = static_cast<size_t>(max_batch) * max_seq_, T = max_seq_, C = cfg_.d_model;
+  grad_act_memory_.assign_zeros(sizes.grads);
+  tokens_op_.assign_zeros(BT);
+  targets_op_.assign_zeros(BT);
+  losses_host_.assign(BT, 0.0f);
+  dresidual_ = grad_act_memory_.data();
+  dsmall_ = dresidual_ + BT * C;
+  dbig_ = dsmall_ + BT * C;
+  const size_t GT = static_cast<size_t>(grain_sequences()) * T;
+  const Widths w(cfg_);
+  dfc_ = dbig_ + GT * w.hidden;
+  dqkv_ = cfg_.mlp == MlpKind::kSwiglu ? dfc_ + GT * w.fc : dfc_;
+  if (cfg_.mlp != MlpKind::kSwiglu) dfc_ = dbig_;
+  demb_rows_ = dqkv_ + GT * w.qkv;
+  allocate_rounded_dres();
+}
+
+size_t Decoder::largest_grads_span(int unit) const {
+  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units().size(), "no unit {} in a model of {}", unit,
+              units().size());
+  const size_t C = cfg_.d_model, head_chunk = static_cast<size_t>(std::min(kVocabChunk, cfg_.vocab_size)) * C;
+  const bool learned = cfg_.positions == PositionKind::kLearned;
+  if (unit == 0)
+    return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
+  if (unit == cfg_.n_layers + 1) return std::max(norm_params(), cfg_.tied_embeddings ? 0 : head_chunk);
+  // A block's largest op: a product's weight and bias, or a norm.
+  size_t largest = 0;
+  for (size_t i = 0; i < block_sizes_.size(); i += 2) largest = std::max(largest, block_sizes_[i] + block_sizes_[i + 1]);
+  return largest;
+}
+
+Decoder::BlockActs Decoder::block_acts(int l) const {
+  const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, storage_);
+  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l);
+  BlockActs x = acts_.block;
+  float** p = &x.ln1;
+  for (size_t i = 0; i < std::size(sizes.block); i++) p[i] += slot * sizes.block[i];
+  return x;
+}
+
+void Decoder::set_compute_dtype(ComputeDtype dtype) {
+  matmul_.set_operand_dtype(dtype);  // every matmul operand below is rounded to it
+  lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_.hold_rounds_weight();
+  // Room for a block's rounded copy, and for the LM head's unless the hold rounds it.
+  size_t largest = lm_head_held_rounded_ ? 0 : static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
+  for (int l = 0; l < cfg_.n_layers; l++) largest = std::max(largest, units()[1 + l].numel);
+  compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
+  allocate_rounded_dres();
+}
+
+void Decoder::allocate_rounded_dres() {
+  // The gradient of the residual stream, rounded for the projections' backward, needs its own
+  // grain-sized buffer.
+  const size_t n = static_cast<size_t>(grain_sequences()) * max_seq_ * cfg_.d_model;
+  rounded_dres_.assign_zeros(dtype() == ComputeDtype::kFp32 ? 0 : n);
+}
+
+const float* Decoder::rounded(const float* x, long n) {
+  if (dtype() == ComputeDtype::kFp32) return x;
+  op_copy(rounded_dres_.data(), x, n * sizeof(float));
+  round_to_dtype(rounded_dres_.data(), n, dtype());
+  return rounded_dres_.data();
+}
+
+const float* Decoder::hold_lm_head(const float* p) {
+  if (dtype() == ComputeDtype::kFp32) return p;
+  const int V = cfg_.vocab_size, C = cfg_.d_model;
+  if (matmul_.hold_rounds_weight()) {
+    matmul_.hold_weight(p, V, C);
+    return p;
+  }
+  ANVIL_CHECK(!lm_head_held_rounded_, "the kernels changed after the model's compute dtype was set");
+  float* out = compute_params_.data();
+  op_copy(out, p, static_cast<size_t>(V) * C * sizeof(float));
+  round_to_dtype(out, static_cast<long>(V) * C, dtype());
+  matmul_.hold_weight(out, V, C);
+  return out;
+}
+
+const float* Decoder::compute_params(int unit, const float* p) {
+  if (dtype() == ComputeDtype::kFp32) return p;
+  float* out = compute_params_.data();
+  const size_t n = units()[unit].numel;
+  op_copy(out, p, n * sizeof(float));
+  // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj (each with its bias, if any): the norms
+  // stay fp32.
+  const Block b = bind_block(out);
+  round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype());
+  round_to_dtype(b.fcw, (out + n) - b.fcw, dtype());
+  return out;
+}
+
+void Decoder::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                           int N) {
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_forward(out, rstd, inp, w, cfg_.norm_eps, N, cfg_.d_model);
+  layernorm_forward(out, mean, rstd, inp, w, b, N, cfg_.d_model);
+}
+
+void Decoder::norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                            const float* mean, const float* rstd, int N) {
+  const int C = cfg_.d_model;
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  layernorm_backward(dinp, dw, has_norm_bias(cfg_) ? dw + C : nullptr, dout, inp, w, mean, rstd, N, C);
+}
+
+void Decoder::mlp_activation(float* out, const float* fch, int N) {
+  const int F = cfg_.mlp_width();
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_forward(out, fch, N, F);
+  gelu_forward(out, fch, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh);
+}
+
+void Decoder::mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N) {
+  const int F = cfg_.mlp_width();
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_backward(dfc, fch, dout, N, F);
+  gelu_backward(dfc, fch, dout, static_cast<long>(N) * F,
+                cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh);
+}
+
+namespace {
+// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
+// bits do not depend on the rows beside it, or where the model need not be invariant; else one
+// sequence per call, so that a sequence's result never depends on the microbatch it came in
+// (see UnitAccess).
+void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
+                              const float* bias, int B, int T, int C, int OC) {
+  if (!invariant || matmul_rows_independent()) return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
+  const size_t rows = static_cast<size_t>(T);
+  for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
+}
+}  // namespace
+
+void Decoder::forward_to_lnf(const int32_t* tokens, int B, int T) {
+  ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
+              "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
+  const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  const int N = B * T;
+  for (int i = 0; i < N; i++)
+    ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
+  tokens_ = tokens;
+  op_copy_from_host(tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  B_ = B;
+  T_ = T;
+  Acts& a = acts_;
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // residual3's per-layer stride
+  const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
+  const bool learned = cfg_.positions == PositionKind::kLearned;
+
+  const float* emb = access().acquire_params(0, 1);
+  encoder_forward(a.encoded, tokens_op_.data(), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
+  access().release_params(0);
+  for (int l = 0; l < L; l++) {
+    const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, 2 + l)));
+    block_forward(l, p, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
+    access().release_params(1 + l);
+  }
+  const float* lnf = access().acquire_params(L + 1, head_unit());
+  norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf,
+               has_norm_bias(cfg_) ? lnf + C : nullptr, N);
+  round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype());
+  access().release_params(L + 1);
+}
+
+void Decoder::block_forward(int l, const Block& p, const float* residual) {
+  const int B = B_, T = T_, C = cfg_.d_model, N = B * T;
+  const Widths w(cfg_);
+  const BlockActs x = block_acts(l);
+  float* residual3 = acts_.residual3 + static_cast<size_t>(l) * max_batch_ * max_seq_ * C;
+  float* scratch = acts_.scratch;
+  // Under amp every matrix product's input and output is rounded to the compute dtype (a no-op in
+  // fp32); the residual stream and the norms stay fp32.
+  const long NC = static_cast<long>(N) * C;
+  norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N);
+  round_to_dtype(x.ln1, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, w.qkv);
+  round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+  if (cfg_.positions == PositionKind::kRope) {
+    // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
+    rope_forward(x.qkv, B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
+    round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+  }
+  attention_forward(x.atty, x.att_lse, x.qkv, B, T, attention_heads());
+  round_to_dtype(x.atty, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  round_to_dtype(scratch, NC, dtype());
+  residual_forward(x.residual2, residual, scratch, NC);
+  norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N);
+  round_to_dtype(x.ln2, NC, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, w.fc);
+  round_to_dtype(x.fch, static_cast<long>(N) * w.fc, dtype());
+  mlp_activation(acts_.fch_gelu, x.fch, N);
+  round_to_dtype(acts_.fch_gelu, static_cast<long>(N) * w.hidden, dtype());
+  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
+                           w.hidden, C);
+  round_to_dtype(scratch, NC, dtype());
+  residual_forward(residual3, x.residual2, scratch, NC);
+}
+
+void Decoder::lm_head(const float* emb, int b) {
+  const int T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  // Under amp the product is a 16-bit tensor; cross-entropy rounds the logits as it reads them.
+  matmul_forward(matmul_, acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);
+}
+
+void Decoder::check_targets(const int32_t* targets, int N) const {
+  for (int i = 0; i < N; i++)
+    ANVIL_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
+                "target id {} out of range for vocab_size {}", targets[i], cfg_.vocab_size);
+}
+
+const int32_t* Decoder::upload_targets(const int32_t* targets, int N) {
+  op_copy_from_host(targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
+  return targets_op_.data();
+}
+
+double Decoder::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
+  op_copy_to_host(losses_host_.data(), acts_.losses, static_cast<size_t>(N) * sizeof(float));
+  double sum = 0;
+  int64_t count = 0;
+  for (int i = 0; i < N; i++) {
+    sum += losses_host_[i];
+    count += targets[i] != kIgnoreIndex;
+  }
+  if (n_targets) *n_targets = count;
+  return sum;
+}
+
+double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
+  if (targets) check_targets(targets, B * T);
+  forward_to_lnf(tokens, B, T);
+  const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
+  const float* emb = hold_lm_head(access().acquire_params(head_unit(), -1) + head_offset());
+  // Without targets only the last sequence's logits are kept, so only they are formed.
+  for (int b = targets ? 0 : B - 1; b < B; b++) {
+    lm_head(emb, b);
+    const size_t r = static_cast<size_t>(b) * T;
+    if (targets)
+      crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype());
+  }
+  matmul_.release_weight();
+  access().release_params(head_unit());
+  return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
+}
+
+double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
+                              int64_t* n_targets) {
+  check_targets(targets, B * T);
+  forward_to_lnf(tokens, B, T);
+  backward(upload_targets(targets, B * T), dloss);
+  return sum_losses(targets, B * T, n_targets);
+}
+
+void Decoder::backward(const int32_t* targets_op, float dloss) {
+  lm_head_backward(targets_op, dloss);
+  // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
+  // gradient of the block output, of the skip path and of the projection at once; the layer
+  // norms then add their input gradients into it. This saves two copies per layer over calling
+  // residual_backward.
+  for (int l = cfg_.n_layers - 1; l >= 0; l--) block_backward(l);
+  embedding_backward();
+}
+
+void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
+  const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  Acts& a = acts_;
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
+  const int hu = head_unit();
+  const size_t h0 = head_offset();
+
+  // The LM head, one sequence at a time: its logits, the loss and the logits' gradient in one
+  // pass (written over the logits), and the gradient back through the head a vocabulary chunk at
+  // a time, so that a chunk of the logits' gradient is read from memory once for both products
+  // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
+  // cache (kVocabChunk). A tied head's unit (the embeddings) keeps its gradient open for the whole
+  // backward pass: the head adds to it first, the token embedding last.
+  const float* head_unit_params = access().acquire_params(hu, hu == 0 ? L + 1 : L);
+  const float* emb = hold_lm_head(head_unit_params + h0);
+  const long TC = static_cast<long>(T) * C;
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    lm_head(emb, b);
+    // Under amp the gradients entering and leaving each matrix product are rounded to the
+    // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
+    // accumulate in fp32.
+    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
+    for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
+      const int width = std::min(kVocabChunk, V - v0);
+      const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
+      matmul_backward(matmul_, dsmall_ + r * C, access().grads(hu, at, count), nullptr, a.logits + v0, V,
+                      a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
+      access().grain_done(hu, at, count);
+    }
+    round_to_dtype(dsmall_ + r * C, TC, dtype());
+  }
+  matmul_.release_weight();
+  if (hu != L + 1) access().release_params(hu);
+  op_zero(dresidual_, sizeof(float) * B * rows * C);
+  const float* last = a.residual3 + (L - 1) * BT * C;
+  const float* lnf = hu == L + 1 ? head_unit_params : access().acquire_params(L + 1, L);
+  float* dlnf = access().grads(L + 1, 0, norm_params());
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T);
+    access().grain_done(L + 1, 0, norm_params());
+  }
+  access().release_params(L + 1);
+  access().grads_done(L + 1);
+}
+
+void Decoder::block_backward(int l) {
+  const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads;
+  const Widths w(cfg_);
+  Acts& a = acts_;
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
+  const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, l == 0 ? -1 : l)));
+  if (storage_.activation_checkpointing) block_forward(l, p, residual);  // the same bits as the forward pass's
+  const BlockActs x = block_acts(l);
+  // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's
+  // parameters), are asked for just before the op and handed over (grain_done) right after it,
+  // while in cache: deterministic training's scratch then holds the largest op's, not the
+  // block's (largest_grads_span).
+  const float* unit_end = p.ln1w + units()[1 + l].numel;
+  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
+  for (int b = 0; b < B; b += grain_sequences()) {
+    const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
+    const int N = n * T;
+    const long NC = static_cast<long>(N) * C;
+    const size_t r = b * rows;
+    // A linear layer (weight w, then its bias if any, up to end) and a norm.
+    auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* bias,
+                               const float* end, int IC, int OC) {
+      float* dw = access().grads(1 + l, at(w), at(end) - at(w));
+      matmul_backward(matmul_, dinp, dw, bias ? dw + (bias - w) : nullptr, dout, OC, inp, w, N, IC, OC, false);
+      access().grain_done(1 + l, at(w), at(end) - at(w));
+    };
+    auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
+                         const float* rstd) {
+      float* dw = access().grads(1 + l, at(w), norm_params());
+      norm_backward(dinp, dw, dout, inp, w, mean, rstd, N);
+      access().grain_done(1 + l, at(w), norm_params());
+    };
+    float* dres = dresidual_ + r * C;
+    float* dsmall = dsmall_ + r * C;
+    const long NF = static_cast<long>(N) * w.hidden, NFC = static_cast<long>(N) * w.fc;
+    // The residual stream's gradient stays fp32; the projections see it rounded.
+    const float* dproj = rounded(dres, NC);
+    float* fch = x.fch + r * w.fc;
+    float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
+    mlp_activation(fch_gelu, fch, N);
+    round_to_dtype(fch_gelu, NF, dtype());
+    linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, w.hidden, C);
+    round_to_dtype(dbig_, NF, dtype());
+    mlp_activation_backward(dfc_, fch, dbig_, N);
+    round_to_dtype(dfc_, NFC, dtype());
+    linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc);
+    round_to_dtype(dsmall, NC, dtype());
+    norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
+    dproj = rounded(dres, NC);
+    linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
+    round_to_dtype(dsmall, NC, dtype());
+    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, n, T, attention_heads());
+    round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+    if (cfg_.positions == PositionKind::kRope) {
+      rope_backward(dqkv_, n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
+      round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+    }
+    linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv);
+    round_to_dtype(dsmall, NC, dtype());
+    norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
+  }
+  access().release_params(1 + l);
+  access().grads_done(1 + l);
+}
+
+void Decoder::embedding_backward() {
+  const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const size_t wpe_offset = static_cast<size_t>(V) * C;
+  const size_t rows = static_cast<size_t>(T);  // rows of one sequence
+  // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
+  // compact (within the reserved capacity: no allocation), and its positions' rows.
+  for (int b = 0; b < B; b++) {
+    const size_t r = b * rows;
+    const int32_t* tokens = tokens_ + r;
+    touched_rows_.assign(tokens, tokens + T);
+    std::sort(touched_rows_.begin(), touched_rows_.end());
+    touched_rows_.erase(std::unique(touched_rows_.begin(), touched_rows_.end()), touched_rows_.end());
+    for (int t = 0; t < T; t++)
+      compact_tokens_[t] = static_cast<int32_t>(
+          std::lower_bound(touched_rows_.begin(), touched_rows_.end(), tokens[t]) - touched_rows_.begin());
+    op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), rows * sizeof(int32_t));
+    const size_t n_touched = touched_rows_.size();
+    op_zero(demb_rows_, n_touched * C * sizeof(float));
+    if (cfg_.positions == PositionKind::kLearned) {
+      encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+                       compact_tokens_op_.data(), 1, T, C);
+      access().grain_done(0, wpe_offset, rows * C);
+    } else {
+      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data(), 1, T, C);
+    }
+    access().grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
+  }
+  access().grads_done(0);
+}
+
+}  // namespace anvil

@@ -10,8 +10,9 @@ namespace anvil {
 
 enum class NormKind { kLayerNorm, kRmsNorm };
 // How positions enter: a learned table added to the token embeddings (GPT-2's wpe), ALiBi's
-// bias on the attention scores, or RoPE's rotation of the queries and keys.
-enum class PositionKind { kLearned, kAlibi, kRope };
+// bias on the attention scores, RoPE's rotation of the queries and keys, or not at all (an MPT
+// with learned_pos_emb off and neither ALiBi nor RoPE: the causal mask alone).
+enum class PositionKind { kLearned, kAlibi, kRope, kNone };
 // The MLP: GELU (tanh approximation or exact erf form) between two products, or SwiGLU with its
 // gate and up products fused in one.
 enum class MlpKind { kGeluTanh, kGeluErf, kSwiglu };

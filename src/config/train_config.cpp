@@ -10,6 +10,7 @@
 
 #include "config/deepspeed.h"
 #include "config/map_reader.h"
+#include "config/model_section.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -173,13 +174,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("max_seq_len", c.max_seq_len);
   {
     MapReader m = top.sub("model");
-    m.get("name", c.model.name);
-    m.get("n_layers", c.model.n_layers);
-    m.get("n_heads", c.model.n_heads);
-    m.get("d_model", c.model.d_model);
-    m.get("vocab_size", c.model.vocab_size);
-    m.get("max_seq_len", c.model.max_seq_len);
-    m.finish();
+    read_model_section(m, c.model, path);
   }
   {
     MapReader t = top.sub("tokenizer");
@@ -307,6 +302,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   positive(c.model.vocab_size, "model.vocab_size");
   ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
               path, c.model.d_model, c.model.n_heads);
+  ANVIL_CHECK(c.model.n_heads % c.model.kv_heads() == 0, "{}: the key/value heads ({}) must divide model.n_heads ({})",
+              path, c.model.kv_heads(), c.model.n_heads);
+  ANVIL_CHECK(c.model.positions != PositionKind::kRope || c.model.head_size() % 2 == 0,
+              "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
   ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
               path, c.model.max_seq_len, c.max_seq_len);
   ANVIL_CHECK(c.tokenizer_name == "gpt2", "{}: tokenizer.name '{}' is not supported: expected 'gpt2'", path, c.tokenizer_name);
@@ -425,14 +424,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "run_name" << YAML::Value << c.run_name;
   e << YAML::Key << "seed" << YAML::Value << c.seed;
   e << YAML::Key << "max_seq_len" << YAML::Value << c.max_seq_len;
-  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << choice_name(c.model.name);
-  e << YAML::Key << "n_layers" << YAML::Value << c.model.n_layers;
-  e << YAML::Key << "n_heads" << YAML::Value << c.model.n_heads;
-  e << YAML::Key << "d_model" << YAML::Value << c.model.d_model;
-  e << YAML::Key << "vocab_size" << YAML::Value << c.model.vocab_size;
-  e << YAML::Key << "max_seq_len" << YAML::Value << c.model.max_seq_len;
-  e << YAML::EndMap;
+  e << YAML::Key << "model" << YAML::Value;
+  write_model_section(e, c.model);
   e << YAML::Key << "tokenizer" << YAML::Value << YAML::BeginMap << YAML::Key << "name" << YAML::Value
     << c.tokenizer_name << YAML::EndMap;
   loader("train_loader", c.train_loader);

@@ -411,6 +411,11 @@ DataParallel::Slot* DataParallel::open_grad_slot(int unit) {
   return s;
 }
 
+int64_t* DataParallel::open_fixed(int unit) {
+  fixed_dest_[unit] = opt_.zero_stage < 2 ? fixed_.data() + units_[unit].offset : open_grad_slot(unit)->fixed.data();
+  return fixed_dest_[unit];
+}
+
 float* DataParallel::grads(int unit, size_t offset, size_t count) {
   ANVIL_CHECK(offset + count <= units_[unit].numel, "a span [{}, {}) of unit {}'s gradient, which has {} values",
               offset, offset + count, unit, units_[unit].numel);
@@ -418,7 +423,7 @@ float* DataParallel::grads(int unit, size_t offset, size_t count) {
     if (opt_.zero_stage < 2) return model_.grads() + units_[unit].offset + offset;
     return open_grad_slot(unit)->buf.data() + offset;
   }
-  fixed_dest_[unit] = opt_.zero_stage < 2 ? fixed_.data() + units_[unit].offset : open_grad_slot(unit)->fixed.data();
+  open_fixed(unit);
   Scratch& s = scratch_for(unit);
   ANVIL_CHECK(count <= s.buf.size(), "a span of {} values of unit {}'s gradient, scratch for {}", count, unit,
               s.buf.size());
@@ -470,8 +475,9 @@ void DataParallel::grain_rows(int unit, size_t offset, float* x, const int32_t* 
     add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
     return;
   }
-  int64_t* dest = fixed_dest_[unit];
-  ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
+  // Rows may be a unit's first contribution in a microbatch (an untied model's token embedding
+  // without a position table), so they open it as grads() does.
+  int64_t* dest = open_fixed(unit);
   fixed_point_accumulate_rows(dest + offset, x, rows_.data(), n_rows, row_len, scale_[k] - loss_scale_log2_,
                               sample_max_.data() + k);
 }

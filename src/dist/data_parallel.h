@@ -139,6 +139,9 @@ class DataParallel : public UnitAccess {
   int64_t* owned_fixed();
   Slot* open_grad_slot(int unit);
   Slot* find_open_grad_slot(int unit);
+  // Deterministic training: where the unit's fixed-point gradient accumulates this microbatch,
+  // opened (stages 2/3: a working slot) if it is not yet.
+  int64_t* open_fixed(int unit);
   void sum_owned_squares();
   int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
 

@@ -263,3 +263,107 @@ TEST(Duration, UnitsAndConversion) {
 
 }  // namespace
 }  // namespace anvil
+
+namespace anvil {
+namespace {
+
+// The families' keys: each family's defaults, a Foundry-style MPT and a Llama read into the
+// architecture options, written back and read again to the same model, and one error per kind of
+// key anvil cannot honour.
+class FamilyConfigTest : public ConfigTest {
+ protected:
+  TrainConfig load_model(const std::string& model_yaml) {
+    return load_train_config(write(std::string(R"(
+max_seq_len: 64
+train_loader: {dataset: {local: data/x}}
+global_train_batch_size: 4
+max_duration: 10ba
+model:
+)") + model_yaml), {});
+  }
+  void expect_round_trip(const TrainConfig& c) {
+    const TrainConfig again = load_train_config(write(to_yaml(c)), {});
+    EXPECT_TRUE(again.model == c.model) << to_yaml(c);
+  }
+  std::string model_error(const std::string& model_yaml) {
+    try {
+      load_model(model_yaml);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+};
+
+TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
+  // Foundry's defaults: learned positions, biases, LayerNorm, exact GELU of 4·d_model, tied.
+  TrainConfig c = load_model("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, init_device: meta}\n");
+  EXPECT_EQ(c.model.vocab_size, 50368);
+  EXPECT_EQ(c.model.positions, PositionKind::kLearned);
+  EXPECT_TRUE(c.model.linear_bias && c.model.norm_bias && c.model.tied_embeddings);
+  EXPECT_EQ(c.model.mlp, MlpKind::kGeluErf);
+  EXPECT_EQ(c.model.mlp_width(), 128);
+  EXPECT_EQ(c.model.init, InitScheme::kKaimingNormal);
+  expect_round_trip(c);
+  // MPT-7B's shape: ALiBi, no biases at all; and grouped-query heads with a SwiGLU MLP.
+  c = load_model(R"(  name: mpt_causal_lm
+  n_layers: 2
+  n_heads: 4
+  d_model: 32
+  expansion_ratio: 2
+  no_bias: true
+  attn_config: {attn_impl: flash, alibi: true, alibi_bias_max: 16, attn_type: grouped_query_attention, kv_n_heads: 2}
+  ffn_config: {ffn_type: mptglu, ffn_act_fn: {name: silu}}
+)");
+  EXPECT_EQ(c.model.positions, PositionKind::kAlibi);
+  EXPECT_FLOAT_EQ(c.model.alibi_bias_max, 16.0f);
+  EXPECT_FALSE(c.model.linear_bias || c.model.norm_bias);
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_EQ(c.model.mlp, MlpKind::kSwiglu);
+  EXPECT_EQ(c.model.mlp_width(), 64);
+  expect_round_trip(c);
+  c = load_model("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, attn_config: {rope: true, "
+                 "rope_theta: 500000}, learned_pos_emb: false, norm_type: rmsnorm, norm_eps: 1.0e-6}\n");
+  EXPECT_EQ(c.model.positions, PositionKind::kRope);
+  EXPECT_FLOAT_EQ(c.model.rope_theta, 500000.0f);
+  EXPECT_EQ(c.model.norm, NormKind::kRmsNorm);
+  expect_round_trip(c);
+}
+
+TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
+  TrainConfig c = load_model("  {name: llama, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64}\n");
+  EXPECT_EQ(c.model.vocab_size, 32000);
+  EXPECT_EQ(c.model.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(c.model.positions, PositionKind::kRope);
+  EXPECT_EQ(c.model.mlp, MlpKind::kSwiglu);
+  EXPECT_EQ(c.model.mlp_width(), 256);  // 2/3 · 4 · 64 = 170, rounded up to a multiple of 256
+  EXPECT_FALSE(c.model.linear_bias || c.model.tied_embeddings);
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  expect_round_trip(c);
+}
+
+TEST_F(FamilyConfigTest, WhatCannotBeHonouredIsAnError) {
+  const std::string base = "  name: mpt_causal_lm\n  n_layers: 2\n  n_heads: 4\n  d_model: 32\n";
+  EXPECT_NE(model_error("  {n_layers: 2, n_heads: 4, d_model: 32, rope_theta: 10000}\n").find("unknown key 'model.rope_theta'"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  attn_config: {attn_pdrop: 0.1}\n").find("model.attn_config.attn_pdrop = 0.1 is not supported"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  resid_pdrop: 0.1\n").find("without dropout"), std::string::npos);
+  EXPECT_NE(model_error(base + "  attn_config: {alibi: true, rope: true}\n").find("cannot both be true"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  learned_pos_emb: true\n  attn_config: {alibi: true}\n").find("ALiBi"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  ffn_config: {ffn_type: mptglu}\n").find("SwiGLU"), std::string::npos);
+  EXPECT_NE(model_error(base + "  attn_config: {qk_ln: true}\n").find("qk_ln"), std::string::npos);
+  EXPECT_NE(model_error(base + "  attn_config: {attn_type: grouped_query_attention, kv_n_heads: 3}\n").find("must divide"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  init_config: {name: baseline_}\n").find("init_config.name"), std::string::npos);
+  EXPECT_NE(model_error(base + "  norm_eps: 1.0e-6\n").find("norm_eps"), std::string::npos);
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 32, no_bias: true}\n").find("unknown key 'model.no_bias'"),
+            std::string::npos);
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 36}\n").find("even head size"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace anvil

@@ -4,6 +4,9 @@
 # 12, under every grouping the issue names: 1 rank with microbatch 8 (8 + 4), 2 ranks with
 # microbatch 4 and 1, 4 ranks with microbatch 2 (2 + 1), 3 ranks with microbatch 4, across ZeRO
 # stages 0-3. Every run must end with the same weight digest and the same loss at every step.
+# Then the other families, smaller (2 layers, d_model 128): an MPT with ALiBi and no biases (tied
+# head, no position table) and a Llama with grouped-query heads (RoPE, SwiGLU, RMSNorm, its own
+# LM head), each on 1 rank, 2 ranks under ZeRO-3 with activation checkpointing, and 3 ranks.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -25,11 +28,12 @@ global_train_batch_size: 12
 seed: 5
 YAML
 
-# train NAME RANKS MICROBATCH ZERO_STAGE
+# train NAME RANKS MICROBATCH ZERO_STAGE [OVERRIDES...]
 train() {
   local name="$1" np="$2" mb="$3" zero="$4"
+  shift 4
   if ! mpirun_anvil "$np" "$anvil" train "$tmp/m.yaml" run_dir="$tmp/$name" device_train_microbatch_size="$mb" \
-      distributed.zero_stage="$zero" > "$tmp/$name.out" 2>&1; then
+      distributed.zero_stage="$zero" "$@" > "$tmp/$name.out" 2>&1; then
     fail "$name: training on $np rank(s) failed"; tail -20 "$tmp/$name.out"
   fi
 }
@@ -44,4 +48,20 @@ train w1_mb8_z3 1 8 3
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/w1_mb8_z0" "$tmp/w2_mb4_z1" "$tmp/w2_mb1_z2" "$tmp/w4_mb2_z3" \
   "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" || fail "the runs do not all end with the same bits"
 echo "reference: $(grep -c '"loss"' "$tmp/w1_mb8_z0/metrics.jsonl") steps, weights sha256 $("$anvil" inspect "$tmp/w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
+
+family() {
+  local family="$1"; shift
+  local model="model.n_layers=2 model.d_model=128 $*"
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=2 train "${family}_w1_mb8_z0" 1 8 0 model.name="$family" $model
+  # shellcheck disable=SC2086
+  train "${family}_w2_mb1_z3_ckpt" 2 1 3 model.name="$family" $model activation_checkpointing=true
+  # shellcheck disable=SC2086
+  train "${family}_w3_mb4_z2" 3 4 2 model.name="$family" $model
+  /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/${family}_w1_mb8_z0" "$tmp/${family}_w2_mb1_z3_ckpt" \
+    "$tmp/${family}_w3_mb4_z2" || fail "$family: the runs do not all end with the same bits"
+  echo "$family: weights sha256 $("$anvil" inspect "$tmp/${family}_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
+}
+family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true
+family llama model.n_kv_heads=2
 [ "$failures" -eq 0 ]

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Writes mpt_tiny.safetensors and llama_tiny.safetensors, the golden fixtures for anvil's MPT and
+Llama families against PyTorch.
+
+Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
+Each model is written here from the published definitions, not from anvil's code:
+- MPT as LLM Foundry / Hugging Face's MptForCausalLM compute it with alibi: true, no_bias: true:
+  LayerNorms without bias, fused Wqkv, ALiBi added to the scaled scores as slope * (j - (T-1))
+  with Foundry's gen_slopes (interleaved for a head count that is not a power of two), exact
+  GELU, tied LM head.
+- Llama as Hugging Face's LlamaForCausalLM: RMSNorm (x * rsqrt(mean(x^2) + eps) * w), q/k/v
+  projections with grouped key/value heads (repeat_kv), RoPE in the rotate-half convention,
+  SwiGLU MLP (down(silu(gate(x)) * up(x))), an untied lm_head, no biases.
+Each fixture holds the parameters flattened in anvil's layout order (q/k/v rows fused as anvil's
+qkvw, gate/up rows as its fcw), a batch with ignored targets, the logits, the mean loss, every
+gradient in the same layout, and the model section of the anvil config that builds the model.
+"""
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_gpt2_fixture import write_safetensors  # noqa: E402
+
+B, T, V, MAX_T = 3, 9, 61, 12
+
+
+def alibi_slopes(n_heads, bias_max):
+    n = 2 ** math.ceil(math.log2(n_heads))
+    m = torch.arange(1, n + 1, dtype=torch.float32) * (bias_max / n)
+    slopes = 1.0 / torch.pow(2, m)
+    if n != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
+
+
+def attention(q, k, v, bias=None):
+    """q (B,NH,T,hs), k and v (B,NH,T,hs): causal softmax attention, scale 1/sqrt(hs)."""
+    hs = q.shape[-1]
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+    if bias is not None:
+        s = s + bias
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    return s.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
+def mpt(P, tokens, L, NH, C):
+    hs = C // NH
+    x = P["wte"][tokens]
+    bias = (alibi_slopes(NH, 8).view(1, NH, 1, 1) * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, 1, T))
+    for l in range(L):
+        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
+        q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in (h @ P["Wqkv"][l].T).split(C, dim=-1))
+        y = attention(q, k, v, bias).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ P["out_proj"][l].T
+        h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
+        x = x + F.gelu(h @ P["up_proj"][l].T) @ P["down_proj"][l].T
+    x = F.layer_norm(x, (C,), P["norm_f"], None, 1e-5)
+    return x @ P["wte"].T
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def llama(P, tokens, L, NH, NKV, C, theta, eps):
+    hs = C // NH
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = P["embed_tokens"][tokens]
+    for l in range(L):
+        h = rms_norm(x, P["input_layernorm"][l], eps)
+        q = (h @ P["q_proj"][l].T).view(B, T, NH, hs).transpose(1, 2)
+        k = (h @ P["k_proj"][l].T).view(B, T, NKV, hs).transpose(1, 2)
+        v = (h @ P["v_proj"][l].T).view(B, T, NKV, hs).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        g = NH // NKV
+        k = k[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
+        v = v[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
+        y = attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ P["o_proj"][l].T
+        h = rms_norm(x, P["post_attention_layernorm"][l], eps)
+        x = x + (F.silu(h @ P["gate_proj"][l].T) * (h @ P["up_proj"][l].T)) @ P["down_proj"][l].T
+    return rms_norm(x, P["norm"], eps) @ P["lm_head"].T
+
+
+def make_params(shapes):
+    P = {}
+    for name, shape in shapes.items():
+        norm = "norm" in name or "layernorm" in name
+        P[name] = (1.0 + 0.1 * torch.randn(shape)) if norm else 0.1 * torch.randn(shape)
+        P[name].requires_grad_(True)
+    return P
+
+
+def batch():
+    tokens = torch.randint(0, V, (B, T))
+    targets = torch.roll(tokens, -1, dims=1)
+    targets[:, -1] = torch.randint(0, V, (B,))
+    targets[0, 2] = targets[2, 5] = targets[1, 8] = -100
+    return tokens, targets
+
+
+def write(name, P, flat, forward, model_yaml):
+    tokens, targets = batch()
+    logits = forward(P, tokens)
+    loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
+    loss.backward()
+    out = {"params_init": flat(lambda n: P[n]), "tokens": tokens.to(torch.int32),
+           "targets": targets.to(torch.int32), "logits": logits.detach(), "loss": loss.detach().reshape(1),
+           "grads": flat(lambda n: P[n].grad)}
+    meta = {"batch": str(B), "seq_len": str(T), "model_yaml": model_yaml, "torch": torch.__version__}
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    write_safetensors(path, out, meta)
+    print(f"wrote {path}: loss {float(loss):.6f}")
+
+
+def cat(parts):
+    return torch.cat([p.detach().reshape(-1) for p in parts])
+
+
+def main():
+    torch.manual_seed(20261125)
+    # MPT: six heads (slopes interleaved from eight), no biases, ALiBi, exact GELU, tied.
+    L, NH, C = 2, 6, 24
+    P = make_params({"wte": (V, C), "norm_1": (L, C), "Wqkv": (L, 3 * C, C), "out_proj": (L, C, C),
+                     "norm_2": (L, C), "up_proj": (L, 4 * C, C), "down_proj": (L, C, 4 * C), "norm_f": (C,)})
+    block = ["norm_1", "Wqkv", "out_proj", "norm_2", "up_proj", "down_proj"]
+    write("mpt_tiny.safetensors", P,
+          lambda g: cat([g("wte")] + [g(n)[l] for l in range(L) for n in block] + [g("norm_f")]),
+          lambda P, tokens: mpt(P, tokens, L, NH, C),
+          f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
+          f"max_seq_len: {MAX_T}\nexpansion_ratio: 4\nno_bias: true\nattn_config:\n  alibi: true\n")
+    # Llama: four query heads over two key/value heads, SwiGLU of 40, RoPE theta 10000, untied.
+    L, NH, NKV, C, FF, THETA, EPS = 2, 4, 2, 32, 40, 10000.0, 1e-5
+    hs = C // NH
+    P = make_params({"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, C, C),
+                     "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, C),
+                     "post_attention_layernorm": (L, C), "gate_proj": (L, FF, C), "up_proj": (L, FF, C),
+                     "down_proj": (L, C, FF), "norm": (C,), "lm_head": (V, C)})
+
+    def llama_flat(g):
+        parts = [g("embed_tokens")]
+        for l in range(L):
+            parts += [g("input_layernorm")[l], g("q_proj")[l], g("k_proj")[l], g("v_proj")[l], g("o_proj")[l],
+                      g("post_attention_layernorm")[l], g("gate_proj")[l], g("up_proj")[l], g("down_proj")[l]]
+        return cat(parts + [g("norm"), g("lm_head")])
+
+    write("llama_tiny.safetensors", P, llama_flat,
+          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS),
+          f"name: llama\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
+          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nnorm_eps: {EPS}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "ckpt/safetensors.h"
+#include "config/model_section.h"
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
@@ -156,6 +158,27 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     out.tokens_seen = manifest.at("tokens_seen").get<int64_t>();
     out.data_state = manifest.at("data_state").dump();
     out.config_yaml = manifest.at("config").get<std::string>();
+    // The architecture is the config's model section (the manifest's model entry summarises it).
+    {
+      YAML::Node root;
+      try {
+        root = YAML::Load(out.config_yaml);
+      } catch (const YAML::Exception& e) {
+        ANVIL_FAIL("checkpoint manifest '{}' holds a config that is not valid YAML: {}", manifest_path, e.msg);
+      }
+      ANVIL_CHECK(root.IsMap() && root["model"] && root["model"].IsMap(), "checkpoint manifest '{}' holds a config "
+                  "without a model section", manifest_path);
+      MapReader section(root["model"], "model", manifest_path);
+      ModelConfig from_config;
+      read_model_section(section, from_config, manifest_path + " (its config)");
+      ANVIL_CHECK(from_config.name == out.config.name && from_config.n_layers == out.config.n_layers &&
+                      from_config.n_heads == out.config.n_heads && from_config.d_model == out.config.d_model &&
+                      from_config.vocab_size == out.config.vocab_size &&
+                      from_config.max_seq_len == out.config.max_seq_len,
+                  "checkpoint manifest '{}' is inconsistent: its model entry and its config's model section "
+                  "describe different models", manifest_path);
+      out.config = from_config;
+    }
     if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
     if (manifest.contains("loss_scaler")) out.loss_scaler = manifest.at("loss_scaler").dump();
     out.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();

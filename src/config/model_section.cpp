@@ -197,7 +197,7 @@ void read_mpt(MapReader& m, ModelConfig& c, const std::string& file) {
   }
 }
 
-// Llama, under anvil's size names and Hugging Face's for the rest.
+// Llama, under anvil's size names and Hugging Face's for the rest (rms_norm_eps, rope_theta, ...).
 void read_llama(MapReader& m, ModelConfig& c, const std::string& file) {
   c.vocab_size = 32000;
   c.norm = NormKind::kRmsNorm;
@@ -218,9 +218,9 @@ void read_llama(MapReader& m, ModelConfig& c, const std::string& file) {
   }
   double theta = 10000, eps = 1e-5, std = 0.02;
   m.get("rope_theta", theta);
-  m.get("norm_eps", eps);
+  m.get("rms_norm_eps", eps);
   m.get("init_std", std);
-  ANVIL_CHECK(theta > 0 && eps > 0 && std > 0, "{}: model.rope_theta, model.norm_eps and model.init_std must be "
+  ANVIL_CHECK(theta > 0 && eps > 0 && std > 0, "{}: model.rope_theta, model.rms_norm_eps and model.init_std must be "
               "positive", file);
   c.rope_theta = static_cast<float>(theta);
   c.norm_eps = static_cast<float>(eps);
@@ -281,7 +281,7 @@ void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
     key("n_kv_heads", c.kv_heads());
     key("intermediate_size", c.mlp_width());
     key("rope_theta", c.rope_theta);
-    key("norm_eps", c.norm_eps);
+    key("rms_norm_eps", c.norm_eps);
     key("init_std", c.init_std);
     key("tie_word_embeddings", c.tied_embeddings);
   }

@@ -125,10 +125,12 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   if (resume) {
     const ModelConfig& m = resume->config;
     const ModelConfig& c = cfg.model;
-    ANVIL_CHECK(m == c, "checkpoint '{}' holds a {} model of {} layers, {} heads, d_model {}, vocab {}, max_seq_len "
-                "{}; the config asks for {}, {}, {}, {}, {}, {}", resume->dir, choice_name(m.name), m.n_layers,
-                m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, choice_name(c.name), c.n_layers, c.n_heads,
-                c.d_model, c.vocab_size, c.max_seq_len);
+    ANVIL_CHECK(m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
+                "d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, {}, {}, {}, {}", resume->dir,
+                model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
+                m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
+                model_family_title(c), choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,
+                c.max_seq_len);
   }
   return resume;
 }

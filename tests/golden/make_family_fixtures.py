@@ -159,7 +159,7 @@ def main():
     write("llama_tiny.safetensors", P, llama_flat,
           lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS),
           f"name: llama\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
-          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nnorm_eps: {EPS}\n")
+          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS}\n")
 
 
 if __name__ == "__main__":

@@ -62,19 +62,20 @@ struct BlockTensor {
   const char* name;
   std::vector<int64_t> shape;  // empty: absent
   bool matrix = false, residual = false;
+  float init_value = 0.0f;  // of a vector: the norms' weights start at 1
 };
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model;
   const Widths w(cfg);
   const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
-  return {{"ln1w", {C}},
+  return {{"ln1w", {C}, false, false, 1.0f},
           {"ln1b", opt(nb, C)},
           {"qkvw", {w.qkv, C}, true},
           {"qkvb", opt(lb, w.qkv)},
           {"attprojw", {C, C}, true, true},
           {"attprojb", opt(lb, C)},
-          {"ln2w", {C}},
+          {"ln2w", {C}, false, false, 1.0f},
           {"ln2b", opt(nb, C)},
           {"fcw", {w.fc, C}, true},
           {"fcb", opt(lb, w.fc)},
@@ -102,9 +103,8 @@ std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
     const std::string h = fmt::format("h.{}.", l);
     for (const BlockTensor& b : block) {
       if (b.shape.empty()) continue;
-      const bool norm_weight = b.shape.size() == 1 && (b.name == std::string("ln1w") || b.name == std::string("ln2w"));
       t.push_back({h + b.name, b.shape, 0, 0, 1 + l, b.matrix, b.matrix ? init_std(cfg, b.shape[1], b.residual) : 0,
-                   norm_weight ? 1.0f : 0.0f});
+                   b.init_value});
     }
   }
   const int last = static_cast<int>(L) + 1;
@@ -221,9 +221,9 @@ void Decoder::set_max_batch(int max_batch) {
   dbig_ = dsmall_ + BT * C;
   const size_t GT = static_cast<size_t>(grain_sequences()) * T;
   const Widths w(cfg_);
-  dfc_ = dbig_ + GT * w.hidden;
-  dqkv_ = cfg_.mlp == MlpKind::kSwiglu ? dfc_ + GT * w.fc : dfc_;
-  if (cfg_.mlp != MlpKind::kSwiglu) dfc_ = dbig_;
+  const bool swiglu = cfg_.mlp == MlpKind::kSwiglu;
+  dfc_ = swiglu ? dbig_ + GT * w.hidden : dbig_;  // GELU's backward runs in place
+  dqkv_ = dbig_ + GT * w.hidden + (swiglu ? GT * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
   allocate_rounded_dres();
 }

@@ -6,24 +6,17 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "ckpt/safetensors.h"
-#include "compare.h"
 #include "config/model_section.h"
+#include "golden_fixture.h"
 #include "kernels/impl.h"
 #include "model/decoder.h"
 
 namespace anvil {
 namespace {
-using testing::kFp32RelNorm;
-using testing::rel_norm_close;
-
-SafeTensorsFile load_fixture(const std::string& name) {
-  const char* src = std::getenv("ANVIL_SOURCE_DIR");
-  return read_safetensors(std::string(src ? src : ".") + "/tests/golden/" + name);
-}
+using testing::expect_matches_fixture;
 
 ModelConfig config_of(const SafeTensorsFile& f) {
   ModelConfig c;
@@ -45,31 +38,10 @@ class FamilyGolden : public ::testing::TestWithParam<Family> {
 };
 
 TEST_P(FamilyGolden, LogitsLossAndGradientsMatchPyTorch) {
-  SafeTensorsFile f = load_fixture(GetParam().fixture);
+  SafeTensorsFile f = testing::load_golden(GetParam().fixture);
   const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
   Decoder model(config_of(f), B, T);
-  ASSERT_EQ(model.num_params(), f.at("params_init").numel());
-  std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
-
-  int64_t n_targets = 0;
-  const double loss_sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n_targets);
-  EXPECT_EQ(n_targets, B * T - 3);
-  const size_t n_logits = f.at("logits").numel(), per_sequence = n_logits / B;
-  std::vector<float> logits(n_logits);
-  for (int b = 0; b < B; b++) {
-    model.forward(f.at("tokens").i32() + b * T, nullptr, 1, T, nullptr);
-    std::copy_n(model.logits(), per_sequence, logits.data() + b * per_sequence);
-  }
-  EXPECT_TRUE(rel_norm_close(logits.data(), f.at("logits").f32(), n_logits, kFp32RelNorm));
-  const float loss = static_cast<float>(loss_sum / n_targets);
-  EXPECT_TRUE(rel_norm_close(&loss, f.at("loss").f32(), 1, kFp32RelNorm));
-
-  model.zero_grad();
-  model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 1.0f / static_cast<float>(n_targets),
-                         nullptr);
-  for (const ParamTensor& t : model.tensors())
-    EXPECT_TRUE(rel_norm_close(model.grads() + t.offset, f.at("grads").f32() + t.offset, t.numel, kFp32RelNorm))
-        << "tensor " << t.name;
+  expect_matches_fixture(model, f, B, T);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,

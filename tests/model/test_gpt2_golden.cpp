@@ -3,11 +3,11 @@
 // both the reference and the fast kernels. Tolerance: relative norm error <= 1e-5 per tensor.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "ckpt/safetensors.h"
 #include "compare.h"
+#include "golden_fixture.h"
 #include "kernels/crossentropy.h"
 #include "kernels/impl.h"
 #include "model/decoder.h"
@@ -16,13 +16,11 @@
 
 namespace anvil {
 namespace {
+using testing::expect_matches_fixture;
 using testing::kFp32RelNorm;
 using testing::rel_norm_close;
 
-SafeTensorsFile load_fixture() {
-  const char* src = std::getenv("ANVIL_SOURCE_DIR");
-  return read_safetensors(std::string(src ? src : ".") + "/tests/golden/gpt2_tiny.safetensors");
-}
+SafeTensorsFile load_fixture() { return testing::load_golden("gpt2_tiny.safetensors"); }
 
 int meta_int(const SafeTensorsFile& f, const char* key) { return std::stoi(f.metadata.at(key)); }
 double meta_double(const SafeTensorsFile& f, const char* key) { return std::stod(f.metadata.at(key)); }
@@ -52,25 +50,7 @@ TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
   ASSERT_EQ(model.num_params(), f.at("params_init").numel());
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
 
-  int64_t n_targets = 0;
-  double loss_sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n_targets);
-  EXPECT_EQ(n_targets, B * T - 3);  // the fixture ignores three targets
-  // The logits are formed a sequence at a time, so they are compared a sequence at a time.
-  const size_t n_logits = f.at("logits").numel(), per_sequence = n_logits / B;
-  std::vector<float> logits(n_logits);
-  for (int b = 0; b < B; b++) {
-    model.forward(f.at("tokens").i32() + b * T, nullptr, 1, T, nullptr);
-    std::copy_n(model.logits(), per_sequence, logits.data() + b * per_sequence);
-  }
-  EXPECT_TRUE(rel_norm_close(logits.data(), f.at("logits").f32(), n_logits, kFp32RelNorm));
-  const float loss = static_cast<float>(loss_sum / n_targets);
-  EXPECT_TRUE(rel_norm_close(&loss, f.at("loss").f32(), 1, kFp32RelNorm));
-
-  model.zero_grad();
-  const double again = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
-                                              1.0f / static_cast<float>(n_targets), nullptr);
-  EXPECT_NEAR(again, loss_sum, 1e-6 * loss_sum);  // the fused loss agrees with forward()'s
-  expect_params_close(model, model.grads(), f.at("grads").f32(), kFp32RelNorm);
+  expect_matches_fixture(model, f, B, T);
 }
 
 TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {

@@ -13,7 +13,12 @@ Each model is written here from the published definitions, not from anvil's code
   SwiGLU MLP (down(silu(gate(x)) * up(x))), an untied lm_head, no biases.
 Each fixture holds the parameters flattened in anvil's layout order (q/k/v rows fused as anvil's
 qkvw, gate/up rows as its fcw), a batch with ignored targets, the logits, the mean loss, every
-gradient in the same layout, and the model section of the anvil config that builds the model.
+gradient in the same layout, and the model section of the anvil config that builds the model;
+then, as the GPT-2 fixture, the loss, gradient norm and parameters through 10 steps of
+torch.optim.AdamW (weight decay on the product weights, the LM head's included; none on norms
+and embeddings), Composer's warmup-then-cosine schedule and global-norm clipping.
+Three models: an MPT (six ALiBi heads), a Llama with grouped-query heads (4 over 2) and its own LM
+head, and a multi-query Llama (4 heads over 1) with a tied head.
 """
 import math
 import os
@@ -23,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gpt2_fixture import write_safetensors  # noqa: E402
+from make_gpt2_fixture import (ALPHA_F, BETAS, CLIP, EPS, LR, T_MAX, T_WARMUP, WD,  # noqa: E402
+                               lr_multiplier, write_safetensors)
 
 B, T, V, MAX_T = 3, 9, 61, 12
 
@@ -71,7 +77,7 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
-def llama(P, tokens, L, NH, NKV, C, theta, eps):
+def llama(P, tokens, L, NH, NKV, C, theta, eps, head):
     hs = C // NH
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
     freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
@@ -91,7 +97,7 @@ def llama(P, tokens, L, NH, NKV, C, theta, eps):
         x = x + y @ P["o_proj"][l].T
         h = rms_norm(x, P["post_attention_layernorm"][l], eps)
         x = x + (F.silu(h @ P["gate_proj"][l].T) * (h @ P["up_proj"][l].T)) @ P["down_proj"][l].T
-    return rms_norm(x, P["norm"], eps) @ P["lm_head"].T
+    return rms_norm(x, P["norm"], eps) @ P[head].T
 
 
 def make_params(shapes):
@@ -111,7 +117,8 @@ def batch():
     return tokens, targets
 
 
-def write(name, P, flat, forward, model_yaml):
+def write(name, P, flat, forward, model_yaml, decay):
+    """decay: the names of the tensors AdamW decays."""
     tokens, targets = batch()
     logits = forward(P, tokens)
     loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
@@ -119,10 +126,31 @@ def write(name, P, flat, forward, model_yaml):
     out = {"params_init": flat(lambda n: P[n]), "tokens": tokens.to(torch.int32),
            "targets": targets.to(torch.int32), "logits": logits.detach(), "loss": loss.detach().reshape(1),
            "grads": flat(lambda n: P[n].grad)}
-    meta = {"batch": str(B), "seq_len": str(T), "model_yaml": model_yaml, "torch": torch.__version__}
+
+    params = list(P.values())
+    opt = torch.optim.AdamW([{"params": [P[n] for n in P if n in decay], "weight_decay": WD},
+                             {"params": [P[n] for n in P if n not in decay], "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier)
+    losses, norms = [], []
+    for _ in range(T_MAX):
+        opt.zero_grad()
+        step_loss = F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100)
+        step_loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
+        losses.append(float(step_loss))
+        opt.step()
+        sched.step()
+    out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
+    out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
+    out["params_final"] = flat(lambda n: P[n])
+
+    meta = {"batch": B, "seq_len": T, "model_yaml": model_yaml, "torch": torch.__version__, "lr": LR,
+            "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS, "weight_decay": WD, "t_warmup": T_WARMUP,
+            "steps": T_MAX, "alpha_f": ALPHA_F, "clip": CLIP}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-    write_safetensors(path, out, meta)
-    print(f"wrote {path}: loss {float(loss):.6f}")
+    write_safetensors(path, out, {k: str(v) for k, v in meta.items()})
+    print(f"wrote {path}: loss {float(loss):.6f}, final step loss {losses[-1]:.6f}")
 
 
 def cat(parts):
@@ -140,26 +168,39 @@ def main():
           lambda g: cat([g("wte")] + [g(n)[l] for l in range(L) for n in block] + [g("norm_f")]),
           lambda P, tokens: mpt(P, tokens, L, NH, C),
           f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
-          f"max_seq_len: {MAX_T}\nexpansion_ratio: 4\nno_bias: true\nattn_config:\n  alibi: true\n")
-    # Llama: four query heads over two key/value heads, SwiGLU of 40, RoPE theta 10000, untied.
-    L, NH, NKV, C, FF, THETA, EPS = 2, 4, 2, 32, 40, 10000.0, 1e-5
+          f"max_seq_len: {MAX_T}\nexpansion_ratio: 4\nno_bias: true\nattn_config:\n  alibi: true\n",
+          {"Wqkv", "out_proj", "up_proj", "down_proj"})
+    # Llama: four query heads over two key/value heads, SwiGLU of 40, RoPE theta 10000, untied;
+    # then multi-query (one key/value head) with a tied head.
+    for name, NKV, tied in [("llama_tiny.safetensors", 2, False), ("llama_mqa_tiny.safetensors", 1, True)]:
+        write_llama(name, NKV, tied)
+
+
+def write_llama(name, NKV, tied):
+    L, NH, C, FF, THETA, EPS_RMS = 2, 4, 32, 40, 10000.0, 1e-5
     hs = C // NH
-    P = make_params({"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, C, C),
-                     "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, C),
-                     "post_attention_layernorm": (L, C), "gate_proj": (L, FF, C), "up_proj": (L, FF, C),
-                     "down_proj": (L, C, FF), "norm": (C,), "lm_head": (V, C)})
+    shapes = {"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, C, C),
+              "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, C),
+              "post_attention_layernorm": (L, C), "gate_proj": (L, FF, C), "up_proj": (L, FF, C),
+              "down_proj": (L, C, FF), "norm": (C,)}
+    if not tied:
+        shapes["lm_head"] = (V, C)
+    P = make_params(shapes)
+    head = "embed_tokens" if tied else "lm_head"
 
     def llama_flat(g):
         parts = [g("embed_tokens")]
         for l in range(L):
             parts += [g("input_layernorm")[l], g("q_proj")[l], g("k_proj")[l], g("v_proj")[l], g("o_proj")[l],
                       g("post_attention_layernorm")[l], g("gate_proj")[l], g("up_proj")[l], g("down_proj")[l]]
-        return cat(parts + [g("norm"), g("lm_head")])
+        return cat(parts + [g("norm")] + ([] if tied else [g("lm_head")]))
 
-    write("llama_tiny.safetensors", P, llama_flat,
-          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS),
+    write(name, P, llama_flat,
+          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS_RMS, head),
           f"name: llama\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
-          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS}\n")
+          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS_RMS}\n"
+          f"tie_word_embeddings: {'true' if tied else 'false'}\n",
+          {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})
 
 
 if __name__ == "__main__":

@@ -16,4 +16,9 @@ SafeTensorsFile load_golden(const std::string& name);
 // and every parameter's gradient agree with the fixture's, each tensor to kFp32RelNorm.
 void expect_matches_fixture(Decoder& model, const SafeTensorsFile& f, int B, int T);
 
+// From params_init, the fixture's AdamW steps (its metadata: lr, betas, eps, weight_decay, and
+// the warmup-then-cosine schedule and clipping threshold) on its batch: every step's loss and
+// gradient norm, and the final parameters, agree with the fixture's to kFp32RelNorm.
+void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, int T);
+
 }  // namespace anvil::testing

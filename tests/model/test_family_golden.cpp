@@ -1,8 +1,10 @@
 // MPT and Llama end to end against PyTorch (fixtures from tests/golden/make_family_fixtures.py,
 // written from the published Hugging Face / LLM Foundry definitions): each fixture's model section
 // goes through the config reader, and the decoder it builds must give PyTorch's logits, loss and
-// every parameter's gradient, with the reference and the fast kernels. Tolerance: relative norm
-// error <= kFp32RelNorm per tensor, as for GPT-2.
+// every parameter's gradient, and go through PyTorch's 10 AdamW steps (schedule, clipping, weight
+// decay), with the reference and the fast kernels: an MPT with six ALiBi heads, a Llama with
+// grouped-query heads (4 over 2) and its own head, a multi-query Llama (4 over 1) with a tied head.
+// Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
@@ -44,14 +46,24 @@ TEST_P(FamilyGolden, LogitsLossAndGradientsMatchPyTorch) {
   expect_matches_fixture(model, f, B, T);
 }
 
+TEST_P(FamilyGolden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
+  SafeTensorsFile f = testing::load_golden(GetParam().fixture);
+  const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
+  Decoder model(config_of(f), B, T);
+  testing::expect_adamw_steps_match(model, f, B, T);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                          ::testing::Values(Family{"mpt_tiny.safetensors", KernelImpl::kRef},
                                            Family{"mpt_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"llama_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"llama_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"llama_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"llama_mqa_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"llama_mqa_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
-                           const std::string f = info.param.fixture;
-                           return f.substr(0, f.find('_')) + (info.param.impl == KernelImpl::kRef ? "_ref" : "_cpu");
+                           std::string f = info.param.fixture;
+                           f = f.substr(0, f.find("_tiny"));
+                           return f + (info.param.impl == KernelImpl::kRef ? "_ref" : "_cpu");
                          });
 
 // The families' layouts by count: Llama-2-7B's published total, and MPT-7B's shape (alibi,

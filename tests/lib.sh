@@ -10,6 +10,21 @@ start_test() {
 pass() { echo "ok: $1"; }
 fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
 
+# expect_error NAME PATTERN CMD...: CMD must fail with exit status 1 and one line on stderr that
+# holds PATTERN (anvil's contract for bad input).
+expect_error() {
+  local name="$1" pattern="$2"; shift 2
+  "$@" > "$tmp/expect_error.out" 2> "$tmp/expect_error.err"; local rc=$?
+  if [ $rc -ne 1 ]; then fail "$name: exit status $rc, expected 1"; cat "$tmp/expect_error.err"; return; fi
+  if [ "$(wc -l < "$tmp/expect_error.err")" -ne 1 ]; then
+    fail "$name: expected one line on stderr:"; cat "$tmp/expect_error.err"; return
+  fi
+  if ! grep -q -- "$pattern" "$tmp/expect_error.err"; then
+    fail "$name: '$pattern' not in: $(cat "$tmp/expect_error.err")"; return
+  fi
+  pass "$name: $(cat "$tmp/expect_error.err")"
+}
+
 # mpirun_anvil NP CMD...: Open MPI's mpirun for tests on one machine. --oversubscribe lets ranks
 # outnumber cores; running as root (CI containers) must be allowed explicitly.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -21,10 +22,12 @@
 #include "dist/bench_comm.h"
 #include "kernels/bench_gemm.h"
 #include "kernels/blas.h"
+#include "interop/hf_export.h"
 #include "kernels/matmul.h"
 #include "train/bench.h"
 #include "ckpt/checkpoint.h"
 #include "train/doctor.h"
+#include "train/eval.h"
 #include "train/generate.h"
 #include "train/trainer.h"
 
@@ -41,6 +44,8 @@ commands:
   data inspect DIR                     shards, samples, tokens and a decoded sample of an MDS dataset
   tokenize [--decode]                  GPT-2 token ids of standard input, one per line (--decode: back)
   generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
+  eval CHECKPOINT --data DIR           loss and perplexity of a checkpoint on a dataset split
+  export CHECKPOINT OUT_DIR            a Hugging Face transformers model directory from a checkpoint
   inspect CHECKPOINT                   a checkpoint's manifest in brief, verified, with a weight digest
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
@@ -122,6 +127,44 @@ tensors from the shard files, verifies every checksum, and prints the step, toke
 shards, model, where the data order stands, and the SHA-256 of the weights (every parameter's
 float32 bytes in layout order): two checkpoints with the same digest hold bit-identical weights,
 whatever world size or ZeRO stage trained them.
+)";
+
+constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT --data DIR [--split val] [--max-samples N] [--batch B]
+
+The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, or a
+run directory: its latest) on the first N samples of an MDS dataset's split, in the dataset's
+order, at the model's max_seq_len: the figure training's evaluation gives on the same samples.
+The last line is the same figures as JSON, for scripts.
+
+options:
+  --data DIR          the dataset (as `anvil data prepare` writes it)
+  --split S           its split (default val)
+  --max-samples N     the first N samples (default: the whole split)
+  --batch B           sequences per forward pass (default 8; does not change the figure)
+
+example:
+  anvil eval runs/demo --data data/brown --max-samples 64
+)";
+
+constexpr const char* kExportHelp = R"(usage: anvil export CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]
+
+Writes CHECKPOINT (a checkpoint directory, or a run directory: its latest) as a new directory
+that Hugging Face transformers loads with AutoModelForCausalLM.from_pretrained(OUT_DIR):
+config.json (GPT2LMHeadModel, LlamaForCausalLM, or MPTForCausalLM for model_type mpt),
+generation_config.json, the weights in safetensors under transformers' tensor names, and the
+tokenizer's files (GPT-2: vocab.json, merges.txt, tokenizer_config.json). A model that
+transformers' architecture for its family cannot hold (an MPT with learned positions, a GPT-2
+with RMSNorm) is an error naming what it lacks. OUT_DIR must not exist; it appears complete or
+not at all.
+
+options:
+  --dtype D             fp32 (default), bf16 or fp16: the stored tensors' type (rounded to nearest even)
+  --max-shard-size S    above S (default 5gb; kb, mb, gb accepted) the weights are split into
+                        model-0000i-of-0000N.safetensors with model.safetensors.index.json
+  --tokenizer DIR       as for `anvil data prepare`
+
+example:
+  anvil export runs/llama-125m hf/llama-125m --dtype bf16
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
@@ -352,6 +395,45 @@ int cmd_generate(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_eval(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kEvalHelp, stdout), 0;
+  Args a = parse_args(args, {"--data", "--split", "--max-samples", "--batch"}, {}, kEvalHelp);
+  if (a.positional.size() != 1) usage_error("eval needs exactly one checkpoint", kEvalHelp);
+  EvalOptions opt;
+  opt.checkpoint = a.positional[0];
+  opt.data = flag(a, "--data", "");
+  if (opt.data.empty()) usage_error("--data DIR is required", kEvalHelp);
+  opt.split = flag(a, "--split", "val");
+  opt.max_samples = number_flag<int64_t>(a, "--max-samples", 0, kEvalHelp);
+  opt.batch = number_flag(a, "--batch", 8, kEvalHelp);
+  const EvalResult r = evaluate_checkpoint(opt);
+  std::printf("eval loss %.6f (perplexity %.2f) over %lld samples of %d tokens (%lld targets) of %s/%s\n", r.loss,
+              std::exp(r.loss), static_cast<long long>(r.samples), r.seq_len, static_cast<long long>(r.target_tokens),
+              opt.data.c_str(), opt.split.c_str());
+  std::printf("{\"loss\": %.9g, \"perplexity\": %.9g, \"samples\": %lld, \"target_tokens\": %lld}\n", r.loss,
+              std::exp(r.loss), static_cast<long long>(r.samples), static_cast<long long>(r.target_tokens));
+  return 0;
+}
+
+int cmd_export(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kExportHelp, stdout), 0;
+  Args a = parse_args(args, {"--dtype", "--max-shard-size", "--tokenizer"}, {}, kExportHelp);
+  if (a.positional.size() != 2) usage_error("export needs a checkpoint and an output directory", kExportHelp);
+  HfExportOptions opt;
+  opt.dtype = flag(a, "--dtype", "fp32");
+  if (opt.dtype != "fp32" && opt.dtype != "bf16" && opt.dtype != "fp16")
+    usage_error("--dtype '" + opt.dtype + "' is not valid: expected fp32, bf16 or fp16", kExportHelp);
+  const int64_t shard = parse_bytes(flag(a, "--max-shard-size", "5gb"), "--max-shard-size");
+  if (shard <= 0) usage_error("--max-shard-size must be positive", kExportHelp);
+  opt.max_shard_bytes = static_cast<uint64_t>(shard);
+  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  const HfExportResult r = export_hf(a.positional[0], a.positional[1], opt);
+  std::printf("exported %s: %s, %zu tensors in %d safetensors file%s (%.1f MiB, %s)\n", a.positional[1].c_str(),
+              r.architecture.c_str(), r.tensors, r.files, r.files == 1 ? "" : "s",
+              static_cast<double>(r.bytes) / (1 << 20), opt.dtype.c_str());
+  return 0;
+}
+
 int cmd_bench_data(const std::vector<std::string>& rest) {
   Args a = parse_args(rest, {"--seq-len", "--batch", "--workers", "--steps", "--cache"}, {}, kBenchHelp);
   if (a.positional.size() != 1) usage_error("bench data needs one dataset location", kBenchHelp);
@@ -480,9 +562,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("peak memory:     %.0f MiB (activations %.0f MiB, microbatch %d)\n", r.peak_rss_mib, r.activation_mib,
               r.microbatch);
   if (r.gpu_peak_mib > 0) std::printf("peak GPU memory: %.0f MiB (anvil's allocator)\n", r.gpu_peak_mib);
-  std::printf("{\"tokens_per_s\": %.2f, \"gflops\": %.2f, \"peak_gflops\": %.2f, \"mfu\": %.4f, \"peak_rss_mib\": %.1f, "
-              "\"activation_mib\": %.1f, \"gpu_peak_mib\": %.1f, \"microbatch\": %d, \"steps\": %d}\n", r.tokens_per_s,
-              r.gflops, r.peak_gflops, r.mfu, r.peak_rss_mib, r.activation_mib, r.gpu_peak_mib, r.microbatch, steps);
+  std::printf("%s\n", bench_train_json(cfg, r, steps).c_str());
   return 0;
 }
 
@@ -507,6 +587,8 @@ int dispatch(int argc, char** argv) {
   if (cmd == "data") return cmd_data(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "export") return cmd_export(rest);
+  if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);
   usage_error("unknown command '" + cmd + "'", kUsage);

@@ -5,20 +5,8 @@
 # Usage: test_cli.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-failures=0 passes=0
-pass() { echo "ok: $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
-
-# expect_error NAME PATTERN CMD...: exit status 1, exactly one line on stderr, matching PATTERN.
-expect_error() {
-  local name="$1" pattern="$2"; shift 2
-  "$@" > "$tmp/out" 2> "$tmp/err"; local rc=$?
-  if [ $rc -ne 1 ]; then fail "$name: exit status $rc, expected 1"; cat "$tmp/err"; return; fi
-  if [ "$(wc -l < "$tmp/err")" -ne 1 ]; then fail "$name: expected one line on stderr:"; cat "$tmp/err"; return; fi
-  if ! grep -q -- "$pattern" "$tmp/err"; then fail "$name: '$pattern' not in: $(cat "$tmp/err")"; return; fi
-  pass "$name: $(cat "$tmp/err")"
-}
+source "$src/tests/lib.sh"
+start_test
 
 # --- a short demo ----------------------------------------------------------------------------
 mkdir -p "$tmp/brown-all" "$tmp/text"
@@ -158,5 +146,4 @@ if command -v mpirun > /dev/null; then
     pass "doctor under mpirun: 3 ranks, exact all-reduce" || fail "doctor under mpirun: $out"
 fi
 
-echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -93,12 +93,6 @@ grep -q "autoresume: skipping .*step-00000010.*does not match its checksum" "$tm
   || fail "corrupt fallback: digest $got, want $want"
 
 # load_path on damaged checkpoints: one clear line, exit 1.
-expect_error() {
-  local name="$1" pattern="$2"; shift 2
-  "$@" > "$tmp/err.out" 2> "$tmp/err"; local rc=$?
-  if [ $rc -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] && grep -q -- "$pattern" "$tmp/err"; then pass "$name: $(cat "$tmp/err")"
-  else fail "$name: exit $rc: $(cat "$tmp/err")"; fi
-}
 bad="$tmp/bad"; cp -r "$tmp/full/checkpoints/step-00000020" "$bad"
 truncate -s 1000 "$bad/shard-00000-of-00001.safetensors"
 expect_error "truncated checkpoint" "shard-00000-of-00001.safetensors.* is truncated" \

@@ -1,0 +1,187 @@
+// Export reads the checkpoint once (verified as every load is), cuts and transposes each
+// transformers tensor out of anvil's flat layout (interop/hf_format.h), and writes the files into
+// a temporary directory beside the target that is renamed only when everything is written, so an
+// interrupted export never leaves a directory that looks complete.
+#include "interop/hf_export.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/safetensors.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "core/progress.h"
+#include "interop/hf_format.h"
+#include "model/model.h"
+
+namespace anvil {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kGpt2EndOfText = 50256;  // <|endoftext|>: GPT-2's bos, eos and unk
+
+struct StoredType {
+  const char* safetensors;  // "F32"
+  const char* torch;        // "float32"
+  size_t bytes;
+};
+
+StoredType stored_type(const std::string& dtype) {
+  if (dtype == "fp32") return {"F32", "float32", 4};
+  if (dtype == "bf16") return {"BF16", "bfloat16", 2};
+  if (dtype == "fp16") return {"F16", "float16", 2};
+  throw Error(fmt::format("--dtype '{}' is not valid: expected fp32, bf16 or fp16", dtype));
+}
+
+size_t numel(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// The tensor's values in transformers' order, as the stored type's bytes.
+std::string tensor_bytes(const HfTensor& t, const ParamTensor& src, const float* params, const StoredType& type) {
+  const size_t n = numel(t.shape);
+  const int64_t cols = src.shape.size() == 2 ? src.shape[1] : 1;
+  const float* base = params + src.offset + static_cast<size_t>(t.row0) * cols;
+  std::vector<float> v(n);
+  if (t.transposed) {  // src (rows × cols) stored as (cols × rows)
+    const int64_t rows = src.shape[0];
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++) v[static_cast<size_t>(c * rows + r)] = base[r * cols + c];
+  } else {
+    std::memcpy(v.data(), base, n * sizeof(float));
+  }
+  std::string out(n * type.bytes, '\0');
+  if (type.bytes == 4) {
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(out.data());
+  const bool fp16 = std::strcmp(type.safetensors, "F16") == 0;
+  for (size_t i = 0; i < n; i++) {
+    ANVIL_CHECK(!fp16 || std::fabs(v[i]) <= 65504.0f,
+                "{} holds {} at index {}, beyond float16's range (65504); export as bf16 or fp32", t.name, v[i], i);
+    h[i] = fp16 ? float_to_fp16(v[i]) : float_to_bf16(v[i]);
+  }
+  return out;
+}
+
+// GPT-2's tokenizer as transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the
+// same files as OpenAI's encoder.json and vocab.bpe (merges.txt keeps its "#version" first line,
+// which the reader skips).
+void write_gpt2_tokenizer(const std::string& dir, const std::string& vocab_dir, int max_len) {
+  write_file_atomic(dir + "/vocab.json", read_file(vocab_dir + "/encoder.json", "GPT-2 vocabulary"));
+  write_file_atomic(dir + "/merges.txt", read_file(vocab_dir + "/vocab.bpe", "GPT-2 merges"));
+  const nlohmann::ordered_json config = {{"tokenizer_class", "GPT2Tokenizer"},
+                                         {"model_max_length", max_len},
+                                         {"bos_token", "<|endoftext|>"},
+                                         {"eos_token", "<|endoftext|>"},
+                                         {"unk_token", "<|endoftext|>"},
+                                         {"add_prefix_space", false},
+                                         {"add_bos_token", false},
+                                         {"clean_up_tokenization_spaces", false}};
+  write_file_atomic(dir + "/tokenizer_config.json", config.dump(2) + "\n");
+  const nlohmann::ordered_json special = {
+      {"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
+  write_file_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");
+}
+
+std::string tokenizer_name(const std::string& config_yaml) {
+  const YAML::Node cfg = YAML::Load(config_yaml);
+  return cfg["tokenizer"] && cfg["tokenizer"]["name"] ? cfg["tokenizer"]["name"].as<std::string>() : "gpt2";
+}
+
+}  // namespace
+
+HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opt) {
+  const StoredType type = stored_type(opt.dtype);
+  ANVIL_CHECK(opt.max_shard_bytes > 0, "--max-shard-size must be positive");
+  ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; export writes a new directory (choose another name or "
+              "remove it)", out_dir);
+  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint, false);
+  const ModelConfig& cfg = ckpt.config;
+  const std::string tokenizer = tokenizer_name(ckpt.config_yaml);
+  ANVIL_CHECK(tokenizer == "gpt2", "the checkpoint's tokenizer '{}' cannot be exported yet: only gpt2", tokenizer);
+  const std::vector<HfTensor> tensors = hf_tensors(cfg);
+  std::map<std::string, ParamTensor> layout;
+  for (const ParamTensor& t : model_param_layout(cfg)) layout.emplace(t.name, t);
+
+  // Shards as save_pretrained cuts them: tensors in order, a new file when the next tensor would
+  // take the current one past the limit (a tensor larger than the limit gets a file of its own).
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); i++) {
+    const uint64_t bytes = numel(tensors[i].shape) * type.bytes;
+    if (in_shard > 0 && in_shard + bytes > opt.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+    total += bytes;
+  }
+  const int n_files = static_cast<int>(shards.size());
+  auto file_name = [&](int i) {
+    return n_files == 1 ? std::string("model.safetensors")
+                        : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n_files);
+  };
+
+  const fs::path target = fs::absolute(out_dir).lexically_normal();
+  const std::string tmp = (target.parent_path() / ("." + target.filename().string() + ".export-tmp")).string();
+  fs::remove_all(tmp);  // what an interrupted export left
+  make_dirs(tmp);
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  Progress progress("export", static_cast<int64_t>(total), "B");
+  uint64_t written = 0;
+  for (int s = 0; s < n_files; s++) {
+    SafeTensorsFile file;
+    file.metadata["format"] = "pt";  // transformers refuses safetensors metadata without it
+    for (size_t i : shards[s]) {
+      const HfTensor& t = tensors[i];
+      const auto src = layout.find(t.source);
+      ANVIL_CHECK(src != layout.end(), "internal: transformers tensor {} maps to '{}', not in the layout", t.name,
+                  t.source);
+      SafeTensor st;
+      st.dtype = type.safetensors;
+      st.shape = t.shape;
+      st.data = tensor_bytes(t, src->second, ckpt.params.data(), type);
+      written += st.data.size();
+      file.tensors.emplace(t.name, std::move(st));
+      weight_map[t.name] = file_name(s);
+      progress.update(static_cast<int64_t>(written));
+    }
+    write_safetensors(tmp + "/" + file_name(s), file);
+  }
+  progress.finish();
+  if (n_files > 1) {
+    const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  const nlohmann::ordered_json config = hf_config(cfg, type.torch, kGpt2EndOfText, kGpt2EndOfText);
+  write_file_atomic(tmp + "/config.json", config.dump(2) + "\n");
+  const nlohmann::ordered_json generation = {{"bos_token_id", kGpt2EndOfText}, {"eos_token_id", kGpt2EndOfText}};
+  write_file_atomic(tmp + "/generation_config.json", generation.dump(2) + "\n");
+  write_gpt2_tokenizer(tmp, opt.tokenizer_dir, cfg.max_seq_len);
+  fsync_dir(tmp);
+  fs::rename(tmp, target);
+  fsync_dir(target.parent_path().string());
+
+  HfExportResult r;
+  r.tensors = tensors.size();
+  r.files = n_files;
+  r.bytes = total;
+  r.architecture = config["architectures"][0].get<std::string>();
+  return r;
+}
+
+}  // namespace anvil

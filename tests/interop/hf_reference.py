@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""An independent reader of a Hugging Face transformers model directory, for anvil's export tests.
+
+usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N      the mean loss per target token on the split's
+                                                      first N samples (inputs tokens[0, T), targets
+                                                      tokens[1, T+1), T the model's context length;
+                                                      the last target dropped when a sample is T long)
+       hf_reference.py greedy HF_DIR N TOKEN_ID...   prints the N greedy next-token ids, one line
+       hf_reference.py rounded FP32_DIR OTHER_DIR     checks OTHER_DIR's 16-bit tensors are FP32_DIR's,
+                                                      rounded to nearest even
+       hf_reference.py index HF_DIR                   checks a sharded directory's index against its files
+
+Nothing here comes from anvil: the safetensors files are parsed from the format's definition (an
+8-byte little-endian header length, a JSON header, raw data), and the model is rebuilt from
+config.json and transformers' tensor names following transformers' modeling files:
+GPT2LMHeadModel (Conv1D weights stored input x output, learned positions, tanh GELU "gelu_new"),
+LlamaForCausalLM (RMSNorm in fp32, rotate-half RoPE, repeat_kv for grouped heads, SwiGLU, lm_head
+unless tied) and MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    assert meta is not None and meta.get("format") == "pt", f"{path}: metadata format must be 'pt' for transformers"
+    data = raw[8 + n:]
+    out = {}
+    for name, h in header.items():
+        lo, hi = h["data_offsets"]
+        t = torch.frombuffer(bytearray(data[lo:hi]), dtype=DTYPES[h["dtype"]])
+        out[name] = t.reshape(h["shape"])
+    return out
+
+
+def load_dir(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(d, "model.safetensors"))
+    with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    tensors = {}
+    for file in sorted(set(weight_map.values())):
+        tensors.update(read_safetensors(os.path.join(d, file)))
+    assert set(tensors) == set(weight_map), "the index and the shard files name different tensors"
+    return tensors
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def causal(scores):
+    T = scores.shape[-1]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
+def gpt2(cfg, W, ids):
+    T, C, NH = len(ids), cfg["n_embd"], cfg["n_head"]
+    hs, eps = C // NH, cfg["layer_norm_epsilon"]
+    act = gelu_new if cfg["activation_function"] == "gelu_new" else F.gelu
+    x = W["transformer.wte.weight"][ids] + W["transformer.wpe.weight"][:T]
+    for l in range(cfg["n_layer"]):
+        p = f"transformer.h.{l}."
+        h = F.layer_norm(x, (C,), W[p + "ln_1.weight"], W[p + "ln_1.bias"], eps)
+        qkv = h @ W[p + "attn.c_attn.weight"] + W[p + "attn.c_attn.bias"]
+        q, k, v = (t.view(T, NH, hs).transpose(0, 1) for t in qkv.split(C, dim=-1))
+        y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs)) @ v).transpose(0, 1).reshape(T, C)
+        x = x + y @ W[p + "attn.c_proj.weight"] + W[p + "attn.c_proj.bias"]
+        h = F.layer_norm(x, (C,), W[p + "ln_2.weight"], W[p + "ln_2.bias"], eps)
+        x = x + act(h @ W[p + "mlp.c_fc.weight"] + W[p + "mlp.c_fc.bias"]) @ W[p + "mlp.c_proj.weight"] \
+            + W[p + "mlp.c_proj.bias"]
+    x = F.layer_norm(x, (C,), W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], eps)
+    return x @ W.get("lm_head.weight", W["transformer.wte.weight"]).T
+
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def llama(cfg, W, ids):
+    T, C, NH, NKV = len(ids), cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hs, eps = cfg.get("head_dim", C // NH), cfg["rms_norm_eps"]
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    emb = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq).repeat(1, 2)
+    cos, sin = emb.cos(), emb.sin()
+    bias = cfg.get("attention_bias", False)
+    x = W["model.embed_tokens.weight"][ids]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+
+        def lin(name, h):
+            y = h @ W[p + name + ".weight"].T
+            return y + W[p + name + ".bias"] if bias else y
+
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = lin("self_attn.q_proj", h).view(T, NH, hs).transpose(0, 1)
+        k = lin("self_attn.k_proj", h).view(T, NKV, hs).transpose(0, 1)
+        v = lin("self_attn.v_proj", h).view(T, NKV, hs).transpose(0, 1)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(NH // NKV, dim=0), v.repeat_interleave(NH // NKV, dim=0)
+        y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs)) @ v).transpose(0, 1).reshape(T, NH * hs)
+        x = x + lin("self_attn.o_proj", y)
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h)) * lin("mlp.up_proj", h))
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    return x @ head.T
+
+
+def gen_slopes(n_heads, bias_max):
+    n = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.float32) * (bias_max / n))
+    return torch.cat([slopes[1::2], slopes[::2]])[:n_heads] if n != n_heads else slopes
+
+
+def mpt(cfg, W, ids):
+    T, C, NH = len(ids), cfg["d_model"], cfg["n_heads"]
+    hs, eps = C // NH, cfg["layer_norm_epsilon"]
+    alibi = gen_slopes(NH, cfg["attn_config"]["alibi_bias_max"]).view(NH, 1, 1) \
+        * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, T)
+    x = W["transformer.wte.weight"][ids]
+    for l in range(cfg["n_layers"]):
+        p = f"transformer.blocks.{l}."
+        h = F.layer_norm(x, (C,), W[p + "norm_1.weight"], None, eps)
+        q, k, v = (t.view(T, NH, hs).transpose(0, 1) for t in (h @ W[p + "attn.Wqkv.weight"].T).chunk(3, dim=-1))
+        y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs) + alibi) @ v).transpose(0, 1).reshape(T, C)
+        x = x + y @ W[p + "attn.out_proj.weight"].T
+        h = F.layer_norm(x, (C,), W[p + "norm_2.weight"], None, eps)
+        x = x + F.gelu(h @ W[p + "ffn.up_proj.weight"].T) @ W[p + "ffn.down_proj.weight"].T
+    x = F.layer_norm(x, (C,), W["transformer.norm_f.weight"], None, eps)
+    return x @ W["transformer.wte.weight"].T
+
+
+def load_model(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    forward = {"gpt2": gpt2, "llama": llama, "mpt": mpt}[cfg["model_type"]]
+    W = {k: v.float() for k, v in load_dir(d).items()}
+    return cfg, forward, W
+
+
+def loss(d, split_dir, n):
+    cfg, forward, W = load_model(d)
+    T = cfg.get("n_positions") or cfg.get("max_position_embeddings") or cfg["max_seq_len"]
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+    from mds_reference import read_samples
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for sample in read_samples(split_dir)[1][:n]:
+            tokens = torch.tensor(sample, dtype=torch.long)
+            inputs, targets = tokens[:T], tokens[1:T + 1]
+            logits = forward(cfg, W, inputs)[:len(targets)]
+            total += float(F.cross_entropy(logits.double(), targets, reduction="sum"))
+            count += len(targets)
+    print(json.dumps({"loss": total / count, "target_tokens": count}))
+
+
+def greedy(d, n, ids):
+    cfg, forward, W = load_model(d)
+    ids = list(ids)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(forward(cfg, W, torch.tensor(ids))[-1].argmax())
+            ids.append(nxt)
+            out.append(nxt)
+    print(" ".join(map(str, out)))
+
+
+def rounded(fp32_dir, other_dir):
+    a, b = load_dir(fp32_dir), load_dir(other_dir)
+    assert set(a) == set(b), "the two exports name different tensors"
+    for name in a:
+        want = a[name].to(b[name].dtype)
+        assert torch.equal(want.view(torch.int16), b[name].view(torch.int16)), f"{name} is not rounded to nearest even"
+    print(f"{len(a)} tensors, each the fp32 export rounded to {next(iter(b.values())).dtype}")
+
+
+def index(d):
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        idx = json.load(f)
+    files = sorted(set(idx["weight_map"].values()))
+    n = len(files)
+    assert files == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)], files
+    total = sum(t.numel() * t.element_size() for t in load_dir(d).values())
+    assert idx["metadata"]["total_size"] == total, (idx["metadata"]["total_size"], total)
+    print(f"{n} shards, {len(idx['weight_map'])} tensors, total_size {total}")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "loss":
+        loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif cmd == "greedy":
+        greedy(sys.argv[2], int(sys.argv[3]), [int(t) for t in sys.argv[4:]])
+    elif cmd == "rounded":
+        rounded(sys.argv[2], sys.argv[3])
+    elif cmd == "index":
+        index(sys.argv[2])
+    else:
+        sys.exit(__doc__)

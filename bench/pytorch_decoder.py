@@ -1,13 +1,21 @@
 #!/usr/bin/python3
-"""PyTorch's side of `bench/train_vs_pytorch.sh`: the same GPT-2 as anvil's config (learned
-positions, pre-LayerNorm, tanh GELU, tied embeddings, causal attention), AdamW in fp32, timed
-over the same steps on random tokens. Prints one JSON line like `anvil bench train`.
+"""PyTorch's side of `bench/train_vs_pytorch.sh`: the model of an `anvil bench train` run, built in
+plain PyTorch from the architecture that run reports (its JSON line's "model"), trained with
+AdamW in fp32 and global-norm clipping on random tokens, timed over the same steps. Prints one
+JSON line like `anvil bench train`.
 
-usage: pytorch_gpt2.py --layers 4 --heads 4 --d-model 256 --vocab 50257 --seq 256 --batch 8
-                       [--steps 10] [--warmup 2] [--threads 2]
-                       [--device cpu|cuda] [--precision fp32|amp_bf16] [--attention manual|sdpa]
-On a GPU: --precision amp_bf16 runs under torch.autocast (bf16), --attention sdpa uses
-F.scaled_dot_product_attention (flash attention in PyTorch 2) instead of the explicit softmax.
+usage: pytorch_decoder.py --anvil-json 'LAST LINE OF anvil bench train' [--steps 10] [--warmup 2]
+                          [--threads 2] [--attention manual|sdpa]
+
+The families follow their published definitions, as the golden fixtures under tests/golden do:
+GPT-2 (learned positions, LayerNorm, tanh GELU, biases, tied head); MPT (LLM Foundry: ALiBi
+added to the scaled scores with gen_slopes' slopes, LayerNorm without bias, exact GELU, no
+biases); Llama (Hugging Face: RMSNorm, RoPE in the rotate-half convention, grouped key/value
+heads repeated per query head as repeat_kv does, SwiGLU, its own LM head). Every option anvil
+reports is honoured, so a mixed architecture (an MPT with RoPE and GQA) is built as anvil built it.
+With kernels=gpu in the run the model runs on cuda; precision amp_bf16 runs under torch.autocast
+(bf16); --attention sdpa uses F.scaled_dot_product_attention (PyTorch 2) instead of the explicit
+softmax.
 """
 import argparse
 import json
@@ -20,68 +28,142 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):  # in fp32, as Hugging Face's LlamaRMSNorm
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def make_norm(m):
+    if m["norm"] == "rmsnorm":
+        return RMSNorm(m["d_model"], m["norm_eps"])
+    norm = nn.LayerNorm(m["d_model"], elementwise_affine=True)
+    if not m["norm_bias"]:
+        norm.bias = None  # LLM Foundry's low-precision LayerNorm without bias: F.layer_norm(x, w, None)
+    return norm
+
+
+def alibi_slopes(n_heads, bias_max):  # LLM Foundry's gen_slopes
+    n = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.float32) * (bias_max / n))
+    if n != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
 class Block(nn.Module):
-    def __init__(self, d, heads, sdpa):
+    def __init__(self, m, sdpa):
         super().__init__()
-        self.heads, self.sdpa = heads, sdpa
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.fcproj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        d, bias = m["d_model"], m["linear_bias"]
+        self.nh, self.nkv, self.hs, self.sdpa = m["n_heads"], m["n_kv_heads"], d // m["n_heads"], sdpa
+        self.norm1, self.norm2 = make_norm(m), make_norm(m)
+        self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * self.hs, bias=bias)
+        self.proj = nn.Linear(d, d, bias=bias)
+        self.swiglu, hidden = m["mlp"] == "swiglu", m["mlp_hidden"]
+        self.gelu = "tanh" if m["mlp"] == "gelu_tanh" else "none"
+        self.up = nn.Linear(d, 2 * hidden if self.swiglu else hidden, bias=bias)  # SwiGLU: gate | up
+        self.down = nn.Linear(hidden, d, bias=bias)
 
-    def forward(self, x, mask):
+    def forward(self, x, pos):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-                   for t in self.qkv(self.ln1(x)).split(C, dim=-1))
+        q, k, v = self.qkv(self.norm1(x)).split([self.nh * self.hs, self.nkv * self.hs, self.nkv * self.hs], -1)
+        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)
+        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)
+        v = v.view(B, T, self.nkv, self.hs).transpose(1, 2)
+        if pos.get("cos") is not None:
+            cos, sin = pos["cos"][:T].to(q.dtype), pos["sin"][:T].to(q.dtype)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if self.nkv != self.nh:  # repeat_kv
+            g = self.nh // self.nkv
+            k = k[:, :, None].expand(B, self.nkv, g, T, self.hs).reshape(B, self.nh, T, self.hs)
+            v = v[:, :, None].expand(B, self.nkv, g, T, self.hs).reshape(B, self.nh, T, self.hs)
+        bias = pos["mask"][:, :T, :T]  # 0 or -inf, plus ALiBi's slope * (j - i) where the model has it
         if self.sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
         else:
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
-            y = att.masked_fill(mask[:T, :T], float("-inf")).softmax(dim=-1) @ v
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs) + bias
+            y = att.softmax(dim=-1) @ v
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        h = self.up(self.norm2(x))
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate=self.gelu)
+        return x + self.down(h)
 
 
-class GPT(nn.Module):
-    def __init__(self, layers, heads, d, vocab, seq, sdpa=False):
+class Decoder(nn.Module):
+    def __init__(self, m, seq, sdpa):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList(Block(d, heads, sdpa) for _ in range(layers))
-        self.lnf = nn.LayerNorm(d)
-        self.register_buffer("mask", ~torch.tril(torch.ones(seq, seq, dtype=torch.bool)))
-        for name, p in self.named_parameters():  # GPT-2's init, as anvil's
-            if name.endswith("weight") and p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "fcproj.weight")) else 0.02
-                nn.init.normal_(p, std=std)
+        d, V = m["d_model"], m["vocab_size"]
+        self.wte = nn.Embedding(V, d)
+        self.wpe = nn.Embedding(seq, d) if m["positions"] == "learned" else None
+        self.blocks = nn.ModuleList(Block(m, sdpa) for _ in range(m["n_layers"]))
+        self.norm_f = make_norm(m)
+        self.lm_head = None if m["tied_embeddings"] else nn.Linear(d, V, bias=False)
+        nh, hs = m["n_heads"], d // m["n_heads"]
+        i = torch.arange(seq)
+        mask = torch.zeros(1, seq, seq).masked_fill(i[None, :] > i[:, None], float("-inf"))
+        if m["positions"] == "alibi":  # one bias per head
+            mask = mask + alibi_slopes(nh, m["alibi_bias_max"]).view(nh, 1, 1) * (i[None, :] - i[:, None]).float()
+        self.register_buffer("mask", mask)
+        if m["positions"] == "rope":
+            inv_freq = 1.0 / (m["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+            emb = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq).repeat(1, 2)
+            self.register_buffer("cos", emb.cos())
+            self.register_buffer("sin", emb.sin())
+        else:
+            self.cos = self.sin = None
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=m["init_std"])
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        pos = {"mask": self.mask, "cos": self.cos, "sin": self.sin}
         for b in self.blocks:
-            x = b(x, self.mask)
-        logits = self.lnf(x) @ self.wte.weight.T
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+            x = b(x, pos)
+        x = self.norm_f(x)
+        logits = self.lm_head(x) if self.lm_head is not None else x @ self.wte.weight.T
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.view(-1))
 
 
 def main():
     p = argparse.ArgumentParser()
-    for name, default in [("layers", 4), ("heads", 4), ("d-model", 256), ("vocab", 50257), ("seq", 256),
-                          ("batch", 8), ("steps", 10), ("warmup", 2), ("threads", 2)]:
+    p.add_argument("--anvil-json", required=True, help="the JSON line `anvil bench train` printed last")
+    for name, default in [("steps", 10), ("warmup", 2), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "amp_bf16"])
     p.add_argument("--attention", default="manual", choices=["manual", "sdpa"])
     a = p.parse_args()
+    run = json.loads(a.anvil_json)
+    m, seq, batch, precision = run["model"], run["seq_len"], run["batch"], run["precision"]
+    if precision not in ("fp32", "amp_bf16"):
+        raise SystemExit(f"pytorch_decoder.py: precision {precision} is not compared (fp32 or amp_bf16)")
     torch.set_num_threads(a.threads)
     torch.manual_seed(17)
-    dev = torch.device(a.device)
-    model = GPT(a.layers, a.heads, a.d_model, a.vocab, a.seq, a.attention == "sdpa").to(dev)
+    dev = torch.device("cuda" if run["kernels"] == "gpu" else "cpu")
+    model = Decoder(m, seq, a.attention == "sdpa").to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    stream = torch.randint(0, a.vocab, (a.batch * a.seq + 1,))
-    x, y = stream[:-1].view(a.batch, a.seq).to(dev), stream[1:].view(a.batch, a.seq).to(dev)
+    stream = torch.randint(0, m["vocab_size"], (batch * seq + 1,))
+    x, y = stream[:-1].view(batch, seq).to(dev), stream[1:].view(batch, seq).to(dev)
     cuda = dev.type == "cuda"
 
     def step():
         opt.zero_grad(set_to_none=True)
-        if a.precision == "amp_bf16":
+        if precision == "amp_bf16":
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16):
                 loss = model(x, y)
         else:
@@ -101,9 +183,10 @@ def main():
     loss = float(loss)  # waits for the device
     secs = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row = {"tokens_per_s": a.batch * a.seq * a.steps / secs, "peak_rss_mib": rss, "loss": loss,
-           "torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device,
-           "precision": a.precision, "attention": a.attention}
+    row = {"tokens_per_s": batch * seq * a.steps / secs, "peak_rss_mib": rss, "loss": loss,
+           "parameters": sum(p.numel() for p in model.parameters()),
+           "torch": torch.__version__, "threads": torch.get_num_threads(), "device": dev.type,
+           "precision": precision, "attention": a.attention}
     if cuda:
         row["gpu_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(row))

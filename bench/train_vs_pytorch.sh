@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# anvil and PyTorch training the same GPT-2 on this machine in one run, alternating round by
-# round so both see the same machine, and the median of the per-round speed ratios (robust to a
-# noisy neighbour). key=value overrides go to anvil, and the model shape, precision and device
-# they set go to PyTorch too. With kernels=gpu both run on the GPU (anvil from the cuda-release
-# build, PyTorch on cuda) and the memory compared is GPU memory; otherwise both run on the CPU
-# with all its threads, and on the CPU PyTorch runs twice: as Debian ships it, and tuned (a
+# anvil and PyTorch training the same model (any family) on this machine in one run, alternating
+# round by round so both see the same machine, and the median of the per-round speed ratios
+# (robust to a noisy neighbour). key=value overrides go to anvil; PyTorch
+# (bench/pytorch_decoder.py) builds the model, batch and precision that anvil reports in its JSON
+# line. With kernels=gpu both run on the GPU (anvil from the cuda-release build, PyTorch on cuda)
+# and the memory compared is GPU memory; otherwise both run on the CPU with all its threads, and on the CPU PyTorch runs twice: as Debian ships it, and tuned (a
 # caching allocator, tcmalloc, preloaded; OpenBLAS told to use its AVX-512 kernels where the CPU
 # has them, which its Debian build does not detect on Zen 4/5). Installs Debian's python3-torch
 # and libtcmalloc-minimal4 if they are missing.
@@ -34,17 +34,11 @@ if ! "$python" -c "import torch" 2>/dev/null; then
   apt_install python3-torch
   python=/usr/bin/python3
 fi
-# get KEY [YAML-KEY]: the last override of KEY (dotted, e.g. model.n_layers) or, failing that, the
-# config's value of its last part.
-get() {
-  local v="" o
-  for o in ${overrides[@]+"${overrides[@]}"}; do [ "${o%%=*}" = "$1" ] && v="${o#*=}"; done
-  [ -n "$v" ] || v=$(sed -n "s/^ *${1##*.}: *\([0-9A-Za-z_]*\).*/\1/p" "$config" | head -1)
-  echo "$v"
-}
-layers=$(get model.n_layers) heads=$(get model.n_heads) dmodel=$(get model.d_model) vocab=$(get model.vocab_size)
-seq=$(get max_seq_len) batch=$(get global_train_batch_size) precision=$(get precision) kernels=$(get kernels)
-precision=${precision:-fp32}
+# The device comes from the last kernels= override or the config's kernels: key; everything else
+# PyTorch builds (shape, architecture, batch, precision) from the JSON line anvil prints.
+kernels=""
+for o in ${overrides[@]+"${overrides[@]}"}; do [ "${o%%=*}" = kernels ] && kernels="${o#*=}"; done
+[ -n "$kernels" ] || kernels=$(sed -n 's/^kernels: *\([a-z]*\).*/\1/p' "$config" | head -1)
 threads=$(nproc)
 export OMP_NUM_THREADS=$threads
 anvil=build/bin/anvil device=cpu memory=peak_rss_mib tuned=()
@@ -58,22 +52,27 @@ else
   tuned=(env LD_PRELOAD="$tcmalloc")
   grep -qw avx512f /proc/cpuinfo && tuned+=(OPENBLAS_CORETYPE=SkylakeX)
 fi
-echo "model: GPT-2 L=$layers H=$heads d=$dmodel V=$vocab T=$seq B=$batch, $precision, AdamW, on $device" \
-     "($threads threads), $steps timed steps x $rounds rounds; PyTorch attention: $attention"
+echo "config: $config ${overrides[*]+${overrides[*]}}; on $device ($threads threads), $steps timed steps x $rounds" \
+     "rounds; PyTorch attention: $attention"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); avx512: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)"
-field() { sed "s/.*\"$1\": \([0-9.]*\).*/\1/"; }
+field() { "$python" -c 'import json, sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
+describe() {
+  "$python" -c 'import json, sys; r = json.loads(sys.argv[1])
+print("model: %s; seq %d, batch %d, %s" % (json.dumps(r["model"]), r["seq_len"], r["batch"], r["precision"]))' "$1"
+}
 max() { awk -v x="$1" -v y="$2" 'BEGIN{print (x>y)?x:y}'; }
 median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END{print (NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2}'; }
-torch_run() {
-  "$@" "$python" bench/pytorch_gpt2.py --layers "$layers" --heads "$heads" --d-model "$dmodel" --vocab "$vocab" \
-    --seq "$seq" --batch "$batch" --steps "$steps" --threads "$threads" --device "$device" \
-    --precision "$precision" --attention "$attention" 2>/dev/null
+torch_run() {  # torch_run ANVIL_JSON [env ...]
+  local run="$1"; shift
+  ${@+"$@"} "$python" bench/pytorch_decoder.py --anvil-json "$run" --steps "$steps" --threads "$threads" \
+    --attention "$attention" 2>/dev/null
 }
 ratios=() tuned_ratios=()
 best_anvil=0 best_torch=0 best_tuned=0 mem_anvil=0 mem_torch=0 mem_tuned=0
 for r in $(seq "$rounds"); do
   a=$("$anvil" bench train "$config" ${overrides[@]+"${overrides[@]}"} --steps "$steps" 2>/dev/null | tail -1)
-  t=$(torch_run)
+  [ "$r" -gt 1 ] || describe "$a"
+  t=$(torch_run "$a")
   echo "round $r: anvil $a"
   echo "round $r: torch $t"
   ta=$(echo "$a" | field tokens_per_s); tt=$(echo "$t" | field tokens_per_s)
@@ -82,7 +81,7 @@ for r in $(seq "$rounds"); do
   mem_anvil=$(max "$(echo "$a" | field "$memory")" "$mem_anvil")
   mem_torch=$(max "$(echo "$t" | field "$memory")" "$mem_torch")
   if [ ${#tuned[@]} -gt 0 ]; then
-    u=$(torch_run "${tuned[@]}")
+    u=$(torch_run "$a" "${tuned[@]}")
     echo "round $r: torch tuned $u"
     tu=$(echo "$u" | field tokens_per_s)
     tuned_ratios+=("$(awk -v a="$ta" -v t="$tu" 'BEGIN{printf "%.3f", a/t}')")

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/encoder.h"
@@ -73,6 +75,27 @@ std::string model_family_title(const ModelConfig& cfg) {
       return "Llama";
   }
   return choice_name(cfg.name);
+}
+
+std::string model_architecture_summary(const ModelConfig& c) {
+  std::string s = fmt::format("{}, {} layers, {} heads", model_family_title(c), c.n_layers, c.n_heads);
+  if (c.kv_heads() != c.n_heads) s += fmt::format(" ({} key/value)", c.kv_heads());
+  s += fmt::format(", d_model {}, vocab {}; ", c.d_model, c.vocab_size);
+  s += c.norm == NormKind::kRmsNorm ? "RMSNorm" : c.norm_bias ? "LayerNorm" : "LayerNorm without bias";
+  switch (c.positions) {
+    case PositionKind::kLearned: s += ", learned positions"; break;
+    case PositionKind::kAlibi: s += fmt::format(", ALiBi (bias max {:g})", c.alibi_bias_max); break;
+    case PositionKind::kRope: s += fmt::format(", RoPE (theta {:g})", c.rope_theta); break;
+    case PositionKind::kNone: s += ", no positions"; break;
+  }
+  switch (c.mlp) {
+    case MlpKind::kGeluTanh: s += fmt::format(", GELU (tanh) {}", c.mlp_width()); break;
+    case MlpKind::kGeluErf: s += fmt::format(", GELU (erf) {}", c.mlp_width()); break;
+    case MlpKind::kSwiglu: s += fmt::format(", SwiGLU {}", c.mlp_width()); break;
+  }
+  s += c.linear_bias ? ", biases" : ", no biases";
+  s += c.tied_embeddings ? ", tied LM head" : ", own LM head";
+  return s;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {

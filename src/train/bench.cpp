@@ -6,7 +6,11 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -51,11 +55,9 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
-  log_info("bench train: {} {} layers, {} heads, d_model {}, vocab {}, seq {}, batch {} (microbatch {}), {:.2f}M "
-           "parameters; {}; {} kernels, {}{}", model_family_title(cfg.model), cfg.model.n_layers, cfg.model.n_heads,
-           cfg.model.d_model,
-           cfg.model.vocab_size, T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6, r.peak_source,
-           choice_name(cfg.kernels), choice_name(cfg.precision),
+  log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters; {}; {} kernels, {}{}",
+           model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6,
+           r.peak_source, choice_name(cfg.kernels), choice_name(cfg.precision),
            cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
@@ -72,6 +74,44 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
   if (kernel_impl() == KernelImpl::kGpu) r.gpu_peak_mib = static_cast<double>(gpu_allocator_stats().peak_in_use) / (1 << 20);
   return r;
+}
+
+std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, int steps) {
+  const ModelConfig& m = cfg.model;
+  // A float option as it was written (1e-05, not its double's 9.99999974737875e-06).
+  auto written = [](float x) { return std::stod(fmt::format("{}", x)); };
+  auto norm = [&] { return m.norm == NormKind::kRmsNorm ? "rmsnorm" : "layernorm"; };
+  auto positions = [&] {
+    switch (m.positions) {
+      case PositionKind::kLearned: return "learned";
+      case PositionKind::kAlibi: return "alibi";
+      case PositionKind::kRope: return "rope";
+      case PositionKind::kNone: break;
+    }
+    return "none";
+  };
+  auto mlp = [&] {
+    switch (m.mlp) {
+      case MlpKind::kGeluTanh: return "gelu_tanh";
+      case MlpKind::kGeluErf: return "gelu_erf";
+      case MlpKind::kSwiglu: break;
+    }
+    return "swiglu";
+  };
+  nlohmann::ordered_json j = {
+      {"tokens_per_s", r.tokens_per_s}, {"gflops", r.gflops}, {"peak_gflops", r.peak_gflops}, {"mfu", r.mfu},
+      {"peak_rss_mib", r.peak_rss_mib}, {"activation_mib", r.activation_mib}, {"gpu_peak_mib", r.gpu_peak_mib},
+      {"microbatch", r.microbatch}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
+      {"batch", cfg.global_train_batch_size}, {"precision", choice_name(cfg.precision)},
+      {"kernels", choice_name(cfg.kernels)},
+      {"model",
+       {{"family", choice_name(m.name)}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
+        {"n_kv_heads", m.kv_heads()}, {"d_model", m.d_model}, {"vocab_size", m.vocab_size}, {"norm", norm()},
+        {"norm_bias", m.norm_bias}, {"norm_eps", written(m.norm_eps)}, {"positions", positions()},
+        {"rope_theta", written(m.rope_theta)}, {"alibi_bias_max", written(m.alibi_bias_max)}, {"mlp", mlp()},
+        {"mlp_hidden", m.mlp_width()}, {"linear_bias", m.linear_bias}, {"tied_embeddings", m.tied_embeddings},
+        {"init_std", written(m.init_std)}}}};
+  return j.dump();
 }
 
 }  // namespace anvil

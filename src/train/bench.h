@@ -21,5 +21,8 @@ struct BenchTrainResult {
 
 // profile: time every op of the timed steps (kernels/profile.h), which slows them a little.
 BenchTrainResult bench_train(const TrainConfig& cfg, int warmup_steps, int steps, bool profile);
+// The figures as one JSON line for scripts, with the run's shape, precision and the model's
+// architecture options, so that a comparison (bench/train_vs_pytorch.sh) builds the same model.
+std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, int steps);
 
 }  // namespace anvil

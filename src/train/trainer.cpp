@@ -243,8 +243,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const double peak = sum_in_rank_order(comm, matmul_peak_gflops(cfg.precision));
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
-  log_info("model: {}, {} layers, {} heads, d_model {}, vocab {}, {:.2f}M parameters", model_family_title(cfg.model),
-           cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size, model.num_params() / 1e6);
+  log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg.model), model.num_params() / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
            cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);

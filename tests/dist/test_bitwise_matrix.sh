@@ -6,7 +6,8 @@
 # stages 0-3. Every run must end with the same weight digest and the same loss at every step.
 # Then the other families, smaller (2 layers, d_model 128): an MPT with ALiBi and no biases (tied
 # head, no position table) and a Llama with grouped-query heads (RoPE, SwiGLU, RMSNorm, its own
-# LM head), each on 1 rank, 2 ranks under ZeRO-3 with activation checkpointing, and 3 ranks.
+# LM head), each on 1 rank, 2 ranks under ZeRO-3 with activation checkpointing, 3 ranks, and 2
+# ranks stopped at step 8 and resumed.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -58,8 +59,17 @@ family() {
   train "${family}_w2_mb1_z3_ckpt" 2 1 3 model.name="$family" $model activation_checkpointing=true
   # shellcheck disable=SC2086
   train "${family}_w3_mb4_z2" 3 4 2 model.name="$family" $model
+  # Stopped at step 8 on 2 ranks (ZeRO-1), resumed from its checkpoint to step 20; the schedule's
+  # length is given so that the stopped run's learning rates are the whole run's.
+  # shellcheck disable=SC2086
+  train "${family}_w2_mb2_z1_resume" 2 2 1 model.name="$family" $model max_duration=8ba scheduler.t_max=20ba
+  # shellcheck disable=SC2086
+  train "${family}_w2_mb2_z1_resume" 2 2 1 model.name="$family" $model scheduler.t_max=20ba autoresume=true
+  grep -q "resumed from .*step-00000008" "$tmp/${family}_w2_mb2_z1_resume.out" \
+    || fail "$family: the second part did not resume from step 8"
   /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/${family}_w1_mb8_z0" "$tmp/${family}_w2_mb1_z3_ckpt" \
-    "$tmp/${family}_w3_mb4_z2" || fail "$family: the runs do not all end with the same bits"
+    "$tmp/${family}_w3_mb4_z2" "$tmp/${family}_w2_mb2_z1_resume" \
+    || fail "$family: the runs do not all end with the same bits"
   echo "$family: weights sha256 $("$anvil" inspect "$tmp/${family}_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 }
 family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true

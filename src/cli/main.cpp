@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "config/train_config.h"
 #include "core/cpu.h"
 #include "core/error.h"
@@ -23,7 +25,9 @@
 #include "kernels/bench_gemm.h"
 #include "kernels/blas.h"
 #include "interop/hf_export.h"
+#include "interop/hf_import.h"
 #include "kernels/matmul.h"
+#include "model/model.h"
 #include "train/bench.h"
 #include "ckpt/checkpoint.h"
 #include "train/doctor.h"
@@ -46,6 +50,7 @@ commands:
   generate CHECKPOINT --prompt TEXT    sample a continuation from a trained model
   eval CHECKPOINT --data DIR           loss and perplexity of a checkpoint on a dataset split
   export CHECKPOINT OUT_DIR            a Hugging Face transformers model directory from a checkpoint
+  import HF_DIR OUT_DIR                a Hugging Face model directory as a checkpoint to fine-tune
   inspect CHECKPOINT                   a checkpoint's manifest in brief, verified, with a weight digest
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
@@ -165,6 +170,22 @@ options:
 
 example:
   anvil export runs/llama-125m hf/llama-125m --dtype bf16
+)";
+
+constexpr const char* kImportHelp = R"(usage: anvil import HF_DIR OUT_DIR
+
+Reads a Hugging Face transformers model directory (config.json with model.safetensors, or shards
+named by model.safetensors.index.json; F32, BF16 or F16 tensors) of a GPT-2 (model_type gpt2),
+Llama (llama) or MPT (mpt) and writes its weights as the step-0 checkpoint of a new run directory
+OUT_DIR. `anvil train CONFIG load_path=OUT_DIR` fine-tunes it (a fresh optimizer, from step 0,
+with a config whose model section describes the same model), and `anvil generate`, `anvil eval`
+and `anvil export` read it. GPT-2's original files (names without "transformer.", attn.bias
+buffers) are accepted. A config field anvil cannot honour (rope_scaling, a sliding window, biases
+in a Llama) or a tensor the config does not describe is an error naming it; nothing is written then.
+
+example:
+  anvil import hf/gpt2 runs/gpt2-base
+  anvil train configs/bench-124m.yaml load_path=runs/gpt2-base run_dir=runs/gpt2-tuned
 )";
 
 constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
@@ -415,6 +436,18 @@ int cmd_eval(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_import(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kImportHelp, stdout), 0;
+  Args a = parse_args(args, {}, {}, kImportHelp);
+  if (a.positional.size() != 2) usage_error("import needs a Hugging Face directory and an output directory", kImportHelp);
+  const HfImportResult r = import_hf(a.positional[0], a.positional[1]);
+  std::printf("imported %s: %s, %zu tensors%s -> %s\n", a.positional[0].c_str(),
+              model_architecture_summary(r.config).c_str(), r.tensors,
+              r.skipped.empty() ? "" : fmt::format(" ({} buffers skipped)", r.skipped.size()).c_str(),
+              r.checkpoint.c_str());
+  return 0;
+}
+
 int cmd_export(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kExportHelp, stdout), 0;
   Args a = parse_args(args, {"--dtype", "--max-shard-size", "--tokenizer"}, {}, kExportHelp);
@@ -459,18 +492,22 @@ int cmd_inspect(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kInspectHelp, stdout), 0;
   if (args.size() != 1) usage_error("inspect needs one checkpoint or run directory", kInspectHelp);
   const LoadedCheckpoint c = load_checkpoint(args[0], /*with_optimizer=*/true);
-  const DataState data = DataState::from_json(c.data_state, c.dir + "/manifest.json");
   const ModelConfig& m = c.config;
   std::printf("checkpoint:     %s\n", c.dir.c_str());
   std::printf("format:         anvil-checkpoint version %d, every tensor's checksum verified\n", kCheckpointVersion);
   std::printf("shards:         %d, one per rank of the run that saved it\n", c.saved_world_size);
   std::printf("step:           %lld (%lld tokens seen; optimizer steps %lld)\n", static_cast<long long>(c.step),
               static_cast<long long>(c.tokens_seen), static_cast<long long>(c.optimizer_steps));
-  std::printf("model:          %s, %d layers, %d heads, d_model %d, vocab %d, max_seq_len %d, %zu parameters\n",
-              choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size, m.max_seq_len, c.params.size());
-  std::printf("data:           epoch %lld, %lld samples of it consumed, global batch %lld, order %s\n",
-              static_cast<long long>(data.epoch), static_cast<long long>(data.sample_in_epoch),
-              static_cast<long long>(data.global_batch), data.fingerprint.c_str());
+  std::printf("model:          %s; max_seq_len %d, %zu parameters\n", model_architecture_summary(m).c_str(),
+              m.max_seq_len, c.params.size());
+  if (c.data_state == "null") {  // anvil import's checkpoints hold weights only
+    std::printf("data:           none (weights only: a run that loads it starts its optimizer and data afresh)\n");
+  } else {
+    const DataState data = DataState::from_json(c.data_state, c.dir + "/manifest.json");
+    std::printf("data:           epoch %lld, %lld samples of it consumed, global batch %lld, order %s\n",
+                static_cast<long long>(data.epoch), static_cast<long long>(data.sample_in_epoch),
+                static_cast<long long>(data.global_batch), data.fingerprint.c_str());
+  }
   std::printf("weights sha256: %s\n", weights_sha256(m, c.params.data()).c_str());
   return 0;
 }
@@ -588,6 +625,7 @@ int dispatch(int argc, char** argv) {
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "export") return cmd_export(rest);
+  if (cmd == "import") return cmd_import(rest);
   if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);

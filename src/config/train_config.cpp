@@ -255,6 +255,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
   top.get("autoresume", c.autoresume);
   top.get("load_path", c.load_path);
+  top.get("load_weights_only", c.load_weights_only);
   top.get("kernels", c.kernels);
   top.get("dist_timeout", c.dist_timeout);
   top.get("deterministic_mode", c.deterministic_mode);
@@ -473,6 +474,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
   e << YAML::Key << "load_path" << YAML::Value << c.load_path;
+  e << YAML::Key << "load_weights_only" << YAML::Value << c.load_weights_only;
   e << YAML::Key << "dist_timeout" << YAML::Value << c.dist_timeout;
   e << YAML::Key << "deterministic_mode" << YAML::Value << c.deterministic_mode;
   e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;

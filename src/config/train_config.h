@@ -123,6 +123,7 @@ struct TrainConfig {
   int save_num_checkpoints_to_keep = -1;  // -1: all; otherwise the newest N
   bool autoresume = false;                // continue from the newest complete checkpoint in run_dir
   std::string load_path;                  // or from this checkpoint (directory or run directory)
+  bool load_weights_only = false;         // take only its weights: a fresh optimizer and data order, step 0
   double dist_timeout = 600;    // seconds a collective may wait before the job is aborted
   // Composer's key. anvil: gradients summed in fixed point, so that the weights after N steps are
   // the same bits whatever the world size, microbatch size or ZeRO stage (docs/determinism.md).

@@ -34,4 +34,10 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 nlohmann::ordered_json hf_config(const ModelConfig& cfg, const std::string& torch_dtype, int bos_token_id,
                                  int eos_token_id);
 
+// The model of a transformers config.json (by its model_type: gpt2, llama, mpt), read through
+// anvil's config reader so that it equals what the same model section of a config gives. A field
+// anvil cannot honour (rope_scaling, a sliding window, biases on only some Llama products, an
+// MPT with qk_ln) is an error naming the field; `where` names the file in messages.
+ModelConfig hf_model_config(const nlohmann::json& config, const std::string& where);
+
 }  // namespace anvil

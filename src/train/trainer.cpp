@@ -122,15 +122,31 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   if (writer) resume = choose_resume_checkpoint(cfg);
   const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
   if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
-  if (resume) {
-    const ModelConfig& m = resume->config;
-    const ModelConfig& c = cfg.model;
-    ANVIL_CHECK(m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
-                "d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, {}, {}, {}, {}", resume->dir,
-                model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
-                m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
-                model_family_title(c), choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,
-                c.max_seq_len);
+  if (!resume) return resume;
+  // Weights only (load_weights_only, or a checkpoint without training state such as an import):
+  // the model must be the same architecture; how it was initialised, and the context length of a
+  // model without a position table, may differ.
+  const bool weights_only = cfg.load_weights_only || resume->data_state == "null";
+  ModelConfig m = resume->config;
+  const ModelConfig& c = cfg.model;
+  if (weights_only) {
+    m.init = c.init;
+    m.init_std = c.init_std;
+    if (m.positions != PositionKind::kLearned) m.max_seq_len = c.max_seq_len;
+  }
+  ANVIL_CHECK(m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
+              "d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, {}, {}, {}, {}", resume->dir,
+              model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
+              m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
+              model_family_title(c), choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,
+              c.max_seq_len);
+  if (weights_only) {  // a fresh optimizer, data order and step count
+    resume->step = resume->tokens_seen = resume->optimizer_steps = 0;
+    resume->data_state.clear();
+    std::fill(resume->exp_avg.begin(), resume->exp_avg.end(), 0.0f);
+    std::fill(resume->exp_avg_sq.begin(), resume->exp_avg_sq.end(), 0.0f);
+    resume->grad_scales.clear();
+    resume->loss_scaler.clear();
   }
   return resume;
 }
@@ -190,10 +206,11 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
                       duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max")};
 
   std::optional<LoadedCheckpoint> resume = resume_point(cfg, comm);
-  if (resume) loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
+  const bool continuing = resume && !resume->data_state.empty();  // else weights only, from step 0
+  if (continuing) loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
   const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
 
-  FILE* metrics = writer ? open_run_directory(cfg, resume.has_value(), start_step) : nullptr;
+  FILE* metrics = writer ? open_run_directory(cfg, continuing, start_step) : nullptr;
   auto write_metrics = [&](const nlohmann::json& row) {
     if (!metrics) return;
     std::fprintf(metrics, "%s\n", row.dump().c_str());
@@ -230,7 +247,10 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
       log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
                "afresh");
     resume_loss_scaler = resume->loss_scaler;
-    log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
+    if (continuing)
+      log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
+    else
+      log_info("loaded the weights of {} (weights only: a fresh optimizer and data order, from step 0)", resume->dir);
     resume.reset();  // the state now lives in the model and optimizer
   } else {
     dp.init_weights(cfg.seed);

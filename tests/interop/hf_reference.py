@@ -9,6 +9,12 @@ usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N      the mean loss per target
        hf_reference.py rounded FP32_DIR OTHER_DIR     checks OTHER_DIR's 16-bit tensors are FP32_DIR's,
                                                       rounded to nearest even
        hf_reference.py index HF_DIR                   checks a sharded directory's index against its files
+       hf_reference.py write ARCH OUT_DIR [--dtype bf16] [--shards N] [--gpt2-original-names]
+                                                      writes a small random model of ARCH (gpt2, llama,
+                                                      llama-tied, mpt) as transformers' save_pretrained
+                                                      lays it out; --gpt2-original-names as OpenAI's
+                                                      converted files name GPT-2's tensors (no
+                                                      "transformer." prefix, attn.bias mask buffers)
 
 Nothing here comes from anvil: the safetensors files are parsed from the format's definition (an
 8-byte little-endian header length, a JSON header, raw data), and the model is rebuilt from
@@ -70,8 +76,8 @@ def causal(scores):
 
 def gpt2(cfg, W, ids):
     T, C, NH = len(ids), cfg["n_embd"], cfg["n_head"]
-    hs, eps = C // NH, cfg["layer_norm_epsilon"]
-    act = gelu_new if cfg["activation_function"] == "gelu_new" else F.gelu
+    hs, eps = C // NH, cfg.get("layer_norm_epsilon", 1e-5)  # GPT2Config's defaults
+    act = gelu_new if cfg.get("activation_function", "gelu_new") == "gelu_new" else F.gelu
     x = W["transformer.wte.weight"][ids] + W["transformer.wpe.weight"][:T]
     for l in range(cfg["n_layer"]):
         p = f"transformer.h.{l}."
@@ -122,7 +128,7 @@ def llama(cfg, W, ids):
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h)) * lin("mlp.up_proj", h))
     x = rms_norm(x, W["model.norm.weight"], eps)
-    head = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
     return x @ head.T
 
 
@@ -134,8 +140,8 @@ def gen_slopes(n_heads, bias_max):
 
 def mpt(cfg, W, ids):
     T, C, NH = len(ids), cfg["d_model"], cfg["n_heads"]
-    hs, eps = C // NH, cfg["layer_norm_epsilon"]
-    alibi = gen_slopes(NH, cfg["attn_config"]["alibi_bias_max"]).view(NH, 1, 1) \
+    hs, eps = C // NH, cfg.get("layer_norm_epsilon", 1e-5)  # MptConfig's defaults
+    alibi = gen_slopes(NH, cfg.get("attn_config", {}).get("alibi_bias_max", 8)).view(NH, 1, 1) \
         * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, T)
     x = W["transformer.wte.weight"][ids]
     for l in range(cfg["n_layers"]):
@@ -155,6 +161,9 @@ def load_model(d):
         cfg = json.load(f)
     forward = {"gpt2": gpt2, "llama": llama, "mpt": mpt}[cfg["model_type"]]
     W = {k: v.float() for k, v in load_dir(d).items()}
+    if cfg["model_type"] == "gpt2":  # OpenAI's converted files: no "transformer." prefix, mask buffers
+        W = {k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k: v for k, v in W.items()
+             if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     return cfg, forward, W
 
 
@@ -195,6 +204,102 @@ def rounded(fp32_dir, other_dir):
     print(f"{len(a)} tensors, each the fp32 export rounded to {next(iter(b.values())).dtype}")
 
 
+def write_safetensors(path, tensors):
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.float32 else t.numpy().tobytes()
+        dtype = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[t.dtype]
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write(arch, out, dtype, shards, original_names):
+    """A small random model: 2 layers, 4 heads, width 64, the GPT-2 vocabulary, context 64."""
+    torch.manual_seed(7)
+    L, C, NH, V, T = 2, 64, 4, 50257, 64
+    W = {}
+
+    def rnd(*shape, scale=0.05):
+        return torch.randn(*shape) * scale
+
+    if arch == "gpt2":
+        cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V, "n_positions": T,
+               "n_embd": C, "n_layer": L, "n_head": NH, "activation_function": "gelu_new",
+               "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True}
+        W["transformer.wte.weight"], W["transformer.wpe.weight"] = rnd(V, C), rnd(T, C)
+        for l in range(L):
+            p = f"transformer.h.{l}."
+            for ln in ("ln_1", "ln_2"):
+                W[p + ln + ".weight"], W[p + ln + ".bias"] = 1 + rnd(C), rnd(C)
+            W[p + "attn.c_attn.weight"], W[p + "attn.c_attn.bias"] = rnd(C, 3 * C), rnd(3 * C)
+            W[p + "attn.c_proj.weight"], W[p + "attn.c_proj.bias"] = rnd(C, C), rnd(C)
+            W[p + "mlp.c_fc.weight"], W[p + "mlp.c_fc.bias"] = rnd(C, 4 * C), rnd(4 * C)
+            W[p + "mlp.c_proj.weight"], W[p + "mlp.c_proj.bias"] = rnd(4 * C, C), rnd(C)
+        W["transformer.ln_f.weight"], W["transformer.ln_f.bias"] = 1 + rnd(C), rnd(C)
+        if original_names:
+            W = {k[len("transformer."):]: v for k, v in W.items()}
+            for l in range(L):
+                W[f"h.{l}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+    elif arch in ("llama", "llama-tied"):
+        NKV, F = 2, 96
+        tied = arch == "llama-tied"
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
+               "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": NH,
+               "num_key_value_heads": NKV, "hidden_act": "silu", "max_position_embeddings": T,
+               "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None, "attention_bias": False,
+               "tie_word_embeddings": tied}
+        hs = C // NH
+        W["model.embed_tokens.weight"] = rnd(V, C)
+        for l in range(L):
+            p = f"model.layers.{l}."
+            W[p + "input_layernorm.weight"], W[p + "post_attention_layernorm.weight"] = 1 + rnd(C), 1 + rnd(C)
+            W[p + "self_attn.q_proj.weight"], W[p + "self_attn.o_proj.weight"] = rnd(C, C), rnd(C, C)
+            W[p + "self_attn.k_proj.weight"], W[p + "self_attn.v_proj.weight"] = rnd(NKV * hs, C), rnd(NKV * hs, C)
+            W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"] = rnd(F, C), rnd(F, C)
+            W[p + "mlp.down_proj.weight"] = rnd(C, F)
+        W["model.norm.weight"] = 1 + rnd(C)
+        if not tied:
+            W["lm_head.weight"] = rnd(V, C)
+    elif arch == "mpt":
+        cfg = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "vocab_size": V, "d_model": C,
+               "n_heads": NH, "n_layers": L, "expansion_ratio": 4, "max_seq_len": T,
+               "no_bias": True, "learned_pos_emb": False, "attn_config": {"alibi": True, "alibi_bias_max": 8}}
+        W["transformer.wte.weight"] = rnd(V, C)
+        for l in range(L):
+            p = f"transformer.blocks.{l}."
+            W[p + "norm_1.weight"], W[p + "norm_2.weight"] = 1 + rnd(C), 1 + rnd(C)
+            W[p + "attn.Wqkv.weight"], W[p + "attn.out_proj.weight"] = rnd(3 * C, C), rnd(C, C)
+            W[p + "ffn.up_proj.weight"], W[p + "ffn.down_proj.weight"] = rnd(4 * C, C), rnd(C, 4 * C)
+        W["transformer.norm_f.weight"] = 1 + rnd(C)
+    else:
+        sys.exit(f"unknown architecture {arch}")
+    cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    W = {k: v.to(cast) for k, v in W.items()}
+    os.makedirs(out)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    names = list(W)
+    if shards == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), W)
+    else:
+        per = (len(names) + shards - 1) // shards
+        weight_map = {}
+        for i in range(shards):
+            file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {k: W[k] for k in names[i * per:(i + 1) * per]}
+            write_safetensors(os.path.join(out, file), part)
+            weight_map.update({k: file for k in part})
+        total = sum(t.numel() * t.element_size() for t in W.values())
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    print(f"wrote {out}: {arch}, {len(W)} tensors, {dtype}, {shards} file(s)")
+
+
 def index(d):
     with open(os.path.join(d, "model.safetensors.index.json")) as f:
         idx = json.load(f)
@@ -216,5 +321,10 @@ if __name__ == "__main__":
         rounded(sys.argv[2], sys.argv[3])
     elif cmd == "index":
         index(sys.argv[2])
+    elif cmd == "write":
+        args = sys.argv[4:]
+        dtype = args[args.index("--dtype") + 1] if "--dtype" in args else "fp32"
+        shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 1
+        write(sys.argv[2], sys.argv[3], dtype, shards, "--gpt2-original-names" in args)
     else:
         sys.exit(__doc__)

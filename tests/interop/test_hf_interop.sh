@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# anvil export, checked by a reader that is not anvil's (tests/interop/hf_reference.py: the
+# anvil export and import, checked by a reader that is not anvil's (tests/interop/hf_reference.py: the
 # safetensors format parsed from its definition, the model rebuilt from config.json and
 # transformers' tensor names as transformers' modeling files compute it):
 # - GPT-2, a Llama with grouped-query heads and its own LM head (trained on 2 ranks under ZeRO-3,
@@ -9,7 +9,14 @@
 # - anvil eval on the whole split gives the training run's final eval loss;
 # - --dtype bf16 and fp16: every tensor is the fp32 export's, rounded to nearest even;
 # - --max-shard-size: model-0000i-of-0000N.safetensors and an index naming every tensor once;
-# - errors: an existing output directory, a bad --dtype, a model transformers' MPT cannot hold.
+# - errors: an existing output directory, a bad --dtype, a model transformers' MPT cannot hold;
+# - import: export then import gives the checkpoint's weight digest (bit for bit); directories the
+#   reader writes as save_pretrained lays them out (GPT-2 under OpenAI's original names with mask
+#   buffers, a bf16 Llama in 3 shards with rms_norm_eps 1e-6 and rope_theta 5e5, a tied Llama, an
+#   MPT) import with anvil eval's loss equal to the reader's, and the imported GPT-2 fine-tunes
+#   through load_path (weights only, from step 0) and generates;
+# - import errors: rope_scaling, a missing tensor, a tensor of the wrong shape, an unexpected
+#   tensor, a truncated file, an unknown model_type: one line each, nothing written.
 # Usage: test_hf_export.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -93,4 +100,58 @@ expect_error "MPT with learned positions" "cannot be written as transformers' Mp
   "$anvil" export "$tmp/mpt_learned" "$tmp/hf-x"
 [ ! -e "$tmp/hf-x" ] && ! ls -a "$tmp" | grep -q export-tmp && pass "no output directory after a failed export" \
   || fail "a failed export left $(ls -a "$tmp" | tr '\n' ' ')"
+# --- import ------------------------------------------------------------------------------------
+for name in gpt2 llama mpt; do
+  "$anvil" import "$tmp/hf-$name" "$tmp/back-$name" > "$tmp/import.out" 2>&1 || { fail "$name: import: $(cat "$tmp/import.out")"; continue; }
+  a=$("$anvil" inspect "$tmp/$name" | sed -n 's/^weights sha256: //p'); b=$("$anvil" inspect "$tmp/back-$name" | sed -n 's/^weights sha256: //p')
+  [ -n "$a" ] && [ "$a" = "$b" ] && pass "$name: import(export(x)) has x's weight digest ${a:0:16}..." \
+    || fail "$name: round trip digest $b, want $a"
+done
+imported() {  # imported NAME ARCH [WRITE OPTIONS]: the reader writes it, anvil imports it, both evaluate it
+  local name="$1" arch="$2"; shift 2
+  "${reader[@]}" write "$arch" "$tmp/w-$name" "$@" > /dev/null || { fail "$name: the reader's write"; return; }
+  "$anvil" import "$tmp/w-$name" "$tmp/i-$name" > "$tmp/import-$name.out" 2>&1 \
+    || { fail "$name: import: $(cat "$tmp/import-$name.out")"; return; }
+  local theirs ours
+  theirs=$("${reader[@]}" loss "$tmp/w-$name" "$tmp/data/val" 16 2>&1)
+  ours=$("$anvil" eval "$tmp/i-$name" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)
+  close "$ours" "$theirs" 1e-5 \
+    && pass "import $name: $(head -1 "$tmp/import-$name.out" | sed 's/ -> .*//'); eval loss $(field loss "$ours") = the reader's" \
+    || fail "import $name: anvil '$ours', the reader '$theirs'"
+}
+imported gpt2-original gpt2 --gpt2-original-names
+imported llama-bf16 llama --dtype bf16 --shards 3
+imported llama-tied llama-tied
+imported mpt mpt --dtype fp16
+grep -q "(2 buffers skipped)" "$tmp/import-gpt2-original.out" \
+  && pass "GPT-2's original names: the attn.bias buffers are skipped" || fail "GPT-2's original names: buffers not reported"
+# Fine-tuning the imported GPT-2: the config describes the same model; weights only, from step 0.
+if mpirun_anvil 1 "$anvil" train "$tmp/m.yaml" model.name=gpt2 load_path="$tmp/i-gpt2-original" run_dir="$tmp/tuned" \
+     max_duration=3ba > "$tmp/tuned.out" 2>&1 \
+   && grep -q "loaded the weights of .*step-00000000 (weights only" "$tmp/tuned.out" \
+   && [ "$(grep -c '"loss"' "$tmp/tuned/metrics.jsonl")" -eq 3 ] \
+   && "$anvil" generate "$tmp/tuned" --prompt "$prompt" --max-new-tokens 4 > /dev/null 2>&1; then
+  pass "the imported GPT-2 fine-tunes from step 0 (weights only) and generates"
+else
+  fail "fine-tuning the import: $(tail -3 "$tmp/tuned.out")"
+fi
+
+# Import errors: one line, nothing written.
+"${reader[@]}" write llama "$tmp/bad-rope" > /dev/null
+sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$tmp/bad-rope/config.json"
+expect_error "rope_scaling" "field 'rope_scaling' = .* cannot be honoured" "$anvil" import "$tmp/bad-rope" "$tmp/x"
+cp -r "$tmp/hf-gpt2" "$tmp/bad-type"; sed -i 's/"model_type": "gpt2"/"model_type": "bloom"/' "$tmp/bad-type/config.json"
+expect_error "unknown model_type" "model_type 'bloom' is not one anvil can import" "$anvil" import "$tmp/bad-type" "$tmp/x"
+cp -r "$tmp/hf-gpt2" "$tmp/bad-layers"; sed -i 's/"n_layer": 2/"n_layer": 3/' "$tmp/bad-layers/config.json"
+expect_error "missing tensor" "has no tensor 'transformer.h.2.ln_1.weight'" "$anvil" import "$tmp/bad-layers" "$tmp/x"
+cp -r "$tmp/hf-gpt2" "$tmp/bad-width"; sed -i 's/"n_inner": 256/"n_inner": 512/' "$tmp/bad-width/config.json"
+expect_error "n_inner" "field 'n_inner' = 512 cannot be honoured" "$anvil" import "$tmp/bad-width" "$tmp/x"
+cp -r "$tmp/hf-gpt2" "$tmp/bad-shape"; sed -i 's/"n_positions": 64/"n_positions": 32/; s/"n_ctx": 64/"n_ctx": 32/' "$tmp/bad-shape/config.json"
+expect_error "wrong shape" "tensor 'transformer.wpe.weight' in 'model.safetensors' has shape \[64, 64\], but config.json's model needs \[32, 64\]" \
+  "$anvil" import "$tmp/bad-shape" "$tmp/x"
+cp -r "$tmp/hf-llama" "$tmp/bad-extra"; sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$tmp/bad-extra/config.json"
+expect_error "lm_head beside a tied config" "stores lm_head.weight unlike the embedding" "$anvil" import "$tmp/bad-extra" "$tmp/x"
+cp -r "$tmp/hf-gpt2" "$tmp/bad-trunc"; truncate -s 100000 "$tmp/bad-trunc/model.safetensors"
+expect_error "truncated file" "model.safetensors" "$anvil" import "$tmp/bad-trunc" "$tmp/x"
+[ ! -e "$tmp/x" ] && pass "no run directory after a failed import" || fail "a failed import left $tmp/x"
 [ "$failures" -eq 0 ]

@@ -1,0 +1,205 @@
+// Import reads config.json into a ModelConfig through the config reader (interop/hf_format.h),
+// reads every safetensors file the directory names, and fills anvil's flat layout through the
+// same name map export writes with, so import(export(x)) is x bit for bit in fp32. The key
+// variants published checkpoints really have are accepted: GPT-2's original files name tensors
+// without the "transformer." prefix and carry attention-mask buffers; older Llama files carry
+// rotary inv_freq buffers; a tied head may be stored beside the embedding it equals.
+#include "interop/hf_import.h"
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/safetensors.h"
+#include "config/train_config.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/fs.h"
+#include "interop/hf_format.h"
+#include "model/model.h"
+
+namespace anvil {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every tensor of the directory by name, and the file each came from.
+struct HfFiles {
+  std::map<std::string, SafeTensor> tensors;
+  std::map<std::string, std::string> file_of;
+};
+
+HfFiles read_hf_files(const std::string& dir) {
+  HfFiles out;
+  std::vector<std::string> files;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(read_file(index_path, "safetensors index"));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}' is not valid JSON: {}", index_path, e.what()));
+    }
+    ANVIL_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "'{}' has no weight_map", index_path);
+    std::set<std::string> names;
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      ANVIL_CHECK(file.is_string(), "'{}': weight_map entry '{}' is not a file name", index_path, name);
+      names.insert(file.get<std::string>());
+    }
+    files.assign(names.begin(), names.end());
+    for (const std::string& f : files)
+      ANVIL_CHECK(f.find('/') == std::string::npos, "'{}': weight_map names '{}', outside the directory", index_path, f);
+    for (const std::string& f : files) {
+      SafeTensorsFile st = read_safetensors(dir + "/" + f);
+      for (auto& [name, t] : st.tensors) {
+        ANVIL_CHECK(!out.tensors.count(name), "tensor '{}' is in both '{}' and '{}'", name, out.file_of[name], f);
+        ANVIL_CHECK(index["weight_map"].contains(name) && index["weight_map"][name] == f,
+                    "'{}' holds tensor '{}', which the index does not place there", f, name);
+        out.file_of[name] = f;
+        out.tensors.emplace(name, std::move(t));
+      }
+    }
+    for (const auto& [name, file] : index["weight_map"].items())
+      ANVIL_CHECK(out.tensors.count(name), "the index places tensor '{}' in '{}', which does not hold it", name,
+                  file.get<std::string>());
+  } else {
+    const std::string single = dir + "/model.safetensors";
+    ANVIL_CHECK(fs::exists(single), "'{}' holds neither model.safetensors nor model.safetensors.index.json", dir);
+    SafeTensorsFile st = read_safetensors(single);
+    for (auto& [name, t] : st.tensors) {
+      out.file_of[name] = "model.safetensors";
+      out.tensors.emplace(name, std::move(t));
+    }
+  }
+  return out;
+}
+
+// A stored tensor's values as floats.
+std::vector<float> to_floats(const std::string& name, const SafeTensor& t) {
+  const size_t n = t.numel();
+  std::vector<float> v(n);
+  if (t.dtype == "F32") {
+    std::memcpy(v.data(), t.data.data(), n * sizeof(float));
+  } else if (t.dtype == "BF16" || t.dtype == "F16") {
+    const auto* h = reinterpret_cast<const uint16_t*>(t.data.data());
+    for (size_t i = 0; i < n; i++) v[i] = t.dtype == "BF16" ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+  } else {
+    ANVIL_FAIL("tensor '{}' is {}: expected F32, BF16 or F16", name, t.dtype);
+  }
+  return v;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The name a file uses for one of transformers' keys: GPT-2's original files drop "transformer.".
+std::string stored_name(const HfFiles& files, const std::string& name, bool gpt2) {
+  if (files.tensors.count(name) || !gpt2 || !name.starts_with("transformer.")) return name;
+  const std::string bare = name.substr(std::strlen("transformer."));
+  return files.tensors.count(bare) ? bare : name;
+}
+
+// Buffers that published files carry beside the weights: GPT-2's causal masks, rotary inverse
+// frequencies of older Llama files.
+bool is_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") ||
+         name.ends_with(".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  ANVIL_CHECK(fs::is_directory(hf_dir), "'{}' is not a directory (expected a Hugging Face model directory)", hf_dir);
+  ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; import writes a new run directory (choose another name "
+              "or remove it)", out_dir);
+  const std::string config_path = hf_dir + "/config.json";
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(read_file(config_path, "Hugging Face config"));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("'{}' is not valid JSON: {}", config_path, e.what()));
+  }
+  HfImportResult r;
+  r.config = hf_model_config(config, config_path);
+  const ModelConfig& cfg = r.config;
+  HfFiles files = read_hf_files(hf_dir);
+
+  const std::vector<ParamTensor> layout = model_param_layout(cfg);
+  std::map<std::string, const ParamTensor*> by_name;
+  for (const ParamTensor& t : layout) by_name[t.name] = &t;
+  std::vector<float> params(model_num_params(cfg));
+  std::set<std::string> used;
+  const bool gpt2 = cfg.name == ModelFamily::kGpt2;
+  for (const HfTensor& h : hf_tensors(cfg)) {
+    const std::string name = stored_name(files, h.name, gpt2);
+    const auto it = files.tensors.find(name);
+    ANVIL_CHECK(it != files.tensors.end(), "'{}' has no tensor '{}', which its config.json's {} needs", hf_dir, h.name,
+                model_family_title(cfg));
+    ANVIL_CHECK(it->second.shape == h.shape, "tensor '{}' in '{}' has shape {}, but config.json's model needs {}", name,
+                files.file_of[name], shape_text(it->second.shape), shape_text(h.shape));
+    const std::vector<float> v = to_floats(name, it->second);
+    const ParamTensor& src = *by_name.at(h.source);
+    const int64_t cols = src.shape.size() == 2 ? src.shape[1] : 1;
+    float* dst = params.data() + src.offset + static_cast<size_t>(h.row0) * cols;
+    if (h.transposed) {  // stored (cols × rows) for anvil's (rows × cols)
+      const int64_t rows = src.shape[0];
+      for (int64_t row = 0; row < rows; row++)
+        for (int64_t c = 0; c < cols; c++) dst[row * cols + c] = v[static_cast<size_t>(c * rows + row)];
+    } else {
+      std::memcpy(dst, v.data(), v.size() * sizeof(float));
+    }
+    used.insert(name);
+    r.tensors++;
+  }
+  for (const auto& [name, t] : files.tensors) {
+    if (used.count(name)) continue;
+    if (is_buffer(name)) {
+      r.skipped.push_back(name);
+      continue;
+    }
+    if (name == "lm_head.weight" && cfg.tied_embeddings) {
+      // save_pretrained leaves a tied head out, but some files store it: it must be the embedding.
+      const std::vector<float> head = to_floats(name, t);
+      const ParamTensor& wte = *by_name.at("wte");
+      ANVIL_CHECK(t.shape == wte.shape && std::memcmp(head.data(), params.data() + wte.offset,
+                                                       head.size() * sizeof(float)) == 0,
+                  "'{}' stores lm_head.weight unlike the embedding, but config.json ties them "
+                  "(tie_word_embeddings); the config disagrees with the tensors", hf_dir);
+      r.skipped.push_back(name);
+      continue;
+    }
+    ANVIL_FAIL("tensor '{}' in '{}' is not part of config.json's {} model (a config that disagrees with the tensors)",
+               name, files.file_of[name], model_family_title(cfg));
+  }
+
+  // The weights as the step-0 checkpoint of a new run directory, with no training state: a run
+  // that loads it starts its optimizer and data afresh.
+  TrainConfig tc;
+  tc.model = cfg;
+  tc.max_seq_len = cfg.max_seq_len;
+  tc.run_dir = out_dir;
+  CheckpointShard shard;
+  shard.hi = params.size();
+  shard.params = std::move(params);
+  shard.exp_avg.assign(shard.hi, 0.0f);
+  shard.exp_avg_sq.assign(shard.hi, 0.0f);
+  CheckpointInfo info;
+  info.data_state = "null";
+  try {
+    const std::string tmp = checkpoint_temp_dir(out_dir, 0);
+    make_dirs(tmp);
+    write_checkpoint_shard(tmp, cfg, shard, 0);
+    r.checkpoint = finalize_checkpoint(out_dir, 1, tc, info);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(out_dir, ec);  // nothing half-written is left behind
+    throw;
+  }
+  return r;
+}
+
+}  // namespace anvil

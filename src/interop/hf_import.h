@@ -1,0 +1,25 @@
+// `anvil import`: a transformers model directory (config.json with model.safetensors or a sharded
+// model.safetensors.index.json, in fp32, bf16 or fp16) as an anvil checkpoint holding the weights
+// only, which `anvil train ... load_path=` fine-tunes (a fresh optimizer, from step 0) and
+// `anvil generate` and `anvil eval` read.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/model_config.h"
+
+namespace anvil {
+
+struct HfImportResult {
+  ModelConfig config;
+  std::string checkpoint;            // the checkpoint directory written
+  size_t tensors = 0;                // transformers tensors read
+  std::vector<std::string> skipped;  // buffers the files carry that are not weights (GPT-2's attn.bias)
+};
+
+// out_dir: a new run directory; the weights become its step-0 checkpoint. A missing, truncated
+// or inconsistent file, a tensor of the wrong shape or dtype, a tensor the architecture does not
+// have, or a config field anvil cannot honour is an error naming it, and nothing is left behind.
+HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir);
+
+}  // namespace anvil

@@ -214,6 +214,27 @@ ANVIL_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const f
     dinp[i] = (g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i];
   }
 }
+
+// Φ(x), the standard normal CDF, as erfc(|x|/√2)/2 on the side where that is the value.
+inline float normal_cdf(float x) {
+  const float half_tail = 0.5f * erfc_nonneg((x < 0.0f ? -x : x) * kSqrtHalf);
+  return x < 0.0f ? half_tail : 1.0f - half_tail;
+}
+
+ANVIL_CPU_CLONES void gelu_erf_forward_range(float* out, const float* inp, size_t lo, size_t hi) {
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) out[i] = inp[i] * normal_cdf(inp[i]);
+}
+
+// d/dx [x·Φ(x)] = Φ(x) + x·φ(x), φ(x) = e^(-x²/2)/√(2π).
+ANVIL_CPU_CLONES void gelu_erf_backward_range(float* dinp, const float* inp, const float* dout, size_t lo,
+                                              size_t hi) {
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) {
+    const float x = inp[i];
+    dinp[i] = (normal_cdf(x) + x * exp_approx(-0.5f * x * x) * kInvSqrt2Pi) * dout[i];
+  }
+}
 }  // namespace
 
 namespace {
@@ -287,11 +308,11 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
   }
 }
 
-// The erf form in float through libm's erff and expf.
+// The erf form: x·Φ(x), with Φ(x) = erfc(-x/√2)/2 formed from erfc of |x|/√2 (vec_math.h), so
+// the negative tail, where 1 + erf(x/√2) cancels, keeps its relative accuracy.
 void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
   if (form == GeluForm::kErf) {
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < N; i++) out[i] = 0.5f * inp[i] * (1.0f + std::erf(inp[i] * kSqrtHalf));
+    over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_erf_forward_range(out, inp, lo, hi); });
     return;
   }
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_forward_range(out, inp, lo, hi); });
@@ -299,11 +320,8 @@ void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
   if (form == GeluForm::kErf) {
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < N; i++) {
-      const float x = inp[i];
-      dinp[i] = (0.5f * (1.0f + std::erf(x * kSqrtHalf)) + x * std::exp(-0.5f * x * x) * kInvSqrt2Pi) * dout[i];
-    }
+    over_threads(static_cast<size_t>(N),
+                 [&](size_t lo, size_t hi) { gelu_erf_backward_range(dinp, inp, dout, lo, hi); });
     return;
   }
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });

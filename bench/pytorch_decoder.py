@@ -12,7 +12,7 @@ GPT-2 (learned positions, LayerNorm, tanh GELU, biases, tied head); MPT (LLM Fou
 added to the scaled scores with gen_slopes' slopes, LayerNorm without bias, exact GELU, no
 biases); Llama (Hugging Face: RMSNorm, RoPE in the rotate-half convention, grouped key/value
 heads repeated per query head as repeat_kv does, SwiGLU, its own LM head). Every option anvil
-reports is honoured, so a mixed architecture (an MPT with RoPE and GQA) is built as anvil built it.
+reports is honoured (dropout at the same sites included), so a mixed architecture (an MPT with RoPE and GQA) is built as anvil built it.
 With kernels=gpu in the run the model runs on cuda; precision amp_bf16 runs under torch.autocast
 (bf16); --attention sdpa uses F.scaled_dot_product_attention (PyTorch 2) instead of the explicit
 softmax.
@@ -56,6 +56,10 @@ def alibi_slopes(n_heads, bias_max):  # LLM Foundry's gen_slopes
     return slopes
 
 
+def drop(x, p):  # nothing at all without dropout, so the baseline pays no mask
+    return F.dropout(x, p) if p > 0 else x
+
+
 def rotate_half(x):
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -66,6 +70,7 @@ class Block(nn.Module):
         super().__init__()
         d, bias = m["d_model"], m["linear_bias"]
         self.nh, self.nkv, self.hs, self.sdpa = m["n_heads"], m["n_kv_heads"], d // m["n_heads"], sdpa
+        self.attn_p, self.resid_p = m.get("attn_pdrop", 0.0), m.get("resid_pdrop", 0.0)
         self.norm1, self.norm2 = make_norm(m), make_norm(m)
         self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * self.hs, bias=bias)
         self.proj = nn.Linear(d, d, bias=bias)
@@ -89,18 +94,18 @@ class Block(nn.Module):
             v = v[:, :, None].expand(B, self.nkv, g, T, self.hs).reshape(B, self.nh, T, self.hs)
         bias = pos["mask"][:, :T, :T]  # 0 or -inf, plus ALiBi's slope * (j - i) where the model has it
         if self.sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=self.attn_p)
         else:
             att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs) + bias
-            y = att.softmax(dim=-1) @ v
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            y = drop(att.softmax(dim=-1), self.attn_p) @ v
+        x = x + drop(self.proj(y.transpose(1, 2).reshape(B, T, C)), self.resid_p)
         h = self.up(self.norm2(x))
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
             h = F.gelu(h, approximate=self.gelu)
-        return x + self.down(h)
+        return x + drop(self.down(h), self.resid_p)
 
 
 class Decoder(nn.Module):
@@ -109,6 +114,7 @@ class Decoder(nn.Module):
         d, V = m["d_model"], m["vocab_size"]
         self.wte = nn.Embedding(V, d)
         self.wpe = nn.Embedding(seq, d) if m["positions"] == "learned" else None
+        self.emb_p = m.get("emb_pdrop", 0.0)
         self.blocks = nn.ModuleList(Block(m, sdpa) for _ in range(m["n_layers"]))
         self.norm_f = make_norm(m)
         self.lm_head = None if m["tied_embeddings"] else nn.Linear(d, V, bias=False)
@@ -133,6 +139,7 @@ class Decoder(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        x = drop(x, self.emb_p)
         pos = {"mask": self.mask, "cos": self.cos, "sin": self.sin}
         for b in self.blocks:
             x = b(x, pos)

@@ -43,10 +43,15 @@ struct ModelConfig {
   bool tied_embeddings = true;  // the LM head is the token embedding
   InitScheme init = InitScheme::kGpt2;
   float init_std = 0.02f;   // kNormal's
+  // Dropout probabilities in training (kernels/dropout.h): of the embeddings' output, of the
+  // attention probabilities, and of each block's two residual branches (the attention and MLP
+  // projections' outputs). Evaluation and generation never drop.
+  float emb_pdrop = 0.0f, attn_pdrop = 0.0f, resid_pdrop = 0.0f;
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return d_model / n_heads; }
   int mlp_width() const { return mlp_hidden ? mlp_hidden : 4 * d_model; }
+  bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -19,6 +19,14 @@ void read_gpt2(MapReader& m, ModelConfig& c) {
   m.get("max_seq_len", c.max_seq_len);
 }
 
+// A dropout probability: in [0, 1).
+void read_pdrop(MapReader& m, const char* key, float& out, const std::string& file) {
+  double p = out;
+  m.get(key, p);
+  ANVIL_CHECK(p >= 0 && p < 1, "{}: {} = {} must be in [0, 1)", file, m.full(key), p);
+  out = static_cast<float>(p);
+}
+
 // A key whose only value anvil honours is Foundry's default: any other is an error.
 template <class T>
 void only(MapReader& r, const char* key, const T& honoured, const std::string& file, const char* why) {
@@ -66,8 +74,8 @@ void read_mpt(MapReader& m, ModelConfig& c, const std::string& file) {
               "{}: {} = {} is not supported with a LayerNorm (anvil's LayerNorm uses eps 1e-5)", file,
               m.full("norm_eps"), norm_eps);
   m.get("tie_word_embeddings", c.tied_embeddings);
-  only(m, "emb_pdrop", 0.0, file, "anvil trains without dropout");
-  only(m, "resid_pdrop", 0.0, file, "anvil trains without dropout");
+  read_pdrop(m, "emb_pdrop", c.emb_pdrop, file);
+  read_pdrop(m, "resid_pdrop", c.resid_pdrop, file);
   only(m, "embedding_fraction", 1.0, file, "the embeddings' gradient is never scaled down");
   unset(m, "logit_scale", file, "the logits are never scaled");
   bool use_cache = false;  // generation's key/value cache: no effect on training
@@ -132,7 +140,7 @@ void read_mpt(MapReader& m, ModelConfig& c, const std::string& file) {
       h.get("factor", factor);
       h.finish();
     }
-    only(a, "attn_pdrop", 0.0, file, "anvil trains without dropout");
+    read_pdrop(a, "attn_pdrop", c.attn_pdrop, file);
     only(a, "qk_ln", false, file, "no layer norm on queries and keys");
     only(a, "qk_gn", false, file, "no group norm on queries and keys");
     only(a, "fused_qkv", true, file, "q, k and v are one fused product");
@@ -226,6 +234,7 @@ void read_llama(MapReader& m, ModelConfig& c, const std::string& file) {
   c.norm_eps = static_cast<float>(eps);
   c.init_std = static_cast<float>(std);
   m.get("tie_word_embeddings", c.tied_embeddings);
+  read_pdrop(m, "attention_dropout", c.attn_pdrop, file);  // Hugging Face's only Llama dropout
 }
 
 }  // namespace
@@ -235,6 +244,10 @@ void read_model_section(MapReader& m, ModelConfig& c, const std::string& file) {
   switch (c.name) {
     case ModelFamily::kGpt2:
       read_gpt2(m, c);
+      // Hugging Face's GPT2Config names.
+      read_pdrop(m, "embd_pdrop", c.emb_pdrop, file);
+      read_pdrop(m, "attn_pdrop", c.attn_pdrop, file);
+      read_pdrop(m, "resid_pdrop", c.resid_pdrop, file);
       break;
     case ModelFamily::kMpt:
       read_mpt(m, c, file);
@@ -255,13 +268,20 @@ void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
   key("d_model", c.d_model);
   key("vocab_size", c.vocab_size);
   key("max_seq_len", c.max_seq_len);
-  if (c.name == ModelFamily::kMpt) {
+  if (c.name == ModelFamily::kGpt2) {
+    key("embd_pdrop", c.emb_pdrop);
+    key("attn_pdrop", c.attn_pdrop);
+    key("resid_pdrop", c.resid_pdrop);
+  } else if (c.name == ModelFamily::kMpt) {
     key("no_bias", !c.linear_bias);
     key("norm_type", c.norm == NormKind::kRmsNorm ? "rmsnorm" : "layernorm");
     key("norm_eps", c.norm_eps);
     key("learned_pos_emb", c.positions == PositionKind::kLearned);
     key("tie_word_embeddings", c.tied_embeddings);
+    key("emb_pdrop", c.emb_pdrop);
+    key("resid_pdrop", c.resid_pdrop);
     e << YAML::Key << "attn_config" << YAML::Value << YAML::BeginMap;
+    key("attn_pdrop", c.attn_pdrop);
     key("attn_type", c.n_kv_heads == 0 ? "multihead_attention" : "grouped_query_attention");
     if (c.n_kv_heads) key("kv_n_heads", c.n_kv_heads);
     key("alibi", c.positions == PositionKind::kAlibi);
@@ -278,12 +298,13 @@ void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
     key("ffn_hidden_size", c.mlp_width());
     e << YAML::EndMap;
   } else if (c.name == ModelFamily::kLlama) {
-    key("n_kv_heads", c.kv_heads());
+    if (c.n_kv_heads) key("n_kv_heads", c.n_kv_heads);
     key("intermediate_size", c.mlp_width());
     key("rope_theta", c.rope_theta);
     key("rms_norm_eps", c.norm_eps);
     key("init_std", c.init_std);
     key("tie_word_embeddings", c.tied_embeddings);
+    key("attention_dropout", c.attn_pdrop);
   }
   e << YAML::EndMap;
 }

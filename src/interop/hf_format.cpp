@@ -165,9 +165,9 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"n_head", c.n_heads},
            {"n_inner", c.mlp_width()},
            {"activation_function", c.mlp == MlpKind::kGeluTanh ? "gelu_new" : "gelu"},
-           {"resid_pdrop", 0.0},
-           {"embd_pdrop", 0.0},
-           {"attn_pdrop", 0.0},
+           {"resid_pdrop", as_written(c.resid_pdrop)},
+           {"embd_pdrop", as_written(c.emb_pdrop)},
+           {"attn_pdrop", as_written(c.attn_pdrop)},
            {"layer_norm_epsilon", 1e-5},
            {"initializer_range", as_written(c.init_std)},
            {"scale_attn_weights", true},
@@ -191,7 +191,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"rope_scaling", nullptr},
            {"attention_bias", c.linear_bias},
            {"mlp_bias", c.linear_bias},
-           {"attention_dropout", 0.0},
+           {"attention_dropout", as_written(c.attn_pdrop)},
            {"pretraining_tp", 1},
            {"initializer_range", as_written(c.init_std)},
            {"tie_word_embeddings", c.tied_embeddings}};
@@ -210,14 +210,14 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"norm_type", "low_precision_layernorm"},
            {"layer_norm_epsilon", 1e-5},
            {"learned_pos_emb", false},
-           {"resid_pdrop", 0.0},
-           {"emb_pdrop", 0.0},
+           {"resid_pdrop", as_written(c.resid_pdrop)},
+           {"emb_pdrop", as_written(c.emb_pdrop)},
            {"embedding_fraction", 1.0},
            {"logit_scale", nullptr},
            {"attn_config",
             {{"attn_type", "multihead_attention"},
              {"attn_impl", "torch"},
-             {"attn_pdrop", 0.0},
+             {"attn_pdrop", as_written(c.attn_pdrop)},
              {"alibi", true},
              {"alibi_bias_max", static_cast<int>(c.alibi_bias_max)},
              {"clip_qkv", nullptr},
@@ -298,6 +298,7 @@ ModelConfig hf_model_config(const nlohmann::json& j, const std::string& where) {
     r.only<bool>("scale_attn_by_inverse_layer_idx", false, "scores are never scaled by the layer index");
     r.only<bool>("add_cross_attention", false, "anvil's decoders have no cross-attention");
     r.only<bool>("tie_word_embeddings", true, "anvil's GPT-2 ties its LM head to wte");
+    for (const char* key : {"embd_pdrop", "attn_pdrop", "resid_pdrop"}) r.copy(key, key);
   } else if (type == "llama") {
     r.section["name"] = "llama";
     r.section["n_layers"] = r.need<int>("num_hidden_layers");
@@ -320,7 +321,7 @@ ModelConfig hf_model_config(const nlohmann::json& j, const std::string& where) {
     r.only<bool>("attention_bias", false, "anvil's Llama has no biases");
     r.only<bool>("mlp_bias", false, "anvil's Llama has no biases");
     r.only<int>("pretraining_tp", 1, "tensor-parallel slicing of the products");
-    r.only<double>("attention_dropout", 0.0, "anvil trains without dropout");
+    r.copy("attention_dropout", "attention_dropout");
   } else if (type == "mpt") {
     r.section["name"] = "mpt_causal_lm";
     for (const char* key : {"d_model", "n_heads", "n_layers", "expansion_ratio", "max_seq_len", "vocab_size"})
@@ -329,8 +330,8 @@ ModelConfig hf_model_config(const nlohmann::json& j, const std::string& where) {
     r.only<bool>("no_bias", true, "transformers' MPT has no biases");
     r.only<double>("layer_norm_epsilon", 1e-5, "anvil's LayerNorm uses eps 1e-5");
     r.only<bool>("learned_pos_emb", false, "transformers' MPT uses ALiBi, not a position table");
-    r.only<double>("resid_pdrop", 0.0, "anvil trains without dropout");
-    r.only<double>("emb_pdrop", 0.0, "anvil trains without dropout");
+    r.copy("resid_pdrop", "resid_pdrop");
+    r.copy("emb_pdrop", "emb_pdrop");
     r.only<double>("embedding_fraction", 1.0, "the embeddings' gradient is never scaled down");
     r.absent("logit_scale", "the logits are never scaled");
     YAML::Node attn(YAML::NodeType::Map);
@@ -345,7 +346,7 @@ ModelConfig hf_model_config(const nlohmann::json& j, const std::string& where) {
       ar.absent("softmax_scale", "scores are scaled by 1/sqrt(head size)");
       ar.only<bool>("prefix_lm", false, "attention is causal");
       ar.only<bool>("attn_uses_sequence_id", false, "attention is not cut at sequence ids");
-      ar.only<double>("attn_pdrop", 0.0, "anvil trains without dropout");
+      if (ar.has("attn_pdrop")) attn["attn_pdrop"] = ar.get<double>("attn_pdrop", 0);
     }
     r.section["attn_config"] = attn;
   } else {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 
+#include "kernels/dropout.h"
 #include "kernels/op.h"
 
 namespace anvil {
@@ -12,10 +13,15 @@ namespace anvil {
 // consecutive query heads: grouped-query attention, multi-query when 1, multi-head when equal).
 // With alibi, the score of query i and key j gets slope_h·(j - i) added after scaling (ALiBi, as
 // MPT does it; alibi_slope below).
+// With dropout active, each probability P_ij of head h in sequence b is kept (and scaled by
+// 1/(1-p)) or dropped after the softmax, as dropout_keep decides for element
+// attention_dropout_index(h, i, j, T) of sequence dropout.first_sample + b; lse stays the
+// undropped softmax's, and the backward pass regenerates the mask.
 struct AttentionHeads {
   int n_heads, n_kv_heads, head_size;
   bool alibi = false;
   float alibi_bias_max = 8.0f;
+  DropoutSite dropout{};
 
   int group() const { return n_heads / n_kv_heads; }
   int q_channels() const { return n_heads * head_size; }
@@ -32,6 +38,11 @@ ANVIL_HOST_DEVICE inline float alibi_slope(int h, int n_heads, float bias_max) {
   while (n < n_heads) n *= 2;
   const int k = n == n_heads ? h + 1 : h < n / 2 ? 2 * h + 2 : 2 * (h - n / 2) + 1;
   return 1.0f / exp2f(static_cast<float>(k) * (bias_max / static_cast<float>(n)));
+}
+
+ANVIL_HOST_DEVICE inline uint64_t attention_dropout_index(int h, int i, int j, int T) {
+  return (static_cast<uint64_t>(h) * static_cast<uint64_t>(T) + static_cast<uint64_t>(i)) * static_cast<uint64_t>(T) +
+         static_cast<uint64_t>(j);
 }
 
 // out (B,T,q_channels) = softmax(q kᵀ/√HS [+ ALiBi] + causal mask) v per query head, from qkv

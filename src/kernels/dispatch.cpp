@@ -3,6 +3,7 @@
 #include "device/device.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
+#include "kernels/dropout.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
 #include "kernels/gelu.h"
@@ -123,6 +124,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
   ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N, form);
 }
 void round_to_dtype(float* x, long N, ComputeDtype d) { ANVIL_DISPATCH(round_to_dtype, x, N, d); }
+void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {
+  ANVIL_DISPATCH(dropout_apply, out, x, B, n, site);
+}
 void residual_forward(float* out, const float* a, const float* b, long N) {
   ANVIL_DISPATCH(residual_forward, out, a, b, N);
 }

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
+#include "kernels/dropout.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
@@ -134,11 +135,27 @@ Decoder::Block Decoder::bind_block(const float* base) const {
 
 size_t Decoder::norm_params() const { return static_cast<size_t>(cfg_.d_model) * (has_norm_bias(cfg_) ? 2 : 1); }
 
-AttentionHeads Decoder::attention_heads() const {
+AttentionHeads Decoder::attention_heads(int l, int b0) const {
   AttentionHeads a{cfg_.n_heads, cfg_.kv_heads(), cfg_.head_size()};
   a.alibi = cfg_.positions == PositionKind::kAlibi;
   a.alibi_bias_max = cfg_.alibi_bias_max;
+  a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
   return a;
+}
+
+DropoutSite Decoder::dropout_site(int layer, DropoutKind kind, float p, int b0) const {
+  if (!training_ || p <= 0.0f) return {};
+  const DropoutPosition& at = dropout_position_;
+  return {dropout_key(at.seed, at.step, layer, kind), at.first_sample + b0, p};
+}
+
+const float* Decoder::branch_grad(const float* dres, int layer, DropoutKind kind, int b0, int n_seq) {
+  const long n = static_cast<long>(n_seq) * T_ * cfg_.d_model;
+  const DropoutSite site = dropout_site(layer, kind, cfg_.resid_pdrop, b0);
+  if (!site.active()) return rounded(dres, n);
+  dropout_apply(rounded_dres_.data(), dres, n_seq, static_cast<long>(T_) * cfg_.d_model, site);
+  round_to_dtype(rounded_dres_.data(), n, dtype());
+  return rounded_dres_.data();
 }
 
 namespace {
@@ -262,10 +279,10 @@ void Decoder::set_compute_dtype(ComputeDtype dtype) {
 }
 
 void Decoder::allocate_rounded_dres() {
-  // The gradient of the residual stream, rounded for the projections' backward, needs its own
-  // grain-sized buffer.
+  // The gradient of the residual stream, rounded (or masked by residual dropout) for the
+  // projections' backward, needs its own grain-sized buffer.
   const size_t n = static_cast<size_t>(grain_sequences()) * max_seq_ * cfg_.d_model;
-  rounded_dres_.assign_zeros(dtype() == ComputeDtype::kFp32 ? 0 : n);
+  rounded_dres_.assign_zeros(dtype() == ComputeDtype::kFp32 && cfg_.resid_pdrop == 0 ? 0 : n);
 }
 
 const float* Decoder::rounded(const float* x, long n) {
@@ -361,6 +378,8 @@ void Decoder::forward_to_lnf(const int32_t* tokens, int B, int T) {
   const float* emb = access().acquire_params(0, 1);
   encoder_forward(a.encoded, tokens_op_.data(), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
   access().release_params(0);
+  const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
+  if (emb_drop.active()) dropout_apply(a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
   for (int l = 0; l < L; l++) {
     const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, 2 + l)));
     block_forward(l, p, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
@@ -391,10 +410,13 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
     rope_forward(x.qkv, B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
     round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   }
-  attention_forward(x.atty, x.att_lse, x.qkv, B, T, attention_heads());
+  attention_forward(x.atty, x.att_lse, x.qkv, B, T, attention_heads(l, 0));
   round_to_dtype(x.atty, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype());
+  // Residual dropout on each branch's output, before it joins the stream.
+  const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
+  if (att_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, att_drop);
   residual_forward(x.residual2, residual, scratch, NC);
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N);
   round_to_dtype(x.ln2, NC, dtype());
@@ -405,6 +427,8 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
                            w.hidden, C);
   round_to_dtype(scratch, NC, dtype());
+  const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
+  if (mlp_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(residual3, x.residual2, scratch, NC);
 }
 
@@ -439,6 +463,7 @@ double Decoder::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
   if (targets) check_targets(targets, B * T);
+  training_ = false;
   forward_to_lnf(tokens, B, T);
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = hold_lm_head(access().acquire_params(head_unit(), -1) + head_offset());
@@ -457,8 +482,10 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                               int64_t* n_targets) {
   check_targets(targets, B * T);
+  training_ = true;
   forward_to_lnf(tokens, B, T);
   backward(upload_targets(targets, B * T), dloss);
+  training_ = false;
   return sum_losses(targets, B * T, n_targets);
 }
 
@@ -557,8 +584,9 @@ void Decoder::block_backward(int l) {
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * C;
     const long NF = static_cast<long>(N) * w.hidden, NFC = static_cast<long>(N) * w.fc;
-    // The residual stream's gradient stays fp32; the projections see it rounded.
-    const float* dproj = rounded(dres, NC);
+    // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
+    // the branch's residual dropout).
+    const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
     float* fch = x.fch + r * w.fc;
     float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
     mlp_activation(fch_gelu, fch, N);
@@ -570,10 +598,11 @@ void Decoder::block_backward(int l) {
     linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc);
     round_to_dtype(dsmall, NC, dtype());
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
-    dproj = rounded(dres, NC);
+    dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
     round_to_dtype(dsmall, NC, dtype());
-    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, n, T, attention_heads());
+    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, n, T,
+                       attention_heads(l, b));
     round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     if (cfg_.positions == PositionKind::kRope) {
       rope_backward(dqkv_, n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
@@ -605,6 +634,9 @@ void Decoder::embedding_backward() {
     op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), rows * sizeof(int32_t));
     const size_t n_touched = touched_rows_.size();
     op_zero(demb_rows_, n_touched * C * sizeof(float));
+    const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
+    if (emb_drop.active())
+      dropout_apply(dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
       encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
                        compact_tokens_op_.data(), 1, T, C);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/dropout.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
 
@@ -89,7 +90,14 @@ class Decoder final : public Model {
   // dout and fch.
   void mlp_activation(float* out, const float* fch, int N);
   void mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N);
-  AttentionHeads attention_heads() const;
+  // Layer l's attention (its dropout at sequence b0 of the microbatch when training).
+  AttentionHeads attention_heads(int l, int b0) const;
+  // The dropout of a site (layer 0 the embeddings, 1 + l block l) at sequence b0 of the
+  // microbatch: inactive outside forward_backward, or where the config's p is 0.
+  DropoutSite dropout_site(int layer, DropoutKind kind, float p, int b0) const;
+  // The gradient a residual branch's projection sees, for n_seq sequences from b0: dres times
+  // the branch's dropout mask, rounded to the compute dtype (in rounded_dres_ unless dres serves).
+  const float* branch_grad(const float* dres, int layer, DropoutKind kind, int b0, int n_seq);
   // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   ComputeDtype dtype() const { return matmul_.operand_dtype(); }
@@ -137,6 +145,7 @@ class Decoder final : public Model {
   std::vector<int32_t> compact_tokens_;  // each position's token as its index in touched_rows_
   OpArray<int32_t> compact_tokens_op_;   // the same where the ops run
   int B_ = 0, T_ = 0;
+  bool training_ = false;  // inside forward_backward: dropout applies
 };
 
 }  // namespace anvil

@@ -150,9 +150,19 @@ class Model {
   // only the last sequence's remain (logits()).
   virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) = 0;
   // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
-  // gradient of the sum of the per-token losses). Returns that sum, as forward() does.
+  // gradient of the sum of the per-token losses). Returns that sum, as forward() does. With
+  // dropout in the config, its masks are those of set_dropout_position's step and sequences.
   virtual double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                                   int64_t* n_targets) = 0;
+  // Where the next forward_backward stands in training: the run's seed, the step, and the index
+  // in the step's global batch of the microbatch's first sequence. Dropout masks are a function of
+  // these (kernels/dropout.h), never of how the batch is cut into ranks and microbatches.
+  struct DropoutPosition {
+    uint64_t seed = 0;
+    int64_t step = 0, first_sample = 0;
+  };
+  void set_dropout_position(const DropoutPosition& p) { dropout_position_ = p; }
+
   // (T,V) in op memory: the last sequence of the last forward(), in fp32.
   virtual const float* logits() const = 0;
   // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
@@ -167,6 +177,7 @@ class Model {
   const ModelConfig cfg_;
   const ModelStorage storage_;
   const int max_seq_;
+  DropoutPosition dropout_position_;
 
  private:
   class OwnArrays;

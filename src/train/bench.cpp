@@ -110,7 +110,8 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
         {"norm_bias", m.norm_bias}, {"norm_eps", written(m.norm_eps)}, {"positions", positions()},
         {"rope_theta", written(m.rope_theta)}, {"alibi_bias_max", written(m.alibi_bias_max)}, {"mlp", mlp()},
         {"mlp_hidden", m.mlp_width()}, {"linear_bias", m.linear_bias}, {"tied_embeddings", m.tied_embeddings},
-        {"init_std", written(m.init_std)}}}};
+        {"init_std", written(m.init_std)}, {"emb_pdrop", written(m.emb_pdrop)},
+        {"attn_pdrop", written(m.attn_pdrop)}, {"resid_pdrop", written(m.resid_pdrop)}}}};
   return j.dump();
 }
 

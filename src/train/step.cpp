@@ -14,7 +14,7 @@ namespace anvil {
 
 TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule)
     : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
-      lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold),
+      lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold), seed_(cfg.seed),
       scaler_(cfg.loss_scaler, cfg.precision == ComputeDtype::kFp16) {
   model_.set_compute_dtype(cfg.precision);
 }
@@ -84,6 +84,8 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
       const int mb = std::min(microbatch_, batch - b0);
       const size_t offset = static_cast<size_t>(b0) * seq_len;
       dp_.begin_microbatch(b0 + mb >= batch);
+      // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
+      model_.set_dropout_position({seed_, t, static_cast<int64_t>(comm.rank()) * batch + b0});
       const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
       nonfinite_loss |= !std::isfinite(sum);
       loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));

@@ -48,6 +48,7 @@ class TrainStep {
   LrSchedule schedule_;
   int microbatch_;
   double lr_, clip_;
+  uint64_t seed_;  // of the run: dropout masks derive from it
   LossScaler scaler_;
 };
 

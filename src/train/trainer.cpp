@@ -124,14 +124,17 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
   if (!resume) return resume;
   // Weights only (load_weights_only, or a checkpoint without training state such as an import):
-  // the model must be the same architecture; how it was initialised, and the context length of a
-  // model without a position table, may differ.
+  // the model must be the same architecture; how it was initialised, its dropout, and the context
+  // length of a model without a position table, may differ.
   const bool weights_only = cfg.load_weights_only || resume->data_state == "null";
   ModelConfig m = resume->config;
   const ModelConfig& c = cfg.model;
-  if (weights_only) {
+  if (weights_only) {  // and dropout is the new run's choice
     m.init = c.init;
     m.init_std = c.init_std;
+    m.emb_pdrop = c.emb_pdrop;
+    m.attn_pdrop = c.attn_pdrop;
+    m.resid_pdrop = c.resid_pdrop;
     if (m.positions != PositionKind::kLearned) m.max_seq_len = c.max_seq_len;
   }
   ANVIL_CHECK(m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "

@@ -342,13 +342,37 @@ TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
   expect_round_trip(c);
 }
 
+// Each family's dropout keys, under its own names, and back.
+TEST_F(FamilyConfigTest, DropoutKeysOfEveryFamily) {
+  TrainConfig g = load_model("  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, embd_pdrop: 0.1, attn_pdrop: 0.2, "
+                             "resid_pdrop: 0.3}\n");
+  EXPECT_FLOAT_EQ(g.model.emb_pdrop, 0.1f);
+  EXPECT_FLOAT_EQ(g.model.attn_pdrop, 0.2f);
+  EXPECT_FLOAT_EQ(g.model.resid_pdrop, 0.3f);
+  expect_round_trip(g);
+  TrainConfig m = load_model("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, emb_pdrop: 0.1, "
+                             "resid_pdrop: 0.3, attn_config: {attn_pdrop: 0.2}}\n");
+  EXPECT_FLOAT_EQ(m.model.emb_pdrop, 0.1f);
+  EXPECT_FLOAT_EQ(m.model.attn_pdrop, 0.2f);
+  EXPECT_FLOAT_EQ(m.model.resid_pdrop, 0.3f);
+  expect_round_trip(m);
+  TrainConfig l = load_model("  {name: llama, n_layers: 2, n_heads: 4, d_model: 32, attention_dropout: 0.2}\n");
+  EXPECT_FLOAT_EQ(l.model.attn_pdrop, 0.2f);
+  EXPECT_EQ(l.model.emb_pdrop + l.model.resid_pdrop, 0.0f);
+  expect_round_trip(l);
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 32, resid_pdrop: 0.1}\n")
+                .find("unknown key 'model.resid_pdrop'"),
+            std::string::npos);
+}
+
 TEST_F(FamilyConfigTest, WhatCannotBeHonouredIsAnError) {
   const std::string base = "  name: mpt_causal_lm\n  n_layers: 2\n  n_heads: 4\n  d_model: 32\n";
   EXPECT_NE(model_error("  {n_layers: 2, n_heads: 4, d_model: 32, rope_theta: 10000}\n").find("unknown key 'model.rope_theta'"),
             std::string::npos);
-  EXPECT_NE(model_error(base + "  attn_config: {attn_pdrop: 0.1}\n").find("model.attn_config.attn_pdrop = 0.1 is not supported"),
+  EXPECT_NE(model_error(base + "  attn_config: {attn_pdrop: 1.0}\n").find("model.attn_config.attn_pdrop = 1 must be in [0, 1)"),
             std::string::npos);
-  EXPECT_NE(model_error(base + "  resid_pdrop: 0.1\n").find("without dropout"), std::string::npos);
+  EXPECT_NE(model_error(base + "  resid_pdrop: -0.1\n").find("model.resid_pdrop = -0.1 must be in [0, 1)"),
+            std::string::npos);
   EXPECT_NE(model_error(base + "  attn_config: {alibi: true, rope: true}\n").find("cannot both be true"),
             std::string::npos);
   EXPECT_NE(model_error(base + "  learned_pos_emb: true\n  attn_config: {alibi: true}\n").find("ALiBi"),

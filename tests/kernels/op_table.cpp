@@ -16,6 +16,7 @@
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
+#include "kernels/dropout.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
@@ -195,6 +196,15 @@ void elementwise_cases(std::vector<OpCase>& cases) {
         ANVIL_RUN_OP(r, gelu_backward, dinp, r.in("inp", x), r.in("dout", dout), n, form);
       }});
     }
+    for (float p : {0.1f, 0.5f}) {
+      // Whole sequences of n elements, numbered from 7 in the step's batch: the same bits on every
+      // backend (an integer hash and one product per element).
+      const DropoutSite site{dropout_key(11, 4, 1, DropoutKind::kMlpOutput), 7, p};
+      cases.push_back({case_name("dropout_apply", {{"B", 2}, {"n", n}, {"pct", std::lround(100 * p)}}), [=](OpRun& r) {
+        float* out = r.out("out", 2 * n, exact());
+        ANVIL_RUN_OP(r, dropout_apply, out, r.in("x", randn(2 * n, 4)), 2, n, site);
+      }});
+    }
     cases.push_back({case_name("residual_forward", {{"N", n}}), [=](OpRun& r) {
       float* out = r.out("out", n, close(kFp32Elementwise));
       ANVIL_RUN_OP(r, residual_forward, out, r.in("a", x), r.in("b", y), n);
@@ -261,6 +271,11 @@ void attention_cases(std::vector<OpCase>& cases) {
     a.alibi_bias_max = bias_max;
     return a;
   };
+  // Attention dropout at p, its sequences numbered from 5 in the step's batch.
+  auto dropout = [](AttentionHeads a, float p) {
+    a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
+    return a;
+  };
   // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to
   // 256; GPT-2's twelve heads of 64. Grouped-query heads (two groups of three; Llama's four per
   // key/value head) and multi-query; ALiBi with a power-of-two head count, with twelve heads
@@ -270,13 +285,15 @@ void attention_cases(std::vector<OpCase>& cases) {
                   Shape{1, 129, mha(1, 256)}, Shape{2, 256, mha(12, 64)}, Shape{2, 70, {6, 2, 8}},
                   Shape{1, 130, {8, 2, 16}}, Shape{2, 65, {4, 1, 16}}, Shape{1, 1, {3, 1, 4}},
                   Shape{2, 70, alibi(mha(4, 8), 8)}, Shape{1, 130, alibi(mha(12, 16), 8)},
-                  Shape{2, 33, alibi({6, 3, 8}, 16)}}) {
+                  Shape{2, 33, alibi({6, 3, 8}, 16)}, Shape{2, 70, dropout(mha(3, 8), 0.1f)},
+                  Shape{2, 130, dropout(alibi({4, 2, 16}, 8), 0.5f)}}) {
     const AttentionHeads& a = s.heads;
     const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
     const auto qkv = randn(BT * a.qkv_channels(), 1);
     std::vector<std::pair<const char*, long>> dims = {
         {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
     if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
+    if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
     cases.push_back({case_name("attention_forward", dims), [=](OpRun& r) {
       float* out = r.out("out", BT * a.q_channels(), close(kFp32Reduction));
       float* lse = r.out("lse", L, close(kFp32Reduction));

@@ -2,9 +2,10 @@
 // for 64 queries, their scores against every key up to the block's last
 // position (64 × keys, in L2), the masked softmax in place, then the output as probabilities ×
 // values. The T×T matrix is never formed. Backward rebuilds each block's probabilities from the
-// saved log-sum-exp. Forward work is split by (sequence, query head, query block) and backward by
-// (sequence, key/value head), which walks its group of query heads in order: every gradient row
-// has one owner and every sum runs in a fixed order, whatever the thread count.
+// saved log-sum-exp, and an attention-dropout mask from its key. Forward work is split by
+// (sequence, query head, query block) and backward by (sequence, key/value head), which walks its
+// group of query heads in order: every gradient row has one owner and every sum runs in a fixed
+// order, whatever the thread count.
 
 #include <algorithm>
 #include <cmath>
@@ -62,6 +63,37 @@ ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int valid, int k
   std::fill(dp + valid, dp + keys, 0.0f);
 }
 
+// Attention dropout of row i (head h) of a block, in place on its probabilities: kept ones scaled
+// by 1/(1-p), dropped ones zeroed, as dropout_keep decides for the sequence's stream.
+ANVIL_CPU_CLONES void dropout_row(float* s, int valid, const DropoutSite& d, uint64_t stream, int h, int i, int T) {
+  const float keep_scale = d.scale();
+  const uint32_t threshold = d.threshold();
+  const uint64_t base = attention_dropout_index(h, i, 0, T);
+#pragma omp simd
+  for (int j = 0; j < valid; j++)
+    s[j] = dropout_keep(stream, base + static_cast<uint64_t>(j), threshold) ? s[j] * keep_scale : 0.0f;
+}
+
+// softmax_backward_row under attention dropout: with m_j the kept factor (0 or 1/(1-p)), the
+// value gradient reads p·m (into s) and the scores' gradient is scale · p · (m·dP - D).
+ANVIL_CPU_CLONES void softmax_backward_row_dropout(float* s, float* dp, int valid, int keys, float scale, float slope,
+                                                   float lse, float D, const DropoutSite& d, uint64_t stream, int h,
+                                                   int T) {
+  const int i = valid - 1;
+  const float keep_scale = d.scale();
+  const uint32_t threshold = d.threshold();
+  const uint64_t base = attention_dropout_index(h, i, 0, T);
+#pragma omp simd
+  for (int j = 0; j < valid; j++) {
+    const float p = exp_approx(scale * s[j] - (lse - slope * static_cast<float>(j - i)));
+    const float m = dropout_keep(stream, base + static_cast<uint64_t>(j), threshold) ? keep_scale : 0.0f;
+    s[j] = p * m;
+    dp[j] = scale * p * (dp[j] * m - D);
+  }
+  std::fill(s + valid, s + keys, 0.0f);
+  std::fill(dp + valid, dp + keys, 0.0f);
+}
+
 inline float dot(const float* a, const float* b, int n) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
@@ -104,6 +136,11 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
           float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
           for (int i = 0; i < rows; i++)
             lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale, slope);
+          if (heads.dropout.active()) {
+            const uint64_t stream = dropout_stream(heads.dropout.key, heads.dropout.first_sample + b);
+            for (int i = 0; i < rows; i++)
+              dropout_row(S + static_cast<long>(i) * keys, q0 + i + 1, heads.dropout, stream, h, q0 + i, T);
+          }
           // out rows (rows × HS) = P V
           gemm(GemmPrecision::fp32, rows, HS, keys, {S, keys, 1}, {V, ld, 1},
                out + (static_cast<long>(b) * T + q0) * C + h * HS, C, false);
@@ -134,6 +171,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           std::memset(dK + static_cast<long>(t) * ld, 0, sizeof(float) * HS);
           std::memset(dV + static_cast<long>(t) * ld, 0, sizeof(float) * HS);
         }
+        const uint64_t stream = dropout_stream(heads.dropout.key, heads.dropout.first_sample + b);
         for (int h = kv * heads.group(); h < (kv + 1) * heads.group(); h++) {
           const float* Q = qkv + seq + h * HS;
           float* dQ = dqkv + seq + h * HS;
@@ -150,9 +188,15 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             const float* dOb = dO + static_cast<long>(q0) * C;
             gemm(GemmPrecision::fp32, rows, keys, HS, {Qb, ld, 1}, {K, 1, ld}, S, keys, false);
             gemm(GemmPrecision::fp32, rows, keys, HS, {dOb, C, 1}, {V, 1, ld}, dP, keys, false);
-            for (int i = 0; i < rows; i++)
-              softmax_backward_row(S + static_cast<long>(i) * keys, dP + static_cast<long>(i) * keys, q0 + i + 1,
-                                   keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
+            for (int i = 0; i < rows; i++) {
+              float* s_row = S + static_cast<long>(i) * keys;
+              float* dp_row = dP + static_cast<long>(i) * keys;
+              if (heads.dropout.active())
+                softmax_backward_row_dropout(s_row, dp_row, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i],
+                                             heads.dropout, stream, h, T);
+              else
+                softmax_backward_row(s_row, dp_row, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
+            }
             // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
             gemm(GemmPrecision::fp32, rows, HS, keys, {dP, keys, 1}, {K, ld, 1}, dQ + static_cast<long>(q0) * ld, ld,
                  false);

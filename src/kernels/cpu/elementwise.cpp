@@ -1,10 +1,12 @@
 // Fast CPU kernels for the memory-bound ops: rows split across OpenMP threads, inner loops left
 // for the compiler to vectorise. Every reduction keeps one fixed order, whatever the thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/dropout.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
@@ -181,6 +183,8 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;
 constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
+// Elements of one sequence per piece of work in dropout_apply.
+constexpr long kDropoutChunk = 4096;
 
 // 0.5·(1 + tanh(u)) = sigmoid(2u). Written with exp(-2|u|) so that neither it nor 1 - it loses
 // digits to cancellation in the tails, where tanh(u) rounds to ±1. exp_approx vectorises where
@@ -325,6 +329,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
     return;
   }
   over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });
+}
+
+void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {
+  const float scale = site.scale();
+  const uint32_t threshold = site.threshold();
+#pragma omp parallel for schedule(static) collapse(2)
+  for (int b = 0; b < B; b++)
+    for (long i0 = 0; i0 < n; i0 += kDropoutChunk) {
+      const uint64_t stream = dropout_stream(site.key, site.first_sample + b);
+      const long k0 = static_cast<long>(b) * n, end = std::min(n, i0 + kDropoutChunk);
+#pragma omp simd
+      for (long i = i0; i < end; i++)
+        out[k0 + i] = dropout_keep(stream, static_cast<uint64_t>(i), threshold) ? x[k0 + i] * scale : 0.0f;
+    }
 }
 
 void residual_forward(float* out, const float* a, const float* b, long N) {

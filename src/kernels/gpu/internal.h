@@ -17,14 +17,15 @@ struct Strided {
 void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
                        float* D, int ldd, long long stride_d, int count);
 
-// Attention's element-wise steps over the scores (count, T, T) of `count` query heads of one
-// sequence from head h0 on, row-major per head (ops.cu): the causal softmax of scale·S (+ ALiBi)
-// in place with each row's log-sum-exp into lse (count·T); and, from the recomputed scores S and
-// dP = dout·Vᵀ, S = P and dP = scale · P ∘ (dP - D). D (NH·T) = row sums of dout ∘ out over all
-// NH heads of C channels.
-void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0);
+// Attention's element-wise steps over the scores (count, T, T) of `count` query heads of sequence
+// b from head h0 on, row-major per head (ops.cu): the causal softmax of scale·S (+ ALiBi) in place
+// with each row's log-sum-exp into lse (count·T), times the attention-dropout factor m (1 without
+// dropout, else 0 or 1/(1-p)); and, from the recomputed scores S and dP = dout·Vᵀ, S = P∘m and
+// dP = scale · P ∘ (m∘dP - D). D (NH·T) = row sums of dout ∘ out over all NH heads of C channels.
+void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0,
+                       int b);
 void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH);
 void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
-                        const AttentionHeads& heads, int h0);
+                        const AttentionHeads& heads, int h0, int b);
 
 }  // namespace anvil::gpu

@@ -14,6 +14,7 @@
 #include "kernels/gelu.h"
 #include "kernels/gpu/internal.h"
 #include "kernels/layernorm.h"
+#include "kernels/dropout.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -276,6 +277,14 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   dinp[i] = (g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i];
 }
 
+__global__ void dropout_apply_kernel(float* out, const float* x, long n, long total, DropoutSite site, float scale,
+                                     uint32_t threshold) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= total) return;
+  const uint64_t stream = dropout_stream(site.key, site.first_sample + k / n);
+  out[k] = dropout_keep(stream, static_cast<uint64_t>(k % n), threshold) ? x[k] * scale : 0.0f;
+}
+
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, long N) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < N) out[i] = a[i] + b[i];
@@ -324,7 +333,7 @@ __global__ void round_kernel(float* x, long N, ComputeDtype d) {
 // group of heads starting at head h0. The bias joins the subtrahend of the exponents so that
 // without ALiBi (slope 0) they are formed exactly as scale·S - lse.
 __global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, float scale, AttentionHeads heads,
-                                         int h0) {
+                                         int h0, int b) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
   if (row >= rows) return;
@@ -337,6 +346,14 @@ __global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, 
   const float l = acc.logsumexp();
   for (int j = lane; j < T; j += kWarpSize)
     s[j] = j <= i ? expf(s[j] * scale - (l - slope * static_cast<float>(j - i))) : 0.0f;
+  if (heads.dropout.active()) {
+    const DropoutSite& d = heads.dropout;
+    const uint64_t stream = dropout_stream(d.key, d.first_sample + b);
+    const uint64_t base = attention_dropout_index(h0 + row / T, i, 0, T);
+    const float keep_scale = d.scale();
+    for (int j = lane; j <= i; j += kWarpSize)
+      s[j] = dropout_keep(stream, base + static_cast<uint64_t>(j), d.threshold()) ? s[j] * keep_scale : 0.0f;
+  }
   if (lane == 0) lse[row] = l;
 }
 
@@ -357,7 +374,7 @@ __global__ void attention_delta_kernel(float* D, const float* dout, const float*
 // scores) becomes P = exp(scale·S + ALiBi - lse), and dP becomes scale · P · (dP - D_i), both 0
 // above the diagonal.
 __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse, const float* D, int T, long n,
-                                          float scale, AttentionHeads heads, int h0) {
+                                          float scale, AttentionHeads heads, int h0, int b) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const long row = k / T;
@@ -370,6 +387,14 @@ __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse,
   const float slope =
       heads.alibi ? alibi_slope(h0 + static_cast<int>(row / T), heads.n_heads, heads.alibi_bias_max) : 0.0f;
   const float p = expf(S[k] * scale - (lse[row] - slope * static_cast<float>(j - i)));
+  if (heads.dropout.active()) {
+    const DropoutSite& d = heads.dropout;
+    const uint64_t index = attention_dropout_index(h0 + static_cast<int>(row / T), i, j, T);
+    const float m = dropout_keep(dropout_stream(d.key, d.first_sample + b), index, d.threshold()) ? d.scale() : 0.0f;
+    S[k] = p * m;
+    dP[k] = scale * p * (dP[k] * m - D[row]);
+    return;
+  }
   S[k] = p;
   dP[k] = scale * p * (dP[k] - D[row]);
 }
@@ -554,6 +579,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
   GPU_CHECK_LAUNCH();
 }
 
+void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {
+  const long total = static_cast<long>(B) * n;
+  GPU_LAUNCH(dropout_apply_kernel, blocks_for(total), kThreads)(out, x, n, total, site, site.scale(), site.threshold());
+  GPU_CHECK_LAUNCH();
+}
+
 void residual_forward(float* out, const float* a, const float* b, long N) {
   GPU_LAUNCH(residual_forward_kernel, blocks_for(N), kThreads)(out, a, b, N);
   GPU_CHECK_LAUNCH();
@@ -570,9 +601,11 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
   GPU_CHECK_LAUNCH();
 }
 
-void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0) {
+void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0,
+                       int b) {
   const int rows = count * T, rows_per_block = kThreads / kWarpSize;
-  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale, heads, h0);
+  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale, heads, h0,
+                                                                                   b);
   GPU_CHECK_LAUNCH();
 }
 
@@ -583,9 +616,9 @@ void attention_delta(float* D, const float* dout, const float* out, int T, int C
 }
 
 void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
-                        const AttentionHeads& heads, int h0) {
+                        const AttentionHeads& heads, int h0, int b) {
   const long n = static_cast<long>(count) * T * T;
-  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale, heads, h0);
+  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale, heads, h0, b);
   GPU_CHECK_LAUNCH();
 }
 

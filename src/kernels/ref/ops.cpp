@@ -7,6 +7,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
+#include "kernels/dropout.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
 #include "kernels/gelu.h"
@@ -248,6 +249,17 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
   }
 }
 
+void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {
+  const float scale = site.scale();
+  for (int b = 0; b < B; b++) {
+    const uint64_t stream = dropout_stream(site.key, site.first_sample + b);
+    for (long i = 0; i < n; i++) {
+      const long k = static_cast<long>(b) * n + i;
+      out[k] = dropout_keep(stream, static_cast<uint64_t>(i), site.threshold()) ? x[k] * scale : 0.0f;
+    }
+  }
+}
+
 void residual_forward(float* out, const float* a, const float* b, long N) {
   for (long i = 0; i < N; i++) out[i] = a[i] + b[i];
 }
@@ -292,6 +304,16 @@ double softmax_in_place(double* p, int i) {
   for (int j = 0; j <= i; j++) p[j] = std::exp(p[j] - mx) / sum;
   return mx + std::log(sum);
 }
+
+// The attention-dropout factor of P_ij for head h of sequence b: 1 without dropout, else 0 or
+// 1/(1-p).
+double attention_keep(const AttentionHeads& heads, int b, int T, int h, int i, int j) {
+  const DropoutSite& d = heads.dropout;
+  if (!d.active()) return 1.0;
+  return dropout_keep(dropout_stream(d.key, d.first_sample + b), attention_dropout_index(h, i, j, T), d.threshold())
+             ? d.scale()
+             : 0.0;
+}
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
@@ -302,6 +324,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
       for (int i = 0; i < T; i++) {
         score_row(p.data(), qkv, heads, b, T, h, i);
         lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = static_cast<float>(softmax_in_place(p.data(), i));
+        for (int j = 0; j <= i; j++) p[j] *= attention_keep(heads, b, T, h, i, j);
         float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
         for (int d = 0; d < HS; d++) {
           double acc = 0;
@@ -326,22 +349,24 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         softmax_in_place(p.data(), i);
         const float* qi = qkv_at(qkv, heads, b, T, i, 0, h);
         const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;
+        // With dropout, out = Σ p_j m_j v_j: the probabilities' gradient is m_j (dO·v_j).
         double pdp = 0;
         for (int j = 0; j <= i; j++) {
           const float* vj = qkv_at(qkv, heads, b, T, j, 2, h);
           double s = 0;
           for (int d = 0; d < HS; d++) s += static_cast<double>(doi[d]) * vj[d];
-          dp[j] = s;
-          pdp += p[j] * s;
+          dp[j] = s * attention_keep(heads, b, T, h, i, j);
+          pdp += p[j] * dp[j];
         }
         for (int j = 0; j <= i; j++) {
           const double ds = p[j] * (dp[j] - pdp) * scale;
+          const double kept = p[j] * attention_keep(heads, b, T, h, i, j);
           const float* kj = qkv_at(qkv, heads, b, T, j, 1, h);
           double *dq = g(b, i, 0, h), *dk = g(b, j, 1, h), *dv = g(b, j, 2, h);
           for (int d = 0; d < HS; d++) {
             dq[d] += ds * kj[d];
             dk[d] += ds * qi[d];
-            dv[d] += p[j] * doi[d];
+            dv[d] += kept * doi[d];
           }
         }
       }

@@ -93,8 +93,9 @@ void read_mpt(MapReader& m, ModelConfig& c, const std::string& file) {
     MapReader a = m.sub("attn_config");
     std::string impl = "flash";
     a.get("attn_impl", impl);
-    ANVIL_CHECK(impl == "flash" || impl == "torch", "{}: {} = '{}' is not known (expected flash or torch; anvil "
-                "runs its own attention either way)", file, a.full("attn_impl"), impl);
+    // triton: the Triton flash attention of Foundry's older files.
+    ANVIL_CHECK(impl == "flash" || impl == "torch" || impl == "triton", "{}: {} = '{}' is not known (expected "
+                "flash, torch or triton; anvil runs its own attention whichever)", file, a.full("attn_impl"), impl);
     std::string type = "multihead_attention";
     a.get("attn_type", type);
     int kv_n_heads = 1;

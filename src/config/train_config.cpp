@@ -26,21 +26,52 @@ void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, 
   set_path(node[parts[i]], parts, i + 1, value);
 }
 
-// ${variables.name} as a whole value is replaced by that variable (LLM Foundry's interpolation).
-void interpolate(YAML::Node node, const YAML::Node& vars, const std::string& file) {
+// The node at a dotted path from the root, or an undefined node.
+YAML::Node node_at(const YAML::Node& root, const std::string& path) {
+  YAML::Node node = YAML::Clone(root);
+  for (size_t a = 0, b; a <= path.size(); a = b + 1) {
+    b = path.find('.', a);
+    if (b == std::string::npos) b = path.size();
+    if (!node.IsMap() || !node[path.substr(a, b - a)]) return YAML::Node(YAML::NodeType::Undefined);
+    node.reset(node[path.substr(a, b - a)]);  // reset: Node's = would assign through the reference
+  }
+  return node;
+}
+
+// "${a.b}" as a whole value: OmegaConf's interpolation, as LLM Foundry's files use it, is replaced
+// by the value at that dotted path from the root: ${variables.x}, or in Foundry's older files a
+// top-level key (${data_local}, ${global_seed}), which is then a variable and no unknown key.
+// A value that is itself an interpolation is resolved in turn. `variables` collects the top-level
+// keys referred to.
+void interpolate(YAML::Node node, const YAML::Node& root, const std::string& file, std::set<std::string>& variables) {
+  auto interpolated = [](const YAML::Node& v) {
+    return v.IsScalar() && v.Scalar().size() >= 4 && v.Scalar().rfind("${", 0) == 0 && v.Scalar().back() == '}';
+  };
+  auto resolve = [&](YAML::Node value) {
+    for (int depth = 0; interpolated(value); depth++) {
+      const std::string s = value.Scalar();
+      ANVIL_CHECK(depth < 16, "{}: '{}' is part of an interpolation cycle", file, s);
+      const std::string path = s.substr(2, s.size() - 3);
+      const YAML::Node target = node_at(root, path);
+      ANVIL_CHECK(target.IsDefined(), "{}: '{}' refers to {}, which is not defined", file, s, path);
+      variables.insert(path.substr(0, path.find('.')));
+      value = target;
+    }
+    return value;
+  };
   if (node.IsMap()) {
     for (auto it = node.begin(); it != node.end(); ++it) {
-      YAML::Node child = it->second;
-      if (child.IsScalar()) {
-        const std::string s = child.Scalar();
-        if (s.rfind("${variables.", 0) == 0 && s.back() == '}') {
-          const std::string name = s.substr(12, s.size() - 13);
-          ANVIL_CHECK(vars && vars[name], "{}: '{}' refers to variables.{}, which is not defined", file, s, name);
-          node[it->first.as<std::string>()] = vars[name];
-        }
-      } else {
-        interpolate(child, vars, file);
-      }
+      if (interpolated(it->second))
+        node[it->first.as<std::string>()] = resolve(it->second);
+      else if (!it->second.IsScalar())
+        interpolate(it->second, root, file, variables);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); i++) {
+      if (interpolated(node[i]))
+        node[i] = resolve(node[i]);
+      else if (!node[i].IsScalar())
+        interpolate(node[i], root, file, variables);
     }
   }
 }
@@ -162,12 +193,13 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     set_path(root, parts, 0, value);
   }
-  interpolate(root, root["variables"], path);
+  std::set<std::string> variables = {"variables"};
+  interpolate(root, YAML::Clone(root), path, variables);
   apply_deepspeed_config(root, path);
 
   TrainConfig c;
   MapReader top(root, "", path, keys_read);
-  top.raw("variables");
+  for (const std::string& v : variables) top.raw(v);
   top.get("run_dir", c.run_dir);
   top.get("run_name", c.run_name);
   top.get("seed", c.seed);
@@ -251,6 +283,27 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     l.finish();
   }
   top.get_duration("console_log_interval", c.console_log_interval);
+  top.get("progress_bar", c.progress_bar);
+  bool to_console = true;
+  top.get("log_to_console", to_console);
+  ANVIL_CHECK(to_console, "{}: log_to_console: false is not supported (anvil logs to the console and train.log)", path);
+  {
+    // Composer's callbacks whose figures anvil reports anyway (tokens/s, lr, memory, ETA).
+    MapReader cb = top.sub("callbacks");
+    if (cb.has("speed_monitor")) {
+      MapReader sm = cb.sub("speed_monitor");
+      int window = 1;  // Composer averages tokens/s over it; anvil reports each step's
+      sm.get("window_size", window);
+      ANVIL_CHECK(window > 0, "{}: callbacks.speed_monitor.window_size must be positive", path);
+      sm.finish();
+    }
+    for (const char* name : {"lr_monitor", "memory_monitor", "runtime_estimator"}) {
+      if (!cb.has(name)) continue;
+      MapReader sub = cb.sub(name);
+      sub.finish();
+    }
+    cb.finish();
+  }
   top.get_duration("save_interval", c.save_interval);
   top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
   top.get("autoresume", c.autoresume);
@@ -287,6 +340,27 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                   "fsdp_config.activation_checkpointing and activation_checkpointing differ: give one of them", path);
       c.activation_checkpointing = on;
     }
+    if (f.has("mixed_precision")) {
+      // FSDP's dtypes for parameters, gradient reduction and buffers. anvil keeps fp32 master
+      // weights and reduces gradients in fp32 (exactly, in fixed point, in deterministic mode)
+      // whichever is asked, and the matrix products follow `precision`: at least the precision
+      // each asks for.
+      std::string mp;
+      f.get("mixed_precision", mp);
+      ANVIL_CHECK(mp == "PURE" || mp == "DEFAULT" || mp == "FULL", "{}: fsdp_config.mixed_precision '{}' is not "
+                  "known: expected PURE, DEFAULT or FULL", path, mp);
+      if (mp != "FULL")
+        log_info("{}: fsdp_config.mixed_precision {}: anvil reduces gradients in fp32 and keeps fp32 master weights; "
+                 "the matrix products follow precision", path, mp);
+    }
+    bool flag = false;
+    f.get("activation_checkpointing_reentrant", flag);  // how PyTorch recomputes; anvil recomputes a block
+    f.get("limit_all_gathers", flag);                   // a rate limit on FSDP's prefetch; anvil gathers a unit at a time
+    f.get("verbose", flag);
+    bool offload = false;
+    f.get("activation_cpu_offload", offload);
+    ANVIL_CHECK(!offload, "{}: fsdp_config.activation_cpu_offload: true is not supported (activations stay where "
+                "the model runs; activation_checkpointing saves their memory)", path);
     f.finish();
   }
   top.finish();
@@ -469,6 +543,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "consecutive_hysteresis" << YAML::Value << c.loss_scaler.consecutive_hysteresis;
   e << YAML::EndMap;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
+  e << YAML::Key << "progress_bar" << YAML::Value << c.progress_bar;
   e << YAML::Key << "kernels" << YAML::Value << choice_name(c.kernels);
   e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;
   e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;

@@ -116,6 +116,7 @@ struct TrainConfig {
   ComputeDtype precision = ComputeDtype::kFp32;
   LossScalerConfig loss_scaler;  // amp_fp16's dynamic loss scaling
   Duration console_log_interval = parse_duration("1ba", "console_log_interval");
+  bool progress_bar = true;  // false: plain progress lines every few seconds, never a redrawn bar
   KernelImpl kernels = KernelImpl::kCpu;  // anvil: cpu (fast), gpu (a build with a GPU backend) or ref
   DistributedConfig distributed;
   // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.

@@ -26,10 +26,10 @@ void progress_clear_line() {
   }
 }
 
-Progress::Progress(std::string label, int64_t total, std::string unit)
+Progress::Progress(std::string label, int64_t total, std::string unit, bool redraw)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total),
       start_(std::chrono::steady_clock::now()), last_draw_(start_),
-      tty_(isatty(STDERR_FILENO) == 1 && std::getenv("CI") == nullptr) {}
+      tty_(redraw && isatty(STDERR_FILENO) == 1 && std::getenv("CI") == nullptr) {}
 
 Progress::~Progress() {
   if (!finished_) progress_clear_line();

@@ -9,7 +9,8 @@ namespace anvil {
 
 class Progress {
  public:
-  Progress(std::string label, int64_t total, std::string unit);
+  // redraw: a bar redrawn in place on a terminal (else plain lines, as on a pipe).
+  Progress(std::string label, int64_t total, std::string unit, bool redraw = true);
   ~Progress();
   // done: units completed so far; status: free text shown after the bar (loss, lr, ...).
   void update(int64_t done, const std::string& status = "");

@@ -20,11 +20,12 @@ struct DropoutSite {
   int64_t first_sample = 0;
   float p = 0.0f;
 
-  bool active() const { return p > 0.0f; }
-  // A kept element's factor, 1/(1-p), formed once so that every backend multiplies by the same float.
-  float scale() const { return 1.0f / (1.0f - p); }
-  // An element is kept when the hash's top 24 bits reach p·2^24.
-  uint32_t threshold() const { return static_cast<uint32_t>(static_cast<double>(p) * 16777216.0); }
+  ANVIL_HOST_DEVICE bool active() const { return p > 0.0f; }
+  // A kept element's factor, 1/(1-p): one float division, the same on every backend.
+  ANVIL_HOST_DEVICE float scale() const { return 1.0f / (1.0f - p); }
+  // An element is kept when the hash's top 24 bits reach p·2^24 (exact: p·2^24 is a float product
+  // by a power of two).
+  ANVIL_HOST_DEVICE uint32_t threshold() const { return static_cast<uint32_t>(p * 16777216.0f); }
 };
 
 // SplitMix64's output function: a bijective mixer whose outputs for consecutive inputs pass

@@ -324,7 +324,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   };
 
   if (cfg.eval_first && start_step == 0) run_eval(0);
-  Progress bar("train", total_steps - start_step, "steps");  // drawn by rank 0 only
+  Progress bar("train", total_steps - start_step, "steps", cfg.progress_bar);  // drawn by rank 0 only
   const auto run_start = std::chrono::steady_clock::now();
   int64_t saved_step = start_step;
   for (int64_t t = start_step; t < total_steps; t++) {

@@ -68,6 +68,65 @@ TEST_F(ConfigTest, OverridesAndVariables) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
 }
 
+// LLM Foundry's older files (mpt-350m.yaml and its siblings): OmegaConf interpolation of top-level
+// keys, which are then variables; a chain of them, an override of one, items of a list; FSDP's
+// mixed_precision and hints, progress_bar, log_to_console and Composer's monitors accepted.
+TEST_F(ConfigTest, FoundrysOlderFilesInterpolateTopLevelKeys) {
+  const std::string yaml = R"(
+data_local: data/x
+data_remote:
+global_seed: 23
+max_seq_len: 64
+beta: 0.97
+base_lr: 0.001
+lr: ${base_lr}
+model:
+  n_layers: 2
+  n_heads: 2
+  d_model: 32
+  max_seq_len: ${max_seq_len}
+train_loader:
+  dataset:
+    local: ${data_local}
+    remote: ${data_remote}
+    shuffle_seed: ${global_seed}
+optimizer:
+  lr: ${lr}
+  betas:
+  - 0.9
+  - ${beta}
+global_train_batch_size: 4
+max_duration: 10ba
+seed: ${global_seed}
+fsdp_config: {sharding_strategy: FULL_SHARD, mixed_precision: PURE, activation_checkpointing_reentrant: false,
+              limit_all_gathers: true, activation_cpu_offload: false, verbose: false}
+progress_bar: false
+log_to_console: true
+callbacks: {speed_monitor: {window_size: 10}, lr_monitor: {}, memory_monitor: {}, runtime_estimator: {}}
+)";
+  TrainConfig c = load_train_config(write(yaml), {"data_local=data/z"});
+  EXPECT_EQ(c.train_loader.dataset.local, "data/z");
+  EXPECT_EQ(c.train_loader.dataset.remote, "");
+  EXPECT_EQ(c.seed, 23u);
+  EXPECT_EQ(c.train_loader.dataset.shuffle_seed, 23u);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.97);
+  EXPECT_EQ(c.distributed.zero_stage, 3);
+  EXPECT_FALSE(c.progress_bar);
+  EXPECT_NE(error_of(std::string(kMinimal) + "seed: ${nowhere.seed}\n").find("refers to nowhere.seed, which is not defined"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "a: ${b}\nb: ${a}\nseed: ${a}\n").find("interpolation cycle"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "log_to_console: false\n").find("log_to_console: false is not supported"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "callbacks: {hf_checkpointer: {}}\n").find("unknown key 'callbacks.hf_checkpointer'"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "fsdp_config: {activation_cpu_offload: true}\n").find("activation_cpu_offload"),
+            std::string::npos);
+  // A top-level key nothing refers to is still unknown.
+  EXPECT_NE(error_of(std::string(kMinimal) + "data_local: data/x\n").find("unknown key 'data_local'"), std::string::npos);
+}
+
 // Every key the reader accepts is written back into the resolved config (what the run directory
 // and every checkpoint record), so a key added to the reader and forgotten by to_yaml fails
 // here. Exempt: other spellings of keys written back, and streams (written when there are some:
@@ -82,6 +141,12 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "fsdp_config",                    // sharding_strategy -> distributed.zero_stage, and
       "fsdp_config.sharding_strategy",  // activation_checkpointing -> the top-level key
       "fsdp_config.activation_checkpointing",
+      // Accepted from Foundry's files, with nothing to record: FSDP's dtypes and hints, console
+      // logging (always on), and Composer's monitors of what anvil reports anyway.
+      "fsdp_config.mixed_precision", "fsdp_config.activation_checkpointing_reentrant",
+      "fsdp_config.limit_all_gathers", "fsdp_config.verbose", "fsdp_config.activation_cpu_offload",
+      "log_to_console", "callbacks", "callbacks.speed_monitor", "callbacks.speed_monitor.window_size",
+      "callbacks.lr_monitor", "callbacks.memory_monitor", "callbacks.runtime_estimator",
       "train_loader.dataset.max_seq_len",  // repetitions of max_seq_len, checked equal to it
       "eval_loader.dataset.max_seq_len",
       "tokenizer.kwargs",

@@ -134,10 +134,10 @@ float32 bytes in layout order): two checkpoints with the same digest hold bit-id
 whatever world size or ZeRO stage trained them.
 )";
 
-constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT --data DIR [--split val] [--max-samples N] [--batch B]
+constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT_OR_HF_DIR --data DIR [--split val] [--max-samples N] [--batch B]
 
-The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, or a
-run directory: its latest) on the first N samples of an MDS dataset's split, in the dataset's
+The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, a run
+directory: its latest, or a Hugging Face transformers model directory) on the first N samples of an MDS dataset's split, in the dataset's
 order, at the model's max_seq_len: the figure training's evaluation gives on the same samples.
 The last line is the same figures as JSON, for scripts.
 
@@ -190,14 +190,16 @@ example:
 
 constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prompt TEXT [options]
 
-CHECKPOINT is a checkpoint directory or a run directory (its latest checkpoint is used).
-Prints the prompt followed by the sampled continuation.
+CHECKPOINT is a checkpoint directory, a run directory (its latest checkpoint is used), or a
+Hugging Face transformers model directory (as `anvil import` reads it). Prints the prompt
+followed by the sampled continuation.
 
 options:
   --prompt TEXT         text to continue (required)
   --max-new-tokens N    tokens to generate (default 64)
   --temperature T       softmax temperature; 0 picks the most likely token (default 0.8)
   --top-k K             sample among the K most likely tokens; 0 for all (default 40)
+  --top-p P             then among the fewest of them whose probability reaches P (default 1: all)
   --seed S              sampling seed (default 0)
   --tokenizer DIR       as for `anvil data prepare`
 )";
@@ -397,7 +399,8 @@ int cmd_tokenize(const std::vector<std::string>& args) {
 
 int cmd_generate(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kGenerateHelp, stdout), 0;
-  Args a = parse_args(args, {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--seed", "--tokenizer"}, {},
+  Args a = parse_args(args, {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
+                             "--tokenizer"}, {},
                       kGenerateHelp);
   if (a.positional.size() != 1) usage_error("generate needs exactly one checkpoint", kGenerateHelp);
   GenerateOptions opt;
@@ -410,6 +413,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   opt.max_new_tokens = number_flag(a, "--max-new-tokens", 64, kGenerateHelp);
   opt.temperature = number_flag(a, "--temperature", 0.8, kGenerateHelp);
   opt.top_k = number_flag(a, "--top-k", 40, kGenerateHelp);
+  opt.top_p = number_flag(a, "--top-p", 1.0, kGenerateHelp);
   opt.seed = number_flag<uint64_t>(a, "--seed", 0, kGenerateHelp);
   const std::string text = generate_text(opt);
   std::printf("%s\n", text.c_str());

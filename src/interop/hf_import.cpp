@@ -112,10 +112,12 @@ bool is_buffer(const std::string& name) {
 
 }  // namespace
 
-HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) {
+bool is_hf_model_dir(const std::string& path) {
+  return fs::exists(path + "/config.json") && !fs::exists(path + "/manifest.json") && !fs::exists(path + "/checkpoints");
+}
+
+HfModel read_hf_model(const std::string& hf_dir) {
   ANVIL_CHECK(fs::is_directory(hf_dir), "'{}' is not a directory (expected a Hugging Face model directory)", hf_dir);
-  ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; import writes a new run directory (choose another name "
-              "or remove it)", out_dir);
   const std::string config_path = hf_dir + "/config.json";
   nlohmann::json config;
   try {
@@ -123,7 +125,7 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("'{}' is not valid JSON: {}", config_path, e.what()));
   }
-  HfImportResult r;
+  HfModel r;
   r.config = hf_model_config(config, config_path);
   const ModelConfig& cfg = r.config;
   HfFiles files = read_hf_files(hf_dir);
@@ -131,7 +133,8 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
   const std::vector<ParamTensor> layout = model_param_layout(cfg);
   std::map<std::string, const ParamTensor*> by_name;
   for (const ParamTensor& t : layout) by_name[t.name] = &t;
-  std::vector<float> params(model_num_params(cfg));
+  std::vector<float>& params = r.params;
+  params.assign(model_num_params(cfg), 0.0f);
   std::set<std::string> used;
   const bool gpt2 = cfg.name == ModelFamily::kGpt2;
   for (const HfTensor& h : hf_tensors(cfg)) {
@@ -175,6 +178,30 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
     ANVIL_FAIL("tensor '{}' in '{}' is not part of config.json's {} model (a config that disagrees with the tensors)",
                name, files.file_of[name], model_family_title(cfg));
   }
+
+  return r;
+}
+
+ModelWeights load_model_weights(const std::string& path) {
+  if (is_hf_model_dir(path)) {
+    HfModel m = read_hf_model(path);
+    return {m.config, std::move(m.params)};
+  }
+  LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false);
+  return {c.config, std::move(c.params)};
+}
+
+HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  ANVIL_CHECK(fs::is_directory(hf_dir), "'{}' is not a directory (expected a Hugging Face model directory)", hf_dir);
+  ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; import writes a new run directory (choose another name "
+              "or remove it)", out_dir);
+  HfModel model = read_hf_model(hf_dir);
+  HfImportResult r;
+  r.config = model.config;
+  r.tensors = model.tensors;
+  r.skipped = model.skipped;
+  const ModelConfig& cfg = r.config;
+  std::vector<float>& params = model.params;
 
   // The weights as the step-0 checkpoint of a new run directory, with no training state: a run
   // that loads it starts its optimizer and data afresh.

@@ -10,6 +10,26 @@
 
 namespace anvil {
 
+// A transformers directory read into anvil's layout: its model and the flat parameters.
+struct HfModel {
+  ModelConfig config;
+  std::vector<float> params;         // flat, in model_param_layout order
+  size_t tensors = 0;                // transformers tensors read
+  std::vector<std::string> skipped;  // buffers the files carry that are not weights (GPT-2's attn.bias)
+};
+// Errors as import_hf's.
+HfModel read_hf_model(const std::string& hf_dir);
+// Whether path is a transformers directory (config.json, and no anvil manifest or checkpoints).
+bool is_hf_model_dir(const std::string& path);
+
+// The model and weights at path, for inference (generate, eval): a transformers directory, or an
+// anvil checkpoint or run directory (its latest).
+struct ModelWeights {
+  ModelConfig config;
+  std::vector<float> params;
+};
+ModelWeights load_model_weights(const std::string& path);
+
 struct HfImportResult {
   ModelConfig config;
   std::string checkpoint;            // the checkpoint directory written

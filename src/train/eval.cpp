@@ -4,7 +4,7 @@
 #include <memory>
 #include <vector>
 
-#include "ckpt/checkpoint.h"
+#include "interop/hf_import.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/streaming.h"
@@ -16,7 +16,7 @@ namespace anvil {
 EvalResult evaluate_checkpoint(const EvalOptions& opt) {
   ANVIL_CHECK(opt.max_samples >= 0, "--max-samples must not be negative");
   ANVIL_CHECK(opt.batch > 0, "--batch must be positive");
-  const LoadedCheckpoint loaded = load_checkpoint(opt.checkpoint, /*with_optimizer=*/false);
+  const ModelWeights loaded = load_model_weights(opt.checkpoint);
   const ModelConfig& cfg = loaded.config;
   const int T = cfg.max_seq_len;
   StreamingDataset data({{"default", "", opt.data, opt.split, 1.0}}, StreamingOptions{});

@@ -1,4 +1,4 @@
-// `anvil eval`: a checkpoint's loss and perplexity on the first samples of a dataset split, in
+// `anvil eval`: a checkpoint's (or a transformers directory's) loss and perplexity on the first samples of a dataset split, in
 // the dataset's order, computed as training's evaluation computes it (the same fixed-point sums,
 // so the same figure as a run's eval loss on the same samples).
 #pragma once
@@ -8,7 +8,7 @@
 namespace anvil {
 
 struct EvalOptions {
-  std::string checkpoint;      // a checkpoint directory, or a run directory (its latest)
+  std::string checkpoint;      // a checkpoint or run directory (its latest), or a transformers directory
   std::string data;            // an MDS dataset directory holding the split
   std::string split = "val";
   int64_t max_samples = 0;     // 0: the whole split

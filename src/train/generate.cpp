@@ -9,7 +9,7 @@
 #include "core/rng.h"
 #include "data/gpt2_tokenizer.h"
 #include "model/model.h"
-#include "ckpt/checkpoint.h"
+#include "interop/hf_import.h"
 
 namespace anvil {
 
@@ -17,7 +17,8 @@ std::string generate_text(const GenerateOptions& opt) {
   ANVIL_CHECK(opt.max_new_tokens >= 0, "--max-new-tokens must not be negative");
   ANVIL_CHECK(opt.temperature >= 0 && std::isfinite(opt.temperature), "--temperature must be >= 0");
   ANVIL_CHECK(opt.top_k >= 0, "--top-k must be >= 0");
-  const LoadedCheckpoint loaded = load_checkpoint(opt.checkpoint, /*with_optimizer=*/false);
+  ANVIL_CHECK(opt.top_p > 0 && opt.top_p <= 1, "--top-p must be in (0, 1]");
+  const ModelWeights loaded = load_model_weights(opt.checkpoint);
   Gpt2Tokenizer tok(opt.tokenizer_dir);
   const ModelConfig& cfg = loaded.config;
   const std::unique_ptr<Model> model = make_model(cfg, 1, cfg.max_seq_len);
@@ -45,9 +46,16 @@ std::string generate_text(const GenerateOptions& opt) {
                         [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
       double sum = 0;
       for (int i = 0; i < k; i++) sum += probs[i] = std::exp((logits[order[i]] - logits[order[0]]) / opt.temperature);
+      // Nucleus (top-p): the fewest most likely tokens whose probability reaches top_p.
+      int kept = k;
+      if (opt.top_p < 1) {
+        double cumulative = 0;
+        for (kept = 0; kept < k && cumulative < opt.top_p * sum; kept++) cumulative += probs[kept];
+        sum = cumulative;
+      }
       double u = rng.uniform() * sum;
-      next = order[k - 1];
-      for (int i = 0; i < k; i++) {
+      next = order[kept - 1];
+      for (int i = 0; i < kept; i++) {
         if ((u -= probs[i]) < 0) {
           next = order[i];
           break;

@@ -1,4 +1,5 @@
-// Text generation from a checkpoint: temperature and top-k sampling, one token at a time.
+// Text generation from a checkpoint or a Hugging Face directory: temperature, top-k and top-p
+// sampling, one token at a time.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -6,12 +7,13 @@
 namespace anvil {
 
 struct GenerateOptions {
-  std::string checkpoint;
+  std::string checkpoint;  // a checkpoint, a run directory, or a transformers model directory
   std::string prompt;
   std::string tokenizer_dir;
   int max_new_tokens = 64;
   double temperature = 0.8;  // 0: greedy
   int top_k = 40;            // 0: the whole vocabulary
+  double top_p = 1.0;        // nucleus sampling: the fewest top tokens holding this probability
   uint64_t seed = 0;
 };
 

@@ -7,8 +7,8 @@
 # Then the other families, smaller (2 layers, d_model 128), with dropout (its masks keyed by the
 # step and each sequence's index in the batch): an MPT with ALiBi and no biases (tied head, no
 # position table; embedding, attention and residual dropout) and a Llama with grouped-query heads
-# (RoPE, SwiGLU, RMSNorm, its own LM head; attention dropout), each on 1 rank, 2 ranks under ZeRO-3 with activation checkpointing, 3 ranks, and 2
-# ranks stopped at step 8 and resumed.
+# (RoPE, SwiGLU, RMSNorm, its own LM head; attention dropout), each on 1 rank, 2 ranks under
+# ZeRO-3 with activation checkpointing, 3 ranks, 4 ranks, and 2 ranks stopped at step 8 and resumed.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -60,6 +60,8 @@ family() {
   train "${family}_w2_mb1_z3_ckpt" 2 1 3 model.name="$family" $model activation_checkpointing=true
   # shellcheck disable=SC2086
   train "${family}_w3_mb4_z2" 3 4 2 model.name="$family" $model
+  # shellcheck disable=SC2086
+  train "${family}_w4_mb2_z0" 4 2 0 model.name="$family" $model
   # Stopped at step 8 on 2 ranks (ZeRO-1), resumed from its checkpoint to step 20; the schedule's
   # length is given so that the stopped run's learning rates are the whole run's.
   # shellcheck disable=SC2086
@@ -69,7 +71,7 @@ family() {
   grep -q "resumed from .*step-00000008" "$tmp/${family}_w2_mb2_z1_resume.out" \
     || fail "$family: the second part did not resume from step 8"
   /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/${family}_w1_mb8_z0" "$tmp/${family}_w2_mb1_z3_ckpt" \
-    "$tmp/${family}_w3_mb4_z2" "$tmp/${family}_w2_mb2_z1_resume" \
+    "$tmp/${family}_w3_mb4_z2" "$tmp/${family}_w4_mb2_z0" "$tmp/${family}_w2_mb2_z1_resume" \
     || fail "$family: the runs do not all end with the same bits"
   echo "$family: weights sha256 $("$anvil" inspect "$tmp/${family}_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 }

@@ -6,7 +6,8 @@
 #   so its checkpoint is in shards) and an MPT with ALiBi and no biases, each 4 steps from its
 #   init: the reader's loss on the first 24 validation samples is anvil eval's to 1e-5 (relative),
 #   and its greedy continuation of a prompt is anvil generate's at temperature 0, token for token;
-# - anvil eval on the whole split gives the training run's final eval loss;
+# - anvil eval on the whole split gives the training run's final eval loss; eval and generate read
+#   a transformers directory as they read a checkpoint; generate's --top-p;
 # - --dtype bf16 and fp16: every tensor is the fp32 export's, rounded to nearest even;
 # - --max-shard-size: model-0000i-of-0000N.safetensors and an index naming every tensor once;
 # - errors: an existing output directory, a bad --dtype, a model transformers' MPT cannot hold;
@@ -120,6 +121,17 @@ imported() {  # imported NAME ARCH [WRITE OPTIONS]: the reader writes it, anvil 
     || fail "import $name: anvil '$ours', the reader '$theirs'"
 }
 imported gpt2-original gpt2 --gpt2-original-names
+# anvil eval and generate read a transformers directory as they read a checkpoint.
+direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" --max-samples 24 2>&1 | tail -1)
+via=$("$anvil" eval "$tmp/llama" --data "$tmp/data" --max-samples 24 2>&1 | tail -1)
+[ "$direct" = "$via" ] && pass "anvil eval of the Llama's transformers directory: $(field loss "$direct"), its checkpoint's" \
+  || fail "eval of the directory '$direct', of the checkpoint '$via'"
+g1=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>&1)
+g2=$("$anvil" generate "$tmp/llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>&1)
+# top-p below the top token's probability keeps only it: sampling at temperature 1 is then greedy.
+g3=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 1 --top-p 1e-9 --seed 5 2>&1)
+[ "$g1" = "$g2" ] && [ "$g1" = "$g3" ] && pass "anvil generate of the directory: '$g1', as from the checkpoint; --top-p 1e-9 samples it too" \
+  || fail "generate: directory '$g1', checkpoint '$g2', top-p '$g3'"
 imported llama-bf16 llama --dtype bf16 --shards 3
 imported llama-tied llama-tied
 imported mpt mpt --dtype fp16

@@ -458,8 +458,6 @@ int cmd_export(const std::vector<std::string>& args) {
   if (a.positional.size() != 2) usage_error("export needs a checkpoint and an output directory", kExportHelp);
   HfExportOptions opt;
   opt.dtype = flag(a, "--dtype", "fp32");
-  if (opt.dtype != "fp32" && opt.dtype != "bf16" && opt.dtype != "fp16")
-    usage_error("--dtype '" + opt.dtype + "' is not valid: expected fp32, bf16 or fp16", kExportHelp);
   const int64_t shard = parse_bytes(flag(a, "--max-shard-size", "5gb"), "--max-shard-size");
   if (shard <= 0) usage_error("--max-shard-size must be positive", kExportHelp);
   opt.max_shard_bytes = static_cast<uint64_t>(shard);

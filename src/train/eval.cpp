@@ -1,13 +1,14 @@
+// Evaluation as training does it (fixed-point loss sums), on a split read in its own order.
 #include "train/eval.h"
 
 #include <algorithm>
 #include <memory>
 #include <vector>
 
-#include "interop/hf_import.h"
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/streaming.h"
+#include "interop/hf_import.h"
 #include "model/model.h"
 #include "train/step.h"
 

@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/gpt2_tokenizer.h"
-#include "model/model.h"
 #include "interop/hf_import.h"
+#include "model/model.h"
 
 namespace anvil {
 

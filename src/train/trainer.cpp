@@ -246,7 +246,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
     if (cfg.deterministic_mode && !resume->grad_scales.empty())
       dp.set_grad_scales(resume->grad_scales);
-    else if (cfg.deterministic_mode)
+    else if (cfg.deterministic_mode && continuing)
       log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
                "afresh");
     resume_loss_scaler = resume->loss_scaler;

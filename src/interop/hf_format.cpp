@@ -23,24 +23,24 @@ void require(bool ok, const ModelConfig& c, const char* arch, const std::string&
   ANVIL_CHECK(ok, "a {} model cannot be written as transformers' {}: it has {}", model_family_title(c), arch, what);
 }
 
-// GPT2LMHeadModel: learned positions, LayerNorm with bias, GELU (tanh: gelu_new; erf: gelu),
-// biases on every product, one key/value head per query head.
+// GPT2LMHeadModel as anvil's GPT-2 is: learned positions, LayerNorm with bias, tanh GELU
+// (gelu_new), biases on every product, one key/value head per query head.
 void check_gpt2(const ModelConfig& c) {
   const char* arch = "GPT2LMHeadModel";
   require(c.positions == PositionKind::kLearned, c, arch, "no learned position table (GPT-2 needs wpe)");
   require(c.norm == NormKind::kLayerNorm && c.norm_bias, c, arch, "norms other than LayerNorm with bias");
-  require(c.mlp != MlpKind::kSwiglu, c, arch, "a SwiGLU MLP");
+  require(c.mlp == MlpKind::kGeluTanh, c, arch, "an MLP other than tanh GELU (gelu_new)");
   require(c.linear_bias, c, arch, "no biases on its products");
   require(c.kv_heads() == c.n_heads, c, arch, "grouped-query attention (n_kv_heads)");
 }
 
-// LlamaForCausalLM: RMSNorm, RoPE, SwiGLU; biases on all products or none (attention_bias and
-// mlp_bias together).
+// LlamaForCausalLM as anvil's Llama is: RMSNorm, RoPE, SwiGLU, no biases.
 void check_llama(const ModelConfig& c) {
   const char* arch = "LlamaForCausalLM";
   require(c.norm == NormKind::kRmsNorm, c, arch, "LayerNorm instead of RMSNorm");
   require(c.positions == PositionKind::kRope, c, arch, "positions other than RoPE");
   require(c.mlp == MlpKind::kSwiglu, c, arch, "a GELU MLP instead of SwiGLU");
+  require(!c.linear_bias, c, arch, "biases on its products");
 }
 
 // transformers' MptForCausalLM: ALiBi, LayerNorm without bias, no biases, exact GELU of 4·d_model,
@@ -48,8 +48,8 @@ void check_llama(const ModelConfig& c) {
 void check_mpt(const ModelConfig& c) {
   const char* arch = "MptForCausalLM";
   require(c.positions == PositionKind::kAlibi, c, arch, "positions other than ALiBi (attn_config.alibi: true)");
-  require(c.norm == NormKind::kLayerNorm && !c.norm_bias && !c.linear_bias, c, arch,
-          "biases (transformers' MPT is no_bias: true)");
+  require(c.norm == NormKind::kLayerNorm, c, arch, "RMSNorm (transformers' MPT has LayerNorm)");
+  require(!c.norm_bias && !c.linear_bias, c, arch, "biases (transformers' MPT is no_bias: true)");
   require(c.mlp == MlpKind::kGeluErf && c.mlp_width() == 4 * c.d_model, c, arch,
           "an MLP other than exact GELU with expansion_ratio 4");
   require(c.kv_heads() == c.n_heads, c, arch, "grouped-query attention (attn_config.kv_n_heads)");
@@ -110,22 +110,11 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
         rows(h + "self_attn.q_proj.weight", a + "qkvw", 0, q, {q, C});
         rows(h + "self_attn.k_proj.weight", a + "qkvw", q, kv, {kv, C});
         rows(h + "self_attn.v_proj.weight", a + "qkvw", q + kv, kv, {kv, C});
-        if (c.linear_bias) {
-          rows(h + "self_attn.q_proj.bias", a + "qkvb", 0, q, {q});
-          rows(h + "self_attn.k_proj.bias", a + "qkvb", q, kv, {kv});
-          rows(h + "self_attn.v_proj.bias", a + "qkvb", q + kv, kv, {kv});
-        }
         whole(h + "self_attn.o_proj.weight", a + "attprojw", {C, C});
-        if (c.linear_bias) whole(h + "self_attn.o_proj.bias", a + "attprojb", {C});
         whole(h + "post_attention_layernorm.weight", a + "ln2w", {C});
         rows(h + "mlp.gate_proj.weight", a + "fcw", 0, F, {F, C});
         rows(h + "mlp.up_proj.weight", a + "fcw", F, F, {F, C});
-        if (c.linear_bias) {
-          rows(h + "mlp.gate_proj.bias", a + "fcb", 0, F, {F});
-          rows(h + "mlp.up_proj.bias", a + "fcb", F, F, {F});
-        }
         whole(h + "mlp.down_proj.weight", a + "fcprojw", {C, F});
-        if (c.linear_bias) whole(h + "mlp.down_proj.bias", a + "fcprojb", {C});
       }
       whole("model.norm.weight", "lnfw", {C});
       break;
@@ -164,7 +153,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"n_layer", c.n_layers},
            {"n_head", c.n_heads},
            {"n_inner", c.mlp_width()},
-           {"activation_function", c.mlp == MlpKind::kGeluTanh ? "gelu_new" : "gelu"},
+           {"activation_function", "gelu_new"},
            {"resid_pdrop", as_written(c.resid_pdrop)},
            {"embd_pdrop", as_written(c.emb_pdrop)},
            {"attn_pdrop", as_written(c.attn_pdrop)},
@@ -189,8 +178,8 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"rms_norm_eps", as_written(c.norm_eps)},
            {"rope_theta", as_written(c.rope_theta)},
            {"rope_scaling", nullptr},
-           {"attention_bias", c.linear_bias},
-           {"mlp_bias", c.linear_bias},
+           {"attention_bias", false},
+           {"mlp_bias", false},
            {"attention_dropout", as_written(c.attn_pdrop)},
            {"pretraining_tp", 1},
            {"initializer_range", as_written(c.init_std)},

@@ -28,8 +28,8 @@ struct DropoutSite {
   ANVIL_HOST_DEVICE uint32_t threshold() const { return static_cast<uint32_t>(p * 16777216.0f); }
 };
 
-// SplitMix64's output function: a bijective mixer whose outputs for consecutive inputs pass
-// BigCrush as a counter-based generator.
+// SplitMix64's output function, a bijective 64-bit mixer. Applied to a counter stepped by the
+// golden gamma (below) it is SplitMix64 itself, a generator that passes BigCrush.
 ANVIL_HOST_DEVICE inline uint64_t dropout_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;

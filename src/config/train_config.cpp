@@ -26,16 +26,13 @@ void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, 
   set_path(node[parts[i]], parts, i + 1, value);
 }
 
-// The node at a dotted path from the root, or an undefined node.
-YAML::Node node_at(const YAML::Node& root, const std::string& path) {
-  YAML::Node node = YAML::Clone(root);
-  for (size_t a = 0, b; a <= path.size(); a = b + 1) {
-    b = path.find('.', a);
-    if (b == std::string::npos) b = path.size();
-    if (!node.IsMap() || !node[path.substr(a, b - a)]) return YAML::Node(YAML::NodeType::Undefined);
-    node.reset(node[path.substr(a, b - a)]);  // reset: Node's = would assign through the reference
-  }
-  return node;
+// The node at a dotted path (from position pos on) below node, or an undefined node. A const walk:
+// looking a key up never adds it.
+YAML::Node node_at(const YAML::Node& node, const std::string& path, size_t pos = 0) {
+  const size_t end = std::min(path.find('.', pos), path.size());
+  const std::string key = path.substr(pos, end - pos);
+  if (!node.IsMap() || !node[key]) return YAML::Node(YAML::NodeType::Undefined);
+  return end == path.size() ? node[key] : node_at(node[key], path, end + 1);
 }
 
 // "${a.b}" as a whole value: OmegaConf's interpolation, as LLM Foundry's files use it, is replaced

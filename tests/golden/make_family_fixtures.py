@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gpt2_fixture import (ALPHA_F, BETAS, CLIP, EPS, LR, T_MAX, T_WARMUP, WD,  # noqa: E402
-                               lr_multiplier, write_safetensors)
+from make_gpt2_fixture import ALPHA_F, BETAS, CLIP, EPS, LR, T_MAX, T_WARMUP, WD  # noqa: E402
+from make_gpt2_fixture import adamw_steps, write_safetensors  # noqa: E402
 
 B, T, V, MAX_T = 3, 9, 61, 12
 
@@ -127,22 +127,8 @@ def write(name, P, flat, forward, model_yaml, decay):
            "targets": targets.to(torch.int32), "logits": logits.detach(), "loss": loss.detach().reshape(1),
            "grads": flat(lambda n: P[n].grad)}
 
-    params = list(P.values())
-    opt = torch.optim.AdamW([{"params": [P[n] for n in P if n in decay], "weight_decay": WD},
-                             {"params": [P[n] for n in P if n not in decay], "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier)
-    losses, norms = [], []
-    for _ in range(T_MAX):
-        opt.zero_grad()
-        step_loss = F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100)
-        step_loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
-        losses.append(float(step_loss))
-        opt.step()
-        sched.step()
-    out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
-    out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
+    out["step_losses"], out["step_grad_norms"] = adamw_steps(
+        P, decay, lambda: F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100))
     out["params_final"] = flat(lambda n: P[n])
 
     meta = {"batch": B, "seq_len": T, "model_yaml": model_yaml, "torch": torch.__version__, "lr": LR,
@@ -150,7 +136,7 @@ def write(name, P, flat, forward, model_yaml, decay):
             "steps": T_MAX, "alpha_f": ALPHA_F, "clip": CLIP}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     write_safetensors(path, out, {k: str(v) for k, v in meta.items()})
-    print(f"wrote {path}: loss {float(loss):.6f}, final step loss {losses[-1]:.6f}")
+    print(f"wrote {path}: loss {float(loss):.6f}, final step loss {float(out['step_losses'][-1]):.6f}")
 
 
 def cat(parts):

@@ -71,12 +71,34 @@ def flat(tensors):
     return torch.cat([p.detach().reshape(-1) for p in parts])
 
 
+def adamw_steps(params, decay, step_loss):
+    """T_MAX steps of torch.optim.AdamW (weight decay WD on the tensors named in decay, none on the
+    rest), the warmup-then-cosine schedule and global-norm clipping at CLIP; params maps names to
+    tensors in the order the optimizer takes them, step_loss() gives the loss to step on. Returns
+    each step's loss and gradient norm (before clipping) as float32 tensors."""
+    opt = torch.optim.AdamW([{"params": [p for n, p in params.items() if n in decay], "weight_decay": WD},
+                             {"params": [p for n, p in params.items() if n not in decay], "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier)
+    losses, norms = [], []
+    for _ in range(T_MAX):
+        opt.zero_grad()
+        loss = step_loss()
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), CLIP)))
+        losses.append(float(loss))
+        opt.step()
+        sched.step()
+    return torch.tensor(losses, dtype=torch.float32), torch.tensor(norms, dtype=torch.float32)
+
+
 def write_safetensors(path, tensors, metadata):
+    """Tensors in name order; F32 and I32, and BF16 and F16 (their bits through int16)."""
     header, blobs, offset = {"__metadata__": metadata}, [], 0
     for name in sorted(tensors):
         t = tensors[name].contiguous()
-        dtype = {torch.float32: "F32", torch.int32: "I32"}[t.dtype]
-        data = t.numpy().tobytes()
+        dtype = {torch.float32: "F32", torch.int32: "I32", torch.bfloat16: "BF16", torch.float16: "F16"}[t.dtype]
+        data = (t.view(torch.int16) if dtype in ("BF16", "F16") else t).numpy().tobytes()
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
@@ -110,22 +132,9 @@ def main():
     out["loss"] = loss.detach().reshape(1)
     out["grads"] = flat({n: P[n].grad for n in NAMES})
 
-    params = [P[n] for n in NAMES]
-    opt = torch.optim.AdamW([{"params": [P[n] for n in NAMES if n in DECAY], "weight_decay": WD},
-                             {"params": [P[n] for n in NAMES if n not in DECAY], "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_multiplier)
-    losses, norms = [], []
-    for _ in range(T_MAX):
-        opt.zero_grad()
-        loss = F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100)
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(params, CLIP)))
-        losses.append(float(loss))
-        opt.step()
-        sched.step()
-    out["step_losses"] = torch.tensor(losses, dtype=torch.float32)
-    out["step_grad_norms"] = torch.tensor(norms, dtype=torch.float32)
+    out["step_losses"], out["step_grad_norms"] = adamw_steps(
+        {n: P[n] for n in NAMES}, DECAY,
+        lambda: F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100))
     out["params_final"] = flat(P)
 
     metadata = {"n_layers": L, "n_heads": NH, "d_model": C, "vocab_size": V, "max_seq_len": MAX_T,
@@ -134,7 +143,7 @@ def main():
                 "clip": CLIP, "torch": torch.__version__}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpt2_tiny.safetensors")
     write_safetensors(path, out, {k: str(v) for k, v in metadata.items()})
-    print(f"wrote {path}: loss {float(out['loss'][0]):.6f}, final step loss {losses[-1]:.6f}")
+    print(f"wrote {path}: loss {float(out['loss'][0]):.6f}, final step loss {float(out['step_losses'][-1]):.6f}")
 
 
 if __name__ == "__main__":

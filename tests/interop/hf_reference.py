@@ -32,6 +32,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+# The writer of the golden fixtures (tests/golden): test code, like this reader, not anvil's.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden"))
+from make_gpt2_fixture import write_safetensors  # noqa: E402
+
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
@@ -204,20 +208,6 @@ def rounded(fp32_dir, other_dir):
     print(f"{len(a)} tensors, each the fp32 export rounded to {next(iter(b.values())).dtype}")
 
 
-def write_safetensors(path, tensors):
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, t in tensors.items():
-        raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.dtype != torch.float32 else t.numpy().tobytes()
-        dtype = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}[t.dtype]
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
 def write(arch, out, dtype, shards, original_names):
     """A small random model: 2 layers, 4 heads, width 64, the GPT-2 vocabulary, context 64."""
     torch.manual_seed(7)
@@ -285,14 +275,14 @@ def write(arch, out, dtype, shards, original_names):
         json.dump(cfg, f, indent=2)
     names = list(W)
     if shards == 1:
-        write_safetensors(os.path.join(out, "model.safetensors"), W)
+        write_safetensors(os.path.join(out, "model.safetensors"), W, {"format": "pt"})
     else:
         per = (len(names) + shards - 1) // shards
         weight_map = {}
         for i in range(shards):
             file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
             part = {k: W[k] for k in names[i * per:(i + 1) * per]}
-            write_safetensors(os.path.join(out, file), part)
+            write_safetensors(os.path.join(out, file), part, {"format": "pt"})
             weight_map.update({k: file for k in part})
         total = sum(t.numel() * t.element_size() for t in W.values())
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:

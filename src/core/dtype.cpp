@@ -2,10 +2,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 
 namespace anvil {
+
+double float_as_written(float f) { return std::stod(fmt::format("{}", f)); }
 namespace {
 uint32_t bits_of(float f) {
   uint32_t u;

@@ -20,4 +20,8 @@ float bf16_to_float(uint16_t h);
 uint16_t float_to_fp16(float f);
 float fp16_to_float(uint16_t h);
 
+// A float as a double that prints as the float's shortest decimal (0.1f as 0.1, not
+// 0.10000000149011612): how a float option is written to JSON that others read.
+double float_as_written(float f);
+
 }  // namespace anvil

@@ -13,6 +13,7 @@
 
 #include "config/map_reader.h"
 #include "config/model_section.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "model/model.h"
 
@@ -56,10 +57,6 @@ void check_mpt(const ModelConfig& c) {
   require(c.tied_embeddings, c, arch, "its own LM head (tie_word_embeddings: false)");
 }
 
-// A float option as a config file spells it (1e-05, not its double's 9.999999747378752e-06).
-double as_written(float x) { return std::stod(fmt::format("{}", x)); }
-
-int64_t mlp_rows(const ModelConfig& c) { return c.mlp == MlpKind::kSwiglu ? 2 * c.mlp_width() : c.mlp_width(); }
 
 }  // namespace
 
@@ -128,7 +125,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
         whole(h + "attn.Wqkv.weight", a + "qkvw", {3 * C, C});
         whole(h + "attn.out_proj.weight", a + "attprojw", {C, C});
         whole(h + "norm_2.weight", a + "ln2w", {C});
-        whole(h + "ffn.up_proj.weight", a + "fcw", {mlp_rows(c), C});
+        whole(h + "ffn.up_proj.weight", a + "fcw", {F, C});
         whole(h + "ffn.down_proj.weight", a + "fcprojw", {C, F});
       }
       whole("transformer.norm_f.weight", "lnfw", {C});
@@ -154,11 +151,11 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"n_head", c.n_heads},
            {"n_inner", c.mlp_width()},
            {"activation_function", "gelu_new"},
-           {"resid_pdrop", as_written(c.resid_pdrop)},
-           {"embd_pdrop", as_written(c.emb_pdrop)},
-           {"attn_pdrop", as_written(c.attn_pdrop)},
+           {"resid_pdrop", float_as_written(c.resid_pdrop)},
+           {"embd_pdrop", float_as_written(c.emb_pdrop)},
+           {"attn_pdrop", float_as_written(c.attn_pdrop)},
            {"layer_norm_epsilon", 1e-5},
-           {"initializer_range", as_written(c.init_std)},
+           {"initializer_range", float_as_written(c.init_std)},
            {"scale_attn_weights", true},
            {"tie_word_embeddings", c.tied_embeddings}};
       break;
@@ -175,14 +172,14 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"head_dim", c.head_size()},
            {"hidden_act", "silu"},
            {"max_position_embeddings", c.max_seq_len},
-           {"rms_norm_eps", as_written(c.norm_eps)},
-           {"rope_theta", as_written(c.rope_theta)},
+           {"rms_norm_eps", float_as_written(c.norm_eps)},
+           {"rope_theta", float_as_written(c.rope_theta)},
            {"rope_scaling", nullptr},
            {"attention_bias", false},
            {"mlp_bias", false},
-           {"attention_dropout", as_written(c.attn_pdrop)},
+           {"attention_dropout", float_as_written(c.attn_pdrop)},
            {"pretraining_tp", 1},
-           {"initializer_range", as_written(c.init_std)},
+           {"initializer_range", float_as_written(c.init_std)},
            {"tie_word_embeddings", c.tied_embeddings}};
       break;
     case ModelFamily::kMpt:
@@ -199,14 +196,14 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
            {"norm_type", "low_precision_layernorm"},
            {"layer_norm_epsilon", 1e-5},
            {"learned_pos_emb", false},
-           {"resid_pdrop", as_written(c.resid_pdrop)},
-           {"emb_pdrop", as_written(c.emb_pdrop)},
+           {"resid_pdrop", float_as_written(c.resid_pdrop)},
+           {"emb_pdrop", float_as_written(c.emb_pdrop)},
            {"embedding_fraction", 1.0},
            {"logit_scale", nullptr},
            {"attn_config",
             {{"attn_type", "multihead_attention"},
              {"attn_impl", "torch"},
-             {"attn_pdrop", as_written(c.attn_pdrop)},
+             {"attn_pdrop", float_as_written(c.attn_pdrop)},
              {"alibi", true},
              {"alibi_bias_max", static_cast<int>(c.alibi_bias_max)},
              {"clip_qkv", nullptr},
@@ -215,7 +212,7 @@ nlohmann::ordered_json hf_config(const ModelConfig& c, const std::string& torch_
              {"prefix_lm", false},
              {"attn_uses_sequence_id", false}}},
            {"init_device", "cpu"},
-           {"initializer_range", as_written(c.init_std)},
+           {"initializer_range", float_as_written(c.init_std)},
            {"tie_word_embeddings", true}};
       ANVIL_CHECK(c.alibi_bias_max == static_cast<float>(static_cast<int>(c.alibi_bias_max)),
                   "transformers' MPT takes an integer attn_config.alibi_bias_max; the model has {}", c.alibi_bias_max);

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -78,8 +78,6 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
 
 std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, int steps) {
   const ModelConfig& m = cfg.model;
-  // A float option as it was written (1e-05, not its double's 9.99999974737875e-06).
-  auto written = [](float x) { return std::stod(fmt::format("{}", x)); };
   auto norm = [&] { return m.norm == NormKind::kRmsNorm ? "rmsnorm" : "layernorm"; };
   auto positions = [&] {
     switch (m.positions) {
@@ -107,11 +105,11 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
       {"model",
        {{"family", choice_name(m.name)}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
         {"n_kv_heads", m.kv_heads()}, {"d_model", m.d_model}, {"vocab_size", m.vocab_size}, {"norm", norm()},
-        {"norm_bias", m.norm_bias}, {"norm_eps", written(m.norm_eps)}, {"positions", positions()},
-        {"rope_theta", written(m.rope_theta)}, {"alibi_bias_max", written(m.alibi_bias_max)}, {"mlp", mlp()},
+        {"norm_bias", m.norm_bias}, {"norm_eps", float_as_written(m.norm_eps)}, {"positions", positions()},
+        {"rope_theta", float_as_written(m.rope_theta)}, {"alibi_bias_max", float_as_written(m.alibi_bias_max)}, {"mlp", mlp()},
         {"mlp_hidden", m.mlp_width()}, {"linear_bias", m.linear_bias}, {"tied_embeddings", m.tied_embeddings},
-        {"init_std", written(m.init_std)}, {"emb_pdrop", written(m.emb_pdrop)},
-        {"attn_pdrop", written(m.attn_pdrop)}, {"resid_pdrop", written(m.resid_pdrop)}}}};
+        {"init_std", float_as_written(m.init_std)}, {"emb_pdrop", float_as_written(m.emb_pdrop)},
+        {"attn_pdrop", float_as_written(m.attn_pdrop)}, {"resid_pdrop", float_as_written(m.resid_pdrop)}}}};
   return j.dump();
 }
 

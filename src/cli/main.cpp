@@ -17,7 +17,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/tokenizer.h"
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/tools.h"
@@ -85,14 +85,16 @@ See docs/config.md for every key.
 )";
 
 constexpr const char* kPrepareHelp = R"(usage: anvil data prepare --out DIR [options] INPUT...
-       anvil data inspect DIR [--tokenizer DIR]
+       anvil data inspect DIR [--tokenizer NAME]
 
-prepare: tokenizes documents with GPT-2's tokenizer, ends each with <|endoftext|>, and packs
-the token stream into samples of exactly --max-seq-len tokens, written as MDS (MosaicML
-streaming's format, column "tokens": ndarray:int32) under DIR/train and DIR/val. A text file
-is one document; each line of a .jsonl/.json/.ndjson file is a JSON object whose text field is
-one document. Directories are read recursively in name order. The same inputs and options give
-the same bytes.
+prepare: tokenizes each document (GPT-2's tokenizer by default: the text, then <|endoftext|>;
+a SentencePiece model: its BOS, the text, its EOS, as Llama's documents are), and packs the
+token stream into samples of exactly --max-seq-len tokens, written as MDS (MosaicML
+streaming's format, column "tokens": ndarray:int32) under DIR/train and DIR/val, each with
+tokenizer_record.json naming the tokenizer (training refuses data made by another one). A text
+file is one document; each line of a .jsonl/.json/.ndjson file is a JSON object whose text
+field is one document. Directories are read recursively in name order. The same inputs and
+options give the same bytes.
 
 options:
   --out DIR             output directory (must not exist; written atomically)
@@ -102,24 +104,29 @@ options:
   --compression C       zstd or zstd:LEVEL (1-22); default none
   --hashes LIST         comma-separated shard hashes, e.g. sha1,xxh64 (default xxh64)
   --size-limit BYTES    shard size limit (default 67108864)
-  --tokenizer DIR       directory with encoder.json and vocab.bpe (default: $ANVIL_TOKENIZER_DIR
-                        or the copy scripts/setup.sh installs)
+  --tokenizer NAME      gpt2 (default: GPT-2's vocabulary from $ANVIL_TOKENIZER_DIR or the copy
+                        scripts/setup.sh installs), a directory holding a tokenizer's files
+                        (tokenizer.model: SentencePiece; vocab.json + merges.txt or encoder.json +
+                        vocab.bpe: GPT-2 byte-level BPE), or a SentencePiece .model file
 
 inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
-and token counts and the first sample decoded.
+and token counts, the tokenizer that made it, and the first sample decoded (with that
+tokenizer, or --tokenizer).
 )";
 
-constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer DIR]
+constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer NAME]
 
-Reads standard input and prints its GPT-2 token ids, one per line. With --decode, reads ids
-(whitespace-separated) and writes the bytes they stand for.
+Reads standard input and prints its token ids, one per line: the text's tokens alone, without
+BOS or EOS (GPT-2's tokenizer unless --tokenizer names another, as for `anvil data prepare`).
+With --decode, reads ids (whitespace-separated) and writes the bytes they stand for.
 )";
 
 constexpr const char* kDoctorHelp = R"(usage: anvil doctor
 
 Reports what anvil finds here: the CPU and its BLAS, the GPU backend this build has (CUDA, HIP or
 none) and every visible GPU (name, architecture, multiprocessors, memory), and the communicator
-(MPI library and ranks; run it under mpirun to check a multi-process launch). Then self-tests:
+(MPI library and ranks; run it under mpirun to check a multi-process launch) and the tokenizers the
+build reads (SentencePiece needs libsentencepiece at build time). Then self-tests:
 the fast CPU kernels and, with a GPU, the GPU kernels against the reference ops (relative error
 of matmul, layer norm, attention forward and backward, cross-entropy), and an all-reduce of
 integers that must come out exact on every rank. Exits 1 if a self-test fails.
@@ -157,7 +164,8 @@ Writes CHECKPOINT (a checkpoint directory, or a run directory: its latest) as a 
 that Hugging Face transformers loads with AutoModelForCausalLM.from_pretrained(OUT_DIR):
 config.json (GPT2LMHeadModel, LlamaForCausalLM, or MPTForCausalLM for model_type mpt),
 generation_config.json, the weights in safetensors under transformers' tensor names, and the
-tokenizer's files (GPT-2: vocab.json, merges.txt, tokenizer_config.json). A model that
+tokenizer's files (GPT-2 BPE: vocab.json, merges.txt; SentencePiece: tokenizer.model; both with
+tokenizer_config.json and special_tokens_map.json). A model that
 transformers' architecture for its family cannot hold (an MPT with learned positions, a GPT-2
 with RMSNorm) is an error naming what it lacks. OUT_DIR must not exist; it appears complete or
 not at all.
@@ -166,7 +174,8 @@ options:
   --dtype D             fp32 (default), bf16 or fp16: the stored tensors' type (rounded to nearest even)
   --max-shard-size S    above S (default 5gb; kb, mb, gb accepted) the weights are split into
                         model-0000i-of-0000N.safetensors with model.safetensors.index.json
-  --tokenizer DIR       as for `anvil data prepare`
+  --tokenizer NAME      the tokenizer to write (default: the checkpoint's tokenizer.name), named
+                        as for `anvil data prepare`
 
 example:
   anvil export runs/llama-125m hf/llama-125m --dtype bf16
@@ -201,7 +210,8 @@ options:
   --top-k K             sample among the K most likely tokens; 0 for all (default 40)
   --top-p P             then among the fewest of them whose probability reaches P (default 1: all)
   --seed S              sampling seed (default 0)
-  --tokenizer DIR       as for `anvil data prepare`
+  --tokenizer NAME      as for `anvil data prepare` (default: the checkpoint's tokenizer.name, or
+                        the Hugging Face directory's own tokenizer files, else gpt2)
 )";
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
@@ -333,7 +343,7 @@ int cmd_data(const std::vector<std::string>& args) {
   if (args[0] == "inspect") {
     Args a = parse_args(rest, {"--tokenizer"}, {}, kPrepareHelp);
     if (a.positional.size() != 1) usage_error("data inspect needs one dataset directory", kPrepareHelp);
-    const std::string report = inspect_dataset(a.positional[0], flag(a, "--tokenizer", default_tokenizer_dir()));
+    const std::string report = inspect_dataset(a.positional[0], flag(a, "--tokenizer", ""));
     std::fwrite(report.data(), 1, report.size(), stdout);
     return 0;
   }
@@ -344,7 +354,7 @@ int cmd_data(const std::vector<std::string>& args) {
   opt.out_dir = flag(a, "--out", "");
   if (opt.out_dir.empty()) usage_error("--out DIR is required", kPrepareHelp);
   if (opt.inputs.empty()) usage_error("name at least one input file or directory", kPrepareHelp);
-  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  opt.tokenizer = flag(a, "--tokenizer", "gpt2");
   opt.val_fraction = number_flag(a, "--val-fraction", 0.05, kPrepareHelp);
   opt.max_seq_len = number_flag(a, "--max-seq-len", 2048, kPrepareHelp);
   opt.text_field = flag(a, "--text-field", "text");
@@ -371,7 +381,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kTokenizeHelp, stdout), 0;
   Args a = parse_args(args, {"--tokenizer"}, {"--decode"}, kTokenizeHelp);
   if (!a.positional.empty()) usage_error("tokenize reads standard input and takes no file arguments", kTokenizeHelp);
-  Gpt2Tokenizer tok(flag(a, "--tokenizer", default_tokenizer_dir()));
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(flag(a, "--tokenizer", "gpt2"));
   const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   if (!a.switches.empty()) {  // --decode
     std::vector<int32_t> ids;
@@ -387,12 +397,12 @@ int cmd_tokenize(const std::vector<std::string>& args) {
       ids.push_back(std::stoi(word));
       pos = end;
     }
-    const std::string text = tok.decode(ids);
+    const std::string text = tok->decode(ids);
     std::fwrite(text.data(), 1, text.size(), stdout);
     return 0;
   }
   std::string out;
-  for (int32_t id : tok.encode(input)) out += std::to_string(id) + '\n';
+  for (int32_t id : tok->encode(input)) out += std::to_string(id) + '\n';
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
 }
@@ -409,7 +419,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   for (const auto& [k, v] : a.flags) has_prompt |= k == "--prompt";
   if (!has_prompt) usage_error("--prompt TEXT is required", kGenerateHelp);
   opt.prompt = flag(a, "--prompt", "");
-  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  opt.tokenizer = flag(a, "--tokenizer", "");
   opt.max_new_tokens = number_flag(a, "--max-new-tokens", 64, kGenerateHelp);
   opt.temperature = number_flag(a, "--temperature", 0.8, kGenerateHelp);
   opt.top_k = number_flag(a, "--top-k", 40, kGenerateHelp);
@@ -461,7 +471,7 @@ int cmd_export(const std::vector<std::string>& args) {
   const int64_t shard = parse_bytes(flag(a, "--max-shard-size", "5gb"), "--max-shard-size");
   if (shard <= 0) usage_error("--max-shard-size must be positive", kExportHelp);
   opt.max_shard_bytes = static_cast<uint64_t>(shard);
-  opt.tokenizer_dir = flag(a, "--tokenizer", default_tokenizer_dir());
+  opt.tokenizer = flag(a, "--tokenizer", "");
   const HfExportResult r = export_hf(a.positional[0], a.positional[1], opt);
   std::printf("exported %s: %s, %zu tensors in %d safetensors file%s (%.1f MiB, %s)\n", a.positional[1].c_str(),
               r.architecture.c_str(), r.tensors, r.files, r.files == 1 ? "" : "s",

@@ -208,6 +208,10 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   {
     MapReader t = top.sub("tokenizer");
     t.get("name", c.tokenizer_name);
+    // A path is kept absolute, so that the checkpoint's config names the same files from anywhere.
+    std::error_code ec;
+    if (c.tokenizer_name != "gpt2" && std::filesystem::exists(c.tokenizer_name, ec))
+      c.tokenizer_name = std::filesystem::absolute(c.tokenizer_name, ec).lexically_normal().string();
     MapReader kw = t.sub("kwargs");
     check_repeated_max_seq_len(kw, "model_max_length", c.max_seq_len, path);
     kw.finish();
@@ -380,7 +384,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
   ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
               path, c.model.max_seq_len, c.max_seq_len);
-  ANVIL_CHECK(c.tokenizer_name == "gpt2", "{}: tokenizer.name '{}' is not supported: expected 'gpt2'", path, c.tokenizer_name);
   positive(c.global_train_batch_size, "global_train_batch_size");
   if (!c.microbatch_auto) {  // auto is resolved by the trainer, and so is the eval batch it defaults
     if (c.device_train_microbatch_size == 0) c.device_train_microbatch_size = c.global_train_batch_size;

@@ -90,7 +90,7 @@ struct TrainConfig {
   uint64_t seed = 17;
   int max_seq_len = 0;
   ModelConfig model;
-  std::string tokenizer_name = "gpt2";  // tokenizer.name
+  std::string tokenizer_name = "gpt2";  // tokenizer.name: gpt2, a tokenizer directory or a .model file
   LoaderConfig train_loader, eval_loader;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

@@ -5,15 +5,10 @@
 #include <unicode/uchar.h>
 
 #include <climits>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fs.h"
-
-#ifndef ANVIL_DEFAULT_TOKENIZER_DIR
-#define ANVIL_DEFAULT_TOKENIZER_DIR ""
-#endif
 
 namespace anvil {
 namespace {
@@ -152,13 +147,9 @@ std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   return pieces;
 }
 
-std::string default_tokenizer_dir() {
-  const char* env = std::getenv("ANVIL_TOKENIZER_DIR");
-  return env && *env ? env : ANVIL_DEFAULT_TOKENIZER_DIR;
-}
-
-Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
-  const std::string enc_path = dir + "/encoder.json", bpe_path = dir + "/vocab.bpe";
+Gpt2Tokenizer::Gpt2Tokenizer(TokenizerFiles files) : Tokenizer(std::move(files)) {
+  const std::string& enc_path = files_.model;
+  const std::string& bpe_path = files_.merges;
   nlohmann::json enc;
   try {
     enc = nlohmann::json::parse(read_file(enc_path, "GPT-2 vocabulary"));
@@ -193,9 +184,9 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::string& dir) {
     }
     decoder_[id] = raw;
   }
-  auto eot = encoder_.find("<|endoftext|>");
-  ANVIL_CHECK(eot != encoder_.end(), "GPT-2 vocabulary '{}' has no <|endoftext|> token", enc_path);
-  eot_id_ = eot->second;
+  auto eos = encoder_.find(files_.eos_token);
+  ANVIL_CHECK(eos != encoder_.end(), "GPT-2 vocabulary '{}' has no end-of-text token {}", enc_path, files_.eos_token);
+  eos_id_ = eos->second;
 
   // vocab.bpe: a version line, one merge per line, and a trailing newline. Like the reference,
   // drop the first and the last line, and key ranks by "first,second" (later merges win).
@@ -286,6 +277,26 @@ std::string Gpt2Tokenizer::decode(const std::vector<int32_t>& ids) const {
     out += decoder_[id];
   }
   return out;
+}
+
+// As transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the same files as
+// OpenAI's encoder.json and vocab.bpe (merges.txt keeps its "#version" first line, which the
+// reader skips); the end-of-text token is GPT-2's bos, eos and unk alike.
+void Gpt2Tokenizer::write_hf_files(const std::string& dir, int model_max_length) const {
+  write_file_atomic(dir + "/vocab.json", read_file(files_.model, "GPT-2 vocabulary"));
+  write_file_atomic(dir + "/merges.txt", read_file(files_.merges, "GPT-2 merges file"));
+  const std::string& eos = files_.eos_token;
+  const nlohmann::ordered_json config = {{"tokenizer_class", "GPT2Tokenizer"},
+                                         {"model_max_length", model_max_length},
+                                         {"bos_token", eos},
+                                         {"eos_token", eos},
+                                         {"unk_token", eos},
+                                         {"add_prefix_space", false},
+                                         {"add_bos_token", false},
+                                         {"clean_up_tokenization_spaces", false}};
+  write_file_atomic(dir + "/tokenizer_config.json", config.dump(2) + "\n");
+  const nlohmann::ordered_json special = {{"bos_token", eos}, {"eos_token", eos}, {"unk_token", eos}};
+  write_file_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");
 }
 
 }  // namespace anvil

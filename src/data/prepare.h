@@ -1,8 +1,9 @@
 // `anvil data prepare`: text to a tokenized MDS dataset. Each input document (a text file, or one
-// JSON line's text field) is tokenized and followed by <|endoftext|>; the token stream of each
-// split is cut into samples of exactly max_seq_len tokens (the remainder shorter than one sample
-// is dropped), written as {"tokens": "ndarray:int32"} MDS under OUT/train and OUT/val. The same
-// inputs and options always give the same bytes.
+// JSON line's text field) is tokenized as a training document (Tokenizer::encode_document: BOS
+// where the tokenizer has one, the text, EOS); the token stream of each split is cut into samples
+// of exactly max_seq_len tokens (the remainder shorter than one sample is dropped), written as
+// {"tokens": "ndarray:int32"} MDS under OUT/train and OUT/val, each with the tokenizer's record
+// (tokenizer_record.json). The same inputs and options always give the same bytes.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,7 +16,7 @@ namespace anvil {
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files and directories (recursive, in name order)
   std::string out_dir;
-  std::string tokenizer_dir;
+  std::string tokenizer = "gpt2";    // a tokenizer name (data/tokenizer.h)
   std::string text_field = "text";  // the field of each JSON line in .jsonl / .json files
   int max_seq_len = 2048;
   double val_fraction = 0.05;       // of documents, spread evenly through the corpus

@@ -94,6 +94,8 @@ class Stream {
                   "prepare`)", dir_);
     }
     index_ = parse_mds_index(read_file(index_path, "MDS index"), index_path);
+    if (remote_) fetch_tokenizer_record();
+    tokenizer_record_ = read_tokenizer_record(dir_);
     ANVIL_CHECK(!index_.shards.empty() && index_.num_samples() > 0, "'{}' lists no samples (an empty dataset)",
                 index_path);
     int64_t largest = 0;
@@ -109,6 +111,7 @@ class Stream {
   }
 
   const StreamSource& source() const { return src_; }
+  const std::optional<TokenizerRecord>& tokenizer_record() const { return tokenizer_record_; }
   const MdsIndex& index() const { return index_; }
   const MdsTokenLayout& layout(int64_t i) const { return layouts_[i]; }
 
@@ -159,6 +162,23 @@ class Stream {
     bool busy = false, verified = false;
     uint64_t last_use = 0;
   };
+
+  // The dataset's tokenizer record, where it has one: datasets written by other tools have none,
+  // so a failed fetch only means there is nothing to compare.
+  void fetch_tokenizer_record() {
+    const std::string path = dir_ + "/" + kTokenizerRecordFile;
+    const std::string tmp = fmt::format("{}/.{}.tmp.{}", dir_, kTokenizerRecordFile, ::getpid());
+    try {
+      remote_->fetch(join_path(src_.split, kTokenizerRecordFile), tmp);
+      std::error_code ec;
+      fs::rename(tmp, path, ec);
+      ANVIL_CHECK(!ec, "cannot place '{}': {}", path, ec.message());
+    } catch (const Error& e) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      log_file_only(fmt::format("stream '{}' has no tokenizer record ({})", src_.name, e.what()));
+    }
+  }
 
   // Keeps the number of mapped shards bounded: the least recently used ones no reader holds are
   // dropped (they map again on next use).
@@ -315,6 +335,7 @@ class Stream {
   std::unique_ptr<Remote> remote_;
   std::string dir_;
   MdsIndex index_;
+  std::optional<TokenizerRecord> tokenizer_record_;
   std::vector<MdsTokenLayout> layouts_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -344,6 +365,10 @@ StreamingDataset::~StreamingDataset() {
 
 const StreamSource& StreamingDataset::source(int s) const { return streams_[s]->source(); }
 const MdsIndex& StreamingDataset::index(int s) const { return streams_[s]->index(); }
+
+const std::optional<TokenizerRecord>& StreamingDataset::tokenizer_record(int s) const {
+  return streams_[s]->tokenizer_record();
+}
 
 std::vector<int64_t> StreamingDataset::shard_samples(int s) const {
   std::vector<int64_t> v;

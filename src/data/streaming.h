@@ -11,12 +11,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "data/mds.h"
 #include "data/remote.h"
+#include "data/tokenizer.h"
 
 namespace anvil {
 
@@ -48,6 +50,8 @@ class StreamingDataset {
   int num_streams() const { return static_cast<int>(streams_.size()); }
   const StreamSource& source(int s) const;
   const MdsIndex& index(int s) const;
+  // Which tokenizer made stream s, where its dataset records it (anvil data prepare does).
+  const std::optional<TokenizerRecord>& tokenizer_record(int s) const;
   // Samples per shard for each stream, and proportions: the inputs of the order.
   std::vector<int64_t> shard_samples(int s) const;
 

@@ -8,7 +8,6 @@
 
 #include "core/error.h"
 #include "core/fs.h"
-#include "data/gpt2_tokenizer.h"
 #include "data/loader.h"
 #include "data/remote.h"
 #include "data/streaming.h"
@@ -16,7 +15,7 @@
 namespace anvil {
 namespace fs = std::filesystem;
 
-std::string inspect_dataset(const std::string& dir, const std::string& tokenizer_dir) {
+std::string inspect_dataset(const std::string& dir, const std::string& tokenizer) {
   StreamingOptions opt;
   opt.download_threads = 1;
   StreamingDataset data({{"inspect", "", dir, "", 1.0}}, opt);
@@ -42,7 +41,13 @@ std::string inspect_dataset(const std::string& dir, const std::string& tokenizer
   out += fmt::format("tokens:      {} ({} to {} per sample)\n", tokens, min_len, max_len);
   const int64_t n = data.tokens(0, buf.data(), static_cast<int64_t>(buf.size()));
   std::vector<int32_t> ids(buf.begin(), buf.begin() + std::min<int64_t>(n, static_cast<int64_t>(buf.size())));
-  std::string text = Gpt2Tokenizer(tokenizer_dir).decode(ids);
+  const std::optional<TokenizerRecord>& record = data.tokenizer_record(0);
+  if (record)
+    out += fmt::format("tokenizer:   {} ({}, vocabulary {}, sha256 {})\n", record->name, record->kind, record->vocab_size,
+                       record->sha256.substr(0, 16));
+  else
+    out += "tokenizer:   not recorded (the dataset was not written by anvil data prepare)\n";
+  std::string text = load_tokenizer(!tokenizer.empty() ? tokenizer : record ? record->name : "gpt2")->decode(ids);
   if (text.size() > 400) text = text.substr(0, 400) + " [...]";
   out += fmt::format("sample 0:    {} tokens: {}\n", n, fmt::join(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 12)), " "));
   out += "decoded:\n" + text + "\n";

@@ -6,8 +6,9 @@
 namespace anvil {
 
 // A report on an MDS dataset directory: shards, samples, tokens, compression, hashes (all
-// verified), and the first sample decoded.
-std::string inspect_dataset(const std::string& dir, const std::string& tokenizer_dir);
+// verified), the tokenizer that made it, and the first sample decoded with `tokenizer` ("": the
+// recorded one, else gpt2).
+std::string inspect_dataset(const std::string& dir, const std::string& tokenizer);
 
 struct BenchDataOptions {
   std::string location;  // a dataset directory, or a remote (s3://, http(s)://)

@@ -4,12 +4,11 @@
 // interrupted export never leaves a directory that looks complete.
 #include "interop/hf_export.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -19,7 +18,9 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/progress.h"
+#include "data/tokenizer.h"
 #include "interop/hf_format.h"
+#include "interop/hf_import.h"
 #include "model/model.h"
 
 namespace anvil {
@@ -27,7 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kGpt2EndOfText = 50256;  // <|endoftext|>: GPT-2's bos, eos and unk
 
 struct StoredType {
   const char* safetensors;  // "F32"
@@ -76,31 +76,6 @@ std::string tensor_bytes(const HfTensor& t, const ParamTensor& src, const float*
   return out;
 }
 
-// GPT-2's tokenizer as transformers' GPT2Tokenizer reads it: vocab.json and merges.txt are the
-// same files as OpenAI's encoder.json and vocab.bpe (merges.txt keeps its "#version" first line,
-// which the reader skips).
-void write_gpt2_tokenizer(const std::string& dir, const std::string& vocab_dir, int max_len) {
-  write_file_atomic(dir + "/vocab.json", read_file(vocab_dir + "/encoder.json", "GPT-2 vocabulary"));
-  write_file_atomic(dir + "/merges.txt", read_file(vocab_dir + "/vocab.bpe", "GPT-2 merges"));
-  const nlohmann::ordered_json config = {{"tokenizer_class", "GPT2Tokenizer"},
-                                         {"model_max_length", max_len},
-                                         {"bos_token", "<|endoftext|>"},
-                                         {"eos_token", "<|endoftext|>"},
-                                         {"unk_token", "<|endoftext|>"},
-                                         {"add_prefix_space", false},
-                                         {"add_bos_token", false},
-                                         {"clean_up_tokenization_spaces", false}};
-  write_file_atomic(dir + "/tokenizer_config.json", config.dump(2) + "\n");
-  const nlohmann::ordered_json special = {
-      {"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"unk_token", "<|endoftext|>"}};
-  write_file_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");
-}
-
-std::string tokenizer_name(const std::string& config_yaml) {
-  const YAML::Node cfg = YAML::Load(config_yaml);
-  return cfg["tokenizer"] && cfg["tokenizer"]["name"] ? cfg["tokenizer"]["name"].as<std::string>() : "gpt2";
-}
-
 }  // namespace
 
 HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opt) {
@@ -110,8 +85,12 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
               "remove it)", out_dir);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint, false);
   const ModelConfig& cfg = ckpt.config;
-  const std::string tokenizer = tokenizer_name(ckpt.config_yaml);
-  ANVIL_CHECK(tokenizer == "gpt2", "the checkpoint's tokenizer '{}' cannot be exported yet: only gpt2", tokenizer);
+  const std::unique_ptr<Tokenizer> tok =
+      load_tokenizer(opt.tokenizer.empty() ? checkpoint_tokenizer(ckpt.config_yaml) : opt.tokenizer);
+  ANVIL_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer {} has {} tokens, more than the model's vocab_size {}",
+              tok->files().name, tok->vocab_size(), cfg.vocab_size);
+  // GPT-2 has no BOS of its own: transformers' GPT-2 configs name its end-of-text token for both.
+  const int bos = tok->bos_id() >= 0 ? tok->bos_id() : tok->eos_id(), eos = tok->eos_id();
   const std::vector<HfTensor> tensors = hf_tensors(cfg);
   std::map<std::string, ParamTensor> layout;
   for (const ParamTensor& t : model_param_layout(cfg)) layout.emplace(t.name, t);
@@ -167,11 +146,11 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
     const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  const nlohmann::ordered_json config = hf_config(cfg, type.torch, kGpt2EndOfText, kGpt2EndOfText);
+  const nlohmann::ordered_json config = hf_config(cfg, type.torch, bos, eos);
   write_file_atomic(tmp + "/config.json", config.dump(2) + "\n");
-  const nlohmann::ordered_json generation = {{"bos_token_id", kGpt2EndOfText}, {"eos_token_id", kGpt2EndOfText}};
+  const nlohmann::ordered_json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};
   write_file_atomic(tmp + "/generation_config.json", generation.dump(2) + "\n");
-  write_gpt2_tokenizer(tmp, opt.tokenizer_dir, cfg.max_seq_len);
+  tok->write_hf_files(tmp, cfg.max_seq_len);
   fsync_dir(tmp);
   fs::rename(tmp, target);
   fsync_dir(target.parent_path().string());

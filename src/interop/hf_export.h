@@ -11,7 +11,7 @@ namespace anvil {
 struct HfExportOptions {
   std::string dtype = "fp32";              // fp32, bf16 or fp16: the stored tensors' type
   uint64_t max_shard_bytes = 5000000000;   // transformers' default max_shard_size, 5GB
-  std::string tokenizer_dir;               // the GPT-2 vocabulary's directory (encoder.json, vocab.bpe)
+  std::string tokenizer;                   // a tokenizer name; "": the checkpoint's tokenizer.name
 };
 
 struct HfExportResult {

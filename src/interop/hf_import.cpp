@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
@@ -27,6 +28,15 @@ namespace anvil {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A transformers directory's own tokenizer where it holds one (SentencePiece's tokenizer.model, or
+// GPT-2 BPE's vocab.json + merges.txt), else GPT-2's.
+std::string hf_dir_tokenizer(const std::string& dir) {
+  const fs::path d = fs::absolute(dir).lexically_normal();
+  const bool has = fs::is_regular_file(d / "tokenizer.model") ||
+                   (fs::is_regular_file(d / "vocab.json") && fs::is_regular_file(d / "merges.txt"));
+  return has ? d.string() : "gpt2";
+}
 
 // Every tensor of the directory by name, and the file each came from.
 struct HfFiles {
@@ -182,13 +192,18 @@ HfModel read_hf_model(const std::string& hf_dir) {
   return r;
 }
 
+std::string checkpoint_tokenizer(const std::string& config_yaml) {
+  const YAML::Node cfg = YAML::Load(config_yaml);
+  return cfg["tokenizer"] && cfg["tokenizer"]["name"] ? cfg["tokenizer"]["name"].as<std::string>() : "gpt2";
+}
+
 ModelWeights load_model_weights(const std::string& path) {
   if (is_hf_model_dir(path)) {
     HfModel m = read_hf_model(path);
-    return {m.config, std::move(m.params)};
+    return {m.config, std::move(m.params), hf_dir_tokenizer(path)};
   }
   LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false);
-  return {c.config, std::move(c.params)};
+  return {c.config, std::move(c.params), checkpoint_tokenizer(c.config_yaml)};
 }
 
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) {
@@ -209,6 +224,7 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
   tc.model = cfg;
   tc.max_seq_len = cfg.max_seq_len;
   tc.run_dir = out_dir;
+  tc.tokenizer_name = hf_dir_tokenizer(hf_dir);
   CheckpointShard shard;
   shard.hi = params.size();
   shard.params = std::move(params);

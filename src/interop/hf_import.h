@@ -27,6 +27,7 @@ bool is_hf_model_dir(const std::string& path);
 struct ModelWeights {
   ModelConfig config;
   std::vector<float> params;
+  std::string tokenizer;  // the tokenizer name that goes with them (data/tokenizer.h)
 };
 ModelWeights load_model_weights(const std::string& path);
 
@@ -40,6 +41,11 @@ struct HfImportResult {
 // out_dir: a new run directory; the weights become its step-0 checkpoint. A missing, truncated
 // or inconsistent file, a tensor of the wrong shape or dtype, a tensor the architecture does not
 // have, or a config field anvil cannot honour is an error naming it, and nothing is left behind.
+// The weights' tokenizer becomes the run's tokenizer.name: the directory itself where it holds a
+// tokenizer's files, else gpt2.
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir);
+
+// The tokenizer a checkpoint's training config names (tokenizer.name; gpt2 where it names none).
+std::string checkpoint_tokenizer(const std::string& config_yaml);
 
 }  // namespace anvil

@@ -6,6 +6,7 @@
 #include "config/train_config.h"
 #include "data/loader.h"
 #include "data/streaming.h"
+#include "data/tokenizer.h"
 
 namespace anvil {
 
@@ -15,5 +16,10 @@ struct DataPipeline {
 };
 
 DataPipeline open_data(const DatasetConfig& ds);
+
+// Refuses a dataset whose recorded tokenizer (data/tokenizer.h) is not `tokenizer` (compared by
+// the files' digest) or whose vocabulary does not fit the model's vocab_size. Streams without a
+// record (written by other tools) are not compared.
+void check_data_tokenizer(const StreamingDataset& data, const TokenizerFiles& tokenizer, int vocab_size);
 
 }  // namespace anvil

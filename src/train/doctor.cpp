@@ -12,6 +12,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/tokenizer.h"
 #include "device/device.h"
 #include "dist/collectives.h"
 #include "dist/communicator.h"
@@ -174,6 +175,8 @@ int run_doctor() {
                   g.arch.c_str(), g.multiprocessors, g.total_bytes / 1073741824.0, g.free_bytes / 1073741824.0);
     std::printf("gpu collectives: %s\n", gpu_collectives_description().c_str());
     std::printf("communicator: %s, %d rank(s)\n", comm->backend().c_str(), comm->size());
+    std::printf("tokenizers: GPT-2 byte-level BPE%s\n",
+                sentencepiece_available() ? ", SentencePiece" : " (no SentencePiece: built without libsentencepiece)");
     std::printf("self-test, op parity:\n");
     ok = report_parity("cpu", KernelImpl::kCpu) && ok;
     if (!gpus.empty()) {

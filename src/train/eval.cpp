@@ -10,6 +10,7 @@
 #include "data/streaming.h"
 #include "interop/hf_import.h"
 #include "model/model.h"
+#include "train/data_pipeline.h"
 #include "train/step.h"
 
 namespace anvil {
@@ -21,6 +22,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& opt) {
   const ModelConfig& cfg = loaded.config;
   const int T = cfg.max_seq_len;
   StreamingDataset data({{"default", "", opt.data, opt.split, 1.0}}, StreamingOptions{});
+  check_data_tokenizer(data, resolve_tokenizer(loaded.tokenizer), cfg.vocab_size);
   const int64_t samples = opt.max_samples > 0 ? std::min(opt.max_samples, data.num_samples()) : data.num_samples();
   ANVIL_CHECK(samples > 0, "'{}' split '{}' holds no samples", opt.data, opt.split);
   const int B = static_cast<int>(std::min<int64_t>(opt.batch, samples));

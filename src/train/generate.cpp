@@ -3,11 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "data/gpt2_tokenizer.h"
+#include "data/tokenizer.h"
 #include "interop/hf_import.h"
 #include "model/model.h"
 
@@ -19,13 +20,12 @@ std::string generate_text(const GenerateOptions& opt) {
   ANVIL_CHECK(opt.top_k >= 0, "--top-k must be >= 0");
   ANVIL_CHECK(opt.top_p > 0 && opt.top_p <= 1, "--top-p must be in (0, 1]");
   const ModelWeights loaded = load_model_weights(opt.checkpoint);
-  Gpt2Tokenizer tok(opt.tokenizer_dir);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer.empty() ? loaded.tokenizer : opt.tokenizer);
   const ModelConfig& cfg = loaded.config;
   const std::unique_ptr<Model> model = make_model(cfg, 1, cfg.max_seq_len);
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
 
-  std::vector<int32_t> ids = tok.encode(opt.prompt);
-  if (ids.empty()) ids.push_back(tok.eot_id());  // an empty prompt starts a new document
+  std::vector<int32_t> ids = tok->encode_prompt(opt.prompt);
   for (int32_t id : ids)
     ANVIL_CHECK(id < cfg.vocab_size, "the prompt has token {} outside the model's vocabulary of {}", id, cfg.vocab_size);
   const size_t prompt_len = ids.size();
@@ -65,7 +65,7 @@ std::string generate_text(const GenerateOptions& opt) {
     ids.push_back(next);
   }
   std::vector<int32_t> generated(ids.begin() + static_cast<long>(prompt_len), ids.end());
-  return opt.prompt + tok.decode(generated);
+  return opt.prompt + tok->decode(generated);
 }
 
 }  // namespace anvil

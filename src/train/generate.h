@@ -9,7 +9,7 @@ namespace anvil {
 struct GenerateOptions {
   std::string checkpoint;  // a checkpoint, a run directory, or a transformers model directory
   std::string prompt;
-  std::string tokenizer_dir;
+  std::string tokenizer;   // a tokenizer name; "": the one that goes with the weights
   int max_new_tokens = 64;
   double temperature = 0.8;  // 0: greedy
   int top_k = 40;            // 0: the whole vocabulary

@@ -184,7 +184,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
               "block of the batch", GB, W);
   const int local_batch = GB / W;
 
+  const TokenizerFiles tokenizer = resolve_tokenizer(cfg.tokenizer_name);
   DataPipeline train_data = open_data(cfg.train_loader.dataset);
+  check_data_tokenizer(*train_data.data, tokenizer, cfg.model.vocab_size);
   LoaderOptions lopt;
   lopt.global_batch = GB;
   lopt.rank = rank;
@@ -197,7 +199,10 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const int64_t n_samples = epoch_samples(train_data.order);
   const int64_t batches_per_epoch = loader.steps_per_epoch();
   DataPipeline eval_data;
-  if (cfg.has_eval) eval_data = open_data(cfg.eval_loader.dataset);
+  if (cfg.has_eval) {
+    eval_data = open_data(cfg.eval_loader.dataset);
+    check_data_tokenizer(*eval_data.data, tokenizer, cfg.model.vocab_size);
+  }
   const int64_t total_steps = duration_to_batches(cfg.max_duration, batches_per_epoch, GB, T, -1, "max_duration");
   ANVIL_CHECK(total_steps > 0, "max_duration '{}' is less than one batch of {} samples", cfg.max_duration.text, GB);
   const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");

@@ -107,7 +107,7 @@ expect_error "unknown key" "unknown key 'optimizer.learning_rate'" "$anvil" trai
 expect_error "bad value" "global_train_batch_size must be a positive integer" "$anvil" train "$tmp/tiny.yaml" global_train_batch_size=0 run_dir="$tmp/r2"
 [ ! -e "$tmp/r2" ] && pass "no run directory after a config error" || fail "a config error left $tmp/r2 behind"
 expect_error "existing run" "already holds a run" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run"
-expect_error "missing vocabulary" "cannot open GPT-2 vocabulary '$tmp/novocab/encoder.json'" \
+expect_error "missing vocabulary" "GPT-2's vocabulary is not in '$tmp/novocab' (expected encoder.json and vocab.bpe)" \
   env ANVIL_TOKENIZER_DIR="$tmp/novocab" "$anvil" tokenize < /dev/null
 expect_error "missing vocabulary (prepare)" "novocab" "$anvil" data prepare --tokenizer "$tmp/novocab" --out "$tmp/d2" "$tmp/text"
 mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"

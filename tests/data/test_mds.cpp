@@ -13,7 +13,6 @@
 #include "core/fs.h"
 #include "core/rng.h"
 #include "data/mds.h"
-#include "data/gpt2_tokenizer.h"
 #include "data/prepare.h"
 #include "data/streaming.h"
 
@@ -170,7 +169,6 @@ TEST_F(MdsTest, PrepareIsDeterministicAndRejectsEmptyInput) {
                     "{\"text\": \"" + doc + "\"}\n{\"text\": \"second " + doc + "\", \"id\": 2}\n\n");
   PrepareOptions o;
   o.inputs = {(root_ / "text").string()};
-  o.tokenizer_dir = default_tokenizer_dir();
   o.max_seq_len = 64;
   o.val_fraction = 0.34;
   o.out_dir = (root_ / "p1").string();

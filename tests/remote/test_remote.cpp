@@ -64,6 +64,8 @@ TEST_F(RemoteTest, S3ColdThenWarmCache) {
     EXPECT_EQ(all_samples(d), expected_);
     EXPECT_GT(d.bytes_downloaded(), 0);
     EXPECT_GT(d.index(0).shards.size(), 2u);
+    ASSERT_TRUE(d.tokenizer_record(0).has_value()) << "the tokenizer record comes with the index";
+    EXPECT_EQ(d.tokenizer_record(0)->name, "gpt2");
   }
   StreamingDataset warm({{"s3", "s3://anvil-test/data/ds", cache_, "train", 1.0}}, fast());
   EXPECT_EQ(all_samples(warm), expected_);
@@ -117,8 +119,10 @@ TEST_F(RemoteTest, CorruptRemoteCopyIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("is corrupt"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("/corrupt/ds/train/shard.0000"), std::string::npos) << e.what();
   }
+  // The dataset's metadata (its index and tokenizer record) stays; no shard does.
   for (auto& e : fs::directory_iterator(cache_ + "/train"))
-    EXPECT_TRUE(e.path().filename() == "index.json" || e.path().filename() == ".anvil-locks")
+    EXPECT_TRUE(e.path().filename() == "index.json" || e.path().filename() == kTokenizerRecordFile ||
+                e.path().filename() == ".anvil-locks")
         << "nothing corrupt may be left in the cache: " << e.path();
 }
 

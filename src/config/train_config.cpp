@@ -9,6 +9,7 @@
 #include <set>
 
 #include "config/deepspeed.h"
+#include "config/hf_model_config.h"
 #include "config/map_reader.h"
 #include "config/model_section.h"
 #include "core/error.h"
@@ -201,9 +202,16 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("run_name", c.run_name);
   top.get("seed", c.seed);
   top.get("max_seq_len", c.max_seq_len);
+  std::string pretrained_weights;  // hf_causal_lm's transformers directory, when pretrained
   {
     MapReader m = top.sub("model");
-    read_model_section(m, c.model, path);
+    if (m.has("name") && m.raw("name").IsScalar() && m.raw("name").Scalar() == "hf_causal_lm") {
+      HfCausalLm hf = read_hf_causal_lm(m, path);
+      c.model = hf.model;
+      pretrained_weights = hf.weights_dir;
+    } else {
+      read_model_section(m, c.model, path);
+    }
   }
   {
     MapReader t = top.sub("tokenizer");
@@ -310,6 +318,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   top.get("autoresume", c.autoresume);
   top.get("load_path", c.load_path);
   top.get("load_weights_only", c.load_weights_only);
+  // hf_causal_lm's pretrained weights are a weights-only load of its directory, unless load_path
+  // names a checkpoint to start from instead (Composer loads load_path over the pretrained model).
+  if (!pretrained_weights.empty() && c.load_path.empty()) {
+    c.load_path = pretrained_weights;
+    c.load_weights_only = true;
+  }
   top.get("kernels", c.kernels);
   top.get("dist_timeout", c.dist_timeout);
   top.get("deterministic_mode", c.deterministic_mode);

@@ -52,6 +52,12 @@ void hash_file(Sha256& h, const std::string& path, const char* what) {
   h.update(bytes.data(), bytes.size());
 }
 
+// OpenAI's GPT-2 sizes share one published vocabulary: their hub names are GPT-2's tokenizer.
+bool names_gpt2_vocabulary(std::string name) {
+  if (name.rfind("openai-community/", 0) == 0) name = name.substr(17);
+  return name == "gpt2" || name == "gpt2-medium" || name == "gpt2-large" || name == "gpt2-xl";
+}
+
 }  // namespace
 
 const char* tokenizer_kind_name(TokenizerKind kind) {
@@ -71,10 +77,12 @@ bool sentencepiece_available() {
 #endif
 }
 
-TokenizerFiles resolve_tokenizer(const std::string& name) {
-  ANVIL_CHECK(!name.empty(), "no tokenizer named (expected gpt2, a tokenizer directory, or a SentencePiece .model file)");
-  TokenizerFiles f;
+TokenizerFiles resolve_tokenizer(const std::string& given) {
+  ANVIL_CHECK(!given.empty(), "no tokenizer named (expected gpt2, a tokenizer directory, or a SentencePiece .model file)");
   std::error_code ec;
+  // "gpt2" is always GPT-2's own; its siblings' hub names are, unless a local path has that name.
+  const std::string name = given == "gpt2" || (names_gpt2_vocabulary(given) && !fs::exists(given, ec)) ? "gpt2" : given;
+  TokenizerFiles f;
   f.name = name == "gpt2" ? name : fs::absolute(name, ec).lexically_normal().string();
   const fs::path dir = name == "gpt2" ? fs::path(default_gpt2_vocabulary_dir()) : fs::path(name);
   if (name == "gpt2" || fs::is_directory(dir, ec)) {
@@ -103,7 +111,7 @@ TokenizerFiles resolve_tokenizer(const std::string& name) {
   } else {
     ANVIL_FAIL("tokenizer '{}' is neither gpt2 nor a local tokenizer directory or SentencePiece .model file (anvil "
                "does not download from the Hugging Face hub: fetch the tokenizer's files and name their directory)",
-               name);
+               given);
   }
   Sha256 h;
   const std::string kind = tokenizer_kind_name(f.kind);

@@ -1,5 +1,6 @@
 // Tokenizers as a choice, named as LLM Foundry's `tokenizer.name` names them: "gpt2" (GPT-2's own
-// vocabulary, the files the setup script fetches), or a local path: a directory holding GPT-2-style
+// vocabulary, the files the setup script fetches; gpt2-medium, gpt2-large and gpt2-xl share it),
+// or a local path: a directory holding GPT-2-style
 // byte-level BPE files (transformers' vocab.json + merges.txt, or OpenAI's encoder.json +
 // vocab.bpe), a directory holding a SentencePiece tokenizer.model, or a SentencePiece .model file.
 // Hub names other than gpt2 are an error: nothing is downloaded.

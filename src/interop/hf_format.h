@@ -1,7 +1,7 @@
 // Hugging Face's transformers formats for anvil's families: which of transformers' architectures a
-// model is (GPT2LMHeadModel, LlamaForCausalLM, MPT's MptForCausalLM), its config.json, and the
-// name map between anvil's flat parameter layout and transformers' state-dict tensors. The map is
-// data (one row per transformers tensor: the anvil tensor, which of its rows, transposed or not),
+// model is (GPT2LMHeadModel, LlamaForCausalLM, MPT's MptForCausalLM), the config.json export
+// writes (config/hf_model_config.h reads one), and the name map between anvil's flat parameter
+// layout and transformers' state-dict tensors. The map is data (one row per transformers tensor: the anvil tensor, which of its rows, transposed or not),
 // so export and import read the same rows in opposite directions.
 #pragma once
 #include <cstdint>
@@ -33,11 +33,5 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 // torch_dtype ("float32", "bfloat16", "float16") and the tokenizer's special token ids.
 nlohmann::ordered_json hf_config(const ModelConfig& cfg, const std::string& torch_dtype, int bos_token_id,
                                  int eos_token_id);
-
-// The model of a transformers config.json (by its model_type: gpt2, llama, mpt), read through
-// anvil's config reader so that it equals what the same model section of a config gives. A field
-// anvil cannot honour (rope_scaling, a sliding window, biases on only some Llama products, an
-// MPT with qk_ln) is an error naming the field; `where` names the file in messages.
-ModelConfig hf_model_config(const nlohmann::json& config, const std::string& where);
 
 }  // namespace anvil

@@ -1,4 +1,4 @@
-// Import reads config.json into a ModelConfig through the config reader (interop/hf_format.h),
+// Import reads config.json into a ModelConfig through the config reader (config/hf_model_config.h),
 // reads every safetensors file the directory names, and fills anvil's flat layout through the
 // same name map export writes with, so import(export(x)) is x bit for bit in fp32. The key
 // variants published checkpoints really have are accepted: GPT-2's original files name tensors
@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
+#include "config/hf_model_config.h"
 #include "config/train_config.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -17,6 +17,7 @@
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
 #include "dist/op_collectives.h"
+#include "interop/hf_import.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "train/checkpoint_writer.h"
@@ -64,17 +65,39 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
 
 // load_path, or under autoresume the newest checkpoint of the run that loads cleanly (damaged
 // or incomplete ones are reported and skipped); nothing to start from the seed.
-std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg) {
-  if (!cfg.load_path.empty()) return load_checkpoint(cfg.load_path, /*with_optimizer=*/true);
-  if (!cfg.autoresume) return std::nullopt;
-  for (const std::string& dir : list_checkpoints(cfg.run_dir)) {
-    try {
-      return load_checkpoint(dir, /*with_optimizer=*/true);
-    } catch (const Error& e) {
-      log_warn("autoresume: skipping {}: {}", dir, e.what());
+// load_path's checkpoint, or a transformers directory's weights as a checkpoint that holds no
+// training state (hf_causal_lm's pretrained weights).
+LoadedCheckpoint load_start_point(const std::string& path) {
+  if (!is_hf_model_dir(path)) return load_checkpoint(path, /*with_optimizer=*/true);
+  HfModel hf = read_hf_model(path);
+  LoadedCheckpoint c;
+  c.dir = path;
+  c.config = hf.config;
+  c.params = std::move(hf.params);
+  c.exp_avg.assign(c.params.size(), 0.0f);
+  c.exp_avg_sq.assign(c.params.size(), 0.0f);
+  c.data_state = "null";
+  return c;
+}
+
+// As Composer chooses: with autoresume, the run's own newest good checkpoint wins over load_path
+// (a restarted job continues rather than starting again from the weights it began with), and
+// load_weights_only then does not apply. *own tells which was chosen.
+std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg, bool* own) {
+  *own = false;
+  if (cfg.autoresume) {
+    for (const std::string& dir : list_checkpoints(cfg.run_dir)) {
+      try {
+        LoadedCheckpoint c = load_checkpoint(dir, /*with_optimizer=*/true);
+        *own = true;
+        return c;
+      } catch (const Error& e) {
+        log_warn("autoresume: skipping {}: {}", dir, e.what());
+      }
     }
   }
-  log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
+  if (!cfg.load_path.empty()) return load_start_point(cfg.load_path);
+  if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
   return std::nullopt;
 }
 
@@ -119,14 +142,16 @@ double peak_rss_mib() {
 std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicator& comm) {
   const bool writer = comm.rank() == 0;
   std::optional<LoadedCheckpoint> resume;
-  if (writer) resume = choose_resume_checkpoint(cfg);
+  bool own = false;
+  if (writer) resume = choose_resume_checkpoint(cfg, &own);
   const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
-  if (!writer && !resume_dir.empty()) resume = load_checkpoint(resume_dir, /*with_optimizer=*/true);
+  own = broadcast_string(comm, own ? "own" : "") == "own";
+  if (!writer && !resume_dir.empty()) resume = own ? load_checkpoint(resume_dir, true) : load_start_point(resume_dir);
   if (!resume) return resume;
-  // Weights only (load_weights_only, or a checkpoint without training state such as an import):
-  // the model must be the same architecture; how it was initialised, its dropout, and the context
-  // length of a model without a position table, may differ.
-  const bool weights_only = cfg.load_weights_only || resume->data_state == "null";
+  // Weights only (load_path with load_weights_only, or a checkpoint without training state such
+  // as an import): the model must be the same architecture; how it was initialised, its dropout,
+  // and the context length of a model without a position table, may differ.
+  const bool weights_only = (cfg.load_weights_only && !own) || resume->data_state == "null";
   ModelConfig m = resume->config;
   const ModelConfig& c = cfg.model;
   if (weights_only) {  // and dropout is the new run's choice

@@ -454,5 +454,76 @@ TEST_F(FamilyConfigTest, WhatCannotBeHonouredIsAnError) {
             std::string::npos);
 }
 
+// LLM Foundry's hf_causal_lm: the model of a transformers directory's config.json (or a published
+// GPT-2 size), config_overrides as Foundry applies them, and pretrained weights as a weights-only
+// load of that directory.
+TEST_F(FamilyConfigTest, FoundrysHfCausalLmSection) {
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_hf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "tie_word_embeddings": false, "transformers_version": "4.44.0", "use_cache": true})";
+  const std::string d = dir.string();
+  const std::string section = "  name: hf_causal_lm\n  pretrained_model_name_or_path: " + d + "\n";
+
+  TrainConfig c = load_model(section + "  pretrained: false\n  config_overrides: {num_hidden_layers: 3}\n"
+                             "  trust_remote_code: true\n  use_flash_attention_2: true\n  init_device: meta\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kLlama);
+  EXPECT_EQ(c.model.n_layers, 3);
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_EQ(c.model.vocab_size, 100);
+  EXPECT_FLOAT_EQ(c.model.norm_eps, 1e-6f);
+  EXPECT_FALSE(c.model.tied_embeddings);
+  EXPECT_TRUE(c.load_path.empty()) << "pretrained: false loads no weights";
+  expect_round_trip(c);
+
+  // pretrained (Foundry's default): the directory's weights, weights only; an explicit load_path wins.
+  c = load_model(section);
+  EXPECT_EQ(c.load_path, std::filesystem::absolute(dir).lexically_normal().string());
+  EXPECT_TRUE(c.load_weights_only);
+  TrainConfig own = load_train_config(write(R"(
+max_seq_len: 64
+train_loader: {dataset: {local: data/x}}
+global_train_batch_size: 4
+max_duration: 10ba
+load_path: runs/other
+model:
+)" + section), {});
+  EXPECT_EQ(own.load_path, "runs/other");
+  EXPECT_FALSE(own.load_weights_only);
+
+  // A published GPT-2 size: its architecture, dropout included.
+  c = load_model("  {name: hf_causal_lm, pretrained_model_name_or_path: gpt2-medium, pretrained: false}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kGpt2);
+  EXPECT_EQ(c.model.n_layers, 24);
+  EXPECT_EQ(c.model.n_heads, 16);
+  EXPECT_EQ(c.model.d_model, 1024);
+  EXPECT_EQ(c.model.max_seq_len, 1024);
+  EXPECT_FLOAT_EQ(c.model.resid_pdrop, 0.1f);
+  c = load_model("  {name: hf_causal_lm, pretrained_model_name_or_path: gpt2, pretrained: false,\n"
+                 "   config_overrides: {n_layer: 2, n_embd: 64, n_head: 4, resid_pdrop: 0.0}}\n");
+  EXPECT_EQ(c.model.n_layers, 2);
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_FLOAT_EQ(c.model.resid_pdrop, 0.0f);
+  EXPECT_FLOAT_EQ(c.model.attn_pdrop, 0.1f);
+
+  auto expect = [&](const std::string& yaml, const std::string& part) {
+    const std::string e = model_error(yaml);
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  };
+  expect("  {name: hf_causal_lm, pretrained_model_name_or_path: gpt2}\n", "which anvil does not download");
+  expect("  {name: hf_causal_lm, pretrained_model_name_or_path: meta-llama/Llama-2-7b-hf}\n",
+         "neither a local transformers model directory nor a published architecture");
+  expect("  {name: hf_causal_lm}\n", "model.pretrained_model_name_or_path is required");
+  expect(section + "  config_overrides: {hidden_sizes: 64}\n", "the config (" + d + "/config.json) has no field 'hidden_sizes'");
+  expect(section + "  config_overrides: {rope_scaling: {type: linear, factor: 2.0}}\n", "field 'rope_scaling'");
+  expect(section + "  peft_config: {peft_type: LORA}\n", "model.peft_config is not supported yet");
+  expect(section + "  init_device: meta\n", "model.init_device = meta cannot hold pretrained weights");
+  expect(section + "  load_in_8bit: true\n", "model.load_in_8bit = true is not supported");
+  expect(section + "  n_layers: 2\n", "unknown key 'model.n_layers'");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace anvil

@@ -159,6 +159,9 @@ TEST_F(TokenizerNames, UnreadableNamesAreClearErrors) {
     return std::string("no error");
   };
   EXPECT_NE(message("meta-llama/Llama-2-7b-hf").find("does not download from the Hugging Face hub"), std::string::npos);
+  // OpenAI's other GPT-2 sizes publish the same vocabulary.
+  EXPECT_EQ(resolve_tokenizer("gpt2-xl").sha256, resolve_tokenizer("gpt2").sha256);
+  EXPECT_EQ(resolve_tokenizer("openai-community/gpt2-medium").name, "gpt2");
   fs::create_directories(path("fast"));
   write_file_atomic(path("fast/tokenizer.json"), "{}");
   EXPECT_NE(message(path("fast")).find("tokenizer.json alone (transformers' fast format) is not read"),

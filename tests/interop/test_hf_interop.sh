@@ -15,7 +15,8 @@
 #   reader writes as save_pretrained lays them out (GPT-2 under OpenAI's original names with mask
 #   buffers, a bf16 Llama in 3 shards with rms_norm_eps 1e-6 and rope_theta 5e5, a tied Llama, an
 #   MPT) import with anvil eval's loss equal to the reader's, and the imported GPT-2 fine-tunes
-#   through load_path (weights only, from step 0) and generates;
+#   through load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section
+#   naming an exported directory trains from its weights (the eval before training is anvil eval's);
 # - import errors: rope_scaling, a missing tensor, a tensor of the wrong shape, an unexpected
 #   tensor, a truncated file, an unknown model_type: one line each, nothing written.
 # Usage: test_hf_export.sh ANVIL_BIN SOURCE_DIR
@@ -146,6 +147,39 @@ if mpirun_anvil 1 "$anvil" train "$tmp/m.yaml" model.name=gpt2 load_path="$tmp/i
 else
   fail "fine-tuning the import: $(tail -3 "$tmp/tuned.out")"
 fi
+
+# LLM Foundry's hf_causal_lm section names the exported Llama directory: its architecture, its
+# pretrained weights (weights only; on 2 ranks) and its tokenizer. The eval before training is
+# anvil eval's of the directory.
+cat > "$tmp/foundry-hf.yaml" <<YAML
+variables:
+  model_dir: $tmp/hf-llama
+max_seq_len: 64
+model:
+  name: hf_causal_lm
+  pretrained_model_name_or_path: \${variables.model_dir}
+  pretrained: true
+  init_device: mixed
+  use_flash_attention_2: false
+  config_overrides: {attention_dropout: 0.0}
+tokenizer:
+  name: \${variables.model_dir}
+  kwargs: {model_max_length: 64}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
+eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
+eval_first: true
+optimizer: {name: decoupled_adamw, lr: 1.0e-4, betas: [0.9, 0.95]}
+max_duration: 2ba
+global_train_batch_size: 8
+YAML
+first=""
+if mpirun_anvil 2 "$anvil" train "$tmp/foundry-hf.yaml" run_dir="$tmp/foundry-hf" > "$tmp/foundry-hf.out" 2>&1; then
+  first=$(grep '"eval_loss"' "$tmp/foundry-hf/metrics.jsonl" | head -1 | sed 's/.*"eval_loss": *\([0-9.e+-]*\).*/{"loss": \1}/')
+fi
+direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" 2>&1 | tail -1)
+[ -n "$first" ] && close "$first" "$direct" 1e-8 && grep -q "loaded the weights of $tmp/hf-llama (weights only" "$tmp/foundry-hf.out" \
+  && pass "Foundry's hf_causal_lm trains from the directory's weights: eval before training $(field loss "$first"), anvil eval's" \
+  || fail "hf_causal_lm: first eval '$first', anvil eval '$direct': $(tail -3 "$tmp/foundry-hf.out")"
 
 # Import errors: one line, nothing written.
 "${reader[@]}" write llama "$tmp/bad-rope" > /dev/null

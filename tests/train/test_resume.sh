@@ -5,6 +5,8 @@
 #   uninterrupted run, bit for bit;
 # - stop at step 7 on 2 ranks (ZeRO-1), resume on 4 ranks (ZeRO-3, another microbatch size) with
 #   load_path: the uninterrupted one-rank run's losses and weight digest, bit for bit;
+# - a weights-only fine-tune (load_path, load_weights_only) stopped and autoresumed continues from
+#   its own checkpoint, not from load_path: the uninterrupted fine-tune's digest;
 # - SIGKILL half-way through writing a checkpoint, then autoresume: the previous checkpoint is
 #   used and the final digest is still the same;
 # - a corrupt newest checkpoint is reported and skipped by autoresume; truncated, newer-format
@@ -66,6 +68,17 @@ mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tm
 /usr/bin/python3 "$src/tests/dist/compare_runs.py" 0 "$tmp/full" "$tmp/w2w4" \
   && pass "2 ranks to step 7, then 4 ranks with ZeRO-3 to step 20: the uninterrupted run's bits" \
   || fail "resume across world sizes strays from the uninterrupted run"
+
+# A fine-tune from load_path's weights (load_weights_only) stopped at 7 and restarted with
+# autoresume continues from its own step 7, not from load_path again: the digest of an
+# uninterrupted fine-tune (as in Composer, autoresume wins over load_path).
+ft=(load_path="$tmp/full/checkpoints/step-00000015" load_weights_only=true autoresume=true max_duration=10ba)
+run ft_full 1 "${ft[@]}" && run ft_cut 1 "${ft[@]}" max_duration=7ba && run ft_cut 1 "${ft[@]}" \
+  || { fail "weights-only fine-tunes"; tail "$tmp/ft_cut.out"; }
+ft_want=$(digest "$tmp/ft_full") ft_got=$(digest "$tmp/ft_cut")
+grep -q "resumed from .*ft_cut/checkpoints/step-00000007" "$tmp/ft_cut.out" && [ -n "$ft_want" ] && [ "$ft_got" = "$ft_want" ] \
+  && pass "a weights-only fine-tune stopped at 7 autoresumes from its own checkpoint: the uninterrupted digest" \
+  || fail "fine-tune autoresume: digest $ft_got, want $ft_want"
 
 # SIGKILL in the middle of writing step 10's checkpoint, then autoresume.
 ANVIL_FAULT_KILL_IN_SAVE=10 run killed 1

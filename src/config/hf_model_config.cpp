@@ -1,0 +1,290 @@
+// config.json is turned into the model section a config would spell for the same model, then read
+// by the section reader: one set of rules for both.
+#include "config/hf_model_config.h"
+
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "config/model_section.h"
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace anvil {
+namespace {
+
+// The config.json fields read by hf_model_config, for one family: each is copied into the model
+// section (under anvil's key) or checked; anything not listed is a field anvil does not know.
+struct HfReader {
+  const nlohmann::json& j;
+  const std::string& where;
+  YAML::Node section;
+  std::set<std::string>* fields_read = nullptr;  // every field looked at, present or not
+
+  bool has(const char* key) const {
+    if (fields_read) fields_read->insert(key);
+    return j.contains(key) && !j.at(key).is_null();
+  }
+  template <typename T>
+  T get(const char* key, T fallback) const {
+    if (!has(key)) return fallback;
+    try {
+      return j.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw Error(fmt::format("{}: field '{}' has the wrong type ({})", where, key, j.at(key).dump()));
+    }
+  }
+  template <typename T>
+  T need(const char* key) const {
+    ANVIL_CHECK(has(key), "{}: field '{}' is missing", where, key);
+    return get<T>(key, T{});
+  }
+  void copy(const char* key, const char* anvil_key) {
+    if (has(key)) section[anvil_key] = YAML::Load(j.at(key).dump());
+  }
+  template <typename T>
+  void only(const char* key, T allowed, const std::string& why) const {
+    ANVIL_CHECK(!has(key) || get<T>(key, allowed) == allowed, "{}: field '{}' = {} cannot be honoured ({})", where,
+                key, j.at(key).dump(), why);
+  }
+  void absent(const char* key, const std::string& why) const {
+    ANVIL_CHECK(!has(key), "{}: field '{}' = {} cannot be honoured ({})", where, key, j.at(key).dump(), why);
+  }
+};
+
+
+// A YAML value as JSON, typed as YAML 1.2's core schema types plain scalars.
+nlohmann::json yaml_to_json(const YAML::Node& n) {
+  if (!n || n.IsNull()) return nullptr;
+  if (n.IsSequence()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const YAML::Node& e : n) a.push_back(yaml_to_json(e));
+    return a;
+  }
+  if (n.IsMap()) {
+    nlohmann::json o = nlohmann::json::object();
+    for (auto it = n.begin(); it != n.end(); ++it) o[it->first.as<std::string>()] = yaml_to_json(it->second);
+    return o;
+  }
+  const std::string& s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted: a string
+  if (s == "true" || s == "True") return true;
+  if (s == "false" || s == "False") return false;
+  if (s == "null" || s == "~") return nullptr;
+  try {
+    size_t used = 0;
+    const long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (const std::exception&) {
+  }
+  return s;
+}
+
+// The published config.json fields of OpenAI's GPT-2 sizes (their architecture only).
+nlohmann::json published_config(const std::string& name) {
+  struct Size {
+    const char* name;
+    int layers, heads, width;
+  };
+  static const Size sizes[] = {{"gpt2", 12, 12, 768}, {"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280},
+                               {"gpt2-xl", 48, 25, 1600}};
+  std::string bare = name;
+  if (bare.rfind("openai-community/", 0) == 0) bare = bare.substr(17);
+  for (const Size& s : sizes)
+    if (bare == s.name)
+      return {{"model_type", "gpt2"}, {"n_layer", s.layers}, {"n_head", s.heads}, {"n_embd", s.width},
+              {"n_positions", 1024}, {"n_ctx", 1024}, {"vocab_size", 50257}, {"activation_function", "gelu_new"},
+              {"layer_norm_epsilon", 1e-5}, {"embd_pdrop", 0.1}, {"attn_pdrop", 0.1}, {"resid_pdrop", 0.1},
+              {"initializer_range", 0.02}, {"bos_token_id", 50256}, {"eos_token_id", 50256}};
+  return nullptr;
+}
+
+// hf_model_config, noting in fields_read (when given) each top-level field it looks at.
+ModelConfig read_hf_config(const nlohmann::json& j, const std::string& where, std::set<std::string>* fields_read) {
+  ANVIL_CHECK(j.is_object(), "{}: expected a JSON object", where);
+  HfReader r{j, where, YAML::Node(YAML::NodeType::Map), fields_read};
+  const std::string type = r.need<std::string>("model_type");
+  if (type == "gpt2") {
+    r.section["name"] = "gpt2";
+    r.section["n_layers"] = r.need<int>("n_layer");
+    r.section["n_heads"] = r.need<int>("n_head");
+    const int C = r.need<int>("n_embd");
+    r.section["d_model"] = C;
+    r.copy("vocab_size", "vocab_size");
+    r.section["max_seq_len"] = r.need<int>("n_positions");
+    ANVIL_CHECK(r.get<int>("n_inner", 4 * C) == 4 * C, "{}: field 'n_inner' = {} cannot be honoured (anvil's "
+                "GPT-2 has an MLP of 4·n_embd = {})", where, j.at("n_inner").dump(), 4 * C);
+    r.only<std::string>("activation_function", "gelu_new", "anvil's GPT-2 uses the tanh GELU, gelu_new");
+    r.only<double>("layer_norm_epsilon", 1e-5, "anvil's LayerNorm uses eps 1e-5");
+    r.only<bool>("scale_attn_weights", true, "scores are always scaled by 1/sqrt(head size)");
+    r.only<bool>("scale_attn_by_inverse_layer_idx", false, "scores are never scaled by the layer index");
+    r.only<bool>("add_cross_attention", false, "anvil's decoders have no cross-attention");
+    r.only<bool>("tie_word_embeddings", true, "anvil's GPT-2 ties its LM head to wte");
+    for (const char* key : {"embd_pdrop", "attn_pdrop", "resid_pdrop"}) r.copy(key, key);
+  } else if (type == "llama") {
+    r.section["name"] = "llama";
+    r.section["n_layers"] = r.need<int>("num_hidden_layers");
+    const int heads = r.need<int>("num_attention_heads"), C = r.need<int>("hidden_size");
+    r.section["n_heads"] = heads;
+    r.section["d_model"] = C;
+    r.copy("num_key_value_heads", "n_kv_heads");
+    r.copy("vocab_size", "vocab_size");
+    r.section["max_seq_len"] = r.need<int>("max_position_embeddings");
+    r.section["intermediate_size"] = r.need<int>("intermediate_size");
+    r.copy("rope_theta", "rope_theta");
+    r.copy("rms_norm_eps", "rms_norm_eps");
+    r.copy("initializer_range", "init_std");
+    r.section["tie_word_embeddings"] = r.get<bool>("tie_word_embeddings", false);
+    ANVIL_CHECK(r.get<int>("head_dim", C / heads) == C / heads, "{}: field 'head_dim' = {} cannot be honoured "
+                "(anvil's head size is hidden_size / num_attention_heads = {})", where, j.at("head_dim").dump(), C / heads);
+    r.only<std::string>("hidden_act", "silu", "Llama's MLP is SwiGLU, silu");
+    r.absent("rope_scaling", "RoPE is applied unscaled");
+    r.absent("sliding_window", "attention covers the whole causal context");
+    r.only<bool>("attention_bias", false, "anvil's Llama has no biases");
+    r.only<bool>("mlp_bias", false, "anvil's Llama has no biases");
+    r.only<int>("pretraining_tp", 1, "tensor-parallel slicing of the products");
+    r.copy("attention_dropout", "attention_dropout");
+  } else if (type == "mpt") {
+    r.section["name"] = "mpt_causal_lm";
+    for (const char* key : {"d_model", "n_heads", "n_layers", "expansion_ratio", "max_seq_len", "vocab_size"})
+      r.copy(key, key);
+    r.section["no_bias"] = true;  // transformers' MPT has no biases, whatever the field says
+    r.only<bool>("no_bias", true, "transformers' MPT has no biases");
+    r.only<double>("layer_norm_epsilon", 1e-5, "anvil's LayerNorm uses eps 1e-5");
+    r.only<bool>("learned_pos_emb", false, "transformers' MPT uses ALiBi, not a position table");
+    r.copy("resid_pdrop", "resid_pdrop");
+    r.copy("emb_pdrop", "emb_pdrop");
+    r.only<double>("embedding_fraction", 1.0, "the embeddings' gradient is never scaled down");
+    r.absent("logit_scale", "the logits are never scaled");
+    YAML::Node attn(YAML::NodeType::Map);
+    attn["alibi"] = true;
+    if (r.has("attn_config")) {
+      const nlohmann::json& a = j.at("attn_config");
+      HfReader ar{a, where, YAML::Node()};
+      if (ar.has("alibi_bias_max")) attn["alibi_bias_max"] = ar.get<double>("alibi_bias_max", 8);
+      ar.only<bool>("alibi", true, "transformers' MPT always uses ALiBi");
+      ar.only<bool>("qk_ln", false, "anvil has no QK LayerNorm yet");
+      ar.absent("clip_qkv", "q, k and v are never clipped");
+      ar.absent("softmax_scale", "scores are scaled by 1/sqrt(head size)");
+      ar.only<bool>("prefix_lm", false, "attention is causal");
+      ar.only<bool>("attn_uses_sequence_id", false, "attention is not cut at sequence ids");
+      if (ar.has("attn_pdrop")) attn["attn_pdrop"] = ar.get<double>("attn_pdrop", 0);
+    }
+    r.section["attn_config"] = attn;
+  } else {
+    ANVIL_FAIL("{}: model_type '{}' is not one anvil can import (expected gpt2, llama or mpt)", where, type);
+  }
+  ModelConfig c;
+  MapReader m(r.section, "model", where);
+  read_model_section(m, c, where);
+  ANVIL_CHECK(c.n_layers > 0 && c.n_heads > 0 && c.d_model > 0 && c.vocab_size > 0 && c.max_seq_len > 0,
+              "{}: the layer, head, width, vocabulary and context sizes must be positive", where);
+  ANVIL_CHECK(c.d_model % c.n_heads == 0 && c.n_heads % c.kv_heads() == 0,
+              "{}: {} heads over {} key/value heads do not divide a width of {}", where, c.n_heads, c.kv_heads(),
+              c.d_model);
+  ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{}: RoPE needs an even head size, not {}",
+              where, c.head_size());
+  return c;
+}
+
+}  // namespace
+
+ModelConfig hf_model_config(const nlohmann::json& j, const std::string& where) { return read_hf_config(j, where, nullptr); }
+
+HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file) {
+  namespace fs = std::filesystem;
+  std::string source;
+  m.get("pretrained_model_name_or_path", source);
+  ANVIL_CHECK(!source.empty(), "{}: {} is required with model.name hf_causal_lm (a transformers model directory, or "
+              "gpt2, gpt2-medium, gpt2-large or gpt2-xl)", file, m.full("pretrained_model_name_or_path"));
+  bool pretrained = true;  // Foundry's default
+  m.get("pretrained", pretrained);
+  std::string init_device = "cpu";
+  m.get("init_device", init_device);
+  ANVIL_CHECK(init_device == "cpu" || init_device == "meta" || init_device == "mixed",
+              "{}: {} = '{}' is not known (expected cpu, meta or mixed)", file, m.full("init_device"), init_device);
+  ANVIL_CHECK(!(pretrained && init_device == "meta"), "{}: {} = meta cannot hold pretrained weights (as in LLM "
+              "Foundry): use cpu or mixed, or pretrained: false", file, m.full("init_device"));
+  // Foundry's switches that change nothing anvil computes: no code is downloaded or run, no
+  // token is needed, and anvil's attention is one implementation whatever the flag asks for.
+  for (const char* key : {"trust_remote_code", "use_auth_token", "use_flash_attention_2", "use_train_metrics",
+                          "use_logits", "should_save_peft_only"}) {
+    bool ignored = false;
+    m.get(key, ignored);
+  }
+  for (const char* key : {"load_in_8bit", "allow_embedding_resizing", "shift_labels"}) {
+    bool v = false;
+    m.get(key, v);
+    ANVIL_CHECK(!v, "{}: {} = true is not supported; leave it false", file, m.full(key));
+  }
+  for (const char* key : {"peft_config", "pretrained_lora_id_or_path"})
+    ANVIL_CHECK(!m.has(key), "{}: {} is not supported yet (LoRA fine-tuning is still to come); leave it unset", file,
+                m.full(key));
+  for (const char* key : {"additional_train_metrics", "additional_eval_metrics"})
+    ANVIL_CHECK(!m.has(key), "{}: {} is not supported (anvil reports loss and perplexity); leave it unset", file,
+                m.full(key));
+
+  nlohmann::json config = published_config(source);
+  std::string where = fmt::format("{} (the published {})", file, source);
+  const fs::path dir(source);
+  std::error_code ec;
+  if (fs::is_directory(dir, ec)) {
+    const std::string path = (dir / "config.json").string();
+    ANVIL_CHECK(fs::is_regular_file(path, ec), "{}: '{}' has no config.json (expected a transformers model directory)",
+                file, source);
+    try {
+      config = nlohmann::json::parse(read_file(path, "model config"));
+    } catch (const nlohmann::json::exception& e) {
+      ANVIL_FAIL("'{}' is not valid JSON: {}", path, e.what());
+    }
+    where = path;
+  } else {
+    ANVIL_CHECK(!config.is_null(), "{}: {} '{}' is neither a local transformers model directory nor a published "
+                "architecture anvil knows (gpt2, gpt2-medium, gpt2-large, gpt2-xl); anvil does not download from the "
+                "Hugging Face hub: fetch the model's directory and name it", file, m.full("pretrained_model_name_or_path"),
+                source);
+    ANVIL_CHECK(!pretrained, "{}: '{}' names the hub's weights, which anvil does not download: set {}: false to train "
+                "its architecture from scratch, or `anvil import` a local copy and name that directory", file, source,
+                m.full("pretrained"));
+  }
+  ANVIL_CHECK(config.is_object(), "{}: expected a JSON object", where);
+
+  // config_overrides as Foundry's set_config_overrides applies them: a field the config has (or
+  // that anvil reads for its model type) is replaced, a mapping field updated key by key.
+  const nlohmann::json original = config;
+  std::set<std::string> overridden;
+  if (m.has("config_overrides")) {
+    const YAML::Node overrides = m.raw("config_overrides");
+    ANVIL_CHECK(overrides.IsMap(), "{}: {} must be a mapping of config.json fields to values", file,
+                m.full("config_overrides"));
+    for (auto it = overrides.begin(); it != overrides.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      const nlohmann::json value = yaml_to_json(it->second);
+      if (config.contains(key) && config[key].is_object() && value.is_object()) {
+        for (const auto& [sub, v] : value.items()) {
+          ANVIL_CHECK(config[key].contains(sub), "{}: {}.{}.{}: {}'s {} has no field '{}'", file,
+                      m.full("config_overrides"), key, sub, where, key, sub);
+          config[key][sub] = v;
+        }
+      } else {
+        config[key] = value;
+      }
+      overridden.insert(key);
+    }
+  }
+  std::set<std::string> fields_read;
+  HfCausalLm out;
+  out.model = read_hf_config(config, where, &fields_read);
+  for (const std::string& key : overridden)
+    ANVIL_CHECK(original.contains(key) || fields_read.count(key), "{}: {}.{}: the config ({}) has no field '{}'",
+                file, m.full("config_overrides"), key, where, key);
+  if (pretrained) out.weights_dir = fs::absolute(dir, ec).lexically_normal().string();
+  m.finish();
+  return out;
+}
+
+}  // namespace anvil

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -78,11 +80,11 @@ std::string finalize_checkpoint(const std::string& run_dir, int world, const Tra
     const std::string pieces_path = tmp + "/" + shard_pieces_name(r);
     ANVIL_CHECK(fs::is_regular_file(pieces_path), "checkpoint of step {}: rank {} did not write its shard", info.step, r);
     nlohmann::json entry = nlohmann::json::parse(read_file(pieces_path, "checkpoint shard list"));
-    const SafeTensorsFile file = read_safetensors(tmp + "/" + entry.at("file").get<std::string>());
+    const SafeTensorsHeader file = read_safetensors_header(tmp + "/" + entry.at("file").get<std::string>());
     for (const auto& piece : entry.at("pieces")) {
       const std::string piece_name = piece.at("name").get<std::string>();
       if (piece_name.rfind("exp_avg", 0) == 0) continue;
-      const SafeTensor& st = file.tensors.at(piece_name);
+      const SafeTensor st = read_safetensor(file, piece_name);
       weights.update(st.data.data(), st.data.size());
     }
     shards.push_back(std::move(entry));
@@ -128,17 +130,37 @@ std::string resolve_checkpoint_dir(const std::string& path) {
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
+namespace {
+
+// One piece of a shard file: `offset`..`offset + numel` of tensor `tensor` (or of its moment).
+struct ManifestPiece {
+  std::string name;    // the name in the shard file
+  std::string tensor;  // the model tensor
+  enum Kind { kParam, kExpAvg, kExpAvgSq } kind = kParam;
+  size_t offset = 0, numel = 0;
+  std::string xxh3;
+  size_t shard = 0;  // index into Manifest::files
+};
+
+// A checkpoint's manifest, parsed and checked: everything but the tensors' values, and where
+// each piece of them lies.
+struct Manifest {
+  LoadedCheckpoint meta;  // params and moments left empty
+  std::string want_sha256;
+  std::vector<std::string> files;  // the shard files, in rank order
+  std::vector<ManifestPiece> pieces;
+};
+
+Manifest read_manifest(const std::string& path) {
   const std::string dir = resolve_checkpoint_dir(path);
   const std::string manifest_path = dir + "/manifest.json";
   ANVIL_CHECK(fs::is_regular_file(manifest_path), "'{}' is not a checkpoint: no manifest.json (expected a checkpoint "
               "directory or a run directory with checkpoints/latest)", path);
-  LoadedCheckpoint out;
-  out.dir = dir;
-  nlohmann::json manifest, shards;
-  std::string want_sha256;
+  Manifest out;
+  LoadedCheckpoint& meta = out.meta;
+  meta.dir = dir;
   try {
-    manifest = nlohmann::json::parse(read_file(manifest_path, "checkpoint manifest"));
+    const nlohmann::json manifest = nlohmann::json::parse(read_file(manifest_path, "checkpoint manifest"));
     ANVIL_CHECK(manifest.at("format") == "anvil-checkpoint", "'{}' is not an anvil checkpoint manifest", manifest_path);
     const int version = manifest.at("version").get<int>();
     ANVIL_CHECK(version <= kCheckpointVersion, "checkpoint '{}' has format version {}, newer than this anvil reads ({}); "
@@ -147,22 +169,22 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
                 "anvil reads version {} only", dir, version, kCheckpointVersion);
     const auto& m = manifest.at("model");
     const std::string family = m.at("name").get<std::string>();
-    ANVIL_CHECK(parse_choice(family, &out.config.name), "checkpoint '{}' holds a model of family '{}', which this "
+    ANVIL_CHECK(parse_choice(family, &meta.config.name), "checkpoint '{}' holds a model of family '{}', which this "
                 "anvil does not know (it knows {})", dir, family, choice_list<ModelFamily>());
-    out.config.n_layers = m.at("n_layers").get<int>();
-    out.config.n_heads = m.at("n_heads").get<int>();
-    out.config.d_model = m.at("d_model").get<int>();
-    out.config.vocab_size = m.at("vocab_size").get<int>();
-    out.config.max_seq_len = m.at("max_seq_len").get<int>();
-    out.step = manifest.at("step").get<int64_t>();
-    out.tokens_seen = manifest.at("tokens_seen").get<int64_t>();
-    out.data_state = manifest.at("data_state").dump();
-    out.config_yaml = manifest.at("config").get<std::string>();
+    meta.config.n_layers = m.at("n_layers").get<int>();
+    meta.config.n_heads = m.at("n_heads").get<int>();
+    meta.config.d_model = m.at("d_model").get<int>();
+    meta.config.vocab_size = m.at("vocab_size").get<int>();
+    meta.config.max_seq_len = m.at("max_seq_len").get<int>();
+    meta.step = manifest.at("step").get<int64_t>();
+    meta.tokens_seen = manifest.at("tokens_seen").get<int64_t>();
+    meta.data_state = manifest.at("data_state").dump();
+    meta.config_yaml = manifest.at("config").get<std::string>();
     // The architecture is the config's model section (the manifest's model entry summarises it).
     {
       YAML::Node root;
       try {
-        root = YAML::Load(out.config_yaml);
+        root = YAML::Load(meta.config_yaml);
       } catch (const YAML::Exception& e) {
         ANVIL_FAIL("checkpoint manifest '{}' holds a config that is not valid YAML: {}", manifest_path, e.msg);
       }
@@ -171,25 +193,82 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
       MapReader section(root["model"], "model", manifest_path);
       ModelConfig from_config;
       read_model_section(section, from_config, manifest_path + " (its config)");
-      ANVIL_CHECK(from_config.name == out.config.name && from_config.n_layers == out.config.n_layers &&
-                      from_config.n_heads == out.config.n_heads && from_config.d_model == out.config.d_model &&
-                      from_config.vocab_size == out.config.vocab_size &&
-                      from_config.max_seq_len == out.config.max_seq_len,
+      ANVIL_CHECK(from_config.name == meta.config.name && from_config.n_layers == meta.config.n_layers &&
+                      from_config.n_heads == meta.config.n_heads && from_config.d_model == meta.config.d_model &&
+                      from_config.vocab_size == meta.config.vocab_size &&
+                      from_config.max_seq_len == meta.config.max_seq_len,
                   "checkpoint manifest '{}' is inconsistent: its model entry and its config's model section "
                   "describe different models", manifest_path);
-      out.config = from_config;
+      meta.config = from_config;
     }
-    if (manifest.contains("grad_scales")) out.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
-    if (manifest.contains("loss_scaler")) out.loss_scaler = manifest.at("loss_scaler").dump();
-    out.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
-    shards = manifest.at("shards");
-    out.saved_world_size = manifest.at("world_size").get<int>();
-    want_sha256 = manifest.at("weights_sha256").get<std::string>();
-    ANVIL_CHECK(shards.size() == static_cast<size_t>(out.saved_world_size), "checkpoint '{}' lists {} shards, but "
-                "was saved by {} ranks (one shard each)", dir, shards.size(), out.saved_world_size);
+    if (manifest.contains("grad_scales")) meta.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
+    if (manifest.contains("loss_scaler")) meta.loss_scaler = manifest.at("loss_scaler").dump();
+    meta.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
+    const nlohmann::json& shards = manifest.at("shards");
+    meta.saved_world_size = manifest.at("world_size").get<int>();
+    out.want_sha256 = manifest.at("weights_sha256").get<std::string>();
+    ANVIL_CHECK(shards.size() == static_cast<size_t>(meta.saved_world_size), "checkpoint '{}' lists {} shards, but "
+                "was saved by {} ranks (one shard each)", dir, shards.size(), meta.saved_world_size);
+
+    std::map<std::string, const ParamTensor*> by_name;
+    const std::vector<ParamTensor> layout = model_param_layout(meta.config);
+    for (const ParamTensor& t : layout) by_name[t.name] = &t;
+    const size_t n = model_num_params(meta.config);
+    // The shards must tile the flat range [0, n) in order.
+    size_t covered = 0;
+    for (const auto& shard : shards) {
+      const std::string file_name = shard.at("file").get<std::string>();
+      const size_t lo = shard.at("lo").get<size_t>(), hi = shard.at("hi").get<size_t>();
+      ANVIL_CHECK(lo == covered && hi >= lo && hi <= n, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
+                  "start at {} within {} parameters", dir, file_name, lo, hi, covered, n);
+      covered = hi;
+      ANVIL_CHECK(fs::is_regular_file(dir + "/" + file_name), "checkpoint '{}' is incomplete: shard file '{}' is "
+                  "missing (the manifest lists {} shards)", dir, file_name, shards.size());
+      out.files.push_back(dir + "/" + file_name);
+      for (const auto& p : shard.at("pieces")) {
+        ManifestPiece piece;
+        piece.name = p.at("name").get<std::string>();
+        const bool avg = piece.name.rfind("exp_avg.", 0) == 0, avg_sq = piece.name.rfind("exp_avg_sq.", 0) == 0;
+        piece.kind = avg ? ManifestPiece::kExpAvg : avg_sq ? ManifestPiece::kExpAvgSq : ManifestPiece::kParam;
+        piece.tensor = piece.name.substr(avg ? 8 : avg_sq ? 11 : 0);
+        const auto t = by_name.find(piece.tensor);
+        ANVIL_CHECK(t != by_name.end(), "checkpoint '{}': shard '{}' holds '{}', which the model has no tensor for",
+                    dir, file_name, piece.name);
+        piece.offset = p.at("offset").get<size_t>();
+        piece.numel = p.at("numel").get<size_t>();
+        ANVIL_CHECK(piece.offset + piece.numel <= t->second->numel, "checkpoint '{}': piece '{}' of shard '{}' lies "
+                    "outside the tensor", dir, piece.name, file_name);
+        piece.xxh3 = p.at("xxh3").get<std::string>();
+        piece.shard = out.files.size() - 1;
+        out.pieces.push_back(std::move(piece));
+      }
+    }
+    ANVIL_CHECK(covered == n, "checkpoint '{}': its shards cover {} of the model's {} parameters", dir, covered, n);
   } catch (const nlohmann::json::exception& e) {
     ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
   }
+  return out;
+}
+
+// A piece's values, checked against the manifest's checksum.
+SafeTensor read_piece(const Manifest& m, const SafeTensorsHeader& file, const ManifestPiece& piece) {
+  const std::string& dir = m.meta.dir;
+  const std::string file_name = fs::path(file.path).filename().string();
+  ANVIL_CHECK(file.tensors.count(piece.name), "checkpoint '{}' is incomplete: shard '{}' has no tensor '{}'", dir,
+              file_name, piece.name);
+  SafeTensor st = read_safetensor(file, piece.name);
+  ANVIL_CHECK(st.dtype == "F32" && st.shape == std::vector<int64_t>{static_cast<int64_t>(piece.numel)},
+              "checkpoint '{}': tensor '{}' of shard '{}' has the wrong shape or dtype", dir, piece.name, file_name);
+  ANVIL_CHECK(piece.xxh3 == hex64(hash64(st.data.data(), st.data.size())), "checkpoint '{}' is corrupt: tensor '{}' "
+              "of shard '{}' does not match its checksum in the manifest", dir, piece.name, file_name);
+  return st;
+}
+
+}  // namespace
+
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
+  Manifest m = read_manifest(path);
+  LoadedCheckpoint out = m.meta;
   std::map<std::string, const ParamTensor*> by_name;
   const std::vector<ParamTensor> layout = model_param_layout(out.config);
   for (const ParamTensor& t : layout) by_name[t.name] = &t;
@@ -199,48 +278,54 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
     out.exp_avg.assign(n, 0.0f);
     out.exp_avg_sq.assign(n, 0.0f);
   }
-  // The shards must tile the flat range [0, n) in order; every piece is checked against its
-  // checksum and copied to its place in the whole tensor.
-  size_t covered = 0;
-  try {
-    for (const auto& shard : shards) {
-      const std::string file_name = shard.at("file").get<std::string>();
-      const size_t lo = shard.at("lo").get<size_t>(), hi = shard.at("hi").get<size_t>();
-      ANVIL_CHECK(lo == covered && hi >= lo && hi <= n, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
-                  "start at {} within {} parameters", dir, file_name, lo, hi, covered, n);
-      covered = hi;
-      ANVIL_CHECK(fs::is_regular_file(dir + "/" + file_name), "checkpoint '{}' is incomplete: shard file '{}' is "
-                  "missing (the manifest lists {} shards)", dir, file_name, shards.size());
-      const SafeTensorsFile file = read_safetensors(dir + "/" + file_name);
-      for (const auto& piece : shard.at("pieces")) {
-        const std::string name = piece.at("name").get<std::string>();
-        const bool avg = name.rfind("exp_avg.", 0) == 0, avg_sq = name.rfind("exp_avg_sq.", 0) == 0;
-        const std::string tensor = name.substr(avg ? 8 : avg_sq ? 11 : 0);
-        const auto t = by_name.find(tensor);
-        ANVIL_CHECK(t != by_name.end(), "checkpoint '{}': shard '{}' holds '{}', which the model has no tensor for",
-                    dir, file_name, name);
-        if ((avg || avg_sq) && !with_optimizer) continue;
-        const size_t offset = piece.at("offset").get<size_t>(), numel = piece.at("numel").get<size_t>();
-        ANVIL_CHECK(offset + numel <= t->second->numel, "checkpoint '{}': piece '{}' of shard '{}' lies outside the "
-                    "tensor", dir, name, file_name);
-        const auto st = file.tensors.find(name);
-        ANVIL_CHECK(st != file.tensors.end(), "checkpoint '{}' is incomplete: shard '{}' has no tensor '{}'", dir,
-                    file_name, name);
-        ANVIL_CHECK(st->second.shape == std::vector<int64_t>{static_cast<int64_t>(numel)}, "checkpoint '{}': tensor "
-                    "'{}' of shard '{}' has the wrong shape", dir, name, file_name);
-        ANVIL_CHECK(piece.at("xxh3").get<std::string>() == hex64(hash64(st->second.data.data(), st->second.data.size())),
-                    "checkpoint '{}' is corrupt: tensor '{}' of shard '{}' does not match its checksum in the manifest",
-                    dir, name, file_name);
-        std::vector<float>& whole = avg ? out.exp_avg : avg_sq ? out.exp_avg_sq : out.params;
-        std::copy_n(st->second.f32(), numel, whole.data() + t->second->offset + offset);
-      }
-    }
-  } catch (const nlohmann::json::exception& e) {
-    ANVIL_FAIL("checkpoint manifest '{}' is malformed: {}", manifest_path, e.what());
+  // Every piece is checked against its checksum and copied to its place in the whole tensor.
+  std::vector<std::optional<SafeTensorsHeader>> headers(m.files.size());
+  for (const ManifestPiece& piece : m.pieces) {
+    if (piece.kind != ManifestPiece::kParam && !with_optimizer) continue;
+    if (!headers[piece.shard]) headers[piece.shard] = read_safetensors_header(m.files[piece.shard]);
+    const SafeTensor st = read_piece(m, *headers[piece.shard], piece);
+    std::vector<float>& whole = piece.kind == ManifestPiece::kExpAvg     ? out.exp_avg
+                                : piece.kind == ManifestPiece::kExpAvgSq ? out.exp_avg_sq
+                                                                         : out.params;
+    std::copy_n(st.f32(), piece.numel, whole.data() + by_name.at(piece.tensor)->offset + piece.offset);
   }
-  ANVIL_CHECK(covered == n, "checkpoint '{}': its shards cover {} of the model's {} parameters", dir, covered, n);
-  ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == want_sha256, "checkpoint '{}' is corrupt: the weights "
-              "reassembled from its shards do not match the manifest's weights_sha256", dir);
+  ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == m.want_sha256, "checkpoint '{}' is corrupt: the weights "
+              "reassembled from its shards do not match the manifest's weights_sha256", out.dir);
+  return out;
+}
+
+struct CheckpointTensorReader::State {
+  Manifest manifest;
+  std::vector<std::optional<SafeTensorsHeader>> headers;  // read when first needed
+  std::map<std::string, ParamTensor> layout;
+};
+
+CheckpointTensorReader::CheckpointTensorReader(const std::string& path) : state_(std::make_unique<State>()) {
+  state_->manifest = read_manifest(path);
+  state_->headers.resize(state_->manifest.files.size());
+  for (const ParamTensor& t : model_param_layout(state_->manifest.meta.config)) state_->layout.emplace(t.name, t);
+}
+
+CheckpointTensorReader::~CheckpointTensorReader() = default;
+
+const LoadedCheckpoint& CheckpointTensorReader::info() const { return state_->manifest.meta; }
+
+std::vector<float> CheckpointTensorReader::tensor(const std::string& name) {
+  const auto t = state_->layout.find(name);
+  ANVIL_CHECK(t != state_->layout.end(), "checkpoint '{}' has no tensor '{}'", info().dir, name);
+  std::vector<float> out(t->second.numel);
+  size_t filled = 0;
+  for (const ManifestPiece& piece : state_->manifest.pieces) {
+    if (piece.kind != ManifestPiece::kParam || piece.tensor != name) continue;
+    std::optional<SafeTensorsHeader>& header = state_->headers[piece.shard];
+    if (!header) header = read_safetensors_header(state_->manifest.files[piece.shard]);
+    const SafeTensor st = read_piece(state_->manifest, *header, piece);
+    std::copy_n(st.f32(), piece.numel, out.data() + piece.offset);
+    filled += piece.numel;
+  }
+  // The shards tile the flat range, so the pieces of a tensor cover it exactly once.
+  ANVIL_CHECK(filled == out.size(), "checkpoint '{}': the pieces of '{}' cover {} of its {} values", info().dir, name,
+              filled, out.size());
   return out;
 }
 

@@ -8,6 +8,7 @@
 // load what any other saved (docs/formats.md).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,23 @@ struct LoadedCheckpoint {
 // parameters, and the reassembled weights against the manifest's SHA-256; a damaged or incomplete
 // checkpoint is an error naming what is wrong.
 LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer);
+
+// A checkpoint's weights tensor by tensor, for tools that must not hold them all (export of a
+// model larger than one machine's memory): each tensor is reassembled from the pieces of the
+// shards that cover it, every piece verified against its checksum when read.
+class CheckpointTensorReader {
+ public:
+  explicit CheckpointTensorReader(const std::string& path);  // as load_checkpoint's path
+  ~CheckpointTensorReader();
+  // Everything load_checkpoint gives but the parameters and moments.
+  const LoadedCheckpoint& info() const;
+  // The whole tensor `name` of model_param_layout(info().config).
+  std::vector<float> tensor(const std::string& name);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // The complete checkpoint directories (step-*) of a run, newest first. Temporary directories of
 // interrupted saves are not listed.

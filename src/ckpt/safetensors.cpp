@@ -1,13 +1,15 @@
 // safetensors read and write. Reads validate every byte range against the file before use.
 #include "ckpt/safetensors.h"
 
-#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fs.h"
 
 namespace anvil {
+namespace fs = std::filesystem;
 namespace {
 size_t dtype_size(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
@@ -40,22 +42,29 @@ const SafeTensor& SafeTensorsFile::at(const std::string& name) const {
   return it->second;
 }
 
-SafeTensorsFile read_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path, "safetensors file");
-  ANVIL_CHECK(bytes.size() >= 8, "'{}' is not a safetensors file: only {} bytes", path, bytes.size());
-  uint64_t header_len;
-  std::memcpy(&header_len, bytes.data(), 8);
-  ANVIL_CHECK(header_len <= bytes.size() - 8, "'{}' is truncated or not safetensors: header of {} bytes "
-              "in a {}-byte file", path, header_len, bytes.size());
+SafeTensorsHeader read_safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ANVIL_CHECK(in.good(), "cannot open safetensors file '{}'", path);
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  ANVIL_CHECK(!ec && size >= 8, "'{}' is not a safetensors file: only {} bytes", path, ec ? 0 : size);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  ANVIL_CHECK(in.good() && header_len <= size - 8, "'{}' is truncated or not safetensors: header of {} bytes "
+              "in a {}-byte file", path, header_len, size);
+  std::string text(header_len, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_len));
+  ANVIL_CHECK(in.good(), "cannot read the header of '{}'", path);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.substr(8, header_len));
+    header = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     ANVIL_FAIL("'{}' has a malformed safetensors header: {}", path, e.what());
   }
   ANVIL_CHECK(header.is_object(), "'{}' has a malformed safetensors header", path);
-  const size_t data_start = 8 + header_len, data_len = bytes.size() - data_start;
-  SafeTensorsFile out;
+  const uint64_t data_start = 8 + header_len, data_len = size - data_start;
+  SafeTensorsHeader out;
+  out.path = path;
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       ANVIL_CHECK(entry.is_object(), "'{}': __metadata__ must map names to strings", path);
@@ -66,17 +75,22 @@ SafeTensorsFile read_safetensors(const std::string& path) {
       continue;
     }
     try {
-      SafeTensor t;
+      SafeTensorEntry t;
       t.dtype = entry.at("dtype").get<std::string>();
       t.shape = entry.at("shape").get<std::vector<int64_t>>();
       auto off = entry.at("data_offsets").get<std::vector<uint64_t>>();
       ANVIL_CHECK(dtype_size(t.dtype) > 0, "'{}': tensor '{}' has unknown dtype {}", path, name, t.dtype);
       ANVIL_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= data_len,
                   "'{}' is truncated: tensor '{}' ends past the end of the file", path, name);
-      ANVIL_CHECK(off[1] - off[0] == t.numel() * dtype_size(t.dtype),
-                  "'{}': tensor '{}' has {} bytes for shape of {} elements", path, name,
-                  off[1] - off[0], t.numel());
-      t.data = bytes.substr(data_start + off[0], off[1] - off[0]);
+      uint64_t numel = 1;
+      for (int64_t d : t.shape) {
+        ANVIL_CHECK(d >= 0, "'{}': tensor '{}' has a negative dimension", path, name);
+        numel *= static_cast<uint64_t>(d);
+      }
+      ANVIL_CHECK(off[1] - off[0] == numel * dtype_size(t.dtype), "'{}': tensor '{}' has {} bytes for shape of {} "
+                  "elements", path, name, off[1] - off[0], numel);
+      t.begin = data_start + off[0];
+      t.end = data_start + off[1];
       out.tensors.emplace(name, std::move(t));
     } catch (const nlohmann::json::exception& e) {
       ANVIL_FAIL("'{}': malformed entry for tensor '{}': {}", path, name, e.what());
@@ -85,22 +99,68 @@ SafeTensorsFile read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
+SafeTensor read_safetensor(const SafeTensorsHeader& header, const std::string& name) {
+  const auto it = header.tensors.find(name);
+  ANVIL_CHECK(it != header.tensors.end(), "'{}' has no tensor '{}'", header.path, name);
+  const SafeTensorEntry& e = it->second;
+  SafeTensor t;
+  t.dtype = e.dtype;
+  t.shape = e.shape;
+  t.data.resize(e.end - e.begin);
+  std::ifstream in(header.path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(e.begin));
+  in.read(t.data.data(), static_cast<std::streamsize>(t.data.size()));
+  ANVIL_CHECK(in.good(), "cannot read tensor '{}' of '{}' (was the file truncated since?)", name, header.path);
+  return t;
+}
+
+SafeTensorsFile read_safetensors(const std::string& path) {
+  SafeTensorsHeader header = read_safetensors_header(path);
+  SafeTensorsFile out;
+  out.metadata = std::move(header.metadata);
+  for (const auto& [name, entry] : header.tensors) out.tensors.emplace(name, read_safetensor(header, name));
+  return out;
+}
+
+SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<Declared> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : tensors_(std::move(tensors)), file_(path) {
   nlohmann::ordered_json header;
-  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (auto& [name, t] : file.tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+  for (const Declared& t : tensors_) {
+    ANVIL_CHECK(dtype_size(t.dtype) > 0, "safetensors dtype '{}' of '{}' is not known", t.dtype, t.name);
+    uint64_t bytes = dtype_size(t.dtype);
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    bytes_.push_back(bytes);
+    offset += bytes;
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
-  uint64_t len = h.size();
-  AtomicFile f(path);
-  f.write(&len, 8);
-  f.write(h.data(), h.size());
-  for (auto& [name, t] : file.tensors) f.write(t.data.data(), t.data.size());
-  f.commit();
+  const uint64_t len = h.size();
+  file_.write(&len, 8);
+  file_.write(h.data(), h.size());
+}
+
+void SafeTensorsWriter::write(const std::string& name, const void* data, size_t bytes) {
+  ANVIL_CHECK(next_ < tensors_.size() && tensors_[next_].name == name && bytes_[next_] == bytes,
+              "safetensors writer: '{}' ({} bytes) is not the next tensor declared", name, bytes);
+  file_.write(data, bytes);
+  next_++;
+}
+
+void SafeTensorsWriter::commit() {
+  ANVIL_CHECK(next_ == tensors_.size(), "safetensors writer: {} of {} tensors written", next_, tensors_.size());
+  file_.commit();
+}
+
+void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
+  std::vector<SafeTensorsWriter::Declared> declared;
+  for (const auto& [name, t] : file.tensors) declared.push_back({name, t.dtype, t.shape});
+  SafeTensorsWriter w(path, std::move(declared), file.metadata);
+  for (const auto& [name, t] : file.tensors) w.write(name, t.data.data(), t.data.size());
+  w.commit();
 }
 
 SafeTensor make_f32(const float* data, std::vector<int64_t> shape) {

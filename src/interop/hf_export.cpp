@@ -28,7 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 struct StoredType {
   const char* safetensors;  // "F32"
   const char* torch;        // "float32"
@@ -48,11 +47,12 @@ size_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The tensor's values in transformers' order, as the stored type's bytes.
-std::string tensor_bytes(const HfTensor& t, const ParamTensor& src, const float* params, const StoredType& type) {
+// The tensor's values in transformers' order, as the stored type's bytes; `values` is the whole
+// anvil tensor it is cut from.
+std::string tensor_bytes(const HfTensor& t, const ParamTensor& src, const float* values, const StoredType& type) {
   const size_t n = numel(t.shape);
   const int64_t cols = src.shape.size() == 2 ? src.shape[1] : 1;
-  const float* base = params + src.offset + static_cast<size_t>(t.row0) * cols;
+  const float* base = values + static_cast<size_t>(t.row0) * cols;
   std::vector<float> v(n);
   if (t.transposed) {  // src (rows × cols) stored as (cols × rows)
     const int64_t rows = src.shape[0];
@@ -83,10 +83,11 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   ANVIL_CHECK(opt.max_shard_bytes > 0, "--max-shard-size must be positive");
   ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; export writes a new directory (choose another name or "
               "remove it)", out_dir);
-  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint, false);
-  const ModelConfig& cfg = ckpt.config;
+  // Tensor by tensor: a sharded checkpoint is never gathered whole, and neither is an output file.
+  CheckpointTensorReader ckpt(checkpoint);
+  const ModelConfig& cfg = ckpt.info().config;
   const std::unique_ptr<Tokenizer> tok =
-      load_tokenizer(opt.tokenizer.empty() ? checkpoint_tokenizer(ckpt.config_yaml) : opt.tokenizer);
+      load_tokenizer(opt.tokenizer.empty() ? checkpoint_tokenizer(ckpt.info().config_yaml) : opt.tokenizer);
   ANVIL_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer {} has {} tokens, more than the model's vocab_size {}",
               tok->files().name, tok->vocab_size(), cfg.vocab_size);
   // GPT-2 has no BOS of its own: transformers' GPT-2 configs name its end-of-text token for both.
@@ -116,30 +117,35 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   };
 
   const fs::path target = fs::absolute(out_dir).lexically_normal();
-  const std::string tmp = (target.parent_path() / ("." + target.filename().string() + ".export-tmp")).string();
+  const std::string tmp = (target.parent_path() / fmt::format(".{}.export-tmp", target.filename().string())).string();
   fs::remove_all(tmp);  // what an interrupted export left
   make_dirs(tmp);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   Progress progress("export", static_cast<int64_t>(total), "B");
   uint64_t written = 0;
+  std::string source_name;  // the anvil tensor last read: consecutive rows (q, k, v) share it
+  std::vector<float> source;
   for (int s = 0; s < n_files; s++) {
-    SafeTensorsFile file;
-    file.metadata["format"] = "pt";  // transformers refuses safetensors metadata without it
+    std::vector<SafeTensorsWriter::Declared> declared;
+    for (size_t i : shards[s]) declared.push_back({tensors[i].name, type.safetensors, tensors[i].shape});
+    // transformers refuses safetensors metadata without "format".
+    SafeTensorsWriter file(tmp + "/" + file_name(s), std::move(declared), {{"format", "pt"}});
     for (size_t i : shards[s]) {
       const HfTensor& t = tensors[i];
       const auto src = layout.find(t.source);
       ANVIL_CHECK(src != layout.end(), "internal: transformers tensor {} maps to '{}', not in the layout", t.name,
                   t.source);
-      SafeTensor st;
-      st.dtype = type.safetensors;
-      st.shape = t.shape;
-      st.data = tensor_bytes(t, src->second, ckpt.params.data(), type);
-      written += st.data.size();
-      file.tensors.emplace(t.name, std::move(st));
+      if (source_name != t.source) {
+        source = ckpt.tensor(t.source);
+        source_name = t.source;
+      }
+      const std::string bytes = tensor_bytes(t, src->second, source.data(), type);
+      file.write(t.name, bytes.data(), bytes.size());
+      written += bytes.size();
       weight_map[t.name] = file_name(s);
       progress.update(static_cast<int64_t>(written));
     }
-    write_safetensors(tmp + "/" + file_name(s), file);
+    file.commit();
   }
   progress.finish();
   if (n_files > 1) {

@@ -250,18 +250,18 @@ Manifest read_manifest(const std::string& path) {
   return out;
 }
 
-// A piece's values, checked against the manifest's checksum.
-SafeTensor read_piece(const Manifest& m, const SafeTensorsHeader& file, const ManifestPiece& piece) {
+// A piece's values read into dest (piece.numel floats), checked against the manifest's checksum.
+void read_piece(const Manifest& m, const SafeTensorsHeader& file, const ManifestPiece& piece, float* dest) {
   const std::string& dir = m.meta.dir;
   const std::string file_name = fs::path(file.path).filename().string();
-  ANVIL_CHECK(file.tensors.count(piece.name), "checkpoint '{}' is incomplete: shard '{}' has no tensor '{}'", dir,
+  const auto entry = file.tensors.find(piece.name);
+  ANVIL_CHECK(entry != file.tensors.end(), "checkpoint '{}' is incomplete: shard '{}' has no tensor '{}'", dir,
               file_name, piece.name);
-  SafeTensor st = read_safetensor(file, piece.name);
-  ANVIL_CHECK(st.dtype == "F32" && st.shape == std::vector<int64_t>{static_cast<int64_t>(piece.numel)},
+  ANVIL_CHECK(entry->second.dtype == "F32" && entry->second.shape == std::vector<int64_t>{static_cast<int64_t>(piece.numel)},
               "checkpoint '{}': tensor '{}' of shard '{}' has the wrong shape or dtype", dir, piece.name, file_name);
-  ANVIL_CHECK(piece.xxh3 == hex64(hash64(st.data.data(), st.data.size())), "checkpoint '{}' is corrupt: tensor '{}' "
-              "of shard '{}' does not match its checksum in the manifest", dir, piece.name, file_name);
-  return st;
+  read_safetensor_into(file, piece.name, dest, piece.numel * sizeof(float));
+  ANVIL_CHECK(piece.xxh3 == hex64(hash64(dest, piece.numel * sizeof(float))), "checkpoint '{}' is corrupt: tensor "
+              "'{}' of shard '{}' does not match its checksum in the manifest", dir, piece.name, file_name);
 }
 
 }  // namespace
@@ -283,11 +283,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   for (const ManifestPiece& piece : m.pieces) {
     if (piece.kind != ManifestPiece::kParam && !with_optimizer) continue;
     if (!headers[piece.shard]) headers[piece.shard] = read_safetensors_header(m.files[piece.shard]);
-    const SafeTensor st = read_piece(m, *headers[piece.shard], piece);
     std::vector<float>& whole = piece.kind == ManifestPiece::kExpAvg     ? out.exp_avg
                                 : piece.kind == ManifestPiece::kExpAvgSq ? out.exp_avg_sq
                                                                          : out.params;
-    std::copy_n(st.f32(), piece.numel, whole.data() + by_name.at(piece.tensor)->offset + piece.offset);
+    read_piece(m, *headers[piece.shard], piece, whole.data() + by_name.at(piece.tensor)->offset + piece.offset);
   }
   ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == m.want_sha256, "checkpoint '{}' is corrupt: the weights "
               "reassembled from its shards do not match the manifest's weights_sha256", out.dir);
@@ -319,8 +318,7 @@ std::vector<float> CheckpointTensorReader::tensor(const std::string& name) {
     if (piece.kind != ManifestPiece::kParam || piece.tensor != name) continue;
     std::optional<SafeTensorsHeader>& header = state_->headers[piece.shard];
     if (!header) header = read_safetensors_header(state_->manifest.files[piece.shard]);
-    const SafeTensor st = read_piece(state_->manifest, *header, piece);
-    std::copy_n(st.f32(), piece.numel, out.data() + piece.offset);
+    read_piece(state_->manifest, *header, piece, out.data() + piece.offset);
     filled += piece.numel;
   }
   // The shards tile the flat range, so the pieces of a tensor cover it exactly once.

@@ -99,18 +99,26 @@ SafeTensorsHeader read_safetensors_header(const std::string& path) {
   return out;
 }
 
-SafeTensor read_safetensor(const SafeTensorsHeader& header, const std::string& name) {
+void read_safetensor_into(const SafeTensorsHeader& header, const std::string& name, void* dest, size_t bytes) {
   const auto it = header.tensors.find(name);
   ANVIL_CHECK(it != header.tensors.end(), "'{}' has no tensor '{}'", header.path, name);
   const SafeTensorEntry& e = it->second;
-  SafeTensor t;
-  t.dtype = e.dtype;
-  t.shape = e.shape;
-  t.data.resize(e.end - e.begin);
+  ANVIL_CHECK(bytes == e.end - e.begin, "tensor '{}' of '{}' holds {} bytes, not {}", name, header.path, e.end - e.begin,
+              bytes);
   std::ifstream in(header.path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(e.begin));
-  in.read(t.data.data(), static_cast<std::streamsize>(t.data.size()));
+  in.read(static_cast<char*>(dest), static_cast<std::streamsize>(bytes));
   ANVIL_CHECK(in.good(), "cannot read tensor '{}' of '{}' (was the file truncated since?)", name, header.path);
+}
+
+SafeTensor read_safetensor(const SafeTensorsHeader& header, const std::string& name) {
+  const auto it = header.tensors.find(name);
+  ANVIL_CHECK(it != header.tensors.end(), "'{}' has no tensor '{}'", header.path, name);
+  SafeTensor t;
+  t.dtype = it->second.dtype;
+  t.shape = it->second.shape;
+  t.data.resize(it->second.end - it->second.begin);
+  read_safetensor_into(header, name, t.data.data(), t.data.size());
   return t;
 }
 

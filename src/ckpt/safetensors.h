@@ -43,6 +43,8 @@ struct SafeTensorsHeader {
 SafeTensorsHeader read_safetensors_header(const std::string& path);
 // One tensor's bytes, read from the file the header came from.
 SafeTensor read_safetensor(const SafeTensorsHeader& header, const std::string& name);
+// The same into `dest`, which must hold exactly the tensor's bytes.
+void read_safetensor_into(const SafeTensorsHeader& header, const std::string& name, void* dest, size_t bytes);
 
 // Reads and validates a whole file.
 SafeTensorsFile read_safetensors(const std::string& path);

@@ -47,33 +47,35 @@ size_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The tensor's values in transformers' order, as the stored type's bytes; `values` is the whole
-// anvil tensor it is cut from.
-std::string tensor_bytes(const HfTensor& t, const ParamTensor& src, const float* values, const StoredType& type) {
+// Writes transformers' tensor t, cut from `values` (the whole anvil tensor), in the stored type:
+// fp32 rows as they are go to the file straight from `values`; otherwise one buffer of the stored
+// bytes is filled (transposed, rounded) without a float copy in between.
+void write_tensor(SafeTensorsWriter& file, const HfTensor& t, const ParamTensor& src, const float* values,
+                  const StoredType& type) {
   const size_t n = numel(t.shape);
   const int64_t cols = src.shape.size() == 2 ? src.shape[1] : 1;
   const float* base = values + static_cast<size_t>(t.row0) * cols;
-  std::vector<float> v(n);
-  if (t.transposed) {  // src (rows × cols) stored as (cols × rows)
-    const int64_t rows = src.shape[0];
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t c = 0; c < cols; c++) v[static_cast<size_t>(c * rows + r)] = base[r * cols + c];
-  } else {
-    std::memcpy(v.data(), base, n * sizeof(float));
-  }
+  if (type.bytes == 4 && !t.transposed) return file.write(t.name, base, n * sizeof(float));
+  // Element i of transformers' tensor: src (rows × cols) stored as (cols × rows) when transposed.
+  const int64_t rows = src.shape[0];
+  auto value = [&](size_t i) {
+    return t.transposed ? base[static_cast<int64_t>(i % rows) * cols + static_cast<int64_t>(i / rows)] : base[i];
+  };
   std::string out(n * type.bytes, '\0');
   if (type.bytes == 4) {
-    std::memcpy(out.data(), v.data(), out.size());
-    return out;
+    auto* f = reinterpret_cast<float*>(out.data());
+    for (size_t i = 0; i < n; i++) f[i] = value(i);
+  } else {
+    auto* h = reinterpret_cast<uint16_t*>(out.data());
+    const bool fp16 = std::strcmp(type.safetensors, "F16") == 0;
+    for (size_t i = 0; i < n; i++) {
+      const float v = value(i);
+      ANVIL_CHECK(!fp16 || std::fabs(v) <= 65504.0f,
+                  "{} holds {} at index {}, beyond float16's range (65504); export as bf16 or fp32", t.name, v, i);
+      h[i] = fp16 ? float_to_fp16(v) : float_to_bf16(v);
+    }
   }
-  auto* h = reinterpret_cast<uint16_t*>(out.data());
-  const bool fp16 = std::strcmp(type.safetensors, "F16") == 0;
-  for (size_t i = 0; i < n; i++) {
-    ANVIL_CHECK(!fp16 || std::fabs(v[i]) <= 65504.0f,
-                "{} holds {} at index {}, beyond float16's range (65504); export as bf16 or fp32", t.name, v[i], i);
-    h[i] = fp16 ? float_to_fp16(v[i]) : float_to_bf16(v[i]);
-  }
-  return out;
+  file.write(t.name, out.data(), out.size());
 }
 
 }  // namespace
@@ -139,9 +141,8 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
         source = ckpt.tensor(t.source);
         source_name = t.source;
       }
-      const std::string bytes = tensor_bytes(t, src->second, source.data(), type);
-      file.write(t.name, bytes.data(), bytes.size());
-      written += bytes.size();
+      write_tensor(file, t, src->second, source.data(), type);
+      written += numel(t.shape) * type.bytes;
       weight_map[t.name] = file_name(s);
       progress.update(static_cast<int64_t>(written));
     }

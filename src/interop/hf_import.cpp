@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/progress.h"
 #include "interop/hf_format.h"
 #include "model/model.h"
 
@@ -39,18 +41,24 @@ std::string hf_dir_tokenizer(const std::string& dir) {
   return has ? d.string() : "gpt2";
 }
 
-// Every tensor of the directory by name, and the file each came from.
+// Every tensor of the directory by name, and the file each lies in (headers only: a tensor is
+// read when it is used, so an import holds the model once, not twice).
 struct HfFiles {
-  std::map<std::string, SafeTensor> tensors;
-  std::map<std::string, std::string> file_of;
+  std::vector<SafeTensorsHeader> headers;
+  std::map<std::string, const SafeTensorEntry*> tensors;
+  std::map<std::string, size_t> file_of;  // index into headers
+  std::string file_name(const std::string& tensor) const {
+    return fs::path(headers[file_of.at(tensor)].path).filename().string();
+  }
+  SafeTensor read(const std::string& tensor) const { return read_safetensor(headers[file_of.at(tensor)], tensor); }
 };
 
 HfFiles read_hf_files(const std::string& dir) {
   HfFiles out;
   std::vector<std::string> files;
   const std::string index_path = dir + "/model.safetensors.index.json";
+  nlohmann::json index;
   if (fs::exists(index_path)) {
-    nlohmann::json index;
     try {
       index = nlohmann::json::parse(read_file(index_path, "safetensors index"));
     } catch (const nlohmann::json::exception& e) {
@@ -65,28 +73,26 @@ HfFiles read_hf_files(const std::string& dir) {
     files.assign(names.begin(), names.end());
     for (const std::string& f : files)
       ANVIL_CHECK(f.find('/') == std::string::npos, "'{}': weight_map names '{}', outside the directory", index_path, f);
-    for (const std::string& f : files) {
-      SafeTensorsFile st = read_safetensors(dir + "/" + f);
-      for (auto& [name, t] : st.tensors) {
-        ANVIL_CHECK(!out.tensors.count(name), "tensor '{}' is in both '{}' and '{}'", name, out.file_of[name], f);
-        ANVIL_CHECK(index["weight_map"].contains(name) && index["weight_map"][name] == f,
-                    "'{}' holds tensor '{}', which the index does not place there", f, name);
-        out.file_of[name] = f;
-        out.tensors.emplace(name, std::move(t));
-      }
+  } else {
+    ANVIL_CHECK(fs::exists(dir + "/model.safetensors"), "'{}' holds neither model.safetensors nor "
+                "model.safetensors.index.json", dir);
+    files = {"model.safetensors"};
+  }
+  out.headers.reserve(files.size());
+  for (const std::string& f : files) out.headers.push_back(read_safetensors_header(dir + "/" + f));
+  for (size_t i = 0; i < files.size(); i++) {
+    for (const auto& [name, entry] : out.headers[i].tensors) {
+      ANVIL_CHECK(!out.tensors.count(name), "tensor '{}' is in both '{}' and '{}'", name, out.file_name(name), files[i]);
+      ANVIL_CHECK(index.is_null() || (index["weight_map"].contains(name) && index["weight_map"][name] == files[i]),
+                  "'{}' holds tensor '{}', which the index does not place there", files[i], name);
+      out.tensors[name] = &entry;
+      out.file_of[name] = i;
     }
+  }
+  if (!index.is_null())
     for (const auto& [name, file] : index["weight_map"].items())
       ANVIL_CHECK(out.tensors.count(name), "the index places tensor '{}' in '{}', which does not hold it", name,
                   file.get<std::string>());
-  } else {
-    const std::string single = dir + "/model.safetensors";
-    ANVIL_CHECK(fs::exists(single), "'{}' holds neither model.safetensors nor model.safetensors.index.json", dir);
-    SafeTensorsFile st = read_safetensors(single);
-    for (auto& [name, t] : st.tensors) {
-      out.file_of[name] = "model.safetensors";
-      out.tensors.emplace(name, std::move(t));
-    }
-  }
   return out;
 }
 
@@ -127,7 +133,7 @@ bool is_hf_model_dir(const std::string& path) {
   return fs::exists(path + "/config.json") && !fs::exists(path + "/manifest.json") && !fs::exists(path + "/checkpoints");
 }
 
-HfModel read_hf_model(const std::string& hf_dir) {
+HfModel read_hf_model(const std::string& hf_dir, const char* progress_label) {
   ANVIL_CHECK(fs::is_directory(hf_dir), "'{}' is not a directory (expected a Hugging Face model directory)", hf_dir);
   const std::string config_path = hf_dir + "/config.json";
   nlohmann::json config;
@@ -148,14 +154,24 @@ HfModel read_hf_model(const std::string& hf_dir) {
   params.assign(model_num_params(cfg), 0.0f);
   std::set<std::string> used;
   const bool gpt2 = cfg.name == ModelFamily::kGpt2;
-  for (const HfTensor& h : hf_tensors(cfg)) {
+  const std::vector<HfTensor> wanted = hf_tensors(cfg);
+  uint64_t total = 0, read = 0;
+  for (const HfTensor& h : wanted) {
+    const auto it = files.tensors.find(stored_name(files, h.name, gpt2));
+    if (it != files.tensors.end()) total += it->second->end - it->second->begin;
+  }
+  std::optional<Progress> progress;
+  if (progress_label) progress.emplace(progress_label, static_cast<int64_t>(total), "B");
+  for (const HfTensor& h : wanted) {
     const std::string name = stored_name(files, h.name, gpt2);
     const auto it = files.tensors.find(name);
     ANVIL_CHECK(it != files.tensors.end(), "'{}' has no tensor '{}', which its config.json's {} needs", hf_dir, h.name,
                 model_family_title(cfg));
-    ANVIL_CHECK(it->second.shape == h.shape, "tensor '{}' in '{}' has shape {}, but config.json's model needs {}", name,
-                files.file_of[name], shape_text(it->second.shape), shape_text(h.shape));
-    const std::vector<float> v = to_floats(name, it->second);
+    ANVIL_CHECK(it->second->shape == h.shape, "tensor '{}' in '{}' has shape {}, but config.json's model needs {}", name,
+                files.file_name(name), shape_text(it->second->shape), shape_text(h.shape));
+    const std::vector<float> v = to_floats(name, files.read(name));
+    read += it->second->end - it->second->begin;
+    if (progress) progress->update(static_cast<int64_t>(read));
     const ParamTensor& src = *by_name.at(h.source);
     const int64_t cols = src.shape.size() == 2 ? src.shape[1] : 1;
     float* dst = params.data() + src.offset + static_cast<size_t>(h.row0) * cols;
@@ -169,7 +185,7 @@ HfModel read_hf_model(const std::string& hf_dir) {
     used.insert(name);
     r.tensors++;
   }
-  for (const auto& [name, t] : files.tensors) {
+  for (const auto& [name, entry] : files.tensors) {
     if (used.count(name)) continue;
     if (is_buffer(name)) {
       r.skipped.push_back(name);
@@ -177,9 +193,9 @@ HfModel read_hf_model(const std::string& hf_dir) {
     }
     if (name == "lm_head.weight" && cfg.tied_embeddings) {
       // save_pretrained leaves a tied head out, but some files store it: it must be the embedding.
-      const std::vector<float> head = to_floats(name, t);
+      const std::vector<float> head = to_floats(name, files.read(name));
       const ParamTensor& wte = *by_name.at("wte");
-      ANVIL_CHECK(t.shape == wte.shape && std::memcmp(head.data(), params.data() + wte.offset,
+      ANVIL_CHECK(entry->shape == wte.shape && std::memcmp(head.data(), params.data() + wte.offset,
                                                        head.size() * sizeof(float)) == 0,
                   "'{}' stores lm_head.weight unlike the embedding, but config.json ties them "
                   "(tie_word_embeddings); the config disagrees with the tensors", hf_dir);
@@ -187,9 +203,10 @@ HfModel read_hf_model(const std::string& hf_dir) {
       continue;
     }
     ANVIL_FAIL("tensor '{}' in '{}' is not part of config.json's {} model (a config that disagrees with the tensors)",
-               name, files.file_of[name], model_family_title(cfg));
+               name, files.file_name(name), model_family_title(cfg));
   }
 
+  if (progress) progress->finish(fmt::format("{} tensors", r.tensors));
   return r;
 }
 
@@ -211,7 +228,7 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
   ANVIL_CHECK(fs::is_directory(hf_dir), "'{}' is not a directory (expected a Hugging Face model directory)", hf_dir);
   ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; import writes a new run directory (choose another name "
               "or remove it)", out_dir);
-  HfModel model = read_hf_model(hf_dir);
+  HfModel model = read_hf_model(hf_dir, "import");
   HfImportResult r;
   r.config = model.config;
   r.tensors = model.tensors;

@@ -17,8 +17,8 @@ struct HfModel {
   size_t tensors = 0;                // transformers tensors read
   std::vector<std::string> skipped;  // buffers the files carry that are not weights (GPT-2's attn.bias)
 };
-// Errors as import_hf's.
-HfModel read_hf_model(const std::string& hf_dir);
+// Errors as import_hf's. With a progress_label, a progress bar of the bytes read (on stderr).
+HfModel read_hf_model(const std::string& hf_dir, const char* progress_label = nullptr);
 // Whether path is a transformers directory (config.json, and no anvil manifest or checkpoints).
 bool is_hf_model_dir(const std::string& path);
 

@@ -69,7 +69,7 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
 // training state (hf_causal_lm's pretrained weights).
 LoadedCheckpoint load_start_point(const std::string& path) {
   if (!is_hf_model_dir(path)) return load_checkpoint(path, /*with_optimizer=*/true);
-  HfModel hf = read_hf_model(path);
+  HfModel hf = read_hf_model(path, "load weights");
   LoadedCheckpoint c;
   c.dir = path;
   c.config = hf.config;

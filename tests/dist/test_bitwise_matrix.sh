@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The determinism matrix: 20 steps of a bench-16m-shaped model (4 layers, 4 heads, d_model 256,
-# GPT-2's 50257-token vocabulary; sequences of 64 tokens to keep CI short) on Brown, global batch
+# The determinism matrix: 20 steps of a bench-16m-shaped model (4 layers, 4 heads, d_model 256;
+# to keep CI short, sequences of 64 tokens and a 1024-token cut of GPT-2's vocabulary,
+# tests/lib.sh's small_gpt2_vocab) on Brown, global batch
 # 12, under every grouping the issue names: 1 rank with microbatch 8 (8 + 4), 2 ranks with
 # microbatch 4 and 1, 4 ranks with microbatch 2 (2 + 1), 3 ranks with microbatch 4, across ZeRO
 # stages 0-3. Every run must end with the same weight digest and the same loss at every step.
@@ -17,10 +18,12 @@ source "$src/tests/lib.sh"
 export OMP_NUM_THREADS=1  # up to 4 ranks share 2 cores
 start_test
 
-prepare_brown_news "$anvil" "$src" "$tmp" 64 || { echo "FAIL: data prepare"; exit 1; }
+small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 64 "$tmp/vocab" \
+  || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/m.yaml" <<YAML
 max_seq_len: 64
-model: {name: gpt2, n_layers: 4, n_heads: 4, d_model: 256, vocab_size: 50257}
+model: {name: gpt2, n_layers: 4, n_heads: 4, d_model: 256, vocab_size: $small_vocab_size}
+tokenizer: {name: $tmp/vocab}
 train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
 optimizer: {name: decoupled_adamw, lr: 6.0e-4, betas: [0.9, 0.95], weight_decay: 0.1}
 scheduler: {name: cosine_with_warmup, t_warmup: 5ba, alpha_f: 0.1}

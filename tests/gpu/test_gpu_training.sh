@@ -14,6 +14,7 @@
 #   give the same weights bit for bit; 2 MPI ranks sharing the GPU (host-staged collectives), under
 #   ZeRO stages 0 to 3, give those same bits too, and so does one rank through NCCL (in builds
 #   with NCCL/RCCL; the emulated GPU has none); and the run follows the deterministic CPU run.
+# The model is GPT-2 with a 1024-token cut of its vocabulary (tests/lib.sh, small_gpt2_vocab).
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -25,10 +26,12 @@ if grep -q "^gpus: none visible" <<< "$doctor_report"; then
 fi
 start_test
 
-prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
+small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
+  || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/g.yaml" <<YAML
 max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size}
+tokenizer: {name: $tmp/vocab}
 train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
 eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
 optimizer: {name: decoupled_adamw, lr: 1.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}

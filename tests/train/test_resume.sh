@@ -18,10 +18,12 @@ source "$src/tests/lib.sh"
 export OMP_NUM_THREADS=1
 start_test
 
-prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
+small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
+  || { echo "FAIL: data prepare"; exit 1; }
 cat > "$tmp/r.yaml" <<YAML
 max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: 50257}
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: $small_vocab_size}
+tokenizer: {name: $tmp/vocab}
 train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
 eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
 optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}

@@ -8,6 +8,7 @@
 #   the CPU-only run within 1e-5;
 # - amp_bf16 on the GPU against amp_bf16 on the CPU: within 1e-2 (16-bit roundings can flip with the
 #   sum order);
+# - an MPT (ALiBi, no biases) and a multi-query Llama on the GPU against the CPU: within 1e-5;
 # - device_train_microbatch_size: auto fits the GPU's memory (the whole batch of 8 here) and
 #   follows the same curve;
 # - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
@@ -90,6 +91,17 @@ compare cpu gpu_then_cpu 1e-5 && pass "GPU to step 8, then CPU from its checkpoi
 run cpu_bf16 kernels=cpu precision=amp_bf16
 run gpu_bf16 kernels=gpu precision=amp_bf16
 compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
+
+# The other families: an MPT (ALiBi, no biases, exact GELU) and a Llama with one key/value head
+# (RoPE, SwiGLU, RMSNorm, its own LM head), each on the GPU against the CPU.
+for family in mpt llama; do
+  if [ $family = mpt ]; then options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true)
+  else options=(model.name=llama model.n_kv_heads=1); fi
+  run "${family}_cpu" kernels=cpu "${options[@]}"
+  run "${family}_gpu" kernels=gpu "${options[@]}"
+  compare "${family}_cpu" "${family}_gpu" 1e-5 && pass "$family: kernels=gpu follows kernels=cpu" \
+    || fail "$family: kernels=gpu against kernels=cpu"
+done
 
 run gpu_auto kernels=gpu device_train_microbatch_size=auto
 if grep -q '"microbatch":8' "$tmp/gpu_auto/metrics.jsonl" && compare gpu gpu_auto 1e-5; then

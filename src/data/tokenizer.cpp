@@ -45,11 +45,25 @@ std::string eos_token_of(const fs::path& dir) {
   return eos["content"].get<std::string>();
 }
 
-void hash_file(Sha256& h, const std::string& path, const char* what) {
-  const std::string bytes = read_file(path, what);
+void hash_bytes(Sha256& h, const std::string& bytes) {
   const uint64_t n = bytes.size();
   h.update(&n, sizeof n);
   h.update(bytes.data(), bytes.size());
+}
+
+// A GPT-2-style vocabulary's identity is what the tokenizer reads, not the files' bytes: the
+// token -> id map (however the JSON is laid out) and the merges it uses (the lines between the
+// version line and the last, as both GPT-2 readers take them).
+void hash_gpt2_bpe(Sha256& h, const TokenizerFiles& f) {
+  try {
+    hash_bytes(h, nlohmann::json::parse(read_file(f.model, "GPT-2 vocabulary")).dump());
+  } catch (const nlohmann::json::exception& e) {
+    ANVIL_FAIL("GPT-2 vocabulary '{}' is not valid JSON: {}", f.model, e.what());
+  }
+  const std::string merges = read_file(f.merges, "GPT-2 merges file");
+  const size_t first = merges.find('\n'), last = merges.rfind('\n');
+  hash_bytes(h, first == std::string::npos || last <= first ? "" : merges.substr(first + 1, last - first - 1));
+  hash_bytes(h, f.eos_token);
 }
 
 // OpenAI's GPT-2 sizes share one published vocabulary: their hub names are GPT-2's tokenizer.
@@ -116,11 +130,8 @@ TokenizerFiles resolve_tokenizer(const std::string& given) {
   Sha256 h;
   const std::string kind = tokenizer_kind_name(f.kind);
   h.update(kind.data(), kind.size() + 1);
-  hash_file(h, f.model, f.kind == TokenizerKind::kGpt2Bpe ? "GPT-2 vocabulary" : "SentencePiece model");
-  if (f.kind == TokenizerKind::kGpt2Bpe) {
-    hash_file(h, f.merges, "GPT-2 merges file");
-    h.update(f.eos_token.data(), f.eos_token.size());
-  }
+  if (f.kind == TokenizerKind::kGpt2Bpe) hash_gpt2_bpe(h, f);
+  else hash_bytes(h, read_file(f.model, "SentencePiece model"));
   f.sha256 = h.hex();
   return f;
 }

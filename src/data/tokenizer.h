@@ -23,7 +23,7 @@ struct TokenizerFiles {
   TokenizerKind kind = TokenizerKind::kGpt2Bpe;
   std::string model, merges;  // gpt2_bpe: the vocabulary and merges files; sentencepiece: model only
   std::string eos_token;      // gpt2_bpe: the end-of-text token (tokenizer_config.json's eos_token, if any)
-  std::string sha256;         // of the files' bytes (and the eos token): the tokenizer's identity
+  std::string sha256;         // the tokenizer's identity: of what it reads from its files
 };
 TokenizerFiles resolve_tokenizer(const std::string& name);
 

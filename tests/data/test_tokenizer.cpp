@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fs.h"
@@ -111,6 +112,9 @@ TEST_F(TokenizerNames, TransformersFileNamesAreTheSameTokenizer) {
   const std::string text = "The jury said, in effect: \xc3\xa9t\xc3\xa9 \xff it's 1961.";
   EXPECT_EQ(hf->encode(text), tokenizer().encode(text));
   EXPECT_EQ(hf->record().vocab_size, 50257);
+  // The identity is the vocabulary, not the file's layout: transformers writes the JSON its own way.
+  write_file_atomic(path("hf/vocab.json"), nlohmann::json::parse(read_file(gpt2.model, "vocabulary")).dump(2));
+  EXPECT_EQ(resolve_tokenizer(path("hf")).sha256, gpt2.sha256);
 
   // An end-of-text token named by tokenizer_config.json (here as transformers' AddedToken) is
   // the one documents end with, and it is part of the identity.

@@ -313,6 +313,28 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     cb.finish();
   }
+  {
+    // Composer's loggers: TensorBoard's event files; the others need services anvil does not reach.
+    MapReader lg = top.sub("loggers");
+    if (lg.has("tensorboard")) {
+      c.tensorboard = true;
+      MapReader tb = lg.sub("tensorboard");
+      tb.get("log_dir", c.tensorboard_dir);
+      int flush_interval = 1;  // Composer flushes every N batches; anvil writes each event through
+      tb.get("flush_interval", flush_interval);
+      ANVIL_CHECK(flush_interval > 0, "{}: loggers.tensorboard.flush_interval must be positive", path);
+      bool rank_zero_only = true;
+      tb.get("rank_zero_only", rank_zero_only);
+      ANVIL_CHECK(rank_zero_only, "{}: loggers.tensorboard.rank_zero_only: false is not supported (rank 0 logs the "
+                  "global figures)", path);
+      tb.finish();
+    }
+    for (const char* other : {"wandb", "mlflow", "comet_ml", "neptune"})
+      ANVIL_CHECK(!lg.has(other), "{}: loggers.{} is not supported (it needs a service anvil does not reach); "
+                  "anvil writes metrics.jsonl, train.log and, with loggers.tensorboard, TensorBoard event files",
+                  path, other);
+    lg.finish();
+  }
   top.get_duration("save_interval", c.save_interval);
   top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
   top.get("autoresume", c.autoresume);
@@ -539,6 +561,11 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "max_duration" << YAML::Value << c.max_duration.text;
   e << YAML::Key << "eval_interval" << YAML::Value << c.eval_interval.text;
   e << YAML::Key << "eval_first" << YAML::Value << c.eval_first;
+  e << YAML::Key << "loggers" << YAML::Value << YAML::BeginMap;
+  if (c.tensorboard)
+    e << YAML::Key << "tensorboard" << YAML::Value << YAML::BeginMap << YAML::Key << "log_dir" << YAML::Value
+      << c.tensorboard_dir << YAML::EndMap;
+  e << YAML::EndMap;
   e << YAML::Key << "eval_subset_num_batches" << YAML::Value << c.eval_subset_num_batches;
   e << YAML::Key << "global_train_batch_size" << YAML::Value << c.global_train_batch_size;
   if (c.microbatch_auto)

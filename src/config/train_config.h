@@ -98,6 +98,8 @@ struct TrainConfig {
   Duration max_duration;
   Duration eval_interval = parse_duration("1ep", "eval_interval");
   bool eval_first = false;
+  bool tensorboard = false;      // loggers.tensorboard: event files of the run's scalars
+  std::string tensorboard_dir;   // loggers.tensorboard.log_dir; "": RUN_DIR/tensorboard
   int eval_subset_num_batches = -1;  // -1: the whole eval split
   int global_train_batch_size = 0;
   int device_train_microbatch_size = 0;  // 0: the whole device batch

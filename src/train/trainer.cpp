@@ -24,6 +24,7 @@
 #include "train/data_pipeline.h"
 #include "train/microbatch.h"
 #include "train/step.h"
+#include "train/tensorboard.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
@@ -244,6 +245,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
 
   FILE* metrics = writer ? open_run_directory(cfg, continuing, start_step) : nullptr;
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes the global figures
+  if (writer && cfg.tensorboard)
+    tensorboard.emplace(cfg.tensorboard_dir.empty() ? cfg.run_dir + "/tensorboard" : cfg.tensorboard_dir);
   auto write_metrics = [&](const nlohmann::json& row) {
     if (!metrics) return;
     std::fprintf(metrics, "%s\n", row.dump().c_str());
@@ -338,6 +342,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps, loss, std::exp(loss), secs);
     write_metrics({{"step", at_step}, {"eval_loss", loss}});
+    if (tensorboard) tensorboard->scalars(at_step, {{"loss/eval", loss}});
   };
 
   int64_t tokens_seen = start_tokens;
@@ -383,6 +388,13 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
       row["skipped"] = r.skipped;
     }
     write_metrics(row);
+    if (tensorboard) {
+      std::vector<std::pair<std::string, double>> scalars = {
+          {"loss/train", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"throughput/tokens_per_s", tps},
+          {"throughput/mfu", gflops / peak}, {"memory/peak_rss_mib", row["peak_rss_mib"].get<double>()}};
+      if (step.loss_scaler().enabled()) scalars.emplace_back("loss_scale", r.loss_scale);
+      tensorboard->scalars(t + 1, scalars);
+    }
     summary.final_train_loss = r.loss;
     if ((t + 1) % log_every == 0)
       log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,

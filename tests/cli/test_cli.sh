@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The anvil command as a user runs it: a short version of the demo (prepare Brown documents,
-# train, eval loss falls, checkpoint, generate), and one clear line with a non-zero exit, with
+# train, eval loss falls, TensorBoard event files, checkpoint, generate), and one clear line with a non-zero exit, with
 # nothing half-written, for each kind of bad input.
 # Usage: test_cli.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -36,6 +36,7 @@ eval_subset_num_batches: 8
 global_train_batch_size: 16
 device_train_microbatch_size: 8
 precision: fp32
+loggers: {tensorboard: {}}
 YAML
 if "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run" seed=5 > "$tmp/train.out" 2> "$tmp/train.err"; then
   line=$(grep "^eval loss:" "$tmp/train.out")
@@ -63,6 +64,9 @@ out2=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12
 [ "$out" = "$out2" ] && pass "generate is reproducible for a seed" || fail "generate differs between runs with one seed"
 
 # bench train --profile: every op of the step listed, and the ops account for nearly all of it.
+# TensorBoard's event files, read by a parser that is not anvil's, every CRC checked.
+tb=$(/usr/bin/python3 "$src/tests/train/tensorboard_reader.py" "$tmp/run/tensorboard" "$tmp/run/metrics.jsonl" 2>&1) \
+  && pass "loggers.tensorboard: $tb" || fail "TensorBoard event files: $tb"
 "$anvil" bench train "$tmp/tiny.yaml" --steps 2 --warmup 1 --profile > "$tmp/profile.out" 2>&1
 outside=$(awk '/^  \(outside the ops\)/ {gsub("%", "", $(NF)); print $(NF)}' "$tmp/profile.out")
 if grep -q "^  matmul_backward " "$tmp/profile.out" && grep -q "^  fixed_point_accumulate " "$tmp/profile.out" \

@@ -152,7 +152,9 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "tokenizer.kwargs",
       "tokenizer.kwargs.model_max_length",
       "train_loader.dataset.streams",
-      "eval_loader.dataset.streams"};
+      "eval_loader.dataset.streams",
+      "loggers.tensorboard",  // written only when on (TensorBoardLoggerAsComposerSpellsIt)
+      "loggers.wandb", "loggers.mlflow", "loggers.comet_ml", "loggers.neptune"};  // refused with a reason
   size_t checked = 0;
   for (const std::string& key : keys) {
     if (aliases.count(key)) continue;
@@ -174,6 +176,20 @@ TEST_F(ConfigTest, ResolvedYamlLoadsBackToTheSameConfig) {
   TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y", "optimizer.weight_decay=0.1"});
   const std::string once = to_yaml(c);
   EXPECT_EQ(to_yaml(load_train_config(write(once), {})), once);
+}
+
+TEST_F(ConfigTest, TensorBoardLoggerAsComposerSpellsIt) {
+  TrainConfig c = load_train_config(write(std::string(kMinimal) + "loggers: {tensorboard: {flush_interval: 100}}\n"), {});
+  EXPECT_TRUE(c.tensorboard);
+  EXPECT_EQ(c.tensorboard_dir, "");
+  c = load_train_config(write(std::string(kMinimal) + "loggers: {tensorboard: {log_dir: tb/x}}\n"), {});
+  EXPECT_EQ(c.tensorboard_dir, "tb/x");
+  EXPECT_EQ(to_yaml(load_train_config(write(to_yaml(c)), {})), to_yaml(c));
+  EXPECT_FALSE(load_train_config(write(kMinimal), {}).tensorboard);
+  EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {wandb: {project: x}}\n").find("loggers.wandb is not supported"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {tensorboard: {rank_zero_only: false}}\n").find("rank_zero_only"),
+            std::string::npos);
 }
 
 TEST_F(ConfigTest, ErrorsNameTheProblem) {

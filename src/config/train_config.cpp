@@ -83,8 +83,16 @@ void check_repeated_max_seq_len(MapReader& r, const char* key, int max_seq_len, 
               file, r.full(key), repeated, max_seq_len);
 }
 
+// A tokenizer name as the config keeps it: a path is made absolute, so that the checkpoint's
+// config names the same files from anywhere.
+std::string tokenizer_name_as_kept(const std::string& name) {
+  std::error_code ec;
+  if (name == "gpt2" || !std::filesystem::exists(name, ec)) return name;
+  return std::filesystem::absolute(name, ec).lexically_normal().string();
+}
+
 void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, int max_seq_len,
-                 const std::string& file) {
+                 const std::string& tokenizer, const std::string& file) {
   r.get("name", out.name);
   ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
   MapReader d = r.sub("dataset");
@@ -105,6 +113,11 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   d.get("download_timeout", ds.download_timeout);
   d.get("validate_hash", ds.validate_hash);
   check_repeated_max_seq_len(d, "max_seq_len", max_seq_len, file);
+  // Foundry's older files repeat the tokenizer in the dataset: it must be tokenizer.name's.
+  std::string repeated = tokenizer;
+  d.get("tokenizer_name", repeated);
+  ANVIL_CHECK(tokenizer_name_as_kept(repeated) == tokenizer, "{}: {} is '{}', but tokenizer.name is '{}': they must "
+              "agree", file, d.full("tokenizer_name"), repeated, tokenizer);
   if (d.has("streams")) {
     const YAML::Node streams = d.raw("streams");
     ANVIL_CHECK(streams.IsMap() && streams.size() > 0, "{}: {} must map stream names to their settings", file,
@@ -216,19 +229,16 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   {
     MapReader t = top.sub("tokenizer");
     t.get("name", c.tokenizer_name);
-    // A path is kept absolute, so that the checkpoint's config names the same files from anywhere.
-    std::error_code ec;
-    if (c.tokenizer_name != "gpt2" && std::filesystem::exists(c.tokenizer_name, ec))
-      c.tokenizer_name = std::filesystem::absolute(c.tokenizer_name, ec).lexically_normal().string();
+    c.tokenizer_name = tokenizer_name_as_kept(c.tokenizer_name);
     MapReader kw = t.sub("kwargs");
     check_repeated_max_seq_len(kw, "model_max_length", c.max_seq_len, path);
     kw.finish();
     t.finish();
   }
   ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
-  read_loader(top.sub("train_loader"), c.train_loader, "train", c.max_seq_len, path);
+  read_loader(top.sub("train_loader"), c.train_loader, "train", c.max_seq_len, c.tokenizer_name, path);
   if (top.has("eval_loader")) {
-    read_loader(top.sub("eval_loader"), c.eval_loader, "val", c.max_seq_len, path);
+    read_loader(top.sub("eval_loader"), c.eval_loader, "val", c.max_seq_len, c.tokenizer_name, path);
     c.has_eval = true;
   }
   {

@@ -149,6 +149,8 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "callbacks.lr_monitor", "callbacks.memory_monitor", "callbacks.runtime_estimator",
       "train_loader.dataset.max_seq_len",  // repetitions of max_seq_len, checked equal to it
       "eval_loader.dataset.max_seq_len",
+      "train_loader.dataset.tokenizer_name",  // repetitions of tokenizer.name, checked equal to it
+      "eval_loader.dataset.tokenizer_name",
       "tokenizer.kwargs",
       "tokenizer.kwargs.model_max_length",
       "train_loader.dataset.streams",
@@ -189,6 +191,15 @@ TEST_F(ConfigTest, TensorBoardLoggerAsComposerSpellsIt) {
   EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {wandb: {project: x}}\n").find("loggers.wandb is not supported"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {tensorboard: {rank_zero_only: false}}\n").find("rank_zero_only"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, FoundrysRepeatedTokenizerNameMustAgree) {
+  const std::string yaml = std::string(kMinimal) + "tokenizer: {name: gpt2}\n";
+  TrainConfig c = load_train_config(write(yaml), {"train_loader.dataset.tokenizer_name=gpt2"});
+  EXPECT_EQ(c.tokenizer_name, "gpt2");
+  EXPECT_NE(error_of(yaml, {"train_loader.dataset.tokenizer_name=EleutherAI/gpt-neox-20b"})
+                .find("train_loader.dataset.tokenizer_name is 'EleutherAI/gpt-neox-20b', but tokenizer.name is 'gpt2'"),
             std::string::npos);
 }
 

@@ -47,7 +47,13 @@ std::string inspect_dataset(const std::string& dir, const std::string& tokenizer
                        record->sha256.substr(0, 16));
   else
     out += "tokenizer:   not recorded (the dataset was not written by anvil data prepare)\n";
-  std::string text = load_tokenizer(!tokenizer.empty() ? tokenizer : record ? record->name : "gpt2")->decode(ids);
+  // The shards' report stands without the tokenizer: one that is gone only leaves the text undecoded.
+  std::string text;
+  try {
+    text = load_tokenizer(!tokenizer.empty() ? tokenizer : record ? record->name : "gpt2")->decode(ids);
+  } catch (const Error& e) {
+    text = fmt::format("(not decoded: {}; name a tokenizer with --tokenizer)", e.what());
+  }
   if (text.size() > 400) text = text.substr(0, 400) + " [...]";
   out += fmt::format("sample 0:    {} tokens: {}\n", n, fmt::join(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 12)), " "));
   out += "decoded:\n" + text + "\n";

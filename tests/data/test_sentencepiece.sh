@@ -68,6 +68,12 @@ grep -q '"kind": "sentencepiece"' "$tmp/data/train/tokenizer_record.json" \
 grep -q "tokenizer:   $tmp/bpe.model (sentencepiece, vocabulary 2000" "$tmp/inspect.out" \
   && grep -q "^decoded:" "$tmp/inspect.out" && pass "data inspect names the tokenizer and decodes with it" \
   || { fail "data inspect"; cat "$tmp/inspect.out"; }
+mv "$tmp/bpe.model" "$tmp/bpe.moved"  # the recorded tokenizer gone: the shards are still reported
+"$anvil" data inspect "$tmp/data/train" > "$tmp/inspect2.out" 2>&1 && grep -q "^samples: " "$tmp/inspect2.out" \
+  && grep -q "(not decoded: .*bpe.model" "$tmp/inspect2.out" \
+  && pass "data inspect without the tokenizer: the shards reported, the text not decoded" \
+  || { fail "data inspect without the tokenizer"; cat "$tmp/inspect2.out"; }
+mv "$tmp/bpe.moved" "$tmp/bpe.model"
 # The same documents under GPT-2's tokenizer, for the mismatch below.
 "$anvil" data prepare --out "$tmp/gpt2data" --max-seq-len 64 --val-fraction 0 "$tmp/docs" > /dev/null 2>&1
 

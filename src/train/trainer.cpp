@@ -64,13 +64,11 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
   return fixed_point_loss_value(sum_exact(comm, sum)) / static_cast<double>(sum_exact(comm, count));
 }
 
-// load_path, or under autoresume the newest checkpoint of the run that loads cleanly (damaged
-// or incomplete ones are reported and skipped); nothing to start from the seed.
 // load_path's checkpoint, or a transformers directory's weights as a checkpoint that holds no
-// training state (hf_causal_lm's pretrained weights).
-LoadedCheckpoint load_start_point(const std::string& path) {
+// training state (hf_causal_lm's pretrained weights); rank 0 shows the progress of the latter.
+LoadedCheckpoint load_start_point(const std::string& path, bool show_progress) {
   if (!is_hf_model_dir(path)) return load_checkpoint(path, /*with_optimizer=*/true);
-  HfModel hf = read_hf_model(path, "load weights");
+  HfModel hf = read_hf_model(path, show_progress ? "load weights" : nullptr);
   LoadedCheckpoint c;
   c.dir = path;
   c.config = hf.config;
@@ -81,9 +79,11 @@ LoadedCheckpoint load_start_point(const std::string& path) {
   return c;
 }
 
-// As Composer chooses: with autoresume, the run's own newest good checkpoint wins over load_path
-// (a restarted job continues rather than starting again from the weights it began with), and
-// load_weights_only then does not apply. *own tells which was chosen.
+// Under autoresume the newest checkpoint of the run that loads cleanly (damaged or incomplete
+// ones are reported and skipped), else load_path; nothing: start from the seed. As Composer
+// chooses, the run's own checkpoint wins over load_path (a restarted job continues rather than
+// starting again from the weights it began with), and load_weights_only then does not apply.
+// *own tells which was chosen.
 std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg, bool* own) {
   *own = false;
   if (cfg.autoresume) {
@@ -97,7 +97,7 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
       }
     }
   }
-  if (!cfg.load_path.empty()) return load_start_point(cfg.load_path);
+  if (!cfg.load_path.empty()) return load_start_point(cfg.load_path, /*show_progress=*/true);
   if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
   return std::nullopt;
 }
@@ -147,7 +147,8 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   if (writer) resume = choose_resume_checkpoint(cfg, &own);
   const std::string resume_dir = broadcast_string(comm, resume ? resume->dir : "");
   own = broadcast_string(comm, own ? "own" : "") == "own";
-  if (!writer && !resume_dir.empty()) resume = own ? load_checkpoint(resume_dir, true) : load_start_point(resume_dir);
+  if (!writer && !resume_dir.empty())
+    resume = own ? load_checkpoint(resume_dir, /*with_optimizer=*/true) : load_start_point(resume_dir, false);
   if (!resume) return resume;
   // Weights only (load_path with load_weights_only, or a checkpoint without training state such
   // as an import): the model must be the same architecture; how it was initialised, its dropout,

@@ -99,7 +99,8 @@ options give the same bytes.
 options:
   --out DIR             output directory (must not exist; written atomically)
   --max-seq-len N       tokens per sample (default 2048)
-  --val-fraction F      fraction of documents held out for validation (default 0.05)
+  --val-fraction F      fraction of documents held out for validation (default 0.05); with too
+                        few documents for a val sample, the last fraction of the tokens instead
   --text-field NAME     JSONL field holding the text (default text)
   --compression C       zstd or zstd:LEVEL (1-22); default none
   --hashes LIST         comma-separated shard hashes, e.g. sha1,xxh64 (default xxh64)
@@ -327,6 +328,8 @@ int cmd_train(const std::vector<std::string>& args) {
   if (s.first_eval_loss >= 0)
     std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
                 static_cast<long long>(s.steps));
+  else if (s.last_eval_loss >= 0)
+    std::printf("eval loss: %.4f after %lld steps\n", s.last_eval_loss, static_cast<long long>(s.steps));
   std::printf("final train loss: %.4f\ncheckpoint: %s\n", s.final_train_loss, s.checkpoint.c_str());
   if (cfg.precision == ComputeDtype::kFp16)
     std::printf("skipped steps (fp16 overflow): %lld\n", static_cast<long long>(s.skipped_steps));
@@ -370,10 +373,13 @@ int cmd_data(const std::vector<std::string>& args) {
   }
   std::sort(opt.mds.hashes.begin(), opt.mds.hashes.end());
   const PrepareSummary s = prepare_dataset(opt);
-  std::printf("prepared %s: %lld documents -> %lld train and %lld val samples of %d tokens (%lld tokens short of a "
-              "last sample dropped), %.1f MiB\n", opt.out_dir.c_str(), static_cast<long long>(s.documents),
+  std::printf("prepared %s: %lld document%s -> %lld train and %lld val samples of %d tokens (%lld tokens short of a "
+              "last sample dropped), %.1f MiB\n", opt.out_dir.c_str(), static_cast<long long>(s.documents), s.documents == 1 ? "" : "s",
               static_cast<long long>(s.train_samples), static_cast<long long>(s.val_samples), opt.max_seq_len,
               static_cast<long long>(s.dropped_tokens), s.bytes_written / 1048576.0);
+  if (s.val_by_tokens)
+    std::printf("too few documents to hold %g of them out for validation: val is the last %lld tokens of the text "
+                "instead\n", opt.val_fraction, static_cast<long long>(s.val_samples) * opt.max_seq_len);
   return 0;
 }
 

@@ -50,9 +50,10 @@ class SplitPacker {
  public:
   SplitPacker(std::string dir, int seq_len, const MdsWriterOptions& opt, std::string tokenizer_record)
       : dir_(std::move(dir)), seq_len_(seq_len), opt_(opt), tokenizer_record_(std::move(tokenizer_record)) {}
-  void add(const std::vector<int32_t>& ids) {
-    for (int32_t id : ids) {
-      buf_.push_back(id);
+  template <typename It>
+  void add(It first, It last) {
+    for (; first != last; ++first) {
+      buf_.push_back(*first);
       if (static_cast<int>(buf_.size()) == seq_len_) {
         if (!writer_) {
           make_dirs(dir_);
@@ -82,6 +83,81 @@ class SplitPacker {
   int64_t samples_ = 0;
 };
 
+// One reading of the corpus into tmp/train and tmp/val. With train_tokens < 0, documents are
+// assigned to the splits by position (document d goes to val when d·f rounded down steps up at
+// d + 1, so val documents are spread evenly); otherwise the first train_tokens tokens of the
+// stream are train and the rest val.
+PrepareSummary prepare_pass(const PrepareOptions& opt, const std::vector<std::string>& files, int64_t total_bytes,
+                            const std::string& record, int64_t train_tokens, const std::string& tmp) {
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  make_dirs(tmp);
+  PrepareSummary sum;
+  SplitPacker train(tmp + "/train", opt.max_seq_len, opt.mds, record);
+  SplitPacker val(tmp + "/val", opt.max_seq_len, opt.mds, record);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer);
+  Progress bar(train_tokens < 0 ? "prepare" : "prepare (val by tokens)", total_bytes, "B");
+  int64_t done_bytes = 0;
+  auto add_document = [&](std::string_view text) {
+    const std::vector<int32_t> ids = tok->encode_document(text);
+    if (ids.empty()) return;
+    const int64_t d = sum.documents++;
+    if (train_tokens >= 0) {
+      const size_t to_train = static_cast<size_t>(std::clamp<int64_t>(train_tokens - sum.tokens, 0, ids.size()));
+      train.add(ids.begin(), ids.begin() + to_train);
+      val.add(ids.begin() + to_train, ids.end());
+    } else {
+      const bool to_val = opt.val_fraction > 0 && static_cast<int64_t>((d + 1) * opt.val_fraction) >
+                                                      static_cast<int64_t>(d * opt.val_fraction);
+      (to_val ? val : train).add(ids.begin(), ids.end());
+    }
+    sum.tokens += static_cast<int64_t>(ids.size());
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto status = [&] {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return fmt::format("{} docs, {} samples | {:.2f} MB/s", sum.documents, train.samples() + val.samples(),
+                       secs > 0 ? static_cast<double>(done_bytes) / secs / 1e6 : 0.0);
+  };
+  for (const std::string& file : files) {
+    if (is_jsonl(file)) {
+      std::ifstream in(file, std::ios::binary);
+      ANVIL_CHECK(in.good(), "cannot read '{}'", file);
+      std::string line;
+      for (int64_t ln = 1; std::getline(in, line); ln++) {
+        done_bytes += static_cast<int64_t>(line.size()) + 1;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const std::exception&) {
+          ANVIL_FAIL("{}:{}: not a JSON object (each line of a JSONL file must be one)", file, ln);
+        }
+        ANVIL_CHECK(j.is_object() && j.contains(opt.text_field) && j[opt.text_field].is_string(),
+                    "{}:{}: no string field '{}' (choose the field with --text-field)", file, ln, opt.text_field);
+        add_document(j[opt.text_field].get_ref<const std::string&>());
+        if (ln % 256 == 0) bar.update(done_bytes, status());
+      }
+    } else {
+      const std::string text = read_file(file, "input file");
+      done_bytes += static_cast<int64_t>(text.size());
+      add_document(text);
+    }
+    bar.update(done_bytes, status());
+  }
+  sum.input_bytes = total_bytes;
+  sum.train_samples = train.samples();
+  sum.val_samples = val.samples();
+  sum.dropped_tokens = train.leftover() + val.leftover();
+  sum.val_by_tokens = train_tokens >= 0;
+  ANVIL_CHECK(sum.documents > 0, "the input is empty: no text in {}", fmt::join(opt.inputs, ", "));
+  ANVIL_CHECK(sum.train_samples > 0, "the train split has no full sample: its {} tokens are fewer than "
+              "max_seq_len {}; give more text or a smaller --max-seq-len", train.leftover(), opt.max_seq_len);
+  bar.finish(status());
+  if (sum.val_samples > 0 || opt.val_fraction == 0) sum.bytes_written = train.finish() + val.finish();
+  return sum;
+}
+
 }  // namespace
 
 PrepareSummary prepare_dataset(const PrepareOptions& opt) {
@@ -91,8 +167,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   ANVIL_CHECK(opt.max_seq_len >= 2, "--max-seq-len must be at least 2, got {}", opt.max_seq_len);
   ANVIL_CHECK(!fs::exists(opt.out_dir), "output directory '{}' already exists; remove it or choose another --out",
               opt.out_dir);
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer);
-  const std::string record = tokenizer_record_json(tok->record());
+  const std::string record = tokenizer_record_json(load_tokenizer(opt.tokenizer)->record());
   const std::vector<std::string> files = list_inputs(opt.inputs);
   ANVIL_CHECK(!files.empty(), "no input files found in {}", fmt::join(opt.inputs, ", "));
   int64_t total_bytes = 0;
@@ -100,69 +175,23 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   ANVIL_CHECK(total_bytes > 0, "the input is empty: {} file(s) with no text in {}", files.size(),
               fmt::join(opt.inputs, ", "));
 
+  // Validation is held out by documents, spread evenly through the corpus. A corpus of too few
+  // documents for that (one book in one file) is read again and split by tokens instead: its last
+  // val_fraction of tokens, whole samples and at least one, are the val split.
   const fs::path out(opt.out_dir);
   const std::string tmp = (out.parent_path() / fmt::format(".{}.tmp.{}", out.filename().string(), ::getpid())).string();
-  fs::remove_all(tmp);
-  make_dirs(tmp);
   PrepareSummary sum;
   try {
-    SplitPacker train(tmp + "/train", opt.max_seq_len, opt.mds, record);
-    SplitPacker val(tmp + "/val", opt.max_seq_len, opt.mds, record);
-    Progress bar("prepare", total_bytes, "B");
-    int64_t done_bytes = 0;
-    auto add_document = [&](std::string_view text) {
-      const std::vector<int32_t> ids = tok->encode_document(text);
-      if (ids.empty()) return;
-      // Document d goes to val when the running count of val documents, d·f rounded down, steps
-      // up: val documents are spread evenly through the corpus.
-      const int64_t d = sum.documents++;
-      const bool to_val = opt.val_fraction > 0 && static_cast<int64_t>((d + 1) * opt.val_fraction) >
-                                                      static_cast<int64_t>(d * opt.val_fraction);
-      (to_val ? val : train).add(ids);
-    };
-    const auto start = std::chrono::steady_clock::now();
-    auto status = [&] {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      return fmt::format("{} docs, {} samples | {:.2f} MB/s", sum.documents, train.samples() + val.samples(),
-                         secs > 0 ? static_cast<double>(done_bytes) / secs / 1e6 : 0.0);
-    };
-    for (const std::string& file : files) {
-      if (is_jsonl(file)) {
-        std::ifstream in(file, std::ios::binary);
-        ANVIL_CHECK(in.good(), "cannot read '{}'", file);
-        std::string line;
-        for (int64_t ln = 1; std::getline(in, line); ln++) {
-          done_bytes += static_cast<int64_t>(line.size()) + 1;
-          if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-          nlohmann::json j;
-          try {
-            j = nlohmann::json::parse(line);
-          } catch (const std::exception&) {
-            ANVIL_FAIL("{}:{}: not a JSON object (each line of a JSONL file must be one)", file, ln);
-          }
-          ANVIL_CHECK(j.is_object() && j.contains(opt.text_field) && j[opt.text_field].is_string(),
-                      "{}:{}: no string field '{}' (choose the field with --text-field)", file, ln, opt.text_field);
-          add_document(j[opt.text_field].get_ref<const std::string&>());
-          if (ln % 256 == 0) bar.update(done_bytes, status());
-        }
-      } else {
-        const std::string text = read_file(file, "input file");
-        done_bytes += static_cast<int64_t>(text.size());
-        add_document(text);
-      }
-      bar.update(done_bytes, status());
+    sum = prepare_pass(opt, files, total_bytes, record, -1, tmp);
+    if (opt.val_fraction > 0 && sum.val_samples == 0) {
+      const int64_t samples = sum.tokens / opt.max_seq_len;
+      ANVIL_CHECK(samples >= 2, "{} tokens make {} sample(s) of max_seq_len {}: a train and a val split need 2; "
+                  "give more text, a smaller --max-seq-len, or --val-fraction 0", sum.tokens, samples,
+                  opt.max_seq_len);
+      const int64_t val_samples = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(sum.tokens) * opt.val_fraction) / opt.max_seq_len);
+      sum = prepare_pass(opt, files, total_bytes, record, (samples - val_samples) * opt.max_seq_len, tmp);
     }
-    bar.finish(status());
-    sum.input_bytes = total_bytes;
-    sum.train_samples = train.samples();
-    sum.val_samples = val.samples();
-    sum.dropped_tokens = train.leftover() + val.leftover();
-    ANVIL_CHECK(sum.documents > 0, "the input is empty: no text in {}", fmt::join(opt.inputs, ", "));
-    ANVIL_CHECK(sum.train_samples > 0, "the train split has no full sample: its {} tokens are fewer than "
-                "max_seq_len {}; give more text or a smaller --max-seq-len", train.leftover(), opt.max_seq_len);
-    ANVIL_CHECK(opt.val_fraction == 0 || sum.val_samples > 0, "the val split has no full sample ({} tokens, max_seq_len "
-                "{}); give more text, a larger --val-fraction, or --val-fraction 0", val.leftover(), opt.max_seq_len);
-    sum.bytes_written = train.finish() + val.finish();
     fs::rename(tmp, out);
     fsync_dir(out.parent_path().empty() ? "." : out.parent_path().string());
   } catch (...) {

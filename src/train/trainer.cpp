@@ -338,7 +338,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     if (!eval_data.data) return;
     auto t0 = std::chrono::steady_clock::now();
     const double loss = evaluate(model, dp, *eval_data.data, cfg, tokens, targets);
-    if (summary.first_eval_loss < 0) summary.first_eval_loss = loss;
+    if (at_step == 0) summary.first_eval_loss = loss;
     summary.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps, loss, std::exp(loss), secs);

@@ -12,7 +12,8 @@ namespace anvil {
 
 struct TrainSummary {
   int64_t steps = 0;
-  double first_eval_loss = -1, last_eval_loss = -1;  // -1: no eval split
+  double first_eval_loss = -1;  // -1: none measured before the first step (eval_first false, or a resume)
+  double last_eval_loss = -1;   // -1: no eval split
   double final_train_loss = 0;
   int64_t skipped_steps = 0;  // amp_fp16: steps whose gradients overflowed
   std::string checkpoint;

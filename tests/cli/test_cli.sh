@@ -21,6 +21,19 @@ grep -q "^samples: " "$tmp/inspect.out" && grep -q "64 to 64 per sample" "$tmp/i
   && grep -q '"warm_tokens_per_s"' "$tmp/bench.out" && pass "bench data: $(grep '^warm' "$tmp/bench.out")" \
   || { fail "bench data"; cat "$tmp/bench.out"; }
 
+# A first hour: one text file, and a handful of documents, with prepare's default options.
+cat "$tmp"/brown-all/c[a-b]*.txt > "$tmp/one-book.txt"
+"$anvil" data prepare "$tmp/one-book.txt" --out "$tmp/book" > "$tmp/book.out" 2>&1 \
+  && grep -q "1 document -> 89 train and 4 val samples of 2048 tokens" "$tmp/book.out" \
+  && grep -q "val is the last 8192 tokens of the text instead" "$tmp/book.out" \
+  && "$anvil" data inspect "$tmp/book/val" | grep -q "^samples: *4$" \
+  && pass "data prepare one file with the defaults: $(tail -1 "$tmp/book.out")" || { fail "data prepare one file"; cat "$tmp/book.out"; }
+"$anvil" data prepare "$tmp"/brown-all/ca0[1-5].txt --out "$tmp/five" > "$tmp/five.out" 2>&1 \
+  && grep -q "5 documents -> 5 train and 1 val samples" "$tmp/five.out" \
+  && pass "data prepare five documents with the defaults" || { fail "data prepare five documents"; cat "$tmp/five.out"; }
+head -c 3000 "$tmp/one-book.txt" > "$tmp/page.txt"
+expect_error "too little text" "give more text or a smaller --max-seq-len" "$anvil" data prepare "$tmp/page.txt" --out "$tmp/page"
+
 cat > "$tmp/tiny.yaml" <<YAML
 max_seq_len: 64
 model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
@@ -91,7 +104,7 @@ fi
 # Memory: activation checkpointing with an automatic microbatch gives the weights of the plain
 # run bit for bit; a memory_limit nothing fits in is refused before training.
 short=(max_duration=12ba eval_first=false eval_interval=12ba save_interval=12ba seed=5)
-"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" > /dev/null 2>&1 \
+"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" > "$tmp/mem-a.out" 2>&1 \
   && "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-b" "${short[@]}" device_train_microbatch_size=auto \
        activation_checkpointing=true > /dev/null 2>&1 \
   || fail "short runs for the memory checks"
@@ -100,6 +113,9 @@ a=$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256"); b=$("$anvil" inspect
 [ -n "$chosen" ] && [ -n "$a" ] && [ "$a" = "$b" ] \
   && pass "auto microbatch ($chosen) with activation checkpointing: the same weights as microbatch 8" \
   || fail "auto microbatch / activation checkpointing: '$chosen' '$a' vs '$b'"
+grep -q "^eval loss: [0-9.]* after 12 steps$" "$tmp/mem-a.out" && ! grep -q "before training" "$tmp/mem-a.out" \
+  && pass "eval_first: false: the summary shows only the eval loss measured ($(grep "^eval loss" "$tmp/mem-a.out"))" \
+  || { fail "eval_first: false summary"; grep "eval loss" "$tmp/mem-a.out"; }
 expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
   run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 

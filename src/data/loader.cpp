@@ -46,15 +46,16 @@ DataState DataState::from_json(const std::string& text, const std::string& where
 void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size, int32_t* scratch,
                   int32_t* inputs, int32_t* targets) {
   const int T = seq_len;
-  const int64_t len = data.tokens(id, scratch, T + 1);
-  ANVIL_CHECK(len >= T, "sample {} has {} tokens, fewer than max_seq_len {}: prepare the data with "
-              "--max-seq-len {} or more", id, len, T, T);
+  const int64_t len = std::min<int64_t>(data.tokens(id, scratch, T + 1), T + 1);
+  ANVIL_CHECK(len >= 2, "sample {} has {} token(s): a training example needs at least 2", id, len);
   if (vocab_size > 0)
-    for (int64_t i = 0; i < std::min<int64_t>(len, T + 1); i++)
+    for (int64_t i = 0; i < len; i++)
       ANVIL_CHECK(scratch[i] >= 0 && scratch[i] < vocab_size, "sample {} holds token id {}, outside the model's "
                   "vocabulary of {} (was the data prepared with another tokenizer?)", id, scratch[i], vocab_size);
-  if (len == T) scratch[T] = kIgnoreIndex;
-  std::copy(scratch, scratch + T, inputs);
+  std::fill(scratch + len, scratch + T + 1, kIgnoreIndex);
+  // Padding's inputs are token 0: no position before them attends to them and their targets are
+  // ignored, so their value changes nothing.
+  std::transform(scratch, scratch + T, inputs, [](int32_t t) { return t == kIgnoreIndex ? 0 : t; });
   std::copy(scratch + 1, scratch + T + 1, targets);
 }
 

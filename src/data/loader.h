@@ -3,7 +3,8 @@
 // pool fetches the shards further ahead. The batches are the same for any number of workers.
 //
 // A sample of L tokens gives inputs tokens[0, T) and targets tokens[1, T+1); when L == T the last
-// target is ignored (LLM Foundry's packing). Samples shorter than T are an error.
+// target is ignored (LLM Foundry's packing). A sample shorter than T is padded, its positions past
+// the end carrying no loss (LLM Foundry's collator).
 #pragma once
 #include <condition_variable>
 #include <cstdint>

@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/targets.h"
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
 #include "dist/op_collectives.h"
@@ -366,6 +368,13 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   for (int64_t t = start_step; t < total_steps; t++) {
     const int64_t epoch = loader.state().epoch;
     loader.next(tokens.data(), targets.data());
+    if (t == start_step && rank == 0) {
+      const int64_t ignored = std::count(targets.begin(), targets.begin() + int64_t{local_batch} * T, kIgnoreIndex);
+      if (ignored > local_batch)
+        log_info("the first batch's samples are shorter than max_seq_len {}: {:.0f}% of its positions are padding, "
+                 "which carries no loss; prepare the data with --max-seq-len {} to fill them", T,
+                 100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
+    }
 
     const auto t0 = std::chrono::steady_clock::now();
     const StepResult r = step.run(tokens.data(), targets.data(), local_batch, T, t);

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/targets.h"
 #include "data/loader.h"
 #include "data/mds.h"
 #include "data/sample_order.h"
@@ -197,17 +198,26 @@ TEST_F(OrderTest, ResumingWithAChangedInputNamesIt) {
   refused(spec(*d, "py1e"), 12, "global_train_batch_size");
 }
 
-TEST_F(OrderTest, ShortSamplesAndBadBatchesAreErrors) {
+TEST_F(OrderTest, BadBatchesAreErrors) {
   auto d = open();
   EXPECT_THROW(TokenLoader(*d, spec(*d, "py1e"), LoaderOptions{25, 0, 2, kSeq, 0}), Error);  // 25 % 2
   EXPECT_THROW(TokenLoader(*d, spec(*d, "py1e"), LoaderOptions{151, 0, 1, kSeq, 0}), Error); // > epoch
-  TokenLoader l(*d, spec(*d, "py1e"), LoaderOptions{kGB, 0, 1, kSeq + 5, 0});
-  std::vector<int32_t> in(kGB * (kSeq + 5)), tgt(in.size());
-  try {
-    l.next(in.data(), tgt.data());
-    ADD_FAILURE() << "samples shorter than max_seq_len must be refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fewer than max_seq_len"), std::string::npos) << e.what();
+}
+
+// LLM Foundry's collator: a sample shorter than max_seq_len is padded, and only its own next-token
+// targets carry loss.
+TEST_F(OrderTest, ShortSamplesArePaddedWithIgnoredTargets) {
+  auto d = open();
+  constexpr int T = kSeq + 5;  // samples hold kSeq + 1 = 9 tokens, all equal to the sample's value
+  TokenLoader l(*d, spec(*d, "py1e"), LoaderOptions{kGB, 0, 1, T, 0});
+  std::vector<int32_t> in(kGB * T), tgt(in.size());
+  l.next(in.data(), tgt.data());
+  for (int k = 0; k < kGB; k++) {
+    const int32_t v = in[k * T];
+    for (int i = 0; i < T; i++) {
+      EXPECT_EQ(in[k * T + i], i <= kSeq ? v : 0) << "row " << k << " input " << i;
+      EXPECT_EQ(tgt[k * T + i], i < kSeq ? v : kIgnoreIndex) << "row " << k << " target " << i;
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/suggest.h"
 #include "data/tokenizer.h"
 #include "data/loader.h"
 #include "data/prepare.h"
@@ -284,7 +285,10 @@ Args parse_args(const std::vector<std::string>& args, const std::vector<std::str
         if (i + 1 >= args.size()) usage_error(a + " needs a value", help);
         out.flags.emplace_back(a, args[++i]);
       } else {
-        usage_error("unknown option " + a, help);
+        std::vector<std::string> known = value_flags;
+        known.insert(known.end(), switch_flags.begin(), switch_flags.end());
+        known.push_back("--help");
+        usage_error("unknown option " + a + did_you_mean(a, known), help);
       }
     } else {
       out.positional.push_back(a);
@@ -319,6 +323,7 @@ T number_flag(const Args& a, const std::string& name, T fallback, const char* he
 int cmd_train(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kTrainHelp, stdout), 0;
   if (args.empty()) usage_error("train needs a config file", kTrainHelp);
+  if (args[0].rfind("--", 0) == 0) usage_error("unknown option " + args[0] + did_you_mean(args[0], {"--help"}), kTrainHelp);
   for (size_t i = 1; i < args.size(); i++)
     if (args[i].find('=') == std::string::npos) usage_error("'" + args[i] + "' is not a key=value override", kTrainHelp);
   const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
@@ -339,7 +344,9 @@ int cmd_train(const std::vector<std::string>& args) {
 int cmd_data(const std::vector<std::string>& args) {
   if (args.empty() || (args[0] != "prepare" && args[0] != "inspect")) {
     if (wants_help(args)) return std::fputs(kPrepareHelp, stdout), 0;
-    usage_error("data needs a subcommand: prepare or inspect", kPrepareHelp);
+    usage_error("data needs a subcommand: prepare or inspect" +
+                    (args.empty() ? std::string() : did_you_mean(args[0], {"prepare", "inspect"})),
+                kPrepareHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kPrepareHelp, stdout), 0;
@@ -582,7 +589,9 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
 int cmd_bench(const std::vector<std::string>& args) {
   if (args.empty() || (args[0] != "train" && args[0] != "data" && args[0] != "comm" && args[0] != "gemm")) {
     if (wants_help(args)) return std::fputs(kBenchHelp, stdout), 0;
-    usage_error("bench needs a subcommand: train, data, comm or gemm", kBenchHelp);
+    usage_error("bench needs a subcommand: train, data, comm or gemm" +
+                    (args.empty() ? std::string() : did_you_mean(args[0], {"train", "data", "comm", "gemm"})),
+                kBenchHelp);
   }
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (wants_help(rest)) return std::fputs(kBenchHelp, stdout), 0;
@@ -647,7 +656,10 @@ int dispatch(int argc, char** argv) {
   if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);
-  usage_error("unknown command '" + cmd + "'", kUsage);
+  usage_error("unknown command '" + cmd + "'" +
+                  did_you_mean(cmd, {"train", "doctor", "data", "tokenize", "generate", "export", "import", "eval",
+                                     "inspect", "bench", "help"}),
+              kUsage);
 }
 
 }  // namespace

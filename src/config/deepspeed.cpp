@@ -188,13 +188,13 @@ void read_optimizer(MapReader& ds, Translator& out, const std::string& where) {
 
 }  // namespace
 
-void apply_deepspeed_config(YAML::Node root, const std::string& file) {
+void apply_deepspeed_config(YAML::Node root, const std::string& file, UnknownKeys* unknown) {
   const YAML::Node given = root["deepspeed_config"];
   if (!given || given.IsNull()) return;
   const YAML::Node ds_node = given.IsScalar() ? load_json(given.Scalar(), file) : given;
   const std::string where = given.IsScalar() ? given.Scalar() : file;
   root.remove("deepspeed_config");
-  MapReader ds(ds_node, "deepspeed_config", where);
+  MapReader ds(ds_node, "deepspeed_config", where, nullptr, unknown);
   Translator out(root, where);
   auto copy = [&](const char* ds_key, const char* anvil_key) {
     if (ds.has(ds_key)) out.put(anvil_key, ds.raw(ds_key), ds_key);

@@ -6,11 +6,14 @@
 
 #include <string>
 
+#include "config/map_reader.h"
+
 namespace anvil {
 
 // Replaces root["deepspeed_config"] by the anvil keys it means. A DeepSpeed key that anvil
 // cannot honour is an error naming it and what to write instead; a DeepSpeed value that
-// contradicts an anvil key given in the file or an override is an error naming both.
-void apply_deepspeed_config(YAML::Node root, const std::string& file);
+// contradicts an anvil key given in the file or an override is an error naming both. Unknown
+// DeepSpeed keys go to `unknown`.
+void apply_deepspeed_config(YAML::Node root, const std::string& file, UnknownKeys* unknown);
 
 }  // namespace anvil

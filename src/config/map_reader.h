@@ -2,6 +2,7 @@
 // that finish() can reject the rest by name. Every conversion error names the file and the full
 // dotted key.
 #pragma once
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
@@ -9,21 +10,44 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "config/choices.h"
 #include "config/duration.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "core/suggest.h"
 
 namespace anvil {
+
+// The unknown keys that the readers of one config found, reported together once the config has
+// been read, so that a user learns all of them in one run.
+class UnknownKeys {
+ public:
+  void add(std::string message) { found_.push_back(std::move(message)); }
+  // Throws every unknown key found, followed by `stopped_by` (the error that ended the reading,
+  // if any); returns when there is nothing to report.
+  void raise(const std::string& stopped_by = "") const {
+    if (found_.empty()) return;
+    if (found_.size() == 1 && stopped_by.empty()) ANVIL_FAIL("{}", found_[0]);
+    std::string msg = fmt::format("{} unknown key{}:", found_.size(), found_.size() == 1 ? "" : "s");
+    for (const std::string& f : found_) msg += "\n  " + f;
+    if (!stopped_by.empty()) msg += "\nthen: " + stopped_by;
+    ANVIL_FAIL("{}", msg);
+  }
+
+ private:
+  std::vector<std::string> found_;
+};
 
 class MapReader {
  public:
   // keys_read (may be null) collects the full dotted name of every key this reader and its
-  // sub-readers accept, present or not.
+  // sub-readers accept, present or not. unknown (may be null) collects the keys finish() rejects;
+  // without it, finish() throws them.
   MapReader(const YAML::Node& node, std::string prefix, const std::string& file,
-            std::set<std::string>* keys_read = nullptr)
-      : node_(node), prefix_(std::move(prefix)), file_(file), keys_read_(keys_read) {
+            std::set<std::string>* keys_read = nullptr, UnknownKeys* unknown = nullptr)
+      : node_(node), prefix_(std::move(prefix)), file_(file), keys_read_(keys_read), unknown_(unknown) {
     ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
                 prefix_.empty() ? "the top level" : prefix_);
   }
@@ -66,7 +90,7 @@ class MapReader {
 
   MapReader sub(const std::string& key) {
     has(key);
-    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_);
+    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_, unknown_);
   }
 
   YAML::Node raw(const std::string& key) {
@@ -76,14 +100,18 @@ class MapReader {
 
   void finish() {
     std::set<std::string> seen;
+    UnknownKeys here;
+    UnknownKeys& out = unknown_ ? *unknown_ : here;
+    const std::vector<std::string> allowed(allowed_.begin(), allowed_.end());
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       const std::string key = it->first.as<std::string>();
       ANVIL_CHECK(seen.insert(key).second, "{}: key '{}' is given twice", file_, full(key));
       if (allowed_.count(key)) continue;
-      std::string list;
-      for (const auto& k : allowed_) list += (list.empty() ? "" : ", ") + k;
-      ANVIL_FAIL("{}: unknown key '{}' (expected one of: {})", file_, full(key), list);
+      const std::string near = nearest_name(key, allowed);
+      out.add(fmt::format("{}: unknown key '{}'{} (expected one of: {})", file_, full(key),
+                          near.empty() ? "" : " (did you mean '" + full(near) + "'?)", fmt::join(allowed, ", ")));
     }
+    here.raise();
   }
 
   std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
@@ -102,6 +130,7 @@ class MapReader {
   const std::string& file_;
   std::set<std::string> allowed_;
   std::set<std::string>* keys_read_;
+  UnknownKeys* unknown_;
 };
 
 }  // namespace anvil

@@ -1,4 +1,5 @@
-// Errors: every failure anvil reports is an anvil::Error carrying one line a user can act on.
+// Errors: every failure anvil reports is an anvil::Error carrying one line a user can act on (a
+// config's unknown keys are listed together, a line each).
 // Library code throws; only main() catches, prints and exits non-zero.
 #pragma once
 #include <fmt/format.h>

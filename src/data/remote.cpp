@@ -132,7 +132,7 @@ class CurlRemote final : public Remote {
       signed_ = !s3_.access_key.empty();
       base_ = s3_.endpoint.empty() ? fmt::format("https://{}.s3.{}.amazonaws.com", s3_.bucket, s3_.region)
                                    : s3_.endpoint + "/" + s3_.bucket;
-      if (!s3_.prefix.empty()) base_ += "/" + encode_key(s3_.prefix);
+      if (!s3_.prefix.empty()) base_ += fmt::format("/{}", encode_key(s3_.prefix));
       is_s3_ = true;
     } else {
       base_ = location;
@@ -227,7 +227,7 @@ class CurlRemote final : public Remote {
     }
     std::string reason;
     const size_t b = body.find("<Code>"), e = body.find("</Code>");
-    if (b != std::string::npos && e != std::string::npos) reason = " " + body.substr(b + 6, e - b - 6);
+    if (b != std::string::npos && e != std::string::npos) reason = fmt::format(" {}", std::string_view(body).substr(b + 6, e - b - 6));
     const bool retryable = status >= 500 || status == 429 || status == 408;
     const char* hint = status == 404 ? " (no such file on the remote)"
                        : status == 403 ? " (access denied: check the credentials and the bucket's policy)"

@@ -120,6 +120,15 @@ expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil"
   run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 
 # --- bad input -------------------------------------------------------------------------------
+for typo in "trian:unknown command 'trian' (did you mean 'train'?)" \
+            "data prepare --outt d x:unknown option --outt (did you mean '--out'?)" \
+            "train --hepl:unknown option --hepl (did you mean '--help'?)" \
+            "bench gem:(did you mean 'gemm'?)"; do
+  args=${typo%%:*} want=${typo#*:}
+  "$anvil" $args > /dev/null 2> "$tmp/typo.err"; rc=$?
+  [ $rc -eq 2 ] && head -1 "$tmp/typo.err" | grep -qF -- "$want" && pass "anvil $args: $(head -1 "$tmp/typo.err")" \
+    || fail "anvil $args: exit $rc, $(head -1 "$tmp/typo.err")"
+done
 expect_error "missing config" "config file '$tmp/nope.yaml' not found" "$anvil" train "$tmp/nope.yaml"
 printf 'model: [1, 2\n' > "$tmp/bad.yaml"
 expect_error "malformed config" "malformed YAML at line" "$anvil" train "$tmp/bad.yaml"

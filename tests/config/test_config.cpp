@@ -244,6 +244,27 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   }
 }
 
+// A user learns every unknown key in one run, each with the nearest valid name when one is near,
+// and then the error that stopped the reading.
+TEST_F(ConfigTest, EveryUnknownKeyIsReportedAtOnce) {
+  const std::string all = error_of(std::string(kMinimal) + "callbacks: {speed_monitr: {}}\nsede: 3\n",
+                                   {"model.n_layer=3", "optimizer.learning_rate=1"});
+  EXPECT_EQ(all.rfind("4 unknown keys:\n", 0), 0u) << all;
+  for (const char* want : {"unknown key 'model.n_layer' (did you mean 'model.n_layers'?)",
+                           "unknown key 'optimizer.learning_rate' (expected one of: betas, eps, lr, name, weight_decay)",
+                           "unknown key 'callbacks.speed_monitr' (did you mean 'callbacks.speed_monitor'?)",
+                           "unknown key 'sede' (did you mean 'seed'?)"})
+    EXPECT_NE(all.find(want), std::string::npos) << want << " not in: " << all;
+  const std::string then = error_of(kMinimal, {"model.n_layer=3", "global_train_batch_size=abc"});
+  EXPECT_NE(then.find("1 unknown key:\n  "), std::string::npos) << then;
+  EXPECT_NE(then.find("\nthen: "), std::string::npos) << then;
+  EXPECT_NE(then.find("global_train_batch_size = 'abc' is not an integer"), std::string::npos) << then;
+  const std::string ds = error_of(std::string(kMinimal) + "deepspeed_config: {steps_per_prin: 5}\nmodle: {}\n");
+  EXPECT_NE(ds.find("unknown key 'deepspeed_config.steps_per_prin' (did you mean 'deepspeed_config.steps_per_print'?)"),
+            std::string::npos) << ds;
+  EXPECT_NE(ds.find("unknown key 'modle' (did you mean 'model'?)"), std::string::npos) << ds;
+}
+
 TEST_F(ConfigTest, AutoMicrobatchMemoryLimitAndCheckpointing) {
   TrainConfig c = load_train_config(write(kMinimal), {"device_train_microbatch_size=auto", "memory_limit=2gb",
                                                       "fsdp_config.activation_checkpointing=true"});

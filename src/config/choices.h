@@ -21,7 +21,18 @@ enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
   kAdamW,           // PyTorch's: p -= lr·wd·p
 };
-enum class SchedulerKind { kConstant, kConstantWithWarmup, kCosineWithWarmup, kLinearDecayWithWarmup };
+// Composer's schedules (LLM Foundry's names), then DeepSpeed's (a ds_config's scheduler types).
+enum class SchedulerKind {
+  kConstant,
+  kConstantWithWarmup,
+  kCosineWithWarmup,
+  kLinearDecayWithWarmup,
+  kWarmupLR,
+  kWarmupDecayLR,
+  kWarmupCosineLR,
+  kOneCycle,
+};
+enum class WarmupType { kLog, kLinear };  // DeepSpeed's warmup_type
 // dist/collectives.h describes the algorithms.
 enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
 enum class GradCompression { kNone, kBf16 };
@@ -57,7 +68,16 @@ struct Choices<SchedulerKind> {
       {SchedulerKind::kConstant, "constant"},
       {SchedulerKind::kConstantWithWarmup, "constant_with_warmup"},
       {SchedulerKind::kCosineWithWarmup, "cosine_with_warmup"},
-      {SchedulerKind::kLinearDecayWithWarmup, "linear_decay_with_warmup"}};
+      {SchedulerKind::kLinearDecayWithWarmup, "linear_decay_with_warmup"},
+      {SchedulerKind::kWarmupLR, "WarmupLR"},
+      {SchedulerKind::kWarmupDecayLR, "WarmupDecayLR"},
+      {SchedulerKind::kWarmupCosineLR, "WarmupCosineLR"},
+      {SchedulerKind::kOneCycle, "OneCycle"}};
+};
+template <>
+struct Choices<WarmupType> {
+  static constexpr std::pair<WarmupType, const char*> names[] = {{WarmupType::kLog, "log"},
+                                                                 {WarmupType::kLinear, "linear"}};
 };
 template <>
 struct Choices<AllReduceAlgo> {

@@ -156,6 +156,64 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   r.finish();
 }
 
+// Composer's keys, or DeepSpeed's parameters under the name of one of its schedules.
+void read_scheduler(MapReader& s, SchedulerConfig& out, const std::string& file) {
+  s.get("name", out.name);
+  if (!out.is_deepspeed()) {
+    s.get_duration("t_warmup", out.t_warmup);
+    s.get_duration("t_max", out.t_max);
+    s.get("alpha_f", out.alpha_f);
+    return;
+  }
+  const std::string name = choice_name(out.name);
+  auto steps = [&](const char* key, int64_t& v, int64_t least) {
+    s.get(key, v);
+    ANVIL_CHECK(v >= least, "{}: {} must be at least {} (scheduler {}), got {}", file, s.full(key), least, name, v);
+  };
+  auto rate = [&](const char* key, double& v) {
+    s.get(key, v);
+    ANVIL_CHECK(v >= 0, "{}: {} must not be negative, got {}", file, s.full(key), v);
+  };
+  switch (out.name) {
+    case SchedulerKind::kWarmupLR:
+    case SchedulerKind::kWarmupDecayLR:
+      rate("warmup_min_lr", out.warmup_min_lr);
+      rate("warmup_max_lr", out.warmup_max_lr);
+      steps("warmup_num_steps", out.warmup_num_steps, 0);
+      s.get("warmup_type", out.warmup_type);
+      if (out.name == SchedulerKind::kWarmupDecayLR) steps("total_num_steps", out.total_num_steps, 0);
+      break;
+    case SchedulerKind::kWarmupCosineLR:
+      rate("warmup_min_ratio", out.warmup_min_ratio);
+      rate("cos_min_ratio", out.cos_min_ratio);
+      steps("warmup_num_steps", out.warmup_num_steps, 0);
+      s.get("warmup_type", out.warmup_type);
+      steps("total_num_steps", out.total_num_steps, 0);
+      break;
+    default: {  // OneCycle
+      ANVIL_CHECK(s.has("cycle_min_lr") && s.has("cycle_max_lr"), "{}: scheduler OneCycle needs {} and {}", file,
+                  s.full("cycle_min_lr"), s.full("cycle_max_lr"));
+      rate("cycle_min_lr", out.cycle_min_lr);
+      rate("cycle_max_lr", out.cycle_max_lr);
+      rate("decay_lr_rate", out.decay_lr_rate);
+      steps("cycle_first_step_size", out.cycle_first_step_size, 1);
+      steps("cycle_second_step_size", out.cycle_second_step_size, 0);
+      steps("decay_step_size", out.decay_step_size, 0);
+      // DeepSpeed cycles Adam's beta1 inversely to the rate unless told not to; anvil keeps the
+      // betas of the optimizer section.
+      bool cycle_momentum = true;
+      s.get("cycle_momentum", cycle_momentum);
+      ANVIL_CHECK(!cycle_momentum, "{}: scheduler OneCycle with cycle_momentum true (DeepSpeed's default) is not "
+                  "supported: anvil keeps the optimizer's betas fixed; give {}: false", file,
+                  s.full("cycle_momentum"));
+      // The staircase counts are read by DeepSpeed's OneCycle but not used in its rate.
+      int64_t stairs = 0;
+      s.get("cycle_first_stair_count", stairs);
+      s.get("cycle_second_stair_count", stairs);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {
@@ -264,10 +322,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     {
       MapReader s = top.sub("scheduler");
-      s.get("name", c.scheduler.name);
-      s.get_duration("t_warmup", c.scheduler.t_warmup);
-      s.get_duration("t_max", c.scheduler.t_max);
-      s.get("alpha_f", c.scheduler.alpha_f);
+      read_scheduler(s, c.scheduler, path);
       s.finish();
     }
     {
@@ -568,10 +623,39 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
   e << YAML::EndMap;
   e << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "name" << YAML::Value << choice_name(c.scheduler.name);
-  e << YAML::Key << "t_warmup" << YAML::Value << c.scheduler.t_warmup.text;
-  e << YAML::Key << "t_max" << YAML::Value << c.scheduler.t_max.text;
-  e << YAML::Key << "alpha_f" << YAML::Value << c.scheduler.alpha_f;
+  const SchedulerConfig& sc = c.scheduler;
+  e << YAML::Key << "name" << YAML::Value << choice_name(sc.name);
+  auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << v; };
+  switch (sc.name) {
+    case SchedulerKind::kWarmupLR:
+    case SchedulerKind::kWarmupDecayLR:
+      key("warmup_min_lr", sc.warmup_min_lr);
+      key("warmup_max_lr", sc.warmup_max_lr);
+      key("warmup_num_steps", sc.warmup_num_steps);
+      key("warmup_type", choice_name(sc.warmup_type));
+      if (sc.name == SchedulerKind::kWarmupDecayLR) key("total_num_steps", sc.total_num_steps);
+      break;
+    case SchedulerKind::kWarmupCosineLR:
+      key("warmup_min_ratio", sc.warmup_min_ratio);
+      key("cos_min_ratio", sc.cos_min_ratio);
+      key("warmup_num_steps", sc.warmup_num_steps);
+      key("warmup_type", choice_name(sc.warmup_type));
+      key("total_num_steps", sc.total_num_steps);
+      break;
+    case SchedulerKind::kOneCycle:
+      key("cycle_min_lr", sc.cycle_min_lr);
+      key("cycle_max_lr", sc.cycle_max_lr);
+      key("decay_lr_rate", sc.decay_lr_rate);
+      key("cycle_first_step_size", sc.cycle_first_step_size);
+      key("cycle_second_step_size", sc.cycle_second_step_size);
+      key("decay_step_size", sc.decay_step_size);
+      key("cycle_momentum", false);
+      break;
+    default:
+      key("t_warmup", sc.t_warmup.text);
+      key("t_max", sc.t_max.text);
+      key("alpha_f", sc.alpha_f);
+  }
   e << YAML::EndMap;
   e << YAML::Key << "algorithms" << YAML::Value << YAML::BeginMap << YAML::Key << "gradient_clipping"
     << YAML::Value << YAML::BeginMap << YAML::Key << "clipping_type" << YAML::Value << "norm" << YAML::Key

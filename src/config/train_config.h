@@ -10,6 +10,7 @@
 #include "config/choices.h"
 #include "config/duration.h"
 #include "config/model_config.h"
+#include "config/scheduler_config.h"
 
 namespace anvil {
 
@@ -19,15 +20,6 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.0;
-};
-
-struct SchedulerConfig {
-  SchedulerKind name = SchedulerKind::kCosineWithWarmup;
-  Duration t_warmup = parse_duration("0ba", "scheduler.t_warmup");
-  // Where the decay ends (Composer's t_max): "1dur" is max_duration. A run stopped early and
-  // resumed to a longer max_duration keeps its schedule by naming the full length here.
-  Duration t_max = parse_duration("1dur", "scheduler.t_max");
-  double alpha_f = 0.0;
 };
 
 struct StreamConfig {

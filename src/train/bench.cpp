@@ -41,8 +41,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   cfg.device_train_microbatch_size = plan_microbatch(cfg, GB, mem.model_states() + mem.working, 1).microbatch;
   model.set_max_batch(cfg.device_train_microbatch_size);
   dp.init_weights(cfg.seed);
-  LrSchedule constant{SchedulerKind::kConstant, 0, 0.0, warmup_steps + steps};
-  TrainStep step(cfg, model, dp, constant);
+  TrainStep step(cfg, model, dp, LrSchedule::constant());
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.
   std::vector<int32_t> stream(static_cast<size_t>(GB) * T + 1);

@@ -97,7 +97,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   r.loss = sum_exact(comm, nonfinite_loss) > 0
                ? std::numeric_limits<double>::quiet_NaN()
                : fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
-  r.lr = lr_ * schedule_.multiplier(t);
+  r.lr = schedule_.lr(t, dp_.optimizer_steps(), lr_);
   r.skipped = outcome == DataParallel::Backward::kOverflow;
   scaler_.update(r.skipped, t + 1);
   if (r.skipped) return r;  // no update; the scaler has backed off

@@ -237,10 +237,10 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");
   const int64_t log_every = static_cast<int64_t>(cfg.console_log_interval.value);
   const int64_t save_every = duration_to_batches(cfg.save_interval, batches_per_epoch, GB, T, total_steps, "save_interval");
-  LrSchedule schedule{cfg.scheduler.name,
-                      duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
-                      cfg.scheduler.alpha_f,
-                      duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max")};
+  const LrSchedule schedule(
+      cfg.scheduler,
+      duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
+      duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max"), total_steps);
 
   std::optional<LoadedCheckpoint> resume = resume_point(cfg, comm);
   const bool continuing = resume && !resume->data_state.empty();  // else weights only, from step 0

@@ -57,7 +57,10 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
   oc.beta2 = meta("beta2");
   oc.eps = meta("eps");
   oc.weight_decay = meta("weight_decay");
-  LrSchedule sched{SchedulerKind::kCosineWithWarmup, static_cast<int64_t>(meta("t_warmup")), meta("alpha_f"), steps};
+  SchedulerConfig sc;
+  sc.name = SchedulerKind::kCosineWithWarmup;
+  sc.alpha_f = meta("alpha_f");
+  const LrSchedule sched(sc, static_cast<int64_t>(meta("t_warmup")), steps, steps);
   AdamW opt(oc, model.tensors(), model.num_params());
 
   std::vector<float> losses, norms;
@@ -70,7 +73,7 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
     const double norm = grad_norm(model.grads(), model.num_params());
     norms.push_back(static_cast<float>(norm));
     losses.push_back(static_cast<float>(sum / n));
-    opt.step(model.params(), model.grads(), oc.lr * sched.multiplier(step), clip_coefficient(norm, meta("clip")));
+    opt.step(model.params(), model.grads(), sched.lr(step, step, oc.lr), clip_coefficient(norm, meta("clip")));
   }
   EXPECT_TRUE(rel_norm_close(losses.data(), f.at("step_losses").f32(), steps, kFp32RelNorm));
   EXPECT_TRUE(rel_norm_close(norms.data(), f.at("step_grad_norms").f32(), steps, kFp32RelNorm));
@@ -84,7 +87,7 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
   const int q_width = model.config().n_heads * model.config().head_size();
   const int kv_width = model.config().kv_heads() * model.config().head_size();
   double lr_sum = 0;
-  for (int step = 0; step < steps; step++) lr_sum += oc.lr * sched.multiplier(step);
+  for (int step = 0; step < steps; step++) lr_sum += sched.lr(step, step, oc.lr);
   for (const ParamTensor& t : model.tensors()) {
     const float* got = model.params() + t.offset;
     if (!t.name.ends_with(".qkvb")) {

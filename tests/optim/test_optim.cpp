@@ -1,4 +1,4 @@
-// Learning-rate schedules (Composer's definitions), the two AdamW weight-decay conventions, and
+// Learning-rate schedules (Composer's and DeepSpeed's definitions), the two AdamW weight-decay conventions, and
 // global-norm clipping.
 #include <gtest/gtest.h>
 
@@ -15,21 +15,89 @@
 namespace anvil {
 namespace {
 
+LrSchedule composer(SchedulerKind kind, int64_t t_warmup, double alpha_f, int64_t t_max) {
+  SchedulerConfig c;
+  c.name = kind;
+  c.alpha_f = alpha_f;
+  return LrSchedule(c, t_warmup, t_max, t_max);
+}
+
 TEST(LrSchedule, CosineWithWarmup) {
-  LrSchedule s{SchedulerKind::kCosineWithWarmup, 10, 0.1, 110};
-  EXPECT_DOUBLE_EQ(s.multiplier(0), 0.0);
-  EXPECT_DOUBLE_EQ(s.multiplier(5), 0.5);
-  EXPECT_DOUBLE_EQ(s.multiplier(10), 1.0);
-  EXPECT_NEAR(s.multiplier(60), 0.1 + 0.9 * 0.5, 1e-12);  // halfway down
-  EXPECT_NEAR(s.multiplier(110), 0.1, 1e-12);
-  EXPECT_NEAR(s.multiplier(500), 0.1, 1e-12);              // clipped past the end
+  const LrSchedule s = composer(SchedulerKind::kCosineWithWarmup, 10, 0.1, 110);
+  EXPECT_DOUBLE_EQ(s.lr(0, 0, 1.0), 0.0);
+  EXPECT_DOUBLE_EQ(s.lr(5, 5, 1.0), 0.5);
+  EXPECT_DOUBLE_EQ(s.lr(10, 10, 2.0), 2.0);
+  EXPECT_NEAR(s.lr(60, 60, 1.0), 0.1 + 0.9 * 0.5, 1e-12);  // halfway down
+  EXPECT_NEAR(s.lr(110, 110, 1.0), 0.1, 1e-12);
+  EXPECT_NEAR(s.lr(500, 500, 1.0), 0.1, 1e-12);              // clipped past the end
+  EXPECT_DOUBLE_EQ(s.lr(5, 2, 1.0), 0.5);  // Composer's schedules follow the batch, skipped or not
 }
 
 TEST(LrSchedule, OtherShapes) {
-  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstant, 10, 0.0, 100}.multiplier(0)), 1.0);
-  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstantWithWarmup, 4, 0.0, 100}.multiplier(1)), 0.25);
-  EXPECT_DOUBLE_EQ((LrSchedule{SchedulerKind::kConstantWithWarmup, 4, 0.0, 100}.multiplier(50)), 1.0);
-  EXPECT_NEAR((LrSchedule{SchedulerKind::kLinearDecayWithWarmup, 0, 0.2, 100}.multiplier(50)), 0.6, 1e-12);
+  EXPECT_DOUBLE_EQ(composer(SchedulerKind::kConstant, 10, 0.0, 100).lr(0, 0, 1.0), 1.0);
+  EXPECT_DOUBLE_EQ(composer(SchedulerKind::kConstantWithWarmup, 4, 0.0, 100).lr(1, 1, 1.0), 0.25);
+  EXPECT_DOUBLE_EQ(composer(SchedulerKind::kConstantWithWarmup, 4, 0.0, 100).lr(50, 50, 1.0), 1.0);
+  EXPECT_NEAR(composer(SchedulerKind::kLinearDecayWithWarmup, 0, 0.2, 100).lr(50, 50, 1.0), 0.6, 1e-12);
+}
+
+// DeepSpeed's schedules as its engine steps them (deepspeed/runtime/lr_schedules.py and
+// engine.py): the first update runs at the rate set at construction (iteration -1), the schedule
+// advances after each applied update, and a skipped update does not advance it.
+TEST(LrSchedule, DeepSpeedWarmupLR) {
+  SchedulerConfig c;
+  c.name = SchedulerKind::kWarmupLR;
+  c.warmup_min_lr = 1e-4;
+  c.warmup_max_lr = 1e-3;
+  c.warmup_num_steps = 100;
+  const LrSchedule log_warmup(c, 0, 0, 1000);
+  EXPECT_DOUBLE_EQ(log_warmup.lr(0, 0, 7.0), 1e-4);  // optimizer.lr (7) is not used
+  EXPECT_DOUBLE_EQ(log_warmup.lr(1, 1, 7.0), 1e-4);  // iteration 0: log(1) = 0
+  EXPECT_DOUBLE_EQ(log_warmup.lr(2, 2, 7.0), 1e-4 + 9e-4 * std::log(2.0) / std::log(100.0));
+  EXPECT_DOUBLE_EQ(log_warmup.lr(9, 2, 7.0), log_warmup.lr(2, 2, 7.0));  // skipped updates do not count
+  EXPECT_DOUBLE_EQ(log_warmup.lr(101, 101, 7.0), 1e-3);
+  c.warmup_type = WarmupType::kLinear;
+  const LrSchedule linear(c, 0, 0, 1000);
+  EXPECT_DOUBLE_EQ(linear.lr(51, 51, 7.0), 1e-4 + 9e-4 * 50 / 100.0);
+}
+
+TEST(LrSchedule, DeepSpeedWarmupDecayAndCosine) {
+  SchedulerConfig c;
+  c.name = SchedulerKind::kWarmupDecayLR;
+  c.warmup_max_lr = 2e-3;
+  c.warmup_num_steps = 10;
+  c.warmup_type = WarmupType::kLinear;
+  c.total_num_steps = 0;  // the run's length
+  const LrSchedule decay(c, 0, 0, 110);
+  EXPECT_DOUBLE_EQ(decay.lr(6, 6, 1.0), 2e-3 * 5 / 10.0);
+  EXPECT_DOUBLE_EQ(decay.lr(61, 61, 1.0), 2e-3 * (110 - 60) / 100.0);
+  EXPECT_DOUBLE_EQ(decay.lr(300, 300, 1.0), 0.0);
+  c.name = SchedulerKind::kWarmupCosineLR;
+  c.warmup_min_ratio = 0.1;
+  c.cos_min_ratio = 0.01;
+  c.total_num_steps = 110;
+  const LrSchedule cosine(c, 0, 0, 500);
+  EXPECT_DOUBLE_EQ(cosine.lr(0, 0, 3.0), 0.0);
+  EXPECT_DOUBLE_EQ(cosine.lr(1, 1, 3.0), 3.0 * 0.1);
+  EXPECT_DOUBLE_EQ(cosine.lr(6, 6, 3.0), 3.0 * (0.1 + 0.9 * 5 / 10.0));
+  EXPECT_NEAR(cosine.lr(60, 60, 3.0), 3.0 * (0.01 + 0.99 * (1 + std::cos(M_PI * 50 / 100.0)) / 2), 1e-15);
+  EXPECT_NEAR(cosine.lr(110, 110, 3.0), 3.0 * 0.01, 1e-15);
+}
+
+TEST(LrSchedule, DeepSpeedOneCycle) {
+  SchedulerConfig c;
+  c.name = SchedulerKind::kOneCycle;
+  c.cycle_min_lr = 0.004;
+  c.cycle_max_lr = 0.015;
+  c.cycle_first_step_size = 1000;
+  c.cycle_second_step_size = 100;
+  c.decay_step_size = 1000;
+  c.decay_lr_rate = 0.01;
+  const LrSchedule s(c, 0, 0, 5000);
+  EXPECT_DOUBLE_EQ(s.lr(0, 0, 1.0), 0.004);
+  EXPECT_NEAR(s.lr(501, 501, 1.0), 0.004 + 0.011 * 500 / 1000.0, 1e-15);   // rising
+  EXPECT_NEAR(s.lr(1001, 1001, 1.0), 0.015, 1e-15);                        // the peak
+  EXPECT_NEAR(s.lr(1051, 1051, 1.0), 0.004 + 0.011 * 0.5, 1e-15);          // halfway down
+  EXPECT_NEAR(s.lr(2101, 2101, 1.0), 0.004 * (1 + 0.01 * 1000 / 1000.0), 1e-15);  // decay phase
 }
 
 std::vector<ParamTensor> two_tensors() {

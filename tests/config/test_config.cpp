@@ -222,7 +222,7 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"scheduler.name=exponential"})
                 .find("scheduler.name 'exponential' is not valid: expected constant, constant_with_warmup, "
-                      "cosine_with_warmup or linear_decay_with_warmup"),
+                      "cosine_with_warmup, linear_decay_with_warmup, WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train_loader.dataset.max_seq_len=128"})
                 .find("train_loader.dataset.max_seq_len is 128, but max_seq_len is 64: they must agree"),

@@ -4,69 +4,111 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
-#include <vector>
+#include <optional>
 
-#include "config/map_reader.h"
 #include "core/error.h"
 
 namespace anvil {
 namespace {
 
-// Writes one translated value at a dotted anvil key. A value already there (from the file or an
-// override) must mean the same thing, or the two are an error naming both.
-class Translator {
- public:
-  Translator(YAML::Node root, const std::string& file) : root_(root), file_(file) {}
+bool is_auto(const YAML::Node& n) { return n && n.IsScalar() && n.Scalar() == "auto"; }
 
-  template <typename T>
-  void put(const std::string& anvil_key, const T& value, const std::string& ds_key) {
+std::string text(const YAML::Node& n) {
+  if (!n || n.IsNull()) return "(none)";
+  if (n.IsScalar()) return n.Scalar();
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  for (size_t a = 0, b; a <= key.size(); a = b + 1) {
+    b = std::min(key.find('.', a), key.size());
+    parts.push_back(key.substr(a, b - a));
+  }
+  return parts;
+}
+
+// The ds_config's translated values, written over the config tree. A key the command line set
+// (or one under a section it set) keeps the command line's value.
+class Layer {
+ public:
+  Layer(YAML::Node root, const std::set<std::string>& overridden, std::string where)
+      : root_(root), overridden_(overridden), where_(std::move(where)) {}
+
+  YAML::Node get(const std::string& key) const {
     YAML::Node node = root_;
-    std::vector<std::string> parts;
-    for (size_t a = 0, b; a <= anvil_key.size(); a = b + 1) {
-      b = std::min(anvil_key.find('.', a), anvil_key.size());
-      parts.push_back(anvil_key.substr(a, b - a));
+    for (const std::string& part : split_key(key)) {
+      if (!node.IsMap() || !node[part]) return YAML::Node();
+      node.reset(node[part]);
     }
+    return node;
+  }
+
+  void set(const std::string& key, const YAML::Node& value, const std::string& from) {
+    if (overridden(key)) {
+      notes_.push_back(fmt::format("{} kept as the command line gives it (the ds_config's {} gives {})", key, from,
+                                   text(value)));
+      return;
+    }
+    const YAML::Node old = get(key);
+    const std::string was = old && !old.IsNull() && text(old) != text(value) ? ", was " + text(old) : "";
+    const std::vector<std::string> parts = split_key(key);
+    YAML::Node node = root_;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       if (!node[parts[i]] || !node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
       node.reset(node[parts[i]]);
     }
-    const YAML::Node given = node[parts.back()];
-    const YAML::Node wanted = YAML::Clone(YAML::Node(value));
-    if (given && !given.IsNull()) {
-      ANVIL_CHECK(same(given, wanted), "{}: deepspeed_config.{} means {} = {}, but {} is {}: give one of them", file_,
-                  ds_key, anvil_key, text(wanted), anvil_key, text(given));
-      return;
-    }
-    node[parts.back()] = wanted;
+    node[parts.back()] = YAML::Clone(value);
+    notes_.push_back(fmt::format("{} = {} ({}{})", key, text(value), from, was));
+  }
+  template <typename T>
+  void set_value(const std::string& key, const T& value, const std::string& from) {
+    set(key, YAML::Node(value), from);
   }
 
- private:
-  static std::string text(const YAML::Node& n) {
-    if (n.IsScalar()) return n.Scalar();
-    YAML::Emitter e;
-    e << YAML::Flow << n;
-    return e.c_str();
+  // DeepSpeed's default for a key neither the YAML nor the ds_config gives.
+  template <typename T>
+  void set_default(const std::string& key, const T& value) {
+    const YAML::Node old = get(key);
+    if (!old || old.IsNull()) set(key, YAML::Node(value), "DeepSpeed's default");
   }
-  static bool same(const YAML::Node& x, const YAML::Node& y) {
-    if (x.IsSequence() && y.IsSequence() && x.size() == y.size()) {
-      for (size_t i = 0; i < x.size(); ++i)
-        if (!same(x[i], y[i])) return false;
-      return true;
-    }
-    if (!x.IsScalar() || !y.IsScalar()) return false;
-    const std::string &a = x.Scalar(), &b = y.Scalar();
-    if (a == b) return true;
-    try {
-      size_t ea = 0, eb = 0;
-      const double x = std::stod(a, &ea), y = std::stod(b, &eb);
-      return ea == a.size() && eb == b.size() && x == y;
-    } catch (const std::exception&) {
-      return false;
-    }
+
+  void remove(const std::string& key, const std::string& why) {
+    const YAML::Node old = get(key);
+    if (!old || old.IsNull() || overridden(key)) return;
+    const std::vector<std::string> parts = split_key(key);
+    YAML::Node parent = root_;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) parent.reset(parent[parts[i]]);
+    parent.remove(parts.back());
+    notes_.push_back(fmt::format("{} removed ({}; was {})", key, why, text(old)));
+  }
+
+  // Removes the keys of a section that the ds_config replaces as a whole.
+  void clear_section(const std::string& section, const std::string& why) {
+    const YAML::Node s = get(section);
+    if (!s || !s.IsMap()) return;
+    std::vector<std::string> keys;
+    for (auto it = s.begin(); it != s.end(); ++it) keys.push_back(it->first.as<std::string>());
+    for (const std::string& k : keys) remove(section + "." + k, why);
+  }
+
+  void note(std::string line) { notes_.push_back(std::move(line)); }
+  const std::string& where() const { return where_; }
+  std::vector<std::string> notes() const { return notes_; }
+
+ private:
+  bool overridden(const std::string& key) const {
+    for (size_t i = 0; i <= key.size(); ++i)
+      if ((i == key.size() || key[i] == '.') && overridden_.count(key.substr(0, i))) return true;
+    return false;
   }
 
   YAML::Node root_;
-  const std::string& file_;
+  const std::set<std::string>& overridden_;
+  std::string where_;
+  std::vector<std::string> notes_;
 };
 
 YAML::Node load_json(const std::string& path, const std::string& file) {
@@ -78,145 +120,339 @@ YAML::Node load_json(const std::string& path, const std::string& file) {
   }
 }
 
-void read_precision(MapReader& ds, Translator& out, const std::string& where) {
-  bool fp16 = false, bf16 = false, any = false;
-  if (ds.has("fp16")) {
-    any = true;
-    MapReader f = ds.sub("fp16");
-    f.get("enabled", fp16);
-    double static_scale = 0;
-    f.get("loss_scale", static_scale);
-    bool auto_cast = false;  // anvil's amp always rounds every matrix product's operands
-    f.get("auto_cast", auto_cast);
-    if (fp16) {
-      ANVIL_CHECK(static_scale == 0, "{}: deepspeed_config.fp16.loss_scale {} is a static loss scale, which anvil "
-                  "does not have: give 0 (dynamic) and initial_scale_power", where, static_scale);
-      if (f.has("initial_scale_power")) {
-        int power = 0;
-        f.get("initial_scale_power", power);
-        ANVIL_CHECK(power >= 0 && power <= 60, "{}: deepspeed_config.fp16.initial_scale_power {} must be in 0..60",
-                    where, power);
-        out.put("loss_scaler.init_scale", std::ldexp(1.0, power), "fp16.initial_scale_power");
-      }
-      auto copy = [&](const char* ds_key, const char* anvil_key) {
-        if (f.has(ds_key)) out.put(anvil_key, f.raw(ds_key), std::string("fp16.") + ds_key);
-      };
-      copy("loss_scale_window", "loss_scaler.growth_interval");
-      copy("hysteresis", "loss_scaler.hysteresis");
-      copy("consecutive_hysteresis", "loss_scaler.consecutive_hysteresis");
-      copy("min_loss_scale", "loss_scaler.min_scale");
-    } else {
-      for (const char* k : {"initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-                            "min_loss_scale"})
-        f.has(k);  // meaningless while fp16 is off, as in DeepSpeed
+// A value of the ds_config, or nothing when it is absent or Hugging Face's "auto" (the rest of
+// the configuration decides).
+std::optional<YAML::Node> given(MapReader& r, const std::string& key) {
+  if (!r.has(key)) return std::nullopt;
+  const YAML::Node v = r.raw(key);
+  if (is_auto(v)) return std::nullopt;
+  return v;
+}
+
+template <typename T>
+T as(MapReader& r, const std::string& key, const YAML::Node& v, const char* what) {
+  try {
+    return v.as<T>();
+  } catch (const YAML::Exception&) {
+    ANVIL_FAIL("{}: {} = {} is not {}", r.file(), r.full(key), text(v), what);
+  }
+}
+
+void read_batch(MapReader& ds, Layer& out) {
+  // DeepSpeed's rule: train_batch_size = micro batch x accumulation steps x ranks; any two give
+  // the third (checked when the number of ranks is known), one alone takes 1 accumulation step.
+  const std::pair<const char*, const char*> keys[] = {
+      {"train_batch_size", "global_train_batch_size"},
+      {"train_micro_batch_size_per_gpu", "device_train_microbatch_size"},
+      {"gradient_accumulation_steps", "gradient_accumulation_steps"}};
+  bool defines = false;
+  for (const auto& [ds_key, anvil_key] : keys) defines = defines || given(ds, ds_key).has_value();
+  if (!defines) {
+    for (const auto& [ds_key, anvil_key] : keys) ds.has(ds_key);
+    return;
+  }
+  for (const auto& [ds_key, anvil_key] : keys) {
+    if (const auto v = given(ds, ds_key)) {
+      const int n = as<int>(ds, ds_key, *v, "an integer");
+      ANVIL_CHECK(n > 0, "{}: {} must be positive, got {}", out.where(), ds.full(ds_key), n);
+      out.set(anvil_key, *v, ds_key);
+    } else if (!ds.has(ds_key)) {
+      out.remove(anvil_key, "the ds_config's batch sizes give it");
     }
+  }
+}
+
+void read_precision(MapReader& ds, Layer& out) {
+  std::optional<bool> fp16, bf16;
+  if (ds.has("fp16")) {
+    MapReader f = ds.sub("fp16");
+    if (const auto v = given(f, "enabled")) fp16 = as<bool>(f, "enabled", *v, "true or false");
+    // DeepSpeed's fp16 block defines the loss scaler: what it leaves out takes DeepSpeed's defaults.
+    if (const auto v = given(f, "loss_scale"))
+      ANVIL_CHECK(as<double>(f, "loss_scale", *v, "a number") == 0, "{}: {} {} is a static loss scale, which anvil "
+                  "does not have: give 0 (dynamic) and initial_scale_power", out.where(), f.full("loss_scale"),
+                  text(*v));
+    int power = 16;
+    if (const auto v = given(f, "initial_scale_power")) power = as<int>(f, "initial_scale_power", *v, "an integer");
+    ANVIL_CHECK(power >= 0 && power <= 60, "{}: {} {} must be in 0..60", out.where(), f.full("initial_scale_power"),
+                power);
+    if (fp16.value_or(false)) out.set_value("loss_scaler.init_scale", std::ldexp(1.0, power), "fp16.initial_scale_power");
+    const std::tuple<const char*, const char*, const char*> scaler[] = {
+        {"loss_scale_window", "loss_scaler.growth_interval", "1000"},
+        {"hysteresis", "loss_scaler.hysteresis", "2"},
+        {"consecutive_hysteresis", "loss_scaler.consecutive_hysteresis", "false"},
+        {"min_loss_scale", "loss_scaler.min_scale", "1"}};
+    for (const auto& [ds_key, anvil_key, ds_default] : scaler) {
+      const auto v = given(f, ds_key);
+      if (fp16.value_or(false)) out.set(anvil_key, v ? *v : YAML::Node(ds_default), std::string("fp16.") + ds_key);
+    }
+    // fp16 master weights and gradients: anvil keeps both in fp32, at least the precision asked.
+    bool master16 = false;
+    if (const auto v = given(f, "fp16_master_weights_and_grads"))
+      master16 = as<bool>(f, "fp16_master_weights_and_grads", *v, "true or false");
+    if (master16 && fp16.value_or(false))
+      out.note("fp16.fp16_master_weights_and_grads: anvil keeps fp32 master weights and gradients");
+    f.has("auto_cast");  // anvil's amp rounds every matrix product's operands, cast or not
     f.finish();
   }
   for (const char* name : {"bf16", "bfloat16"}) {
     if (!ds.has(name)) continue;
-    any = true;
     MapReader b = ds.sub(name);
-    bool enabled = false;
-    b.get("enabled", enabled);
-    bool immediate = false;  // anvil accumulates gradients in fp32 in every precision
-    b.get("immediate_grad_update", immediate);
+    if (const auto v = given(b, "enabled")) bf16 = bf16.value_or(false) || as<bool>(b, "enabled", *v, "true or false");
+    b.has("immediate_grad_update");  // anvil accumulates gradients in fp32 in every precision
     b.finish();
-    bf16 = bf16 || enabled;
   }
-  ANVIL_CHECK(!(fp16 && bf16), "{}: deepspeed_config enables both fp16 and bf16: enable one", where);
-  if (any)
-    out.put("precision", std::string(fp16 ? "amp_fp16" : bf16 ? "amp_bf16" : "fp32"),
-            fp16 ? "fp16.enabled" : bf16 ? "bf16.enabled" : "fp16.enabled and bf16.enabled");
+  ANVIL_CHECK(!(fp16.value_or(false) && bf16.value_or(false)), "{}: deepspeed_config enables both fp16 and bf16: "
+              "enable one", out.where());
+  if (fp16.value_or(false)) out.set_value("precision", std::string("amp_fp16"), "fp16.enabled");
+  else if (bf16.value_or(false)) out.set_value("precision", std::string("amp_bf16"), "bf16.enabled");
+  else if (fp16 || bf16) out.set_value("precision", std::string("fp32"), "fp16 and bf16 disabled");
 }
 
-void read_zero(MapReader& ds, Translator& out, const std::string& where) {
+void read_zero(MapReader& ds, Layer& out) {
   if (!ds.has("zero_optimization")) return;
   MapReader z = ds.sub("zero_optimization");
-  if (z.has("stage")) {
-    int stage = 0;
-    z.get("stage", stage);
-    out.put("distributed.zero_stage", stage, "zero_optimization.stage");
+  if (const auto v = given(z, "stage")) {
+    const int stage = as<int>(z, "stage", *v, "an integer");
+    ANVIL_CHECK(stage >= 0 && stage <= 3, "{}: {} {} must be 0, 1, 2 or 3", out.where(), z.full("stage"), stage);
+    out.set("distributed.zero_stage", *v, "zero_optimization.stage");
+    out.remove("fsdp_config.sharding_strategy", "the ds_config's zero_optimization.stage sets the sharding");
   }
   // Bucketing and overlap are anvil's own (a unit's gradients reduce while the backward pass goes
-  // on, in every stage), so these tuning knobs are accepted and have no effect.
+  // on, in every stage), so these tuning knobs have no effect.
   for (const char* k : {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
                         "allgather_partitions", "allgather_bucket_size", "round_robin_gradients",
                         "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                         "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size",
-                        "stage3_gather_16bit_weights_on_model_save"})
+                        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                        "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
+                        "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
     z.has(k);
+  bool legacy_offload = false;  // DeepSpeed's older spelling of offload_optimizer
+  if (const auto v = given(z, "cpu_offload")) legacy_offload = as<bool>(z, "cpu_offload", *v, "true or false");
+  ANVIL_CHECK(!legacy_offload, "{}: {}: true is not supported: anvil does not offload (give false)", out.where(),
+              z.full("cpu_offload"));
   for (const char* k : {"offload_optimizer", "offload_param"}) {
     if (!z.has(k)) continue;
     MapReader o = z.sub(k);
     std::string device = "none";
     o.get("device", device);
-    for (const char* ignored : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio"})
+    for (const char* ignored : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio",
+                                "fast_init", "pipeline_read", "pipeline_write"})
       o.has(ignored);
     o.finish();
     ANVIL_CHECK(device == "none", "{}: {}.device '{}' is not supported: anvil does not offload (give device: "
-                "none)", where, z.full(k), device);
+                "none)", out.where(), z.full(k), device);
   }
   z.finish();
 }
 
-void read_optimizer(MapReader& ds, Translator& out, const std::string& where) {
+void read_optimizer(MapReader& ds, Layer& out) {
   if (!ds.has("optimizer")) return;
   MapReader o = ds.sub("optimizer");
   std::string type;
   o.get("type", type);
   std::string lower = type;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  ANVIL_CHECK(lower == "adamw" || lower == "adam", "{}: deepspeed_config.optimizer type '{}' is not supported: "
+              "anvil trains with Adam and AdamW", out.where(), type);
   MapReader p = o.sub("params");
-  bool adam_w_mode = true;  // DeepSpeed's "Adam" is AdamW unless told otherwise
-  p.get("adam_w_mode", adam_w_mode);
-  ANVIL_CHECK((lower == "adamw" || lower == "adam") && adam_w_mode, "{}: deepspeed_config.optimizer type '{}'{} is "
-              "not supported: anvil trains with AdamW (type AdamW)", where, type,
-              adam_w_mode ? "" : " with adam_w_mode false");
-  // DeepSpeed's AdamW decays as PyTorch's does: p -= lr·wd·p.
-  out.put("optimizer.name", std::string("adamw"), "optimizer.type");
-  auto copy = [&](const char* key) {
-    if (p.has(key)) out.put(std::string("optimizer.") + key, p.raw(key), std::string("optimizer.params.") + key);
-  };
-  copy("lr");
-  copy("eps");
-  copy("weight_decay");
-  copy("betas");
-  p.has("torch_adam");
+  bool adam_w_mode = true, torch_adam = false, bias_correction = true, amsgrad = false;
+  if (const auto v = given(p, "adam_w_mode")) adam_w_mode = as<bool>(p, "adam_w_mode", *v, "true or false");
+  if (lower == "adamw") adam_w_mode = true;  // DeepSpeed's AdamW type is Adam with adam_w_mode
+  if (const auto v = given(p, "torch_adam")) torch_adam = as<bool>(p, "torch_adam", *v, "true or false");
+  if (const auto v = given(p, "bias_correction")) bias_correction = as<bool>(p, "bias_correction", *v, "true or false");
+  if (const auto v = given(p, "amsgrad")) amsgrad = as<bool>(p, "amsgrad", *v, "true or false");
+  ANVIL_CHECK(bias_correction, "{}: {}: false is not supported (anvil's Adam corrects the moments' bias)",
+              out.where(), p.full("bias_correction"));
+  ANVIL_CHECK(!amsgrad, "{}: {}: true is not supported", out.where(), p.full("amsgrad"));
+  // The ds_config's optimizer is the whole optimizer: what it leaves out takes DeepSpeed's
+  // defaults (FusedAdam's; torch.optim.AdamW's weight decay 0.01 under torch_adam).
+  const double default_decay = torch_adam && adam_w_mode ? 0.01 : 0.0;
+  double decay = default_decay;
+  if (const auto v = given(p, "weight_decay")) decay = as<double>(p, "weight_decay", *v, "a number");
+  ANVIL_CHECK(adam_w_mode || decay == 0 || is_auto(p.raw("weight_decay")), "{}: Adam with adam_w_mode false and "
+              "weight_decay {} is Adam with L2 regularisation, which anvil does not have: use AdamW (adam_w_mode "
+              "true), or weight_decay 0", out.where(), decay);
+  out.set_value("optimizer.name", std::string("adamw"), "optimizer.type " + type);  // PyTorch's decay: p -= lr·wd·p
+  const std::tuple<const char*, YAML::Node> params[] = {
+      {"lr", YAML::Node(0.001)},
+      {"betas", YAML::Load("[0.9, 0.999]")},
+      {"eps", YAML::Node(1e-8)},
+      {"weight_decay", YAML::Node(default_decay)}};
+  for (const auto& [key, ds_default] : params) {
+    if (p.has(key) && is_auto(p.raw(key))) continue;  // the YAML's value
+    const auto v = given(p, key);
+    out.set(std::string("optimizer.") + key, v ? *v : ds_default,
+            v ? std::string("optimizer.params.") + key : std::string("DeepSpeed's default"));
+  }
   p.finish();
   o.finish();
 }
 
+void read_scheduler(MapReader& ds, Layer& out) {
+  if (!ds.has("scheduler")) {
+    out.set_default("scheduler.name", std::string("constant"));  // DeepSpeed keeps the optimizer's rate
+    return;
+  }
+  MapReader s = ds.sub("scheduler");
+  std::string type;
+  s.get("type", type);
+  const std::vector<std::string> keys =
+      type == "WarmupLR"         ? std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                                            "warmup_type"}
+      : type == "WarmupDecayLR"  ? std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                                            "warmup_type", "total_num_steps"}
+      : type == "WarmupCosineLR" ? std::vector<std::string>{"warmup_min_ratio", "cos_min_ratio", "warmup_num_steps",
+                                                            "warmup_type", "total_num_steps"}
+      : type == "OneCycle"       ? std::vector<std::string>{"cycle_min_lr", "cycle_max_lr", "decay_lr_rate",
+                                                            "cycle_first_step_size", "cycle_second_step_size",
+                                                            "cycle_first_stair_count", "cycle_second_stair_count",
+                                                            "decay_step_size", "cycle_momentum"}
+                                 : std::vector<std::string>{};
+  ANVIL_CHECK(!keys.empty(), "{}: deepspeed_config.scheduler type '{}' is not supported: expected WarmupLR, "
+              "WarmupDecayLR, WarmupCosineLR or OneCycle", out.where(), type);
+  // Hugging Face's "auto" takes the YAML's values, read before the section is replaced.
+  const YAML::Node lr = out.get("optimizer.lr");
+  const YAML::Node warmup = YAML::Clone(out.get("scheduler.t_warmup"));
+  out.clear_section("scheduler", "the ds_config's scheduler replaces it");
+  out.set_value("scheduler.name", type, "scheduler.type");
+  MapReader p = s.sub("params");
+  for (const std::string& key : keys) {
+    if (!p.has(key)) continue;
+    YAML::Node v = p.raw(key);
+    if (is_auto(v)) {
+      if (key == "warmup_min_lr") v = YAML::Node(0.0);
+      else if (key == "warmup_max_lr" && lr && !lr.IsNull()) v = lr;
+      else if (key == "total_num_steps") v = YAML::Node(0);  // the run's length
+      else if (key == "warmup_num_steps" && warmup && warmup.IsScalar() && warmup.Scalar().size() > 2 &&
+               warmup.Scalar().substr(warmup.Scalar().size() - 2) == "ba")
+        v = YAML::Node(warmup.Scalar().substr(0, warmup.Scalar().size() - 2));
+      else
+        ANVIL_FAIL("{}: {}: \"auto\" has nothing to take its value from (give a number{})", out.where(), p.full(key),
+                   key == "warmup_num_steps" ? ", or scheduler.t_warmup in batches in the YAML" : "");
+    }
+    out.set("scheduler." + key, v, "scheduler.params." + key);
+  }
+  for (const char* momentum : {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"})
+    if (type == "OneCycle") p.has(momentum);  // used only when the momentum cycles, which anvil refuses
+  p.finish();
+  s.finish();
+}
+
+void read_monitors(MapReader& ds, Layer& out) {
+  if (ds.has("tensorboard")) {
+    MapReader t = ds.sub("tensorboard");
+    bool enabled = false;
+    t.get("enabled", enabled);
+    std::string dir, job = "DeepSpeedJobName";
+    t.get("output_path", dir);
+    t.get("job_name", job);
+    t.finish();
+    if (enabled)
+      out.set_value("loggers.tensorboard.log_dir",
+                    dir.empty() ? std::string() : (std::filesystem::path(dir) / job).string(), "tensorboard");
+  }
+  for (const char* name : {"wandb", "csv_monitor", "comet"}) {
+    if (!ds.has(name)) continue;
+    MapReader m = ds.sub(name);
+    bool enabled = false;
+    m.get("enabled", enabled);
+    for (const char* k : {"output_path", "job_name", "team", "group", "project", "workspace", "api_key",
+                          "experiment_name", "experiment_key", "online", "mode", "samples_log_interval"})
+      m.has(k);
+    m.finish();
+    ANVIL_CHECK(!enabled, "{}: deepspeed_config.{}.enabled: true is not supported: anvil writes metrics.jsonl, "
+                "train.log and, with tensorboard.enabled, TensorBoard event files", out.where(), name);
+  }
+  if (ds.has("flops_profiler")) {
+    MapReader f = ds.sub("flops_profiler");
+    bool enabled = false;
+    f.get("enabled", enabled);
+    for (const char* k : {"profile_step", "module_depth", "top_modules", "detailed", "output_file"}) f.has(k);
+    f.finish();
+    ANVIL_CHECK(!enabled, "{}: deepspeed_config.flops_profiler.enabled: true is not supported: anvil logs the "
+                "model FLOPs and MFU of every step; `anvil bench train CONFIG --profile` times each op",
+                out.where());
+  }
+}
+
+void read_switches(MapReader& ds, Layer& out) {
+  // Settings whose only choice in anvil is the one given; anything else is refused.
+  auto must_be = [&](const char* key, const std::string& allowed, const char* why) {
+    const auto v = given(ds, key);
+    ANVIL_CHECK(!v || text(*v) == allowed, "{}: {} {} is not supported: {}", out.where(), ds.full(key), text(*v),
+                why);
+  };
+  must_be("sparse_gradients", "false", "anvil's gradients are dense");
+  must_be("communication_data_type", "fp32", "anvil reduces gradients in fp32 (or exactly, in fixed point)");
+  if (ds.has("amp")) {
+    MapReader a = ds.sub("amp");
+    bool enabled = false;
+    a.get("enabled", enabled);
+    a.has("opt_level");
+    a.finish();
+    ANVIL_CHECK(!enabled, "{}: deepspeed_config.amp (NVIDIA Apex) is not supported: use bf16 or fp16", out.where());
+  }
+  if (ds.has("data_types")) {
+    MapReader d = ds.sub("data_types");
+    std::string accumulate = "fp32";
+    d.get("grad_accum_dtype", accumulate);
+    d.finish();
+    ANVIL_CHECK(accumulate == "fp32", "{}: deepspeed_config.data_types.grad_accum_dtype {} is not supported: anvil "
+                "accumulates gradients in fp32", out.where(), accumulate);
+  }
+  if (ds.has("activation_checkpointing")) {
+    // DeepSpeed's checkpointing API, which a model's own code calls (Megatron's); it turns nothing
+    // on by itself. anvil's is activation_checkpointing: true.
+    MapReader a = ds.sub("activation_checkpointing");
+    for (const char* k : {"partition_activations", "contiguous_memory_optimization", "number_checkpoints",
+                          "synchronize_checkpoint_boundary", "profile"})
+      a.has(k);
+    bool to_cpu = false;
+    a.get("cpu_checkpointing", to_cpu);
+    a.finish();
+    ANVIL_CHECK(!to_cpu, "{}: deepspeed_config.activation_checkpointing.cpu_checkpointing: true is not supported "
+                "(activations stay where the model runs; activation_checkpointing: true saves their memory)",
+                out.where());
+  }
+  // anvil logs its step timing always; averages gradients exactly wherever the division happens
+  // (prescale_gradients, gradient_predivide_factor); trains with its own AdamW whatever ZeRO
+  // stage (zero_allow_untested_optimizer, zero_force_ds_cpu_optimizer).
+  for (const char* k : {"wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+                        "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"})
+    ds.has(k);
+}
+
 }  // namespace
 
-void apply_deepspeed_config(YAML::Node root, const std::string& file, UnknownKeys* unknown) {
-  const YAML::Node given = root["deepspeed_config"];
-  if (!given || given.IsNull()) return;
-  const YAML::Node ds_node = given.IsScalar() ? load_json(given.Scalar(), file) : given;
-  const std::string where = given.IsScalar() ? given.Scalar() : file;
+std::vector<std::string> apply_deepspeed_config(YAML::Node root, const std::string& file,
+                                                const std::set<std::string>& overridden, UnknownKeys* unknown) {
+  const YAML::Node spec = root["deepspeed_config"];
+  if (!spec || spec.IsNull()) return {};
+  const YAML::Node ds_node = spec.IsScalar() ? load_json(spec.Scalar(), file) : YAML::Clone(spec);
+  const std::string where = spec.IsScalar() ? spec.Scalar() : file;
   root.remove("deepspeed_config");
   MapReader ds(ds_node, "deepspeed_config", where, nullptr, unknown);
-  Translator out(root, where);
-  auto copy = [&](const char* ds_key, const char* anvil_key) {
-    if (ds.has(ds_key)) out.put(anvil_key, ds.raw(ds_key), ds_key);
-  };
-  copy("train_batch_size", "global_train_batch_size");
-  copy("train_micro_batch_size_per_gpu", "device_train_microbatch_size");
-  ANVIL_CHECK(!ds.has("gradient_accumulation_steps"), "{}: deepspeed_config.gradient_accumulation_steps is not read: "
-              "anvil derives it from the batch sizes; give train_batch_size and train_micro_batch_size_per_gpu", where);
-  copy("gradient_clipping", "algorithms.gradient_clipping.clipping_threshold");
-  if (ds.has("steps_per_print")) {
-    int n = 0;
-    ds.get("steps_per_print", n);
+  Layer out(root, overridden, where);
+  read_batch(ds, out);
+  if (const auto v = given(ds, "gradient_clipping"))
+    out.set("algorithms.gradient_clipping.clipping_threshold", *v, "gradient_clipping");
+  if (const auto v = given(ds, "steps_per_print")) {
+    const int n = as<int>(ds, "steps_per_print", *v, "an integer");
     ANVIL_CHECK(n > 0, "{}: deepspeed_config.steps_per_print must be positive, got {}", where, n);
-    out.put("console_log_interval", std::to_string(n) + "ba", "steps_per_print");
+    out.set_value("console_log_interval", std::to_string(n) + "ba", "steps_per_print");
   }
-  ds.has("wall_clock_breakdown");  // anvil logs its step timing always
-  read_precision(ds, out, where);
-  read_zero(ds, out, where);
-  read_optimizer(ds, out, where);
-  ANVIL_CHECK(!ds.has("scheduler"), "{}: deepspeed_config.scheduler is not read: give anvil's scheduler "
-              "(name, t_warmup, t_max, alpha_f; docs/config.md)", where);
+  read_precision(ds, out);
+  read_zero(ds, out);
+  read_optimizer(ds, out);
+  read_scheduler(ds, out);
+  read_monitors(ds, out);
+  read_switches(ds, out);
   ds.finish();
+  std::vector<std::string> notes = out.notes();
+  for (std::string& n : notes) n = fmt::format("deepspeed_config {}: {}", where, n);
+  return notes;
 }
 
 }  // namespace anvil

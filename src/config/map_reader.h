@@ -114,6 +114,7 @@ class MapReader {
     here.raise();
   }
 
+  const std::string& file() const { return file_; }
   std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
 
  private:

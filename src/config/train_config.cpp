@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -216,6 +217,27 @@ void read_scheduler(MapReader& s, SchedulerConfig& out, const std::string& file)
 
 }  // namespace
 
+void resolve_batch_sizes(TrainConfig& c, int world) {
+  if (c.gradient_accumulation_steps == 0 && c.global_train_batch_size > 0) return;  // anvil's rule
+  int& global = c.global_train_batch_size;
+  int& micro = c.device_train_microbatch_size;
+  int& steps = c.gradient_accumulation_steps;
+  if (global == 0) {
+    steps = std::max(steps, 1);
+    global = micro * steps * world;
+  } else if (micro == 0) {
+    steps = std::max(steps, 1);
+    ANVIL_CHECK(global % (steps * world) == 0, "global_train_batch_size {} is not divisible by "
+                "gradient_accumulation_steps {} x {} ranks", global, steps, world);
+    micro = global / (steps * world);
+  } else {
+    ANVIL_CHECK(global == micro * steps * world, "global_train_batch_size {} (DeepSpeed's train_batch_size) must be "
+                "device_train_microbatch_size {} x gradient_accumulation_steps {} x {} ranks = {}", global, micro,
+                steps, world, micro * steps * world);
+  }
+  if (c.device_eval_batch_size == 0) c.device_eval_batch_size = micro;
+}
+
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t end = 0;
   double v = -1;
@@ -243,6 +265,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
+  std::set<std::string> overridden;  // the dotted keys the command line set
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
@@ -261,6 +284,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       ANVIL_FAIL("override '{}': the value is not valid YAML: {}", o, e.msg);
     }
     set_path(root, parts, 0, value);
+    overridden.insert(key);
   }
   std::set<std::string> variables = {"variables"};
   interpolate(root, YAML::Clone(root), path, variables);
@@ -268,8 +292,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   UnknownKeys unknown;
   TrainConfig c;
   std::string pretrained_weights;  // hf_causal_lm's transformers directory, when pretrained
+  bool global_given = false;
   try {
-    apply_deepspeed_config(root, path, &unknown);
+    c.config_notes = apply_deepspeed_config(root, path, overridden, &unknown);
 
     MapReader top(root, "", path, keys_read, &unknown);
     for (const std::string& v : variables) top.raw(v);
@@ -340,7 +365,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     top.get_duration("eval_interval", c.eval_interval);
     top.get("eval_first", c.eval_first);
     top.get("eval_subset_num_batches", c.eval_subset_num_batches);
+    global_given = top.has("global_train_batch_size");
     top.get("global_train_batch_size", c.global_train_batch_size);
+    top.get("gradient_accumulation_steps", c.gradient_accumulation_steps);
     if (top.has("device_train_microbatch_size")) {
       YAML::Node m = top.raw("device_train_microbatch_size");
       c.microbatch_auto = m.IsScalar() && m.Scalar() == "auto";
@@ -493,8 +520,18 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
               "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
   ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
               path, c.model.max_seq_len, c.max_seq_len);
-  positive(c.global_train_batch_size, "global_train_batch_size");
-  if (!c.microbatch_auto) {  // auto is resolved by the trainer, and so is the eval batch it defaults
+  if (c.gradient_accumulation_steps != 0 || !global_given) {
+    // DeepSpeed's batch rule, resolved once the number of ranks is known (resolve_batch_sizes).
+    ANVIL_CHECK(c.gradient_accumulation_steps >= 0, "{}: gradient_accumulation_steps must be positive, got {}", path,
+                c.gradient_accumulation_steps);
+    ANVIL_CHECK(!c.microbatch_auto, "{}: device_train_microbatch_size: auto chooses the accumulation steps itself: "
+                "give global_train_batch_size without gradient_accumulation_steps", path);
+    ANVIL_CHECK(c.device_train_microbatch_size > 0 || c.global_train_batch_size > 0, "{}: give "
+                "global_train_batch_size, or device_train_microbatch_size and gradient_accumulation_steps", path);
+    ANVIL_CHECK(c.device_train_microbatch_size >= 0 && c.global_train_batch_size >= 0, "{}: the batch sizes must "
+                "be positive", path);
+  } else if (!c.microbatch_auto) {  // auto is resolved by the trainer, and so is the eval batch it defaults
+    positive(c.global_train_batch_size, "global_train_batch_size");
     if (c.device_train_microbatch_size == 0) c.device_train_microbatch_size = c.global_train_batch_size;
     positive(c.device_train_microbatch_size, "device_train_microbatch_size");
     if (c.device_train_microbatch_size > c.global_train_batch_size) {
@@ -504,6 +541,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     if (c.device_eval_batch_size == 0) c.device_eval_batch_size = c.device_train_microbatch_size;
     positive(c.device_eval_batch_size, "device_eval_batch_size");
+  } else {
+    positive(c.global_train_batch_size, "global_train_batch_size");
   }
   ANVIL_CHECK(c.device_eval_batch_size >= 0, "{}: device_eval_batch_size must be positive, got {}", path,
               c.device_eval_batch_size);
@@ -669,7 +708,9 @@ std::string to_yaml(const TrainConfig& c) {
       << c.tensorboard_dir << YAML::EndMap;
   e << YAML::EndMap;
   e << YAML::Key << "eval_subset_num_batches" << YAML::Value << c.eval_subset_num_batches;
-  e << YAML::Key << "global_train_batch_size" << YAML::Value << c.global_train_batch_size;
+  if (c.global_train_batch_size > 0)  // else derived by DeepSpeed's batch rule
+    e << YAML::Key << "global_train_batch_size" << YAML::Value << c.global_train_batch_size;
+  e << YAML::Key << "gradient_accumulation_steps" << YAML::Value << c.gradient_accumulation_steps;
   if (c.microbatch_auto)
     e << YAML::Key << "device_train_microbatch_size" << YAML::Value << "auto";
   else

@@ -93,8 +93,11 @@ struct TrainConfig {
   bool tensorboard = false;      // loggers.tensorboard: event files of the run's scalars
   std::string tensorboard_dir;   // loggers.tensorboard.log_dir; "": RUN_DIR/tensorboard
   int eval_subset_num_batches = -1;  // -1: the whole eval split
+  // DeepSpeed's batch rule when gradient_accumulation_steps is given or the global batch is not:
+  // global = microbatch x accumulation steps x ranks, any two giving the third (resolve_batch_sizes).
   int global_train_batch_size = 0;
   int device_train_microbatch_size = 0;  // 0: the whole device batch
+  int gradient_accumulation_steps = 0;   // 0: what the batch sizes give
   // device_train_microbatch_size: auto: the largest microbatch whose activations fit in
   // memory_limit (the gradient is the same whatever the microbatch size).
   bool microbatch_auto = false;
@@ -124,6 +127,8 @@ struct TrainConfig {
   // the same bits whatever the world size, microbatch size or ZeRO stage (docs/determinism.md).
   bool deterministic_mode = true;
   bool has_eval = false;        // whether eval_loader was given
+  // What configuration layers did that the run log should say (the keys a ds_config set).
+  std::vector<std::string> config_notes;
 };
 
 // Loads path, applies overrides ("a.b.c=value", later wins), validates, and returns the config.
@@ -131,6 +136,10 @@ struct TrainConfig {
 // dotted name of every key the reader accepts (what to_yaml must write back).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
                               std::set<std::string>* keys_read = nullptr);
+
+// Applies DeepSpeed's batch rule for `world` ranks (see global_train_batch_size): fills in the
+// size not given, or fails naming the three when they disagree.
+void resolve_batch_sizes(TrainConfig& cfg, int world);
 
 // "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them);
 // what names the value in the error.

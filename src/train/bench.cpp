@@ -27,7 +27,8 @@ namespace anvil {
 
 BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int steps, bool profile) {
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
-  TrainConfig cfg = config;  // with the microbatch resolved
+  TrainConfig cfg = config;  // with the batch sizes and microbatch resolved
+  resolve_batch_sizes(cfg, 1);
   cfg.device_eval_batch_size = 0;  // no evaluation here
   select_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;

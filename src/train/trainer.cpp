@@ -202,8 +202,9 @@ FILE* open_run_directory(const TrainConfig& cfg, bool resuming, int64_t start_st
 }  // namespace
 
 TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
-  TrainConfig cfg = config;  // the microbatch and eval batch are resolved below
+  TrainConfig cfg = config;  // the batch sizes, microbatch and eval batch are resolved below
   select_kernel_impl(cfg.kernels, comm.local_rank());
+  resolve_batch_sizes(cfg, comm.size());
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   const int W = comm.size(), rank = comm.rank();
   const bool writer = rank == 0;
@@ -303,6 +304,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const double peak = sum_in_rank_order(comm, matmul_peak_gflops(cfg.precision));
 
   log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
+  for (const std::string& note : cfg.config_notes) log_info("{}", note);
   log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg.model), model.num_params() / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples, T, batches_per_epoch, GB, local_batch, microbatch,

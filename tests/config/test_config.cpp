@@ -275,8 +275,10 @@ TEST_F(ConfigTest, AutoMicrobatchMemoryLimitAndCheckpointing) {
   const std::string resolved = to_yaml(c);
   EXPECT_NE(resolved.find("device_train_microbatch_size: auto"), std::string::npos);
   EXPECT_EQ(to_yaml(load_train_config(write(resolved), {})), resolved);
-  c = load_train_config(write(kMinimal), {"deepspeed_config.train_micro_batch_size_per_gpu=auto"});
-  EXPECT_TRUE(c.microbatch_auto);  // Hugging Face's ds_config spelling
+  // Hugging Face's "auto" in a ds_config keeps the YAML's value, auto included.
+  c = load_train_config(write(std::string(kMinimal) + "device_train_microbatch_size: auto\n"),
+                        {"deepspeed_config.train_micro_batch_size_per_gpu=auto"});
+  EXPECT_TRUE(c.microbatch_auto);
 }
 
 TEST_F(ConfigTest, DuplicateKeysAreAnError) {
@@ -303,8 +305,14 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   EXPECT_EQ(c.loss_scaler.hysteresis, 3);
   EXPECT_TRUE(c.loss_scaler.consecutive_hysteresis);
   EXPECT_EQ(c.loss_scaler.min_scale, 4);
+  // The ds_config's micro batch alone defines the batch (DeepSpeed: one accumulation step), so the
+  // YAML's global batch gives way and the number of ranks decides it.
   EXPECT_EQ(c.device_train_microbatch_size, 2);
-  EXPECT_EQ(c.global_train_batch_size, 4);
+  EXPECT_EQ(c.global_train_batch_size, 0);
+  TrainConfig two_ranks = c;
+  resolve_batch_sizes(two_ranks, 2);
+  EXPECT_EQ(two_ranks.global_train_batch_size, 4);
+  EXPECT_EQ(two_ranks.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.clipping_threshold, 1.0);
   EXPECT_EQ(c.console_log_interval.value, 10);
   EXPECT_EQ(c.distributed.zero_stage, 2);
@@ -339,27 +347,112 @@ TEST_F(ConfigTest, DeepSpeedConfigErrorsNameTheKey) {
   auto ds = [&](const std::string& body, const std::vector<std::string>& overrides = {}) {
     return error_of(std::string(kMinimal) + "deepspeed_config: " + body + "\n", overrides);
   };
-  EXPECT_NE(ds("{bf16: {enabled: true}}", {"precision=amp_fp16"})
-                .find("deepspeed_config.bf16.enabled means precision = amp_bf16, but precision is amp_fp16"),
-            std::string::npos);
-  EXPECT_NE(ds("{train_batch_size: 8}").find("means global_train_batch_size = 8, but global_train_batch_size is 4"),
+  EXPECT_NE(ds("{gradient_accumulation_steps: 2}").find("give global_train_batch_size, or "
+                                                        "device_train_microbatch_size and gradient_accumulation_steps"),
             std::string::npos);
   EXPECT_NE(ds("{fp16: {enabled: true, loss_scale: 128}}").find("static loss scale"), std::string::npos);
   EXPECT_NE(ds("{fp16: {enabled: true, initial_scale_power: 70}}").find("must be in 0..60"), std::string::npos);
   EXPECT_NE(ds("{fp16: {enabled: true, min_loss_scale: 3}}").find("powers of two"), std::string::npos);
   EXPECT_NE(ds("{fp16: {enabled: true, fp16_master_weights: true}}").find("unknown key "
             "'deepspeed_config.fp16.fp16_master_weights'"), std::string::npos);
-  EXPECT_NE(ds("{gradient_accumulation_steps: 2}").find("derives it from the batch sizes"), std::string::npos);
   EXPECT_NE(ds("{zero_optimization: {stage: 3, offload_param: {device: cpu}}}").find("does not offload"),
             std::string::npos);
   EXPECT_NE(ds("{optimizer: {type: Lamb}}").find("optimizer type 'Lamb' is not supported"), std::string::npos);
-  EXPECT_NE(ds("{optimizer: {type: Adam, params: {adam_w_mode: false}}}").find("with adam_w_mode false"),
+  EXPECT_NE(ds("{optimizer: {type: Adam, params: {adam_w_mode: false, weight_decay: 0.1}}}")
+                .find("Adam with L2 regularisation, which anvil does not have"),
             std::string::npos);
-  EXPECT_NE(ds("{scheduler: {type: WarmupLR}}").find("give anvil's scheduler"), std::string::npos);
-  EXPECT_NE(ds("{zero_optimization: {stage: 5}}").find("zero_stage 5 is not valid"), std::string::npos);
+  EXPECT_NE(ds("{optimizer: {type: AdamW, params: {bias_correction: false}}}").find("bias_correction: false is not "
+                                                                                    "supported"), std::string::npos);
+  EXPECT_NE(ds("{scheduler: {type: LRRangeTest}}").find("scheduler type 'LRRangeTest' is not supported"),
+            std::string::npos);
+  EXPECT_NE(ds("{scheduler: {type: OneCycle, params: {cycle_min_lr: 0.1, cycle_max_lr: 1}}}")
+                .find("cycle_momentum true (DeepSpeed's default) is not supported"),
+            std::string::npos);
+  EXPECT_NE(ds("{scheduler: {type: WarmupLR, params: {warmup_num_steps: auto}}}").find("\"auto\" has nothing"),
+            std::string::npos);
+  EXPECT_NE(ds("{zero_optimization: {stage: 5}}").find("stage 5 must be 0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(ds("{zero_optimization: {cpu_offload: true}}").find("anvil does not offload"), std::string::npos);
+  EXPECT_NE(ds("{wandb: {enabled: true}}").find("wandb.enabled: true is not supported"), std::string::npos);
+  EXPECT_NE(ds("{activation_checkpointing: {cpu_checkpointing: true}}").find("cpu_checkpointing: true is not"),
+            std::string::npos);
+  EXPECT_NE(ds("{train_batch_size: 8, train_micro_batch_size_per_gpu: 3, gradient_accumulation_steps: 2}", {})
+                .find("(no error)"), std::string::npos);  // checked once the ranks are known:
+  TrainConfig c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: {train_batch_size: 8, "
+                                          "train_micro_batch_size_per_gpu: 3, gradient_accumulation_steps: 2}\n"), {});
+  try {
+    resolve_batch_sizes(c, 1);
+    ADD_FAILURE() << "8 != 3 x 2 x 1 must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("global_train_batch_size 8 (DeepSpeed's train_batch_size) must be "
+                                         "device_train_microbatch_size 3 x gradient_accumulation_steps 2 x 1 ranks = 6"),
+              std::string::npos) << e.what();
+  }
   EXPECT_NE(ds("/nonexistent/ds.json").find("deepspeed_config file '/nonexistent/ds.json' not found"),
             std::string::npos);
   EXPECT_NE(ds("{train_batch_size: 4, train_batch_size: 8}").find("given twice"), std::string::npos);
+}
+
+// A ds_config is a layer: it wins over the YAML, the command line wins over it, and the run log
+// says what it set. What it leaves out takes DeepSpeed's defaults, not anvil's.
+TEST_F(ConfigTest, DeepSpeedConfigIsALayerWithDeepSpeedsDefaults) {
+  const std::string yaml = std::string(kMinimal) + R"(device_train_microbatch_size: 2
+optimizer: {name: decoupled_adamw, lr: 6.0e-4, betas: [0.9, 0.95], weight_decay: 0.0}
+precision: amp_bf16
+deepspeed_config:
+  train_batch_size: 16
+  gradient_accumulation_steps: 1
+  fp16: {enabled: true}
+  optimizer: {type: Adam, params: {lr: 1.5e-4}}
+  prescale_gradients: false
+  zero_allow_untested_optimizer: true
+)";
+  TrainConfig c = load_train_config(write(yaml), {});
+  EXPECT_EQ(c.precision, ComputeDtype::kFp16);                   // the ds_config over the YAML
+  EXPECT_EQ(c.global_train_batch_size, 16);
+  EXPECT_EQ(c.device_train_microbatch_size, 0);                  // the YAML's gives way to DeepSpeed's rule
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  resolve_batch_sizes(c, 4);
+  EXPECT_EQ(c.device_train_microbatch_size, 4);                  // 16 / (1 x 4 ranks)
+  EXPECT_EQ(c.optimizer.name, OptimizerKind::kAdamW);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1.5e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);                    // DeepSpeed's defaults, not the YAML's
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 1000);                // DeepSpeed's loss_scale_window
+  EXPECT_EQ(c.scheduler.name, SchedulerKind::kConstant);          // neither names one: DeepSpeed's constant rate
+  std::string notes;
+  for (const std::string& n : c.config_notes) notes += n + "\n";
+  EXPECT_NE(notes.find("precision = amp_fp16 (fp16.enabled, was amp_bf16)"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("device_train_microbatch_size removed"), std::string::npos) << notes;
+
+  // The command line wins over the ds_config.
+  c = load_train_config(write(yaml), {"precision=amp_bf16", "optimizer.lr=3e-4"});
+  EXPECT_EQ(c.precision, ComputeDtype::kBf16);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.999);
+
+  // A scheduler the YAML names stays when the ds_config has none.
+  c = load_train_config(write(std::string(kMinimal) + "scheduler: {name: linear_decay_with_warmup}\n"
+                              "deepspeed_config: {train_batch_size: 4}\n"), {});
+  EXPECT_EQ(c.scheduler.name, SchedulerKind::kLinearDecayWithWarmup);
+
+  // A scheduler with Hugging Face's "auto": the rate and warmup come from the YAML.
+  c = load_train_config(write(std::string(kMinimal) + R"(optimizer: {lr: 2.0e-4}
+scheduler: {name: cosine_with_warmup, t_warmup: 30ba}
+deepspeed_config:
+  optimizer: {type: AdamW, params: {lr: auto, betas: auto, eps: auto, weight_decay: auto}}
+  scheduler: {type: WarmupDecayLR, params: {warmup_min_lr: auto, warmup_max_lr: auto, warmup_num_steps: auto,
+              total_num_steps: auto, warmup_type: linear}}
+)"), {});
+  EXPECT_EQ(c.scheduler.name, SchedulerKind::kWarmupDecayLR);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 2e-4);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 30);
+  EXPECT_EQ(c.scheduler.total_num_steps, 0);  // the run's length
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLinear);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);  // anvil's own default, as the YAML leaves it
+  const std::string resolved = to_yaml(c);
+  EXPECT_EQ(to_yaml(load_train_config(write(resolved), {})), resolved);
 }
 
 TEST(Duration, UnitsAndConversion) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
 
 #include "config/deepspeed.h"
@@ -37,38 +38,84 @@ YAML::Node node_at(const YAML::Node& node, const std::string& path, size_t pos =
   return end == path.size() ? node[key] : node_at(node[key], path, end + 1);
 }
 
-// "${a.b}" as a whole value: OmegaConf's interpolation, as LLM Foundry's files use it, is replaced
-// by the value at that dotted path from the root: ${variables.x}, or in Foundry's older files a
-// top-level key (${data_local}, ${global_seed}), which is then a variable and no unknown key.
-// A value that is itself an interpolation is resolved in turn. `variables` collects the top-level
-// keys referred to.
-void interpolate(YAML::Node node, const YAML::Node& root, const std::string& file, std::set<std::string>& variables) {
-  auto interpolated = [](const YAML::Node& v) {
-    return v.IsScalar() && v.Scalar().size() >= 4 && v.Scalar().rfind("${", 0) == 0 && v.Scalar().back() == '}';
-  };
-  auto resolve = [&](YAML::Node value) {
-    for (int depth = 0; interpolated(value); depth++) {
-      const std::string s = value.Scalar();
-      ANVIL_CHECK(depth < 16, "{}: '{}' is part of an interpolation cycle", file, s);
-      const std::string path = s.substr(2, s.size() - 3);
-      const YAML::Node target = node_at(root, path);
-      ANVIL_CHECK(target.IsDefined(), "{}: '{}' refers to {}, which is not defined", file, s, path);
-      variables.insert(path.substr(0, path.find('.')));
-      value = target;
+// YAML's merge key (`<<: *anchor`, or a list of anchors), as LLM Foundry's fine-tuning files use
+// it, which yaml-cpp 0.7 leaves as an ordinary key: the merged mappings' keys are added where the
+// mapping does not give them itself (earlier mappings of a list first).
+void merge_keys(YAML::Node node, const std::string& file) {
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); i++) merge_keys(node[i], file);
+    return;
+  }
+  if (!node.IsMap()) return;
+  if (const YAML::Node merged = node["<<"]) {
+    node.remove("<<");
+    std::vector<YAML::Node> sources;
+    if (merged.IsSequence())
+      for (size_t i = 0; i < merged.size(); i++) sources.push_back(merged[i]);
+    else
+      sources.push_back(merged);
+    for (const YAML::Node& src : sources) {
+      ANVIL_CHECK(src.IsMap(), "{}: a merge key (<<) must name a mapping or a list of mappings", file);
+      for (auto it = src.begin(); it != src.end(); ++it) {
+        const std::string key = it->first.as<std::string>();
+        if (!node[key]) node[key] = YAML::Clone(it->second);
+      }
     }
-    return value;
+  }
+  for (auto it = node.begin(); it != node.end(); ++it) merge_keys(it->second, file);
+}
+
+// OmegaConf's interpolation, as LLM Foundry's files use it: "${a.b}" as a whole value is replaced
+// by the value at that dotted path from the root: ${variables.x}, or in Foundry's older files a
+// top-level key (${data_local}, ${global_seed}), which is then a variable and no unknown key;
+// inside a longer string ("s3://bucket/${variables.run_name}/ckpt") by that value's text. A value
+// that is itself an interpolation is resolved in turn. `variables` collects the top-level keys
+// referred to.
+void interpolate(YAML::Node node, const YAML::Node& root, const std::string& file, std::set<std::string>& variables) {
+  auto whole = [](const YAML::Node& v) {
+    return v.IsScalar() && v.Scalar().size() >= 4 && v.Scalar().rfind("${", 0) == 0 && v.Scalar().back() == '}' &&
+           v.Scalar().find('}') == v.Scalar().size() - 1;
+  };
+  auto embedded = [](const YAML::Node& v) { return v.IsScalar() && v.Scalar().find("${") != std::string::npos; };
+  auto target_of = [&](const std::string& expr) {
+    const std::string path = expr.substr(2, expr.size() - 3);
+    const YAML::Node target = node_at(root, path);
+    ANVIL_CHECK(target.IsDefined(), "{}: '{}' refers to {}, which is not defined", file, expr, path);
+    variables.insert(path.substr(0, path.find('.')));
+    return target;
+  };
+  std::function<YAML::Node(YAML::Node, int)> resolve = [&](YAML::Node value, int depth) -> YAML::Node {
+    ANVIL_CHECK(depth < 16, "{}: '{}' is part of an interpolation cycle", file, value.Scalar());
+    if (whole(value)) return resolve(target_of(value.Scalar()), depth + 1);
+    if (!embedded(value)) return value;
+    std::string text = value.Scalar(), out;
+    for (size_t pos = 0;;) {
+      const size_t start = text.find("${", pos);
+      if (start == std::string::npos) {
+        out += text.substr(pos);
+        break;
+      }
+      const size_t end = text.find('}', start);
+      ANVIL_CHECK(end != std::string::npos, "{}: '{}' has an unclosed ${{", file, text);
+      const YAML::Node target = resolve(target_of(text.substr(start, end - start + 1)), depth + 1);
+      ANVIL_CHECK(target.IsScalar(), "{}: '{}' puts {} inside a string, but it is not a single value", file, text,
+                  text.substr(start, end - start + 1));
+      out += text.substr(pos, start - pos) + target.Scalar();
+      pos = end + 1;
+    }
+    return YAML::Node(out);
   };
   if (node.IsMap()) {
     for (auto it = node.begin(); it != node.end(); ++it) {
-      if (interpolated(it->second))
-        node[it->first.as<std::string>()] = resolve(it->second);
+      if (embedded(it->second))
+        node[it->first.as<std::string>()] = resolve(it->second, 0);
       else if (!it->second.IsScalar())
         interpolate(it->second, root, file, variables);
     }
   } else if (node.IsSequence()) {
     for (size_t i = 0; i < node.size(); i++) {
-      if (interpolated(node[i]))
-        node[i] = resolve(node[i]);
+      if (embedded(node[i]))
+        node[i] = resolve(node[i], 0);
       else if (!node[i].IsScalar())
         interpolate(node[i], root, file, variables);
     }
@@ -265,6 +312,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
+  merge_keys(root, path);
   std::set<std::string> overridden;  // the dotted keys the command line set
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
@@ -482,8 +530,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
         ANVIL_CHECK(mp == "PURE" || mp == "DEFAULT" || mp == "FULL", "{}: fsdp_config.mixed_precision '{}' is not "
                     "known: expected PURE, DEFAULT or FULL", path, mp);
         if (mp != "FULL")
-          log_info("{}: fsdp_config.mixed_precision {}: anvil reduces gradients in fp32 and keeps fp32 master weights; "
-                   "the matrix products follow precision", path, mp);
+          c.config_notes.push_back(fmt::format("{}: fsdp_config.mixed_precision {}: anvil reduces gradients in fp32 "
+                                               "and keeps fp32 master weights; the matrix products follow precision",
+                                               path, mp));
       }
       bool flag = false;
       f.get("activation_checkpointing_reentrant", flag);  // how PyTorch recomputes; anvil recomputes a block

@@ -131,6 +131,41 @@ callbacks: {speed_monitor: {window_size: 10}, lr_monitor: {}, memory_monitor: {}
 // and every checkpoint record), so a key added to the reader and forgotten by to_yaml fails
 // here. Exempt: other spellings of keys written back, and streams (written when there are some:
 // an empty map is not a valid value).
+// LLM Foundry's fine-tuning files share a loader's settings through YAML anchors and merge keys,
+// and OmegaConf interpolates inside strings too.
+TEST_F(ConfigTest, MergeKeysAndInterpolationInsideStrings) {
+  const TrainConfig c = load_train_config(write(R"(
+variables:
+  data: data/x
+  name: small
+  shared_dataset: &dataset
+    local: ${variables.data}
+    shuffle: false
+max_seq_len: 64
+run_dir: runs/${variables.name}-${max_seq_len}
+model: {n_layers: 2, n_heads: 2, d_model: 32}
+train_loader:
+  dataset:
+    <<: *dataset
+    split: train
+eval_loader:
+  dataset:
+    <<: [*dataset]
+    split: val
+    shuffle: true
+global_train_batch_size: 4
+max_duration: 10ba
+)"), {});
+  EXPECT_EQ(c.train_loader.dataset.local, "data/x");
+  EXPECT_FALSE(c.train_loader.dataset.shuffle);
+  EXPECT_EQ(c.eval_loader.dataset.local, "data/x");
+  EXPECT_TRUE(c.eval_loader.dataset.shuffle);  // the mapping's own key wins over the merged one
+  EXPECT_EQ(c.run_dir, "runs/small-64");
+  EXPECT_NE(error_of(std::string(kMinimal) + "run_name: a-${variables.nope}\n").find("refers to variables.nope, "
+                                                                                     "which is not defined"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
   std::set<std::string> keys;
   const TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y"}, &keys);

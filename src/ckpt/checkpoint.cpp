@@ -33,8 +33,8 @@ std::string shard_pieces_name(int rank) { return fmt::format("shard-{:05d}.json"
 
 }  // namespace
 
-std::string checkpoint_temp_dir(const std::string& run_dir, int64_t step) {
-  return fmt::format("{}/checkpoints/.step-{:08d}.tmp", run_dir, step);  // not a step-* name: never listed
+std::string checkpoint_temp_dir(const std::string& checkpoints_dir, int64_t step) {
+  return fmt::format("{}/.step-{:08d}.tmp", checkpoints_dir, step);  // not a step-* name: never listed
 }
 
 void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& model, const CheckpointShard& shard,
@@ -68,12 +68,12 @@ void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& mode
   write_file_atomic(temp_dir + "/" + shard_pieces_name(shard.rank), entry.dump() + "\n");
 }
 
-std::string finalize_checkpoint(const std::string& run_dir, int world, const TrainConfig& cfg,
+std::string finalize_checkpoint(const std::string& checkpoints_dir, int world, const TrainConfig& cfg,
                                 const CheckpointInfo& info) {
-  const std::string ckpt_root = run_dir + "/checkpoints";
+  const std::string& ckpt_root = checkpoints_dir;
   const std::string name = fmt::format("step-{:08d}", info.step);
   const std::string final_dir = ckpt_root + "/" + name;
-  const std::string tmp = checkpoint_temp_dir(run_dir, info.step);
+  const std::string tmp = checkpoint_temp_dir(checkpoints_dir, info.step);
   nlohmann::json shards = nlohmann::json::array();
   Sha256 weights;  // the parameters in flat order: shard after shard, piece after piece
   for (int r = 0; r < world; r++) {
@@ -327,9 +327,9 @@ std::vector<float> CheckpointTensorReader::tensor(const std::string& name) {
   return out;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& run_dir) {
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir) {
   std::vector<std::string> names;
-  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const fs::path root(checkpoints_dir);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return {};
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -341,14 +341,14 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   return names;
 }
 
-void prune_checkpoints(const std::string& run_dir, int keep) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
+void prune_checkpoints(const std::string& checkpoints_dir, int keep) {
+  const fs::path root(checkpoints_dir);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
   for (const auto& e : fs::directory_iterator(root, ec))
     if (e.is_directory() && e.path().filename().string().rfind(".step-", 0) == 0) fs::remove_all(e.path(), ec);
   if (keep <= 0) return;
-  const std::vector<std::string> all = list_checkpoints(run_dir);
+  const std::vector<std::string> all = list_checkpoints(checkpoints_dir);
   for (size_t i = static_cast<size_t>(keep); i < all.size(); i++) fs::remove_all(all[i], ec);
 }
 

@@ -35,9 +35,10 @@ struct CheckpointInfo {
   std::string loss_scaler;       // amp_fp16: the LossScaler's state as JSON (else empty)
 };
 
-// The steps of a save, which train/checkpoint_writer.h runs on every rank:
-// run_dir/checkpoints/.step-NNNNNNNN.tmp, where the shards are written before the rename.
-std::string checkpoint_temp_dir(const std::string& run_dir, int64_t step);
+// The steps of a save into a checkpoints directory (a run's RUN_DIR/checkpoints, or its
+// save_folder), which train/checkpoint_writer.h runs on every rank:
+// CHECKPOINTS/.step-NNNNNNNN.tmp, where the shards are written before the rename.
+std::string checkpoint_temp_dir(const std::string& checkpoints_dir, int64_t step);
 // This rank's shard-RRRRR-of-WWWWW.safetensors (pieces of the tensors it covers, 1-D, named as in
 // the model, exp_avg.NAME, exp_avg_sq.NAME) and shard-RRRRR.json (each piece's offset, length
 // and checksum), each written and fsynced.
@@ -45,7 +46,7 @@ void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& mode
                             int64_t step);
 // Rank 0, once every shard is written: the manifest (with the weights' digest, read back from the
 // shards), fsync, rename to step-NNNNNNNN, then `latest`. Returns the checkpoint directory.
-std::string finalize_checkpoint(const std::string& run_dir, int world, const TrainConfig& cfg,
+std::string finalize_checkpoint(const std::string& checkpoints_dir, int world, const TrainConfig& cfg,
                                 const CheckpointInfo& info);
 
 struct LoadedCheckpoint {
@@ -86,13 +87,13 @@ class CheckpointTensorReader {
   std::unique_ptr<State> state_;
 };
 
-// The complete checkpoint directories (step-*) of a run, newest first. Temporary directories of
-// interrupted saves are not listed.
-std::vector<std::string> list_checkpoints(const std::string& run_dir);
+// The complete checkpoint directories (step-*) in a checkpoints directory, newest first.
+// Temporary directories of interrupted saves are not listed.
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
 
-// Removes all but the newest `keep` checkpoints of a run (keep > 0), and leftovers of
-// interrupted saves.
-void prune_checkpoints(const std::string& run_dir, int keep);
+// Removes all but the newest `keep` checkpoints of a checkpoints directory (keep > 0), and
+// leftovers of interrupted saves.
+void prune_checkpoints(const std::string& checkpoints_dir, int keep);
 
 // SHA-256 over every parameter tensor's float32 bytes in layout order: the same digest for the
 // same weights however they were trained or sharded.

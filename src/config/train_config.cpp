@@ -264,6 +264,13 @@ void read_scheduler(MapReader& s, SchedulerConfig& out, const std::string& file)
 
 }  // namespace
 
+std::string checkpoints_dir(const TrainConfig& cfg) {
+  if (cfg.save_folder.empty()) return cfg.run_dir + "/checkpoints";
+  std::string dir = cfg.save_folder;
+  for (size_t at; (at = dir.find("{run_name}")) != std::string::npos;) dir.replace(at, 10, cfg.run_name);
+  return dir;
+}
+
 void resolve_batch_sizes(TrainConfig& c, int world) {
   if (c.gradient_accumulation_steps == 0 && c.global_train_batch_size > 0) return;  // anvil's rule
   int& global = c.global_train_batch_size;
@@ -479,6 +486,11 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       lg.finish();
     }
     top.get_duration("save_interval", c.save_interval);
+    top.get("save_folder", c.save_folder);
+    ANVIL_CHECK(c.save_folder.find("://") == std::string::npos, "{}: save_folder '{}': anvil writes checkpoints to "
+                "a local (or mounted) directory; uploading them to object storage is not supported yet", path,
+                c.save_folder);
+    top.get("save_overwrite", c.save_overwrite);
     top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
     top.get("autoresume", c.autoresume);
     top.get("load_path", c.load_path);
@@ -779,6 +791,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "progress_bar" << YAML::Value << c.progress_bar;
   e << YAML::Key << "kernels" << YAML::Value << choice_name(c.kernels);
   e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;
+  e << YAML::Key << "save_folder" << YAML::Value << c.save_folder;
+  e << YAML::Key << "save_overwrite" << YAML::Value << c.save_overwrite;
   e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
   e << YAML::Key << "load_path" << YAML::Value << c.load_path;

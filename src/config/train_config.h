@@ -118,6 +118,11 @@ struct TrainConfig {
   DistributedConfig distributed;
   // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.
   Duration save_interval = parse_duration("1000ba", "save_interval");
+  // Composer's save_folder: where the checkpoints go ("": RUN_DIR/checkpoints); {run_name} in it
+  // is the run's name. save_overwrite: a new run may replace the checkpoints, metrics and event
+  // files of an earlier one in the same places (else that is an error).
+  std::string save_folder;
+  bool save_overwrite = false;
   int save_num_checkpoints_to_keep = -1;  // -1: all; otherwise the newest N
   bool autoresume = false;                // continue from the newest complete checkpoint in run_dir
   std::string load_path;                  // or from this checkpoint (directory or run directory)
@@ -136,6 +141,10 @@ struct TrainConfig {
 // dotted name of every key the reader accepts (what to_yaml must write back).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
                               std::set<std::string>* keys_read = nullptr);
+
+// The directory a run's checkpoints go to and autoresume looks in: save_folder (with {run_name}
+// replaced), else RUN_DIR/checkpoints.
+std::string checkpoints_dir(const TrainConfig& cfg);
 
 // Applies DeepSpeed's batch rule for `world` ranks (see global_train_batch_size): fills in the
 // size not given, or fails naming the three when they disagree.

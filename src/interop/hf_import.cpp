@@ -251,10 +251,10 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) 
   CheckpointInfo info;
   info.data_state = "null";
   try {
-    const std::string tmp = checkpoint_temp_dir(out_dir, 0);
+    const std::string tmp = checkpoint_temp_dir(out_dir + "/checkpoints", 0);
     make_dirs(tmp);
     write_checkpoint_shard(tmp, cfg, shard, 0);
-    r.checkpoint = finalize_checkpoint(out_dir, 1, tc, info);
+    r.checkpoint = finalize_checkpoint(out_dir + "/checkpoints", 1, tc, info);
   } catch (...) {
     std::error_code ec;
     fs::remove_all(out_dir, ec);  // nothing half-written is left behind

@@ -23,14 +23,14 @@ void CheckpointWriter::join() {
   }
 }
 
-void CheckpointWriter::save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard,
+void CheckpointWriter::save(const std::string& checkpoints_dir, const TrainConfig& cfg, CheckpointShard shard,
                             CheckpointInfo info, int keep) {
   finish();
-  run_dir_ = run_dir;
+  checkpoints_dir_ = checkpoints_dir;
   cfg_ = cfg;
   info_ = std::move(info);
   keep_ = keep;
-  const std::string tmp = checkpoint_temp_dir(run_dir, info_.step);
+  const std::string tmp = checkpoint_temp_dir(checkpoints_dir, info_.step);
   if (comm_.rank() == 0) {
     fs::remove_all(tmp);  // left by a save of this step that was interrupted
     make_dirs(tmp);
@@ -51,8 +51,8 @@ void CheckpointWriter::save(const std::string& run_dir, const TrainConfig& cfg, 
 void CheckpointWriter::start_finalize(bool background) {
   auto work = [this] {
     try {
-      dir_ = finalize_checkpoint(run_dir_, comm_.size(), cfg_, info_);
-      prune_checkpoints(run_dir_, keep_);
+      dir_ = finalize_checkpoint(checkpoints_dir_, comm_.size(), cfg_, info_);
+      prune_checkpoints(checkpoints_dir_, keep_);
     } catch (...) {
       error_ = std::current_exception();
     }

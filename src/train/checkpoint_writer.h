@@ -21,7 +21,8 @@ class CheckpointWriter {
  public:
   explicit CheckpointWriter(Communicator& comm) : comm_(comm) {}
   ~CheckpointWriter();
-  void save(const std::string& run_dir, const TrainConfig& cfg, CheckpointShard shard, CheckpointInfo info, int keep);
+  void save(const std::string& checkpoints_dir, const TrainConfig& cfg, CheckpointShard shard, CheckpointInfo info,
+            int keep);
   void poll();
   // Returns the directory of the last checkpoint completed (on rank 0; empty on the others).
   std::string finish();
@@ -36,7 +37,7 @@ class CheckpointWriter {
   std::thread thread_;
   std::atomic<bool> written_{false};
   std::exception_ptr error_;
-  std::string run_dir_, dir_;
+  std::string checkpoints_dir_, dir_;
   TrainConfig cfg_;
   CheckpointInfo info_;
   int keep_ = -1;

@@ -89,7 +89,7 @@ LoadedCheckpoint load_start_point(const std::string& path, bool show_progress) {
 std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg, bool* own) {
   *own = false;
   if (cfg.autoresume) {
-    for (const std::string& dir : list_checkpoints(cfg.run_dir)) {
+    for (const std::string& dir : list_checkpoints(checkpoints_dir(cfg))) {
       try {
         LoadedCheckpoint c = load_checkpoint(dir, /*with_optimizer=*/true);
         *own = true;
@@ -100,7 +100,7 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
     }
   }
   if (!cfg.load_path.empty()) return load_start_point(cfg.load_path, /*show_progress=*/true);
-  if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", cfg.run_dir);
+  if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", checkpoints_dir(cfg));
   return std::nullopt;
 }
 
@@ -184,15 +184,26 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
 }
 
 // The run directory (rank 0): its resolved config, train.log, and metrics.jsonl, opened for
-// writing. An existing run is continued only when resuming, and its metrics are cut back to the
-// checkpoint's step.
+// writing. An existing run is continued only when resuming (its metrics cut back to the
+// checkpoint's step), or replaced with save_overwrite.
 FILE* open_run_directory(const TrainConfig& cfg, bool resuming, int64_t start_step) {
   const std::string metrics_path = cfg.run_dir + "/metrics.jsonl";
-  ANVIL_CHECK(!fs::exists(metrics_path) || resuming || cfg.autoresume, "run directory '{}' already holds a run; "
-              "continue it with autoresume=true, or choose another run_dir (e.g. run_dir=runs/NAME)", cfg.run_dir);
+  const bool earlier_run = fs::exists(metrics_path) || !list_checkpoints(checkpoints_dir(cfg)).empty();
+  const bool replace = earlier_run && !resuming && !cfg.autoresume;
+  ANVIL_CHECK(!replace || cfg.save_overwrite, "run directory '{}' (checkpoints in {}) already holds a run; continue "
+              "it with autoresume=true, replace it with save_overwrite=true, or choose another run_dir (e.g. "
+              "run_dir=runs/NAME)", cfg.run_dir, checkpoints_dir(cfg));
+  if (replace) {
+    // Composer's save_overwrite: the earlier run's checkpoints, metrics, log and event files go.
+    for (const std::string& dir : list_checkpoints(checkpoints_dir(cfg))) fs::remove_all(dir);
+    for (const char* name : {"/metrics.jsonl", "/train.log", "/tensorboard"})
+      fs::remove_all(cfg.run_dir + name);
+    fs::remove(checkpoints_dir(cfg) + "/latest");
+  }
   make_dirs(cfg.run_dir);
   write_file_atomic(cfg.run_dir + "/config.yaml", to_yaml(cfg));
   log_to_file(cfg.run_dir + "/train.log");
+  if (replace) log_info("save_overwrite: replaced the earlier run in {}", cfg.run_dir);
   if (resuming && fs::exists(metrics_path)) truncate_metrics(metrics_path, start_step);
   FILE* metrics = std::fopen(metrics_path.c_str(), resuming ? "a" : "w");
   ANVIL_CHECK(metrics, "cannot create '{}'", metrics_path);
@@ -357,7 +368,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     shard.rank = rank;
     shard.world = W;
     dp.copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
-    checkpoints.save(cfg.run_dir, cfg, std::move(shard),
+    checkpoints.save(checkpoints_dir(cfg), cfg, std::move(shard),
                      {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
                       step.loss_scaler().enabled() ? step.loss_scaler().to_json() : ""},
                      cfg.save_num_checkpoints_to_keep);

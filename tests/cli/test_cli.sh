@@ -116,6 +116,22 @@ a=$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256"); b=$("$anvil" inspect
 grep -q "^eval loss: [0-9.]* after 12 steps$" "$tmp/mem-a.out" && ! grep -q "before training" "$tmp/mem-a.out" \
   && pass "eval_first: false: the summary shows only the eval loss measured ($(grep "^eval loss" "$tmp/mem-a.out"))" \
   || { fail "eval_first: false summary"; grep "eval loss" "$tmp/mem-a.out"; }
+# Composer's save_overwrite replaces an earlier run in place; save_folder puts the checkpoints
+# elsewhere ({run_name} expanded), and autoresume continues from there.
+"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" save_overwrite=true > "$tmp/over.out" 2>&1 \
+  && grep -q "save_overwrite: replaced the earlier run" "$tmp/mem-a/train.log" \
+  && [ "$(grep -c '"loss"' "$tmp/mem-a/metrics.jsonl")" = 12 ] \
+  && [ "$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256")" = "$a" ] \
+  && pass "save_overwrite=true replaces the earlier run (12 metrics rows, the same weights)" \
+  || { fail "save_overwrite"; tail -3 "$tmp/over.out"; }
+"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" "${short[@]}" \
+    > /dev/null 2>&1 \
+  && [ -d "$tmp/ckpts/sf/step-00000012" ] && [ ! -e "$tmp/sf/checkpoints" ] \
+  && "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" \
+       "${short[@]}" max_duration=14ba autoresume=true > "$tmp/sf.out" 2>&1 \
+  && grep -q "resumed from $tmp/ckpts/sf/step-00000012" "$tmp/sf.out" && [ -d "$tmp/ckpts/sf/step-00000014" ] \
+  && pass "save_folder holds the checkpoints and autoresume continues from it" \
+  || { fail "save_folder"; tail -3 "$tmp/sf.out"; }
 expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
   run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The files users arrive with, as their projects publish them (tests/config/published/SOURCES.md):
+# LLM Foundry's pretraining YAMLs train a few steps, changing only what the command line
+# overrides (data paths, the tokenizer where the file names a hub one, and for the larger models
+# their sizes), and DeepSpeed's ds_config files layered over a small anvil YAML give the settings
+# DeepSpeed would use, train, and keep the determinism contract; the files anvil cannot honour
+# are one-line errors naming the file and the key.
+# Usage: test_published_configs.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+source "$src/tests/lib.sh"
+start_test
+pub="$src/tests/config/published"
+
+small_gpt2_vocab "$src" "$tmp/vocab"
+prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
+data="$tmp/data"
+[ -f "$data/train/index.json" ] || { fail "data prepare"; exit 1; }
+
+# value KEY FILE: a top-level or dotted key's value in a resolved config.yaml.
+value() { /usr/bin/python3 -c '
+import sys, yaml
+v = yaml.safe_load(open(sys.argv[2]))
+for k in sys.argv[1].split("."): v = v[k]
+print(v)' "$1" "$2"; }
+
+# --- LLM Foundry ---------------------------------------------------------------------------------
+# mpt-small-cpu.yaml is Foundry's CPU recipe: it runs as published, data and tokenizer aside.
+foundry=(variables.data_local="$data" tokenizer.name="$tmp/vocab")
+if "$anvil" train "$pub/llm-foundry/mpt-small-cpu.yaml" "${foundry[@]}" run_dir="$tmp/mpt-cpu" > "$tmp/cpu.out" 2>&1 \
+  && [ "$(grep -c '"loss"' "$tmp/mpt-cpu/metrics.jsonl")" = 10 ] \
+  && [ "$(grep -c '"eval_loss"' "$tmp/mpt-cpu/metrics.jsonl")" = 2 ] \
+  && grep -q "fsdp_config.mixed_precision PURE" "$tmp/mpt-cpu/train.log"; then
+  pass "Foundry's mpt-small-cpu.yaml as published: 10 steps, 2 evals ($(grep '^eval loss' "$tmp/cpu.out"))"
+else
+  fail "mpt-small-cpu.yaml"; tail -5 "$tmp/cpu.out"
+fi
+# Its save_overwrite: true lets the same command run again in place.
+"$anvil" train "$pub/llm-foundry/mpt-small-cpu.yaml" "${foundry[@]}" run_dir="$tmp/mpt-cpu" max_duration=2ba \
+    > "$tmp/cpu2.out" 2>&1 && grep -q "save_overwrite: replaced the earlier run" "$tmp/mpt-cpu/train.log" \
+  && pass "mpt-small-cpu.yaml's save_overwrite: the second run replaces the first" \
+  || { fail "mpt-small-cpu.yaml again"; tail -3 "$tmp/cpu2.out"; }
+
+# The larger recipes, shrunk on the command line to a few small steps.
+few=(max_duration=2ba eval_interval=2ba eval_subset_num_batches=1 global_train_batch_size=16
+     device_train_microbatch_size=8 device_eval_batch_size=8 variables.max_seq_len=128)
+mpt_small=(model.d_model=64 model.n_heads=2 model.n_layers=2)
+gpt2_small=(model.config_overrides.n_embd=64 model.config_overrides.n_head=2 model.config_overrides.n_layer=2
+            variables.tokenizer_name="$tmp/vocab")
+for run in "testing.yaml:" "mpt-125m.yaml:${mpt_small[*]}" "gpt2-small.yaml:${gpt2_small[*]}"; do
+  file=${run%%:*} extra=${run#*:}
+  # shellcheck disable=SC2086  # extra is a list of key=value words
+  if "$anvil" train "$pub/llm-foundry/$file" "${foundry[@]}" "${few[@]}" $extra run_dir="$tmp/run-$file" \
+       > "$tmp/$file.out" 2>&1 && [ "$(grep -c '"loss"' "$tmp/run-$file/metrics.jsonl")" = 2 ]; then
+    pass "Foundry's $file trains: $(grep -o 'model: .*' "$tmp/run-$file/train.log" | cut -c1-100)"
+  else
+    fail "$file"; tail -5 "$tmp/$file.out"
+  fi
+done
+
+# --- DeepSpeed -----------------------------------------------------------------------------------
+cat > "$tmp/small.yaml" <<YAML
+max_seq_len: 128
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size}
+tokenizer: {name: $tmp/vocab}
+train_loader: {name: text, dataset: {local: $data, split: train}}
+optimizer: {name: adamw, lr: 1.0e-3}
+max_duration: 3ba
+global_train_batch_size: 16
+device_train_microbatch_size: 4
+save_interval: 3ba
+YAML
+
+# compression/gpt2's ds_config (fp16, Adam, batch 8 of micro batch 4, clipping) over the YAML.
+ds="$pub/deepspeed/compression-gpt2-ds_config.json"
+if "$anvil" train "$tmp/small.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-gpt2" > "$tmp/ds-gpt2.out" 2>&1; then
+  c="$tmp/ds-gpt2/config.yaml"
+  got="$(value precision "$c") $(value global_train_batch_size "$c") $(value device_train_microbatch_size "$c")"
+  got="$got $(value optimizer.betas "$c") $(value optimizer.weight_decay "$c")"
+  got="$got $(value scheduler.name "$c") $(value loss_scaler.growth_interval "$c")"
+  got="$got $(value algorithms.gradient_clipping.clipping_threshold "$c")"
+  want="amp_fp16 8 4 [0.8, 0.999] 3e-07 constant 1000 1"
+  [ "$got" = "$want" ] && grep -q "deepspeed_config $ds: precision = amp_fp16 (fp16.enabled" "$tmp/ds-gpt2/train.log" \
+    && pass "DeepSpeed's compression/gpt2 ds_config: $got (DeepSpeed's constant rate and loss_scale_window)" \
+    || fail "compression/gpt2 ds_config: got '$got', want '$want'"
+else
+  fail "compression/gpt2 ds_config run"; tail -5 "$tmp/ds-gpt2.out"
+fi
+
+# pipeline_parallelism's (batch 256 of micro batch 8) on 2 ranks: 16 microbatches of 8 each.
+if mpirun_anvil 2 "$anvil" train "$tmp/small.yaml" deepspeed_config="$pub/deepspeed/pipeline_parallelism-ds_config.json" \
+     max_duration=1ba run_dir="$tmp/ds-pipe" > "$tmp/ds-pipe.out" 2>&1 \
+  && grep -q "batches/epoch of 256, 128 per rank, microbatch 8)" "$tmp/ds-pipe/train.log"; then
+  pass "pipeline_parallelism's ds_config on 2 ranks: 256 = 8 x 16 accumulation steps x 2 ranks"
+else
+  fail "pipeline_parallelism ds_config"; tail -5 "$tmp/ds-pipe.out"
+fi
+
+# Hugging Face's autotuning files: "auto" micro batch (the YAML's) and ZeRO stage 3 or 2. In
+# deterministic mode the ZeRO-3 run on 2 ranks gives the weights of the plain 1-rank run at
+# DeepSpeed's constant rate (the file names no scheduler) bit for bit.
+"$anvil" train "$tmp/small.yaml" scheduler.name=constant run_dir="$tmp/plain" > /dev/null 2>&1 || fail "plain run"
+plain=$("$anvil" inspect "$tmp/plain" | grep "weights sha256")
+if mpirun_anvil 2 "$anvil" train "$tmp/small.yaml" deepspeed_config="$pub/deepspeed/autotuning-ds_config_z3.json" \
+     run_dir="$tmp/ds-z3" > "$tmp/ds-z3.out" 2>&1 \
+  && [ "$(value distributed.zero_stage "$tmp/ds-z3/config.yaml")" = 3 ] \
+  && [ -n "$plain" ] && [ "$("$anvil" inspect "$tmp/ds-z3" | grep "weights sha256")" = "$plain" ]; then
+  pass "autotuning's ds_config_z3 on 2 ranks: ZeRO stage 3, the 1-rank run's weights bit for bit"
+else
+  fail "ds_config_z3"; tail -5 "$tmp/ds-z3.out"
+fi
+mpirun_anvil 2 "$anvil" train "$tmp/small.yaml" deepspeed_config="$pub/deepspeed/autotuning-ds_config_fp16_z2.json" \
+    run_dir="$tmp/ds-z2" > "$tmp/ds-z2.out" 2>&1 \
+  && [ "$(value precision "$tmp/ds-z2/config.yaml") $(value distributed.zero_stage "$tmp/ds-z2/config.yaml")" = "amp_fp16 2" ] \
+  && pass "autotuning's ds_config_fp16_z2 on 2 ranks: amp_fp16, ZeRO stage 2" \
+  || { fail "ds_config_fp16_z2"; tail -5 "$tmp/ds-z2.out"; }
+
+# What anvil cannot honour, blamed on the ds_config file.
+ds="$pub/deepspeed/imagenet-ds_fp16_config.json"
+expect_error "imagenet's ds_config" "$ds: unknown key 'deepspeed_config.cuda_visible_devices'" \
+  "$anvil" train "$tmp/small.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-bad"
+ds="$pub/deepspeed/transformers-ds_config_zero2.json"
+expect_error "transformers' ds_config_zero2" "$ds: deepspeed_config.zero_optimization.offload_optimizer.device 'cpu' is not supported" \
+  "$anvil" train "$tmp/small.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-bad"
+[ ! -e "$tmp/ds-bad" ] && pass "no run directory after a ds_config error" || fail "a ds_config error left a run behind"
+
+exit $((failures > 0))

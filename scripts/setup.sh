@@ -12,6 +12,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
       libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libcurl4-openssl-dev libssl-dev nginx-light
       python3-xxhash python3-numpy python3-torch python3-yaml libsentencepiece-dev sentencepiece python3-sentencepiece
+      libplplot-dev plplot-driver-cairo
       openmpi-bin libopenmpi-dev mpich libmpich-dev
       hipcc libamdhip64-dev clang-19 lld-19 clang-tools-19)
 # Node.js may come from outside Debian (its npm then conflicts with Debian's): take Debian's only

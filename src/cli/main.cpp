@@ -34,6 +34,7 @@
 #include "train/doctor.h"
 #include "train/eval.h"
 #include "train/generate.h"
+#include "train/loss_plot.h"
 #include "train/trainer.h"
 
 namespace anvil {
@@ -53,6 +54,7 @@ commands:
   export CHECKPOINT OUT_DIR            a Hugging Face transformers model directory from a checkpoint
   import HF_DIR OUT_DIR                a Hugging Face model directory as a checkpoint to fine-tune
   inspect CHECKPOINT                   a checkpoint's manifest in brief, verified, with a weight digest
+  plot RUN_DIR... [-o loss.png]        loss and eval loss against tokens of one or several runs, as a PNG
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
   bench comm                           all-reduce bandwidth of anvil's algorithms and MPI's (under mpirun)
@@ -114,6 +116,21 @@ options:
 inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
 and token counts, the tokenizer that made it, and the first sample decoded (with that
 tokenizer, or --tokenizer).
+)";
+
+constexpr const char* kPlotHelp = R"(usage: anvil plot RUN_DIR [RUN_DIR...] [-o FILE.png] [--size WxH]
+
+Draws each run's training loss (solid) and eval loss (dashed, with points) against the tokens
+seen, read from RUN_DIR/metrics.jsonl, on one figure: a run beside another, or a CPU run beside a
+GPU run of the same config. Every run directory also gets its own loss.png at the end of training.
+
+options:
+  -o FILE        the PNG to write (default loss.png); written under a temporary name and renamed
+  --size WxH     pixels (default 1000x600)
+
+examples:
+  anvil plot runs/demo
+  anvil plot runs/cpu runs/gpu -o cpu-vs-gpu.png
 )";
 
 constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer NAME]
@@ -630,6 +647,26 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_plot(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kPlotHelp, stdout), 0;
+  std::vector<std::string> rest = args;
+  for (std::string& a : rest)
+    if (a == "-o") a = "--out";
+  Args a = parse_args(rest, {"--out", "--size"}, {}, kPlotHelp);
+  if (a.positional.empty()) usage_error("plot needs at least one run directory", kPlotHelp);
+  const std::string size = flag(a, "--size", "1000x600");
+  int width = 0, height = 0;
+  if (std::sscanf(size.c_str(), "%dx%d", &width, &height) != 2 || width < 100 || height < 100 || width > 10000 ||
+      height > 10000)
+    usage_error("--size expects WIDTHxHEIGHT in pixels (100 to 10000 each), got '" + size + "'", kPlotHelp);
+  std::vector<LossCurve> runs;
+  for (const std::string& dir : a.positional) runs.push_back(read_loss_curve(dir));
+  const std::string out = flag(a, "--out", "loss.png");
+  plot_loss_curves(runs, out, width, height);
+  std::printf("%s: %zu run%s\n", out.c_str(), runs.size(), runs.size() == 1 ? "" : "s");
+  return 0;
+}
+
 int dispatch(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -656,9 +693,10 @@ int dispatch(int argc, char** argv) {
   if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);
+  if (cmd == "plot") return cmd_plot(rest);
   usage_error("unknown command '" + cmd + "'" +
                   did_you_mean(cmd, {"train", "doctor", "data", "tokenize", "generate", "export", "import", "eval",
-                                     "inspect", "bench", "help"}),
+                                     "inspect", "bench", "plot", "help"}),
               kUsage);
 }
 

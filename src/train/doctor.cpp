@@ -24,6 +24,7 @@
 #include "kernels/impl.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "train/loss_plot.h"
 
 namespace anvil {
 namespace {
@@ -177,6 +178,8 @@ int run_doctor() {
     std::printf("communicator: %s, %d rank(s)\n", comm->backend().c_str(), comm->size());
     std::printf("tokenizers: GPT-2 byte-level BPE%s\n",
                 sentencepiece_available() ? ", SentencePiece" : " (no SentencePiece: built without libsentencepiece)");
+    const std::string no_plots = loss_plot_unavailable();
+    std::printf("loss plots: %s\n", no_plots.empty() ? "PLplot, PNG" : ("none: " + no_plots).c_str());
     std::printf("self-test, op parity:\n");
     ok = report_parity("cpu", KernelImpl::kCpu) && ok;
     if (!gpus.empty()) {

@@ -24,6 +24,7 @@
 #include "kernels/matmul.h"
 #include "train/checkpoint_writer.h"
 #include "train/data_pipeline.h"
+#include "train/loss_plot.h"
 #include "train/microbatch.h"
 #include "train/step.h"
 #include "train/tensorboard.h"
@@ -102,6 +103,20 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
   if (!cfg.load_path.empty()) return load_start_point(cfg.load_path, /*show_progress=*/true);
   if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", checkpoints_dir(cfg));
   return std::nullopt;
+}
+
+// RUN_DIR/loss.png at the end of a run. A plot that cannot be drawn is reported, never fatal.
+void draw_loss_plot(const std::string& run_dir) {
+  if (const std::string why = loss_plot_unavailable(); !why.empty()) {
+    log_info("loss.png not drawn: {}", why);
+    return;
+  }
+  try {
+    plot_loss_curves({read_loss_curve(run_dir)}, run_dir + "/loss.png");
+    log_info("loss plot: {}/loss.png", run_dir);
+  } catch (const Error& e) {
+    log_warn("loss.png not drawn: {}", e.what());
+  }
 }
 
 std::string broadcast_string(Communicator& comm, std::string s) {
@@ -443,6 +458,8 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   if (writer) {
     log_info("checkpoint: {}", summary.checkpoint);
     std::fclose(metrics);
+    metrics = nullptr;
+    draw_loss_plot(cfg.run_dir);
     log_close_file();
   }
   barrier(comm);  // no rank reports success before the checkpoint is on disk

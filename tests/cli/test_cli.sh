@@ -135,6 +135,15 @@ grep -q "^eval loss: [0-9.]* after 12 steps$" "$tmp/mem-a.out" && ! grep -q "bef
 expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
   run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 
+# Loss plots: the run directory's own loss.png, and `anvil plot` of two runs on one figure,
+# opened by a PNG decoder that is not anvil's code.
+[ -f "$tmp/run/loss.png" ] && /usr/bin/python3 "$src/tests/cli/png_check.py" "$tmp/run/loss.png" 1000 600 1 > "$tmp/png1" \
+  && pass "the run directory's loss.png: $(cat "$tmp/png1")" || { fail "loss.png of the run"; cat "$tmp/png1"; }
+"$anvil" plot "$tmp/run" "$tmp/mem-a" -o "$tmp/both.png" --size 800x480 > /dev/null 2>&1 \
+  && /usr/bin/python3 "$src/tests/cli/png_check.py" "$tmp/both.png" 800 480 2 > "$tmp/png2" \
+  && pass "anvil plot of two runs: $(cat "$tmp/png2")" || { fail "anvil plot"; cat "$tmp/png2"; }
+expect_error "plot of a directory without metrics" "has no metrics.jsonl" "$anvil" plot "$tmp/text" -o "$tmp/x.png"
+
 # --- bad input -------------------------------------------------------------------------------
 for typo in "trian:unknown command 'trian' (did you mean 'train'?)" \
             "data prepare --outt d x:unknown option --outt (did you mean '--out'?)" \

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "ckpt/safetensors.h"
 #include "config/model_section.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/sha256.h"
@@ -38,28 +40,35 @@ std::string checkpoint_temp_dir(const std::string& checkpoints_dir, int64_t step
 }
 
 void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& model, const CheckpointShard& shard,
-                            int64_t step) {
+                            int64_t step, std::atomic<int64_t>* bytes_written) {
   ANVIL_CHECK(shard.params.size() == shard.hi - shard.lo && shard.exp_avg.size() == shard.params.size() &&
                   shard.exp_avg_sq.size() == shard.params.size(),
               "checkpoint shard {} holds {} values for the range [{}, {})", shard.rank, shard.params.size(), shard.lo,
               shard.hi);
-  SafeTensorsFile file;
+  // Tensor by tensor from the shard's own buffers, laid out in name order.
+  std::map<std::string, std::pair<const float*, size_t>> tensors;
   nlohmann::json pieces = nlohmann::json::array();
   for (const ParamTensor& t : model_param_layout(model)) {
     const size_t a = std::max(shard.lo, t.offset), b = std::min(shard.hi, t.offset + t.numel);
     if (a >= b) continue;
-    const std::vector<int64_t> shape = {static_cast<int64_t>(b - a)};
     for (const auto& [prefix, values] : {std::pair<std::string, const std::vector<float>*>{"", &shard.params},
                                          {"exp_avg.", &shard.exp_avg},
                                          {"exp_avg_sq.", &shard.exp_avg_sq}}) {
       const float* data = values->data() + (a - shard.lo);
-      file.tensors[prefix + t.name] = make_f32(data, shape);
+      tensors[prefix + t.name] = {data, b - a};
       pieces.push_back({{"name", prefix + t.name}, {"offset", a - t.offset}, {"numel", b - a},
                         {"xxh3", hex64(hash64(data, (b - a) * sizeof(float)))}});
     }
   }
-  file.metadata["range"] = fmt::format("{}-{}", shard.lo, shard.hi);
-  write_safetensors(temp_dir + "/" + shard_file_name(shard.rank, shard.world), file);
+  std::vector<SafeTensorsWriter::Declared> declared;
+  for (const auto& [name, t] : tensors) declared.push_back({name, "F32", {static_cast<int64_t>(t.second)}});
+  SafeTensorsWriter writer(temp_dir + "/" + shard_file_name(shard.rank, shard.world), std::move(declared),
+                           {{"range", fmt::format("{}-{}", shard.lo, shard.hi)}});
+  for (const auto& [name, t] : tensors) {
+    writer.write(name, t.first, t.second * sizeof(float));
+    if (bytes_written) *bytes_written += static_cast<int64_t>(t.second * sizeof(float));
+  }
+  writer.commit();
   // Fault injection for the tests: die here, half-way through writing this step's checkpoint.
   if (const char* kill_at = std::getenv("ANVIL_FAULT_KILL_IN_SAVE"); kill_at && std::atoll(kill_at) == step)
     std::raise(SIGKILL);
@@ -266,7 +275,7 @@ void read_piece(const Manifest& m, const SafeTensorsHeader& file, const Manifest
 
 }  // namespace
 
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, bool show_progress) {
   Manifest m = read_manifest(path);
   LoadedCheckpoint out = m.meta;
   std::map<std::string, const ParamTensor*> by_name;
@@ -280,6 +289,11 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
   }
   // Every piece is checked against its checksum and copied to its place in the whole tensor.
   std::vector<std::optional<SafeTensorsHeader>> headers(m.files.size());
+  int64_t total = 0, done = 0;
+  for (const ManifestPiece& piece : m.pieces)
+    if (piece.kind == ManifestPiece::kParam || with_optimizer) total += static_cast<int64_t>(piece.numel * sizeof(float));
+  std::optional<Progress> bar;
+  if (show_progress) bar.emplace("load", total, "B");
   for (const ManifestPiece& piece : m.pieces) {
     if (piece.kind != ManifestPiece::kParam && !with_optimizer) continue;
     if (!headers[piece.shard]) headers[piece.shard] = read_safetensors_header(m.files[piece.shard]);
@@ -287,9 +301,12 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer) {
                                 : piece.kind == ManifestPiece::kExpAvgSq ? out.exp_avg_sq
                                                                          : out.params;
     read_piece(m, *headers[piece.shard], piece, whole.data() + by_name.at(piece.tensor)->offset + piece.offset);
+    done += static_cast<int64_t>(piece.numel * sizeof(float));
+    if (bar) bar->update(done, out.dir);
   }
   ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == m.want_sha256, "checkpoint '{}' is corrupt: the weights "
               "reassembled from its shards do not match the manifest's weights_sha256", out.dir);
+  if (bar) bar->finish(out.dir);
   return out;
 }
 

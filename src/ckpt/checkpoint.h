@@ -7,6 +7,7 @@
 // verifies every checksum and reassembles whole tensors, so any world size and ZeRO stage can
 // load what any other saved (docs/formats.md).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,8 +43,9 @@ std::string checkpoint_temp_dir(const std::string& checkpoints_dir, int64_t step
 // This rank's shard-RRRRR-of-WWWWW.safetensors (pieces of the tensors it covers, 1-D, named as in
 // the model, exp_avg.NAME, exp_avg_sq.NAME) and shard-RRRRR.json (each piece's offset, length
 // and checksum), each written and fsynced.
+// bytes_written (may be null) counts the tensor bytes written so far, for a progress bar.
 void write_checkpoint_shard(const std::string& temp_dir, const ModelConfig& model, const CheckpointShard& shard,
-                            int64_t step);
+                            int64_t step, std::atomic<int64_t>* bytes_written = nullptr);
 // Rank 0, once every shard is written: the manifest (with the weights' digest, read back from the
 // shards), fsync, rename to step-NNNNNNNN, then `latest`. Returns the checkpoint directory.
 std::string finalize_checkpoint(const std::string& checkpoints_dir, int world, const TrainConfig& cfg,
@@ -67,8 +69,8 @@ struct LoadedCheckpoint {
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one
 // `latest` names). Verifies the format version, every piece's checksum, that the shards tile the
 // parameters, and the reassembled weights against the manifest's SHA-256; a damaged or incomplete
-// checkpoint is an error naming what is wrong.
-LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer);
+// checkpoint is an error naming what is wrong. show_progress: a progress bar of the bytes read.
+LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, bool show_progress = false);
 
 // A checkpoint's weights tensor by tensor, for tools that must not hold them all (export of a
 // model larger than one machine's memory): each tensor is reassembled from the pieces of the

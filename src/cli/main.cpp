@@ -533,7 +533,7 @@ int cmd_bench_data(const std::vector<std::string>& rest) {
 int cmd_inspect(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kInspectHelp, stdout), 0;
   if (args.size() != 1) usage_error("inspect needs one checkpoint or run directory", kInspectHelp);
-  const LoadedCheckpoint c = load_checkpoint(args[0], /*with_optimizer=*/true);
+  const LoadedCheckpoint c = load_checkpoint(args[0], /*with_optimizer=*/true, /*show_progress=*/true);
   const ModelConfig& m = c.config;
   std::printf("checkpoint:     %s\n", c.dir.c_str());
   std::printf("format:         anvil-checkpoint version %d, every tensor's checksum verified\n", kCheckpointVersion);

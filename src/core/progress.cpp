@@ -56,14 +56,28 @@ void Progress::draw(bool final_line) {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double frac = total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
   double eta = done_ > 0 ? elapsed * (1.0 - frac) / frac : -1.0;
+  // Bytes read as sizes (KiB, MiB, GiB), anything else as counts of its unit.
+  const bool bytes = unit_ == "B";
+  auto amount = [&](int64_t v) {
+    if (!bytes) return fmt::format("{}", v);
+    const double x = static_cast<double>(v);
+    return x >= 1073741824.0 ? fmt::format("{:.2f} GiB", x / 1073741824.0)
+           : x >= 1048576.0  ? fmt::format("{:.1f} MiB", x / 1048576.0)
+                             : fmt::format("{:.1f} KiB", x / 1024.0);
+  };
+  const std::string of = bytes ? fmt::format("{}/{}", amount(done_), amount(total_))
+                               : fmt::format("{}/{} {}", done_, total_, unit_);
   std::string line;
   if (tty_) {
     constexpr int kWidth = 24;
     int filled = static_cast<int>(frac * kWidth);
-    line = fmt::format("{} [{}{}] {}/{} {}", label_, std::string(filled, '#'),
-                       std::string(kWidth - filled, '.'), done_, total_, unit_);
+    line = fmt::format("{} [{}{}] {}", label_, std::string(filled, '#'), std::string(kWidth - filled, '.'), of);
   } else {
-    line = fmt::format("{} {}/{} {} ({:.0f}%)", label_, done_, total_, unit_, 100.0 * frac);
+    line = fmt::format("{} {} ({:.0f}%)", label_, of, 100.0 * frac);
+  }
+  if (elapsed > 0 && done_ > 0) {
+    const double rate = static_cast<double>(done_) / elapsed;
+    line += bytes ? fmt::format(" | {}/s", amount(static_cast<int64_t>(rate))) : fmt::format(" | {:.2f} {}/s", rate, unit_);
   }
   if (!status_.empty()) line += " | " + status_;
   line += final_line ? fmt::format(" | {} elapsed", format_duration(elapsed))

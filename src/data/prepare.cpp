@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fmt/ranges.h>
 #include <fstream>
@@ -113,12 +112,7 @@ PrepareSummary prepare_pass(const PrepareOptions& opt, const std::vector<std::st
     }
     sum.tokens += static_cast<int64_t>(ids.size());
   };
-  const auto start = std::chrono::steady_clock::now();
-  auto status = [&] {
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return fmt::format("{} docs, {} samples | {:.2f} MB/s", sum.documents, train.samples() + val.samples(),
-                       secs > 0 ? static_cast<double>(done_bytes) / secs / 1e6 : 0.0);
-  };
+  auto status = [&] { return fmt::format("{} docs, {} samples", sum.documents, train.samples() + val.samples()); };
   for (const std::string& file : files) {
     if (is_jsonl(file)) {
       std::ifstream in(file, std::ios::binary);

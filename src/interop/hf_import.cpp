@@ -217,10 +217,10 @@ std::string checkpoint_tokenizer(const std::string& config_yaml) {
 
 ModelWeights load_model_weights(const std::string& path) {
   if (is_hf_model_dir(path)) {
-    HfModel m = read_hf_model(path);
+    HfModel m = read_hf_model(path, "load weights");
     return {m.config, std::move(m.params), hf_dir_tokenizer(path)};
   }
-  LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false);
+  LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false, /*show_progress=*/true);
   return {c.config, std::move(c.params), checkpoint_tokenizer(c.config_yaml)};
 }
 

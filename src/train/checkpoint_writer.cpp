@@ -1,9 +1,13 @@
 // CheckpointWriter: see checkpoint_writer.h.
 #include "train/checkpoint_writer.h"
 
+#include <chrono>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "core/fs.h"
+#include "core/progress.h"
 #include "dist/collectives.h"
 
 namespace anvil {
@@ -37,10 +41,12 @@ void CheckpointWriter::save(const std::string& checkpoints_dir, const TrainConfi
   }
   barrier(comm_);  // the directory exists before any rank writes into it
   written_ = false;
+  bytes_written_ = 0;
+  shard_bytes_ = static_cast<int64_t>(3 * shard.params.size() * sizeof(float));
   state_ = State::kWriting;
   thread_ = std::thread([this, tmp, shard = std::move(shard)] {
     try {
-      write_checkpoint_shard(tmp, cfg_.model, shard, info_.step);
+      write_checkpoint_shard(tmp, cfg_.model, shard, info_.step, &bytes_written_);
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -77,6 +83,15 @@ void CheckpointWriter::poll() {
 
 std::string CheckpointWriter::finish() {
   if (state_ == State::kWriting) {
+    if (comm_.rank() == 0 && !written_) {
+      // Training waits here for the rest of the save: show its progress (this rank's shard).
+      Progress bar("save", shard_bytes_, "B");
+      while (!written_) {
+        bar.update(bytes_written_, fmt::format("step {}", info_.step));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      bar.finish(fmt::format("step {}", info_.step));
+    }
     join();
     barrier(comm_);  // every shard is on disk
     if (comm_.rank() == 0) start_finalize(/*background=*/false);

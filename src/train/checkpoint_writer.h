@@ -36,6 +36,8 @@ class CheckpointWriter {
   State state_ = State::kIdle;
   std::thread thread_;
   std::atomic<bool> written_{false};
+  std::atomic<int64_t> bytes_written_{0};  // of this rank's shard, for the progress of a save waited for
+  int64_t shard_bytes_ = 0;
   std::exception_ptr error_;
   std::string checkpoints_dir_, dir_;
   TrainConfig cfg_;

@@ -68,9 +68,9 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
 }
 
 // load_path's checkpoint, or a transformers directory's weights as a checkpoint that holds no
-// training state (hf_causal_lm's pretrained weights); rank 0 shows the progress of the latter.
+// training state (hf_causal_lm's pretrained weights); show_progress on rank 0.
 LoadedCheckpoint load_start_point(const std::string& path, bool show_progress) {
-  if (!is_hf_model_dir(path)) return load_checkpoint(path, /*with_optimizer=*/true);
+  if (!is_hf_model_dir(path)) return load_checkpoint(path, /*with_optimizer=*/true, show_progress);
   HfModel hf = read_hf_model(path, show_progress ? "load weights" : nullptr);
   LoadedCheckpoint c;
   c.dir = path;
@@ -92,7 +92,7 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
   if (cfg.autoresume) {
     for (const std::string& dir : list_checkpoints(checkpoints_dir(cfg))) {
       try {
-        LoadedCheckpoint c = load_checkpoint(dir, /*with_optimizer=*/true);
+        LoadedCheckpoint c = load_checkpoint(dir, /*with_optimizer=*/true, /*show_progress=*/true);
         *own = true;
         return c;
       } catch (const Error& e) {

@@ -126,12 +126,12 @@ direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" --max-samples 24 2>&1 
 via=$("$anvil" eval "$tmp/llama" --data "$tmp/data" --max-samples 24 2>&1 | tail -1)
 [ "$direct" = "$via" ] && pass "anvil eval of the Llama's transformers directory: $(field loss "$direct"), its checkpoint's" \
   || fail "eval of the directory '$direct', of the checkpoint '$via'"
-g1=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>&1)
-g2=$("$anvil" generate "$tmp/llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>&1)
+g1=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>> "$tmp/gen.err")
+g2=$("$anvil" generate "$tmp/llama" --prompt "$prompt" --max-new-tokens 8 --temperature 0 2>> "$tmp/gen.err")
 # top-p below the top token's probability keeps only it: sampling at temperature 1 is then greedy.
-g3=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 1 --top-p 1e-9 --seed 5 2>&1)
+g3=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --temperature 1 --top-p 1e-9 --seed 5 2>> "$tmp/gen.err")
 [ "$g1" = "$g2" ] && [ "$g1" = "$g3" ] && pass "anvil generate of the directory: '$g1', as from the checkpoint; --top-p 1e-9 samples it too" \
-  || fail "generate: directory '$g1', checkpoint '$g2', top-p '$g3'"
+  || { fail "generate: directory '$g1', checkpoint '$g2', top-p '$g3'"; cat "$tmp/gen.err"; }
 imported llama-bf16 llama --dtype bf16 --shards 3
 imported llama-tied llama-tied
 imported mpt mpt --dtype fp16

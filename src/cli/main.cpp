@@ -82,9 +82,17 @@ SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md
 Memory: device_train_microbatch_size=auto picks the largest microbatch that fits memory_limit
 (default: the memory free at start); activation_checkpointing=true recomputes each block in the
 backward pass instead of storing it. Neither changes a bit of the result.
-DeepSpeed: deepspeed_config=ds_config.json reads DeepSpeed's bf16/fp16, batch, ZeRO stage,
-clipping and AdamW keys.
+DeepSpeed: deepspeed_config=ds_config.json is a layer between the YAML and the command line:
+its batch sizes, bf16/fp16, ZeRO stage, clipping, Adam/AdamW and schedulers, with DeepSpeed's
+defaults and Hugging Face's "auto" values; train.log lists what it set.
 See docs/config.md for every key.
+
+examples:
+  anvil train configs/demo.yaml
+  anvil train configs/demo.yaml max_duration=50ba optimizer.lr=1e-3 run_dir=runs/quick
+  anvil train configs/mpt-125m.yaml deepspeed_config=ds_config.json
+  mpirun -np 4 anvil train configs/llama-125m.yaml distributed.zero_stage=3
+  anvil train configs/demo.yaml run_dir=runs/demo autoresume=true
 )";
 
 constexpr const char* kPrepareHelp = R"(usage: anvil data prepare --out DIR [options] INPUT...
@@ -116,6 +124,12 @@ options:
 inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
 and token counts, the tokenizer that made it, and the first sample decoded (with that
 tokenizer, or --tokenizer).
+
+examples:
+  anvil data prepare book.txt --out data/book
+  anvil data prepare --out data/brown --max-seq-len 128 --val-fraction 0.05 data/brown-text
+  anvil data prepare --tokenizer sp.model --text-field content --compression zstd --out data/sp corpus.jsonl
+  anvil data inspect data/brown/train
 )";
 
 constexpr const char* kPlotHelp = R"(usage: anvil plot RUN_DIR [RUN_DIR...] [-o FILE.png] [--size WxH]
@@ -138,6 +152,11 @@ constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tok
 Reads standard input and prints its token ids, one per line: the text's tokens alone, without
 BOS or EOS (GPT-2's tokenizer unless --tokenizer names another, as for `anvil data prepare`).
 With --decode, reads ids (whitespace-separated) and writes the bytes they stand for.
+
+examples:
+  echo "Hello world" | anvil tokenize
+  echo "15496 995" | anvil tokenize --decode
+  anvil tokenize --tokenizer sp.model < notes.txt
 )";
 
 constexpr const char* kDoctorHelp = R"(usage: anvil doctor
@@ -149,6 +168,10 @@ build reads (SentencePiece needs libsentencepiece at build time). Then self-test
 the fast CPU kernels and, with a GPU, the GPU kernels against the reference ops (relative error
 of matmul, layer norm, attention forward and backward, cross-entropy), and an all-reduce of
 integers that must come out exact on every rank. Exits 1 if a self-test fails.
+
+examples:
+  anvil doctor
+  mpirun -np 2 anvil doctor
 )";
 
 constexpr const char* kInspectHelp = R"(usage: anvil inspect CHECKPOINT
@@ -158,6 +181,10 @@ tensors from the shard files, verifies every checksum, and prints the step, toke
 shards, model, where the data order stands, and the SHA-256 of the weights (every parameter's
 float32 bytes in layout order): two checkpoints with the same digest hold bit-identical weights,
 whatever world size or ZeRO stage trained them.
+
+examples:
+  anvil inspect runs/demo
+  anvil inspect runs/demo/checkpoints/step-00000100
 )";
 
 constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT_OR_HF_DIR --data DIR [--split val] [--max-samples N] [--batch B]
@@ -231,6 +258,11 @@ options:
   --seed S              sampling seed (default 0)
   --tokenizer NAME      as for `anvil data prepare` (default: the checkpoint's tokenizer.name, or
                         the Hugging Face directory's own tokenizer files, else gpt2)
+
+examples:
+  anvil generate runs/demo --prompt "The jury said"
+  anvil generate runs/demo/checkpoints/step-00000300 --prompt "Once" --temperature 0
+  anvil generate hf/llama --prompt "The" --max-new-tokens 32 --top-p 0.9 --seed 3
 )";
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
@@ -270,6 +302,13 @@ with OpenBLAS's sgemm, alternating, and prints GFLOP/s and the ratios to OpenBLA
 also printed as JSON.
   --rounds N    alternating rounds; each side's best is kept (default 3)
   --seconds S   time each product at least S seconds per round (default 0.3)
+
+examples:
+  anvil bench train configs/bench-16m.yaml --steps 5 --profile
+  anvil bench train configs/bench-llama-16m.yaml precision=amp_bf16
+  anvil bench data s3://bucket/brown/train --cache /tmp/cache --workers 2
+  mpirun -np 4 anvil bench comm --max-bytes 64mb
+  anvil bench gemm --rounds 3
 )";
 
 struct Args {

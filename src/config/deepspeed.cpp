@@ -34,8 +34,8 @@ std::vector<std::string> split_key(const std::string& key) {
 // (or one under a section it set) keeps the command line's value.
 class Layer {
  public:
-  Layer(YAML::Node root, const std::set<std::string>& overridden, std::string where)
-      : root_(root), overridden_(overridden), where_(std::move(where)) {}
+  Layer(YAML::Node root, std::map<std::string, std::string>& origins, std::string where)
+      : root_(root), origins_(origins), where_(std::move(where)) {}
 
   YAML::Node get(const std::string& key) const {
     YAML::Node node = root_;
@@ -61,6 +61,7 @@ class Layer {
       node.reset(node[parts[i]]);
     }
     node[parts.back()] = YAML::Clone(value);
+    origins_[key] = where_;
     notes_.push_back(fmt::format("{} = {} ({}{})", key, text(value), from, was));
   }
   template <typename T>
@@ -99,14 +100,17 @@ class Layer {
   std::vector<std::string> notes() const { return notes_; }
 
  private:
+  // Set by the command line (the only origin recorded before the ds_config's).
   bool overridden(const std::string& key) const {
     for (size_t i = 0; i <= key.size(); ++i)
-      if ((i == key.size() || key[i] == '.') && overridden_.count(key.substr(0, i))) return true;
+      if (i == key.size() || key[i] == '.')
+        if (const auto it = origins_.find(key.substr(0, i)); it != origins_.end() && it->second != where_)
+          return true;
     return false;
   }
 
   YAML::Node root_;
-  const std::set<std::string>& overridden_;
+  std::map<std::string, std::string>& origins_;
   std::string where_;
   std::vector<std::string> notes_;
 };
@@ -427,14 +431,14 @@ void read_switches(MapReader& ds, Layer& out) {
 }  // namespace
 
 std::vector<std::string> apply_deepspeed_config(YAML::Node root, const std::string& file,
-                                                const std::set<std::string>& overridden, UnknownKeys* unknown) {
+                                                std::map<std::string, std::string>& origins, UnknownKeys* unknown) {
   const YAML::Node spec = root["deepspeed_config"];
   if (!spec || spec.IsNull()) return {};
   const YAML::Node ds_node = spec.IsScalar() ? load_json(spec.Scalar(), file) : YAML::Clone(spec);
   const std::string where = spec.IsScalar() ? spec.Scalar() : file;
   root.remove("deepspeed_config");
   MapReader ds(ds_node, "deepspeed_config", where, nullptr, unknown);
-  Layer out(root, overridden, where);
+  Layer out(root, origins, where);
   read_batch(ds, out);
   if (const auto v = given(ds, "gradient_clipping"))
     out.set("algorithms.gradient_clipping.clipping_threshold", *v, "gradient_clipping");

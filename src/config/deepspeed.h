@@ -6,7 +6,7 @@
 #pragma once
 #include <yaml-cpp/yaml.h>
 
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,13 +15,13 @@
 namespace anvil {
 
 // Replaces root["deepspeed_config"] by the anvil keys it means. root holds the YAML with the
-// overrides applied and interpolated; `overridden` names the dotted keys the command line set,
-// which the ds_config leaves alone. A key the ds_config leaves out takes DeepSpeed's default
+// overrides applied and interpolated; `origins` holds the dotted keys the command line set, which
+// the ds_config leaves alone, and gets the keys the ds_config sets (blamed on its file). A key the ds_config leaves out takes DeepSpeed's default
 // where anvil's differs (no scheduler: a constant rate; Adam's betas (0.9, 0.999); fp16's
 // loss_scale_window 1000), and Hugging Face's "auto" values take the rest of the configuration's.
 // A DeepSpeed key anvil cannot honour is an error naming it and what to write instead; unknown
 // keys go to `unknown`. Returns one line per anvil key it set or removed, for the run log.
 std::vector<std::string> apply_deepspeed_config(YAML::Node root, const std::string& file,
-                                                const std::set<std::string>& overridden, UnknownKeys* unknown);
+                                                std::map<std::string, std::string>& origins, UnknownKeys* unknown);
 
 }  // namespace anvil

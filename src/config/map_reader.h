@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -44,10 +45,13 @@ class MapReader {
  public:
   // keys_read (may be null) collects the full dotted name of every key this reader and its
   // sub-readers accept, present or not. unknown (may be null) collects the keys finish() rejects;
-  // without it, finish() throws them.
+  // without it, finish() throws them. origins (may be null) maps dotted keys set elsewhere than
+  // the file (by the command line, by a ds_config) to where, so that their errors blame it.
   MapReader(const YAML::Node& node, std::string prefix, const std::string& file,
-            std::set<std::string>* keys_read = nullptr, UnknownKeys* unknown = nullptr)
-      : node_(node), prefix_(std::move(prefix)), file_(file), keys_read_(keys_read), unknown_(unknown) {
+            std::set<std::string>* keys_read = nullptr, UnknownKeys* unknown = nullptr,
+            const std::map<std::string, std::string>* origins = nullptr)
+      : node_(node), prefix_(std::move(prefix)), file_(file), keys_read_(keys_read), unknown_(unknown),
+        origins_(origins) {
     ANVIL_CHECK(node.IsMap(), "{}: '{}' must be a mapping of keys to values", file_,
                 prefix_.empty() ? "the top level" : prefix_);
   }
@@ -62,15 +66,15 @@ class MapReader {
   void get(const std::string& key, T& out) {
     if (!has(key)) return;
     const YAML::Node& v = node_[key];
-    ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", file_, full(key));
+    ANVIL_CHECK(v.IsScalar(), "{}: {} must be a single value", source(key), full(key));
     if constexpr (std::is_enum_v<T>) {
-      ANVIL_CHECK(parse_choice(v.Scalar(), &out), "{}: {} '{}' is not valid: expected {}", file_, full(key),
+      ANVIL_CHECK(parse_choice(v.Scalar(), &out), "{}: {} '{}' is not valid: expected {}", source(key), full(key),
                   v.Scalar(), choice_list<T>());
     } else {
       try {
         out = v.as<T>();
       } catch (const YAML::Exception&) {
-        ANVIL_FAIL("{}: {} = '{}' is not {}", file_, full(key), v.Scalar(), expected<T>());
+        ANVIL_FAIL("{}: {} = '{}' is not {}", source(key), full(key), v.Scalar(), expected<T>());
       }
     }
   }
@@ -78,19 +82,20 @@ class MapReader {
   void get_duration(const std::string& key, Duration& out) {
     std::string text;
     get(key, text);
-    if (!text.empty()) out = parse_duration(text, file_ + ": " + full(key));
+    if (!text.empty()) out = parse_duration(text, source(key) + ": " + full(key));
   }
 
   // A size in bytes ("64kb", "10gb", see parse_bytes); -1 (none) is kept as -1.
   void get_bytes(const std::string& key, int64_t& out) {
     std::string text;
     get(key, text);
-    if (!text.empty() && text != "-1") out = parse_bytes(text, file_ + ": " + full(key));
+    if (!text.empty() && text != "-1") out = parse_bytes(text, source(key) + ": " + full(key));
   }
 
   MapReader sub(const std::string& key) {
     has(key);
-    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_, unknown_);
+    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_, unknown_,
+                     origins_);
   }
 
   YAML::Node raw(const std::string& key) {
@@ -108,13 +113,23 @@ class MapReader {
       ANVIL_CHECK(seen.insert(key).second, "{}: key '{}' is given twice", file_, full(key));
       if (allowed_.count(key)) continue;
       const std::string near = nearest_name(key, allowed);
-      out.add(fmt::format("{}: unknown key '{}'{} (expected one of: {})", file_, full(key),
+      out.add(fmt::format("{}: unknown key '{}'{} (expected one of: {})", source(key), full(key),
                           near.empty() ? "" : " (did you mean '" + full(near) + "'?)", fmt::join(allowed, ", ")));
     }
     here.raise();
   }
 
   const std::string& file() const { return file_; }
+  // Where a key's value came from: what set it or a section above it (the command line, a
+  // ds_config), else the file.
+  std::string source(const std::string& key) const {
+    const std::string k = full(key);
+    if (origins_)
+      for (size_t i = 0; i <= k.size(); ++i)
+        if (i == k.size() || k[i] == '.')
+          if (const auto it = origins_->find(k.substr(0, i)); it != origins_->end()) return it->second;
+    return file_;
+  }
   std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
 
  private:
@@ -132,6 +147,7 @@ class MapReader {
   std::set<std::string> allowed_;
   std::set<std::string>* keys_read_;
   UnknownKeys* unknown_;
+  const std::map<std::string, std::string>* origins_;
 };
 
 }  // namespace anvil

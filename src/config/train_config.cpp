@@ -320,7 +320,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
   merge_keys(root, path);
-  std::set<std::string> overridden;  // the dotted keys the command line set
+  std::map<std::string, std::string> origins;  // dotted keys set by the command line or a ds_config
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
@@ -339,7 +339,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       ANVIL_FAIL("override '{}': the value is not valid YAML: {}", o, e.msg);
     }
     set_path(root, parts, 0, value);
-    overridden.insert(key);
+    origins[key] = "the command line";
   }
   std::set<std::string> variables = {"variables"};
   interpolate(root, YAML::Clone(root), path, variables);
@@ -349,9 +349,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   std::string pretrained_weights;  // hf_causal_lm's transformers directory, when pretrained
   bool global_given = false;
   try {
-    c.config_notes = apply_deepspeed_config(root, path, overridden, &unknown);
+    c.config_notes = apply_deepspeed_config(root, path, origins, &unknown);
 
-    MapReader top(root, "", path, keys_read, &unknown);
+    MapReader top(root, "", path, keys_read, &unknown, &origins);
     for (const std::string& v : variables) top.raw(v);
     top.get("run_dir", c.run_dir);
     top.get("run_name", c.run_name);
@@ -564,8 +564,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   unknown.raise();
 
   // Validation of values, in one place.
+  const MapReader blame(root, "", path, nullptr, nullptr, &origins);  // where each key's value came from
   auto positive = [&](long long v, const char* key) {
-    ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", path, key, v);
+    ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", blame.source(key), key, v);
   };
   positive(c.max_seq_len, "max_seq_len");
   if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
@@ -574,17 +575,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   positive(c.model.d_model, "model.d_model");
   positive(c.model.vocab_size, "model.vocab_size");
   ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
-              path, c.model.d_model, c.model.n_heads);
+              blame.source("model.d_model"), c.model.d_model, c.model.n_heads);
   ANVIL_CHECK(c.model.n_heads % c.model.kv_heads() == 0, "{}: the key/value heads ({}) must divide model.n_heads ({})",
               path, c.model.kv_heads(), c.model.n_heads);
   ANVIL_CHECK(c.model.positions != PositionKind::kRope || c.model.head_size() % 2 == 0,
               "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
   ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
-              path, c.model.max_seq_len, c.max_seq_len);
+              blame.source("model.max_seq_len"), c.model.max_seq_len, c.max_seq_len);
   if (c.gradient_accumulation_steps != 0 || !global_given) {
     // DeepSpeed's batch rule, resolved once the number of ranks is known (resolve_batch_sizes).
-    ANVIL_CHECK(c.gradient_accumulation_steps >= 0, "{}: gradient_accumulation_steps must be positive, got {}", path,
-                c.gradient_accumulation_steps);
+    ANVIL_CHECK(c.gradient_accumulation_steps >= 0, "{}: gradient_accumulation_steps must be positive, got {}",
+                blame.source("gradient_accumulation_steps"), c.gradient_accumulation_steps);
     ANVIL_CHECK(!c.microbatch_auto, "{}: device_train_microbatch_size: auto chooses the accumulation steps itself: "
                 "give global_train_batch_size without gradient_accumulation_steps", path);
     ANVIL_CHECK(c.device_train_microbatch_size > 0 || c.global_train_batch_size > 0, "{}: give "
@@ -605,37 +606,50 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   } else {
     positive(c.global_train_batch_size, "global_train_batch_size");
   }
-  ANVIL_CHECK(c.device_eval_batch_size >= 0, "{}: device_eval_batch_size must be positive, got {}", path,
+  ANVIL_CHECK(c.device_eval_batch_size >= 0, "{}: device_eval_batch_size must be positive, got {}",
+              blame.source("device_eval_batch_size"),
               c.device_eval_batch_size);
-  ANVIL_CHECK(c.optimizer.lr > 0, "{}: optimizer.lr must be positive, got {}", path, c.optimizer.lr);
+  ANVIL_CHECK(c.optimizer.lr > 0, "{}: optimizer.lr must be positive, got {}",
+              blame.source("optimizer.lr"), c.optimizer.lr);
   ANVIL_CHECK(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1 && c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1,
-              "{}: optimizer.betas must be in [0, 1), got [{}, {}]", path, c.optimizer.beta1, c.optimizer.beta2);
-  ANVIL_CHECK(c.optimizer.eps > 0, "{}: optimizer.eps must be positive", path);
-  ANVIL_CHECK(c.optimizer.weight_decay >= 0, "{}: optimizer.weight_decay must not be negative", path);
+              "{}: optimizer.betas must be in [0, 1), got [{}, {}]",
+              blame.source("optimizer.betas"), c.optimizer.beta1, c.optimizer.beta2);
+  ANVIL_CHECK(c.optimizer.eps > 0, "{}: optimizer.eps must be positive", blame.source("optimizer.eps"));
+  ANVIL_CHECK(c.optimizer.weight_decay >= 0, "{}: optimizer.weight_decay must not be negative",
+              blame.source("optimizer.weight_decay"));
   ANVIL_CHECK(c.scheduler.t_warmup.unit == Duration::Unit::kBatch || c.scheduler.t_warmup.unit == Duration::Unit::kDur,
-              "{}: scheduler.t_warmup '{}' must be in batches (ba) or a fraction of the run (dur)", path,
+              "{}: scheduler.t_warmup '{}' must be in batches (ba) or a fraction of the run (dur)",
+              blame.source("scheduler.t_warmup"),
               c.scheduler.t_warmup.text);
   ANVIL_CHECK((c.scheduler.t_max.unit == Duration::Unit::kBatch || c.scheduler.t_max.unit == Duration::Unit::kDur) &&
                   c.scheduler.t_max.value > 0,
-              "{}: scheduler.t_max '{}' must be a positive number of batches (ba) or a fraction of the run (dur)", path,
+              "{}: scheduler.t_max '{}' must be a positive number of batches (ba) or a fraction of the run (dur)",
+              blame.source("scheduler.t_max"),
               c.scheduler.t_max.text);
   ANVIL_CHECK(c.save_interval.unit == Duration::Unit::kBatch || c.save_interval.unit == Duration::Unit::kEpoch,
-              "{}: save_interval '{}' must be in batches (ba) or epochs (ep)", path, c.save_interval.text);
-  ANVIL_CHECK(c.save_interval.value > 0, "{}: save_interval must be positive", path);
+              "{}: save_interval '{}' must be in batches (ba) or epochs (ep)",
+              blame.source("save_interval"), c.save_interval.text);
+  ANVIL_CHECK(c.save_interval.value > 0, "{}: save_interval must be positive", blame.source("save_interval"));
   ANVIL_CHECK(c.save_num_checkpoints_to_keep == -1 || c.save_num_checkpoints_to_keep > 0,
-              "{}: save_num_checkpoints_to_keep must be -1 (keep all) or positive, got {}", path,
+              "{}: save_num_checkpoints_to_keep must be -1 (keep all) or positive, got {}",
+              blame.source("save_num_checkpoints_to_keep"),
               c.save_num_checkpoints_to_keep);
-  ANVIL_CHECK(c.scheduler.alpha_f >= 0 && c.scheduler.alpha_f <= 1, "{}: scheduler.alpha_f must be in [0, 1]", path);
-  ANVIL_CHECK(c.clipping_threshold >= 0, "{}: algorithms.gradient_clipping.clipping_threshold must not be negative", path);
+  ANVIL_CHECK(c.scheduler.alpha_f >= 0 && c.scheduler.alpha_f <= 1, "{}: scheduler.alpha_f must be in [0, 1]",
+              blame.source("scheduler.alpha_f"));
+  ANVIL_CHECK(c.clipping_threshold >= 0, "{}: algorithms.gradient_clipping.clipping_threshold must not be negative",
+              blame.source("algorithms.gradient_clipping.clipping_threshold"));
   ANVIL_CHECK(c.max_duration.unit != Duration::Unit::kDur && c.max_duration.value > 0,
-              "{}: max_duration '{}' must be a positive number of ba, ep, sp or tok", path, c.max_duration.text);
+              "{}: max_duration '{}' must be a positive number of ba, ep, sp or tok",
+              blame.source("max_duration"), c.max_duration.text);
   ANVIL_CHECK(c.eval_interval.unit == Duration::Unit::kBatch || c.eval_interval.unit == Duration::Unit::kEpoch,
-              "{}: eval_interval '{}' must be in batches (ba) or epochs (ep)", path, c.eval_interval.text);
-  ANVIL_CHECK(c.eval_interval.value > 0, "{}: eval_interval must be positive", path);
+              "{}: eval_interval '{}' must be in batches (ba) or epochs (ep)",
+              blame.source("eval_interval"), c.eval_interval.text);
+  ANVIL_CHECK(c.eval_interval.value > 0, "{}: eval_interval must be positive", blame.source("eval_interval"));
   ANVIL_CHECK(c.console_log_interval.unit == Duration::Unit::kBatch && c.console_log_interval.value > 0,
-              "{}: console_log_interval must be a positive number of batches (e.g. 1ba)", path);
+              "{}: console_log_interval must be a positive number of batches (e.g. 1ba)",
+              blame.source("console_log_interval"));
   ANVIL_CHECK(c.eval_subset_num_batches == -1 || c.eval_subset_num_batches > 0,
-              "{}: eval_subset_num_batches must be -1 (all) or positive", path);
+              "{}: eval_subset_num_batches must be -1 (all) or positive", blame.source("eval_subset_num_batches"));
   auto power_of_two = [](double x) {
     int e = 0;
     return x > 0 && std::frexp(x, &e) == 0.5;
@@ -644,21 +658,24 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(power_of_two(ls.init_scale) && ls.init_scale <= 0x1p60 && power_of_two(ls.min_scale) &&
                   ls.min_scale <= ls.init_scale,
               "{}: loss_scaler.init_scale ({}) and min_scale ({}) must be powers of two, min_scale <= init_scale "
-              "<= 2^60", path, ls.init_scale, ls.min_scale);
+              "<= 2^60", blame.source("loss_scaler.init_scale"), ls.init_scale, ls.min_scale);
   ANVIL_CHECK(ls.growth_interval > 0 && ls.hysteresis > 0, "{}: loss_scaler.growth_interval ({}) and hysteresis ({}) "
-              "must be positive", path, ls.growth_interval, ls.hysteresis);
-  ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}", path, c.dist_timeout);
+              "must be positive", blame.source("loss_scaler.growth_interval"), ls.growth_interval, ls.hysteresis);
+  ANVIL_CHECK(c.dist_timeout > 0, "{}: dist_timeout must be a positive number of seconds, got {}",
+              blame.source("dist_timeout"), c.dist_timeout);
   ANVIL_CHECK(c.distributed.zero_stage >= 0 && c.distributed.zero_stage <= 3,
-              "{}: distributed.zero_stage {} is not valid: expected 0, 1, 2 or 3", path, c.distributed.zero_stage);
+              "{}: distributed.zero_stage {} is not valid: expected 0, 1, 2 or 3",
+              blame.source("distributed.zero_stage"), c.distributed.zero_stage);
   const bool compressed = c.distributed.grad_compression != GradCompression::kNone;
   ANVIL_CHECK(!compressed || c.distributed.zero_stage == 0,
               "{}: distributed.grad_compression bf16 needs distributed.zero_stage 0 (stages 1-3 reduce-scatter in "
-              "fp32)", path);
+              "fp32)", blame.source("distributed.grad_compression"));
   ANVIL_CHECK(!compressed || !c.deterministic_mode,
               "{}: distributed.grad_compression bf16 rounds gradients on the wire, so it needs deterministic_mode: false",
-              path);
+              blame.source("distributed.grad_compression"));
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
-              "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu", path);
+              "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
+              blame.source("distributed.grad_compression"));
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();

@@ -300,6 +300,21 @@ TEST_F(ConfigTest, EveryUnknownKeyIsReportedAtOnce) {
   EXPECT_NE(ds.find("unknown key 'modle' (did you mean 'model'?)"), std::string::npos) << ds;
 }
 
+// An error names where the value came from: the file, the command line, or the ds_config.
+TEST_F(ConfigTest, ErrorsBlameWhereTheValueCameFrom) {
+  EXPECT_EQ(error_of(kMinimal, {"model.n_layers=abc"}).rfind("the command line: model.n_layers = 'abc'", 0), 0u);
+  EXPECT_EQ(error_of(kMinimal, {"optimizer.lr=-1"}).rfind("the command line: optimizer.lr must be positive", 0), 0u);
+  EXPECT_NE(error_of(kMinimal, {"optimizer.nope=1"}).find("the command line: unknown key 'optimizer.nope'"),
+            std::string::npos);
+  const std::string from_file = error_of(std::string(kMinimal) + "optimizer: {lr: -1}\n");
+  EXPECT_NE(from_file.find("c.yaml: optimizer.lr must be positive"), std::string::npos) << from_file;
+  const auto json = std::filesystem::temp_directory_path() / ("anvil_blame_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(json) << R"({"optimizer": {"type": "AdamW", "params": {"lr": -0.001}}})";
+  const std::string from_ds = error_of(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n");
+  EXPECT_EQ(from_ds.rfind(json.string() + ": optimizer.lr must be positive", 0), 0u) << from_ds;
+  std::filesystem::remove(json);
+}
+
 TEST_F(ConfigTest, AutoMicrobatchMemoryLimitAndCheckpointing) {
   TrainConfig c = load_train_config(write(kMinimal), {"device_train_microbatch_size=auto", "memory_limit=2gb",
                                                       "fsdp_config.activation_checkpointing=true"});

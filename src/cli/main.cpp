@@ -35,6 +35,7 @@
 #include "train/eval.h"
 #include "train/generate.h"
 #include "train/loss_plot.h"
+#include "train/stop_signal.h"
 #include "train/trainer.h"
 
 namespace anvil {
@@ -74,7 +75,9 @@ Each key=value overrides a dotted key of the YAML; later ones win.
 The run directory (run_dir, default runs/<config name>) receives config.yaml (resolved),
 train.log, metrics.jsonl (one JSON object per step) and checkpoints/ (every save_interval and
 at the end). autoresume=true continues the run in run_dir from its newest good checkpoint;
-load_path=CKPT continues from a given one.
+load_path=CKPT continues from a given one. SIGTERM, SIGINT or SIGUSR1 (to any rank) stops the
+run after the step in progress, writes a checkpoint and exits with status 75; a second Ctrl-C
+stops at once.
 
 Data parallel: launch N ranks with `mpirun -np N anvil train ...` (or `srun --mpi=pmix` under
 SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md).
@@ -385,7 +388,7 @@ int cmd_train(const std::vector<std::string>& args) {
   const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
   std::unique_ptr<Communicator> comm = make_communicator();
   const TrainSummary s = run_training(cfg, *comm);
-  if (comm->rank() != 0) return 0;
+  if (comm->rank() != 0) return s.stopped_by != 0 ? kExitStopped : 0;
   if (s.first_eval_loss >= 0)
     std::printf("eval loss: %.4f before training, %.4f after %lld steps\n", s.first_eval_loss, s.last_eval_loss,
                 static_cast<long long>(s.steps));
@@ -394,6 +397,11 @@ int cmd_train(const std::vector<std::string>& args) {
   std::printf("final train loss: %.4f\ncheckpoint: %s\n", s.final_train_loss, s.checkpoint.c_str());
   if (cfg.precision == ComputeDtype::kFp16)
     std::printf("skipped steps (fp16 overflow): %lld\n", static_cast<long long>(s.skipped_steps));
+  if (s.stopped_by != 0) {
+    std::printf("stopped by %s after step %lld; continue with autoresume=true\n", signal_name(s.stopped_by),
+                static_cast<long long>(s.steps));
+    return kExitStopped;
+  }
   return 0;
 }
 

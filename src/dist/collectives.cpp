@@ -249,6 +249,13 @@ int64_t sum_exact(Communicator& comm, int64_t value) {
   return sum;
 }
 
+int64_t max_exact(Communicator& comm, int64_t value) {
+  if (comm.size() == 1) return value;
+  int64_t most = value;
+  for (int64_t v : all_gather_pod(comm, value)) most = std::max(most, v);
+  return most;
+}
+
 void broadcast(Communicator& comm, void* data, size_t bytes, int root) {
   const int W = comm.size();
   if (W == 1 || bytes == 0) return;

@@ -49,6 +49,7 @@ std::vector<double> all_gather_values(Communicator& comm, double value);
 // The sum of every rank's value, added in rank order (the same bits on every rank).
 double sum_in_rank_order(Communicator& comm, double value);
 int64_t sum_exact(Communicator& comm, int64_t value);
+int64_t max_exact(Communicator& comm, int64_t value);
 void broadcast(Communicator& comm, void* data, size_t bytes, int root);
 void barrier(Communicator& comm);
 

@@ -27,6 +27,7 @@
 #include "train/loss_plot.h"
 #include "train/microbatch.h"
 #include "train/step.h"
+#include "train/stop_signal.h"
 #include "train/tensorboard.h"
 
 namespace anvil {
@@ -389,6 +390,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
                      cfg.save_num_checkpoints_to_keep);
   };
 
+  install_stop_handlers();
   if (cfg.eval_first && start_step == 0) run_eval(0);
   Progress bar("train", total_steps - start_step, "steps", cfg.progress_bar);  // drawn by rank 0 only
   const auto run_start = std::chrono::steady_clock::now();
@@ -439,12 +441,34 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
                                 total_steps, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak));
     if (writer) bar.update(t + 1 - start_step, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
     if ((t + 1) % eval_every == 0 && t + 1 < total_steps) run_eval(t + 1);
-    if ((t + 1) % save_every == 0 || t + 1 == total_steps) {
+    // A stop signal on any rank stops every rank after this step (the largest signal number, so
+    // that all agree on which), with this step's checkpoint.
+    const int stop = static_cast<int>(max_exact(comm, stop_requested()));
+    if ((t + 1) % save_every == 0 || t + 1 == total_steps || stop != 0) {
       save(t + 1);
       saved_step = t + 1;
     } else {
       checkpoints.poll();  // completes a save in flight once every rank has written its shard
     }
+    if (stop != 0) {
+      summary.stopped_by = stop;
+      summary.steps = t + 1;
+      if (writer) bar.finish(fmt::format("stopped by {}", signal_name(stop)));
+      log_info("{} received: stopped after step {} of {}; continue with autoresume=true", signal_name(stop), t + 1,
+               total_steps);
+      break;
+    }
+  }
+  if (summary.stopped_by != 0) {
+    summary.checkpoint = checkpoints.finish();
+    if (writer) {
+      log_info("checkpoint: {}", summary.checkpoint);
+      std::fclose(metrics);
+      draw_loss_plot(cfg.run_dir);
+      log_close_file();
+    }
+    barrier(comm);
+    return summary;
   }
   if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
   const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();

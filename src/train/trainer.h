@@ -17,9 +17,11 @@ struct TrainSummary {
   double final_train_loss = 0;
   int64_t skipped_steps = 0;  // amp_fp16: steps whose gradients overflowed
   std::string checkpoint;
+  int stopped_by = 0;  // the signal that stopped the run early, its checkpoint written (stop_signal.h); 0: none
 };
 
-// Every rank of comm calls this with the same config; rank 0 writes the run directory.
+// Every rank of comm calls this with the same config; rank 0 writes the run directory. A stop
+// signal on any rank (stop_signal.h) ends every rank after the same step, with a checkpoint.
 TrainSummary run_training(const TrainConfig& cfg, Communicator& comm);
 
 }  // namespace anvil

@@ -9,6 +9,8 @@
 #   its own checkpoint, not from load_path: the uninterrupted fine-tune's digest;
 # - SIGKILL half-way through writing a checkpoint, then autoresume: the previous checkpoint is
 #   used and the final digest is still the same;
+# - SIGTERM to one rank of a 2-rank run, as a scheduler preempts it: every rank finishes the
+#   step, the checkpoint is written, the exit status is 75, and autoresume continues bit for bit;
 # - a corrupt newest checkpoint is reported and skipped by autoresume; truncated, newer-format
 #   checkpoints and one missing a rank's shard file, given by load_path, are one-line errors.
 # Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
@@ -117,5 +119,27 @@ expect_error "missing shard" "shard file 'shard-00001-of-00002.safetensors' is m
   "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t2" load_path="$tmp/bad2"
 cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad3"; sed -i 's/"version": [0-9]*/"version": 99/' "$tmp/bad3/manifest.json"
 expect_error "newer format" "format version 99, newer than this anvil reads" "$anvil" inspect "$tmp/bad3"
+# Preemption: SIGTERM to one rank (the newest process of the job) once a few steps are done.
+mpirun_anvil 2 "$anvil" train "$tmp/r.yaml" run_dir="$tmp/sig" max_duration=100000ba > "$tmp/sig.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  [ "$(grep -c '"loss"' "$tmp/sig/metrics.jsonl" 2>/dev/null)" -ge 3 ] && break
+  sleep 0.1
+done
+pkill -TERM -n -f "run_dir=$tmp/sig max_duration=100000ba"
+wait "$job"; rc=$?
+k=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\);.*/\1/p' "$tmp/sig.out")
+if [ "$rc" -eq 75 ] && [ -n "$k" ] && [ -d "$tmp/sig/checkpoints/step-$(printf %08d "$k")" ]; then
+  pass "SIGTERM to one of 2 ranks: both stopped after step $k with its checkpoint, exit status 75"
+  end=$((k + 3))
+  run sig 2 autoresume=true max_duration=${end}ba || fail "autoresume after SIGTERM"
+  run sig_full 2 max_duration=${end}ba || fail "uninterrupted run to $end"
+  [ -n "$(digest "$tmp/sig")" ] && [ "$(digest "$tmp/sig")" = "$(digest "$tmp/sig_full")" ] \
+    && pass "autoresume after the SIGTERM to step $end: the uninterrupted run's digest" \
+    || fail "after SIGTERM: digest $(digest "$tmp/sig"), want $(digest "$tmp/sig_full")"
+else
+  fail "SIGTERM: exit status $rc, stopped after '$k'"; tail -5 "$tmp/sig.out"
+fi
+
 expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/full"
 [ "$failures" -eq 0 ]

@@ -13,7 +13,7 @@ debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nl
       libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libcurl4-openssl-dev libssl-dev nginx-light
       python3-xxhash python3-numpy python3-torch python3-yaml libsentencepiece-dev sentencepiece python3-sentencepiece
       libplplot-dev plplot-driver-cairo
-      openmpi-bin libopenmpi-dev mpich libmpich-dev
+      openmpi-bin libopenmpi-dev mpich libmpich-dev slurmctld slurmd slurm-client munge
       hipcc libamdhip64-dev clang-19 lld-19 clang-tools-19)
 # Node.js may come from outside Debian (its npm then conflicts with Debian's): take Debian's only
 # when no node/npm is on the PATH.

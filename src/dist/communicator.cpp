@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -66,6 +68,17 @@ LaunchInfo detect_launch() {
     li = {"torchrun", env_int("WORLD_SIZE", 1), false};
   }
   return li;
+}
+
+std::string describe_launch(const Communicator& comm) {
+  const LaunchInfo li = detect_launch();
+  std::string out = li.launcher.empty() ? "a plain process" : li.launcher;
+  if (const char* job = std::getenv("SLURM_JOB_ID"))
+    out += fmt::format(" (SLURM job {}, {} node(s), this one {})", job, env_int("SLURM_NNODES", 1),
+                       env_int("SLURM_NODEID", 0));
+  out += fmt::format("; rank {} of {}, local rank {} of {}, from {}", comm.rank(), comm.size(), comm.local_rank(),
+                     comm.local_size(), comm.size() > 1 || li.mpi_launch ? "MPI" : "the process alone");
+  return out;
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li);  // mpi_communicator.cpp

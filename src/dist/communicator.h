@@ -18,6 +18,11 @@ struct LaunchInfo {
   bool mpi_launch = false;  // a launcher that MPI_Init can join
 };
 LaunchInfo detect_launch();
+class Communicator;
+// How this process was started and where its rank came from, for `anvil doctor` and the run log:
+// the launcher, the SLURM job and nodes when under SLURM, and the source of the ranks (MPI,
+// which mpirun, srun --mpi=pmix and MPICH's launchers all answer to).
+std::string describe_launch(const Communicator& comm);
 
 // A point-to-point transfer in flight.
 struct PeerRequest {

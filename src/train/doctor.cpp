@@ -176,6 +176,7 @@ int run_doctor() {
                   g.arch.c_str(), g.multiprocessors, g.total_bytes / 1073741824.0, g.free_bytes / 1073741824.0);
     std::printf("gpu collectives: %s\n", gpu_collectives_description().c_str());
     std::printf("communicator: %s, %d rank(s)\n", comm->backend().c_str(), comm->size());
+    std::printf("launch: %s\n", describe_launch(*comm).c_str());
     std::printf("tokenizers: GPT-2 byte-level BPE%s\n",
                 sentencepiece_available() ? ", SentencePiece" : " (no SentencePiece: built without libsentencepiece)");
     const std::string no_plots = loss_plot_unavailable();

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Training under a real SLURM cluster (scripts/slurm-local.sh: munge, slurmctld and two slurmd
+# nodes on this machine): `srun --mpi=pmix` starts 2 nodes x 2 tasks, which join through Open
+# MPI's PMIx support, report the launch in `anvil doctor`, and train to the same weight digest as
+# one process. Skipped (exit 77) where SLURM is not installed.
+# Usage: test_slurm.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+source "$src/tests/lib.sh"
+for tool in slurmctld slurmd srun munged; do
+  command -v "$tool" > /dev/null || [ -x "/usr/sbin/$tool" ] || {
+    echo "skipped: $tool is not installed (scripts/setup.sh installs SLURM)"; exit 77; }
+done
+start_test
+chmod 0755 "$tmp"  # munged, running as the munge user, must reach its socket below it
+export SLURM_LOCAL_ROOT="$tmp/slurm"
+trap '"$src/scripts/slurm-local.sh" down; rm -rf "$tmp"' EXIT
+"$src/scripts/slurm-local.sh" up 2 2 > "$tmp/up.out" 2>&1 || { fail "slurm-local up"; cat "$tmp/up.out"; exit 1; }
+export SLURM_CONF="$SLURM_LOCAL_ROOT/slurm.conf"
+# Both virtual nodes are this machine: Open MPI's shared-memory transport would take tasks of
+# different nodes for neighbours and mix their segments, so the tasks talk over TCP, as nodes do.
+export OMPI_MCA_btl=tcp,self
+tasks=(srun --nodes 2 --ntasks-per-node 2 --mpi=pmix --kill-on-bad-exit=1)
+
+timeout 300 "${tasks[@]}" "$anvil" doctor > "$tmp/doctor.out" 2>&1
+grep -q "^launch: srun (SLURM job [0-9]*, 2 node(s), this one 0); rank 0 of 4, local rank 0 of 2, from MPI" \
+    "$tmp/doctor.out" && grep -q "all-reduce over 4 rank(s): exact" "$tmp/doctor.out" \
+  && pass "anvil doctor under srun: $(grep '^launch' "$tmp/doctor.out")" \
+  || { fail "doctor under srun"; tail -20 "$tmp/doctor.out"; }
+
+small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
+  || { fail "data prepare"; exit 1; }
+cat > "$tmp/s.yaml" <<YAML
+max_seq_len: 32
+model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: $small_vocab_size}
+tokenizer: {name: $tmp/vocab}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
+optimizer: {name: decoupled_adamw, lr: 3.0e-3}
+scheduler: {name: cosine_with_warmup, t_warmup: 2ba}
+max_duration: 8ba
+global_train_batch_size: 8
+device_train_microbatch_size: 2
+distributed: {zero_stage: 2}
+YAML
+digest() { "$anvil" inspect "$1" 2> /dev/null | sed -n 's/^weights sha256: //p'; }
+"$anvil" train "$tmp/s.yaml" run_dir="$tmp/one" > "$tmp/one.out" 2>&1 || { fail "one-process run"; tail "$tmp/one.out"; }
+if timeout 600 "${tasks[@]}" "$anvil" train "$tmp/s.yaml" run_dir="$tmp/srun" > "$tmp/srun.out" 2>&1; then
+  want=$(digest "$tmp/one") got=$(digest "$tmp/srun")
+  [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "distributed: 4 ranks (2 on this host) via .*launched by srun" \
+      "$tmp/srun/train.log" \
+    && pass "srun --mpi=pmix, 2 nodes x 2 tasks, ZeRO-2: the one-process run's digest ${want:0:16}..." \
+    || fail "srun run: digest '$got', want '$want'; $(grep 'distributed:' "$tmp/srun/train.log")"
+else
+  fail "srun training run"; tail -20 "$tmp/srun.out"
+fi
+exit $((failures > 0))

@@ -67,7 +67,9 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MailProg=/bin/true
-SchedulerType=sched/backfill
+# Jobs start as soon as they can (a requeued job included), not at the next periodic pass.
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none

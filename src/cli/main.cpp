@@ -1,11 +1,13 @@
 // The anvil command line. Every subcommand parses its flags here and calls into the library;
 // errors from the library arrive as anvil::Error and end the process with one line and exit 1.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -13,9 +15,11 @@
 
 #include <fmt/format.h>
 
+#include "cli/submit.h"
 #include "config/train_config.h"
 #include "core/cpu.h"
 #include "core/error.h"
+#include "core/fs.h"
 #include "core/log.h"
 #include "core/suggest.h"
 #include "data/tokenizer.h"
@@ -40,6 +44,7 @@
 
 namespace anvil {
 namespace {
+namespace fs = std::filesystem;
 
 constexpr const char* kUsage = R"(anvil: train GPT-style language models on CPUs and GPUs, from one process to a cluster
 
@@ -56,6 +61,7 @@ commands:
   import HF_DIR OUT_DIR                a Hugging Face model directory as a checkpoint to fine-tune
   inspect CHECKPOINT                   a checkpoint's manifest in brief, verified, with a weight digest
   plot RUN_DIR... [-o loss.png]        loss and eval loss against tokens of one or several runs, as a PNG
+  submit CONFIG.yaml --nodes N ...     a training run as a SLURM batch job that survives preemption
   bench train CONFIG.yaml [key=value]  time the training step: tokens/s, GFLOP/s, MFU
   bench data LOCATION                  tokens/s the data loader delivers from a dataset or remote
   bench comm                           all-reduce bandwidth of anvil's algorithms and MPI's (under mpirun)
@@ -148,6 +154,31 @@ options:
 examples:
   anvil plot runs/demo
   anvil plot runs/cpu runs/gpu -o cpu-vs-gpu.png
+)";
+
+constexpr const char* kSubmitHelp = R"(usage: anvil submit CONFIG.yaml [key=value ...] --nodes N --tasks-per-node K [options]
+
+Submits a training run to SLURM. Writes into the run directory the resolved config with
+autoresume on (job.yaml) and a batch script (job.sbatch) that starts N x K ranks with
+`srun --mpi=pmix`, asks for SIGUSR1 before the time limit (anvil then saves a checkpoint and
+exits 75, and the script requeues the job) and is requeueable (--requeue): a preempted or
+requeued job continues from its newest checkpoint, bit for bit. Then runs sbatch and prints the
+job id; the job's output goes to RUN_DIR/slurm-JOBID.out. Submitting the same run again
+continues it.
+
+options:
+  --nodes N             nodes (default 1)
+  --tasks-per-node K    ranks per node: one per GPU, or per CPU socket (default 1)
+  --gpus-per-node G     GPUs to ask for on each node (with kernels=gpu)
+  --time T              SLURM's time limit (e.g. 4:00:00 or 2-00:00:00)
+  --partition P         the partition
+  --account A           the account to charge
+  --signal-seconds S    how long before the time limit the stop signal comes (default 120)
+  --dry-run             print the batch script; write and submit nothing
+
+examples:
+  anvil submit configs/mpt-125m.yaml --nodes 2 --tasks-per-node 8 --gpus-per-node 8 kernels=gpu --time 12:00:00
+  anvil submit configs/demo.yaml run_dir=runs/demo-slurm --nodes 1 --tasks-per-node 2 --dry-run
 )";
 
 constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer NAME]
@@ -714,6 +745,48 @@ int cmd_plot(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_submit(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kSubmitHelp, stdout), 0;
+  Args a = parse_args(args, {"--nodes", "--tasks-per-node", "--gpus-per-node", "--time", "--partition", "--account",
+                             "--signal-seconds"}, {"--dry-run"}, kSubmitHelp);
+  if (a.positional.empty()) usage_error("submit needs a config file", kSubmitHelp);
+  std::vector<std::string> overrides(a.positional.begin() + 1, a.positional.end());
+  for (const std::string& o : overrides)
+    if (o.find('=') == std::string::npos) usage_error("'" + o + "' is not a key=value override", kSubmitHelp);
+  overrides.push_back("autoresume=true");  // a requeued job continues from its newest checkpoint
+  TrainConfig cfg = load_train_config(a.positional[0], overrides);
+  cfg.run_dir = fs::absolute(cfg.run_dir).lexically_normal().string();
+  SubmitOptions opt;
+  opt.nodes = number_flag(a, "--nodes", 1, kSubmitHelp);
+  opt.tasks_per_node = number_flag(a, "--tasks-per-node", 1, kSubmitHelp);
+  opt.gpus_per_node = number_flag(a, "--gpus-per-node", 0, kSubmitHelp);
+  opt.signal_seconds = number_flag(a, "--signal-seconds", 120, kSubmitHelp);
+  opt.time = flag(a, "--time", "");
+  opt.partition = flag(a, "--partition", "");
+  opt.account = flag(a, "--account", "");
+  opt.anvil_path = fs::read_symlink("/proc/self/exe").string();
+  const std::string config_path = cfg.run_dir + "/job.yaml", script_path = cfg.run_dir + "/job.sbatch";
+  const std::string script = sbatch_script(cfg, config_path, opt);
+  if (!a.switches.empty()) return std::fputs(script.c_str(), stdout), 0;  // --dry-run
+  make_dirs(cfg.run_dir);
+  write_file_atomic(config_path, to_yaml(cfg));
+  write_file_atomic(script_path, script);
+  FILE* p = popen(fmt::format("sbatch --parsable '{}' 2>&1", script_path).c_str(), "r");
+  ANVIL_CHECK(p, "cannot run sbatch");
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  ANVIL_CHECK(status == 0, "sbatch {} failed{}: {}", script_path,
+              WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (is SLURM's client, slurm-client, installed?)" : "",
+              out);
+  const std::string job = out.substr(0, out.find(';'));
+  std::printf("submitted job %s: %s\nlog: %s/slurm-%s.out\n", job.c_str(), script_path.c_str(), cfg.run_dir.c_str(),
+              job.c_str());
+  return 0;
+}
+
 int dispatch(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -741,9 +814,10 @@ int dispatch(int argc, char** argv) {
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "plot") return cmd_plot(rest);
+  if (cmd == "submit") return cmd_submit(rest);
   usage_error("unknown command '" + cmd + "'" +
                   did_you_mean(cmd, {"train", "doctor", "data", "tokenize", "generate", "export", "import", "eval",
-                                     "inspect", "bench", "plot", "help"}),
+                                     "inspect", "bench", "plot", "submit", "help"}),
               kUsage);
 }
 

@@ -2,7 +2,9 @@
 # Training under a real SLURM cluster (scripts/slurm-local.sh: munge, slurmctld and two slurmd
 # nodes on this machine): `srun --mpi=pmix` starts 2 nodes x 2 tasks, which join through Open
 # MPI's PMIx support, report the launch in `anvil doctor`, and train to the same weight digest as
-# one process. Skipped (exit 77) where SLURM is not installed.
+# one process; `anvil submit` writes a batch job that, requeued mid-run (as a preemption does),
+# saves on SLURM's SIGTERM, starts again and continues to the uninterrupted run's digest.
+# Skipped (exit 77) where SLURM is not installed.
 # Usage: test_slurm.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -52,5 +54,41 @@ if timeout 600 "${tasks[@]}" "$anvil" train "$tmp/s.yaml" run_dir="$tmp/srun" > 
     || fail "srun run: digest '$got', want '$want'; $(grep 'distributed:' "$tmp/srun/train.log")"
 else
   fail "srun training run"; tail -20 "$tmp/srun.out"
+fi
+# anvil submit: --dry-run prints the batch script and writes nothing.
+"$anvil" submit "$tmp/s.yaml" run_dir="$tmp/job" --nodes 2 --tasks-per-node 2 --time 10:00 --dry-run > "$tmp/dry.out" 2>&1
+grep -q "^#SBATCH --nodes=2$" "$tmp/dry.out" && grep -q "^#SBATCH --ntasks-per-node=2$" "$tmp/dry.out" \
+  && grep -q "^#SBATCH --requeue$" "$tmp/dry.out" && grep -q "^#SBATCH --signal=USR1@120$" "$tmp/dry.out" \
+  && grep -q "^srun --mpi=pmix" "$tmp/dry.out" && [ ! -e "$tmp/job" ] \
+  && pass "anvil submit --dry-run prints the batch script (2 x 2 tasks, --requeue, --signal) and writes nothing" \
+  || { fail "submit --dry-run"; cat "$tmp/dry.out"; }
+
+# A submitted job, requeued once it has trained a few steps, continues bit for bit.
+steps=40
+"$anvil" train "$tmp/s.yaml" run_dir="$tmp/one-long" max_duration=${steps}ba > /dev/null 2>&1 || fail "one-process long run"
+"$anvil" submit "$tmp/s.yaml" run_dir="$tmp/job" max_duration=${steps}ba --nodes 2 --tasks-per-node 2 \
+  > "$tmp/submit.out" 2>&1
+job=$(sed -n 's/^submitted job \([0-9]*\):.*/\1/p' "$tmp/submit.out")
+if [ -n "$job" ]; then
+  pass "anvil submit: $(head -1 "$tmp/submit.out")"
+  for _ in $(seq 600); do
+    [ "$(cat "$tmp/job/metrics.jsonl" 2> /dev/null | grep -c '"loss"')" -ge 5 ] && break
+    sleep 0.2
+  done
+  scontrol requeue "$job"
+  for _ in $(seq 300); do [ "$(squeue -h -j "$job" -o %T 2> /dev/null)" = PENDING ] && break; sleep 0.2; done
+  scontrol update jobid="$job" StartTime=now  # SLURM holds a requeued job back two minutes
+  for _ in $(seq 1500); do [ -z "$(squeue -h -j "$job" 2> /dev/null)" ] && break; sleep 0.2; done
+  state=$(scontrol show job "$job" | grep -o "JobState=[A-Z]*")
+  log="$tmp/job/slurm-$job.out"
+  if grep -q "start 1" "$log" && grep -q "SIGTERM received: stopped after step" "$log" \
+     && grep -q "resumed from" "$tmp/job/train.log" && [ "$(digest "$tmp/job")" = "$(digest "$tmp/one-long")" ] \
+     && [ -n "$(digest "$tmp/job")" ]; then
+    pass "requeued after $(sed -n 's/.*stopped after step \([0-9]*\) .*/\1/p' "$log" | head -1) steps, the job continued to step $steps: the one-process digest ($state)"
+  else
+    fail "requeue: $state, digest $(digest "$tmp/job") vs $(digest "$tmp/one-long")"; tail -20 "$log"
+  fi
+else
+  fail "anvil submit"; cat "$tmp/submit.out"
 fi
 exit $((failures > 0))

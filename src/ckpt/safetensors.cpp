@@ -147,6 +147,7 @@ SafeTensorsWriter::SafeTensorsWriter(const std::string& path, std::vector<Declar
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
   const uint64_t len = h.size();
+  file_.expect_bytes(8 + len + offset);
   file_.write(&len, 8);
   file_.write(h.data(), h.size());
 }

@@ -33,6 +33,7 @@ enum class SchedulerKind {
   kOneCycle,
 };
 enum class WarmupType { kLog, kLinear };  // DeepSpeed's warmup_type
+enum class SaveFailure { kStop, kContinue };  // what a checkpoint that cannot be written does
 // dist/collectives.h describes the algorithms.
 enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
 enum class GradCompression { kNone, kBf16 };
@@ -73,6 +74,11 @@ struct Choices<SchedulerKind> {
       {SchedulerKind::kWarmupDecayLR, "WarmupDecayLR"},
       {SchedulerKind::kWarmupCosineLR, "WarmupCosineLR"},
       {SchedulerKind::kOneCycle, "OneCycle"}};
+};
+template <>
+struct Choices<SaveFailure> {
+  static constexpr std::pair<SaveFailure, const char*> names[] = {{SaveFailure::kStop, "stop"},
+                                                                  {SaveFailure::kContinue, "continue"}};
 };
 template <>
 struct Choices<WarmupType> {

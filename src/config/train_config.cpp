@@ -491,6 +491,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                 "a local (or mounted) directory; uploading them to object storage is not supported yet", path,
                 c.save_folder);
     top.get("save_overwrite", c.save_overwrite);
+    top.get("save_failure", c.save_failure);
     top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
     top.get("autoresume", c.autoresume);
     top.get("load_path", c.load_path);
@@ -810,6 +811,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "save_interval" << YAML::Value << c.save_interval.text;
   e << YAML::Key << "save_folder" << YAML::Value << c.save_folder;
   e << YAML::Key << "save_overwrite" << YAML::Value << c.save_overwrite;
+  e << YAML::Key << "save_failure" << YAML::Value << choice_name(c.save_failure);
   e << YAML::Key << "save_num_checkpoints_to_keep" << YAML::Value << c.save_num_checkpoints_to_keep;
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
   e << YAML::Key << "load_path" << YAML::Value << c.load_path;

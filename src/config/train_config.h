@@ -123,6 +123,10 @@ struct TrainConfig {
   // files of an earlier one in the same places (else that is an error).
   std::string save_folder;
   bool save_overwrite = false;
+  // A checkpoint that cannot be written (a full disk, a read-only directory): stop the run with
+  // the error, or log it and train on. Either way the previous checkpoint stays whole and
+  // `latest`; a partly written one is never taken for a checkpoint.
+  SaveFailure save_failure = SaveFailure::kStop;
   int save_num_checkpoints_to_keep = -1;  // -1: all; otherwise the newest N
   bool autoresume = false;                // continue from the newest complete checkpoint in run_dir
   std::string load_path;                  // or from this checkpoint (directory or run directory)

@@ -55,10 +55,20 @@ AtomicFile::~AtomicFile() {
   }
 }
 
+void AtomicFile::fail_write(int err) const {
+  std::error_code ec;
+  const fs::path dir = fs::path(path_).parent_path();
+  const fs::space_info space = fs::space(dir.empty() ? fs::path(".") : dir, ec);
+  const std::string free_now = ec ? "" : fmt::format(", {} bytes free there now", space.available);
+  const std::string needed = expected_ > 0 ? fmt::format("; the file needs {} bytes", expected_)
+                                           : fmt::format("; {} bytes were written", written_);
+  ANVIL_FAIL("cannot write '{}': {}{}{}", path_, std::strerror(err), needed, free_now);
+}
+
 void AtomicFile::write(const void* data, size_t bytes) {
   ANVIL_CHECK(f_, "write to '{}' after commit", path_);
-  ANVIL_CHECK(std::fwrite(data, 1, bytes, f_) == bytes, "cannot write '{}': {} (disk full?)", tmp_,
-              std::strerror(errno));
+  if (std::fwrite(data, 1, bytes, f_) != bytes) fail_write(errno);
+  written_ += bytes;
 }
 
 void AtomicFile::commit() {
@@ -69,7 +79,7 @@ void AtomicFile::commit() {
   f_ = nullptr;
   if (!ok) {
     std::remove(tmp_.c_str());
-    ANVIL_FAIL("cannot write '{}': {} (disk full?)", path_, std::strerror(err));
+    fail_write(err);
   }
   ANVIL_CHECK(std::rename(tmp_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp_,
               path_, std::strerror(errno));

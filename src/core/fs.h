@@ -22,10 +22,14 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
   void write(const void* data, size_t bytes);
   void commit();
+  // The file's whole size, when known ahead: a full disk's error then says how much was needed.
+  void expect_bytes(uint64_t total) { expected_ = total; }
 
  private:
+  [[noreturn]] void fail_write(int err) const;
   std::string path_, tmp_;
   FILE* f_ = nullptr;
+  uint64_t written_ = 0, expected_ = 0;
 };
 
 // xxHash3 (64-bit) of a byte range: the checksum of anvil's own files.

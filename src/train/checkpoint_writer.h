@@ -16,7 +16,9 @@ namespace anvil {
 // waits for nothing more) and poll after every step; the shards are written on background
 // threads, and once all are, rank 0 completes the checkpoint on its own background thread and
 // prunes the run's checkpoints to the newest `keep` (-1: all). A pending save makes poll a small
-// collective; finish (or the next save) completes it. Errors are rethrown there.
+// collective; finish (or the next save) completes it. Errors are rethrown there, or with
+// save_failure: continue logged, the save abandoned on every rank and its temporary directory
+// removed: the newest complete checkpoint stays `latest`.
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(Communicator& comm) : comm_(comm) {}
@@ -29,7 +31,12 @@ class CheckpointWriter {
 
  private:
   enum class State { kIdle, kWriting, kFinalizing };
-  void join();
+  // Waits for this rank's background work; its error is rethrown (save_failure: stop) or logged
+  // (continue), and then true is returned.
+  bool join();
+  // Collective: whether the save failed on any rank (mine: on this one); rank 0 then removes the
+  // temporary directory.
+  bool any_rank_failed(bool mine);
   void start_finalize(bool background);
 
   Communicator& comm_;
@@ -38,6 +45,7 @@ class CheckpointWriter {
   std::atomic<bool> written_{false};
   std::atomic<int64_t> bytes_written_{0};  // of this rank's shard, for the progress of a save waited for
   int64_t shard_bytes_ = 0;
+  bool continue_on_failure_ = false;  // save_failure: continue
   std::exception_ptr error_;
   std::string checkpoints_dir_, dir_;
   TrainConfig cfg_;

@@ -11,6 +11,9 @@
 #   used and the final digest is still the same;
 # - SIGTERM to one rank of a 2-rank run, as a scheduler preempts it: every rank finishes the
 #   step, the checkpoint is written, the exit status is 75, and autoresume continues bit for bit;
+# - a full disk (a 1 MiB tmpfs as save_folder): the save fails naming the file and the bytes it
+#   needs, the previous checkpoint stays whole and `latest`, and the run stops (save_failure:
+#   stop) or trains on to the end (continue);
 # - a corrupt newest checkpoint is reported and skipped by autoresume; truncated, newer-format
 #   checkpoints and one missing a rank's shard file, given by load_path, are one-line errors.
 # Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
@@ -139,6 +142,36 @@ if [ "$rc" -eq 75 ] && [ -n "$k" ] && [ -d "$tmp/sig/checkpoints/step-$(printf %
     || fail "after SIGTERM: digest $(digest "$tmp/sig"), want $(digest "$tmp/sig_full")"
 else
   fail "SIGTERM: exit status $rc, stopped after '$k'"; tail -5 "$tmp/sig.out"
+fi
+
+# A full disk: a 1 MiB tmpfs holds the step-5 checkpoint (about 0.7 MiB) but not the next.
+full="$tmp/full-disk"
+mkdir -p "$full"
+if mount -t tmpfs -o size=1m anvil-test "$full" 2> /dev/null; then
+  trap 'umount "$full" 2> /dev/null; rm -rf "$tmp"' EXIT
+  run nospace 1 save_folder="$full/stop"
+  rc=$?
+  latest=$(cat "$full/stop/latest" 2> /dev/null)
+  if [ $rc -eq 1 ] && grep -q "No space left on device; the file needs [0-9]* bytes" "$tmp/nospace.out" \
+     && [ "$latest" = step-00000005 ] && [ -n "$(digest "$full/stop/step-00000005")" ] \
+     && [ -z "$(ls -A "$full/stop" | grep -v '^step-00000005$\|^latest$')" ]; then
+    pass "full disk, save_failure stop: exit 1, $(grep -o "cannot write.*" "$tmp/nospace.out" | head -1 | cut -c1-60)...; step 5 intact and latest, nothing else left"
+  else
+    fail "full disk (stop): exit $rc, latest '$latest', left: $(ls -A "$full/stop")"; tail -3 "$tmp/nospace.out"
+  fi
+  rm -rf "$full/stop"
+  run nospace_go 1 save_folder="$full/go" save_failure=continue
+  rc=$?
+  if [ $rc -eq 0 ] && [ "$(grep -c '"loss"' "$tmp/nospace_go/metrics.jsonl")" -eq 20 ] \
+     && [ "$(grep -c "was not saved: cannot write" "$tmp/nospace_go/train.log")" -eq 3 ] \
+     && [ "$(cat "$full/go/latest")" = step-00000005 ] && [ -n "$(digest "$full/go/step-00000005")" ]; then
+    pass "full disk, save_failure continue: 20 steps trained, steps 10, 15, 20 not saved and reported, step 5 still latest"
+  else
+    fail "full disk (continue): exit $rc, latest '$(cat "$full/go/latest")'"; tail -5 "$tmp/nospace_go.out"
+  fi
+  umount "$full"
+else
+  echo "skipped: full-disk checks (mounting a tmpfs needs root)"
 fi
 
 expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/full"

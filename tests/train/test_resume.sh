@@ -13,7 +13,7 @@
 #   step, the checkpoint is written, the exit status is 75, and autoresume continues bit for bit;
 # - a full disk (a 1 MiB tmpfs as save_folder): the save fails naming the file and the bytes it
 #   needs, the previous checkpoint stays whole and `latest`, and the run stops (save_failure:
-#   stop) or trains on to the end (continue);
+#   stop) or trains on to the end (continue); a read-only one stops the run the same way;
 # - a corrupt newest checkpoint is reported and skipped by autoresume; truncated, newer-format
 #   checkpoints and one missing a rank's shard file, given by load_path, are one-line errors.
 # Usage: test_resume.sh ANVIL_BIN SOURCE_DIR
@@ -169,6 +169,13 @@ if mount -t tmpfs -o size=1m anvil-test "$full" 2> /dev/null; then
   else
     fail "full disk (continue): exit $rc, latest '$(cat "$full/go/latest")'"; tail -5 "$tmp/nospace_go.out"
   fi
+  # The same directory made read-only: an autoresumed run loads step 5, then cannot save.
+  mount -o remount,ro "$full"
+  run nospace_go 1 save_folder="$full/go" autoresume=true max_duration=25ba
+  rc=$?
+  [ $rc -eq 1 ] && grep -q "Read-only file system" "$tmp/nospace_go.out" && [ "$(cat "$full/go/latest")" = step-00000005 ] \
+    && pass "read-only save_folder: $(grep -o "error: .*" "$tmp/nospace_go.out" | cut -c1-90)..." \
+    || { fail "read-only save_folder: exit $rc"; tail -3 "$tmp/nospace_go.out"; }
   umount "$full"
 else
   echo "skipped: full-disk checks (mounting a tmpfs needs root)"

@@ -164,20 +164,4 @@ void SafeTensorsWriter::commit() {
   file_.commit();
 }
 
-void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
-  std::vector<SafeTensorsWriter::Declared> declared;
-  for (const auto& [name, t] : file.tensors) declared.push_back({name, t.dtype, t.shape});
-  SafeTensorsWriter w(path, std::move(declared), file.metadata);
-  for (const auto& [name, t] : file.tensors) w.write(name, t.data.data(), t.data.size());
-  w.commit();
-}
-
-SafeTensor make_f32(const float* data, std::vector<int64_t> shape) {
-  SafeTensor t;
-  t.dtype = "F32";
-  t.shape = std::move(shape);
-  t.data.assign(reinterpret_cast<const char*>(data), t.numel() * sizeof(float));
-  return t;
-}
-
 }  // namespace anvil

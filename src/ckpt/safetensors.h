@@ -70,9 +70,5 @@ class SafeTensorsWriter {
   AtomicFile file_;
 };
 
-// Writes atomically. Tensors are laid out in name order.
-void write_safetensors(const std::string& path, const SafeTensorsFile& file);
-
-SafeTensor make_f32(const float* data, std::vector<int64_t> shape);
 
 }  // namespace anvil

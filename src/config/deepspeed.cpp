@@ -171,6 +171,9 @@ void read_precision(MapReader& ds, Layer& out) {
   if (ds.has("fp16")) {
     MapReader f = ds.sub("fp16");
     if (const auto v = given(f, "enabled")) fp16 = as<bool>(f, "enabled", *v, "true or false");
+    // "auto" leaves the precision to the YAML; the block's loss scaler applies if that is fp16.
+    const YAML::Node precision = out.get("precision");
+    const bool scaled = fp16.value_or(precision && precision.IsScalar() && precision.Scalar() == "amp_fp16");
     // DeepSpeed's fp16 block defines the loss scaler: what it leaves out takes DeepSpeed's defaults.
     if (const auto v = given(f, "loss_scale"))
       ANVIL_CHECK(as<double>(f, "loss_scale", *v, "a number") == 0, "{}: {} {} is a static loss scale, which anvil "
@@ -180,7 +183,7 @@ void read_precision(MapReader& ds, Layer& out) {
     if (const auto v = given(f, "initial_scale_power")) power = as<int>(f, "initial_scale_power", *v, "an integer");
     ANVIL_CHECK(power >= 0 && power <= 60, "{}: {} {} must be in 0..60", out.where(), f.full("initial_scale_power"),
                 power);
-    if (fp16.value_or(false)) out.set_value("loss_scaler.init_scale", std::ldexp(1.0, power), "fp16.initial_scale_power");
+    if (scaled) out.set_value("loss_scaler.init_scale", std::ldexp(1.0, power), "fp16.initial_scale_power");
     const std::tuple<const char*, const char*, const char*> scaler[] = {
         {"loss_scale_window", "loss_scaler.growth_interval", "1000"},
         {"hysteresis", "loss_scaler.hysteresis", "2"},
@@ -188,13 +191,13 @@ void read_precision(MapReader& ds, Layer& out) {
         {"min_loss_scale", "loss_scaler.min_scale", "1"}};
     for (const auto& [ds_key, anvil_key, ds_default] : scaler) {
       const auto v = given(f, ds_key);
-      if (fp16.value_or(false)) out.set(anvil_key, v ? *v : YAML::Node(ds_default), std::string("fp16.") + ds_key);
+      if (scaled) out.set(anvil_key, v ? *v : YAML::Node(ds_default), std::string("fp16.") + ds_key);
     }
     // fp16 master weights and gradients: anvil keeps both in fp32, at least the precision asked.
     bool master16 = false;
     if (const auto v = given(f, "fp16_master_weights_and_grads"))
       master16 = as<bool>(f, "fp16_master_weights_and_grads", *v, "true or false");
-    if (master16 && fp16.value_or(false))
+    if (master16 && scaled)
       out.note("fp16.fp16_master_weights_and_grads: anvil keeps fp32 master weights and gradients");
     f.has("auto_cast");  // anvil's amp rounds every matrix product's operands, cast or not
     f.finish();

@@ -503,6 +503,16 @@ deepspeed_config:
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);  // anvil's own default, as the YAML leaves it
   const std::string resolved = to_yaml(c);
   EXPECT_EQ(to_yaml(load_train_config(write(resolved), {})), resolved);
+
+  // fp16 "auto" (transformers' files): the YAML's precision decides, and the block's loss
+  // scaler applies when that is amp_fp16.
+  const std::string hf = std::string(kMinimal) + "deepspeed_config: {fp16: {enabled: auto, loss_scale_window: 500}}\n";
+  c = load_train_config(write(hf), {"precision=amp_fp16"});
+  EXPECT_EQ(c.precision, ComputeDtype::kFp16);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 500);
+  c = load_train_config(write(hf), {});
+  EXPECT_EQ(c.precision, ComputeDtype::kFp32);
+  EXPECT_EQ(c.loss_scaler.growth_interval, 2000);  // anvil's, unused in fp32
 }
 
 TEST(Duration, UnitsAndConversion) {

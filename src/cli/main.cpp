@@ -480,8 +480,9 @@ int cmd_data(const std::vector<std::string>& args) {
               static_cast<long long>(s.train_samples), static_cast<long long>(s.val_samples), opt.max_seq_len,
               static_cast<long long>(s.dropped_tokens), s.bytes_written / 1048576.0);
   if (s.val_by_tokens)
-    std::printf("too few documents to hold %g of them out for validation: val is the last %lld tokens of the text "
-                "instead\n", opt.val_fraction, static_cast<long long>(s.val_samples) * opt.max_seq_len);
+    std::printf("the documents held out for validation (a fraction %g) made no whole sample (too few or too short "
+                "documents): val is the last %lld tokens of the text instead\n", opt.val_fraction,
+                static_cast<long long>(s.val_samples) * opt.max_seq_len);
   return 0;
 }
 

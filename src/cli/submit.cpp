@@ -1,5 +1,7 @@
 #include "cli/submit.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -25,7 +27,10 @@ std::string sbatch_script(const TrainConfig& cfg, const std::string& config_path
   std::string s = "#!/bin/bash\n";
   s += fmt::format("# Written by anvil submit: train {} ({}) on {} node(s) x {} task(s).\n", cfg.run_name,
                    config_path, opt.nodes, opt.tasks_per_node);
-  s += fmt::format("#SBATCH --job-name={}\n", cfg.run_name.empty() ? "anvil" : cfg.run_name);
+  std::string job_name = cfg.run_name.empty() ? "anvil" : cfg.run_name;
+  for (char& c : job_name)  // an #SBATCH line ends at whitespace
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '-';
+  s += fmt::format("#SBATCH --job-name={}\n", job_name);
   s += fmt::format("#SBATCH --nodes={}\n#SBATCH --ntasks-per-node={}\n", opt.nodes, opt.tasks_per_node);
   if (opt.gpus_per_node > 0) s += fmt::format("#SBATCH --gpus-per-node={}\n", opt.gpus_per_node);
   if (!opt.time.empty()) s += fmt::format("#SBATCH --time={}\n", opt.time);

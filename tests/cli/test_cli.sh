@@ -145,7 +145,7 @@ expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil"
 expect_error "plot of a directory without metrics" "has no metrics.jsonl" "$anvil" plot "$tmp/text" -o "$tmp/x.png"
 
 # --- bad input -------------------------------------------------------------------------------
-for c in train "data prepare" tokenize generate eval export import inspect bench doctor plot; do
+for c in train "data prepare" tokenize generate eval export import inspect bench doctor plot submit; do
   # shellcheck disable=SC2086  # c is a command and maybe its subcommand
   "$anvil" $c --help > "$tmp/help.out" 2>&1 && grep -q "^examples\?:" "$tmp/help.out" && grep -q "^  anvil \|^  mpirun\|^  echo" "$tmp/help.out" \
     || fail "anvil $c --help has no examples"

@@ -788,6 +788,12 @@ int cmd_submit(const std::vector<std::string>& args) {
   return 0;
 }
 
+int cmd_doctor(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kDoctorHelp, stdout), 0;
+  if (!args.empty()) usage_error("doctor takes no arguments", kDoctorHelp);
+  return run_doctor();
+}
+
 int dispatch(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -795,31 +801,21 @@ int dispatch(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--version") return std::puts("anvil 0.1.0"), 0;
+  // Every subcommand, once: dispatch and the "did you mean" of a mistyped one both read it.
+  using Command = int (*)(const std::vector<std::string>&);
+  static constexpr std::pair<const char*, Command> kCommands[] = {
+      {"train", cmd_train},       {"doctor", cmd_doctor}, {"data", cmd_data},
+      {"tokenize", cmd_tokenize}, {"generate", cmd_generate}, {"export", cmd_export},
+      {"import", cmd_import},     {"eval", cmd_eval},     {"inspect", cmd_inspect},
+      {"bench", cmd_bench},       {"plot", cmd_plot},     {"submit", cmd_submit}};
   const std::string cmd = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
-  if (cmd == "train") return cmd_train(rest);
-  if (cmd == "doctor") {
-    if (!rest.empty() && (rest[0] == "--help" || rest[0] == "-h")) {
-      std::fputs(kDoctorHelp, stdout);
-      return 0;
-    }
-    if (!rest.empty()) usage_error("doctor takes no arguments", kDoctorHelp);
-    return run_doctor();
+  std::vector<std::string> names = {"help"};
+  for (const auto& [name, run] : kCommands) {
+    if (cmd == name) return run(rest);
+    names.push_back(name);
   }
-  if (cmd == "data") return cmd_data(rest);
-  if (cmd == "tokenize") return cmd_tokenize(rest);
-  if (cmd == "generate") return cmd_generate(rest);
-  if (cmd == "export") return cmd_export(rest);
-  if (cmd == "import") return cmd_import(rest);
-  if (cmd == "eval") return cmd_eval(rest);
-  if (cmd == "inspect") return cmd_inspect(rest);
-  if (cmd == "bench") return cmd_bench(rest);
-  if (cmd == "plot") return cmd_plot(rest);
-  if (cmd == "submit") return cmd_submit(rest);
-  usage_error("unknown command '" + cmd + "'" +
-                  did_you_mean(cmd, {"train", "doctor", "data", "tokenize", "generate", "export", "import", "eval",
-                                     "inspect", "bench", "plot", "submit", "help"}),
-              kUsage);
+  usage_error("unknown command '" + cmd + "'" + did_you_mean(cmd, names), kUsage);
 }
 
 }  // namespace

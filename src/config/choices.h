@@ -34,6 +34,9 @@ enum class SchedulerKind {
 };
 enum class WarmupType { kLog, kLinear };  // DeepSpeed's warmup_type
 enum class SaveFailure { kStop, kContinue };  // what a checkpoint that cannot be written does
+// A loader's `name`: packed pretraining text, or fine-tuning examples (config/finetuning_config.h).
+enum class LoaderKind { kText, kFinetuning };
+enum class TooLong { kTruncate, kDrop };  // what a fine-tuning example longer than max_seq_len becomes
 // dist/collectives.h describes the algorithms.
 enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
 enum class GradCompression { kNone, kBf16 };
@@ -74,6 +77,16 @@ struct Choices<SchedulerKind> {
       {SchedulerKind::kWarmupDecayLR, "WarmupDecayLR"},
       {SchedulerKind::kWarmupCosineLR, "WarmupCosineLR"},
       {SchedulerKind::kOneCycle, "OneCycle"}};
+};
+template <>
+struct Choices<LoaderKind> {
+  static constexpr std::pair<LoaderKind, const char*> names[] = {{LoaderKind::kText, "text"},
+                                                                 {LoaderKind::kFinetuning, "finetuning"}};
+};
+template <>
+struct Choices<TooLong> {
+  static constexpr std::pair<TooLong, const char*> names[] = {{TooLong::kTruncate, "truncate"},
+                                                              {TooLong::kDrop, "drop"}};
 };
 template <>
 struct Choices<SaveFailure> {

@@ -139,16 +139,85 @@ std::string tokenizer_name_as_kept(const std::string& name) {
   return std::filesystem::absolute(name, ec).lexically_normal().string();
 }
 
+// A finetuning loader's dataset keys, as LLM Foundry names them.
+void read_finetuning(MapReader& d, DatasetConfig& ds, const std::string& file) {
+  FinetuningConfig& ft = ds.finetuning;
+  d.get("hf_name", ft.hf_name);
+  MapReader kw = d.sub("hf_kwargs");
+  kw.get("data_dir", ft.data_dir);
+  if (kw.has("data_files")) {
+    // One path, a list of them, or (as Hugging Face's loaders take it) a map of split to path(s).
+    YAML::Node files = kw.raw("data_files");
+    if (files.IsMap()) {
+      ANVIL_CHECK(files[ds.split], "{}: {} names no files for split '{}'", kw.source("data_files"),
+                  kw.full("data_files"), ds.split);
+      files = files[ds.split];
+    }
+    auto path = [&](const YAML::Node& n) {
+      ANVIL_CHECK(n.IsScalar(), "{}: {} must be a path, a list of paths, or a map of split to paths",
+                  kw.source("data_files"), kw.full("data_files"));
+      ft.data_files.push_back(n.Scalar());
+    };
+    if (files.IsSequence()) {
+      for (const YAML::Node& n : files) path(n);
+    } else {
+      path(files);
+    }
+  }
+  kw.finish();
+  if (d.has("preprocessing_fn")) {
+    std::string fn;
+    d.get("preprocessing_fn", fn);
+    ANVIL_FAIL("{}: {} '{}' names Python code, which anvil does not run: write the records as JSON lines of "
+               "{{\"prompt\", \"response\"}} or {{\"messages\": [...]}} and leave preprocessing_fn out",
+               d.source("preprocessing_fn"), d.full("preprocessing_fn"), fn);
+  }
+  bool flag = true;
+  d.get("decoder_only_format", flag);
+  ANVIL_CHECK(flag, "{}: {}: false is for encoder-decoder models; anvil's models are decoders", d.source(
+              "decoder_only_format"), d.full("decoder_only_format"));
+  flag = false;
+  d.get("allow_pad_trimming", flag);
+  ANVIL_CHECK(!flag, "{}: {}: true is not supported: anvil pads every sequence to max_seq_len (trimming would change "
+              "the speed, not the result)", d.source("allow_pad_trimming"), d.full("allow_pad_trimming"));
+  ANVIL_CHECK(!d.has("packing_ratio"), "{}: {} is not supported yet: each example is its own sequence, padded to "
+              "max_seq_len", d.source("packing_ratio"), d.full("packing_ratio"));
+  d.get("safe_load", flag);  // whether Foundry may run a dataset's own code; anvil never does
+  std::string prompts = "none", responses = "last";
+  d.get("target_prompts", prompts);
+  d.get("target_responses", responses);
+  ft.targets = parse_target_policy(prompts, responses, d.source("target_prompts") + ": " + d.full("dataset"));
+  if (d.has("chat_template")) {
+    const std::string where = d.source("chat_template") + ": " + d.full("chat_template");
+    const YAML::Node t = d.raw("chat_template");
+    if (t.IsScalar()) {
+      ft.chat_template = chat_template_named(t.Scalar(), where);
+    } else {
+      MapReader c = d.sub("chat_template");
+      ft.chat_template.name = "custom";
+      c.get("name", ft.chat_template.name);
+      ANVIL_CHECK(c.has("message") && c.has("generation_prompt"), "{}: a chat template map needs message (with "
+                  "{{role}} and {{content}}) and generation_prompt", where);
+      c.get("message", ft.chat_template.message);
+      c.get("generation_prompt", ft.chat_template.generation_prompt);
+      c.finish();
+    }
+    validate_chat_template(ft.chat_template, where);
+  }
+  d.get("too_long", ft.too_long);
+  d.get("skip_malformed", ft.skip_malformed);
+}
+
 void read_loader(MapReader r, LoaderConfig& out, const std::string& default_split, int max_seq_len,
                  const std::string& tokenizer, const std::string& file) {
   r.get("name", out.name);
-  ANVIL_CHECK(out.name == "text", "{}: loader name '{}' is not supported: expected 'text'", r.full("name"), out.name);
   MapReader d = r.sub("dataset");
   DatasetConfig& ds = out.dataset;
   d.get("remote", ds.remote);
   d.get("local", ds.local);
   ds.split = default_split;
   d.get("split", ds.split);
+  if (out.name == LoaderKind::kFinetuning) read_finetuning(d, ds, file);
   d.get("shuffle", ds.shuffle);
   d.get("shuffle_seed", ds.shuffle_seed);
   d.get("shuffle_algo", ds.shuffle_algo);
@@ -187,9 +256,17 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
     }
   }
   d.finish();
-  if (ds.streams.empty())
-    ANVIL_CHECK(!ds.remote.empty() || !ds.local.empty(), "{}: {} or {} is required (a dataset made by `anvil data "
-                "prepare`, or a remote holding one)", file, d.full("local"), d.full("remote"));
+  const bool mds = !ds.streams.empty() || !ds.remote.empty() || !ds.local.empty();
+  if (!ds.finetuning.hf_name.empty())
+    ANVIL_CHECK(!mds, "{}: {} reads JSON records and local/remote/streams an MDS dataset: give one of them", file,
+                d.full("hf_name"));
+  else if (out.name == LoaderKind::kFinetuning)
+    ANVIL_CHECK(mds, "{}: {} (JSON records: a .jsonl file, a directory, or json with hf_kwargs.data_dir) or {} (a "
+                "dataset made by `anvil data prepare --format finetuning`) is required", file, d.full("hf_name"),
+                d.full("local"));
+  else
+    ANVIL_CHECK(mds, "{}: {} or {} is required (a dataset made by `anvil data prepare`, or a remote holding one)",
+                file, d.full("local"), d.full("remote"));
   ANVIL_CHECK(ds.shuffle_algo == "none" || ds.shuffle_algo == "py1s" || ds.shuffle_algo == "py1e",
               "{}: {} = '{}' is not known (expected none, py1s or py1e)", file, d.full("shuffle_algo"), ds.shuffle_algo);
   ANVIL_CHECK(ds.num_canonical_nodes >= 1, "{}: {} must be at least 1", file, d.full("num_canonical_nodes"));
@@ -200,6 +277,15 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   ANVIL_CHECK(ds.download_timeout > 0, "{}: {} must be positive (seconds)", file, d.full("download_timeout"));
   r.get("drop_last", out.drop_last);
   r.get("num_workers", out.num_workers);
+  // PyTorch DataLoader's worker settings: anvil's num_workers decode threads share the process's
+  // memory (nothing to pin or to keep alive) and wait for their batch as long as it takes.
+  bool flag = false;
+  int count = 0;
+  double seconds = 0;
+  r.get("pin_memory", flag);
+  r.get("persistent_workers", flag);
+  r.get("prefetch_factor", count);
+  r.get("timeout", seconds);
   ANVIL_CHECK(out.num_workers >= 0, "{} must be >= 0", r.full("num_workers"));
   r.finish();
 }
@@ -353,6 +439,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
     MapReader top(root, "", path, keys_read, &unknown, &origins);
     for (const std::string& v : variables) top.raw(v);
+    // Foundry's fine-tuning YAMLs keep the dataset settings their loaders merge in (`<<: *hf_dataset`)
+    // under a top-level `dataset` anchor; the key itself configures nothing.
+    top.raw("dataset");
     top.get("run_dir", c.run_dir);
     top.get("run_name", c.run_name);
     top.get("seed", c.seed);
@@ -687,7 +776,7 @@ std::string to_yaml(const TrainConfig& c) {
   YAML::Emitter e;
   auto loader = [&](const char* key, const LoaderConfig& l) {
     e << YAML::Key << key << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "name" << YAML::Value << l.name;
+    e << YAML::Key << "name" << YAML::Value << choice_name(l.name);
     e << YAML::Key << "dataset" << YAML::Value << YAML::BeginMap;
     const DatasetConfig& ds = l.dataset;
     e << YAML::Key << "remote" << YAML::Value << ds.remote;
@@ -716,6 +805,25 @@ std::string to_yaml(const TrainConfig& c) {
     e << YAML::Key << "download_retry" << YAML::Value << ds.download_retry;
     e << YAML::Key << "download_timeout" << YAML::Value << ds.download_timeout;
     e << YAML::Key << "validate_hash" << YAML::Value << ds.validate_hash;
+    if (l.name == LoaderKind::kFinetuning) {
+      const FinetuningConfig& ft = ds.finetuning;
+      if (!ft.hf_name.empty()) {
+        e << YAML::Key << "hf_name" << YAML::Value << ft.hf_name;
+        e << YAML::Key << "hf_kwargs" << YAML::Value << YAML::BeginMap;
+        if (!ft.data_dir.empty()) e << YAML::Key << "data_dir" << YAML::Value << ft.data_dir;
+        if (!ft.data_files.empty()) e << YAML::Key << "data_files" << YAML::Value << ft.data_files;
+        e << YAML::EndMap;
+      }
+      e << YAML::Key << "target_prompts" << YAML::Value << target_prompts_name(ft.targets);
+      e << YAML::Key << "target_responses" << YAML::Value << target_responses_name(ft.targets);
+      e << YAML::Key << "chat_template" << YAML::Value << YAML::BeginMap;
+      e << YAML::Key << "name" << YAML::Value << ft.chat_template.name;
+      e << YAML::Key << "message" << YAML::Value << ft.chat_template.message;
+      e << YAML::Key << "generation_prompt" << YAML::Value << ft.chat_template.generation_prompt;
+      e << YAML::EndMap;
+      e << YAML::Key << "too_long" << YAML::Value << choice_name(ft.too_long);
+      e << YAML::Key << "skip_malformed" << YAML::Value << ft.skip_malformed;
+    }
     e << YAML::EndMap;
     e << YAML::Key << "drop_last" << YAML::Value << l.drop_last;
     e << YAML::Key << "num_workers" << YAML::Value << l.num_workers;

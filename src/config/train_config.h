@@ -9,6 +9,7 @@
 
 #include "config/choices.h"
 #include "config/duration.h"
+#include "config/finetuning_config.h"
 #include "config/model_config.h"
 #include "config/scheduler_config.h"
 
@@ -45,10 +46,11 @@ struct DatasetConfig {
   int download_retry = 2;
   double download_timeout = 60;        // seconds per download attempt
   bool validate_hash = true;
+  FinetuningConfig finetuning;         // name: finetuning
 };
 
 struct LoaderConfig {
-  std::string name = "text";
+  LoaderKind name = LoaderKind::kText;
   DatasetConfig dataset;
   bool drop_last = true;
   int num_workers = 0;  // decode threads ahead of training; 0 decodes in the training thread

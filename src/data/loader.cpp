@@ -43,20 +43,41 @@ DataState DataState::from_json(const std::string& text, const std::string& where
   }
 }
 
-void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size, int32_t* scratch,
-                  int32_t* inputs, int32_t* targets) {
+namespace {
+
+void check_vocabulary(const int32_t* ids, size_t n, int vocab_size, int64_t id) {
+  if (vocab_size <= 0) return;
+  for (size_t i = 0; i < n; i++)
+    ANVIL_CHECK(ids[i] >= 0 && ids[i] < vocab_size, "sample {} holds token id {}, outside the model's vocabulary of "
+                "{} (was the data prepared with another tokenizer?)", id, ids[i], vocab_size);
+}
+
+}  // namespace
+
+void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size,
+                  const std::optional<FinetuningExamples>& finetuning, int32_t* inputs, int32_t* targets) {
   const int T = seq_len;
-  const int64_t len = std::min<int64_t>(data.tokens(id, scratch, T + 1), T + 1);
+  if (data.kind() == MdsSampleKind::kTurns) {
+    ANVIL_CHECK(finetuning.has_value(), "the dataset holds fine-tuning examples (prompt and response turns): read "
+                "it with a loader named finetuning");
+    const std::vector<Turn> turns = parse_turns_json(data.sample_json(id), fmt::format("sample {}", id));
+    const Stitched s = stitch_turns(turns, finetuning->targets, finetuning->eos_id);
+    check_vocabulary(s.tokens.data(), std::min<size_t>(s.tokens.size(), T), vocab_size, id);
+    finetuning_example(s, T, inputs, targets);
+    return;
+  }
+  ANVIL_CHECK(!finetuning.has_value(), "the dataset holds token sequences (pretraining text), not fine-tuning "
+              "examples: read it with a loader named text, or prepare the records with `anvil data prepare "
+              "--format finetuning`");
+  std::vector<int32_t> scratch(static_cast<size_t>(T) + 1);
+  const int64_t len = std::min<int64_t>(data.tokens(id, scratch.data(), T + 1), T + 1);
   ANVIL_CHECK(len >= 2, "sample {} has {} token(s): a training example needs at least 2", id, len);
-  if (vocab_size > 0)
-    for (int64_t i = 0; i < len; i++)
-      ANVIL_CHECK(scratch[i] >= 0 && scratch[i] < vocab_size, "sample {} holds token id {}, outside the model's "
-                  "vocabulary of {} (was the data prepared with another tokenizer?)", id, scratch[i], vocab_size);
-  std::fill(scratch + len, scratch + T + 1, kIgnoreIndex);
+  check_vocabulary(scratch.data(), static_cast<size_t>(len), vocab_size, id);
+  std::fill(scratch.begin() + len, scratch.end(), kIgnoreIndex);
   // Padding's inputs are token 0: no position before them attends to them and their targets are
   // ignored, so their value changes nothing.
-  std::transform(scratch, scratch + T, inputs, [](int32_t t) { return t == kIgnoreIndex ? 0 : t; });
-  std::copy(scratch + 1, scratch + T + 1, targets);
+  std::transform(scratch.begin(), scratch.begin() + T, inputs, [](int32_t t) { return t == kIgnoreIndex ? 0 : t; });
+  std::copy(scratch.begin() + 1, scratch.end(), targets);
 }
 
 TokenLoader::TokenLoader(StreamingDataset& data, OrderSpec spec, LoaderOptions opt)
@@ -104,10 +125,9 @@ void TokenLoader::fill(int64_t step, Batch& b) {
   b.inputs.resize(static_cast<size_t>(rank_batch_) * T);
   b.targets.resize(b.inputs.size());
   b.ids.resize(static_cast<size_t>(rank_batch_));
-  std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
   block(step, [&](int64_t k, int64_t id) {
     b.ids[k] = id;
-    load_example(data_, id, T, opt_.vocab_size, buf.data(), b.inputs.data() + k * T, b.targets.data() + k * T);
+    load_example(data_, id, T, opt_.vocab_size, opt_.finetuning, b.inputs.data() + k * T, b.targets.data() + k * T);
   });
 }
 

@@ -4,17 +4,20 @@
 //
 // A sample of L tokens gives inputs tokens[0, T) and targets tokens[1, T+1); when L == T the last
 // target is ignored (LLM Foundry's packing). A sample shorter than T is padded, its positions past
-// the end carrying no loss (LLM Foundry's collator).
+// the end carrying no loss (LLM Foundry's collator). A fine-tuning sample (turns, data/finetuning.h)
+// is its turns back to back, cut to T tokens, with loss only where the target policy puts it.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "data/finetuning.h"
 #include "data/sample_order.h"
 #include "data/streaming.h"
 
@@ -39,10 +42,18 @@ struct DataState {
   static DataState from_json(const std::string& text, const std::string& where);
 };
 
+// How fine-tuning samples become examples: which tokens carry loss, and the EOS that closes the
+// last response.
+struct FinetuningExamples {
+  TargetPolicy targets;
+  int32_t eos_id = -1;
+};
+
 // Sample `id` as one training example: inputs (seq_len) and targets (seq_len), as described
-// above; scratch holds seq_len + 1 tokens. vocab_size > 0 checks every token id against it.
-void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size, int32_t* scratch,
-                  int32_t* inputs, int32_t* targets);
+// above. vocab_size > 0 checks every token id against it. A dataset of turns needs `finetuning`,
+// one of token arrays must not have it.
+void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size,
+                  const std::optional<FinetuningExamples>& finetuning, int32_t* inputs, int32_t* targets);
 
 struct LoaderOptions {
   int64_t global_batch = 0;
@@ -51,6 +62,7 @@ struct LoaderOptions {
   int num_workers = 0;       // decode threads; 0 decodes in the caller's thread
   int64_t predownload = -1;  // samples of this rank to download ahead; -1: 8 batches
   int vocab_size = 0;        // > 0: token ids outside [0, vocab_size) are an error
+  std::optional<FinetuningExamples> finetuning = std::nullopt;  // for a dataset of turns
 };
 
 class TokenLoader {

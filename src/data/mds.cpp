@@ -242,21 +242,35 @@ MdsIndex parse_mds_index(std::string_view text, const std::string& where) {
   }
 }
 
-MdsTokenLayout mds_token_layout(const MdsShardInfo& shard, const std::string& where) {
-  MdsTokenLayout l;
+const char* mds_sample_kind_name(MdsSampleKind kind) {
+  return kind == MdsSampleKind::kTokens ? "tokens" : "turns";
+}
+
+MdsColumnLayout mds_column_layout(const MdsShardInfo& shard, const std::string& where) {
+  MdsColumnLayout l;
+  int turns = -1;
   for (size_t c = 0; c < shard.column_names.size(); c++) {
     l.fixed_sizes.push_back(shard.column_sizes[c]);
     if (shard.column_sizes[c] < 0) l.num_variable++;
     if (shard.column_names[c] == "tokens") l.column = static_cast<int>(c);
+    if (shard.column_names[c] == "turns") turns = static_cast<int>(c);
+  }
+  if (l.column < 0 && turns >= 0) {
+    l.kind = MdsSampleKind::kTurns;
+    l.column = turns;
+    ANVIL_CHECK(shard.column_encodings[turns] == "json", "{}: the turns column is encoded as '{}'; LLM Foundry's "
+                "tokenized fine-tuning data is 'json'", where, shard.column_encodings[turns]);
   }
   if (l.column < 0) {
-    ANVIL_FAIL("{}: no \"tokens\" column (columns: {}); anvil trains on tokenized data: run `anvil data "
-               "prepare` on the text", where, fmt::join(shard.column_names, ", "));
+    ANVIL_FAIL("{}: no \"tokens\" or \"turns\" column (columns: {}); anvil trains on tokenized data: run `anvil "
+               "data prepare` on the text (--format finetuning for prompt/response records)", where,
+               fmt::join(shard.column_names, ", "));
   }
   if (shard.column_sizes[l.column] < 0) {
     l.variable_ordinal = 0;
     for (int c = 0; c < l.column; c++) l.variable_ordinal += shard.column_sizes[c] < 0;
   }
+  if (l.kind == MdsSampleKind::kTurns) return l;
   // "ndarray", "ndarray:dtype" or "ndarray:dtype:d0,d1,..."
   const std::string& enc = shard.column_encodings[l.column];
   auto bad = [&] {
@@ -345,7 +359,7 @@ std::span<const uint8_t> MdsShardFile::sample(int64_t i) const {
   return {data_ + b, data_ + e};
 }
 
-int64_t MdsShardFile::tokens(int64_t i, const MdsTokenLayout& l, int32_t* out, int64_t max_tokens) const {
+std::span<const uint8_t> MdsShardFile::column(int64_t i, const MdsColumnLayout& l) const {
   const std::span<const uint8_t> s = sample(i);
   auto fail = [&](const char* what) { ANVIL_FAIL("shard '{}', sample {}: {}", path_, i, what); };
   const size_t head = 4 * static_cast<size_t>(l.num_variable);
@@ -364,8 +378,15 @@ int64_t MdsShardFile::tokens(int64_t i, const MdsTokenLayout& l, int32_t* out, i
     else pos += sz;
   }
   if (pos + len > s.size()) fail("its columns run past the sample's end");
-  const uint8_t* p = s.data() + pos;
-  const uint8_t* end = p + len;
+  return s.subspan(pos, len);
+}
+
+int64_t MdsShardFile::tokens(int64_t i, const MdsColumnLayout& l, int32_t* out, int64_t max_tokens) const {
+  auto fail = [&](const char* what) { ANVIL_FAIL("shard '{}', sample {}: {}", path_, i, what); };
+  ANVIL_CHECK(l.kind == MdsSampleKind::kTokens, "shard '{}' holds fine-tuning turns, not a token array", path_);
+  const std::span<const uint8_t> col = column(i, l);
+  const uint8_t* p = col.data();
+  const uint8_t* end = p + col.size();
   int code = l.dtype_code;
   if (code < 0) {
     if (p >= end) fail("empty tokens column");
@@ -394,7 +415,13 @@ int64_t MdsShardFile::tokens(int64_t i, const MdsTokenLayout& l, int32_t* out, i
   return count;
 }
 
-MdsWriter::MdsWriter(std::string dir, MdsWriterOptions opt) : dir_(std::move(dir)), opt_(std::move(opt)) {
+namespace {
+json column_names(MdsSampleKind kind) { return {mds_sample_kind_name(kind)}; }
+json column_encodings(MdsSampleKind kind) { return {kind == MdsSampleKind::kTokens ? "ndarray:int32" : "json"}; }
+}  // namespace
+
+MdsWriter::MdsWriter(std::string dir, MdsWriterOptions opt, MdsSampleKind kind)
+    : dir_(std::move(dir)), opt_(std::move(opt)), kind_(kind) {
   if (!opt_.compression.empty()) {
     const std::string algo = opt_.compression.substr(0, opt_.compression.find(':'));
     ANVIL_CHECK(algo == "zstd", "compression '{}' is not supported (expected zstd or zstd:LEVEL)", opt_.compression);
@@ -414,27 +441,39 @@ MdsWriter::MdsWriter(std::string dir, MdsWriterOptions opt) : dir_(std::move(dir
   json cfg = {{"version", 2}, {"format", "mds"},
               {"compression", opt_.compression.empty() ? json(nullptr) : json(opt_.compression)},
               {"hashes", opt_.hashes}, {"size_limit", opt_.size_limit},
-              {"column_names", {"tokens"}}, {"column_encodings", {"ndarray:int32"}}, {"column_sizes", {nullptr}}};
+              {"column_names", column_names(kind_)}, {"column_encodings", column_encodings(kind_)},
+              {"column_sizes", {nullptr}}};
   config_json_ = python_json(cfg);
   shard_size_ = 8 + static_cast<int64_t>(config_json_.size());
 }
 
 void MdsWriter::write_tokens(const int32_t* tokens, int64_t n) {
+  ANVIL_CHECK(kind_ == MdsSampleKind::kTokens, "internal: token arrays written to a turns dataset");
   ANVIL_CHECK(n > 0, "an MDS ndarray sample needs at least one token");
-  // [u32 column size][ndim<<2 | shape type][shape][int32 values]
+  // [ndim<<2 | shape type][shape][int32 values]
   const int shape_code = n < (1 << 8) ? 0 : n < (1 << 16) ? 1 : n < (int64_t{1} << 32) ? 2 : 3;
   const size_t shape_bytes = size_t{1} << shape_code;
-  const uint32_t column_bytes = static_cast<uint32_t>(1 + shape_bytes + 4 * n);
+  std::string column(1 + shape_bytes + 4 * static_cast<size_t>(n), '\0');
+  column[0] = static_cast<char>((1 << 2) | shape_code);
+  const uint64_t dim = static_cast<uint64_t>(n);
+  std::memcpy(column.data() + 1, &dim, shape_bytes);  // little-endian: the low bytes of the dimension
+  std::memcpy(column.data() + 1 + shape_bytes, tokens, static_cast<size_t>(n) * 4);
+  append(column);
+}
+
+void MdsWriter::write_json(const json& sample) {
+  ANVIL_CHECK(kind_ == MdsSampleKind::kTurns, "internal: json written to a token dataset");
+  append(python_json(sample));  // streaming's json encoding: json.dumps's spacing
+}
+
+// One sample: [u32 column size][column bytes].
+void MdsWriter::append(std::string_view column) {
+  ANVIL_CHECK(column.size() < (size_t{1} << 31), "an MDS sample of {} bytes is too large", column.size());
+  const uint32_t column_bytes = static_cast<uint32_t>(column.size());
   const int64_t sample_bytes = 4 + column_bytes;
   if (shard_size_ + sample_bytes + 4 > opt_.size_limit && !sample_sizes_.empty()) flush_shard();
-  const size_t at = samples_.size();
-  samples_.resize(at + static_cast<size_t>(sample_bytes));
-  char* p = samples_.data() + at;
-  std::memcpy(p, &column_bytes, 4);
-  p[4] = static_cast<char>((1 << 2) | shape_code);
-  const uint64_t dim = static_cast<uint64_t>(n);
-  std::memcpy(p + 5, &dim, shape_bytes);  // little-endian: the low bytes of the dimension
-  std::memcpy(p + 5 + shape_bytes, tokens, static_cast<size_t>(n) * 4);
+  samples_.append(reinterpret_cast<const char*>(&column_bytes), 4);
+  samples_.append(column);
   sample_sizes_.push_back(static_cast<uint32_t>(sample_bytes));
   shard_size_ += sample_bytes + 4;
 }
@@ -456,8 +495,8 @@ void MdsWriter::flush_shard() {
   json entry = {{"samples", n}, {"raw_data", file_info_json(raw_name, raw, opt_.hashes)}, {"zip_data", nullptr},
                 {"version", 2}, {"format", "mds"},
                 {"compression", opt_.compression.empty() ? json(nullptr) : json(opt_.compression)},
-                {"hashes", opt_.hashes}, {"size_limit", opt_.size_limit}, {"column_names", {"tokens"}},
-                {"column_encodings", {"ndarray:int32"}}, {"column_sizes", {nullptr}}};
+                {"hashes", opt_.hashes}, {"size_limit", opt_.size_limit}, {"column_names", column_names(kind_)},
+                {"column_encodings", column_encodings(kind_)}, {"column_sizes", {nullptr}}};
   std::string stored = std::move(raw), stored_name = raw_name;
   if (!opt_.compression.empty()) {
     const size_t colon = opt_.compression.find(':');

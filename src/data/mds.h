@@ -1,8 +1,10 @@
 // MDS v2, the shard format of MosaicML streaming, written from its specification
 // (docs/formats.md): a directory with index.json and shard.NNNNN.mds files (optionally compressed
-// to shard.NNNNN.mds.zstd). anvil writes the one-column layout LLM Foundry uses for pretraining,
-// {"tokens": "ndarray:int32"}, byte for byte as streaming's MDSWriter does, and reads any MDS
-// dataset whose "tokens" column is an integer ndarray.
+// to shard.NNNNN.mds.zstd). anvil writes the two one-column layouts LLM Foundry uses, byte for
+// byte as streaming's MDSWriter does: {"tokens": "ndarray:int32"} for pretraining text, and
+// {"turns": "json"} for tokenized fine-tuning examples (each sample {"turns": [{"input_ids": [...],
+// "labels": [...]}, ...]}, a prompt and its response per turn). It reads any MDS dataset whose
+// "tokens" column is an integer ndarray, or whose "turns" column is json.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -11,6 +13,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace anvil {
 
@@ -50,17 +54,25 @@ bool mds_hash_supported(std::string_view algo);
 std::string mds_decompress(std::string_view compression, std::string_view data, int64_t raw_bytes,
                            const std::string& where);
 
-// How a shard's samples hold their token arrays: which column, its element type, and where the
-// tokens start inside an encoded sample.
-struct MdsTokenLayout {
+// What a dataset's samples hold.
+enum class MdsSampleKind {
+  kTokens,  // a "tokens" integer ndarray: pretraining text
+  kTurns,   // a "turns" json column: fine-tuning examples, tokenized
+};
+const char* mds_sample_kind_name(MdsSampleKind kind);  // "tokens", "turns"
+
+// How a shard's samples hold their data: which column, its element type, and where the column
+// starts inside an encoded sample.
+struct MdsColumnLayout {
+  MdsSampleKind kind = MdsSampleKind::kTokens;
   int column = -1;
   int variable_ordinal = -1;   // index among variable-size columns, or -1 if fixed-size
   int num_variable = 0;        // variable-size columns in the sample header
-  int dtype_code = -1;         // MDS ndarray dtype code, or -1 when each sample carries it
-  int64_t fixed_elements = -1; // fixed shape's element count, or -1 when each sample carries it
+  int dtype_code = -1;         // tokens: MDS ndarray dtype code, or -1 when each sample carries it
+  int64_t fixed_elements = -1; // tokens: fixed shape's element count, or -1 when each sample carries it
   std::vector<int64_t> fixed_sizes;  // per column: size or -1
 };
-MdsTokenLayout mds_token_layout(const MdsShardInfo& shard, const std::string& where);
+MdsColumnLayout mds_column_layout(const MdsShardInfo& shard, const std::string& where);
 
 // A raw shard held in memory (mapped), validated against its index entry on open: sample count,
 // offsets monotonic and inside the file, the embedded config, the byte size.
@@ -73,8 +85,10 @@ class MdsShardFile {
 
   int64_t num_samples() const { return num_samples_; }
   std::span<const uint8_t> sample(int64_t i) const;
+  // The bytes of sample i's column (the layout's).
+  std::span<const uint8_t> column(int64_t i, const MdsColumnLayout& layout) const;
   // Decodes sample i's tokens into out (at most max_tokens); returns the sample's token count.
-  int64_t tokens(int64_t i, const MdsTokenLayout& layout, int32_t* out, int64_t max_tokens) const;
+  int64_t tokens(int64_t i, const MdsColumnLayout& layout, int32_t* out, int64_t max_tokens) const;
 
  private:
   std::string path_;
@@ -89,19 +103,22 @@ struct MdsWriterOptions {
   int64_t size_limit = int64_t{1} << 26;
 };
 
-// Writes {"tokens": "ndarray:int32"} samples into `dir` (which must exist and be empty),
-// starting a new shard when the next sample would exceed size_limit, as MDSWriter does.
+// Writes samples of one kind into `dir` (which must exist and be empty), starting a new shard
+// when the next sample would exceed size_limit, as MDSWriter does.
 class MdsWriter {
  public:
-  MdsWriter(std::string dir, MdsWriterOptions opt);
-  void write_tokens(const int32_t* tokens, int64_t n);
+  MdsWriter(std::string dir, MdsWriterOptions opt, MdsSampleKind kind = MdsSampleKind::kTokens);
+  void write_tokens(const int32_t* tokens, int64_t n);     // kTokens
+  void write_json(const nlohmann::json& sample);           // kTurns: {"turns": [...]}
   // Flushes the last shard and writes index.json. Returns the number of bytes written.
   int64_t finish();
 
  private:
+  void append(std::string_view column);
   void flush_shard();
   std::string dir_;
   MdsWriterOptions opt_;
+  MdsSampleKind kind_;
   std::string config_json_;
   std::vector<std::string> shards_;  // index.json entries, already serialised
   std::string samples_;               // encoded samples of the shard being built

@@ -100,7 +100,11 @@ class Stream {
                 index_path);
     int64_t largest = 0;
     for (const auto& sh : index_.shards) {
-      layouts_.push_back(mds_token_layout(sh, fmt::format("{} ({})", index_path, sh.raw.basename)));
+      layouts_.push_back(mds_column_layout(sh, fmt::format("{} ({})", index_path, sh.raw.basename)));
+      ANVIL_CHECK(layouts_.back().kind == layouts_.front().kind, "'{}': shard {} holds {}, shard {} holds {}: one "
+                  "dataset holds one kind of sample", index_path, sh.raw.basename,
+                  mds_sample_kind_name(layouts_.back().kind), index_.shards.front().raw.basename,
+                  mds_sample_kind_name(layouts_.front().kind));
       largest = std::max(largest, sh.raw.bytes + (sh.zip ? sh.zip->bytes : 0));
     }
     if (remote_ && opt_.cache_limit > 0)
@@ -113,7 +117,8 @@ class Stream {
   const StreamSource& source() const { return src_; }
   const std::optional<TokenizerRecord>& tokenizer_record() const { return tokenizer_record_; }
   const MdsIndex& index() const { return index_; }
-  const MdsTokenLayout& layout(int64_t i) const { return layouts_[i]; }
+  const MdsColumnLayout& layout(int64_t i) const { return layouts_[i]; }
+  MdsSampleKind kind() const { return layouts_.front().kind; }
 
   bool ready(int64_t i) {
     std::lock_guard lk(mu_);
@@ -336,7 +341,7 @@ class Stream {
   std::string dir_;
   MdsIndex index_;
   std::optional<TokenizerRecord> tokenizer_record_;
-  std::vector<MdsTokenLayout> layouts_;
+  std::vector<MdsColumnLayout> layouts_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;
@@ -350,7 +355,12 @@ StreamingDataset::StreamingDataset(std::vector<StreamSource> sources, StreamingO
     stream_offset_.push_back(total_);
     streams_.push_back(std::make_unique<Stream>(std::move(src), opt));
     total_ += streams_.back()->index().num_samples();
+    const Stream& first = *streams_.front();
+    ANVIL_CHECK(streams_.back()->kind() == first.kind(), "stream '{}' holds {} and stream '{}' holds {}: the streams "
+                "of one loader hold one kind of sample", streams_.back()->source().name,
+                mds_sample_kind_name(streams_.back()->kind()), first.source().name, mds_sample_kind_name(first.kind()));
   }
+  kind_ = streams_.front()->kind();
   for (int t = 0; t < std::max(1, opt.download_threads); t++) pool_.emplace_back([this] { download_loop(); });
 }
 
@@ -397,6 +407,14 @@ int64_t StreamingDataset::tokens(int64_t id, int32_t* out, int64_t max_tokens) {
   const auto [s, local] = locate(id, &shard);
   const auto file = streams_[s]->shard(shard);
   return file->tokens(local, streams_[s]->layout(shard), out, max_tokens);
+}
+
+std::string StreamingDataset::sample_json(int64_t id) {
+  int64_t shard = 0;
+  const auto [s, local] = locate(id, &shard);
+  const auto file = streams_[s]->shard(shard);
+  const std::span<const uint8_t> col = file->column(local, streams_[s]->layout(shard));
+  return {reinterpret_cast<const char*>(col.data()), col.size()};
 }
 
 void StreamingDataset::prefetch(int64_t id) {

@@ -55,8 +55,12 @@ class StreamingDataset {
   // Samples per shard for each stream, and proportions: the inputs of the order.
   std::vector<int64_t> shard_samples(int s) const;
 
-  // Decodes global sample `id`'s tokens into out (at most max_tokens); returns its length.
+  // What the samples hold (every stream holds the same kind).
+  MdsSampleKind kind() const { return kind_; }
+  // Decodes global sample `id`'s tokens into out (at most max_tokens); returns its length. kTokens.
   int64_t tokens(int64_t id, int32_t* out, int64_t max_tokens);
+  // Global sample `id`'s json text. kTurns.
+  std::string sample_json(int64_t id);
   // Queues the download of the shard holding `id` (returns at once).
   void prefetch(int64_t id);
   // Bytes downloaded so far, and the number of shards evicted (for reports and tests).
@@ -70,6 +74,7 @@ class StreamingDataset {
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<int64_t> stream_offset_;  // first global id of each stream
   int64_t total_ = 0;
+  MdsSampleKind kind_ = MdsSampleKind::kTokens;
 
   std::mutex mu_;
   std::condition_variable cv_;

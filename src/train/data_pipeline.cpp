@@ -1,12 +1,84 @@
 #include "train/data_pipeline.h"
 
+#include <filesystem>
 #include <optional>
 
 #include "core/error.h"
+#include "core/fs.h"
+#include "core/sha256.h"
+#include "data/finetuning.h"
+#include "dist/collectives.h"
 
 namespace anvil {
 
-DataPipeline open_data(const DatasetConfig& ds) {
+namespace {
+namespace fs = std::filesystem;
+
+// What the prepared dataset is made of: the records' bytes and every setting that shapes it.
+std::string preparation_key(const std::vector<std::string>& files, const Tokenizer& tokenizer,
+                            const FinetuningConfig& ft, int max_seq_len) {
+  Sha256 h;
+  for (const std::string& f : files) {
+    const std::string bytes = read_file(f, "fine-tuning records");
+    h.update(f.data(), f.size() + 1);
+    h.update(bytes.data(), bytes.size());
+  }
+  const std::string settings =
+      fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}", tokenizer.files().sha256, chat_template_json(ft.chat_template),
+                  target_prompts_name(ft.targets), target_responses_name(ft.targets), choice_name(ft.too_long),
+                  ft.skip_malformed, max_seq_len);
+  h.update(settings.data(), settings.size());
+  return h.hex();
+}
+
+}  // namespace
+
+DataPipeline open_data(const LoaderConfig& loader, int max_seq_len, const std::string& tokenizer_name,
+                       const std::string& prepared_dir, Communicator& comm, std::vector<std::string>& notes) {
+  DatasetConfig ds = loader.dataset;
+  std::optional<FinetuningExamples> finetuning;
+  if (loader.name == LoaderKind::kFinetuning) {
+    const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_name);
+    finetuning = FinetuningExamples{ds.finetuning.targets, tokenizer->eos_id()};
+    if (!ds.finetuning.hf_name.empty()) {
+      const std::string where = fmt::format("{} split '{}'", ds.finetuning.hf_name, ds.split);
+      // Rank 0 prepares; a failure there is every rank's, so that none waits for data that will
+      // not come.
+      std::string failure;
+      if (comm.rank() == 0) {
+        try {
+          const std::vector<std::string> files = finetuning_files(ds.finetuning, ds.split, where);
+          const std::string key = preparation_key(files, *tokenizer, ds.finetuning, max_seq_len);
+          const std::string key_file = prepared_dir + "/prepared_from.sha256";
+          std::error_code ec;
+          if (fs::exists(key_file) && read_file(key_file, "preparation key") == key + "\n") {
+            notes.push_back(fmt::format("fine-tuning records of {}: reusing {} (prepared from the same records and "
+                                        "settings)", where, prepared_dir));
+          } else {
+            fs::remove_all(prepared_dir, ec);
+            FinetuningPrepareOptions opt;
+            opt.max_seq_len = max_seq_len;
+            opt.finetuning = ds.finetuning;
+            const FinetuningReport report = prepare_finetuning(files, prepared_dir, *tokenizer, opt);
+            write_file_atomic(prepared_dir + "/chat_template.json", chat_template_json(ds.finetuning.chat_template));
+            write_file_atomic(key_file, key + "\n");
+            notes.push_back(fmt::format("fine-tuning records of {} ({} file(s)) prepared into {}: {}", where,
+                                        files.size(), prepared_dir, report.summary()));
+            for (const std::string& p : report.problems) notes.push_back("  skipped: " + p);
+          }
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+      }
+      if (max_exact(comm, failure.empty() ? 0 : 1) > 0) {
+        if (!failure.empty()) ANVIL_FAIL("{}", failure);
+        ANVIL_FAIL("rank 0 could not prepare the fine-tuning records of {} (its log says why)", where);
+      }
+      ds.local = prepared_dir;
+      ds.remote.clear();
+      ds.split.clear();
+    }
+  }
   std::vector<StreamSource> sources;
   if (ds.streams.empty()) {
     sources.push_back({"default", ds.remote, ds.local, ds.split, 1.0});
@@ -28,6 +100,12 @@ DataPipeline open_data(const DatasetConfig& ds) {
   p.order.epoch_size = ds.epoch_size;
   for (int s = 0; s < p.data->num_streams(); s++)
     p.order.streams.push_back({p.data->shard_samples(s), sources[static_cast<size_t>(s)].proportion});
+  p.finetuning = finetuning;
+  ANVIL_CHECK((p.data->kind() == MdsSampleKind::kTurns) == finetuning.has_value(),
+              "{}: the loader is named {} but the dataset holds {}: {}", ds.local.empty() ? ds.remote : ds.local,
+              choice_name(loader.name), p.data->kind() == MdsSampleKind::kTurns ? "fine-tuning examples" : "token "
+              "sequences", finetuning ? "prepare the records with `anvil data prepare --format finetuning`, or name "
+              "the JSON records with hf_name" : "read it with train_loader.name: finetuning");
   return p;
 }
 

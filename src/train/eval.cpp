@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -29,12 +30,16 @@ EvalResult evaluate_checkpoint(const EvalOptions& opt) {
   const std::unique_ptr<Model> model = make_model(cfg, B, T);
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
 
-  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size()), scratch(static_cast<size_t>(T) + 1);
+  // Fine-tuning examples are scored as training scores them by default: the last response only.
+  std::optional<FinetuningExamples> finetuning;
+  if (data.kind() == MdsSampleKind::kTurns)
+    finetuning = FinetuningExamples{TargetPolicy{}, load_tokenizer(loaded.tokenizer)->eos_id()};
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   int64_t sum = 0, count = 0;
   for (int64_t s0 = 0; s0 < samples; s0 += B) {
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
     for (int k = 0; k < b; k++)
-      load_example(data, s0 + k, T, cfg.vocab_size, scratch.data(), tokens.data() + static_cast<size_t>(k) * T,
+      load_example(data, s0 + k, T, cfg.vocab_size, finetuning, tokens.data() + static_cast<size_t>(k) * T,
                    targets.data() + static_cast<size_t>(k) * T);
     int64_t n = 0;
     model->forward(tokens.data(), targets.data(), b, T, &n);

@@ -38,8 +38,9 @@ namespace {
 // eval_subset_num_batches batches), the same bits whatever the world size. Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
 // pass gathers parameters with every rank, so a rank past the last batch runs its first batch
 // again and discards it.
-double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const TrainConfig& cfg,
+double evaluate(Model& model, DataParallel& dp, const DataPipeline& eval_data, const TrainConfig& cfg,
                 std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+  StreamingDataset& data = *eval_data.data;
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
   Communicator& comm = dp.comm();
   const int W = comm.size(), rank = comm.rank();
@@ -47,7 +48,6 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
   if (cfg.eval_subset_num_batches > 0) samples = std::min<int64_t>(samples, int64_t{cfg.eval_subset_num_batches} * B);
   const int64_t batches = (samples + B - 1) / B;
   const int64_t rounds = (batches + W - 1) / W;
-  std::vector<int32_t> buf(static_cast<size_t>(T) + 1);
   int64_t sum = 0, count = 0;
   for (int64_t round = 0; round < rounds; round++) {
     const int64_t batch = round * W + rank;
@@ -56,8 +56,8 @@ double evaluate(Model& model, DataParallel& dp, StreamingDataset& data, const Tr
     const int64_t s0 = (real ? batch : rank % batches) * B;
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
     for (int k = 0; k < b; k++)
-      load_example(data, s0 + k, T, cfg.model.vocab_size, buf.data(), tokens.data() + static_cast<size_t>(k) * T,
-                   targets.data() + static_cast<size_t>(k) * T);
+      load_example(data, s0 + k, T, cfg.model.vocab_size, eval_data.finetuning,
+                   tokens.data() + static_cast<size_t>(k) * T, targets.data() + static_cast<size_t>(k) * T);
     int64_t n = 0;
     model.forward(tokens.data(), targets.data(), b, T, &n);
     if (!real) continue;
@@ -242,7 +242,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const int local_batch = GB / W;
 
   const TokenizerFiles tokenizer = resolve_tokenizer(cfg.tokenizer_name);
-  DataPipeline train_data = open_data(cfg.train_loader.dataset);
+  std::vector<std::string> data_notes;  // logged once the run directory holds the log
+  DataPipeline train_data = open_data(cfg.train_loader, T, cfg.tokenizer_name, cfg.run_dir + "/finetuning_data/train",
+                                      comm, data_notes);
   check_data_tokenizer(*train_data.data, tokenizer, cfg.model.vocab_size);
   LoaderOptions lopt;
   lopt.global_batch = GB;
@@ -252,12 +254,14 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   lopt.num_workers = cfg.train_loader.num_workers;
   lopt.predownload = cfg.train_loader.dataset.predownload;
   lopt.vocab_size = cfg.model.vocab_size;
+  lopt.finetuning = train_data.finetuning;
   TokenLoader loader(*train_data.data, train_data.order, lopt);
   const int64_t n_samples = epoch_samples(train_data.order);
   const int64_t batches_per_epoch = loader.steps_per_epoch();
   DataPipeline eval_data;
   if (cfg.has_eval) {
-    eval_data = open_data(cfg.eval_loader.dataset);
+    eval_data = open_data(cfg.eval_loader, T, cfg.tokenizer_name, cfg.run_dir + "/finetuning_data/eval", comm,
+                          data_notes);
     check_data_tokenizer(*eval_data.data, tokenizer, cfg.model.vocab_size);
   }
   const int64_t total_steps = duration_to_batches(cfg.max_duration, batches_per_epoch, GB, T, -1, "max_duration");
@@ -276,6 +280,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
 
   FILE* metrics = writer ? open_run_directory(cfg, continuing, start_step) : nullptr;
+  for (const std::string& note : data_notes) log_info("{}", note);
   std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes the global figures
   if (writer && cfg.tensorboard)
     tensorboard.emplace(cfg.tensorboard_dir.empty() ? cfg.run_dir + "/tensorboard" : cfg.tensorboard_dir);
@@ -368,7 +373,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   auto run_eval = [&](int64_t at_step) {
     if (!eval_data.data) return;
     auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(model, dp, *eval_data.data, cfg, tokens, targets);
+    const double loss = evaluate(model, dp, eval_data, cfg, tokens, targets);
     if (at_step == 0) summary.first_eval_loss = loss;
     summary.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

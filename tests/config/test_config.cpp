@@ -190,6 +190,11 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "tokenizer.kwargs.model_max_length",
       "train_loader.dataset.streams",
       "eval_loader.dataset.streams",
+      "dataset",  // Foundry's anchor for its loaders' datasets, configuring nothing itself
+      // PyTorch DataLoader's worker settings, with no meaning for anvil's decode threads
+      "train_loader.pin_memory", "train_loader.persistent_workers", "train_loader.prefetch_factor",
+      "train_loader.timeout", "eval_loader.pin_memory", "eval_loader.persistent_workers",
+      "eval_loader.prefetch_factor", "eval_loader.timeout",
       "loggers.tensorboard",  // written only when on (TensorBoardLoggerAsComposerSpellsIt)
       "loggers.wandb", "loggers.mlflow", "loggers.comet_ml", "loggers.neptune"};  // refused with a reason
   size_t checked = 0;

@@ -24,6 +24,7 @@
 #include "core/suggest.h"
 #include "data/tokenizer.h"
 #include "data/loader.h"
+#include "data/finetuning.h"
 #include "data/prepare.h"
 #include "data/tools.h"
 #include "dist/bench_comm.h"
@@ -105,6 +106,7 @@ examples:
 )";
 
 constexpr const char* kPrepareHelp = R"(usage: anvil data prepare --out DIR [options] INPUT...
+       anvil data prepare --format finetuning --out DIR [options] INPUT
        anvil data inspect DIR [--tokenizer NAME]
 
 prepare: tokenizes each document (GPT-2's tokenizer by default: the text, then <|endoftext|>;
@@ -130,6 +132,23 @@ options:
                         (tokenizer.model: SentencePiece; vocab.json + merges.txt or encoder.json +
                         vocab.bpe: GPT-2 byte-level BPE), or a SentencePiece .model file
 
+prepare --format finetuning: reads fine-tuning records, as LLM Foundry reads them: JSON lines
+(or one JSON array) of {"prompt": ..., "response": ...} ("completion" for "response" too) or
+{"messages": [{"role": ..., "content": ...}, ...]}, a chat rendered with the chat template.
+INPUT is a .jsonl/.json file (the train split) or a directory whose files name their split as
+Hugging Face's json loader finds them (train.jsonl, validation.jsonl, data/test-00.jsonl, ...).
+Each split is tokenized into DIR/SPLIT as LLM Foundry's tokenized fine-tuning MDS (column
+"turns": json, a prompt's input_ids and its response's labels per turn). Examples that are
+empty, or have no token carrying loss within --max-seq-len, are dropped; those longer than
+--max-seq-len are truncated or dropped (--too-long); every count is reported.
+  --max-seq-len N       the training max_seq_len (default 2048)
+  --splits LIST         comma-separated splits to prepare (default: every split INPUT holds)
+  --target-prompts P    none (default), all or length>=N: which prompts carry loss
+  --target-responses R  last (default) or all: which responses carry loss
+  --too-long T          truncate (default) or drop
+  --chat-template NAME  chatml (default)
+  --skip-malformed      skip (and count) malformed records instead of stopping at the first
+
 inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
 and token counts, the tokenizer that made it, and the first sample decoded (with that
 tokenizer, or --tokenizer).
@@ -138,6 +157,7 @@ examples:
   anvil data prepare book.txt --out data/book
   anvil data prepare --out data/brown --max-seq-len 128 --val-fraction 0.05 data/brown-text
   anvil data prepare --tokenizer sp.model --text-field content --compression zstd --out data/sp corpus.jsonl
+  anvil data prepare --format finetuning --max-seq-len 512 --out data/sft sft-records/
   anvil data inspect data/brown/train
 )";
 
@@ -436,6 +456,54 @@ int cmd_train(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The comma-separated words of a flag's value.
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > pos) out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int prepare_finetuning_command(const Args& a) {
+  if (a.positional.size() != 1)
+    usage_error("--format finetuning takes one INPUT: a .jsonl/.json file or a directory of them", kPrepareHelp);
+  const std::string input = a.positional[0], out = flag(a, "--out", "");
+  if (out.empty()) usage_error("--out DIR is required", kPrepareHelp);
+  FinetuningPrepareOptions opt;
+  opt.max_seq_len = number_flag(a, "--max-seq-len", 2048, kPrepareHelp);
+  opt.compression = flag(a, "--compression", "");
+  opt.hashes = comma_list(flag(a, "--hashes", "xxh64"));
+  std::sort(opt.hashes.begin(), opt.hashes.end());
+  FinetuningConfig& ft = opt.finetuning;
+  ft.hf_name = input;
+  ft.targets = parse_target_policy(flag(a, "--target-prompts", "none"), flag(a, "--target-responses", "last"),
+                                   "--target-prompts/--target-responses");
+  const std::string too_long = flag(a, "--too-long", "truncate");
+  if (!parse_choice(too_long, &ft.too_long))
+    usage_error("--too-long '" + too_long + "' is not known: expected truncate or drop", kPrepareHelp);
+  ft.chat_template = chat_template_named(flag(a, "--chat-template", "chatml"), "--chat-template");
+  ft.skip_malformed = !a.switches.empty();  // --skip-malformed, the one switch
+  std::vector<std::string> splits = comma_list(flag(a, "--splits", ""));
+  if (splits.empty()) splits = std::filesystem::is_directory(input) ? finetuning_splits(input)
+                                                                     : std::vector<std::string>{"train"};
+  ANVIL_CHECK(!std::filesystem::exists(out), "output directory '{}' already exists; remove it or choose another --out",
+              out);
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(flag(a, "--tokenizer", "gpt2"));
+  for (const std::string& split : splits) {
+    const std::vector<std::string> files = finetuning_files(ft, split, input);
+    const FinetuningReport r = prepare_finetuning(files, out + "/" + split, *tokenizer, opt);
+    std::printf("prepared %s/%s from %zu file(s): %s\n", out.c_str(), split.c_str(), files.size(),
+                r.summary().c_str());
+    for (const std::string& p : r.problems) std::printf("  skipped %s\n", p.c_str());
+  }
+  write_file_atomic(out + "/chat_template.json", chat_template_json(ft.chat_template));
+  return 0;
+}
+
 int cmd_data(const std::vector<std::string>& args) {
   if (args.empty() || (args[0] != "prepare" && args[0] != "inspect")) {
     if (wants_help(args)) return std::fputs(kPrepareHelp, stdout), 0;
@@ -453,7 +521,23 @@ int cmd_data(const std::vector<std::string>& args) {
     return 0;
   }
   Args a = parse_args(rest, {"--out", "--val-fraction", "--max-seq-len", "--text-field", "--compression", "--hashes",
-                             "--size-limit", "--tokenizer"}, {}, kPrepareHelp);
+                             "--size-limit", "--tokenizer", "--format", "--splits", "--target-prompts",
+                             "--target-responses", "--too-long", "--chat-template"}, {"--skip-malformed"},
+                      kPrepareHelp);
+  const std::string format = flag(a, "--format", "text");
+  if (format != "text" && format != "finetuning")
+    usage_error("--format '" + format + "' is not known: expected text or finetuning", kPrepareHelp);
+  const bool finetuning = format == "finetuning";
+  auto given = [&](const std::string& f) {
+    return std::any_of(a.flags.begin(), a.flags.end(), [&](const auto& kv) { return kv.first == f; }) ||
+           std::find(a.switches.begin(), a.switches.end(), f) != a.switches.end();
+  };
+  for (const char* f : {"--splits", "--target-prompts", "--target-responses", "--too-long", "--chat-template",
+                        "--skip-malformed"})
+    if (!finetuning && given(f)) usage_error(std::string(f) + " goes with --format finetuning", kPrepareHelp);
+  for (const char* f : {"--val-fraction", "--text-field", "--size-limit"})
+    if (finetuning && given(f)) usage_error(std::string(f) + " is for --format text", kPrepareHelp);
+  if (finetuning) return prepare_finetuning_command(a);
   PrepareOptions opt;
   opt.inputs = a.positional;
   opt.out_dir = flag(a, "--out", "");
@@ -465,14 +549,7 @@ int cmd_data(const std::vector<std::string>& args) {
   opt.text_field = flag(a, "--text-field", "text");
   opt.mds.compression = flag(a, "--compression", "");
   opt.mds.size_limit = number_flag<int64_t>(a, "--size-limit", int64_t{1} << 26, kPrepareHelp);
-  opt.mds.hashes.clear();
-  const std::string hashes = flag(a, "--hashes", "xxh64");
-  for (size_t pos = 0; pos < hashes.size();) {
-    size_t comma = hashes.find(',', pos);
-    if (comma == std::string::npos) comma = hashes.size();
-    if (comma > pos) opt.mds.hashes.push_back(hashes.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
+  opt.mds.hashes = comma_list(flag(a, "--hashes", "xxh64"));
   std::sort(opt.mds.hashes.begin(), opt.mds.hashes.end());
   const PrepareSummary s = prepare_dataset(opt);
   std::printf("prepared %s: %lld document%s -> %lld train and %lld val samples of %d tokens (%lld tokens short of a "

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -188,10 +189,11 @@ std::string canonical_split(const std::string& split) {
   return split;
 }
 
-std::vector<std::string> files_of_split(const std::string& dir, const std::string& split, const std::string& where) {
+// The record files of a directory by the split each names (every file is train when none names
+// one; files that name none are left out when others do), in path order.
+std::map<std::string, std::vector<std::string>> files_by_split(const std::string& dir, const std::string& where) {
   ANVIL_CHECK(fs::is_directory(dir), "{}: '{}' is not a directory", where, dir);
   std::vector<std::pair<std::string, std::string>> found;  // (relative path, split it names)
-  std::vector<std::string> other;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     const std::string rel = fs::relative(e.path(), dir).string();
@@ -208,16 +210,21 @@ std::vector<std::string> files_of_split(const std::string& dir, const std::strin
   std::sort(found.begin(), found.end());
   ANVIL_CHECK(!found.empty(), "{}: '{}' holds no .jsonl or .json file", where, dir);
   const bool any_named = std::any_of(found.begin(), found.end(), [](const auto& f) { return !f.second.empty(); });
-  const std::string canonical = canonical_split(split);
-  std::vector<std::string> out;
-  std::set<std::string> splits;
-  for (const auto& [rel, named] : found) {
-    splits.insert(named.empty() ? "train" : named);
-    if ((any_named ? named : std::string("train")) == canonical) out.push_back((fs::path(dir) / rel).string());
-  }
-  ANVIL_CHECK(!out.empty(), "{}: no file in '{}' is of split '{}' (found split(s): {}; a file's name or directory "
-              "names its split, e.g. {}.jsonl)", where, dir, split, fmt::join(splits, ", "), canonical);
+  std::map<std::string, std::vector<std::string>> out;
+  for (const auto& [rel, named] : found)
+    if (!any_named || !named.empty()) out[any_named ? named : "train"].push_back((fs::path(dir) / rel).string());
   return out;
+}
+
+std::vector<std::string> files_of_split(const std::string& dir, const std::string& split, const std::string& where) {
+  const auto splits = files_by_split(dir, where);
+  const std::string canonical = canonical_split(split);
+  const auto it = splits.find(canonical);
+  if (it != splits.end()) return it->second;
+  std::vector<std::string> names;
+  for (const auto& [name, files] : splits) names.push_back(name);
+  ANVIL_FAIL("{}: no file in '{}' is of split '{}' (found split(s): {}; a file's name or directory names its split, "
+             "e.g. {}.jsonl)", where, dir, split, fmt::join(names, ", "), canonical);
 }
 
 }  // namespace
@@ -240,6 +247,12 @@ std::vector<std::string> finetuning_files(const FinetuningConfig& cfg, const std
   if (fs::is_directory(cfg.hf_name)) return files_of_split(cfg.hf_name, split, where);
   ANVIL_FAIL("{}: hf_name '{}' is not a local file or directory; anvil does not download from the Hugging Face "
              "hub: download the dataset's JSONL files and name their path", where, cfg.hf_name);
+}
+
+std::vector<std::string> finetuning_splits(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& [name, files] : files_by_split(dir, dir)) names.push_back(name);
+  return names;
 }
 
 std::string FinetuningReport::summary() const {

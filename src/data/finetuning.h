@@ -60,6 +60,9 @@ int64_t finetuning_example(const Stitched& s, int seq_len, int32_t* inputs, int3
 std::vector<std::string> finetuning_files(const FinetuningConfig& cfg, const std::string& split,
                                           const std::string& where);
 
+// The splits a directory of record files holds (train, validation, test), found as above.
+std::vector<std::string> finetuning_splits(const std::string& dir);
+
 struct FinetuningPrepareOptions {
   int max_seq_len = 0;
   FinetuningConfig finetuning;

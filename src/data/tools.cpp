@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/finetuning.h"
 #include "data/loader.h"
 #include "data/remote.h"
 #include "data/streaming.h"
@@ -21,10 +22,29 @@ std::string inspect_dataset(const std::string& dir, const std::string& tokenizer
   StreamingDataset data({{"inspect", "", dir, "", 1.0}}, opt);
   const MdsIndex& index = data.index(0);
   std::string out = fmt::format("dataset:     {}\n", dir);
-  int64_t stored = 0, raw = 0, tokens = 0, min_len = INT64_MAX, max_len = 0;
+  int64_t stored = 0, raw = 0, tokens = 0, min_len = INT64_MAX, max_len = 0, response_tokens = 0, turns = 0;
+  const bool finetuning = data.kind() == MdsSampleKind::kTurns;
   std::vector<int32_t> buf(1 << 20);
+  std::vector<int32_t> ids;  // sample 0's tokens
+  std::string sample0_layout;
   for (int64_t id = 0; id < data.num_samples(); id++) {
-    const int64_t n = data.tokens(id, buf.data(), 0);  // reads and verifies the shard, decodes the length
+    int64_t n = 0;
+    if (finetuning) {
+      const std::vector<Turn> t = parse_turns_json(data.sample_json(id), fmt::format("{} sample {}", dir, id));
+      for (const Turn& turn : t) {
+        n += static_cast<int64_t>(turn.prompt.size() + turn.response.size());
+        response_tokens += static_cast<int64_t>(turn.response.size());
+        if (id == 0) {
+          ids.insert(ids.end(), turn.prompt.begin(), turn.prompt.end());
+          ids.insert(ids.end(), turn.response.begin(), turn.response.end());
+          sample0_layout += fmt::format("{}{} prompt + {} response", sample0_layout.empty() ? "" : ", ",
+                                        turn.prompt.size(), turn.response.size());
+        }
+      }
+      turns += static_cast<int64_t>(t.size());
+    } else {
+      n = data.tokens(id, buf.data(), 0);  // reads and verifies the shard, decodes the length
+    }
     tokens += n;
     min_len = std::min(min_len, n);
     max_len = std::max(max_len, n);
@@ -37,10 +57,14 @@ std::string inspect_dataset(const std::string& dir, const std::string& tokenizer
                      index.shards.size(), stored / 1048576.0, raw / 1048576.0,
                      first.compression.empty() ? "none" : first.compression,
                      first.hashes.empty() ? "none" : fmt::format("{}", fmt::join(first.hashes, ", ")));
-  out += fmt::format("samples:     {}\n", data.num_samples());
-  out += fmt::format("tokens:      {} ({} to {} per sample)\n", tokens, min_len, max_len);
-  const int64_t n = data.tokens(0, buf.data(), static_cast<int64_t>(buf.size()));
-  std::vector<int32_t> ids(buf.begin(), buf.begin() + std::min<int64_t>(n, static_cast<int64_t>(buf.size())));
+  out += fmt::format("samples:     {}{}\n", data.num_samples(),
+                     finetuning ? fmt::format(" fine-tuning examples ({} turns)", turns) : "");
+  out += fmt::format("tokens:      {} ({} to {} per sample{})\n", tokens, min_len, max_len,
+                     finetuning ? fmt::format("; {} in responses", response_tokens) : "");
+  if (!finetuning) {
+    const int64_t n = data.tokens(0, buf.data(), static_cast<int64_t>(buf.size()));
+    ids.assign(buf.begin(), buf.begin() + std::min<int64_t>(n, static_cast<int64_t>(buf.size())));
+  }
   const std::optional<TokenizerRecord>& record = data.tokenizer_record(0);
   if (record)
     out += fmt::format("tokenizer:   {} ({}, vocabulary {}, sha256 {})\n", record->name, record->kind, record->vocab_size,
@@ -55,7 +79,8 @@ std::string inspect_dataset(const std::string& dir, const std::string& tokenizer
     text = fmt::format("(not decoded: {}; name a tokenizer with --tokenizer)", e.what());
   }
   if (text.size() > 400) text = text.substr(0, 400) + " [...]";
-  out += fmt::format("sample 0:    {} tokens: {}\n", n, fmt::join(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 12)), " "));
+  out += fmt::format("sample 0:    {} tokens{}: {}\n", ids.size(),
+                     sample0_layout.empty() ? "" : " (" + sample0_layout + ")", fmt::join(std::vector<int32_t>(ids.begin(), ids.begin() + std::min<size_t>(ids.size(), 12)), " "));
   out += "decoded:\n" + text + "\n";
   return out;
 }

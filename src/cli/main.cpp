@@ -475,9 +475,10 @@ int prepare_finetuning_command(const Args& a) {
   if (out.empty()) usage_error("--out DIR is required", kPrepareHelp);
   FinetuningPrepareOptions opt;
   opt.max_seq_len = number_flag(a, "--max-seq-len", 2048, kPrepareHelp);
-  opt.compression = flag(a, "--compression", "");
-  opt.hashes = comma_list(flag(a, "--hashes", "xxh64"));
-  std::sort(opt.hashes.begin(), opt.hashes.end());
+  opt.mds.compression = flag(a, "--compression", "");
+  opt.mds.size_limit = number_flag<int64_t>(a, "--size-limit", int64_t{1} << 26, kPrepareHelp);
+  opt.mds.hashes = comma_list(flag(a, "--hashes", "xxh64"));
+  std::sort(opt.mds.hashes.begin(), opt.mds.hashes.end());
   FinetuningConfig& ft = opt.finetuning;
   ft.hf_name = input;
   ft.targets = parse_target_policy(flag(a, "--target-prompts", "none"), flag(a, "--target-responses", "last"),
@@ -535,7 +536,7 @@ int cmd_data(const std::vector<std::string>& args) {
   for (const char* f : {"--splits", "--target-prompts", "--target-responses", "--too-long", "--chat-template",
                         "--skip-malformed"})
     if (!finetuning && given(f)) usage_error(std::string(f) + " goes with --format finetuning", kPrepareHelp);
-  for (const char* f : {"--val-fraction", "--text-field", "--size-limit"})
+  for (const char* f : {"--val-fraction", "--text-field"})
     if (finetuning && given(f)) usage_error(std::string(f) + " is for --format text", kPrepareHelp);
   if (finetuning) return prepare_finetuning_command(a);
   PrepareOptions opt;

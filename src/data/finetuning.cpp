@@ -337,10 +337,7 @@ FinetuningReport prepare_finetuning(const std::vector<std::string>& files, const
   try {
     fs::remove_all(tmp);
     make_dirs(tmp);
-    MdsWriterOptions mo;
-    mo.compression = opt.compression;
-    mo.hashes = opt.hashes;
-    MdsWriter writer(tmp, mo, MdsSampleKind::kTurns);
+    MdsWriter writer(tmp, opt.mds, MdsSampleKind::kTurns);
     std::vector<int32_t> inputs(static_cast<size_t>(opt.max_seq_len)), targets(inputs.size());
     for (const std::string& file : files) {
       for_each_record(file, [&](const json& record) {

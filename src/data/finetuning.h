@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "config/finetuning_config.h"
+#include "data/mds.h"
 #include "data/tokenizer.h"
 
 namespace anvil {
@@ -66,8 +67,7 @@ std::vector<std::string> finetuning_splits(const std::string& dir);
 struct FinetuningPrepareOptions {
   int max_seq_len = 0;
   FinetuningConfig finetuning;
-  std::string compression;          // MDS shards: "" or "zstd[:level]"
-  std::vector<std::string> hashes;
+  MdsWriterOptions mds;
 };
 
 // What became of the records.

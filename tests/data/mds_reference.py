@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """An independent MDS v2 reader and writer, written in Python from the format's specification
 (docs/formats.md), used to check that anvil's datasets are what MosaicML streaming's MDSWriter
-writes for a {"tokens": "ndarray:int32"} column, byte for byte.
+writes for a {"tokens": "ndarray:int32"} column (pretraining) or a {"turns": "json"} column (LLM
+Foundry's tokenized fine-tuning data), byte for byte.
 
 usage: mds_reference.py DATASET_DIR
 Reads every shard of DATASET_DIR (verifying sizes, offsets and every recorded hash), rewrites the
 same samples with the same options into a temporary directory the way MDSWriter does, and
-compares the MDS files byte for byte (anvil's tokenizer_record.json aside). Exits 1 with the
-first difference.
+compares the MDS files byte for byte (anvil's tokenizer_record.json and chat_template.json
+aside). Exits 1 with the first difference.
+
+usage: mds_reference.py --write-turns JSONL OUT_DIR
+Writes the samples of JSONL (one {"turns": [...]} object per line) as a turns dataset, as
+Foundry's conversion script writes one, for anvil to read.
 """
 import hashlib, json, os, struct, sys, tempfile
 
@@ -27,7 +32,9 @@ def read_samples(directory):
     samples, options = [], None
     for shard in index["shards"]:
         assert shard["format"] == "mds" and shard["version"] == 2
-        assert shard["column_names"] == ["tokens"] and shard["column_encodings"] == ["ndarray:int32"]
+        kind = shard["column_names"][0]
+        assert (shard["column_names"], shard["column_encodings"]) in ((["tokens"], ["ndarray:int32"]),
+                                                                     (["turns"], ["json"]))
         assert shard["zip_data"] is None, "this check covers uncompressed datasets"
         raw = open(os.path.join(directory, shard["raw_data"]["basename"]), "rb").read()
         assert len(raw) == shard["raw_data"]["bytes"], "shard size"
@@ -41,27 +48,33 @@ def read_samples(directory):
             s = raw[offsets[i]:offsets[i + 1]]
             (size,) = struct.unpack_from("<I", s, 0)
             col = s[4:4 + size]
+            if kind == "turns":
+                samples.append(json.loads(col.decode("utf-8")))
+                continue
             ndim, shape_code = col[0] >> 2, col[0] & 3
             assert ndim == 1
             width = 1 << shape_code
             dim = int.from_bytes(col[1:1 + width], "little")
             values = struct.unpack_from(f"<{dim}i", col, 1 + width)
             samples.append(values)
-        options = (shard["compression"], shard["hashes"], shard["size_limit"])
+        options = (shard["compression"], shard["hashes"], shard["size_limit"], kind)
     return index, samples, options
 
 
 def encode_sample(values):
+    if isinstance(values, dict):  # streaming's json encoding
+        column = json.dumps(values).encode("utf-8")
+        return struct.pack("<I", len(column)) + column
     n = len(values)
     code = 0 if n < 1 << 8 else 1 if n < 1 << 16 else 2 if n < 1 << 32 else 3
     column = bytes([(1 << 2) | code]) + n.to_bytes(1 << code, "little") + struct.pack(f"<{n}i", *values)
     return struct.pack("<I", len(column)) + column
 
 
-def write_dataset(directory, samples, compression, hashes, size_limit):
+def write_dataset(directory, samples, compression, hashes, size_limit, kind="tokens"):
     config = {"version": 2, "format": "mds", "compression": compression, "hashes": hashes,
-              "size_limit": size_limit, "column_names": ["tokens"],
-              "column_encodings": ["ndarray:int32"], "column_sizes": [None]}
+              "size_limit": size_limit, "column_names": [kind],
+              "column_encodings": ["ndarray:int32" if kind == "tokens" else "json"], "column_sizes": [None]}
     config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
     shards, pending = [], []
     per_shard = 4 + 4 + len(config_bytes)
@@ -97,13 +110,19 @@ def write_dataset(directory, samples, compression, hashes, size_limit):
 
 
 def main():
+    if sys.argv[1] == "--write-turns":
+        os.makedirs(sys.argv[3])
+        samples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8") if line.strip()]
+        write_dataset(sys.argv[3], samples, None, ["sha1"], 1 << 26, "turns")
+        return
     directory = sys.argv[1]
-    index, samples, (compression, hashes, size_limit) = read_samples(directory)
+    index, samples, (compression, hashes, size_limit, kind) = read_samples(directory)
     with tempfile.TemporaryDirectory() as tmp:
-        write_dataset(tmp, samples, compression, hashes, size_limit)
+        write_dataset(tmp, samples, compression, hashes, size_limit, kind)
         names = sorted(f for f in os.listdir(tmp))
-        # anvil's tokenizer record sits beside the MDS files (streaming does not read it).
-        ours = sorted(f for f in os.listdir(directory) if not f.startswith(".") and f != "tokenizer_record.json")
+        # anvil's records sit beside the MDS files (streaming does not read them).
+        ours = sorted(f for f in os.listdir(directory)
+                      if not f.startswith(".") and f not in ("tokenizer_record.json", "chat_template.json"))
         if names != ours:
             sys.exit(f"files differ: reference writes {names}, anvil wrote {ours}")
         for f in names:

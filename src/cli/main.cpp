@@ -246,6 +246,8 @@ constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT_OR_HF_DIR --da
 The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, a run
 directory: its latest, or a Hugging Face transformers model directory) on the first N samples of an MDS dataset's split, in the dataset's
 order, at the model's max_seq_len: the figure training's evaluation gives on the same samples.
+A fine-tuning dataset (`anvil data prepare --format finetuning`) is scored on the tokens a
+finetuning loader trains on by default: each example's last response and its EOS.
 The last line is the same figures as JSON, for scripts.
 
 options:

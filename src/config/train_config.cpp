@@ -186,7 +186,10 @@ void read_finetuning(MapReader& d, DatasetConfig& ds, const std::string& file) {
   std::string prompts = "none", responses = "last";
   d.get("target_prompts", prompts);
   d.get("target_responses", responses);
-  ft.targets = parse_target_policy(prompts, responses, d.source("target_prompts") + ": " + d.full("dataset"));
+  std::string section = d.full("-");  // the dataset's dotted name, for the message
+  section.pop_back();
+  section.pop_back();
+  ft.targets = parse_target_policy(prompts, responses, d.source("target_prompts") + ": " + section);
   if (d.has("chat_template")) {
     const std::string where = d.source("chat_template") + ": " + d.full("chat_template");
     const YAML::Node t = d.raw("chat_template");

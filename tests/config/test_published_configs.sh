@@ -58,6 +58,28 @@ for run in "testing.yaml:" "mpt-125m.yaml:${mpt_small[*]}" "gpt2-small.yaml:${gp
   fi
 done
 
+# Foundry's fine-tuning recipe: as published, its preprocessing_fn (Python code) is refused by
+# name; with local JSON records instead, it fine-tunes the MPT that mpt-125m.yaml trained above.
+sft="$pub/llm-foundry/1b_local_data_sft.yaml"
+"$anvil" train "$sft" "${foundry[@]}" > "$tmp/sft-as-published.out" 2>&1
+grep -q "preprocessing_fn 'my.import.path:my_preprocessing_fn' names Python code" "$tmp/sft-as-published.out" \
+  && pass "1b_local_data_sft.yaml as published: $(cut -c1-110 "$tmp/sft-as-published.out")" \
+  || { fail "1b_local_data_sft.yaml as published"; cat "$tmp/sft-as-published.out"; }
+/usr/bin/python3 "$src/tests/data/make_sft_records.py" "$tmp/brown" "$tmp/records"
+records=()
+for l in train_loader eval_loader; do
+  records+=("$l.dataset.hf_kwargs.data_dir=$tmp/records" "$l.dataset.preprocessing_fn=null")
+done
+# shellcheck disable=SC2086  # mpt_small is a list of key=value words
+if "$anvil" train "$sft" "${foundry[@]}" "${few[@]}" ${mpt_small[*]} "${records[@]}" \
+     load_path="$tmp/run-mpt-125m.yaml" run_dir="$tmp/run-sft" > "$tmp/sft.out" 2>&1 \
+   && [ "$(grep -c '"loss"' "$tmp/run-sft/metrics.jsonl")" = 2 ] \
+   && grep -q "loaded the weights of $tmp/run-mpt-125m.yaml" "$tmp/run-sft/train.log"; then
+  pass "Foundry's 1b_local_data_sft.yaml fine-tunes mpt-125m.yaml's checkpoint on JSON records: $(grep -o 'record(s): [0-9]* example(s)' "$tmp/run-sft/train.log" | head -1)"
+else
+  fail "1b_local_data_sft.yaml"; tail -5 "$tmp/sft.out"
+fi
+
 # --- DeepSpeed -----------------------------------------------------------------------------------
 cat > "$tmp/small.yaml" <<YAML
 max_seq_len: 128

@@ -14,7 +14,7 @@ GENRES = {"a": "press reportage", "b": "press editorial", "c": "press reviews", 
           "p": "romance", "r": "humor"}
 
 
-def passages(path, n=3, words=24):
+def passages(path, n=3, words=16):
     paras = [p.strip() for p in open(path, encoding="utf-8").read().split("\n\n") if p.strip()]
     return [" ".join(p.split()[:words]) for p in paras[:n]]
 

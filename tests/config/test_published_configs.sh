@@ -65,7 +65,7 @@ sft="$pub/llm-foundry/1b_local_data_sft.yaml"
 grep -q "preprocessing_fn 'my.import.path:my_preprocessing_fn' names Python code" "$tmp/sft-as-published.out" \
   && pass "1b_local_data_sft.yaml as published: $(cut -c1-110 "$tmp/sft-as-published.out")" \
   || { fail "1b_local_data_sft.yaml as published"; cat "$tmp/sft-as-published.out"; }
-/usr/bin/python3 "$src/tests/data/make_sft_records.py" "$tmp/brown" "$tmp/records"
+/usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
 records=()
 for l in train_loader eval_loader; do
   records+=("$l.dataset.hf_kwargs.data_dir=$tmp/records" "$l.dataset.preprocessing_fn=null")

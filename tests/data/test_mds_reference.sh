@@ -15,7 +15,7 @@ test "$(ls "$tmp/ds/train" | grep -c '^shard')" -gt 2 || { echo "expected severa
 /usr/bin/python3 "$root/tests/data/mds_reference.py" "$tmp/ds/val"
 
 # LLM Foundry's tokenized fine-tuning layout ({"turns": "json"}), several shards.
-/usr/bin/python3 "$root/tests/data/make_sft_records.py" "$tmp/text" "$tmp/records"
+/usr/bin/python3 "$root/scripts/brown_sft_records.py" "$tmp/text" "$tmp/records"
 "$anvil" data prepare --format finetuning --out "$tmp/ft" --max-seq-len 256 --size-limit 8000 \
   --hashes sha1,xxh64 "$tmp/records" >/dev/null
 test "$(ls "$tmp/ft/train" | grep -c '^shard')" -gt 1 || { echo "expected several fine-tuning shards"; exit 1; }

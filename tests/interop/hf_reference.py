@@ -4,7 +4,9 @@
 usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N      the mean loss per target token on the split's
                                                       first N samples (inputs tokens[0, T), targets
                                                       tokens[1, T+1), T the model's context length;
-                                                      the last target dropped when a sample is T long)
+                                                      the last target dropped when a sample is T long;
+                                                      fine-tuning turns as Foundry's collator makes
+                                                      them, the loss on the last response)
        hf_reference.py greedy HF_DIR N TOKEN_ID...   prints the N greedy next-token ids, one line
        hf_reference.py rounded FP32_DIR OTHER_DIR     checks OTHER_DIR's 16-bit tensors are FP32_DIR's,
                                                       rounded to nearest even
@@ -171,6 +173,23 @@ def load_model(d):
     return cfg, forward, W
 
 
+def finetuning_example(turns, split_dir):
+    """LLM Foundry's decoder-only collator with target_prompts none, target_responses last: the
+    turns back to back, EOS appended to the last response unless it ends with one, labels -100
+    except on the last response."""
+    with open(os.path.join(split_dir, "tokenizer_record.json")) as f:
+        eos = json.load(f)["eos_id"]
+    ids, labels = [], []
+    for k, turn in enumerate(turns):
+        last = k + 1 == len(turns)
+        response = list(turn["labels"])
+        if last and response[-1:] != [eos]:
+            response.append(eos)
+        ids += list(turn["input_ids"]) + response
+        labels += [-100] * len(turn["input_ids"]) + (response if last else [-100] * len(response))
+    return ids, labels
+
+
 def loss(d, split_dir, n):
     cfg, forward, W = load_model(d)
     T = cfg.get("n_positions") or cfg.get("max_position_embeddings") or cfg["max_seq_len"]
@@ -179,6 +198,15 @@ def loss(d, split_dir, n):
     total, count = 0.0, 0
     with torch.no_grad():
         for sample in read_samples(split_dir)[1][:n]:
+            if isinstance(sample, dict):  # fine-tuning turns: loss on the last response only
+                ids, labels = finetuning_example(sample["turns"], split_dir)
+                inputs = torch.tensor(ids[:T], dtype=torch.long)
+                # transformers' causal LM loss: position i predicts labels[i + 1]; -100 carries none.
+                targets = torch.tensor(labels[1:T], dtype=torch.long)
+                logits = forward(cfg, W, inputs)[:len(targets)]
+                total += float(F.cross_entropy(logits.double(), targets, ignore_index=-100, reduction="sum"))
+                count += int((targets != -100).sum())
+                continue
             tokens = torch.tensor(sample, dtype=torch.long)
             inputs, targets = tokens[:T], tokens[1:T + 1]
             logits = forward(cfg, W, inputs)[:len(targets)]

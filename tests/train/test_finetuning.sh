@@ -13,7 +13,7 @@ start_test
 
 small_gpt2_vocab "$src" "$tmp/vocab"
 prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
-/usr/bin/python3 "$src/tests/data/make_sft_records.py" "$tmp/brown" "$tmp/records"
+/usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
 [ -f "$tmp/data/train/index.json" ] && [ -s "$tmp/records/train.jsonl" ] || { fail "test data"; exit 1; }
 
 # digest RUN_DIR: the weights digest of the run's last checkpoint.
@@ -84,6 +84,17 @@ if "$anvil" train "$tmp/sft.yaml" run_dir="$tmp/sft" > "$tmp/sft.out" 2>&1; then
     pass "anvil eval on the prepared validation split: $got (the run's last eval: $after)"
   else
     fail "anvil eval gave '$got', the run's last eval $after"
+  fi
+  # An independent reader of the exported model, with Foundry's collator written from its
+  # definition (masking, EOS, transformers' shift), gets the same held-out loss.
+  "$anvil" export "$ckpt" "$tmp/hf" > /dev/null 2>&1
+  ref=$(/usr/bin/python3 "$src/tests/interop/hf_reference.py" loss "$tmp/hf" "$tmp/sft/finetuning_data/eval" 1000 |
+        /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["loss"])')
+  if /usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) < 1e-5 * b else 1)" \
+       "${ref:-nan}" "$after"; then
+    pass "PyTorch on the exported model, examples made as Foundry's collator makes them: $ref"
+  else
+    fail "the reference's held-out loss is '$ref', anvil's $after"
   fi
 else
   fail "fine-tuning run"; tail -5 "$tmp/sft.out"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Instruction records for the fine-tuning tests, made from the Brown corpus: name the genre of
-a passage. Prompt/response records and chat records (one and two turns), split into
-train.jsonl and validation.jsonl by document (every tenth document is validation), plus a few
-records that a test expects to be refused or dropped.
+"""Instruction records made from the Brown corpus, for configs/sft-demo.yaml and the fine-tuning
+tests: name the genre of a passage. Prompt/response records and chat records (one and two
+turns), written as JSON lines to OUT_DIR/train.jsonl and OUT_DIR/validation.jsonl, split by
+document (every tenth document is validation).
 
-usage: make_sft_records.py BROWN_TEXT_DIR OUT_DIR
+usage: brown_sft_records.py BROWN_TEXT_DIR OUT_DIR   (BROWN_TEXT_DIR: scripts/brown_to_text.sh's output)
 """
 import json, os, sys
 

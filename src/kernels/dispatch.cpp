@@ -50,13 +50,13 @@ void select_kernel_impl(KernelImpl impl, int local_rank) {
   return g_impl == KernelImpl::kRef ? ref::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
 #endif
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                     int T, int C) {
-  ANVIL_DISPATCH(encoder_forward, out, tokens, wte, wpe, B, T, C);
+void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte, const float* wpe,
+                     int B, int T, int C) {
+  ANVIL_DISPATCH(encoder_forward, out, tokens, positions, wte, wpe, B, T, C);
 }
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                      int T, int C) {
-  ANVIL_DISPATCH(encoder_backward, dwte, dwpe, dout, tokens, B, T, C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
+                      int B, int T, int C) {
+  ANVIL_DISPATCH(encoder_backward, dwte, dwpe, dout, tokens, positions, B, T, C);
 }
 void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
   ANVIL_DISPATCH(add_rows, dst, x, rows, n_rows, row_len);
@@ -105,13 +105,14 @@ void check_rope_shape(int row_stride, int n_heads, int HS) {
               "in rows of {}", n_heads, HS, row_stride);
 }
 }  // namespace
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
   check_rope_shape(row_stride, n_heads, HS);
-  ANVIL_DISPATCH(rope_forward, x, B, T, row_stride, n_heads, HS, theta);
+  ANVIL_DISPATCH(rope_forward, x, positions, B, T, row_stride, n_heads, HS, theta);
 }
-void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                   float theta) {
   check_rope_shape(row_stride, n_heads, HS);
-  ANVIL_DISPATCH(rope_backward, dx, B, T, row_stride, n_heads, HS, theta);
+  ANVIL_DISPATCH(rope_backward, dx, positions, B, T, row_stride, n_heads, HS, theta);
 }
 void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH(swiglu_forward, out, inp, N, F); }
 void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
@@ -133,12 +134,13 @@ void residual_forward(float* out, const float* a, const float* b, long N) {
 void residual_backward(float* da, float* db, const float* dout, long N) {
   ANVIL_DISPATCH(residual_backward, da, db, dout, N);
 }
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
-  ANVIL_DISPATCH(attention_forward, out, lse, qkv, B, T, heads);
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                       AttentionHeads heads) {
+  ANVIL_DISPATCH(attention_forward, out, lse, qkv, positions, B, T, heads);
 }
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, AttentionHeads heads) {
-  ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, B, T, heads);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* positions, int B, int T, AttentionHeads heads) {
+  ANVIL_DISPATCH(attention_backward, dqkv, dout, qkv, out, lse, positions, B, T, heads);
 }
 void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
                           int N, int V, ComputeDtype d) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/op.h"
+#include "kernels/positions.h"
 
 namespace anvil {
 
@@ -15,13 +16,14 @@ inline float rope_inv_freq(float theta, int i, int HS) {
   return static_cast<float>(std::pow(static_cast<double>(theta), -2.0 * i / HS));
 }
 
-// x holds B·T rows, row_stride floats apart (row b·T + t at position t); the first n_heads heads
-// of HS channels in each (the query heads and then the key heads of a fused qkv row) are rotated
-// in place: x[i] = x[i]·cos - x[i + HS/2]·sin and x[i + HS/2] = x[i + HS/2]·cos + x[i]·sin, for
-// i < HS/2 (HS even). The rest of each row is left as it is.
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta);
+// x holds B·T rows, row_stride floats apart (row b·T + t at position p(b,t), kernels/positions.h);
+// the first n_heads heads of HS channels in each (the query heads and then the key heads of a
+// fused qkv row) are rotated in place: x[i] = x[i]·cos - x[i + HS/2]·sin and x[i + HS/2] =
+// x[i + HS/2]·cos + x[i]·sin, for i < HS/2 (HS even). The rest of each row is left as it is.
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta);
 // The gradient through it, in place on dx laid out as x: the rotation by the opposite angle.
-void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta);
+void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                   float theta);
 
 ANVIL_OP_IMPLEMENTATIONS(rope_forward)
 ANVIL_OP_IMPLEMENTATIONS(rope_backward)

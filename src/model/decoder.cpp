@@ -232,6 +232,7 @@ void Decoder::set_max_batch(int max_batch) {
   grad_act_memory_.assign_zeros(sizes.grads);
   tokens_op_.assign_zeros(BT);
   targets_op_.assign_zeros(BT);
+  positions_op_.assign_zeros(BT);
   losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
@@ -359,7 +360,7 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
 }
 }  // namespace
 
-void Decoder::forward_to_lnf(const int32_t* tokens, int B, int T) {
+void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
   const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
@@ -368,6 +369,13 @@ void Decoder::forward_to_lnf(const int32_t* tokens, int B, int T) {
     ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
   tokens_ = tokens;
   op_copy_from_host(tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  packed_ = positions != nullptr;
+  if (packed_) {
+    for (int i = 0; i < N; i++)
+      ANVIL_CHECK(positions[i] >= 0 && positions[i] <= i % T, "position {} of token {} of its sequence is not within "
+                  "it", positions[i], i % T);
+    op_copy_from_host(positions_op_.data(), positions, static_cast<size_t>(N) * sizeof(int32_t));
+  }
   B_ = B;
   T_ = T;
   Acts& a = acts_;
@@ -376,7 +384,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, int B, int T) {
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
   const float* emb = access().acquire_params(0, 1);
-  encoder_forward(a.encoded, tokens_op_.data(), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
+  encoder_forward(a.encoded, tokens_op_.data(), positions_op(0), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
   access().release_params(0);
   const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
   if (emb_drop.active()) dropout_apply(a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
@@ -407,10 +415,11 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
   round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
-    rope_forward(x.qkv, B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
+    rope_forward(x.qkv, positions_op(0), B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(),
+                 cfg_.rope_theta);
     round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   }
-  attention_forward(x.atty, x.att_lse, x.qkv, B, T, attention_heads(l, 0));
+  attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B, T, attention_heads(l, 0));
   round_to_dtype(x.atty, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
   round_to_dtype(scratch, NC, dtype());
@@ -461,10 +470,11 @@ double Decoder::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
   return sum;
 }
 
-double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) {
+double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
+                        const int32_t* positions) {
   if (targets) check_targets(targets, B * T);
   training_ = false;
-  forward_to_lnf(tokens, B, T);
+  forward_to_lnf(tokens, positions, B, T);
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = hold_lm_head(access().acquire_params(head_unit(), -1) + head_offset());
   // Without targets only the last sequence's logits are kept, so only they are formed.
@@ -480,10 +490,10 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
 }
 
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
-                              int64_t* n_targets) {
+                                 int64_t* n_targets, const int32_t* positions) {
   check_targets(targets, B * T);
   training_ = true;
-  forward_to_lnf(tokens, B, T);
+  forward_to_lnf(tokens, positions, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
   return sum_losses(targets, B * T, n_targets);
@@ -601,11 +611,11 @@ void Decoder::block_backward(int l) {
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
     round_to_dtype(dsmall, NC, dtype());
-    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, n, T,
+    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, positions_op(b), n, T,
                        attention_heads(l, b));
     round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     if (cfg_.positions == PositionKind::kRope) {
-      rope_backward(dqkv_, n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
+      rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
       round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
     linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv);
@@ -639,10 +649,10 @@ void Decoder::embedding_backward() {
       dropout_apply(dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
       encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
-                       compact_tokens_op_.data(), 1, T, C);
+                       compact_tokens_op_.data(), positions_op(b), 1, T, C);
       access().grain_done(0, wpe_offset, rows * C);
     } else {
-      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data(), 1, T, C);
+      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data(), nullptr, 1, T, C);
     }
     access().grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
   }

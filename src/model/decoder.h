@@ -39,9 +39,10 @@ class Decoder final : public Model {
   }
   void set_max_batch(int max_batch) override;
   void set_compute_dtype(ComputeDtype dtype) override;
-  double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) override;
+  double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
+                 const int32_t* positions = nullptr) override;
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
-                          int64_t* n_targets) override;
+                          int64_t* n_targets, const int32_t* positions = nullptr) override;
   // The LM head's fp32 products (under amp, of 16-bit operands; the loss reads them rounded:
   // crossentropy.h).
   const float* logits() const override { return acts_.logits; }
@@ -108,7 +109,11 @@ class Decoder final : public Model {
   // Layer l's activations (slot 0 for every layer under activation checkpointing).
   BlockActs block_acts(int l) const;
   // Embeddings, blocks and the final norm, up to acts_.lnf.
-  void forward_to_lnf(const int32_t* tokens, int B, int T);
+  void forward_to_lnf(const int32_t* tokens, const int32_t* positions, int B, int T);
+  // The microbatch's positions where the ops run, from sequence b on; null when not packed.
+  const int32_t* positions_op(int b) const {
+    return packed_ ? positions_op_.data() + static_cast<size_t>(b) * T_ : nullptr;
+  }
   // Block l over the microbatch: its activations in block_acts(l), its output in residual3 of l.
   void block_forward(int l, const Block& p, const float* residual);
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
@@ -130,6 +135,8 @@ class Decoder final : public Model {
   int max_batch_;
   OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
   OpArray<int32_t> tokens_op_, targets_op_;  // the microbatch's tokens and targets, where the ops run
+  OpArray<int32_t> positions_op_;            // and its positions, when packed_
+  bool packed_ = false;                      // the microbatch's sequences hold packed examples
   std::vector<float> losses_host_;
   MatmulContext matmul_;  // the operand dtype (the compute dtype) and the held LM head
   bool lm_head_held_rounded_ = false;  // amp, and matmul_.hold_rounds_weight(): no copy of unit 0

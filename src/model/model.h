@@ -147,13 +147,16 @@ class Model {
   // Runs tokens (B,T) through the model (eval, generation). With targets (B,T) (kIgnoreIndex
   // allowed) it also computes per-token losses and returns their sum; the count of non-ignored
   // targets goes to *n_targets (may be null). The logits are formed one sequence at a time, so
-  // only the last sequence's remain (logits()).
-  virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets) = 0;
+  // only the last sequence's remain (logits()). positions (B,T, host), when sequences hold
+  // several packed examples: each token's position in its own example (kernels/positions.h),
+  // which its position embedding and attention see; null: token t is at position t.
+  virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
+                         const int32_t* positions = nullptr) = 0;
   // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
   // gradient of the sum of the per-token losses). Returns that sum, as forward() does. With
   // dropout in the config, its masks are those of set_dropout_position's step and sequences.
   virtual double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
-                                  int64_t* n_targets) = 0;
+                                  int64_t* n_targets, const int32_t* positions = nullptr) = 0;
   // Where the next forward_backward stands in training: the run's seed, the step, and the index
   // in the step's global batch of the microbatch's first sequence. Dropout masks are a function of
   // these (kernels/dropout.h), never of how the batch is cut into ranks and microbatches.

@@ -95,9 +95,9 @@ std::vector<ParityResult> op_parity(KernelImpl impl) {
          OpRun r;
          float *out = r.zeros(2 * T * C), *lse = r.zeros(2 * NH * T), *dqkv = r.zeros(qkv.size());
          float* in = r.put(qkv);
-         attention_forward(out, lse, in, 2, T, {NH, NH, C / NH});
+         attention_forward(out, lse, in, nullptr, 2, T, {NH, NH, C / NH});
          float* dout = r.put(random_values(2 * T * C, 6));
-         attention_backward(dqkv, dout, in, out, lse, 2, T, {NH, NH, C / NH});
+         attention_backward(dqkv, dout, in, out, lse, nullptr, 2, T, {NH, NH, C / NH});
          std::vector<float> all = OpRun::get(out, 2 * T * C), d = OpRun::get(dqkv, qkv.size());
          all.insert(all.end(), d.begin(), d.end());
          return all;

@@ -45,6 +45,20 @@ std::vector<int32_t> token_ids(size_t n, int V) {
   return t;
 }
 
+// Packed examples' positions (kernels/positions.h): each sequence cut into examples of 1 to 2·len
+// tokens at fixed pseudo-random places, the first starting at 0.
+std::vector<int32_t> packed_positions(int B, int T, int len) {
+  std::vector<int32_t> p(static_cast<size_t>(B) * T);
+  for (int b = 0; b < B; b++) {
+    int start = 0;
+    for (int t = 0; t < T; t++) {
+      if (t > start && ((t * 2654435761u + b * 97u) >> 7) % static_cast<unsigned>(len) == 0) start = t;
+      p[static_cast<size_t>(b) * T + t] = t - start;
+    }
+  }
+  return p;
+}
+
 Tolerance rounded_tolerance(ComputeDtype d) {
   return d == ComputeDtype::kBf16 ? kBf16Rounded : d == ComputeDtype::kFp16 ? kFp16Rounded : kFp32Elementwise;
 }
@@ -57,22 +71,27 @@ std::vector<float> rounded(std::vector<float> v, ComputeDtype d) {
 void embedding_cases(std::vector<OpCase>& cases) {
   struct Shape { int B, T, C, V; };
   // With learned positions (wpe) and without (MPT with ALiBi, Llama).
+  // Learned positions counting from each packed example's start too.
+  enum class Wpe { kLearned, kNone, kPacked };
   for (Shape s : {Shape{1, 1, 1, 3}, Shape{2, 5, 7, 11}, Shape{3, 17, 33, 4}, Shape{4, 64, 96, 50257}})
-    for (bool positions : {true, false}) {
+    for (Wpe kind : {Wpe::kLearned, Wpe::kNone, Wpe::kPacked}) {
+      const bool learned = kind != Wpe::kNone, packed = kind == Wpe::kPacked;
       const size_t BT = static_cast<size_t>(s.B) * s.T, wte_n = static_cast<size_t>(s.V) * s.C;
-      const std::string suffix = positions ? "" : "no_wpe";
+      const std::string suffix = kind == Wpe::kNone ? "no_wpe" : packed ? "packed" : "";
       const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"C", s.C}, {"V", s.V}};
       cases.push_back({case_name("encoder_forward", dims, suffix), [=](OpRun& r) {
         float* out = r.out("out", BT * s.C, close(kFp32Elementwise));
-        const float* wpe = positions ? r.in("wpe", randn(s.T * s.C, 2)) : nullptr;
-        ANVIL_RUN_OP(r, encoder_forward, out, r.in("tokens", token_ids(BT, s.V)), r.in("wte", randn(wte_n, 1)), wpe,
-                     s.B, s.T, s.C);
+        const float* wpe = learned ? r.in("wpe", randn(s.T * s.C, 2)) : nullptr;
+        const int32_t* positions = packed ? r.in("positions", packed_positions(s.B, s.T, 4)) : nullptr;
+        ANVIL_RUN_OP(r, encoder_forward, out, r.in("tokens", token_ids(BT, s.V)), positions,
+                     r.in("wte", randn(wte_n, 1)), wpe, s.B, s.T, s.C);
       }});
       cases.push_back({case_name("encoder_backward", dims, suffix), [=](OpRun& r) {
         float* dwte = r.inout("dwte", randn(wte_n, 4), close(kFp32Elementwise));  // +=
-        float* dwpe = positions ? r.inout("dwpe", randn(s.T * s.C, 5), close(kFp32Elementwise)) : nullptr;
+        float* dwpe = learned ? r.inout("dwpe", randn(s.T * s.C, 5), close(kFp32Elementwise)) : nullptr;
+        const int32_t* positions = packed ? r.in("positions", packed_positions(s.B, s.T, 4)) : nullptr;
         ANVIL_RUN_OP(r, encoder_backward, dwte, dwpe, r.in("dout", randn(BT * s.C, 3)),
-                     r.in("tokens", token_ids(BT, s.V)), s.B, s.T, s.C);
+                     r.in("tokens", token_ids(BT, s.V)), positions, s.B, s.T, s.C);
       }});
     }
   // Each element one addition: the reference's bits. 70000 rows, descending: more than a GPU
@@ -218,20 +237,25 @@ void elementwise_cases(std::vector<OpCase>& cases) {
   // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions
   // up to 2048 where an angle's rounding would show; head dimensions 2, 64 and 128; theta 1e4 and
   // Llama 3's 5e5.
-  struct RopeShape { int B, T, heads, kv_heads, HS; float theta; };
-  for (RopeShape s : {RopeShape{1, 1, 1, 1, 2, 1e4f}, RopeShape{2, 37, 4, 2, 64, 1e4f}, RopeShape{1, 130, 3, 1, 128, 5e5f},
-                      RopeShape{1, 2048, 2, 2, 64, 1e4f}}) {
+  // Packed examples' positions on one shape.
+  struct RopeShape { int B, T, heads, kv_heads, HS; float theta; bool packed; };
+  for (RopeShape s : {RopeShape{1, 1, 1, 1, 2, 1e4f, false}, RopeShape{2, 37, 4, 2, 64, 1e4f, false},
+                      RopeShape{1, 130, 3, 1, 128, 5e5f, false}, RopeShape{1, 2048, 2, 2, 64, 1e4f, false},
+                      RopeShape{2, 37, 4, 2, 64, 1e4f, true}}) {
     const int row_stride = (s.heads + 2 * s.kv_heads) * s.HS, rotated = s.heads + s.kv_heads;
     const size_t n = static_cast<size_t>(s.B) * s.T * row_stride;
     const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"NH", s.heads}, {"KV", s.kv_heads},
                        {"HS", s.HS}, {"theta", static_cast<long>(s.theta)}};
-    cases.push_back({case_name("rope_forward", dims), [=](OpRun& r) {
-      ANVIL_RUN_OP(r, rope_forward, r.inout("qkv", randn(n, 1), close(kFp32Elementwise)), s.B, s.T, row_stride,
-                   rotated, s.HS, s.theta);
+    const std::string suffix = s.packed ? "packed" : "";
+    cases.push_back({case_name("rope_forward", dims, suffix), [=](OpRun& r) {
+      const int32_t* positions = s.packed ? r.in("positions", packed_positions(s.B, s.T, 5)) : nullptr;
+      ANVIL_RUN_OP(r, rope_forward, r.inout("qkv", randn(n, 1), close(kFp32Elementwise)), positions, s.B, s.T,
+                   row_stride, rotated, s.HS, s.theta);
     }});
-    cases.push_back({case_name("rope_backward", dims), [=](OpRun& r) {
-      ANVIL_RUN_OP(r, rope_backward, r.inout("dqkv", randn(n, 2), close(kFp32Elementwise)), s.B, s.T, row_stride,
-                   rotated, s.HS, s.theta);
+    cases.push_back({case_name("rope_backward", dims, suffix), [=](OpRun& r) {
+      const int32_t* positions = s.packed ? r.in("positions", packed_positions(s.B, s.T, 5)) : nullptr;
+      ANVIL_RUN_OP(r, rope_backward, r.inout("dqkv", randn(n, 2), close(kFp32Elementwise)), positions, s.B, s.T,
+                   row_stride, rotated, s.HS, s.theta);
     }});
   }
   // Llama's MLP activation over (N, 2F) rows of gate | up.
@@ -264,6 +288,7 @@ void attention_cases(std::vector<OpCase>& cases) {
   struct Shape {
     int B, T;
     AttentionHeads heads;
+    int packed = 0;  // > 0: examples packed in each sequence, of about this many tokens
   };
   const auto mha = [](int n_heads, int head_size) { return AttentionHeads{n_heads, n_heads, head_size}; };
   auto alibi = [](AttentionHeads a, float bias_max) {
@@ -286,7 +311,8 @@ void attention_cases(std::vector<OpCase>& cases) {
                   Shape{1, 130, {8, 2, 16}}, Shape{2, 65, {4, 1, 16}}, Shape{1, 1, {3, 1, 4}},
                   Shape{2, 70, alibi(mha(4, 8), 8)}, Shape{1, 130, alibi(mha(12, 16), 8)},
                   Shape{2, 33, alibi({6, 3, 8}, 16)}, Shape{2, 70, dropout(mha(3, 8), 0.1f)},
-                  Shape{2, 130, dropout(alibi({4, 2, 16}, 8), 0.5f)}}) {
+                  Shape{2, 130, dropout(alibi({4, 2, 16}, 8), 0.5f)}, Shape{2, 70, mha(3, 8), 9},
+                  Shape{1, 130, alibi({8, 2, 16}, 8), 20}, Shape{2, 65, dropout({4, 1, 16}, 0.1f), 6}}) {
     const AttentionHeads& a = s.heads;
     const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
     const auto qkv = randn(BT * a.qkv_channels(), 1);
@@ -294,19 +320,22 @@ void attention_cases(std::vector<OpCase>& cases) {
         {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
     if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
     if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
+    if (s.packed) dims.push_back({"packed", s.packed});
+    const std::vector<int32_t> pos = s.packed ? packed_positions(s.B, s.T, s.packed) : std::vector<int32_t>();
     cases.push_back({case_name("attention_forward", dims), [=](OpRun& r) {
       float* out = r.out("out", BT * a.q_channels(), close(kFp32Reduction));
       float* lse = r.out("lse", L, close(kFp32Reduction));
-      ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.B, s.T, a);
+      ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.packed ? r.in("positions", pos) : nullptr,
+                   s.B, s.T, a);
     }});
     cases.push_back({case_name("attention_backward", dims), [=](OpRun& r) {
       std::vector<float> out(BT * a.q_channels()), lse(L);  // the forward's, from the reference
-      ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, a);
+      ref::attention_forward(out.data(), lse.data(), qkv.data(), s.packed ? pos.data() : nullptr, s.B, s.T, a);
       Check dqkv_check = norm(kFp32RelNorm);
       dqkv_check.close = kFp32Reduction;
       float* dqkv = r.out("dqkv", BT * a.qkv_channels(), dqkv_check);
       ANVIL_RUN_OP(r, attention_backward, dqkv, r.in("dout", randn(BT * a.q_channels(), 2)), r.in("qkv", qkv),
-                   r.in("out", out), r.in("lse", lse), s.B, s.T, a);
+                   r.in("out", out), r.in("lse", lse), s.packed ? r.in("positions", pos) : nullptr, s.B, s.T, a);
     }});
   }
 }

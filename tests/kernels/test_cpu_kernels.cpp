@@ -41,9 +41,9 @@ TEST(Encoder, CompactRowsAddUpToTheDirectGradient) {
   for (auto impl : {KernelImpl::kRef, KernelImpl::kCpu}) {
     set_kernel_impl(impl);
     std::vector<float> direct(V * C, 0.0f), dwpe(T * C, 0.0f), table(V * C, 0.0f), dwpe2(T * C, 0.0f);
-    encoder_backward(direct.data(), dwpe.data(), dout.data(), tokens.data(), 1, T, C);
+    encoder_backward(direct.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, 1, T, C);
     std::vector<float> x(rows.size() * C, 0.0f);
-    encoder_backward(x.data(), dwpe2.data(), dout.data(), compact.data(), 1, T, C);
+    encoder_backward(x.data(), dwpe2.data(), dout.data(), compact.data(), nullptr, 1, T, C);
     add_rows(table.data(), x.data(), rows.data(), rows.size(), C);
     EXPECT_EQ(table, direct);
     EXPECT_EQ(dwpe2, dwpe);
@@ -172,8 +172,8 @@ TEST(Attention, ThreadCountDoesNotChangeABit) {
       out[k].resize(BT * a.q_channels());
       lse[k].resize(BT * a.n_heads);
       dqkv[k].resize(qkv.size());
-      cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), B, T, a);
-      cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), B, T, a);
+      cpu::attention_forward(out[k].data(), lse[k].data(), qkv.data(), nullptr, B, T, a);
+      cpu::attention_backward(dqkv[k].data(), dout.data(), qkv.data(), out[k].data(), lse[k].data(), nullptr, B, T, a);
     }
     omp_set_num_threads(saved);
     for (int k = 1; k < 3; k++) {
@@ -205,7 +205,7 @@ TEST(AttentionReference, AlibiAddsSlopeTimesDistance) {
   // Rows: q, k, v of positions 0 and 1.
   const std::vector<float> qkv = {0.5f, -1.0f, 1.0f, 2.0f, 3.0f, -1.0f, 1.0f, 0.25f, 0.5f, 1.0f, -2.0f, 4.0f};
   std::vector<float> out(4), lse(2);
-  ref::attention_forward(out.data(), lse.data(), qkv.data(), 1, 2, a);
+  ref::attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 1, 2, a);
   const double scale = 1.0 / std::sqrt(2.0), slope = 1.0 / 256.0;
   const double s0 = scale * (1.0 * 1.0 + 0.25 * 2.0) - slope, s1 = scale * (1.0 * 0.5 + 0.25 * 1.0);
   const double p0 = std::exp(s0) / (std::exp(s0) + std::exp(s1)), p1 = 1.0 - p0;
@@ -257,7 +257,7 @@ TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
   std::vector<float> x = {9, 8, 7, 6,  // position 0: unchanged
                           1, 0, 0, 0};  // position 1: channel 0 pairs with channel 2, at angle 1
   const std::vector<float> x0 = x;
-  ref::rope_forward(x.data(), 1, T, HS, 1, HS, 100.0f);
+  ref::rope_forward(x.data(), nullptr, 1, T, HS, 1, HS, 100.0f);
   for (int c = 0; c < HS; c++) EXPECT_EQ(x[c], x0[c]);
   EXPECT_FLOAT_EQ(x[4], std::cos(1.0f));
   EXPECT_EQ(x[5], 0.0f);
@@ -265,9 +265,9 @@ TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
   EXPECT_EQ(x[7], 0.0f);
   EXPECT_FLOAT_EQ(rope_inv_freq(100.0f, 1, HS), 0.1f);
   auto y = randn(3 * 50 * 64, 1), y0 = y;  // rows of 3 heads, 2 rotated
-  ref::rope_forward(y.data(), 1, 50, 3 * 64, 2, 64, 1e4f);
+  ref::rope_forward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, 1e4f);
   EXPECT_FALSE(all_close(y.data(), y0.data(), 2 * 64 * 50, kFp32Elementwise));
-  ref::rope_backward(y.data(), 1, 50, 3 * 64, 2, 64, 1e4f);
+  ref::rope_backward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, 1e4f);
   EXPECT_TRUE(all_close(y.data(), y0.data(), y.size(), kFp32Elementwise));
 }
 

@@ -22,74 +22,81 @@ namespace {
 constexpr int kQueryBlock = 64;
 
 // Row i of a block's scores s[0..keys) (key j against query valid - 1): scaled, with ALiBi's
-// slope·(j - i) added (slope 0 without), masked past `valid`, turned into probabilities in place
-// (zeros past valid); returns the row's log-sum-exp.
-ANVIL_CPU_CLONES float softmax_row(float* s, int valid, int keys, float scale, float slope) {
+// slope·(j - i) added (slope 0 without), masked outside [first, valid) (first: the start of the
+// query's example), turned into probabilities in place (zeros outside); returns the row's
+// log-sum-exp.
+ANVIL_CPU_CLONES float softmax_row(float* s, int first, int valid, int keys, float scale, float slope) {
   const int i = valid - 1;
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-  for (int j = 0; j < valid; j++) {
+  for (int j = first; j < valid; j++) {
     s[j] = s[j] * scale + slope * static_cast<float>(j - i);
     mx = std::max(mx, s[j]);
   }
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int j = 0; j < valid; j++) {
+  for (int j = first; j < valid; j++) {
     const float e = exp_approx(s[j] - mx);
     s[j] = e;
     sum += e;
   }
   const float inv = 1.0f / sum;
 #pragma omp simd
-  for (int j = 0; j < valid; j++) s[j] *= inv;
+  for (int j = first; j < valid; j++) s[j] *= inv;
+  std::fill(s, s + first, 0.0f);
   std::fill(s + valid, s + keys, 0.0f);
   return mx + std::log(sum);
 }
 
 // From row i's raw scores s and dP = dO·Vᵀ: p = e^(scale·s + slope·(j - i) - lse) in s, and the
 // score gradient dS = scale · p · (dP - D) in dp; zeros past valid.
-ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int valid, int keys, float scale, float slope,
-                                           float lse, float D) {
+ANVIL_CPU_CLONES void softmax_backward_row(float* s, float* dp, int first, int valid, int keys, float scale,
+                                           float slope, float lse, float D) {
   const int i = valid - 1;
 #pragma omp simd
-  for (int j = 0; j < valid; j++) {
+  for (int j = first; j < valid; j++) {
     // The bias moves into the subtrahend so that without ALiBi (slope 0) the exponent is exactly
     // scale·s - lse, formed as it always was.
     const float p = exp_approx(scale * s[j] - (lse - slope * static_cast<float>(j - i)));
     s[j] = p;
     dp[j] = scale * p * (dp[j] - D);
   }
+  std::fill(s, s + first, 0.0f);
+  std::fill(dp, dp + first, 0.0f);
   std::fill(s + valid, s + keys, 0.0f);
   std::fill(dp + valid, dp + keys, 0.0f);
 }
 
 // Attention dropout of row i (head h) of a block, in place on its probabilities: kept ones scaled
 // by 1/(1-p), dropped ones zeroed, as dropout_keep decides for the sequence's stream.
-ANVIL_CPU_CLONES void dropout_row(float* s, int valid, const DropoutSite& d, uint64_t stream, int h, int i, int T) {
+ANVIL_CPU_CLONES void dropout_row(float* s, int first, int valid, const DropoutSite& d, uint64_t stream, int h, int i,
+                                  int T) {
   const float keep_scale = d.scale();
   const uint32_t threshold = d.threshold();
   const uint64_t base = attention_dropout_index(h, i, 0, T);
 #pragma omp simd
-  for (int j = 0; j < valid; j++)
+  for (int j = first; j < valid; j++)
     s[j] = dropout_keep(stream, base + static_cast<uint64_t>(j), threshold) ? s[j] * keep_scale : 0.0f;
 }
 
 // softmax_backward_row under attention dropout: with m_j the kept factor (0 or 1/(1-p)), the
 // value gradient reads p·m (into s) and the scores' gradient is scale · p · (m·dP - D).
-ANVIL_CPU_CLONES void softmax_backward_row_dropout(float* s, float* dp, int valid, int keys, float scale, float slope,
-                                                   float lse, float D, const DropoutSite& d, uint64_t stream, int h,
-                                                   int T) {
+ANVIL_CPU_CLONES void softmax_backward_row_dropout(float* s, float* dp, int first, int valid, int keys, float scale,
+                                                   float slope, float lse, float D, const DropoutSite& d,
+                                                   uint64_t stream, int h, int T) {
   const int i = valid - 1;
   const float keep_scale = d.scale();
   const uint32_t threshold = d.threshold();
   const uint64_t base = attention_dropout_index(h, i, 0, T);
 #pragma omp simd
-  for (int j = 0; j < valid; j++) {
+  for (int j = first; j < valid; j++) {
     const float p = exp_approx(scale * s[j] - (lse - slope * static_cast<float>(j - i)));
     const float m = dropout_keep(stream, base + static_cast<uint64_t>(j), threshold) ? keep_scale : 0.0f;
     s[j] = p * m;
     dp[j] = scale * p * (dp[j] * m - D);
   }
+  std::fill(s, s + first, 0.0f);
+  std::fill(dp, dp + first, 0.0f);
   std::fill(s + valid, s + keys, 0.0f);
   std::fill(dp + valid, dp + keys, 0.0f);
 }
@@ -107,12 +114,16 @@ float* scratch(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
+// The first key query i of sequence b reaches: the start of its example.
+int first_key(const int32_t* positions, int b, int T, int i) { return i - position_of(positions, b, T, i); }
+
 // Head h's ALiBi slope, 0 without ALiBi.
 float slope_of(const AttentionHeads& a, int h) { return a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0f; }
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                       AttentionHeads heads) {
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int blocks = (T + kQueryBlock - 1) / kQueryBlock;
@@ -135,11 +146,13 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
           gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
           float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
           for (int i = 0; i < rows; i++)
-            lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, q0 + i + 1, keys, scale, slope);
+            lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, first_key(positions, b, T, q0 + i),
+                                         q0 + i + 1, keys, scale, slope);
           if (heads.dropout.active()) {
             const uint64_t stream = dropout_stream(heads.dropout.key, heads.dropout.first_sample + b);
             for (int i = 0; i < rows; i++)
-              dropout_row(S + static_cast<long>(i) * keys, q0 + i + 1, heads.dropout, stream, h, q0 + i, T);
+              dropout_row(S + static_cast<long>(i) * keys, first_key(positions, b, T, q0 + i), q0 + i + 1,
+                          heads.dropout, stream, h, q0 + i, T);
           }
           // out rows (rows × HS) = P V
           gemm(GemmPrecision::fp32, rows, HS, keys, {S, keys, 1}, {V, ld, 1},
@@ -148,8 +161,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, AttentionHeads heads) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* positions, int B, int T, AttentionHeads heads) {
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const int ld = heads.qkv_channels();
@@ -191,11 +204,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             for (int i = 0; i < rows; i++) {
               float* s_row = S + static_cast<long>(i) * keys;
               float* dp_row = dP + static_cast<long>(i) * keys;
+              const int first = first_key(positions, b, T, q0 + i);
               if (heads.dropout.active())
-                softmax_backward_row_dropout(s_row, dp_row, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i],
-                                             heads.dropout, stream, h, T);
+                softmax_backward_row_dropout(s_row, dp_row, first, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i],
+                                             D[q0 + i], heads.dropout, stream, h, T);
               else
-                softmax_backward_row(s_row, dp_row, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
+                softmax_backward_row(s_row, dp_row, first, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
             }
             // dQ (rows × HS) = dS K; dK (keys × HS) += dSᵀ Q; dV (keys × HS) += Pᵀ dO
             gemm(GemmPrecision::fp32, rows, HS, keys, {dP, keys, 1}, {K, ld, 1}, dQ + static_cast<long>(q0) * ld, ld,

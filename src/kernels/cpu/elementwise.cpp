@@ -17,8 +17,8 @@
 
 namespace anvil::cpu {
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                     int T, int C) {
+void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte, const float* wpe,
+                     int B, int T, int C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
@@ -28,14 +28,14 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
         std::copy(e, e + C, o);
         continue;
       }
-      const float* p = wpe + static_cast<long>(t) * C;
+      const float* p = wpe + static_cast<long>(position_of(positions, b, T, t)) * C;
 #pragma omp simd
       for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                      int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
+                      int B, int T, int C) {
   // Threads own disjoint channel ranges, so several positions holding the same token never race
   // and every sum runs in (b, t) order.
   constexpr int kChunk = 16;
@@ -49,7 +49,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
         float* de = dwte + static_cast<long>(tokens[b * T + t]) * C;
         for (int c = c0; c < c1; c++) de[c] += d[c];
         if (!dwpe) continue;
-        float* dp = dwpe + static_cast<long>(t) * C;
+        float* dp = dwpe + static_cast<long>(position_of(positions, b, T, t)) * C;
         for (int c = c0; c < c1; c++) dp[c] += d[c];
       }
   }
@@ -244,7 +244,8 @@ ANVIL_CPU_CLONES void gelu_erf_backward_range(float* dinp, const float* inp, con
 namespace {
 // The rotation of every (position t < T, pair i) by sign times its angle, as the reference forms
 // it (fp32 angle, double cos and sin), then applied to each row's heads.
-void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta, float sign) {
+void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta,
+                 float sign) {
   const int half = HS / 2;
   // Kept between calls: a step does not allocate once the longest sequence has been seen.
   thread_local std::vector<float> table;
@@ -260,8 +261,9 @@ void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, fl
     }
 #pragma omp parallel for schedule(static)
   for (long row = 0; row < static_cast<long>(B) * T; row++) {
-    const float* c = cos_t + (row % T) * half;
-    const float* s = sin_t + (row % T) * half;
+    const long t = position_of(positions, static_cast<int>(row / T), T, static_cast<int>(row % T));
+    const float* c = cos_t + t * half;
+    const float* s = sin_t + t * half;
     for (int h = 0; h < n_heads; h++) {
       float* v = x + row * row_stride + static_cast<long>(h) * HS;
 #pragma omp simd
@@ -275,11 +277,12 @@ void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, fl
 }
 }  // namespace
 
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(x, B, T, row_stride, n_heads, HS, theta, 1.0f);
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, theta, 1.0f);
 }
-void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(dx, B, T, row_stride, n_heads, HS, theta, -1.0f);
+void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                   float theta) {
+  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0f);
 }
 
 // sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's.

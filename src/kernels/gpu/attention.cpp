@@ -45,7 +45,8 @@ void scores_forward(float* S, const float* x, const Batches& t, int c, int T) {
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                       AttentionHeads heads) {
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels(), ld = heads.qkv_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;
@@ -56,7 +57,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
     for (int c = 0; c < batches.count; c++) {
       const int h0 = batches.first_head(c);
       scores_forward(S, x, batches, c, T);
-      attention_softmax(S, lse + (static_cast<size_t>(b) * NH + h0) * T, T, batches.size, scale, heads, h0, b);
+      attention_softmax(S, lse + (static_cast<size_t>(b) * NH + h0) * T, positions ? positions + b * T : nullptr, T,
+                        batches.size, scale, heads, h0, b);
       // out (T_q, HS) = P V  <=>  outᵀ = Vᵀ · Pᵀ
       gemm_fp32_batched(false, false, HS, T, T, 1.0f, {x + batches.v(c), ld, batches.kv_stride}, {S, T, TT}, 0.0f,
                         out + static_cast<size_t>(b) * T * C + h0 * HS, C, HS, batches.size);
@@ -64,8 +66,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, AttentionHeads heads) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* positions, int B, int T, AttentionHeads heads) {
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels(), ld = heads.qkv_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;
@@ -89,8 +91,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       gemm_fp32_batched(true, false, T, T, HS, 1.0f, {x + batches.v(c), ld, batches.kv_stride}, {dO, C, HS}, 0.0f, dP,
                         T, TT, batches.size);
       // S = P (times the dropout mask), dP = scale·dS
-      attention_dsoftmax(S, dP, lse + (static_cast<size_t>(b) * NH + h0) * T, D + static_cast<size_t>(h0) * T, T,
-                         batches.size, scale, heads, h0, b);
+      attention_dsoftmax(S, dP, lse + (static_cast<size_t>(b) * NH + h0) * T, D + static_cast<size_t>(h0) * T,
+                         positions ? positions + b * T : nullptr, T, batches.size, scale, heads, h0, b);
       // dQ = dS K  <=>  dQᵀ = Kᵀ · dSᵀ
       gemm_fp32_batched(false, false, HS, T, T, 1.0f, {x + batches.k(c), ld, batches.kv_stride}, {dP, T, TT}, 0.0f,
                         dx + batches.q(c), ld, HS, batches.size);

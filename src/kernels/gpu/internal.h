@@ -22,10 +22,12 @@ void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float al
 // with each row's log-sum-exp into lse (count·T), times the attention-dropout factor m (1 without
 // dropout, else 0 or 1/(1-p)); and, from the recomputed scores S and dP = dout·Vᵀ, S = P∘m and
 // dP = scale · P ∘ (m∘dP - D). D (NH·T) = row sums of dout ∘ out over all NH heads of C channels.
-void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0,
-                       int b);
+// positions: the sequence's T positions (kernels/positions.h), or null; keys before a query's
+// example are masked like those after it.
+void attention_softmax(float* S, float* lse, const int32_t* positions, int T, int count, float scale,
+                       const AttentionHeads& heads, int h0, int b);
 void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH);
-void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
-                        const AttentionHeads& heads, int h0, int b);
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, const int32_t* positions, int T,
+                        int count, float scale, const AttentionHeads& heads, int h0, int b);
 
 }  // namespace anvil::gpu

@@ -53,12 +53,12 @@ struct MaxSum {
 
 // ---- embeddings
 
-__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T,
-                                       int C, long N) {
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const int32_t* positions, const float* wte,
+                                       const float* wpe, int T, int C, long N) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   const long n = i / C;
-  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
+  const int c = static_cast<int>(i % C), t = positions ? positions[n] : static_cast<int>(n % T);
   const float e = wte[static_cast<long>(tokens[n]) * C + c];
   out[i] = wpe ? e + wpe[static_cast<long>(t) * C + c] : e;
 }
@@ -82,6 +82,20 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
   if (i >= static_cast<long>(T) * C) return;
   float s = dwpe[i];
   for (int b = 0; b < B; b++) s += dout[static_cast<long>(b) * T * C + i];
+  dwpe[i] = s;
+}
+
+// Packed examples: position p's row gathers every token at p, in (b, t) order (a token at
+// position p sits at t >= p), with no atomics.
+__global__ void encoder_backward_wpe_positions_kernel(float* dwpe, const float* dout, const int32_t* positions, int B,
+                                                      int T, int C) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long>(T) * C) return;
+  const int p = static_cast<int>(i / C), c = static_cast<int>(i % C);
+  float s = dwpe[i];
+  for (int b = 0; b < B; b++)
+    for (int t = p; t < T; t++)
+      if (positions[static_cast<long>(b) * T + t] == p) s += dout[(static_cast<long>(b) * T + t) * C + c];
   dwpe[i] = s;
 }
 
@@ -234,14 +248,15 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
 }
 
 // ---- RoPE: one thread per (row, head, pair); inv_freq as rope_inv_freq forms it on the host.
-__global__ void rope_kernel(float* x, int T, int row_stride, int n_heads, int HS, float theta, float sign, long pairs) {
+__global__ void rope_kernel(float* x, const int32_t* positions, int T, int row_stride, int n_heads, int HS, float theta,
+                            float sign, long pairs) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= pairs) return;
   const int half = HS / 2;
   const int i = static_cast<int>(k % half);
   const long head = k / half, row = head / n_heads;
   const float inv_freq = static_cast<float>(pow(static_cast<double>(theta), -2.0 * i / HS));
-  const float angle = static_cast<float>(row % T) * inv_freq;
+  const float angle = static_cast<float>(positions ? positions[row] : static_cast<int>(row % T)) * inv_freq;
   const float c = cosf(angle), s = sign * sinf(angle);
   float* v = x + row * row_stride + (head % n_heads) * HS;
   const float a = v[i], b = v[i + half];
@@ -332,27 +347,29 @@ __global__ void round_kernel(float* x, long N, ComputeDtype d) {
 // diagonal), in place, and the row's log-sum-exp of the biased scaled scores. Row h·T + i of a
 // group of heads starting at head h0. The bias joins the subtrahend of the exponents so that
 // without ALiBi (slope 0) they are formed exactly as scale·S - lse.
-__global__ void attention_softmax_kernel(float* S, float* lse, int T, int rows, float scale, AttentionHeads heads,
-                                         int h0, int b) {
+__global__ void attention_softmax_kernel(float* S, float* lse, const int32_t* positions, int T, int rows, float scale,
+                                         AttentionHeads heads, int h0, int b) {
   const int lane = threadIdx.x % kWarpSize;
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
   if (row >= rows) return;
-  const int i = row % T;
+  const int i = row % T, first = positions ? i - positions[i] : 0;
   const float slope = heads.alibi ? alibi_slope(h0 + row / T, heads.n_heads, heads.alibi_bias_max) : 0.0f;
   float* s = S + static_cast<long>(row) * T;
   MaxSum acc;  // lanes without keys keep an empty one
-  for (int j = lane; j <= i; j += kWarpSize) acc.add(s[j] * scale + slope * static_cast<float>(j - i));
+  for (int j = first + lane; j <= i; j += kWarpSize) acc.add(s[j] * scale + slope * static_cast<float>(j - i));
   acc.merge_warp();
   const float l = acc.logsumexp();
   for (int j = lane; j < T; j += kWarpSize)
-    s[j] = j <= i ? expf(s[j] * scale - (l - slope * static_cast<float>(j - i))) : 0.0f;
+    s[j] = j <= i && j >= first ? expf(s[j] * scale - (l - slope * static_cast<float>(j - i))) : 0.0f;
   if (heads.dropout.active()) {
     const DropoutSite& d = heads.dropout;
     const uint64_t stream = dropout_stream(d.key, d.first_sample + b);
     const uint64_t base = attention_dropout_index(h0 + row / T, i, 0, T);
     const float keep_scale = d.scale();
+    // Each lane rescales the elements it wrote above (no other lane's).
     for (int j = lane; j <= i; j += kWarpSize)
-      s[j] = dropout_keep(stream, base + static_cast<uint64_t>(j), d.threshold()) ? s[j] * keep_scale : 0.0f;
+      if (j >= first)
+        s[j] = dropout_keep(stream, base + static_cast<uint64_t>(j), d.threshold()) ? s[j] * keep_scale : 0.0f;
   }
   if (lane == 0) lse[row] = l;
 }
@@ -373,13 +390,14 @@ __global__ void attention_delta_kernel(float* D, const float* dout, const float*
 // Element-wise over (h, i, j) of a group of heads starting at head h0: S (the recomputed raw
 // scores) becomes P = exp(scale·S + ALiBi - lse), and dP becomes scale · P · (dP - D_i), both 0
 // above the diagonal.
-__global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse, const float* D, int T, long n,
-                                          float scale, AttentionHeads heads, int h0, int b) {
+__global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse, const float* D,
+                                          const int32_t* positions, int T, long n, float scale, AttentionHeads heads,
+                                          int h0, int b) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const long row = k / T;
   const int i = static_cast<int>(row % T), j = static_cast<int>(k % T);
-  if (j > i) {
+  if (j > i || (positions && j < i - positions[i])) {
     S[k] = 0.0f;
     dP[k] = 0.0f;
     return;
@@ -460,18 +478,24 @@ __global__ void crossentropy_forward_backward_kernel(float* losses, float* dlogi
 
 // ---- the ops
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte, const float* wpe,
+                     int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
-  GPU_LAUNCH(encoder_forward_kernel, blocks_for(N * C), kThreads)(out, tokens, wte, wpe, T, C, N);
+  GPU_LAUNCH(encoder_forward_kernel, blocks_for(N * C), kThreads)(out, tokens, positions, wte, wpe, T, C, N);
   GPU_CHECK_LAUNCH();
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
+                      int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
   GPU_LAUNCH(encoder_backward_wte_kernel, blocks_for(C, 64), 64)(dwte, dout, tokens, C, N);
   GPU_CHECK_LAUNCH();
   if (!dwpe) return;
-  GPU_LAUNCH(encoder_backward_wpe_kernel, blocks_for(static_cast<long>(T) * C), kThreads)(dwpe, dout, B, T, C);
+  if (positions)
+    GPU_LAUNCH(encoder_backward_wpe_positions_kernel, blocks_for(static_cast<long>(T) * C), kThreads)(
+        dwpe, dout, positions, B, T, C);
+  else
+    GPU_LAUNCH(encoder_backward_wpe_kernel, blocks_for(static_cast<long>(T) * C), kThreads)(dwpe, dout, B, T, C);
   GPU_CHECK_LAUNCH();
 }
 
@@ -539,15 +563,16 @@ void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   GPU_CHECK_LAUNCH();
 }
 
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
   const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
-  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(x, T, row_stride, n_heads, HS, theta, 1.0f, pairs);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(x, positions, T, row_stride, n_heads, HS, theta, 1.0f, pairs);
   GPU_CHECK_LAUNCH();
 }
 
-void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                   float theta) {
   const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
-  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(dx, T, row_stride, n_heads, HS, theta, -1.0f, pairs);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(dx, positions, T, row_stride, n_heads, HS, theta, -1.0f, pairs);
   GPU_CHECK_LAUNCH();
 }
 
@@ -601,11 +626,11 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
   GPU_CHECK_LAUNCH();
 }
 
-void attention_softmax(float* S, float* lse, int T, int count, float scale, const AttentionHeads& heads, int h0,
-                       int b) {
+void attention_softmax(float* S, float* lse, const int32_t* positions, int T, int count, float scale,
+                       const AttentionHeads& heads, int h0, int b) {
   const int rows = count * T, rows_per_block = kThreads / kWarpSize;
-  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, T, rows, scale, heads, h0,
-                                                                                   b);
+  GPU_LAUNCH(attention_softmax_kernel, blocks_for(rows, rows_per_block), kThreads)(S, lse, positions, T, rows, scale,
+                                                                                   heads, h0, b);
   GPU_CHECK_LAUNCH();
 }
 
@@ -615,10 +640,10 @@ void attention_delta(float* D, const float* dout, const float* out, int T, int C
   GPU_CHECK_LAUNCH();
 }
 
-void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, int T, int count, float scale,
-                        const AttentionHeads& heads, int h0, int b) {
+void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, const int32_t* positions, int T,
+                        int count, float scale, const AttentionHeads& heads, int h0, int b) {
   const long n = static_cast<long>(count) * T * T;
-  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, T, n, scale, heads, h0, b);
+  GPU_LAUNCH(attention_dsoftmax_kernel, blocks_for(n), kThreads)(S, dP, lse, D, positions, T, n, scale, heads, h0, b);
   GPU_CHECK_LAUNCH();
 }
 

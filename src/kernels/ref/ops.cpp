@@ -22,25 +22,27 @@
 
 namespace anvil::ref {
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                     int T, int C) {
+void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions, const float* wte, const float* wpe,
+                     int B, int T, int C) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       const float* e = wte + static_cast<long>(tokens[b * T + t]) * C;
+      const long p = position_of(positions, b, T, t);
       float* o = out + (static_cast<long>(b) * T + t) * C;
-      for (int c = 0; c < C; c++) o[c] = wpe ? e[c] + wpe[static_cast<long>(t) * C + c] : e[c];
+      for (int c = 0; c < C; c++) o[c] = wpe ? e[c] + wpe[p * C + c] : e[c];
     }
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
-                      int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
+                      int B, int T, int C) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       const float* d = dout + (static_cast<long>(b) * T + t) * C;
       float* de = dwte + static_cast<long>(tokens[b * T + t]) * C;
+      const long p = position_of(positions, b, T, t);
       for (int c = 0; c < C; c++) {
         de[c] += d[c];
-        if (dwpe) dwpe[static_cast<long>(t) * C + c] += d[c];
+        if (dwpe) dwpe[p * C + c] += d[c];
       }
     }
 }
@@ -182,10 +184,11 @@ constexpr double kGeluScale = 0.7978845608028654;  // √(2/π)
 
 namespace {
 // Rotates each pair by the angle t·inv_freq[i] times sign (1: forward, -1: its gradient).
-void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta, double sign) {
+void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta,
+                 double sign) {
   const int half = HS / 2;
   for (long row = 0; row < static_cast<long>(B) * T; row++) {
-    const float t = static_cast<float>(row % T);
+    const float t = static_cast<float>(position_of(positions, static_cast<int>(row / T), T, static_cast<int>(row % T)));
     for (int h = 0; h < n_heads; h++) {
       float* v = x + row * row_stride + static_cast<long>(h) * HS;
       for (int i = 0; i < half; i++) {
@@ -199,11 +202,12 @@ void rope_rotate(float* x, int B, int T, int row_stride, int n_heads, int HS, fl
 }
 }  // namespace
 
-void rope_forward(float* x, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(x, B, T, row_stride, n_heads, HS, theta, 1.0);
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, theta, 1.0);
 }
-void rope_backward(float* dx, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(dx, B, T, row_stride, n_heads, HS, theta, -1.0);
+void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                   float theta) {
+  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0);
 }
 
 void swiglu_forward(float* out, const float* inp, int N, int F) {
@@ -295,10 +299,15 @@ void score_row(double* s, const float* qkv, const AttentionHeads& a, int b, int 
   }
 }
 
+// Keys before query i's example (j < i - p(b,i)) are out of its reach: their scores become -inf.
+void mask_other_examples(double* s, const int32_t* positions, int b, int T, int i) {
+  for (int j = 0; j < i - position_of(positions, b, T, i); j++) s[j] = -INFINITY;
+}
+
 // p[0..i] = softmax(s[0..i]); returns the log-sum-exp.
 double softmax_in_place(double* p, int i) {
-  double mx = p[0];
-  for (int j = 1; j <= i; j++) mx = std::max(mx, p[j]);
+  double mx = p[i];  // a query always reaches its own key
+  for (int j = 0; j < i; j++) mx = std::max(mx, p[j]);
   double sum = 0;
   for (int j = 0; j <= i; j++) sum += std::exp(p[j] - mx);
   for (int j = 0; j <= i; j++) p[j] = std::exp(p[j] - mx) / sum;
@@ -316,13 +325,15 @@ double attention_keep(const AttentionHeads& heads, int b, int T, int h, int i, i
 }
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, AttentionHeads heads) {
+void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                       AttentionHeads heads) {
   const int HS = heads.head_size, C = heads.q_channels();
   std::vector<double> p(T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < heads.n_heads; h++)
       for (int i = 0; i < T; i++) {
         score_row(p.data(), qkv, heads, b, T, h, i);
+        mask_other_examples(p.data(), positions, b, T, i);
         lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = static_cast<float>(softmax_in_place(p.data(), i));
         for (int j = 0; j <= i; j++) p[j] *= attention_keep(heads, b, T, h, i, j);
         float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
@@ -334,8 +345,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, A
       }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, AttentionHeads heads) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                        const int32_t* positions, int B, int T, AttentionHeads heads) {
   const int HS = heads.head_size, C = heads.q_channels();
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   std::vector<double> p(T), dp(T), grad(static_cast<size_t>(B) * T * heads.qkv_channels());
@@ -346,6 +357,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int i = 0; i < T; i++) {
         // Rebuild the probability row from the scores, independently of the saved lse.
         score_row(p.data(), qkv, heads, b, T, h, i);
+        mask_other_examples(p.data(), positions, b, T, i);
         softmax_in_place(p.data(), i);
         const float* qi = qkv_at(qkv, heads, b, T, i, 0, h);
         const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;

@@ -58,6 +58,7 @@ struct FinetuningConfig {
   ChatTemplate chat_template;
   TooLong too_long = TooLong::kTruncate;
   bool skip_malformed = false;  // false: a malformed record stops the run, naming its file and line
+  double packing_ratio = 1;     // > 1: examples packed per sequence, on average at most (data/loader.h)
 };
 
 }  // namespace anvil

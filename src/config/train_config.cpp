@@ -140,7 +140,7 @@ std::string tokenizer_name_as_kept(const std::string& name) {
 }
 
 // A finetuning loader's dataset keys, as LLM Foundry names them.
-void read_finetuning(MapReader& d, DatasetConfig& ds, const std::string& file) {
+void read_finetuning(MapReader& d, DatasetConfig& ds, bool train) {
   FinetuningConfig& ft = ds.finetuning;
   d.get("hf_name", ft.hf_name);
   MapReader kw = d.sub("hf_kwargs");
@@ -180,8 +180,17 @@ void read_finetuning(MapReader& d, DatasetConfig& ds, const std::string& file) {
   d.get("allow_pad_trimming", flag);
   ANVIL_CHECK(!flag, "{}: {}: true is not supported: anvil pads every sequence to max_seq_len (trimming would change "
               "the speed, not the result)", d.source("allow_pad_trimming"), d.full("allow_pad_trimming"));
-  ANVIL_CHECK(!d.has("packing_ratio"), "{}: {} is not supported yet: each example is its own sequence, padded to "
-              "max_seq_len", d.source("packing_ratio"), d.full("packing_ratio"));
+  if (d.has("packing_ratio")) {
+    const YAML::Node r = d.raw("packing_ratio");
+    ANVIL_CHECK(!(r.IsScalar() && r.Scalar() == "auto"), "{}: {}: auto (profiling for a ratio) is not supported: give "
+                "a number, e.g. the examples of about max_seq_len / (their mean length) per sequence",
+                d.source("packing_ratio"), d.full("packing_ratio"));
+    d.get("packing_ratio", ft.packing_ratio);
+    ANVIL_CHECK(train, "{}: {}: evaluation runs each example as its own sequence; packing is for the train loader",
+                d.source("packing_ratio"), d.full("packing_ratio"));
+    ANVIL_CHECK(ft.packing_ratio >= 1, "{}: {} must be at least 1 (examples per sequence), got {}",
+                d.source("packing_ratio"), d.full("packing_ratio"), ft.packing_ratio);
+  }
   d.get("safe_load", flag);  // whether Foundry may run a dataset's own code; anvil never does
   std::string prompts = "none", responses = "last";
   d.get("target_prompts", prompts);
@@ -220,7 +229,7 @@ void read_loader(MapReader r, LoaderConfig& out, const std::string& default_spli
   d.get("local", ds.local);
   ds.split = default_split;
   d.get("split", ds.split);
-  if (out.name == LoaderKind::kFinetuning) read_finetuning(d, ds, file);
+  if (out.name == LoaderKind::kFinetuning) read_finetuning(d, ds, default_split == "train");
   d.get("shuffle", ds.shuffle);
   d.get("shuffle_seed", ds.shuffle_seed);
   d.get("shuffle_algo", ds.shuffle_algo);
@@ -826,6 +835,7 @@ std::string to_yaml(const TrainConfig& c) {
       e << YAML::EndMap;
       e << YAML::Key << "too_long" << YAML::Value << choice_name(ft.too_long);
       e << YAML::Key << "skip_malformed" << YAML::Value << ft.skip_malformed;
+      e << YAML::Key << "packing_ratio" << YAML::Value << ft.packing_ratio;
     }
     e << YAML::EndMap;
     e << YAML::Key << "drop_last" << YAML::Value << l.drop_last;

@@ -3,6 +3,7 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -52,6 +53,19 @@ void check_vocabulary(const int32_t* ids, size_t n, int vocab_size, int64_t id) 
                 "{} (was the data prepared with another tokenizer?)", id, ids[i], vocab_size);
 }
 
+// Fine-tuning sample `id` stitched, cut to seq_len tokens, its ids checked.
+Stitched load_stitched(StreamingDataset& data, int64_t id, int seq_len, int vocab_size,
+                       const FinetuningExamples& finetuning) {
+  const std::vector<Turn> turns = parse_turns_json(data.sample_json(id), fmt::format("sample {}", id));
+  Stitched s = stitch_turns(turns, finetuning.targets, finetuning.eos_id);
+  if (s.tokens.size() > static_cast<size_t>(seq_len)) {
+    s.tokens.resize(static_cast<size_t>(seq_len));
+    s.labels.resize(static_cast<size_t>(seq_len));
+  }
+  check_vocabulary(s.tokens.data(), s.tokens.size(), vocab_size, id);
+  return s;
+}
+
 }  // namespace
 
 void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_size,
@@ -60,10 +74,7 @@ void load_example(StreamingDataset& data, int64_t id, int seq_len, int vocab_siz
   if (data.kind() == MdsSampleKind::kTurns) {
     ANVIL_CHECK(finetuning.has_value(), "the dataset holds fine-tuning examples (prompt and response turns): read "
                 "it with a loader named finetuning");
-    const std::vector<Turn> turns = parse_turns_json(data.sample_json(id), fmt::format("sample {}", id));
-    const Stitched s = stitch_turns(turns, finetuning->targets, finetuning->eos_id);
-    check_vocabulary(s.tokens.data(), std::min<size_t>(s.tokens.size(), T), vocab_size, id);
-    finetuning_example(s, T, inputs, targets);
+    finetuning_example(load_stitched(data, id, T, vocab_size, *finetuning), T, inputs, targets);
     return;
   }
   ANVIL_CHECK(!finetuning.has_value(), "the dataset holds token sequences (pretraining text), not fine-tuning "
@@ -90,13 +101,20 @@ TokenLoader::TokenLoader(StreamingDataset& data, OrderSpec spec, LoaderOptions o
               "global_train_batch_size {} must be a positive multiple of the world size {}", opt_.global_batch,
               opt_.world);
   ANVIL_CHECK(opt_.num_workers >= 0, "num_workers must be 0 or more, got {}", opt_.num_workers);
+  ANVIL_CHECK(opt_.packing_ratio >= 1, "packing_ratio must be at least 1, got {}", opt_.packing_ratio);
+  ANVIL_CHECK(!packing() || (opt_.finetuning && data_.kind() == MdsSampleKind::kTurns), "packing_ratio packs "
+              "fine-tuning examples; pretraining text is packed already");
+  samples_per_step_ = packing() ? std::llround(opt_.packing_ratio * static_cast<double>(opt_.global_batch))
+                                : opt_.global_batch;
   const int64_t n = epoch_samples(spec_);
-  steps_per_epoch_ = n / opt_.global_batch;
+  steps_per_epoch_ = n / samples_per_step_;
   ANVIL_CHECK(steps_per_epoch_ >= 1, "an epoch has {} samples, fewer than one global batch of {}", n,
-              opt_.global_batch);
+              samples_per_step_);
   rank_batch_ = opt_.global_batch / opt_.world;
-  const int64_t predownload = opt_.predownload > 0 ? opt_.predownload : 8 * rank_batch_;
-  lookahead_ = std::max<int64_t>(1, (predownload + rank_batch_ - 1) / rank_batch_);
+  // Packing reads the whole step's examples on every rank.
+  const int64_t per_rank = packing() ? samples_per_step_ : rank_batch_;
+  const int64_t predownload = opt_.predownload > 0 ? opt_.predownload : 8 * per_rank;
+  lookahead_ = std::max<int64_t>(1, (predownload + per_rank - 1) / per_rank);
   start_workers();
 }
 
@@ -113,11 +131,12 @@ std::shared_ptr<const std::vector<int64_t>> TokenLoader::order_for(int64_t epoch
 }
 
 void TokenLoader::fill(int64_t step, Batch& b) {
+  if (packing()) return fill_packed(step, b);
   const int T = opt_.seq_len;
   auto block = [&](int64_t s, auto&& f) {
     const int64_t a = start_step_ + s;
     const auto order = order_for(start_epoch_ + a / steps_per_epoch_);
-    const int64_t first = (a % steps_per_epoch_) * opt_.global_batch + opt_.rank * rank_batch_;
+    const int64_t first = (a % steps_per_epoch_) * samples_per_step_ + opt_.rank * rank_batch_;
     for (int64_t k = 0; k < rank_batch_; k++) f(k, (*order)[first + k]);
   };
   // Queue the downloads this rank needs lookahead steps from now.
@@ -129,6 +148,61 @@ void TokenLoader::fill(int64_t step, Batch& b) {
     b.ids[k] = id;
     load_example(data_, id, T, opt_.vocab_size, opt_.finetuning, b.inputs.data() + k * T, b.targets.data() + k * T);
   });
+}
+
+void TokenLoader::fill_packed(int64_t step, Batch& b) {
+  const int T = opt_.seq_len;
+  const int64_t K = samples_per_step_, GB = opt_.global_batch;
+  auto step_ids = [&](int64_t s) {
+    const int64_t a = start_step_ + s;
+    const auto order = order_for(start_epoch_ + a / steps_per_epoch_);
+    const int64_t first = (a % steps_per_epoch_) * K;
+    return std::vector<int64_t>(order->begin() + first, order->begin() + first + K);
+  };
+  for (int64_t id : step_ids(step + lookahead_)) data_.prefetch(id);
+  const std::vector<int64_t> ids = step_ids(step);
+  std::vector<Stitched> ex;
+  ex.reserve(static_cast<size_t>(K));
+  for (int64_t id : ids) ex.push_back(load_stitched(data_, id, T, opt_.vocab_size, *opt_.finetuning));
+  // First fit, longest first.
+  std::vector<int64_t> by_length(static_cast<size_t>(K));
+  std::iota(by_length.begin(), by_length.end(), 0);
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](int64_t x, int64_t y) { return ex[x].tokens.size() > ex[y].tokens.size(); });
+  std::vector<int64_t> room(static_cast<size_t>(GB), T);
+  std::vector<std::vector<int64_t>> bins(static_cast<size_t>(GB));
+  b.packing = {};
+  for (int64_t k : by_length) {
+    const int64_t len = static_cast<int64_t>(ex[k].tokens.size());
+    const auto it = std::find_if(room.begin(), room.end(), [&](int64_t r) { return r >= len; });
+    if (it == room.end()) {
+      b.packing.dropped++;
+      continue;
+    }
+    *it -= len;
+    bins[static_cast<size_t>(it - room.begin())].push_back(k);
+    b.packing.examples++;
+  }
+  b.packing.sequences = GB;
+  b.inputs.assign(static_cast<size_t>(rank_batch_) * T, 0);
+  b.targets.assign(b.inputs.size(), kIgnoreIndex);
+  b.positions.assign(b.inputs.size(), 0);
+  b.ids.assign(static_cast<size_t>(rank_batch_), -1);
+  for (int64_t j = 0; j < rank_batch_; j++) {
+    std::vector<int64_t>& bin = bins[static_cast<size_t>(opt_.rank * rank_batch_ + j)];
+    std::sort(bin.begin(), bin.end());
+    const size_t row = static_cast<size_t>(j) * T;
+    int t = 0;
+    for (int64_t k : bin) {
+      const int len = static_cast<int>(ex[k].tokens.size());
+      finetuning_example(ex[k], len, b.inputs.data() + row + t, b.targets.data() + row + t);
+      for (int p = 0; p < len; p++) b.positions[row + t + p] = p;
+      t += len;
+    }
+    // Padding: an example of its own that nothing attends to and that carries no loss.
+    for (int p = 0; t + p < T; p++) b.positions[row + t + p] = p;
+    if (!bin.empty()) b.ids[j] = ids[bin.front()];
+  }
 }
 
 void TokenLoader::start_workers() {
@@ -175,14 +249,21 @@ void TokenLoader::worker_loop() {
   }
 }
 
-void TokenLoader::next(int32_t* inputs, int32_t* targets, int64_t* ids) {
-  const size_t n = static_cast<size_t>(rank_batch_) * opt_.seq_len;
-  if (workers_.empty()) {
-    Batch& b = slots_[0];
-    fill(consumed_, b);
+void TokenLoader::next(int32_t* inputs, int32_t* targets, int64_t* ids, int32_t* positions) {
+  ANVIL_CHECK(!packing() || positions, "internal: a packing loader's batches need their positions");
+  const auto hand_out = [&](const Batch& b) {
     std::copy(b.inputs.begin(), b.inputs.end(), inputs);
     std::copy(b.targets.begin(), b.targets.end(), targets);
     if (ids) std::copy(b.ids.begin(), b.ids.end(), ids);
+    if (packing()) std::copy(b.positions.begin(), b.positions.end(), positions);
+    packing_stats_.examples += b.packing.examples;
+    packing_stats_.dropped += b.packing.dropped;
+    packing_stats_.sequences += b.packing.sequences;
+  };
+  if (workers_.empty()) {
+    Batch& b = slots_[0];
+    fill(consumed_, b);
+    hand_out(b);
     consumed_++;
     return;
   }
@@ -190,9 +271,7 @@ void TokenLoader::next(int32_t* inputs, int32_t* targets, int64_t* ids) {
   Batch& b = slots_[static_cast<size_t>(consumed_ % static_cast<int64_t>(slots_.size()))];
   cv_.wait(lk, [&] { return b.ready && b.step == consumed_; });
   if (!b.error.empty()) throw Error(b.error);
-  std::copy(b.inputs.begin(), b.inputs.begin() + static_cast<std::ptrdiff_t>(n), inputs);
-  std::copy(b.targets.begin(), b.targets.begin() + static_cast<std::ptrdiff_t>(n), targets);
-  if (ids) std::copy(b.ids.begin(), b.ids.end(), ids);
+  hand_out(b);
   b.ready = false;
   consumed_++;
   lk.unlock();
@@ -203,8 +282,8 @@ DataState TokenLoader::state() const {
   DataState s;
   const int64_t a = start_step_ + consumed_;
   s.epoch = start_epoch_ + a / steps_per_epoch_;
-  s.sample_in_epoch = (a % steps_per_epoch_) * opt_.global_batch;
-  s.global_batch = opt_.global_batch;
+  s.sample_in_epoch = (a % steps_per_epoch_) * samples_per_step_;
+  s.global_batch = samples_per_step_;
   s.shuffle = spec_.shuffle;
   s.algo = spec_.algo;
   s.seed = spec_.seed;
@@ -226,7 +305,9 @@ void TokenLoader::restore(const DataState& saved) {
     ANVIL_FAIL("cannot resume the data order: {} was {} when the run started and is now {}; the order depends on it, "
                "so resuming would not consume the samples the run would have", what, was, is);
   };
-  if (saved.global_batch != now.global_batch) differs("global_train_batch_size", saved.global_batch, now.global_batch);
+  if (saved.global_batch != now.global_batch)
+    differs("the samples per step (global_train_batch_size, times packing_ratio when packing)", saved.global_batch,
+            now.global_batch);
   if (saved.shuffle != now.shuffle) differs("shuffle", saved.shuffle, now.shuffle);
   if (saved.algo != now.algo) differs("shuffle_algo", saved.algo, now.algo);
   if (saved.seed != now.seed) differs("shuffle_seed", saved.seed, now.seed);
@@ -246,12 +327,12 @@ void TokenLoader::restore(const DataState& saved) {
   }
   if (saved.fingerprint != now.fingerprint)
     differs("the datasets' shard layout (order fingerprint)", saved.fingerprint, now.fingerprint);
-  ANVIL_CHECK(saved.sample_in_epoch % opt_.global_batch == 0 && saved.sample_in_epoch >= 0,
+  ANVIL_CHECK(saved.sample_in_epoch % samples_per_step_ == 0 && saved.sample_in_epoch >= 0,
               "cannot resume: sample_in_epoch {} is not a multiple of the global batch {}", saved.sample_in_epoch,
-              opt_.global_batch);
+              samples_per_step_);
   stop_workers();
   start_epoch_ = saved.epoch;
-  start_step_ = saved.sample_in_epoch / opt_.global_batch;
+  start_step_ = saved.sample_in_epoch / samples_per_step_;
   consumed_ = 0;
   start_workers();
 }

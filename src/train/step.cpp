@@ -55,7 +55,8 @@ int64_t fixed_point_loss_sum(const float* losses, int B, int T) {
 
 double fixed_point_loss_value(int64_t sum) { return std::ldexp(static_cast<double>(sum), -kLossFractionBits); }
 
-StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t) {
+StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t,
+                          const int32_t* positions) {
   StepResult r;
   const int64_t n = static_cast<int64_t>(batch) * seq_len;
   int64_t local_targets = 0;
@@ -86,7 +87,8 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
       dp_.begin_microbatch(b0 + mb >= batch);
       // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
       model_.set_dropout_position({seed_, t, static_cast<int64_t>(comm.rank()) * batch + b0});
-      const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr);
+      const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr,
+                                                 positions ? positions + offset : nullptr);
       nonfinite_loss |= !std::isfinite(sum);
       loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));
     }

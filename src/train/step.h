@@ -37,9 +37,11 @@ class TrainStep {
  public:
   // Also sets the model's compute dtype from cfg.precision.
   TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule);
-  // tokens, targets: (batch, seq_len), this rank's block of the global batch. t: 0-based step.
-  // The loss and the gradient norm returned are the global ones, the same on every rank.
-  StepResult run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t);
+  // tokens, targets: (batch, seq_len), this rank's block of the global batch; positions, when its
+  // sequences hold packed examples (Model::forward_backward), else null. t: 0-based step. The
+  // loss and the gradient norm returned are the global ones, the same on every rank.
+  StepResult run(const int32_t* tokens, const int32_t* targets, int batch, int seq_len, int64_t t,
+                 const int32_t* positions = nullptr);
   LossScaler& loss_scaler() { return scaler_; }
 
  private:

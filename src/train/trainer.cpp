@@ -199,6 +199,18 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   return resume;
 }
 
+// What packing did, over `span` (the loader's counts so far).
+std::string packing_report(const PackingStats& s, const TrainConfig& cfg, const char* span) {
+  std::string r = fmt::format("packing (packing_ratio {}): {} examples in {} sequences over {}, {:.2f} per sequence",
+                              cfg.train_loader.dataset.finetuning.packing_ratio, s.examples, s.sequences, span,
+                              s.sequences ? static_cast<double>(s.examples) / static_cast<double>(s.sequences) : 0.0);
+  if (s.dropped)
+    r += fmt::format("; {} examples ({:.1f}%) fitted in no sequence of their step and were not trained on: lower "
+                     "packing_ratio", s.dropped,
+                     100.0 * static_cast<double>(s.dropped) / static_cast<double>(s.examples + s.dropped));
+  return r;
+}
+
 // The run directory (rank 0): its resolved config, train.log, and metrics.jsonl, opened for
 // writing. An existing run is continued only when resuming (its metrics cut back to the
 // checkpoint's step), or replaced with save_overwrite.
@@ -255,6 +267,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   lopt.predownload = cfg.train_loader.dataset.predownload;
   lopt.vocab_size = cfg.model.vocab_size;
   lopt.finetuning = train_data.finetuning;
+  lopt.packing_ratio = cfg.train_loader.dataset.finetuning.packing_ratio;
   TokenLoader loader(*train_data.data, train_data.order, lopt);
   const int64_t n_samples = epoch_samples(train_data.order);
   const int64_t batches_per_epoch = loader.steps_per_epoch();
@@ -369,6 +382,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
 
   std::vector<int32_t> tokens(static_cast<size_t>(std::max(local_batch, max_batch)) * T);
   std::vector<int32_t> targets(tokens.size());
+  std::vector<int32_t> positions(loader.packing() ? tokens.size() : 0);  // of packed examples
   TrainSummary summary;
   auto run_eval = [&](int64_t at_step) {
     if (!eval_data.data) return;
@@ -402,12 +416,13 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   int64_t saved_step = start_step;
   for (int64_t t = start_step; t < total_steps; t++) {
     const int64_t epoch = loader.state().epoch;
-    loader.next(tokens.data(), targets.data());
+    loader.next(tokens.data(), targets.data(), nullptr, loader.packing() ? positions.data() : nullptr);
     if (t == start_step && rank == 0) {
       const int64_t ignored = std::count(targets.begin(), targets.begin() + int64_t{local_batch} * T, kIgnoreIndex);
       if (train_data.finetuning)
         log_info("the first batch: {:.0f}% of its positions carry loss (the rest are prompts, or padding to "
                  "max_seq_len {})", 100.0 - 100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
+      if (loader.packing()) log_info("{}", packing_report(loader.packing_stats(), cfg, "the first step"));
       else if (ignored > local_batch)
         log_info("the first batch's samples are shorter than max_seq_len {}: {:.0f}% of its positions are padding, "
                  "which carries no loss; prepare the data with --max-seq-len {} to fill them", T,
@@ -415,7 +430,8 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     }
 
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = step.run(tokens.data(), targets.data(), local_batch, T, t);
+    const StepResult r =
+        step.run(tokens.data(), targets.data(), local_batch, T, t, loader.packing() ? positions.data() : nullptr);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
                 "enable algorithms.gradient_clipping", t + 1, r.loss);
@@ -481,6 +497,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
   const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   const int64_t trained = total_steps - start_step;
+  if (loader.packing() && rank == 0) log_info("{}", packing_report(loader.packing_stats(), cfg, "the run"));
   log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained * GB * T,
            format_duration(total_secs), static_cast<double>(trained * GB * T) / total_secs);
   run_eval(total_steps);

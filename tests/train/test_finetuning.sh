@@ -121,6 +121,21 @@ else
   fail "fine-tuning digests differ: $d8 / $(digest "$tmp/d2") / $(digest "$tmp/dp2") / $(digest "$tmp/mds")"
   tail -2 "$tmp/d2.out" "$tmp/dp2.out" "$tmp/mds.out"
 fi
+
+# Packed examples (packing_ratio): the same contract, and the packing is reported.
+packed=("${short[@]}" train_loader.dataset.packing_ratio=1.5)
+"$anvil" train "$tmp/sft.yaml" "${packed[@]}" run_dir="$tmp/p8" > "$tmp/p8.out" 2>&1
+"$anvil" train "$tmp/sft.yaml" "${packed[@]}" device_train_microbatch_size=2 train_loader.num_workers=2 \
+  run_dir="$tmp/p2" > "$tmp/p2.out" 2>&1
+mpirun_anvil 2 "$anvil" train "$tmp/sft.yaml" "${packed[@]}" distributed.zero_stage=3 run_dir="$tmp/pdp2" \
+  > "$tmp/pdp2.out" 2>&1
+p8=$(digest "$tmp/p8")
+if [ -n "$p8" ] && [ "$p8" = "$(digest "$tmp/p2")" ] && [ "$p8" = "$(digest "$tmp/pdp2")" ] && [ "$p8" != "$d8" ] &&
+   grep -q "packing (packing_ratio 1.5): [0-9]* examples in 96 sequences over the run" "$tmp/p8/train.log"; then
+  pass "packed: one digest for microbatch 8 and 2 and 2 ranks (ZeRO-3): ${p8:0:16}; $(grep -o '[0-9]* examples in 96 sequences over the run, [0-9.]* per sequence' "$tmp/p8/train.log")"
+else
+  fail "packed digests: $p8 / $(digest "$tmp/p2") / $(digest "$tmp/pdp2")"; tail -3 "$tmp/p8.out" "$tmp/pdp2.out"
+fi
 grep -q "prepared $tmp/ftmds/train from 1 file(s): 1350 record(s)" "$tmp/prep.out" \
   && pass "data prepare --format finetuning: $(head -1 "$tmp/prep.out" | cut -c1-120)" || { fail "prepare"; cat "$tmp/prep.out"; }
 
@@ -162,5 +177,9 @@ expect_error "a finetuning loader on pretraining text" "the dataset holds token 
   run_dir="$tmp/e4"
 expect_error "an unknown target policy" "target_prompts 'some' is not known" \
   "$anvil" train "$tmp/sft.yaml" train_loader.dataset.target_prompts=some run_dir="$tmp/e5"
+expect_error "packing_ratio auto" "auto (profiling for a ratio) is not supported" \
+  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.packing_ratio=auto run_dir="$tmp/e6"
+expect_error "packing the eval loader" "packing is for the train loader" \
+  "$anvil" train "$tmp/sft.yaml" eval_loader.dataset.packing_ratio=2 run_dir="$tmp/e7"
 
 [ "$failures" -eq 0 ]

@@ -59,6 +59,7 @@ struct FinetuningConfig {
   TooLong too_long = TooLong::kTruncate;
   bool skip_malformed = false;  // false: a malformed record stops the run, naming its file and line
   double packing_ratio = 1;     // > 1: examples packed per sequence, on average at most (data/loader.h)
+  bool allow_pad_trimming = false;  // cut each step's sequences after the last position trained on
 };
 
 }  // namespace anvil

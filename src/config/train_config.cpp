@@ -176,10 +176,9 @@ void read_finetuning(MapReader& d, DatasetConfig& ds, bool train) {
   d.get("decoder_only_format", flag);
   ANVIL_CHECK(flag, "{}: {}: false is for encoder-decoder models; anvil's models are decoders", d.source(
               "decoder_only_format"), d.full("decoder_only_format"));
-  flag = false;
-  d.get("allow_pad_trimming", flag);
-  ANVIL_CHECK(!flag, "{}: {}: true is not supported: anvil pads every sequence to max_seq_len (trimming would change "
-              "the speed, not the result)", d.source("allow_pad_trimming"), d.full("allow_pad_trimming"));
+  d.get("allow_pad_trimming", ft.allow_pad_trimming);
+  ANVIL_CHECK(train || !ft.allow_pad_trimming, "{}: {}: true is for the train loader (evaluation pads each example to "
+              "max_seq_len)", d.source("allow_pad_trimming"), d.full("allow_pad_trimming"));
   if (d.has("packing_ratio")) {
     const YAML::Node r = d.raw("packing_ratio");
     ANVIL_CHECK(!(r.IsScalar() && r.Scalar() == "auto"), "{}: {}: auto (profiling for a ratio) is not supported: give "
@@ -836,6 +835,7 @@ std::string to_yaml(const TrainConfig& c) {
       e << YAML::Key << "too_long" << YAML::Value << choice_name(ft.too_long);
       e << YAML::Key << "skip_malformed" << YAML::Value << ft.skip_malformed;
       e << YAML::Key << "packing_ratio" << YAML::Value << ft.packing_ratio;
+      e << YAML::Key << "allow_pad_trimming" << YAML::Value << ft.allow_pad_trimming;
     }
     e << YAML::EndMap;
     e << YAML::Key << "drop_last" << YAML::Value << l.drop_last;

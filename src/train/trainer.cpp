@@ -199,6 +199,28 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   return resume;
 }
 
+// allow_pad_trimming: where the step's sequences may be cut, after the last position any sequence
+// of the global batch trains on, rounded up to a multiple of 8 as LLM Foundry's collator rounds
+// (at most T). The same on every rank (a max over ranks), so the step's shape depends on the
+// global batch alone, never on how it is cut into ranks and microbatches.
+int trimmed_length(Communicator& comm, const std::vector<int32_t>& targets, int batch, int T) {
+  int64_t last = 0;
+  for (int b = 0; b < batch; b++)
+    for (int t = T - 1; t >= 0 && t + 1 > last; t--)
+      if (targets[static_cast<size_t>(b) * T + t] != kIgnoreIndex) {
+        last = t + 1;
+        break;
+      }
+  const int64_t longest = std::max<int64_t>(1, max_exact(comm, last));
+  return static_cast<int>(std::min<int64_t>(T, (longest + 7) / 8 * 8));
+}
+
+// Rows of T values become rows of n < T (the first n of each), in place.
+void trim_rows(std::vector<int32_t>& v, int rows, int T, int n) {
+  for (int r = 1; r < rows; r++)
+    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r) * T, n, v.begin() + static_cast<std::ptrdiff_t>(r) * n);
+}
+
 // What packing did, over `span` (the loader's counts so far).
 std::string packing_report(const PackingStats& s, const TrainConfig& cfg, const char* span) {
   std::string r = fmt::format("packing (packing_ratio {}): {} examples in {} sequences over {}, {:.2f} per sequence",
@@ -429,9 +451,20 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
                  100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
     }
 
+    int step_len = T;
+    if (cfg.train_loader.dataset.finetuning.allow_pad_trimming) {
+      step_len = trimmed_length(comm, targets, local_batch, T);
+      if (step_len < T) {
+        trim_rows(tokens, local_batch, T, step_len);
+        trim_rows(targets, local_batch, T, step_len);
+        if (loader.packing()) trim_rows(positions, local_batch, T, step_len);
+      }
+      if (t == start_step)
+        log_info("allow_pad_trimming: the first step's sequences cut to {} of max_seq_len {} tokens", step_len, T);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r =
-        step.run(tokens.data(), targets.data(), local_batch, T, t, loader.packing() ? positions.data() : nullptr);
+    const StepResult r = step.run(tokens.data(), targets.data(), local_batch, step_len, t,
+                                  loader.packing() ? positions.data() : nullptr);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
                 "enable algorithms.gradient_clipping", t + 1, r.loss);
@@ -440,8 +473,8 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
       log_info("step {}: fp16 gradients overflowed at loss scale 2^{}; step skipped, the scale is now 2^{}", t + 1,
                std::ilogb(r.loss_scale), std::ilogb(step.loss_scaler().scale()));
     }
-    tokens_seen += static_cast<int64_t>(GB) * T;
-    const double tps = static_cast<double>(GB) * T / secs;
+    tokens_seen += static_cast<int64_t>(GB) * step_len;
+    const double tps = static_cast<double>(GB) * step_len / secs;
     const double gflops = tps * flops_per_token / 1e9;
     nlohmann::json row = {{"step", t + 1},       {"epoch", epoch},          {"loss", r.loss},
                           {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen},
@@ -498,8 +531,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
   const int64_t trained = total_steps - start_step;
   if (loader.packing() && rank == 0) log_info("{}", packing_report(loader.packing_stats(), cfg, "the run"));
-  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained * GB * T,
-           format_duration(total_secs), static_cast<double>(trained * GB * T) / total_secs);
+  const int64_t trained_tokens = tokens_seen - start_tokens;  // fewer than steps × GB × T when trimmed
+  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained_tokens,
+           format_duration(total_secs), static_cast<double>(trained_tokens) / total_secs);
   run_eval(total_steps);
   summary.steps = total_steps;
   if (saved_step != total_steps) save(total_steps);  // a resumed run that had nothing left to do

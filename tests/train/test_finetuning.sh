@@ -136,6 +136,20 @@ if [ -n "$p8" ] && [ "$p8" = "$(digest "$tmp/p2")" ] && [ "$p8" = "$(digest "$tm
 else
   fail "packed digests: $p8 / $(digest "$tmp/p2") / $(digest "$tmp/pdp2")"; tail -3 "$tmp/p8.out" "$tmp/pdp2.out"
 fi
+
+# allow_pad_trimming cuts each step after the last position the global batch trains on: at
+# max_seq_len 512 far shorter, with the same weights (a fresh model: the pretrained one has 128
+# positions).
+trim=(max_seq_len=512 load_path=null max_duration=4ba eval_interval=4ba eval_first=false)
+"$anvil" train "$tmp/sft.yaml" "${trim[@]}" run_dir="$tmp/t0" > "$tmp/t0.out" 2>&1
+"$anvil" train "$tmp/sft.yaml" "${trim[@]}" train_loader.dataset.allow_pad_trimming=true device_train_microbatch_size=4 \
+  run_dir="$tmp/t1" > "$tmp/t1.out" 2>&1
+cut=$(grep -o 'cut to [0-9]* of max_seq_len 512' "$tmp/t1/train.log" | cut -d' ' -f3)
+if [ -n "$(digest "$tmp/t0")" ] && [ "$(digest "$tmp/t0")" = "$(digest "$tmp/t1")" ] && [ "${cut:-512}" -lt 512 ]; then
+  pass "allow_pad_trimming: the first step cut to $cut of 512 tokens, the same weights as untrimmed"
+else
+  fail "allow_pad_trimming: $(digest "$tmp/t0") vs $(digest "$tmp/t1"), cut '$cut'"; tail -3 "$tmp/t1.out"
+fi
 grep -q "prepared $tmp/ftmds/train from 1 file(s): 1350 record(s)" "$tmp/prep.out" \
   && pass "data prepare --format finetuning: $(head -1 "$tmp/prep.out" | cut -c1-120)" || { fail "prepare"; cat "$tmp/prep.out"; }
 

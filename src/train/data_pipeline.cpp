@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <optional>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/sha256.h"
@@ -41,7 +43,11 @@ DataPipeline open_data(const LoaderConfig& loader, int max_seq_len, const std::s
     const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_name);
     finetuning = FinetuningExamples{ds.finetuning.targets, tokenizer->eos_id()};
     if (!ds.finetuning.hf_name.empty()) {
-      const std::string where = fmt::format("{} split '{}'", ds.finetuning.hf_name, ds.split);
+      const FinetuningConfig& ft = ds.finetuning;
+      const std::string source = ft.hf_name != "json"  ? ft.hf_name
+                                 : ft.data_dir.empty() ? fmt::format("{}", fmt::join(ft.data_files, ", "))
+                                                       : ft.data_dir;
+      const std::string where = fmt::format("{} split '{}'", source, ds.split);
       // Rank 0 prepares; a failure there is every rank's, so that none waits for data that will
       // not come.
       std::string failure;

@@ -140,7 +140,8 @@ Hugging Face's json loader finds them (train.jsonl, validation.jsonl, data/test-
 Each split is tokenized into DIR/SPLIT as LLM Foundry's tokenized fine-tuning MDS (column
 "turns": json, a prompt's input_ids and its response's labels per turn). Examples that are
 empty, or have no token carrying loss within --max-seq-len, are dropped; those longer than
---max-seq-len are truncated or dropped (--too-long); every count is reported.
+--max-seq-len are truncated or dropped (--too-long); every count is reported. --out,
+--tokenizer, --compression, --hashes and --size-limit as above, and:
   --max-seq-len N       the training max_seq_len (default 2048)
   --splits LIST         comma-separated splits to prepare (default: every split INPUT holds)
   --target-prompts P    none (default), all or length>=N: which prompts carry loss

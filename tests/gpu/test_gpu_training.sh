@@ -51,16 +51,17 @@ run() {
   local name="$1"; shift
   "$anvil" train "$tmp/g.yaml" run_dir="$tmp/$name" "$@" >> "$tmp/$name.out" 2>&1 || { fail "$name: training failed"; tail -5 "$tmp/$name.out"; }
 }
-# compare A B TOL: every step's loss of run B within TOL (relative) of run A's.
+# compare A B TOL [STEPS]: every step's loss of run B within TOL (relative) of run A's, both runs
+# STEPS long (default 15).
 compare() {
-  python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY'
+  python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" "${4:-15}" <<'PY'
 import json, sys
 def losses(p):
     return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
-a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+a, b, tol, steps = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 worst = max(abs(b[k] - a[k]) / abs(a[k]) for k in a)
 print(f"{len(a)} steps, largest relative difference {worst:.2e} (limit {tol:g})")
-sys.exit(0 if len(a) == len(b) == 15 and worst <= tol else 1)
+sys.exit(0 if len(a) == len(b) == steps and worst <= tol else 1)
 PY
 }
 digest() { "$anvil" inspect "$tmp/$1" 2>/dev/null | sed -n 's/^weights sha256: *//p'; }
@@ -110,12 +111,14 @@ else
   fail "auto microbatch on the GPU: $(head -1 "$tmp/gpu_auto/metrics.jsonl")"
 fi
 
-run gpu_det kernels=gpu deterministic_mode=true
-run cpu_det kernels=cpu deterministic_mode=true
-compare cpu_det gpu_det 1e-5 && pass "deterministic_mode: the GPU follows the CPU" || fail "deterministic GPU against CPU"
+# Bit-for-bit comparisons need no long runs: 6 steps each.
+det=(deterministic_mode=true max_duration=6ba)
+run gpu_det kernels=gpu "${det[@]}"
+run cpu_det kernels=cpu "${det[@]}"
+compare cpu_det gpu_det 1e-5 6 && pass "deterministic_mode: the GPU follows the CPU" || fail "deterministic GPU against CPU"
 ok=1
 for mb in 1 3; do
-  run "gpu_det_mb$mb" kernels=gpu deterministic_mode=true device_train_microbatch_size=$mb
+  run "gpu_det_mb$mb" kernels=gpu "${det[@]}" device_train_microbatch_size=$mb
   [ -n "$(digest gpu_det)" ] && [ "$(digest gpu_det)" = "$(digest gpu_det_mb$mb)" ] || { ok=0; echo "microbatch $mb differs"; }
 done
 [ $ok = 1 ] && pass "deterministic_mode on the GPU: microbatch 4, 1 and 3, the same weights bit for bit" \
@@ -123,7 +126,7 @@ done
 ok=1
 for stage in 0 1 2 3; do
   name="gpu_det_w2_z$stage"
-  mpirun_anvil 2 "$anvil" train "$tmp/g.yaml" run_dir="$tmp/$name" kernels=gpu deterministic_mode=true \
+  mpirun_anvil 2 "$anvil" train "$tmp/g.yaml" run_dir="$tmp/$name" kernels=gpu "${det[@]}" \
     distributed.zero_stage=$stage > "$tmp/$name.out" 2>&1 || { ok=0; tail -5 "$tmp/$name.out"; }
   [ "$(digest gpu_det)" = "$(digest $name)" ] || { ok=0; echo "2 ranks, ZeRO-$stage differs"; }
 done
@@ -133,7 +136,7 @@ done
 # anvil doctor's self-test. The emulated GPU build has no NCCL.
 if ! grep -q "^gpu collectives: none" <<< "$doctor_report"; then
   for stage in 2 3; do
-    run "gpu_det_nccl_z$stage" kernels=gpu deterministic_mode=true distributed.gpu_collectives=nccl \
+    run "gpu_det_nccl_z$stage" kernels=gpu "${det[@]}" distributed.gpu_collectives=nccl \
       distributed.zero_stage=$stage
   done
   if grep -q "collectives: NCCL" "$tmp/gpu_det_nccl_z2.out" && [ "$(digest gpu_det)" = "$(digest gpu_det_nccl_z2)" ] \

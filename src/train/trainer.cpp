@@ -441,14 +441,15 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     loader.next(tokens.data(), targets.data(), nullptr, loader.packing() ? positions.data() : nullptr);
     if (t == start_step && rank == 0) {
       const int64_t ignored = std::count(targets.begin(), targets.begin() + int64_t{local_batch} * T, kIgnoreIndex);
-      if (train_data.finetuning)
+      if (train_data.finetuning) {
         log_info("the first batch: {:.0f}% of its positions carry loss (the rest are prompts, or padding to "
                  "max_seq_len {})", 100.0 - 100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
-      if (loader.packing()) log_info("{}", packing_report(loader.packing_stats(), cfg, "the first step"));
-      else if (ignored > local_batch)
+        if (loader.packing()) log_info("{}", packing_report(loader.packing_stats(), cfg, "the first step"));
+      } else if (ignored > local_batch) {
         log_info("the first batch's samples are shorter than max_seq_len {}: {:.0f}% of its positions are padding, "
                  "which carries no loss; prepare the data with --max-seq-len {} to fill them", T,
                  100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
+      }
     }
 
     int step_len = T;

@@ -42,6 +42,22 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& build) {
+  const fs::path out(dir);
+  const std::string tmp =
+      (out.parent_path() / fmt::format(".{}.tmp.{}", out.filename().string(), ::getpid())).string();
+  try {
+    build(tmp);
+    if (fs::exists(out)) fs::remove(out);  // empty: remove() refuses anything else
+    fs::rename(tmp, out);
+    fsync_dir(out.parent_path().string());
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   tmp_ = path_ + fmt::format(".tmp.{}", ::getpid());
   f_ = std::fopen(tmp_.c_str(), "wb");

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,10 @@ std::string read_file(const std::string& path, std::string_view what = "file");
 void write_file_atomic(const std::string& path, std::string_view bytes);
 void make_dirs(const std::string& path);
 void fsync_dir(const std::string& dir);
+// A directory built whole under a temporary name beside `dir` (build(tmp) creates and fills tmp;
+// it may clear and refill it) and renamed into place, so that a failure or a crash never leaves a
+// partial one under the final name. `dir` must not exist, or be empty.
+void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& build);
 
 // A file built up in pieces and published atomically by commit(); dropped if never committed.
 class AtomicFile {

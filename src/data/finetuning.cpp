@@ -1,7 +1,5 @@
 #include "data/finetuning.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fmt/ranges.h>
@@ -328,14 +326,10 @@ FinetuningReport prepare_finetuning(const std::vector<std::string>& files, const
   ANVIL_CHECK(!files.empty(), "no fine-tuning record files given");
   const FinetuningConfig& ft = opt.finetuning;
   validate_chat_template(ft.chat_template, "chat_template");
-  const fs::path out(out_dir);
-  ANVIL_CHECK(!fs::exists(out) || fs::is_empty(out), "output directory '{}' already exists and is not empty",
+  ANVIL_CHECK(!fs::exists(out_dir) || fs::is_empty(out_dir), "output directory '{}' already exists and is not empty",
               out_dir);
-  const std::string tmp =
-      (out.parent_path() / fmt::format(".{}.tmp.{}", out.filename().string(), ::getpid())).string();
   FinetuningReport report;
-  try {
-    fs::remove_all(tmp);
+  write_directory_atomic(out_dir, [&](const std::string& tmp) {
     make_dirs(tmp);
     MdsWriter writer(tmp, opt.mds, MdsSampleKind::kTurns);
     std::vector<int32_t> inputs(static_cast<size_t>(opt.max_seq_len)), targets(inputs.size());
@@ -369,14 +363,7 @@ FinetuningReport prepare_finetuning(const std::vector<std::string>& files, const
     ANVIL_CHECK(report.written > 0, "no usable example in {}: {}", fmt::join(files, ", "), report.summary());
     writer.finish();
     write_file_atomic(tmp + "/" + kTokenizerRecordFile, tokenizer_record_json(tokenizer.record()));
-    if (fs::exists(out)) fs::remove(out);
-    fs::rename(tmp, out);
-    fsync_dir(out.parent_path().empty() ? "." : out.parent_path().string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
   return report;
 }
 

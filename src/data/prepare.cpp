@@ -3,8 +3,6 @@
 // on the inputs and the options.
 #include "data/prepare.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fmt/ranges.h>
@@ -172,10 +170,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   // Validation is held out by documents, spread evenly through the corpus. A corpus of too few
   // documents for that (one book in one file) is read again and split by tokens instead: its last
   // val_fraction of tokens, whole samples and at least one, are the val split.
-  const fs::path out(opt.out_dir);
-  const std::string tmp = (out.parent_path() / fmt::format(".{}.tmp.{}", out.filename().string(), ::getpid())).string();
   PrepareSummary sum;
-  try {
+  write_directory_atomic(opt.out_dir, [&](const std::string& tmp) {
     sum = prepare_pass(opt, files, total_bytes, record, -1, tmp);
     if (opt.val_fraction > 0 && sum.val_samples == 0) {
       const int64_t samples = sum.tokens / opt.max_seq_len;
@@ -186,13 +182,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
           1, static_cast<int64_t>(static_cast<double>(sum.tokens) * opt.val_fraction) / opt.max_seq_len);
       sum = prepare_pass(opt, files, total_bytes, record, (samples - val_samples) * opt.max_seq_len, tmp);
     }
-    fs::rename(tmp, out);
-    fsync_dir(out.parent_path().empty() ? "." : out.parent_path().string());
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
   return sum;
 }
 

@@ -114,6 +114,10 @@ std::string finalize_checkpoint(const std::string& checkpoints_dir, int world, c
       {"world_size", world}, {"shards", shards}};
   if (!info.grad_scales.empty()) manifest["grad_scales"] = info.grad_scales;
   if (!info.loss_scaler.empty()) manifest["loss_scaler"] = nlohmann::json::parse(info.loss_scaler);
+  if (m.has_lora()) {
+    ANVIL_CHECK(!info.lora_base.path.empty(), "a LoRA checkpoint must name its base");
+    manifest["lora_base"] = {{"path", info.lora_base.path}, {"weights_sha256", info.lora_base.weights_sha256}};
+  }
   write_file_atomic(tmp + "/manifest.json", manifest.dump(2) + "\n");
   for (int r = 0; r < world; r++) fs::remove(tmp + "/" + shard_pieces_name(r));  // now in the manifest
   fsync_dir(tmp);
@@ -212,6 +216,12 @@ Manifest read_manifest(const std::string& path) {
     }
     if (manifest.contains("grad_scales")) meta.grad_scales = manifest.at("grad_scales").get<std::vector<int>>();
     if (manifest.contains("loss_scaler")) meta.loss_scaler = manifest.at("loss_scaler").dump();
+    if (meta.config.has_lora()) {
+      ANVIL_CHECK(manifest.contains("lora_base"), "checkpoint '{}' holds LoRA adapters but does not name their base "
+                  "(manifest key lora_base)", dir);
+      meta.lora_base.path = manifest.at("lora_base").at("path").get<std::string>();
+      meta.lora_base.weights_sha256 = manifest.at("lora_base").at("weights_sha256").get<std::string>();
+    }
     meta.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
     const nlohmann::json& shards = manifest.at("shards");
     meta.saved_world_size = manifest.at("world_size").get<int>();

@@ -28,12 +28,19 @@ struct CheckpointShard {
   std::vector<float> params, exp_avg, exp_avg_sq;  // hi - lo values each
 };
 
+// The frozen base a LoRA checkpoint's adapters belong to: where it was loaded from (an absolute
+// path: a transformers directory or an anvil checkpoint) and weights_sha256 of its weights.
+struct LoraBaseRef {
+  std::string path, weights_sha256;
+};
+
 // What the manifest records besides the tensors.
 struct CheckpointInfo {
   int64_t step = 0, tokens_seen = 0, optimizer_steps = 0;
   std::vector<int> grad_scales;  // deterministic runs: the fixed-point gradient scales (else empty)
   std::string data_state;        // the train loader's DataState as JSON
   std::string loss_scaler;       // amp_fp16: the LossScaler's state as JSON (else empty)
+  LoraBaseRef lora_base;         // a LoRA run's (else empty)
 };
 
 // The steps of a save into a checkpoints directory (a run's RUN_DIR/checkpoints, or its
@@ -64,6 +71,7 @@ struct LoadedCheckpoint {
   std::vector<int> grad_scales;  // empty when the run that saved it was not deterministic
   int saved_world_size = 1;      // the number of ranks that saved it: one shard file each
   std::string loss_scaler;       // JSON; empty when the run that saved it was not amp_fp16
+  LoraBaseRef lora_base;         // of a LoRA checkpoint, which holds the adapters alone
 };
 
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/model_section.h"
+#include "config/lora_config.h"
 #include "core/error.h"
 #include "core/fs.h"
 
@@ -221,9 +222,9 @@ HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file) {
     m.get(key, v);
     ANVIL_CHECK(!v, "{}: {} = true is not supported; leave it false", file, m.full(key));
   }
-  for (const char* key : {"peft_config", "pretrained_lora_id_or_path"})
-    ANVIL_CHECK(!m.has(key), "{}: {} is not supported yet (LoRA fine-tuning is still to come); leave it unset", file,
-                m.full(key));
+  ANVIL_CHECK(!m.has("pretrained_lora_id_or_path"), "{}: {} is not supported (a PEFT adapter from the hub); "
+              "continue an adapter run with autoresume, or merge it with `anvil export --merge-lora`", file,
+              m.full("pretrained_lora_id_or_path"));
   for (const char* key : {"additional_train_metrics", "additional_eval_metrics"})
     ANVIL_CHECK(!m.has(key), "{}: {} is not supported (anvil reports loss and perplexity); leave it unset", file,
                 m.full(key));
@@ -283,6 +284,7 @@ HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file) {
     ANVIL_CHECK(original.contains(key) || fields_read.count(key), "{}: {}.{}: the config ({}) has no field '{}'",
                 file, m.full("config_overrides"), key, where, key);
   if (pretrained) out.weights_dir = fs::absolute(dir, ec).lexically_normal().string();
+  read_peft_config(m, out.model, file);
   m.finish();
   return out;
 }

@@ -4,6 +4,10 @@
 // family's defaults and its keys; the decoder (model/decoder.h) reads only the options. The
 // defaults are GPT-2's.
 #pragma once
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "config/choices.h"
 
 namespace anvil {
@@ -21,6 +25,24 @@ enum class MlpKind { kGeluTanh, kGeluErf, kSwiglu };
 // residual projections divided by √(2·n_layers), the embeddings alike with fan_in d_model); or
 // normal(init_std) everywhere, as Hugging Face initialises Llama.
 enum class InitScheme { kGpt2, kKaimingNormal, kNormal };
+
+// LoRA (PEFT's LoraConfig, `model.peft_config`): each adapted product W gains the branch
+// scaling · B·A·dropout(x), with A (r, in) and B (out, r) trained and every weight of the base
+// frozen. config/lora_config.h names the modules a family can adapt.
+struct LoraConfig {
+  int r = 0;             // the adapters' rank; 0: no LoRA
+  float alpha = 8.0f;    // lora_alpha
+  float dropout = 0.0f;  // lora_dropout, on each branch's input (its own mask per module)
+  bool rslora = false;   // use_rslora: scaled by alpha/√r instead of alpha/r
+  // PEFT's target_modules as the config gave them: names matched against the end of each
+  // module's dotted path, or "all-linear".
+  std::vector<std::string> target_modules;
+
+  float scaling() const {
+    return rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
+  }
+  bool operator==(const LoraConfig&) const = default;
+};
 
 struct ModelConfig {
   int n_layers = 0;
@@ -47,11 +69,19 @@ struct ModelConfig {
   // attention probabilities, and of each block's two residual branches (the attention and MLP
   // projections' outputs). Evaluation and generation never drop.
   float emb_pdrop = 0.0f, attn_pdrop = 0.0f, resid_pdrop = 0.0f;
+  LoraConfig lora{};  // r 0: the whole model trains
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return d_model / n_heads; }
   int mlp_width() const { return mlp_hidden ? mlp_hidden : 4 * d_model; }
   bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
+  bool has_lora() const { return lora.r > 0; }
+  // The model without its adapters: the base that LoRA freezes.
+  ModelConfig base() const {
+    ModelConfig b = *this;
+    b.lora = {};
+    return b;
+  }
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "config/lora_config.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -257,6 +258,7 @@ void read_model_section(MapReader& m, ModelConfig& c, const std::string& file) {
       read_llama(m, c, file);
       break;
   }
+  read_peft_config(m, c, file);
   m.finish();
 }
 
@@ -307,6 +309,7 @@ void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
     key("tie_word_embeddings", c.tied_embeddings);
     key("attention_dropout", c.attn_pdrop);
   }
+  write_peft_config(e, c);
   e << YAML::EndMap;
 }
 

@@ -215,13 +215,45 @@ std::string checkpoint_tokenizer(const std::string& config_yaml) {
   return cfg["tokenizer"] && cfg["tokenizer"]["name"] ? cfg["tokenizer"]["name"].as<std::string>() : "gpt2";
 }
 
+LoraBase load_lora_base(const std::string& path, const std::string& want_sha256, const std::string& adapters,
+                        bool show_progress) {
+  LoraBase b;
+  if (is_hf_model_dir(path)) {
+    HfModel m = read_hf_model(path, show_progress ? "load base" : nullptr);
+    b.config = m.config;
+    b.params = std::move(m.params);
+  } else {
+    ANVIL_CHECK(fs::exists(path), "{}: its base '{}' does not exist (expected a transformers directory or an anvil "
+                "checkpoint)", adapters, path);
+    LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false, show_progress);
+    ANVIL_CHECK(!c.config.has_lora(), "{}: its base '{}' holds LoRA adapters itself; name the model they adapt, or "
+                "merge them first (anvil export --merge-lora)", adapters, c.dir);
+    b.config = c.config;
+    b.params = std::move(c.params);
+  }
+  b.sha256 = weights_sha256(b.config, b.params.data());
+  ANVIL_CHECK(want_sha256.empty() || b.sha256 == want_sha256, "{}: its adapters were trained on a base whose weights "
+              "have sha256 {}, but '{}' now holds weights with sha256 {}; adapters belong to the exact weights they "
+              "were trained on: restore that base", adapters, want_sha256, path, b.sha256);
+  return b;
+}
+
 ModelWeights load_model_weights(const std::string& path) {
   if (is_hf_model_dir(path)) {
     HfModel m = read_hf_model(path, "load weights");
-    return {m.config, std::move(m.params), hf_dir_tokenizer(path)};
+    return {m.config, std::move(m.params), hf_dir_tokenizer(path), {}};
   }
   LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false, /*show_progress=*/true);
-  return {c.config, std::move(c.params), checkpoint_tokenizer(c.config_yaml)};
+  ModelWeights w{c.config, std::move(c.params), checkpoint_tokenizer(c.config_yaml), {}};
+  if (c.config.has_lora()) {
+    LoraBase base = load_lora_base(c.lora_base.path, c.lora_base.weights_sha256,
+                                   fmt::format("LoRA checkpoint '{}'", c.dir), /*show_progress=*/true);
+    ANVIL_CHECK(same_architecture(base.config, c.config.base()), "LoRA checkpoint '{}': its base '{}' is another "
+                "model ({}) than the adapters were trained on ({})", c.dir, c.lora_base.path,
+                model_architecture_summary(base.config), model_architecture_summary(c.config));
+    w.base = std::move(base.params);
+  }
+  return w;
 }
 
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out_dir) {

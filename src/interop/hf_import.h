@@ -22,12 +22,26 @@ HfModel read_hf_model(const std::string& hf_dir, const char* progress_label = nu
 // Whether path is a transformers directory (config.json, and no anvil manifest or checkpoints).
 bool is_hf_model_dir(const std::string& path);
 
+// A LoRA model's frozen base: the weights at path (a transformers directory, or an anvil
+// checkpoint or run directory of a model without adapters) and their weights_sha256. want_sha256
+// (when not empty): the digest an adapter checkpoint recorded, which the weights must have.
+// `adapters` names what needs the base, for messages.
+struct LoraBase {
+  ModelConfig config;
+  std::vector<float> params;
+  std::string sha256;
+};
+LoraBase load_lora_base(const std::string& path, const std::string& want_sha256, const std::string& adapters,
+                        bool show_progress);
+
 // The model and weights at path, for inference (generate, eval): a transformers directory, or an
-// anvil checkpoint or run directory (its latest).
+// anvil checkpoint or run directory (its latest). A LoRA checkpoint's params are its adapters, and
+// base the weights of the base it names (checked against the digest it recorded).
 struct ModelWeights {
   ModelConfig config;
   std::vector<float> params;
-  std::string tokenizer;  // the tokenizer name that goes with them (data/tokenizer.h)
+  std::string tokenizer;    // the tokenizer name that goes with them (data/tokenizer.h)
+  std::vector<float> base;  // under LoRA
 };
 ModelWeights load_model_weights(const std::string& path);
 

@@ -12,6 +12,7 @@
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
 #include "kernels/profile.h"
+#include "kernels/lora.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -133,6 +134,12 @@ void residual_forward(float* out, const float* a, const float* b, long N) {
 }
 void residual_backward(float* da, float* db, const float* dout, long N) {
   ANVIL_DISPATCH(residual_backward, da, db, dout, N);
+}
+void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols, float scale) {
+  ANVIL_DISPATCH(lora_delta_forward, out, ld, delta, N, cols, scale);
+}
+void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
+  ANVIL_DISPATCH(lora_delta_backward, ddelta, dout, ld, N, cols, scale);
 }
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
                        AttentionHeads heads) {

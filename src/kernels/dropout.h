@@ -10,8 +10,12 @@
 
 namespace anvil {
 
-// The sites of a layer, and the embedding's.
-enum class DropoutKind : int { kEmbedding = 0, kAttention = 1, kAttentionOutput = 2, kMlpOutput = 3 };
+// The sites of a layer, and the embedding's. LoRA's branches each have their own: kLoraInput plus
+// the adapter's index in its block (lora_dropout_kind).
+enum class DropoutKind : int { kEmbedding = 0, kAttention = 1, kAttentionOutput = 2, kMlpOutput = 3, kLoraInput = 4 };
+inline DropoutKind lora_dropout_kind(int adapter) {
+  return static_cast<DropoutKind>(static_cast<int>(DropoutKind::kLoraInput) + adapter);
+}
 
 // One dropout application: its key (dropout_key), the global index of the first sequence it
 // covers in the step's batch, and the probability of dropping (0: the identity).

@@ -52,7 +52,8 @@ class MatmulContext {
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
 // dinp (N,C) = dout · weight, or += with accumulate_dinp (dinp may be null: not needed);
-// dweight (OC,C) += doutᵀ · inp; dbias (OC) += column sums of dout (dbias may be null). dout's
+// dweight (OC,C) += doutᵀ · inp (may be null: a frozen weight); dbias (OC) += column sums of dout
+// (dbias may be null). dout's
 // rows are ld_dout >= OC apart, so it may be a block of columns of a wider matrix: the LM head's
 // backward goes a vocabulary chunk at a time, its input gradient accumulating over the chunks.
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,

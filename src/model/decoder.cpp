@@ -12,6 +12,7 @@
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
+#include "kernels/lora.h"
 #include "kernels/matmul.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
@@ -91,9 +92,39 @@ size_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// LoRA's adapters, a unit per block: for each module chosen, A (r, in) then B (out, r), named by
+// the module's transformers path ("h.3.self_attn.q_proj.lora_A").
+std::vector<ParamTensor> lora_param_layout(const ModelConfig& cfg) {
+  std::vector<ParamTensor> t;
+  const int64_t r = cfg.lora.r;
+  const std::vector<LoraModule> modules = lora_targets(cfg);
+  for (int l = 0; l < cfg.n_layers; l++)
+    for (const LoraModule& m : modules) {
+      const std::string name = fmt::format("h.{}.{}.", l, m.name);
+      ParamTensor a{name + "lora_A", {r, m.in}, 0, 0, l, true};
+      a.init_uniform = 1.0f / std::sqrt(static_cast<float>(m.in));  // PEFT's kaiming_uniform_(a=√5)
+      t.push_back(a);
+      t.push_back({name + "lora_B", {m.rows, r}, 0, 0, l, true});  // zero: training starts from the base
+    }
+  return t;
+}
+
+// The widest input and output of the adapters chosen.
+int lora_widest_in(const std::vector<LoraModule>& modules) {
+  int w = 0;
+  for (const LoraModule& m : modules) w = std::max(w, m.in);
+  return w;
+}
+int lora_widest_out(const std::vector<LoraModule>& modules) {
+  int w = 0;
+  for (const LoraModule& m : modules) w = std::max(w, m.rows);
+  return w;
+}
+
 }  // namespace
 
 std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
+  if (cfg.has_lora()) return lora_param_layout(cfg);
   const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
   // The embeddings are tables, initialised as a matrix of fan_in C (kaiming) or at 0.02.
   const float emb_std = init_std(cfg, C, false);
@@ -120,7 +151,10 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const Widths w(cfg);
   const double block_matrices = C * (w.qkv + C + w.fc + w.hidden);
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
-  return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+  if (!cfg.has_lora()) return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+  double adapters = 0;
+  for (const LoraModule& m : lora_targets(cfg)) adapters += static_cast<double>(cfg.lora.r) * (m.in + m.rows);
+  return 4.0 * matmul_params + 6.0 * L * adapters + 12.0 * L * C * seq_len;
 }
 
 Decoder::Block Decoder::bind_block(const float* base) const {
@@ -168,6 +202,8 @@ struct ActivationSizes {
   // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
   // demb_rows for a sequence
   size_t grads;
+  // LoRA's (Decoder::lora_u_ ...): u, v, du, x, dx
+  size_t lora[5];
 
   size_t block_total() const {
     size_t n = 0;
@@ -177,6 +213,7 @@ struct ActivationSizes {
   size_t total() const {
     size_t n = block_layers * block_total() + grads;
     for (size_t x : rest) n += x;
+    for (size_t x : lora) n += x;
     return n;
   }
 };
@@ -188,10 +225,23 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
   const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
-  return {{BT * C, mean, BT, BT * QKV, BT * C, NH * BT, BT * C, BT * C, mean, BT, BT * FC},
-          storage.activation_checkpointing ? 1 : L,
-          {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
-          2 * BT * C + GT * F + dfc + GT * QKV + T * C};
+  const size_t layers = storage.activation_checkpointing ? 1 : L;
+  ActivationSizes s{{BT * C, mean, BT, BT * QKV, BT * C, NH * BT, BT * C, BT * C, mean, BT, BT * FC},
+                    layers,
+                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
+                    2 * BT * C + GT * F + dfc + GT * QKV + T * C,
+                    {}};
+  if (cfg.has_lora()) {
+    const std::vector<LoraModule> modules = lora_targets(cfg);
+    const size_t r = cfg.lora.r, in = lora_widest_in(modules), out = lora_widest_out(modules);
+    const bool dropout = cfg.lora.dropout > 0;
+    s.lora[0] = layers * modules.size() * BT * r;
+    s.lora[1] = BT * out;
+    s.lora[2] = GT * r;
+    s.lora[3] = dropout ? BT * in : 0;
+    s.lora[4] = dropout ? GT * in : 0;
+  }
+  return s;
 }
 }  // namespace
 
@@ -203,6 +253,16 @@ Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const Model
     : Model(cfg, max_seq, storage), max_batch_(max_batch) {
   const std::vector<BlockTensor> block = block_tensors(cfg);
   for (size_t i = 0; i < block_sizes_.size(); i++) block_sizes_[i] = numel_of(block[i].shape);
+  base_units_ = model_units(model_param_layout(cfg.base()));
+  if (cfg.has_lora()) {
+    lora_ = lora_targets(cfg);
+    size_t offset = 0;
+    for (const LoraModule& m : lora_) {
+      lora_offset_.push_back(offset);
+      offset += static_cast<size_t>(cfg.lora.r) * (m.in + m.rows);
+    }
+    frozen_dnorm_.assign_zeros(norm_params());
+  }
   touched_rows_.reserve(static_cast<size_t>(max_seq));
   compact_tokens_.resize(static_cast<size_t>(max_seq));
   compact_tokens_op_.assign_zeros(static_cast<size_t>(max_seq));
@@ -228,6 +288,11 @@ void Decoder::set_max_batch(int max_batch) {
     rest[i] = cursor;
     cursor += sizes.rest[i];
   }
+  float** lora[] = {&lora_u_, &lora_v_, &lora_du_, &lora_x_, &lora_dx_};
+  for (size_t i = 0; i < std::size(sizes.lora); i++) {
+    *lora[i] = cursor;
+    cursor += sizes.lora[i];
+  }
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_, T = max_seq_, C = cfg_.d_model;
   grad_act_memory_.assign_zeros(sizes.grads);
   tokens_op_.assign_zeros(BT);
@@ -249,6 +314,11 @@ void Decoder::set_max_batch(int max_batch) {
 size_t Decoder::largest_grads_span(int unit) const {
   ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units().size(), "no unit {} in a model of {}", unit,
               units().size());
+  if (frozen()) {
+    size_t largest = 0;
+    for (const LoraModule& m : lora_) largest = std::max(largest, static_cast<size_t>(cfg_.lora.r) * (m.in + m.rows));
+    return largest;
+  }
   const size_t C = cfg_.d_model, head_chunk = static_cast<size_t>(std::min(kVocabChunk, cfg_.vocab_size)) * C;
   const bool learned = cfg_.positions == PositionKind::kLearned;
   if (unit == 0)
@@ -274,9 +344,45 @@ void Decoder::set_compute_dtype(ComputeDtype dtype) {
   lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_.hold_rounds_weight();
   // Room for a block's rounded copy, and for the LM head's unless the hold rounds it.
   size_t largest = lm_head_held_rounded_ ? 0 : static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
-  for (int l = 0; l < cfg_.n_layers; l++) largest = std::max(largest, units()[1 + l].numel);
+  for (int l = 0; l < cfg_.n_layers; l++) largest = std::max(largest, base_units_[1 + l].numel);
   compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
+  adapters_rounded_.assign_zeros(dtype == ComputeDtype::kFp32 || !frozen() ? 0 : units()[0].numel);
   allocate_rounded_dres();
+}
+
+const float* Decoder::acquire_base(int unit, int next_unit) {
+  if (!frozen()) return access().acquire_params(unit, next_unit);
+  ANVIL_CHECK(base_params(), "a LoRA model needs its base's weights (Model::set_base_weights) before a pass");
+  return base_params() + base_units_[unit].offset;
+}
+
+void Decoder::release_base(int unit) {
+  if (!frozen()) access().release_params(unit);
+}
+
+const float* Decoder::acquire_adapters(int l, int next_l) {
+  if (!frozen()) return nullptr;
+  const float* p = access().acquire_params(l, next_l);
+  if (dtype() == ComputeDtype::kFp32) return p;
+  // Every adapter tensor is a matrix operand.
+  const size_t n = units()[l].numel;
+  op_copy(adapters_rounded_.data(), p, n * sizeof(float));
+  round_to_dtype(adapters_rounded_.data(), static_cast<long>(n), dtype());
+  return adapters_rounded_.data();
+}
+
+void Decoder::release_adapters(int l) {
+  if (frozen()) access().release_params(l);
+}
+
+float* Decoder::lora_u(int l, int k) const {
+  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l);
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  return lora_u_ + ((slot * lora_.size() + k) * BT) * cfg_.lora.r;
+}
+
+DropoutSite Decoder::lora_dropout_site(int l, int k, int b0) const {
+  return dropout_site(1 + l, lora_dropout_kind(k), cfg_.lora.dropout, b0);
 }
 
 void Decoder::allocate_rounded_dres() {
@@ -311,7 +417,7 @@ const float* Decoder::hold_lm_head(const float* p) {
 const float* Decoder::compute_params(int unit, const float* p) {
   if (dtype() == ComputeDtype::kFp32) return p;
   float* out = compute_params_.data();
-  const size_t n = units()[unit].numel;
+  const size_t n = base_units_[unit].numel;
   op_copy(out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj (each with its bias, if any): the norms
   // stay fp32.
@@ -383,24 +489,26 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
-  const float* emb = access().acquire_params(0, 1);
+  const float* emb = acquire_base(0, 1);
   encoder_forward(a.encoded, tokens_op_.data(), positions_op(0), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
-  access().release_params(0);
+  release_base(0);
   const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
   if (emb_drop.active()) dropout_apply(a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
   for (int l = 0; l < L; l++) {
-    const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, 2 + l)));
-    block_forward(l, p, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
-    access().release_params(1 + l);
+    const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
+    const float* adapters = acquire_adapters(l, l + 1 < L ? l + 1 : -1);
+    block_forward(l, p, adapters, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
+    release_adapters(l);
+    release_base(1 + l);
   }
-  const float* lnf = access().acquire_params(L + 1, head_unit());
+  const float* lnf = acquire_base(L + 1, head_unit());
   norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf,
                has_norm_bias(cfg_) ? lnf + C : nullptr, N);
   round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype());
-  access().release_params(L + 1);
+  release_base(L + 1);
 }
 
-void Decoder::block_forward(int l, const Block& p, const float* residual) {
+void Decoder::block_forward(int l, const Block& p, const float* adapters, const float* residual) {
   const int B = B_, T = T_, C = cfg_.d_model, N = B * T;
   const Widths w(cfg_);
   const BlockActs x = block_acts(l);
@@ -412,6 +520,7 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
   norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N);
   round_to_dtype(x.ln1, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, w.qkv);
+  lora_forward(l, BlockProduct::kQkv, x.qkv, w.qkv, x.ln1, adapters);
   round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
@@ -422,6 +531,7 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
   attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B, T, attention_heads(l, 0));
   round_to_dtype(x.atty, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
+  lora_forward(l, BlockProduct::kAttnOut, scratch, C, x.atty, adapters);
   round_to_dtype(scratch, NC, dtype());
   // Residual dropout on each branch's output, before it joins the stream.
   const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
@@ -430,15 +540,73 @@ void Decoder::block_forward(int l, const Block& p, const float* residual) {
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N);
   round_to_dtype(x.ln2, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, w.fc);
+  lora_forward(l, BlockProduct::kFc, x.fch, w.fc, x.ln2, adapters);
   round_to_dtype(x.fch, static_cast<long>(N) * w.fc, dtype());
   mlp_activation(acts_.fch_gelu, x.fch, N);
   round_to_dtype(acts_.fch_gelu, static_cast<long>(N) * w.hidden, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
                            w.hidden, C);
+  lora_forward(l, BlockProduct::kFcProj, scratch, C, acts_.fch_gelu, adapters);
   round_to_dtype(scratch, NC, dtype());
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
   if (mlp_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(residual3, x.residual2, scratch, NC);
+}
+
+void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
+                           const float* adapters) {
+  const int B = B_, T = T_, N = B * T, r = cfg_.lora.r;
+  for (size_t k = 0; k < lora_.size(); k++) {
+    const LoraModule& m = lora_[k];
+    if (m.product != product) continue;
+    const float* A = adapters + lora_offset_[k];
+    const float* Bm = A + static_cast<size_t>(r) * m.in;
+    const float* x = inp;
+    const DropoutSite drop = lora_dropout_site(l, static_cast<int>(k), 0);
+    if (drop.active()) {
+      dropout_apply(lora_x_, inp, B, static_cast<long>(T) * m.in, drop);
+      round_to_dtype(lora_x_, static_cast<long>(N) * m.in, dtype());
+      x = lora_x_;
+    }
+    float* u = lora_u(l, static_cast<int>(k));
+    matmul_forward_sequences(matmul_, microbatch_invariant(), u, x, A, nullptr, B, T, m.in, r);
+    round_to_dtype(u, static_cast<long>(N) * r, dtype());
+    matmul_forward_sequences(matmul_, microbatch_invariant(), lora_v_, u, Bm, nullptr, B, T, r, m.rows);
+    round_to_dtype(lora_v_, static_cast<long>(N) * m.rows, dtype());
+    lora_delta_forward(out + m.row0, width, lora_v_, N, m.rows, cfg_.lora.scaling());
+  }
+}
+
+void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const float* dout, int width,
+                            const float* inp, const float* adapters, int b, int n) {
+  const int T = T_, N = n * T, r = cfg_.lora.r;
+  for (size_t k = 0; k < lora_.size(); k++) {
+    const LoraModule& m = lora_[k];
+    if (m.product != product) continue;
+    const float* A = adapters + lora_offset_[k];
+    const size_t a_numel = static_cast<size_t>(r) * m.in, span = a_numel + static_cast<size_t>(m.rows) * r;
+    const float* Bm = A + a_numel;
+    // The branch's output gradient, scaled; through B (its gradient, and u's); through A.
+    lora_delta_backward(lora_v_, dout + m.row0, width, N, m.rows, cfg_.lora.scaling());
+    round_to_dtype(lora_v_, static_cast<long>(N) * m.rows, dtype());
+    float* dA = access().grads(l, lora_offset_[k], span);
+    const float* u = lora_u(l, static_cast<int>(k)) + static_cast<size_t>(b) * T * r;
+    matmul_backward(matmul_, lora_du_, dA + a_numel, nullptr, lora_v_, m.rows, u, Bm, N, r, m.rows, false);
+    round_to_dtype(lora_du_, static_cast<long>(N) * r, dtype());
+    const DropoutSite drop = lora_dropout_site(l, static_cast<int>(k), b);
+    if (!drop.active()) {
+      matmul_backward(matmul_, dinp, dA, nullptr, lora_du_, r, inp, A, N, m.in, r, true);
+    } else {
+      // The dropped input again (the same mask), and the gradient through the mask.
+      const long n_in = static_cast<long>(T) * m.in;
+      dropout_apply(lora_x_, inp, n, n_in, drop);
+      round_to_dtype(lora_x_, N * static_cast<long>(m.in), dtype());
+      matmul_backward(matmul_, lora_dx_, dA, nullptr, lora_du_, r, lora_x_, A, N, m.in, r, false);
+      dropout_apply(lora_dx_, lora_dx_, n, n_in, drop);
+      residual_forward(dinp, dinp, lora_dx_, N * static_cast<long>(m.in));
+    }
+    access().grain_done(l, lora_offset_[k], span);
+  }
 }
 
 void Decoder::lm_head(const float* emb, int b) {
@@ -476,7 +644,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
   training_ = false;
   forward_to_lnf(tokens, positions, B, T);
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
-  const float* emb = hold_lm_head(access().acquire_params(head_unit(), -1) + head_offset());
+  const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
@@ -485,7 +653,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
       crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype());
   }
   matmul_.release_weight();
-  access().release_params(head_unit());
+  release_base(head_unit());
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
 
@@ -523,7 +691,7 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
   // cache (kVocabChunk). A tied head's unit (the embeddings) keeps its gradient open for the whole
   // backward pass: the head adds to it first, the token embedding last.
-  const float* head_unit_params = access().acquire_params(hu, hu == 0 ? L + 1 : L);
+  const float* head_unit_params = acquire_base(hu, hu == 0 ? L + 1 : L);
   const float* emb = hold_lm_head(head_unit_params + h0);
   const long TC = static_cast<long>(T) * C;
   for (int b = 0; b < B; b++) {
@@ -536,25 +704,25 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
       const int width = std::min(kVocabChunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      matmul_backward(matmul_, dsmall_ + r * C, access().grads(hu, at, count), nullptr, a.logits + v0, V,
-                      a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
-      access().grain_done(hu, at, count);
+      matmul_backward(matmul_, dsmall_ + r * C, frozen() ? nullptr : access().grads(hu, at, count), nullptr,
+                      a.logits + v0, V, a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
+      if (!frozen()) access().grain_done(hu, at, count);
     }
     round_to_dtype(dsmall_ + r * C, TC, dtype());
   }
   matmul_.release_weight();
-  if (hu != L + 1) access().release_params(hu);
+  if (hu != L + 1) release_base(hu);
   op_zero(dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
-  const float* lnf = hu == L + 1 ? head_unit_params : access().acquire_params(L + 1, L);
-  float* dlnf = access().grads(L + 1, 0, norm_params());
+  const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);
+  float* dlnf = frozen() ? frozen_dnorm_.data() : access().grads(L + 1, 0, norm_params());
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T);
-    access().grain_done(L + 1, 0, norm_params());
+    if (!frozen()) access().grain_done(L + 1, 0, norm_params());
   }
-  access().release_params(L + 1);
-  access().grads_done(L + 1);
+  release_base(L + 1);
+  if (!frozen()) access().grads_done(L + 1);
 }
 
 void Decoder::block_backward(int l) {
@@ -564,32 +732,40 @@ void Decoder::block_backward(int l) {
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
   const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
-  const Block p = bind_block(compute_params(1 + l, access().acquire_params(1 + l, l == 0 ? -1 : l)));
-  if (storage_.activation_checkpointing) block_forward(l, p, residual);  // the same bits as the forward pass's
+  const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, l == 0 ? -1 : l)));
+  const float* adapters = acquire_adapters(l, l - 1);
+  // the same bits as the forward pass's
+  if (storage_.activation_checkpointing) block_forward(l, p, adapters, residual);
   const BlockActs x = block_acts(l);
   // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's
   // parameters), are asked for just before the op and handed over (grain_done) right after it,
   // while in cache: deterministic training's scratch then holds the largest op's, not the
   // block's (largest_grads_span).
-  const float* unit_end = p.ln1w + units()[1 + l].numel;
+  const float* unit_end = p.ln1w + base_units_[1 + l].numel;
   auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   for (int b = 0; b < B; b += grain_sequences()) {
     const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
     const int N = n * T;
     const long NC = static_cast<long>(N) * C;
     const size_t r = b * rows;
-    // A linear layer (weight w, then its bias if any, up to end) and a norm.
+    // A linear layer (weight w, then its bias if any, up to end; under LoRA frozen, with the
+    // product's adapters) and a norm.
     auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* bias,
-                               const float* end, int IC, int OC) {
+                               const float* end, int IC, int OC, BlockProduct product) {
+      if (frozen()) {
+        matmul_backward(matmul_, dinp, nullptr, nullptr, dout, OC, inp, w, N, IC, OC, false);
+        lora_backward(l, product, dinp, dout, OC, inp, adapters, b, n);
+        return;
+      }
       float* dw = access().grads(1 + l, at(w), at(end) - at(w));
       matmul_backward(matmul_, dinp, dw, bias ? dw + (bias - w) : nullptr, dout, OC, inp, w, N, IC, OC, false);
       access().grain_done(1 + l, at(w), at(end) - at(w));
     };
     auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                          const float* rstd) {
-      float* dw = access().grads(1 + l, at(w), norm_params());
+      float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
       norm_backward(dinp, dw, dout, inp, w, mean, rstd, N);
-      access().grain_done(1 + l, at(w), norm_params());
+      if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
     };
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * C;
@@ -601,15 +777,15 @@ void Decoder::block_backward(int l) {
     float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
     mlp_activation(fch_gelu, fch, N);
     round_to_dtype(fch_gelu, NF, dtype());
-    linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, w.hidden, C);
+    linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, w.hidden, C, BlockProduct::kFcProj);
     round_to_dtype(dbig_, NF, dtype());
     mlp_activation_backward(dfc_, fch, dbig_, N);
     round_to_dtype(dfc_, NFC, dtype());
-    linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc);
+    linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc, BlockProduct::kFc);
     round_to_dtype(dsmall, NC, dtype());
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
-    linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C);
+    linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C, BlockProduct::kAttnOut);
     round_to_dtype(dsmall, NC, dtype());
     attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, positions_op(b), n, T,
                        attention_heads(l, b));
@@ -618,15 +794,17 @@ void Decoder::block_backward(int l) {
       rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
       round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
-    linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv);
+    linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv, BlockProduct::kQkv);
     round_to_dtype(dsmall, NC, dtype());
     norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
   }
-  access().release_params(1 + l);
-  access().grads_done(1 + l);
+  release_adapters(l);
+  release_base(1 + l);
+  access().grads_done(frozen() ? l : 1 + l);
 }
 
 void Decoder::embedding_backward() {
+  if (frozen()) return;  // the embeddings are the base's
   const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const size_t wpe_offset = static_cast<size_t>(V) * C;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence

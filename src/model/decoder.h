@@ -5,6 +5,12 @@
 // head, tied to the token embedding or its own. ModelConfig's architecture options choose each
 // part; GPT-2 is the defaults. Every activation is allocated once, for the largest microbatch (at
 // construction, or by set_max_batch before training): a step never allocates.
+//
+// Under LoRA the base's weights are read from the frozen copy (Model::base_params) and only the
+// adapters go through UnitAccess (unit l: block l's). An adapted product adds its branch,
+// scaling · (dropout(x)·Aᵀ)·Bᵀ, to the base product's output columns the module covers; the
+// backward pass forms the input gradients through the base and the branches, and parameter
+// gradients for the adapters alone.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -12,6 +18,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
+#include "config/lora_config.h"
 #include "kernels/matmul.h"
 #include "model/model.h"
 
@@ -21,7 +28,7 @@ namespace anvil {
 // sizes are filled in there.
 std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);
 // 6 per matmul weight (the LM head counts once, tied or not) plus the attention score and value
-// products, 12·L·C·T.
+// products, 12·L·C·T. Under LoRA a frozen weight costs 4 (no weight gradient), an adapter 6.
 double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 
@@ -32,7 +39,7 @@ class Decoder final : public Model {
 
   // Of a block, its largest op's (a product's weight and bias); of the embeddings, a chunk of the
   // tied LM head's rows or a sequence's positions; of the final unit, its norm or a chunk of its
-  // own LM head's rows.
+  // own LM head's rows. Under LoRA, an adapter's A and B.
   size_t largest_grads_span(int unit) const override;
   size_t activation_bytes() const override {
     return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float);
@@ -67,6 +74,25 @@ class Decoder final : public Model {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
+  // The base's unit: through UnitAccess, or the frozen copy under LoRA.
+  bool frozen() const { return cfg_.has_lora(); }
+  const float* acquire_base(int unit, int next_unit);
+  void release_base(int unit);
+  // Block l's adapters (unit l under LoRA) as the products use them: rounded to the compute dtype
+  // in adapters_rounded_ unless fp32; null without LoRA.
+  const float* acquire_adapters(int l, int next_l);
+  void release_adapters(int l);
+  // The branches of the adapters on `product` of block l, over the microbatch: added into out
+  // (rows of width columns) from inp. adapters: acquire_adapters's.
+  void lora_forward(int l, BlockProduct product, float* out, int width, const float* inp, const float* adapters);
+  // Their backward over the grain of n sequences from b: the adapters' gradients, and the input
+  // gradient added into dinp; dout: the product's output gradient (rows of width), inp: its input.
+  void lora_backward(int l, BlockProduct product, float* dinp, const float* dout, int width, const float* inp,
+                     const float* adapters, int b, int n);
+  // Block l's adapter k's input dropout at sequence b0 (inactive outside training or at p 0).
+  DropoutSite lora_dropout_site(int l, int k, int b0) const;
+  // Where adapter k's product with A, x·Aᵀ (B·T, r), is kept for block l's backward.
+  float* lora_u(int l, int k) const;
   // Floats of each of Block's tensors (0: absent), in its order: a weight, then its bias.
   std::array<size_t, 12> block_sizes_{};
   // A block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
@@ -115,7 +141,7 @@ class Decoder final : public Model {
     return packed_ ? positions_op_.data() + static_cast<size_t>(b) * T_ : nullptr;
   }
   // Block l over the microbatch: its activations in block_acts(l), its output in residual3 of l.
-  void block_forward(int l, const Block& p, const float* residual);
+  void block_forward(int l, const Block& p, const float* adapters, const float* residual);
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
@@ -133,7 +159,18 @@ class Decoder final : public Model {
   void embedding_backward();
 
   int max_batch_;
-  OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_;
+  // The base's units (the model's own under LoRA are the adapters'), and the adapters chosen,
+  // each at lora_offset_ in its block's unit (A, then B).
+  std::vector<ParamUnit> base_units_;
+  std::vector<LoraModule> lora_;
+  std::vector<size_t> lora_offset_;
+  OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_, adapters_rounded_;
+  // A frozen norm's parameter gradient, formed by the norm's backward and not kept.
+  OpArray<float> frozen_dnorm_;
+  // LoRA's activations: each adapter's x·Aᵀ per layer (lora_u_), a branch's output or output
+  // gradient (lora_v_), x·Aᵀ's gradient for a grain (lora_du_), and, with lora_dropout, the
+  // branch's dropped input (lora_x_) and its gradient for a grain (lora_dx_).
+  float *lora_u_ = nullptr, *lora_v_ = nullptr, *lora_du_ = nullptr, *lora_x_ = nullptr, *lora_dx_ = nullptr;
   OpArray<int32_t> tokens_op_, targets_op_;  // the microbatch's tokens and targets, where the ops run
   OpArray<int32_t> positions_op_;            // and its positions, when packed_
   bool packed_ = false;                      // the microbatch's sequences hold packed examples

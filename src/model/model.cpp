@@ -30,6 +30,17 @@ size_t model_num_params(const ModelConfig& cfg) {
   return layout.back().offset + layout.back().numel;
 }
 
+bool same_architecture(const ModelConfig& loaded, const ModelConfig& wanted) {
+  ModelConfig m = loaded;
+  m.init = wanted.init;
+  m.init_std = wanted.init_std;
+  m.emb_pdrop = wanted.emb_pdrop;
+  m.attn_pdrop = wanted.attn_pdrop;
+  m.resid_pdrop = wanted.resid_pdrop;
+  if (m.positions != PositionKind::kLearned) m.max_seq_len = wanted.max_seq_len;
+  return m == wanted;
+}
+
 std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout) {
   std::vector<ParamUnit> units(static_cast<size_t>(layout.back().unit) + 1);
   for (const ParamTensor& t : layout) {
@@ -47,13 +58,17 @@ void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t 
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a >= b) continue;
     float* p = out + (a - lo);
-    if (t.init_std == 0.0f) {
-      std::fill(p, p + (b - a), t.init_value);
-      continue;
-    }
     const size_t first = a - t.offset, n = b - a;
+    if (t.init_std != 0.0f) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, first + i));
+      for (size_t i = 0; i < n; i++) p[i] = t.init_std * static_cast<float>(normal_at(seed, k, first + i));
+    } else if (t.init_uniform != 0.0f) {
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < n; i++)
+        p[i] = t.init_uniform * static_cast<float>(2.0 * uniform_at(seed, k, first + i) - 1.0);
+    } else {
+      std::fill(p, p + n, t.init_value);
+    }
   }
 }
 
@@ -165,5 +180,14 @@ void Model::init_weights(uint64_t seed) {
 }
 
 void Model::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
+
+void Model::set_base_weights(const std::vector<float>& base) {
+  ANVIL_CHECK(cfg_.has_lora(), "only a LoRA model holds a frozen base");
+  const size_t n = model_num_params(cfg_.base());
+  ANVIL_CHECK(base.size() == n, "the base model has {} parameters, {} were given", n, base.size());
+  base_.reset();
+  base_.assign_zeros(n);
+  op_copy_from_host(base_.data(), base.data(), n * sizeof(float));
+}
 
 }  // namespace anvil

@@ -4,6 +4,10 @@
 // model.name in one table (model.cpp), so data parallelism, checkpoints, the trainer and the
 // benches never name a family.
 //
+// Under LoRA (ModelConfig::lora) the parameters are the adapters alone, a unit per block: what
+// trains, is reduced, sharded, checkpointed and updated. The base model's weights are held apart,
+// frozen (set_base_weights), and have no gradient.
+//
 // Parameters live in one flat array, unit by unit (the embeddings, each block, the final norm),
 // so that each unit is one contiguous range: a block's gradient is complete, and can be reduced,
 // while the backward pass goes on to the blocks below it, and a sharded run gathers one unit at a
@@ -29,8 +33,9 @@ struct ParamTensor {
   size_t offset = 0, numel = 0;
   int unit = 0;               // the contiguous unit that holds it (see ParamUnit)
   bool weight_decay = false;  // matmul weights decay; biases, norms and embeddings do not
-  float init_std = 0.0f;      // 0: constant init (init_value)
+  float init_std = 0.0f;      // normal(0, init_std); 0: init_uniform's or init_value
   float init_value = 0.0f;
+  float init_uniform = 0.0f;  // uniform(-init_uniform, init_uniform) (LoRA's A); 0: init_value
 };
 
 // A contiguous range of the flat parameter array that the model uses as a whole: unit 0 is the
@@ -92,13 +97,18 @@ struct ModelStorage {
   bool microbatch_invariant = true;
 };
 
-// What a config's model is before it is built (by model.name).
+// What a config's model is before it is built (by model.name): its trainable parameters (under
+// LoRA the adapters; the base's are model_param_layout(cfg.base())).
 std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg);
 size_t model_num_params(const ModelConfig& cfg);
+// Whether weights trained as `loaded` serve the model `wanted` (a weights-only load): the same
+// architecture; how they were initialised, their dropout, and the context length of a model
+// without a position table may differ.
+bool same_architecture(const ModelConfig& loaded, const ModelConfig& wanted);
 // The units of a layout, from its tensors' unit numbers.
 std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout);
 // The initial values of the flat range [lo, hi) into out (hi - lo floats), from each tensor's
-// init_std / init_value. Each value depends only on (seed, tensor, index), so a shard
+// init_std / init_uniform / init_value. Each value depends only on (seed, tensor, index), so a shard
 // initialises itself without the rest.
 void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out);
 // Bytes of activations (and their gradients) a model built with storage holds for microbatches
@@ -131,6 +141,11 @@ class Model {
   // model_init_params over the model's own parameter array.
   void init_weights(uint64_t seed);
   void zero_grad();
+  // Under LoRA: the frozen base's weights (host, model_param_layout(config().base()) order), copied
+  // where the ops run. Required before a pass.
+  void set_base_weights(const std::vector<float>& base);
+  // Bytes of the frozen base (0 without LoRA).
+  size_t base_bytes() const { return base_.size() * sizeof(float); }
 
   // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once.
   virtual size_t largest_grads_span(int unit) const = 0;
@@ -176,6 +191,8 @@ class Model {
   // The layout, units and own arrays of cfg's model; max_seq: the longest sequence it will see.
   Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage);
   UnitAccess& access() { return *access_; }
+  // The frozen base (LoRA), in its layout's order.
+  const float* base_params() const { return base_.data(); }
 
   const ModelConfig cfg_;
   const ModelStorage storage_;
@@ -187,7 +204,7 @@ class Model {
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
-  OpArray<float> params_, grads_;
+  OpArray<float> params_, grads_, base_;
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
 };

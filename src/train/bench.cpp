@@ -39,7 +39,13 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
   DataParallel dp(*comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
-  cfg.device_train_microbatch_size = plan_microbatch(cfg, GB, mem.model_states() + mem.working, 1).microbatch;
+  if (cfg.model.has_lora()) {  // a base from the seed: the speed and memory are those of any base
+    std::vector<float> base(model_num_params(cfg.model.base()));
+    model_init_params(cfg.model.base(), cfg.seed, 0, base.size(), base.data());
+    model.set_base_weights(base);
+  }
+  cfg.device_train_microbatch_size =
+      plan_microbatch(cfg, GB, mem.model_states() + mem.working + model.base_bytes(), 1).microbatch;
   model.set_max_batch(cfg.device_train_microbatch_size);
   dp.init_weights(cfg.seed);
   TrainStep step(cfg, model, dp, LrSchedule::constant());

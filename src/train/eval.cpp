@@ -29,6 +29,7 @@ EvalResult evaluate_checkpoint(const EvalOptions& opt) {
   const int B = static_cast<int>(std::min<int64_t>(opt.batch, samples));
   const std::unique_ptr<Model> model = make_model(cfg, B, T);
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
+  if (cfg.has_lora()) model->set_base_weights(loaded.base);
 
   // Fine-tuning examples are scored as training scores them by default: the last response only.
   std::optional<FinetuningExamples> finetuning;

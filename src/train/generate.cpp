@@ -24,6 +24,7 @@ std::string generate_text(const GenerateOptions& opt) {
   const ModelConfig& cfg = loaded.config;
   const std::unique_ptr<Model> model = make_model(cfg, 1, cfg.max_seq_len);
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
+  if (cfg.has_lora()) model->set_base_weights(loaded.base);
 
   std::vector<int32_t> ids = tok->encode_prompt(opt.prompt);
   for (int32_t id : ids)

@@ -101,7 +101,8 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
       }
     }
   }
-  if (!cfg.load_path.empty()) return load_start_point(cfg.load_path, /*show_progress=*/true);
+  // Under LoRA load_path is the frozen base (lora_base), not a starting point of the adapters.
+  if (!cfg.load_path.empty() && !cfg.model.has_lora()) return load_start_point(cfg.load_path, /*show_progress=*/true);
   if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", checkpoints_dir(cfg));
   return std::nullopt;
 }
@@ -172,17 +173,10 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   // as an import): the model must be the same architecture; how it was initialised, its dropout,
   // and the context length of a model without a position table, may differ.
   const bool weights_only = (cfg.load_weights_only && !own) || resume->data_state == "null";
-  ModelConfig m = resume->config;
+  const ModelConfig& m = resume->config;
   const ModelConfig& c = cfg.model;
-  if (weights_only) {  // and dropout is the new run's choice
-    m.init = c.init;
-    m.init_std = c.init_std;
-    m.emb_pdrop = c.emb_pdrop;
-    m.attn_pdrop = c.attn_pdrop;
-    m.resid_pdrop = c.resid_pdrop;
-    if (m.positions != PositionKind::kLearned) m.max_seq_len = c.max_seq_len;
-  }
-  ANVIL_CHECK(m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
+  // Weights only: dropout is the new run's choice.
+  ANVIL_CHECK(weights_only ? same_architecture(m, c) : m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
               "d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, {}, {}, {}, {}", resume->dir,
               model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
               m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
@@ -197,6 +191,29 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
     resume->loss_scaler.clear();
   }
   return resume;
+}
+
+// Under LoRA: the frozen base into the model, from load_path, or when resuming adapters from
+// the base their checkpoint names (which must still hold the weights they were trained on).
+// Every rank reads it. Returns what the run's checkpoints record of it.
+LoraBaseRef load_frozen_base(const TrainConfig& cfg, const LoadedCheckpoint* resume, Model& model, bool writer) {
+  ANVIL_CHECK(resume || !cfg.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained model: set load_path "
+              "to it (a transformers directory or an anvil checkpoint), or use model.name: hf_causal_lm with its "
+              "pretrained_model_name_or_path");
+  std::error_code ec;
+  const std::string path =
+      resume ? resume->lora_base.path : fs::absolute(cfg.load_path, ec).lexically_normal().string();
+  const std::string what = resume ? fmt::format("LoRA checkpoint '{}'", resume->dir) : std::string("load_path");
+  LoraBase base = load_lora_base(path, resume ? resume->lora_base.weights_sha256 : "", what, writer);
+  ANVIL_CHECK(same_architecture(base.config, cfg.model.base()), "{}: the base '{}' is another model ({}) than the "
+              "config's ({})", what, path, model_architecture_summary(base.config),
+              model_architecture_summary(cfg.model));
+  model.set_base_weights(base.params);
+  if (writer)
+    log_info("LoRA: the frozen base is '{}' (weights sha256 {}); r {}, alpha {:g}, dropout {:g}, adapting {}", path,
+             base.sha256, cfg.model.lora.r, cfg.model.lora.alpha, cfg.model.lora.dropout,
+             fmt::join(cfg.model.lora.target_modules, ", "));
+  return {path, base.sha256};
 }
 
 // allow_pad_trimming: where the step's sequences may be cut, after the last position any sequence
@@ -330,11 +347,14 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   // Activations are sized once the memory the model states take is known.
   const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
   Model& model = *built;
+  LoraBaseRef lora_base;  // under LoRA, what the checkpoints name as the adapters' base
+  if (cfg.model.has_lora()) lora_base = load_frozen_base(cfg, resume ? &*resume : nullptr, model, writer);
   DataParallel dp(comm, model, cfg.optimizer, dp_options);
   const MemoryReport mem = dp.memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
   const int sharing = kernel_impl() == KernelImpl::kGpu ? dp.gpu_sharing().on_my_gpu : comm.local_size();
-  const MicrobatchPlan plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working, sharing);
+  const MicrobatchPlan plan =
+      plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing);
   int microbatch = plan.microbatch;
   // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the
   // smallest choice of any rank.
@@ -391,12 +411,14 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   if (W == 1 && cfg.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
     log_info("collectives: {} (one rank)", dp.collectives_description());
   const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
-  log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded; working "
+  log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded{}; working "
            "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),
            mib(mem.optimizer), 100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded),
+           model.base_bytes() ? fmt::format("; LoRA's frozen base {}", mib(model.base_bytes())) : "",
            mib(mem.working), mib(model.activation_bytes()),
            cfg.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
+                                      {"frozen_base", model.base_bytes()},
                                       {"working", mem.working}, {"activations", model.activation_bytes()},
                                       {"microbatch", microbatch}, {"memory_limit", plan.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
@@ -427,7 +449,7 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
     dp.copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
     checkpoints.save(checkpoints_dir(cfg), cfg, std::move(shard),
                      {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
-                      step.loss_scaler().enabled() ? step.loss_scaler().to_json() : ""},
+                      step.loss_scaler().enabled() ? step.loss_scaler().to_json() : "", lora_base},
                      cfg.save_num_checkpoints_to_keep);
   };
 

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "config/lora_config.h"
 #include "config/train_config.h"
 #include "core/error.h"
 
@@ -196,6 +197,7 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "train_loader.timeout", "eval_loader.pin_memory", "eval_loader.persistent_workers",
       "eval_loader.prefetch_factor", "eval_loader.timeout",
       "loggers.tensorboard",  // written only when on (TensorBoardLoggerAsComposerSpellsIt)
+      "model.peft_config",    // written only under LoRA (FamilyConfigTest.LoraPeftConfig)
       "loggers.wandb", "loggers.mlflow", "loggers.comet_ml", "loggers.neptune"};  // refused with a reason
   size_t checked = 0;
   for (const std::string& key : keys) {
@@ -614,6 +616,55 @@ TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
 }
 
 // Each family's dropout keys, under its own names, and back.
+// model.peft_config (PEFT's LoraConfig) on each family: PEFT's defaults and module names, and a
+// one-line error for each value anvil cannot honour.
+TEST_F(FamilyConfigTest, LoraPeftConfig) {
+  TrainConfig g = load_model("  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, peft_config: {peft_type: LORA}}\n");
+  EXPECT_EQ(g.model.lora.r, 8);  // PEFT's defaults: r 8, alpha 8, no dropout, GPT-2's c_attn
+  EXPECT_FLOAT_EQ(g.model.lora.scaling(), 1.0f);
+  ASSERT_EQ(lora_targets(g.model).size(), 1u);
+  EXPECT_EQ(lora_targets(g.model)[0].name, "attn.c_attn");
+  expect_round_trip(g);
+  // c_proj names attention's and the MLP's output projections; a dotted name just one.
+  g = load_model("  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, peft_config: {r: 4, lora_alpha: 16, "
+                 "use_rslora: true, target_modules: [c_proj]}}\n");
+  EXPECT_FLOAT_EQ(g.model.lora.scaling(), 8.0f);  // alpha / sqrt(r)
+  EXPECT_EQ(lora_targets(g.model).size(), 2u);
+  g = load_model("  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, peft_config: {target_modules: [mlp.c_proj]}}\n");
+  ASSERT_EQ(lora_targets(g.model).size(), 1u);
+  EXPECT_EQ(lora_targets(g.model)[0].product, BlockProduct::kFcProj);
+  // Llama's q/k/v are rows of the fused product; its default targets are q_proj and v_proj.
+  TrainConfig l = load_model("  {name: llama, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64, "
+                             "peft_config: {r: 2}}\n");
+  const std::vector<LoraModule> qv = lora_targets(l.model);
+  ASSERT_EQ(qv.size(), 2u);
+  EXPECT_EQ(qv[0].row0, 0);
+  EXPECT_EQ(qv[0].rows, 64);
+  EXPECT_EQ(qv[1].row0, 64 + 16);  // after q (8 heads) and k (2 heads of 8)
+  EXPECT_EQ(qv[1].rows, 16);
+  TrainConfig m = load_model("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, "
+                             "peft_config: {target_modules: all-linear}}\n");
+  EXPECT_EQ(lora_targets(m.model).size(), 4u);
+  expect_round_trip(m);
+
+  const std::string gpt2 = "  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, peft_config: ";
+  auto expect = [&](const std::string& peft, const std::string& part) {
+    const std::string e = model_error(gpt2 + peft + "}\n");
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  };
+  expect("{r: 0}", "model.peft_config.r = 0 must be a positive rank");
+  expect("{r: -4}", "model.peft_config.r = -4 must be a positive rank");
+  expect("{target_modules: [c_attn, q_proj]}", "'q_proj' names no module of a gpt2 block; its modules are attn.c_attn, "
+         "attn.c_proj, mlp.c_fc, mlp.c_proj");
+  expect("{target_modules: '.*attn.*'}", "a regular expression is not supported");
+  expect("{peft_type: PREFIX_TUNING}", "anvil fine-tunes with LORA");
+  expect("{lora_dropout: 1.0}", "must be in [0, 1)");
+  expect("{bias: all}", "model.peft_config.bias = 'all' is not supported");
+  expect("{use_dora: true}", "model.peft_config.use_dora = true is not supported");
+  expect("{modules_to_save: [lm_head]}", "model.peft_config.modules_to_save is not supported");
+  expect("{rank: 8}", "unknown key 'model.peft_config.rank'");
+}
+
 TEST_F(FamilyConfigTest, DropoutKeysOfEveryFamily) {
   TrainConfig g = load_model("  {name: gpt2, n_layers: 2, n_heads: 4, d_model: 32, embd_pdrop: 0.1, attn_pdrop: 0.2, "
                              "resid_pdrop: 0.3}\n");
@@ -724,7 +775,17 @@ model:
   expect("  {name: hf_causal_lm}\n", "model.pretrained_model_name_or_path is required");
   expect(section + "  config_overrides: {hidden_sizes: 64}\n", "the config (" + d + "/config.json) has no field 'hidden_sizes'");
   expect(section + "  config_overrides: {rope_scaling: {type: linear, factor: 2.0}}\n", "field 'rope_scaling'");
-  expect(section + "  peft_config: {peft_type: LORA}\n", "model.peft_config is not supported yet");
+  // LLM Foundry's LoRA section, as its published YAMLs spell it, on the directory's Llama.
+  const TrainConfig lora = load_model(section + "  peft_config:\n    r: 64\n    peft_type: LORA\n"
+                                      "    task_type: CAUSAL_LM\n    lora_alpha: 128\n    lora_dropout: 0.05\n"
+                                      "    target_modules: [q_proj, k_proj, v_proj, o_proj]\n");
+  EXPECT_EQ(lora.model.lora.r, 64);
+  EXPECT_FLOAT_EQ(lora.model.lora.scaling(), 2.0f);
+  EXPECT_FLOAT_EQ(lora.model.lora.dropout, 0.05f);
+  EXPECT_EQ(lora_targets(lora.model).size(), 4u);
+  expect_round_trip(lora);
+  expect(section + "  pretrained_lora_id_or_path: someone/adapter\n", "model.pretrained_lora_id_or_path is not "
+         "supported");
   expect(section + "  init_device: meta\n", "model.init_device = meta cannot hold pretrained weights");
   expect(section + "  load_in_8bit: true\n", "model.load_in_8bit = true is not supported");
   expect(section + "  n_layers: 2\n", "unknown key 'model.n_layers'");

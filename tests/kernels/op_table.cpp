@@ -8,6 +8,7 @@
 // on the emulated runtime, in the CPU build), each comparing its backend with the reference.
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "kernels/matmul.h"
 #include "kernels/op_harness.h"
 #include "kernels/optimizer.h"
+#include "kernels/lora.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -199,6 +201,13 @@ void matmul_cases(std::vector<OpCase>& cases) {
                    std::min(chunk, OC - o0), o0 > 0);
     }
   }});
+  // A frozen weight (LoRA's base): no weight gradient, the input gradient added to one there.
+  cases.push_back({case_name("matmul_backward", {{"N", 37}, {"C", 48}, {"OC", 80}}, "frozen_weight"), [=](OpRun& r) {
+    MatmulContext ctx;
+    float* dinp = r.inout("dinp", randn(37 * 48, 7), norm(kFp32RelNorm));
+    ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, r.in("dout", randn(37 * 80, 4)), 80,
+                 r.in("inp", randn(37 * 48, 1)), r.in("weight", randn(80 * 48, 2, 0.1f)), 37, 48, 80, true);
+  }});
 }
 
 void elementwise_cases(std::vector<OpCase>& cases) {
@@ -232,6 +241,21 @@ void elementwise_cases(std::vector<OpCase>& cases) {
       float* da = r.inout("da", randn(n, 4), close(kFp32Elementwise));  // +=
       float* db = r.inout("db", randn(n, 5), close(kFp32Elementwise));
       ANVIL_RUN_OP(r, residual_backward, da, db, r.in("dout", dout), n);
+    }});
+  }
+  // A LoRA branch joining columns [3, 3 + cols) of a product's rows of ld, and its gradient read
+  // back; a whole row (cols = ld) too.
+  for (auto [N, cols, ld] : {std::tuple{1, 1, 1}, std::tuple{37, 8, 24}, std::tuple{129, 768, 2304}}) {
+    const int col0 = cols == ld ? 0 : 3;
+    const size_t n_out = static_cast<size_t>(N) * ld, n_delta = static_cast<size_t>(N) * cols;
+    const auto dims = {std::pair<const char*, long>{"N", N}, {"cols", cols}, {"ld", ld}};
+    cases.push_back({case_name("lora_delta_forward", dims), [=](OpRun& r) {
+      float* out = r.inout("out", randn(n_out, 1), close(kFp32Elementwise));  // += on the block
+      ANVIL_RUN_OP(r, lora_delta_forward, out + col0, ld, r.in("delta", randn(n_delta, 2)), N, cols, 0.5f);
+    }});
+    cases.push_back({case_name("lora_delta_backward", dims), [=](OpRun& r) {
+      float* ddelta = r.out("ddelta", n_delta, close(kFp32Elementwise));
+      ANVIL_RUN_OP(r, lora_delta_backward, ddelta, r.in("dout", randn(n_out, 3)) + col0, ld, N, cols, 2.0f);
     }});
   }
   // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions

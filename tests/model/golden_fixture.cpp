@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compare.h"
+#include "core/targets.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 
@@ -18,18 +19,32 @@ SafeTensorsFile load_golden(const std::string& name) {
   return read_safetensors(std::string(src ? src : ".") + "/tests/golden/" + name);
 }
 
+namespace {
+const int32_t* positions_of(const SafeTensorsFile& f) {
+  return f.tensors.count("positions") ? f.at("positions").i32() : nullptr;
+}
+int64_t ignored_targets(const SafeTensorsFile& f) {
+  int64_t n = 0;
+  const SafeTensor& t = f.at("targets");
+  for (size_t i = 0; i < t.numel(); i++) n += t.i32()[i] == kIgnoreIndex;
+  return n;
+}
+}  // namespace
+
 void expect_matches_fixture(Decoder& model, const SafeTensorsFile& f, int B, int T) {
   ASSERT_EQ(model.num_params(), f.at("params_init").numel());
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
+  const int32_t* positions = positions_of(f);
 
   int64_t n_targets = 0;
-  const double loss_sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n_targets);
-  EXPECT_EQ(n_targets, B * T - 3);  // the fixtures ignore three targets
+  const double loss_sum = model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n_targets, positions);
+  EXPECT_GE(ignored_targets(f), 3);  // the fixtures ignore three targets, or more
+  EXPECT_EQ(n_targets, B * T - ignored_targets(f));
   // The logits are formed a sequence at a time, so they are compared a sequence at a time.
   const size_t n_logits = f.at("logits").numel(), per_sequence = n_logits / B;
   std::vector<float> logits(n_logits);
   for (int b = 0; b < B; b++) {
-    model.forward(f.at("tokens").i32() + b * T, nullptr, 1, T, nullptr);
+    model.forward(f.at("tokens").i32() + b * T, nullptr, 1, T, nullptr, positions ? positions + b * T : nullptr);
     std::copy_n(model.logits(), per_sequence, logits.data() + b * per_sequence);
   }
   EXPECT_TRUE(rel_norm_close(logits.data(), f.at("logits").f32(), n_logits, kFp32RelNorm));
@@ -38,7 +53,7 @@ void expect_matches_fixture(Decoder& model, const SafeTensorsFile& f, int B, int
 
   model.zero_grad();
   const double again = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
-                                              1.0f / static_cast<float>(n_targets), nullptr);
+                                              1.0f / static_cast<float>(n_targets), nullptr, positions);
   EXPECT_NEAR(again, loss_sum, 1e-6 * loss_sum);  // the fused loss agrees with forward()'s
   for (const ParamTensor& t : model.tensors())
     EXPECT_TRUE(rel_norm_close(model.grads() + t.offset, f.at("grads").f32() + t.offset, t.numel, kFp32RelNorm))
@@ -63,13 +78,14 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
   const LrSchedule sched(sc, static_cast<int64_t>(meta("t_warmup")), steps, steps);
   AdamW opt(oc, model.tensors(), model.num_params());
 
+  const int32_t* positions = positions_of(f);
   std::vector<float> losses, norms;
   for (int step = 0; step < steps; step++) {
     int64_t n = 0;
-    model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n);  // counts the targets
+    model.forward(f.at("tokens").i32(), f.at("targets").i32(), B, T, &n, positions);  // counts the targets
     model.zero_grad();
     const double sum = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
-                                              1.0f / static_cast<float>(n), nullptr);
+                                              1.0f / static_cast<float>(n), nullptr, positions);
     const double norm = grad_norm(model.grads(), model.num_params());
     norms.push_back(static_cast<float>(norm));
     losses.push_back(static_cast<float>(sum / n));

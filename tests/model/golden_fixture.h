@@ -12,8 +12,9 @@ namespace anvil::testing {
 SafeTensorsFile load_golden(const std::string& name);
 
 // From the fixture's params_init, on its batch of B sequences of T tokens (three targets
-// ignored): the logits (a sequence at a time), the mean loss, the fused forward-backward's loss
-// and every parameter's gradient agree with the fixture's, each tensor to kFp32RelNorm.
+// ignored, more where given): the logits (a sequence at a time), the mean loss, the fused
+// forward-backward's loss and every parameter's gradient agree with the fixture's, each tensor to
+// kFp32RelNorm. A fixture with `positions` packs examples into its sequences.
 void expect_matches_fixture(Decoder& model, const SafeTensorsFile& f, int B, int T);
 
 // From params_init, the fixture's AdamW steps (its metadata: lr, betas, eps, weight_decay, and

@@ -66,6 +66,49 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                            return f + (info.param.impl == KernelImpl::kRef ? "_ref" : "_cpu");
                          });
 
+// LoRA on each family against PyTorch (fixtures from tests/golden/make_lora_fixtures.py: PEFT's
+// branch on transformers' layers, the base frozen): the model section's peft_config builds the
+// adapters, the fixture's base goes in frozen, and the logits, loss, the adapters' gradients and 10
+// AdamW steps of the adapters must match, on a batch with ignored targets whose first sequence
+// packs two examples. GPT-2 with every product adapted (c_proj naming two); a grouped-query
+// Llama with some of the fused products' rows adapted (q and v of qkv, gate of gate/up) and
+// rsLoRA scaling; an MPT with all-linear.
+class LoraGolden : public FamilyGolden {};
+
+std::unique_ptr<Decoder> lora_model(const SafeTensorsFile& f) {
+  const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
+  const ModelConfig cfg = config_of(f);
+  EXPECT_TRUE(cfg.has_lora());
+  auto model = std::make_unique<Decoder>(cfg, B, T);
+  const SafeTensor& base = f.at("base");
+  model->set_base_weights(std::vector<float>(base.f32(), base.f32() + base.numel()));
+  return model;
+}
+
+TEST_P(LoraGolden, LogitsLossAndAdapterGradientsMatchPyTorch) {
+  SafeTensorsFile f = testing::load_golden(GetParam().fixture);
+  expect_matches_fixture(*lora_model(f), f, std::stoi(f.metadata.at("batch")), std::stoi(f.metadata.at("seq_len")));
+}
+
+TEST_P(LoraGolden, TenAdamWStepsOfTheAdaptersMatchPyTorch) {
+  SafeTensorsFile f = testing::load_golden(GetParam().fixture);
+  testing::expect_adamw_steps_match(*lora_model(f), f, std::stoi(f.metadata.at("batch")),
+                                    std::stoi(f.metadata.at("seq_len")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, LoraGolden,
+                         ::testing::Values(Family{"gpt2_lora_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"gpt2_lora_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"llama_lora_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"llama_lora_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_lora_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_lora_tiny.safetensors", KernelImpl::kCpu}),
+                         [](const auto& info) {
+                           std::string f = info.param.fixture;
+                           f = f.substr(0, f.find("_tiny"));
+                           return f + (info.param.impl == KernelImpl::kRef ? "_ref" : "_cpu");
+                         });
+
 // The families' layouts by count: Llama-2-7B's published total, and MPT-7B's shape (alibi,
 // no_bias: norms without bias, no position table, tied) counted by hand.
 TEST(Families, ParameterCountsMatchTheModels) {

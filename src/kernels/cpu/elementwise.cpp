@@ -10,6 +10,7 @@
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
+#include "kernels/lora.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -358,6 +359,26 @@ void residual_backward(float* da, float* db, const float* dout, long N) {
   for (long i = 0; i < N; i++) {
     da[i] += dout[i];
     db[i] += dout[i];
+  }
+}
+
+void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols, float scale) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    float* o = out + n * ld;
+    const float* d = delta + static_cast<long>(n) * cols;
+#pragma omp simd
+    for (int c = 0; c < cols; c++) o[c] += scale * d[c];
+  }
+}
+
+void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    float* d = ddelta + static_cast<long>(n) * cols;
+    const float* o = dout + n * ld;
+#pragma omp simd
+    for (int c = 0; c < cols; c++) d[c] = scale * o[c];
   }
 }
 

@@ -164,7 +164,7 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
     else
       parallel_gemm(precision, N, C, OC, {dout, ld_dout, 1}, {weight, C, 1}, dinp, C, accumulate_dinp);
   }
-  parallel_gemm(precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
+  if (dweight) parallel_gemm(precision, OC, C, N, {dout, 1, ld_dout}, {inp, C, 1}, dweight, C, true);
   if (dbias) {
     constexpr int kChunk = 64;
     const int chunks = (OC + kChunk - 1) / kChunk;

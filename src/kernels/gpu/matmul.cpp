@@ -174,7 +174,7 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
   if (dinp) gemm(d, false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);
   // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
-  gemm(d, false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
+  if (dweight) gemm(d, false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
   if (dbias) column_sums_accumulate(dbias, dout, ld, N, OC);
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/gpu/internal.h"
 #include "kernels/layernorm.h"
 #include "kernels/dropout.h"
+#include "kernels/lora.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -310,6 +311,18 @@ __global__ void residual_backward_kernel(float* da, float* db, const float* dout
   if (i >= N) return;
   da[i] += dout[i];
   db[i] += dout[i];
+}
+
+// Element k of the (N, cols) block: row k / cols, column k % cols.
+__global__ void lora_delta_forward_kernel(float* out, long ld, const float* delta, long total, int cols, float scale) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < total) out[(k / cols) * ld + k % cols] += scale * delta[k];
+}
+
+__global__ void lora_delta_backward_kernel(float* ddelta, const float* dout, long ld, long total, int cols,
+                                           float scale) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < total) ddelta[k] = scale * dout[(k / cols) * ld + k % cols];
 }
 
 // The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
@@ -617,6 +630,20 @@ void residual_forward(float* out, const float* a, const float* b, long N) {
 
 void residual_backward(float* da, float* db, const float* dout, long N) {
   GPU_LAUNCH(residual_backward_kernel, blocks_for(N), kThreads)(da, db, dout, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols, float scale) {
+  const long total = static_cast<long>(N) * cols;
+  if (total == 0) return;
+  GPU_LAUNCH(lora_delta_forward_kernel, blocks_for(total), kThreads)(out, ld, delta, total, cols, scale);
+  GPU_CHECK_LAUNCH();
+}
+
+void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
+  const long total = static_cast<long>(N) * cols;
+  if (total == 0) return;
+  GPU_LAUNCH(lora_delta_backward_kernel, blocks_for(total), kThreads)(ddelta, dout, ld, total, cols, scale);
   GPU_CHECK_LAUNCH();
 }
 

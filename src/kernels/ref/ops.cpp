@@ -14,6 +14,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "kernels/optimizer.h"
+#include "kernels/lora.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -165,7 +166,7 @@ void matmul_backward(MatmulContext&, float* dinp, float* dweight, float* dbias, 
         dinp[static_cast<long>(n) * C + c] = static_cast<float>(acc);
       }
   for (int o = 0; o < OC; o++) {
-    for (int c = 0; c < C; c++) {
+    for (int c = 0; dweight && c < C; c++) {
       double acc = 0;
       for (int n = 0; n < N; n++) acc += static_cast<double>(dout[n * ld_dout + o]) * inp[static_cast<long>(n) * C + c];
       dweight[static_cast<long>(o) * C + c] += static_cast<float>(acc);
@@ -273,6 +274,16 @@ void residual_backward(float* da, float* db, const float* dout, long N) {
     da[i] += dout[i];
     db[i] += dout[i];
   }
+}
+
+void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols, float scale) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < cols; c++) out[n * ld + c] += scale * delta[static_cast<long>(n) * cols + c];
+}
+
+void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < cols; c++) ddelta[static_cast<long>(n) * cols + c] = scale * dout[n * ld + c];
 }
 
 namespace {

@@ -262,6 +262,7 @@ example:
 )";
 
 constexpr const char* kExportHelp = R"(usage: anvil export CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]
+                    [--merge-lora | --adapter]
 
 Writes CHECKPOINT (a checkpoint directory, or a run directory: its latest) as a new directory
 that Hugging Face transformers loads with AutoModelForCausalLM.from_pretrained(OUT_DIR):
@@ -273,15 +274,25 @@ transformers' architecture for its family cannot hold (an MPT with learned posit
 with RMSNorm) is an error naming what it lacks. OUT_DIR must not exist; it appears complete or
 not at all.
 
+A LoRA run's checkpoint holds its adapters alone, and names its base (where it was loaded from,
+and the weights' SHA-256, which must still match): --merge-lora writes the base with the adapters
+folded in (W + lora_alpha/r·B·A) as above; --adapter writes PEFT's adapter directory instead
+(adapter_config.json, adapter_model.safetensors), which PeftModel.from_pretrained loads on top of
+the base exported by itself.
+
 options:
   --dtype D             fp32 (default), bf16 or fp16: the stored tensors' type (rounded to nearest even)
   --max-shard-size S    above S (default 5gb; kb, mb, gb accepted) the weights are split into
                         model-0000i-of-0000N.safetensors with model.safetensors.index.json
   --tokenizer NAME      the tokenizer to write (default: the checkpoint's tokenizer.name), named
                         as for `anvil data prepare`
+  --merge-lora          a LoRA checkpoint as a whole model: its adapters merged into its base
+  --adapter             a LoRA checkpoint's adapters as PEFT's files
 
-example:
+examples:
   anvil export runs/llama-125m hf/llama-125m --dtype bf16
+  anvil export runs/llama-lora hf/llama-lora-merged --merge-lora
+  anvil export runs/llama-lora hf/llama-lora-adapter --adapter
 )";
 
 constexpr const char* kImportHelp = R"(usage: anvil import HF_DIR OUT_DIR
@@ -417,6 +428,10 @@ std::string flag(const Args& a, const std::string& name, const std::string& fall
   return v;
 }
 
+bool has_switch(const Args& a, const std::string& name) {
+  return std::find(a.switches.begin(), a.switches.end(), name) != a.switches.end();
+}
+
 template <typename T>
 T number_flag(const Args& a, const std::string& name, T fallback, const char* help) {
   const std::string v = flag(a, name, "");
@@ -534,7 +549,7 @@ int cmd_data(const std::vector<std::string>& args) {
   const bool finetuning = format == "finetuning";
   auto given = [&](const std::string& f) {
     return std::any_of(a.flags.begin(), a.flags.end(), [&](const auto& kv) { return kv.first == f; }) ||
-           std::find(a.switches.begin(), a.switches.end(), f) != a.switches.end();
+           has_switch(a, f);
   };
   for (const char* f : {"--splits", "--target-prompts", "--target-responses", "--too-long", "--chat-template",
                         "--skip-malformed"})
@@ -654,10 +669,18 @@ int cmd_import(const std::vector<std::string>& args) {
 
 int cmd_export(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kExportHelp, stdout), 0;
-  Args a = parse_args(args, {"--dtype", "--max-shard-size", "--tokenizer"}, {}, kExportHelp);
+  Args a = parse_args(args, {"--dtype", "--max-shard-size", "--tokenizer"}, {"--merge-lora", "--adapter"}, kExportHelp);
   if (a.positional.size() != 2) usage_error("export needs a checkpoint and an output directory", kExportHelp);
   HfExportOptions opt;
   opt.dtype = flag(a, "--dtype", "fp32");
+  opt.merge_lora = has_switch(a, "--merge-lora");
+  if (has_switch(a, "--adapter")) {
+    if (opt.merge_lora) usage_error("--merge-lora and --adapter: give one (a merged model, or PEFT's adapter)", kExportHelp);
+    const HfExportResult r = export_peft_adapter(a.positional[0], a.positional[1], opt.dtype);
+    std::printf("exported %s: %s, %zu tensors (%.1f MiB, %s)\n", a.positional[1].c_str(), r.architecture.c_str(),
+                r.tensors, static_cast<double>(r.bytes) / (1 << 20), opt.dtype.c_str());
+    return 0;
+  }
   const int64_t shard = parse_bytes(flag(a, "--max-shard-size", "5gb"), "--max-shard-size");
   if (shard <= 0) usage_error("--max-shard-size must be positive", kExportHelp);
   opt.max_shard_bytes = static_cast<uint64_t>(shard);

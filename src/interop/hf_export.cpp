@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -14,6 +15,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
+#include "config/lora_config.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/fs.h"
@@ -78,18 +80,38 @@ void write_tensor(SafeTensorsWriter& file, const HfTensor& t, const ParamTensor&
   file.write(t.name, out.data(), out.size());
 }
 
-}  // namespace
 
-HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opt) {
-  const StoredType type = stored_type(opt.dtype);
-  ANVIL_CHECK(opt.max_shard_bytes > 0, "--max-shard-size must be positive");
+// The whole anvil tensor `name` of the model being exported.
+using TensorSource = std::function<std::vector<float>(const std::string& name)>;
+
+// out_dir must not exist: export writes a new directory.
+void require_new(const std::string& out_dir) {
   ANVIL_CHECK(!fs::exists(out_dir), "'{}' already exists; export writes a new directory (choose another name or "
               "remove it)", out_dir);
-  // Tensor by tensor: a sharded checkpoint is never gathered whole, and neither is an output file.
-  CheckpointTensorReader ckpt(checkpoint);
-  const ModelConfig& cfg = ckpt.info().config;
-  const std::unique_ptr<Tokenizer> tok =
-      load_tokenizer(opt.tokenizer.empty() ? checkpoint_tokenizer(ckpt.info().config_yaml) : opt.tokenizer);
+}
+
+// A directory under a temporary name beside out_dir (what an interrupted export left there
+// removed), renamed to out_dir by publish once complete.
+std::string export_temp_dir(const std::string& out_dir) {
+  const fs::path target = fs::absolute(out_dir).lexically_normal();
+  const std::string tmp = (target.parent_path() / fmt::format(".{}.export-tmp", target.filename().string())).string();
+  fs::remove_all(tmp);
+  make_dirs(tmp);
+  return tmp;
+}
+void publish(const std::string& tmp, const std::string& out_dir) {
+  const fs::path target = fs::absolute(out_dir).lexically_normal();
+  fsync_dir(tmp);
+  fs::rename(tmp, target);
+  fsync_dir(target.parent_path().string());
+}
+
+// The transformers directory of the model cfg, its tensors from tensor_of.
+HfExportResult write_hf_dir(const ModelConfig& cfg, const TensorSource& tensor_of, const std::string& tokenizer,
+                            const std::string& out_dir, const HfExportOptions& opt) {
+  const StoredType type = stored_type(opt.dtype);
+  ANVIL_CHECK(opt.max_shard_bytes > 0, "--max-shard-size must be positive");
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(tokenizer);
   ANVIL_CHECK(tok->vocab_size() <= cfg.vocab_size, "the tokenizer {} has {} tokens, more than the model's vocab_size {}",
               tok->files().name, tok->vocab_size(), cfg.vocab_size);
   // GPT-2 has no BOS of its own: transformers' GPT-2 configs name its end-of-text token for both.
@@ -118,10 +140,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
                         : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n_files);
   };
 
-  const fs::path target = fs::absolute(out_dir).lexically_normal();
-  const std::string tmp = (target.parent_path() / fmt::format(".{}.export-tmp", target.filename().string())).string();
-  fs::remove_all(tmp);  // what an interrupted export left
-  make_dirs(tmp);
+  const std::string tmp = export_temp_dir(out_dir);
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   Progress progress("export", static_cast<int64_t>(total), "B");
   uint64_t written = 0;
@@ -138,7 +157,7 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
       ANVIL_CHECK(src != layout.end(), "internal: transformers tensor {} maps to '{}', not in the layout", t.name,
                   t.source);
       if (source_name != t.source) {
-        source = ckpt.tensor(t.source);
+        source = tensor_of(t.source);
         source_name = t.source;
       }
       write_tensor(file, t, src->second, source.data(), type);
@@ -158,15 +177,97 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out_d
   const nlohmann::ordered_json generation = {{"bos_token_id", bos}, {"eos_token_id", eos}};
   write_file_atomic(tmp + "/generation_config.json", generation.dump(2) + "\n");
   tok->write_hf_files(tmp, cfg.max_seq_len);
-  fsync_dir(tmp);
-  fs::rename(tmp, target);
-  fsync_dir(target.parent_path().string());
+  publish(tmp, out_dir);
 
   HfExportResult r;
   r.tensors = tensors.size();
   r.files = n_files;
   r.bytes = total;
   r.architecture = config["architectures"][0].get<std::string>();
+  return r;
+}
+
+}  // namespace
+
+HfExportResult export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& opt) {
+  require_new(out_dir);
+  // Tensor by tensor: a sharded checkpoint is never gathered whole, and neither is an output file.
+  CheckpointTensorReader ckpt(checkpoint);
+  const LoadedCheckpoint& info = ckpt.info();
+  const std::string tokenizer = opt.tokenizer.empty() ? checkpoint_tokenizer(info.config_yaml) : opt.tokenizer;
+  if (!info.config.has_lora()) {
+    ANVIL_CHECK(!opt.merge_lora, "--merge-lora: '{}' holds no LoRA adapters (a whole model: export it without the "
+                "flag)", info.dir);
+    return write_hf_dir(info.config, [&](const std::string& name) { return ckpt.tensor(name); }, tokenizer, out_dir,
+                        opt);
+  }
+  ANVIL_CHECK(opt.merge_lora, "'{}' holds LoRA adapters, not a whole model: export --merge-lora writes the model with "
+              "them folded into their base, --adapter writes PEFT's adapter files", info.dir);
+  // The base, checked against the digest the adapters recorded, and the adapters folded in.
+  const LoadedCheckpoint adapters = load_checkpoint(checkpoint, /*with_optimizer=*/false);
+  const LoraBase base = load_lora_base(info.lora_base.path, info.lora_base.weights_sha256,
+                                       fmt::format("LoRA checkpoint '{}'", info.dir), /*show_progress=*/true);
+  const ModelConfig merged_cfg = info.config.base();
+  ANVIL_CHECK(same_architecture(base.config, merged_cfg), "LoRA checkpoint '{}': its base '{}' is another model",
+              info.dir, info.lora_base.path);
+  const std::vector<float> merged = lora_merged_weights(info.config, base.params, adapters.params);
+  std::map<std::string, ParamTensor> layout;
+  for (const ParamTensor& t : model_param_layout(merged_cfg)) layout.emplace(t.name, t);
+  return write_hf_dir(merged_cfg, [&](const std::string& name) {
+    const ParamTensor& t = layout.at(name);
+    return std::vector<float>(merged.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                              merged.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel));
+  }, tokenizer, out_dir, opt);
+}
+
+HfExportResult export_peft_adapter(const std::string& checkpoint, const std::string& out_dir,
+                                   const std::string& dtype) {
+  const StoredType type = stored_type(dtype);
+  require_new(out_dir);
+  const LoadedCheckpoint c = load_checkpoint(checkpoint, /*with_optimizer=*/false, /*show_progress=*/true);
+  const ModelConfig& cfg = c.config;
+  ANVIL_CHECK(cfg.has_lora(), "--adapter: '{}' holds no LoRA adapters (a whole model: export it without the flag)",
+              c.dir);
+  const LoraConfig& lora = cfg.lora;
+  // PEFT's keys: base_model.model.<module path>.lora_A.weight (r, in) and .lora_B.weight (out, r).
+  std::vector<HfTensor> tensors;
+  std::vector<SafeTensorsWriter::Declared> declared;
+  for (const ParamTensor& t : model_param_layout(cfg)) {
+    const size_t dot = t.name.find('.', 2);  // "h.L." then the module's path and lora_A / lora_B
+    const int l = std::stoi(t.name.substr(2, dot - 2));
+    const std::string name = "base_model.model." + hf_block_prefix(cfg, l) + t.name.substr(dot + 1) + ".weight";
+    tensors.push_back({name, t.name, t.shape, 0, 0, false});
+    declared.push_back({name, type.safetensors, t.shape});
+  }
+  std::map<std::string, ParamTensor> layout;
+  for (const ParamTensor& t : model_param_layout(cfg)) layout.emplace(t.name, t);
+  // The modules chosen, by their paths in a block (PEFT matches them as suffixes).
+  std::vector<std::string> targets;
+  for (const LoraModule& m : lora_targets(cfg)) targets.push_back(m.name);
+  const nlohmann::ordered_json config = {
+      {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", c.lora_base.path},
+      {"r", lora.r}, {"lora_alpha", float_as_written(lora.alpha)}, {"lora_dropout", float_as_written(lora.dropout)},
+      {"target_modules", targets}, {"bias", "none"}, {"use_rslora", lora.rslora},
+      // GPT-2's layers are Conv1D (weights stored input × output), which PEFT marks so.
+      {"fan_in_fan_out", cfg.name == ModelFamily::kGpt2}, {"init_lora_weights", true}, {"inference_mode", true},
+      {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::ordered_json::object()}, {"alpha_pattern", nlohmann::ordered_json::object()},
+      {"use_dora", false}, {"revision", nullptr}};
+
+  const std::string tmp = export_temp_dir(out_dir);
+  SafeTensorsWriter file(tmp + "/adapter_model.safetensors", std::move(declared), {{"format", "pt"}});
+  HfExportResult r;
+  for (const HfTensor& t : tensors) {
+    const ParamTensor& src = layout.at(t.source);
+    write_tensor(file, t, src, c.params.data() + src.offset, type);
+    r.bytes += numel(t.shape) * type.bytes;
+  }
+  file.commit();
+  write_file_atomic(tmp + "/adapter_config.json", config.dump(2) + "\n");
+  publish(tmp, out_dir);
+  r.tensors = tensors.size();
+  r.files = 1;
+  r.architecture = "PEFT LoRA adapter";
   return r;
 }
 

@@ -56,6 +56,18 @@ void check_mpt(const ModelConfig& c) {
 
 }  // namespace
 
+std::string hf_block_prefix(const ModelConfig& c, int l) {
+  switch (c.name) {
+    case ModelFamily::kGpt2:
+      return fmt::format("transformer.h.{}.", l);
+    case ModelFamily::kLlama:
+      return fmt::format("model.layers.{}.", l);
+    case ModelFamily::kMpt:
+      return fmt::format("transformer.blocks.{}.", l);
+  }
+  return "";
+}
+
 std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size, F = c.mlp_width(), P = c.max_seq_len;
   const int64_t q = static_cast<int64_t>(c.n_heads) * c.head_size(), kv = static_cast<int64_t>(c.kv_heads()) * c.head_size();
@@ -76,7 +88,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
       whole("transformer.wte.weight", "wte", {V, C});
       whole("transformer.wpe.weight", "wpe", {P, C});
       for (int l = 0; l < c.n_layers; l++) {
-        const std::string h = fmt::format("transformer.h.{}.", l), a = fmt::format("h.{}.", l);
+        const std::string h = hf_block_prefix(c, l), a = fmt::format("h.{}.", l);
         whole(h + "ln_1.weight", a + "ln1w", {C});
         whole(h + "ln_1.bias", a + "ln1b", {C});
         conv1d(h + "attn.c_attn.weight", a + "qkvw", C, 3 * C);
@@ -98,7 +110,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
       check_llama(c);
       whole("model.embed_tokens.weight", "wte", {V, C});
       for (int l = 0; l < c.n_layers; l++) {
-        const std::string h = fmt::format("model.layers.{}.", l), a = fmt::format("h.{}.", l);
+        const std::string h = hf_block_prefix(c, l), a = fmt::format("h.{}.", l);
         whole(h + "input_layernorm.weight", a + "ln1w", {C});
         rows(h + "self_attn.q_proj.weight", a + "qkvw", 0, q, {q, C});
         rows(h + "self_attn.k_proj.weight", a + "qkvw", q, kv, {kv, C});
@@ -116,7 +128,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
       check_mpt(c);
       whole("transformer.wte.weight", "wte", {V, C});
       for (int l = 0; l < c.n_layers; l++) {
-        const std::string h = fmt::format("transformer.blocks.{}.", l), a = fmt::format("h.{}.", l);
+        const std::string h = hf_block_prefix(c, l), a = fmt::format("h.{}.", l);
         whole(h + "norm_1.weight", a + "ln1w", {C});
         whole(h + "attn.Wqkv.weight", a + "qkvw", {3 * C, C});
         whole(h + "attn.out_proj.weight", a + "attprojw", {C, C});

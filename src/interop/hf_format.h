@@ -29,6 +29,11 @@ struct HfTensor {
 // with GELU) is an error naming the option.
 std::vector<HfTensor> hf_tensors(const ModelConfig& cfg);
 
+// Where block l's modules are in transformers' model: "transformer.h.3." (GPT-2),
+// "model.layers.3." (Llama), "transformer.blocks.3." (MPT). A LoRA module's path is this followed
+// by its name in the block (config/lora_config.h).
+std::string hf_block_prefix(const ModelConfig& cfg, int l);
+
 // config.json for the model: architectures, model_type and the family's own fields, with
 // torch_dtype ("float32", "bfloat16", "float16") and the tokenizer's special token ids.
 nlohmann::ordered_json hf_config(const ModelConfig& cfg, const std::string& torch_dtype, int bos_token_id,

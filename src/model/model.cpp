@@ -3,9 +3,11 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
+#include "config/lora_config.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/encoder.h"
@@ -70,6 +72,45 @@ void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t 
       std::fill(p, p + n, t.init_value);
     }
   }
+}
+
+std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector<float>& base,
+                                       const std::vector<float>& adapters) {
+  ANVIL_CHECK(cfg.has_lora(), "only a LoRA model has adapters to merge");
+  const ModelConfig base_cfg = cfg.base();
+  ANVIL_CHECK(base.size() == model_num_params(base_cfg) && adapters.size() == model_num_params(cfg),
+              "merging LoRA: {} base weights and {} adapter values, expected {} and {}", base.size(), adapters.size(),
+              model_num_params(base_cfg), model_num_params(cfg));
+  std::map<std::string, const ParamTensor*> by_name;
+  const std::vector<ParamTensor> base_layout = model_param_layout(base_cfg), lora_layout = model_param_layout(cfg);
+  for (const ParamTensor& t : base_layout) by_name[t.name] = &t;
+  for (const ParamTensor& t : lora_layout) by_name[t.name] = &t;
+  auto at = [&](const std::string& name) -> const ParamTensor& {
+    const auto it = by_name.find(name);
+    ANVIL_CHECK(it != by_name.end(), "internal: no tensor '{}' to merge", name);
+    return *it->second;
+  };
+  const char* product_tensor[] = {"qkvw", "attprojw", "fcw", "fcprojw"};  // by BlockProduct
+  std::vector<float> merged = base;
+  const int r = cfg.lora.r;
+  const double scaling = cfg.lora.scaling();
+  for (int l = 0; l < cfg.n_layers; l++)
+    for (const LoraModule& m : lora_targets(cfg)) {
+      const std::string prefix = fmt::format("h.{}.{}.", l, m.name);
+      const float* A = adapters.data() + at(prefix + "lora_A").offset;
+      const float* B = adapters.data() + at(prefix + "lora_B").offset;
+      const ParamTensor& w = at(fmt::format("h.{}.{}", l, product_tensor[static_cast<int>(m.product)]));
+      float* W = merged.data() + w.offset + static_cast<size_t>(m.row0) * m.in;
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < m.rows; i++)
+        for (int c = 0; c < m.in; c++) {
+          double delta = 0;
+          for (int k = 0; k < r; k++) delta += static_cast<double>(B[i * r + k]) * A[static_cast<size_t>(k) * m.in + c];
+          float& x = W[static_cast<size_t>(i) * m.in + c];
+          x = static_cast<float>(x + scaling * delta);
+        }
+    }
+  return merged;
 }
 
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {

@@ -111,6 +111,12 @@ std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout);
 // init_std / init_uniform / init_value. Each value depends only on (seed, tensor, index), so a shard
 // initialises itself without the rest.
 void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out);
+// LoRA's adapters folded into its base: each adapted module's rows of its product's weight W
+// become W + scaling·B·A (summed in double), so that the model cfg.base() with these weights
+// computes what the adapted model does (to rounding). base: model_param_layout(cfg.base()) order;
+// adapters: model_param_layout(cfg)'s.
+std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector<float>& base,
+                                       const std::vector<float>& adapters);
 // Bytes of activations (and their gradients) a model built with storage holds for microbatches
 // of up to max_batch sequences of max_seq tokens: what activation_bytes() will report.
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);

@@ -25,6 +25,19 @@ expect_error() {
   pass "$name: $(cat "$tmp/expect_error.err")"
 }
 
+# expect_failure NAME PATTERN CMD...: CMD must fail with exit status 1, its last line on stderr
+# the error, holding PATTERN (an error found once work has begun, after its progress lines).
+expect_failure() {
+  local name="$1" pattern="$2"; shift 2
+  "$@" > "$tmp/expect_error.out" 2> "$tmp/expect_error.err"; local rc=$?
+  if [ $rc -ne 1 ]; then fail "$name: exit status $rc, expected 1"; tail -3 "$tmp/expect_error.err"; return; fi
+  local last; last=$(tail -1 "$tmp/expect_error.err")
+  if [[ "$last" != error:* ]] || ! grep -q -- "$pattern" <<< "$last"; then
+    fail "$name: '$pattern' not in the last line: $last"; return
+  fi
+  pass "$name: $last"
+}
+
 # mpirun_anvil NP CMD...: Open MPI's mpirun for tests on one machine. --oversubscribe lets ranks
 # outnumber cores; running as root (CI containers) must be allowed explicitly.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

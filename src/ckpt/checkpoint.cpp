@@ -159,7 +159,6 @@ struct ManifestPiece {
 // each piece of them lies.
 struct Manifest {
   LoadedCheckpoint meta;  // params and moments left empty
-  std::string want_sha256;
   std::vector<std::string> files;  // the shard files, in rank order
   std::vector<ManifestPiece> pieces;
 };
@@ -225,7 +224,7 @@ Manifest read_manifest(const std::string& path) {
     meta.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
     const nlohmann::json& shards = manifest.at("shards");
     meta.saved_world_size = manifest.at("world_size").get<int>();
-    out.want_sha256 = manifest.at("weights_sha256").get<std::string>();
+    meta.weights_sha256 = manifest.at("weights_sha256").get<std::string>();
     ANVIL_CHECK(shards.size() == static_cast<size_t>(meta.saved_world_size), "checkpoint '{}' lists {} shards, but "
                 "was saved by {} ranks (one shard each)", dir, shards.size(), meta.saved_world_size);
 
@@ -314,7 +313,7 @@ LoadedCheckpoint load_checkpoint(const std::string& path, bool with_optimizer, b
     done += static_cast<int64_t>(piece.numel * sizeof(float));
     if (bar) bar->update(done, out.dir);
   }
-  ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == m.want_sha256, "checkpoint '{}' is corrupt: the weights "
+  ANVIL_CHECK(weights_sha256(out.config, out.params.data()) == m.meta.weights_sha256, "checkpoint '{}' is corrupt: the weights "
               "reassembled from its shards do not match the manifest's weights_sha256", out.dir);
   if (bar) bar->finish(out.dir);
   return out;

@@ -72,6 +72,7 @@ struct LoadedCheckpoint {
   int saved_world_size = 1;      // the number of ranks that saved it: one shard file each
   std::string loss_scaler;       // JSON; empty when the run that saved it was not amp_fp16
   LoraBaseRef lora_base;         // of a LoRA checkpoint, which holds the adapters alone
+  std::string weights_sha256;    // as the manifest records it (loading checks the weights against it)
 };
 
 // path: a checkpoint directory, a run directory, or its checkpoints/ directory (then the one

@@ -225,6 +225,11 @@ LoraBase load_lora_base(const std::string& path, const std::string& want_sha256,
   } else {
     ANVIL_CHECK(fs::exists(path), "{}: its base '{}' does not exist (expected a transformers directory or an anvil "
                 "checkpoint)", adapters, path);
+    // An anvil checkpoint's manifest records its digest: a base that changed is found before reading it.
+    const std::string recorded = CheckpointTensorReader(path).info().weights_sha256;
+    ANVIL_CHECK(want_sha256.empty() || recorded == want_sha256, "{}: its adapters were trained on a base whose "
+                "weights have sha256 {}, but '{}' now holds weights with sha256 {}; adapters belong to the exact "
+                "weights they were trained on: restore that base", adapters, want_sha256, path, recorded);
     LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false, show_progress);
     ANVIL_CHECK(!c.config.has_lora(), "{}: its base '{}' holds LoRA adapters itself; name the model they adapt, or "
                 "merge them first (anvil export --merge-lora)", adapters, c.dir);
@@ -243,11 +248,16 @@ ModelWeights load_model_weights(const std::string& path) {
     HfModel m = read_hf_model(path, "load weights");
     return {m.config, std::move(m.params), hf_dir_tokenizer(path), {}};
   }
+  // A LoRA checkpoint's base first: one that no longer fits is found before anything is read.
+  const LoadedCheckpoint info = CheckpointTensorReader(path).info();
+  std::optional<LoraBase> lora_base;
+  if (info.config.has_lora())
+    lora_base = load_lora_base(info.lora_base.path, info.lora_base.weights_sha256,
+                               fmt::format("LoRA checkpoint '{}'", info.dir), /*show_progress=*/true);
   LoadedCheckpoint c = load_checkpoint(path, /*with_optimizer=*/false, /*show_progress=*/true);
   ModelWeights w{c.config, std::move(c.params), checkpoint_tokenizer(c.config_yaml), {}};
-  if (c.config.has_lora()) {
-    LoraBase base = load_lora_base(c.lora_base.path, c.lora_base.weights_sha256,
-                                   fmt::format("LoRA checkpoint '{}'", c.dir), /*show_progress=*/true);
+  if (lora_base) {
+    LoraBase& base = *lora_base;
     ANVIL_CHECK(same_architecture(base.config, c.config.base()), "LoRA checkpoint '{}': its base '{}' is another "
                 "model ({}) than the adapters were trained on ({})", c.dir, c.lora_base.path,
                 model_architecture_summary(base.config), model_architecture_summary(c.config));

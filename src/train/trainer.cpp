@@ -197,9 +197,6 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
 // the base their checkpoint names (which must still hold the weights they were trained on).
 // Every rank reads it. Returns what the run's checkpoints record of it.
 LoraBaseRef load_frozen_base(const TrainConfig& cfg, const LoadedCheckpoint* resume, Model& model, bool writer) {
-  ANVIL_CHECK(resume || !cfg.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained model: set load_path "
-              "to it (a transformers directory or an anvil checkpoint), or use model.name: hf_causal_lm with its "
-              "pretrained_model_name_or_path");
   std::error_code ec;
   const std::string path =
       resume ? resume->lora_base.path : fs::absolute(cfg.load_path, ec).lexically_normal().string();
@@ -291,6 +288,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   ANVIL_CHECK(GB % W == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
               "block of the batch", GB, W);
   const int local_batch = GB / W;
+  ANVIL_CHECK(!cfg.model.has_lora() || !cfg.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained model: "
+              "set load_path to it (a transformers directory or an anvil checkpoint), or use model.name: "
+              "hf_causal_lm with its pretrained_model_name_or_path");
 
   const TokenizerFiles tokenizer = resolve_tokenizer(cfg.tokenizer_name);
   std::vector<std::string> data_notes;  // logged once the run directory holds the log

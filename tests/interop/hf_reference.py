@@ -1,12 +1,14 @@
 #!/usr/bin/python3
 """An independent reader of a Hugging Face transformers model directory, for anvil's export tests.
 
-usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N      the mean loss per target token on the split's
+usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N [--adapter PEFT_DIR]
+                                                      the mean loss per target token on the split's
                                                       first N samples (inputs tokens[0, T), targets
                                                       tokens[1, T+1), T the model's context length;
                                                       the last target dropped when a sample is T long;
                                                       fine-tuning turns as Foundry's collator makes
-                                                      them, the loss on the last response)
+                                                      them, the loss on the last response); with a
+                                                      PEFT LoRA adapter directory on top of the model
        hf_reference.py greedy HF_DIR N TOKEN_ID...   prints the N greedy next-token ids, one line
        hf_reference.py rounded FP32_DIR OTHER_DIR     checks OTHER_DIR's 16-bit tensors are FP32_DIR's,
                                                       rounded to nearest even
@@ -173,6 +175,35 @@ def load_model(d):
     return cfg, forward, W
 
 
+def apply_peft_lora(W, adapter_dir):
+    """A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) on top of the
+    weights, as PEFT's LoraLayer computes it (merged: W + scaling * B @ A, transposed for Conv1D's
+    input x output storage when fan_in_fan_out), scaling lora_alpha / r (lora_alpha / sqrt(r) with
+    use_rslora). Every adapted module must be one target_modules names (PEFT's suffix match), with
+    a lora_A and a lora_B, and exist in the model."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        acfg = json.load(f)
+    assert acfg["peft_type"] == "LORA" and acfg["task_type"] == "CAUSAL_LM", acfg
+    r = acfg["r"]
+    scaling = acfg["lora_alpha"] / (math.sqrt(r) if acfg.get("use_rslora", False) else r)
+    targets = acfg["target_modules"]
+    A = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    prefix = "base_model.model."
+    modules = sorted({k[len(prefix):].rsplit(".lora_", 1)[0] for k in A})
+    assert all(k.startswith(prefix) and (k.endswith(".lora_A.weight") or k.endswith(".lora_B.weight")) for k in A)
+    for m in modules:
+        assert any(m == t or m.endswith("." + t) for t in targets), f"{m} is not among target_modules {targets}"
+        a, b = A[prefix + m + ".lora_A.weight"].double(), A[prefix + m + ".lora_B.weight"].double()
+        assert a.shape[0] == r and b.shape[1] == r, f"{m}: lora_A {tuple(a.shape)}, lora_B {tuple(b.shape)}, r {r}"
+        delta = scaling * (b @ a)
+        w = W[m + ".weight"]
+        if acfg.get("fan_in_fan_out", False):
+            delta = delta.T
+        assert w.shape == delta.shape, f"{m}: weight {tuple(w.shape)}, adapter delta {tuple(delta.shape)}"
+        W[m + ".weight"] = (w.double() + delta).float()
+    return len(modules)
+
+
 def finetuning_example(turns, split_dir):
     """LLM Foundry's decoder-only collator with target_prompts none, target_responses last: the
     turns back to back, EOS appended to the last response unless it ends with one, labels -100
@@ -190,8 +221,10 @@ def finetuning_example(turns, split_dir):
     return ids, labels
 
 
-def loss(d, split_dir, n):
+def loss(d, split_dir, n, adapter=None):
     cfg, forward, W = load_model(d)
+    if adapter:
+        apply_peft_lora(W, adapter)
     T = cfg.get("n_positions") or cfg.get("max_position_embeddings") or cfg["max_seq_len"]
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
     from mds_reference import read_samples
@@ -332,7 +365,8 @@ def index(d):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "loss":
-        loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        loss(sys.argv[2], sys.argv[3], int(sys.argv[4]),
+             sys.argv[6] if len(sys.argv) > 6 and sys.argv[5] == "--adapter" else None)
     elif cmd == "greedy":
         greedy(sys.argv[2], int(sys.argv[3]), [int(t) for t in sys.argv[4:]])
     elif cmd == "rounded":

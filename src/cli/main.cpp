@@ -825,6 +825,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("MFU:             %.1f%%\n", 100 * r.mfu);
   std::printf("peak memory:     %.0f MiB (activations %.0f MiB, microbatch %d)\n", r.peak_rss_mib, r.activation_mib,
               r.microbatch);
+  std::printf("model states:    %.1f MiB (parameters, gradients, optimizer)%s\n", r.model_states_mib,
+              r.frozen_base_mib > 0 ? fmt::format(" + LoRA's frozen base {:.1f} MiB = {:.1f} MiB", r.frozen_base_mib,
+                                                  r.model_states_mib + r.frozen_base_mib).c_str() : "");
   if (r.gpu_peak_mib > 0) std::printf("peak GPU memory: %.0f MiB (anvil's allocator)\n", r.gpu_peak_mib);
   std::printf("%s\n", bench_train_json(cfg, r, steps).c_str());
   return 0;

@@ -126,6 +126,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
   ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N, form);
 }
 void round_to_dtype(float* x, long N, ComputeDtype d) { ANVIL_DISPATCH(round_to_dtype, x, N, d); }
+void widen_bf16(float* out, const uint16_t* in, long N) { ANVIL_DISPATCH(widen_bf16, out, in, N); }
 void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {
   ANVIL_DISPATCH(dropout_apply, out, x, B, n, site);
 }

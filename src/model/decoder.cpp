@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
@@ -350,10 +351,62 @@ void Decoder::set_compute_dtype(ComputeDtype dtype) {
   allocate_rounded_dres();
 }
 
+void Decoder::set_base_weights(const std::vector<float>& base, bool held_in_bf16) {
+  ANVIL_CHECK(frozen(), "only a LoRA model holds a frozen base");
+  const size_t n = model_num_params(cfg_.base());
+  ANVIL_CHECK(base.size() == n, "the base model has {} parameters, {} were given", n, base.size());
+  for (OpArray<float>* a : {&base_, &base_norms_, &base_block_}) a->reset();
+  base_bf16_.reset();
+  if (!held_in_bf16) {
+    base_.assign_zeros(n);
+    op_copy_from_host(base_.data(), base.data(), n * sizeof(float));
+    return;
+  }
+  const int L = cfg_.n_layers;
+  const size_t lo = base_units_[1].offset, hi = base_units_[L].offset + base_units_[L].numel;
+  std::vector<float> outside(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(lo));
+  outside.insert(outside.end(), base.begin() + static_cast<std::ptrdiff_t>(hi), base.end());
+  std::vector<uint16_t> blocks(hi - lo);
+  for (size_t i = 0; i < blocks.size(); i++) blocks[i] = float_to_bf16(base[lo + i]);
+  const size_t np = norm_params();
+  std::vector<float> norms;
+  size_t largest = 0;
+  for (int l = 0; l < L; l++) {
+    const Block b = bind_block(base.data() + base_units_[1 + l].offset);
+    norms.insert(norms.end(), b.ln1w, b.ln1w + np);
+    norms.insert(norms.end(), b.ln2w, b.ln2w + np);
+    largest = std::max(largest, base_units_[1 + l].numel);
+  }
+  base_.assign_zeros(outside.size());
+  op_copy_from_host(base_.data(), outside.data(), outside.size() * sizeof(float));
+  base_bf16_.assign_zeros(blocks.size());
+  op_copy_from_host(base_bf16_.data(), blocks.data(), blocks.size() * sizeof(uint16_t));
+  base_norms_.assign_zeros(norms.size());
+  op_copy_from_host(base_norms_.data(), norms.data(), norms.size() * sizeof(float));
+  base_block_.assign_zeros(largest);
+}
+
+size_t Decoder::base_bytes() const {
+  return (base_.size() + base_norms_.size() + base_block_.size()) * sizeof(float) +
+         base_bf16_.size() * sizeof(uint16_t);
+}
+
 const float* Decoder::acquire_base(int unit, int next_unit) {
   if (!frozen()) return access().acquire_params(unit, next_unit);
-  ANVIL_CHECK(base_params(), "a LoRA model needs its base's weights (Model::set_base_weights) before a pass");
-  return base_params() + base_units_[unit].offset;
+  ANVIL_CHECK(!base_.empty(), "a LoRA model needs its base's weights (Model::set_base_weights) before a pass");
+  if (base_bf16_.empty()) return base_.data() + base_units_[unit].offset;
+  ANVIL_CHECK(dtype() == ComputeDtype::kBf16, "the frozen base is held in bf16, which only amp_bf16's products read");
+  const int L = cfg_.n_layers;
+  if (unit == 0) return base_.data();
+  if (unit == L + 1) return base_.data() + base_units_[0].numel;  // after the embeddings
+  const ParamUnit& u = base_units_[unit];
+  widen_bf16(base_block_.data(), base_bf16_.data() + (u.offset - base_units_[1].offset), static_cast<long>(u.numel));
+  const Block b = bind_block(base_block_.data());
+  const size_t np = norm_params();
+  const float* norms = base_norms_.data() + static_cast<size_t>(unit - 1) * 2 * np;
+  op_copy(b.ln1w, norms, np * sizeof(float));
+  op_copy(b.ln2w, norms + np, np * sizeof(float));
+  return base_block_.data();
 }
 
 void Decoder::release_base(int unit) {

@@ -46,6 +46,8 @@ class Decoder final : public Model {
   }
   void set_max_batch(int max_batch) override;
   void set_compute_dtype(ComputeDtype dtype) override;
+  void set_base_weights(const std::vector<float>& base, bool held_in_bf16 = false) override;
+  size_t base_bytes() const override;
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                  const int32_t* positions = nullptr) override;
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
@@ -74,7 +76,8 @@ class Decoder final : public Model {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
-  // The base's unit: through UnitAccess, or the frozen copy under LoRA.
+  // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
+  // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }
   const float* acquire_base(int unit, int next_unit);
   void release_base(int unit);
@@ -167,6 +170,11 @@ class Decoder final : public Model {
   OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_, adapters_rounded_;
   // A frozen norm's parameter gradient, formed by the norm's backward and not kept.
   OpArray<float> frozen_dnorm_;
+  // LoRA's frozen base: all of it in fp32 (base_); or held in bf16, the blocks' values in
+  // base_bf16_, each block's norms (ln1's, then ln2's) in fp32 in base_norms_, the rest (the
+  // embeddings, then the final unit) in base_, and the block in use widened in base_block_.
+  OpArray<float> base_, base_norms_, base_block_;
+  OpArray<uint16_t> base_bf16_;
   // LoRA's activations: each adapter's x·Aᵀ per layer (lora_u_), a branch's output or output
   // gradient (lora_v_), x·Aᵀ's gradient for a grain (lora_du_), and, with lora_dropout, the
   // branch's dropped input (lora_x_) and its gradient for a grain (lora_dx_).

@@ -222,13 +222,4 @@ void Model::init_weights(uint64_t seed) {
 
 void Model::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
-void Model::set_base_weights(const std::vector<float>& base) {
-  ANVIL_CHECK(cfg_.has_lora(), "only a LoRA model holds a frozen base");
-  const size_t n = model_num_params(cfg_.base());
-  ANVIL_CHECK(base.size() == n, "the base model has {} parameters, {} were given", n, base.size());
-  base_.reset();
-  base_.assign_zeros(n);
-  op_copy_from_host(base_.data(), base.data(), n * sizeof(float));
-}
-
 }  // namespace anvil

@@ -148,10 +148,12 @@ class Model {
   void init_weights(uint64_t seed);
   void zero_grad();
   // Under LoRA: the frozen base's weights (host, model_param_layout(config().base()) order), copied
-  // where the ops run. Required before a pass.
-  void set_base_weights(const std::vector<float>& base);
-  // Bytes of the frozen base (0 without LoRA).
-  size_t base_bytes() const { return base_.size() * sizeof(float); }
+  // where the ops run; required before a pass. held_in_bf16: the blocks' weights held in bf16,
+  // for amp_bf16, whose products round them to bf16 anyway: the same bits in half the memory
+  // (norms and embeddings stay fp32).
+  virtual void set_base_weights(const std::vector<float>& base, bool held_in_bf16 = false) = 0;
+  // Bytes of the frozen base where the ops run (0 without LoRA).
+  virtual size_t base_bytes() const = 0;
 
   // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once.
   virtual size_t largest_grads_span(int unit) const = 0;
@@ -197,8 +199,6 @@ class Model {
   // The layout, units and own arrays of cfg's model; max_seq: the longest sequence it will see.
   Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage);
   UnitAccess& access() { return *access_; }
-  // The frozen base (LoRA), in its layout's order.
-  const float* base_params() const { return base_.data(); }
 
   const ModelConfig cfg_;
   const ModelStorage storage_;
@@ -210,7 +210,7 @@ class Model {
   std::vector<ParamTensor> layout_;
   std::vector<ParamUnit> units_;
   size_t num_params_ = 0;
-  OpArray<float> params_, grads_, base_;
+  OpArray<float> params_, grads_;
   std::unique_ptr<UnitAccess> own_access_;
   UnitAccess* access_ = nullptr;
 };

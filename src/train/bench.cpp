@@ -42,7 +42,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   if (cfg.model.has_lora()) {  // a base from the seed: the speed and memory are those of any base
     std::vector<float> base(model_num_params(cfg.model.base()));
     model_init_params(cfg.model.base(), cfg.seed, 0, base.size(), base.data());
-    model.set_base_weights(base);
+    model.set_base_weights(base, cfg.precision == ComputeDtype::kBf16);
   }
   cfg.device_train_microbatch_size =
       plan_microbatch(cfg, GB, mem.model_states() + mem.working + model.base_bytes(), 1).microbatch;
@@ -60,6 +60,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.peak_gflops = matmul_peak_gflops(cfg.precision);
   r.peak_source = matmul_backend_description();
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
+  r.model_states_mib = static_cast<double>(mem.model_states()) / (1 << 20);
+  r.frozen_base_mib = static_cast<double>(model.base_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
   log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters; {}; {} kernels, {}{}",
            model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6,
@@ -104,7 +106,9 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
   };
   nlohmann::ordered_json j = {
       {"tokens_per_s", r.tokens_per_s}, {"gflops", r.gflops}, {"peak_gflops", r.peak_gflops}, {"mfu", r.mfu},
-      {"peak_rss_mib", r.peak_rss_mib}, {"activation_mib", r.activation_mib}, {"gpu_peak_mib", r.gpu_peak_mib},
+      {"peak_rss_mib", r.peak_rss_mib}, {"activation_mib", r.activation_mib},
+      {"model_states_mib", r.model_states_mib}, {"frozen_base_mib", r.frozen_base_mib},
+      {"gpu_peak_mib", r.gpu_peak_mib},
       {"microbatch", r.microbatch}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
       {"batch", cfg.global_train_batch_size}, {"precision", choice_name(cfg.precision)},
       {"kernels", choice_name(cfg.kernels)},

@@ -12,6 +12,9 @@ namespace anvil {
 struct BenchTrainResult {
   double tokens_per_s = 0, gflops = 0, peak_gflops = 0, mfu = 0, peak_rss_mib = 0, final_loss = 0;
   double activation_mib = 0;  // the model's activation buffers, included in peak_rss_mib
+  // The model states: parameters, gradients and optimizer state as data parallelism holds them
+  // (under LoRA the adapters'), and LoRA's frozen base.
+  double model_states_mib = 0, frozen_base_mib = 0;
   int microbatch = 0;         // the one used (auto resolved)
   std::string peak_source;    // what the peak was measured on (the matmul backend)
   double gpu_peak_mib = 0;    // kernels=gpu: the most GPU memory the allocator held

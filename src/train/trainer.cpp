@@ -205,7 +205,8 @@ LoraBaseRef load_frozen_base(const TrainConfig& cfg, const LoadedCheckpoint* res
   ANVIL_CHECK(same_architecture(base.config, cfg.model.base()), "{}: the base '{}' is another model ({}) than the "
               "config's ({})", what, path, model_architecture_summary(base.config),
               model_architecture_summary(cfg.model));
-  model.set_base_weights(base.params);
+  // Under amp_bf16 the products round the base's weights to bf16 anyway: held so, the same bits.
+  model.set_base_weights(base.params, cfg.precision == ComputeDtype::kBf16);
   if (writer)
     log_info("LoRA: the frozen base is '{}' (weights sha256 {}); r {}, alpha {:g}, dropout {:g}, adapting {}", path,
              base.sha256, cfg.model.lora.r, cfg.model.lora.alpha, cfg.model.lora.dropout,

@@ -306,6 +306,12 @@ void elementwise_cases(std::vector<OpCase>& cases) {
     cases.push_back({case_name("round_to_dtype", {{"N", static_cast<long>(x.size())}}, dtype_name(d)), [=](OpRun& r) {
       ANVIL_RUN_OP(r, round_to_dtype, r.inout("x", x, exact()), static_cast<long>(x.size()), d);
     }});
+  // Widening every bf16 bit pattern (NaNs, infinities and subnormals included) is exact.
+  std::vector<uint16_t> bf16(1 << 16);
+  for (size_t i = 0; i < bf16.size(); i++) bf16[i] = static_cast<uint16_t>(i);
+  cases.push_back({case_name("widen_bf16", {{"N", 1 << 16}}), [=](OpRun& r) {
+    ANVIL_RUN_OP(r, widen_bf16, r.out("out", bf16.size(), exact()), r.in("in", bf16), static_cast<long>(bf16.size()));
+  }});
 }
 
 void attention_cases(std::vector<OpCase>& cases) {

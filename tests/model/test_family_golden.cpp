@@ -109,6 +109,32 @@ INSTANTIATE_TEST_SUITE_P(Kernels, LoraGolden,
                            return f + (info.param.impl == KernelImpl::kRef ? "_ref" : "_cpu");
                          });
 
+// A base held in bf16 under amp_bf16 gives the same bits as one held in fp32 (the products round
+// its weights to bf16 either way; norms and embeddings stay fp32). What it saves is measured by
+// `anvil bench train` (docs/PERFORMANCE.md).
+TEST(Lora, BaseHeldInBf16GivesTheSameBits) {
+  for (const char* fixture : {"gpt2_lora_tiny.safetensors", "llama_lora_tiny.safetensors", "mpt_lora_tiny.safetensors"}) {
+    SafeTensorsFile f = testing::load_golden(fixture);
+    const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
+    const SafeTensor& base = f.at("base");
+    const std::vector<float> base_values(base.f32(), base.f32() + base.numel());
+    std::vector<std::vector<float>> grads;
+    std::vector<double> losses;
+    for (bool held_in_bf16 : {false, true}) {
+      Decoder model(config_of(f), B, T);
+      model.set_compute_dtype(ComputeDtype::kBf16);
+      model.set_base_weights(base_values, held_in_bf16);
+      std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
+      model.zero_grad();
+      losses.push_back(model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 0.01f, nullptr,
+                                              f.at("positions").i32()));
+      grads.emplace_back(model.grads(), model.grads() + model.num_params());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << fixture;
+    EXPECT_EQ(grads[0], grads[1]) << fixture;
+  }
+}
+
 // The families' layouts by count: Llama-2-7B's published total, and MPT-7B's shape (alibi,
 // no_bias: norms without bias, no position table, tied) counted by hand.
 TEST(Families, ParameterCountsMatchTheModels) {

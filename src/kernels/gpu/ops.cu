@@ -344,6 +344,11 @@ __device__ inline float round_fp16_value(float x) {
   return __uint_as_float(out | sign);
 }
 
+__global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
+}
+
 __device__ inline float round_value(float x, ComputeDtype d) {
   return d == ComputeDtype::kBf16 ? round_bf16_value(x) : d == ComputeDtype::kFp16 ? round_fp16_value(x) : x;
 }
@@ -644,6 +649,12 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
   const long total = static_cast<long>(N) * cols;
   if (total == 0) return;
   GPU_LAUNCH(lora_delta_backward_kernel, blocks_for(total), kThreads)(ddelta, dout, ld, total, cols, scale);
+  GPU_CHECK_LAUNCH();
+}
+
+void widen_bf16(float* out, const uint16_t* in, long N) {
+  if (N == 0) return;
+  GPU_LAUNCH(widen_bf16_kernel, blocks_for(N), kThreads)(out, in, N);
   GPU_CHECK_LAUNCH();
 }
 

@@ -443,6 +443,10 @@ void round_to_dtype(float* x, long N, ComputeDtype d) {
   for (long i = 0; i < N; i++) x[i] = rounded_to(x[i], d);
 }
 
+void widen_bf16(float* out, const uint16_t* in, long N) {
+  for (long i = 0; i < N; i++) out[i] = bf16_to_float(in[i]);
+}
+
 }  // namespace anvil::ref
 
 namespace anvil::ref {

@@ -14,7 +14,10 @@
 # - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
 #   give the same weights bit for bit; 2 MPI ranks sharing the GPU (host-staged collectives), under
 #   ZeRO stages 0 to 3, give those same bits too, and so does one rank through NCCL (in builds
-#   with NCCL/RCCL; the emulated GPU has none); and the run follows the deterministic CPU run.
+#   with NCCL/RCCL; the emulated GPU has none); and the run follows the deterministic CPU run;
+# - LoRA (every product adapted, lora_dropout 0.1) on the deterministic run's weights: the GPU
+#   follows the CPU within 1e-5, microbatch 4 and 1 and 2 ranks under ZeRO-3 give the same bits,
+#   and amp_bf16 (the base held in bf16) follows the CPU's within 1e-2.
 # The model is GPT-2 with a 1024-token cut of its vocabulary (tests/lib.sh, small_gpt2_vocab).
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -132,6 +135,23 @@ for stage in 0 1 2 3; do
 done
 [ $ok = 1 ] && pass "deterministic_mode on the GPU: 2 ranks under ZeRO 0-3 give the 1-rank weights bit for bit" \
   || fail "deterministic_mode on the GPU across world sizes"
+# LoRA on the GPU, its base the deterministic run's weights.
+lora=("${det[@]}" load_path="$tmp/cpu_det"
+      "model.peft_config={peft_type: LORA, r: 4, lora_alpha: 8, lora_dropout: 0.1, target_modules: all-linear}")
+run lora_cpu kernels=cpu "${lora[@]}"
+run lora_gpu kernels=gpu "${lora[@]}"
+run lora_gpu_mb1 kernels=gpu "${lora[@]}" device_train_microbatch_size=1
+mpirun_anvil 2 "$anvil" train "$tmp/g.yaml" run_dir="$tmp/lora_gpu_w2" kernels=gpu "${lora[@]}"   distributed.zero_stage=3 > "$tmp/lora_gpu_w2.out" 2>&1 || tail -5 "$tmp/lora_gpu_w2.out"
+if compare lora_cpu lora_gpu 1e-5 6 && [ -n "$(digest lora_gpu)" ] && [ "$(digest lora_gpu)" = "$(digest lora_gpu_mb1)" ] &&
+   [ "$(digest lora_gpu)" = "$(digest lora_gpu_w2)" ]; then
+  pass "LoRA on the GPU follows the CPU; microbatch 4 and 1 and 2 ranks (ZeRO-3) give the same adapters bit for bit"
+else
+  fail "LoRA on the GPU: $(digest lora_gpu) / $(digest lora_gpu_mb1) / $(digest lora_gpu_w2)"
+fi
+run lora_cpu_bf16 kernels=cpu "${lora[@]}" precision=amp_bf16
+run lora_gpu_bf16 kernels=gpu "${lora[@]}" precision=amp_bf16
+compare lora_cpu_bf16 lora_gpu_bf16 1e-2 6 && pass "LoRA under amp_bf16 (the base held in bf16): the GPU follows the CPU"   || fail "LoRA amp_bf16 GPU against CPU"
+
 # One rank still gathers (ZeRO-2/3) and reduce-scatters (ZeRO-3) through NCCL; its all-reduce is
 # anvil doctor's self-test. The emulated GPU build has no NCCL.
 if ! grep -q "^gpu collectives: none" <<< "$doctor_report"; then

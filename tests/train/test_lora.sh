@@ -116,11 +116,12 @@ else
 fi
 
 # The determinism contract: 6 steps cut as microbatches of 8 or 2, on 1 rank or 2 (ZeRO-1 and
-# ZeRO-3), interrupted and resumed; then with lora_dropout, whose masks are the same bits however
-# the batch is cut.
+# ZeRO-3), interrupted and resumed, with activation checkpointing; then with lora_dropout, whose
+# masks are the same bits however the batch is cut; and under amp_bf16 (the base held in bf16).
 short=(max_duration=6ba eval_interval=6ba eval_first=false)
 "$anvil" train "$tmp/lora.yaml" "${short[@]}" save_interval=3ba run_dir="$tmp/d8" > "$tmp/d8.out" 2>&1
 "$anvil" train "$tmp/lora.yaml" "${short[@]}" device_train_microbatch_size=2 run_dir="$tmp/d2" > "$tmp/d2.out" 2>&1
+"$anvil" train "$tmp/lora.yaml" "${short[@]}" activation_checkpointing=true run_dir="$tmp/ac" > "$tmp/ac.out" 2>&1
 mpirun_anvil 2 "$anvil" train "$tmp/lora.yaml" "${short[@]}" distributed.zero_stage=1 run_dir="$tmp/z1" \
   > "$tmp/z1.out" 2>&1
 mpirun_anvil 2 "$anvil" train "$tmp/lora.yaml" "${short[@]}" distributed.zero_stage=3 device_train_microbatch_size=4 \
@@ -133,11 +134,11 @@ echo step-00000003 > "$tmp/resumed/checkpoints/latest"
   > "$tmp/resumed.out" 2>&1
 d8=$(digest "$tmp/d8")
 if [ -n "$d8" ] && [ "$d8" = "$(digest "$tmp/d2")" ] && [ "$d8" = "$(digest "$tmp/z1")" ] &&
-   [ "$d8" = "$(digest "$tmp/z3")" ] && [ "$d8" = "$(digest "$tmp/resumed")" ] &&
+   [ "$d8" = "$(digest "$tmp/z3")" ] && [ "$d8" = "$(digest "$tmp/resumed")" ] && [ "$d8" = "$(digest "$tmp/ac")" ] &&
    grep -q "resumed from $tmp/resumed/checkpoints/step-00000003" "$tmp/resumed/train.log"; then
-  pass "one adapter digest for microbatch 8 and 2, 2 ranks under ZeRO-1 and ZeRO-3, and a resumed run: ${d8:0:16}"
+  pass "one adapter digest for microbatch 8 and 2, 2 ranks under ZeRO-1 and ZeRO-3, a resumed run and activation checkpointing: ${d8:0:16}"
 else
-  fail "LoRA digests: $d8 / $(digest "$tmp/d2") / $(digest "$tmp/z1") / $(digest "$tmp/z3") / $(digest "$tmp/resumed")"
+  fail "LoRA digests: $d8 / $(digest "$tmp/d2") / $(digest "$tmp/z1") / $(digest "$tmp/z3") / $(digest "$tmp/resumed") / $(digest "$tmp/ac")"
   tail -2 "$tmp/d2.out" "$tmp/z1.out" "$tmp/z3.out" "$tmp/resumed.out"
 fi
 drop=("${short[@]}" model.peft_config.lora_dropout=0.1)
@@ -150,6 +151,17 @@ if [ -n "$p8" ] && [ "$p8" = "$(digest "$tmp/p2")" ] && [ "$p8" = "$(digest "$tm
   pass "lora_dropout 0.1: one digest for microbatch 8 and 2 and 2 ranks (ZeRO-2): ${p8:0:16}"
 else
   fail "LoRA dropout digests: $p8 / $(digest "$tmp/p2") / $(digest "$tmp/pz2")"; tail -2 "$tmp/p8.out" "$tmp/pz2.out"
+fi
+
+"$anvil" train "$tmp/lora.yaml" "${short[@]}" precision=amp_bf16 run_dir="$tmp/b8" > "$tmp/b8.out" 2>&1
+"$anvil" train "$tmp/lora.yaml" "${short[@]}" precision=amp_bf16 device_train_microbatch_size=2 run_dir="$tmp/b2" \
+  > "$tmp/b2.out" 2>&1
+b8=$(digest "$tmp/b8")
+if [ -n "$b8" ] && [ "$b8" = "$(digest "$tmp/b2")" ] && [ "$b8" != "$d8" ] &&
+   grep -q "LoRA's frozen base" "$tmp/b8/train.log"; then
+  pass "amp_bf16, the base held in bf16: one digest for microbatch 8 and 2: ${b8:0:16}"
+else
+  fail "LoRA amp_bf16 digests: $b8 / $(digest "$tmp/b2")"; tail -2 "$tmp/b8.out"
 fi
 
 # Bad input: one line each.

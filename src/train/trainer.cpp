@@ -411,7 +411,9 @@ TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
   }
   if (W == 1 && cfg.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
     log_info("collectives: {} (one rank)", dp.collectives_description());
-  const size_t unsharded = 4 * model.num_params() * sizeof(float);  // params, grads and two moments
+  // Params, grads (fixed point in deterministic mode) and two moments, all on one rank.
+  const size_t unsharded =
+      model.num_params() * (3 * sizeof(float) + (cfg.deterministic_mode ? sizeof(int64_t) : sizeof(float)));
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded{}; working "
            "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),
            mib(mem.optimizer), 100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded),

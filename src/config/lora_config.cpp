@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "config/yaml_number.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -160,8 +161,8 @@ void write_peft_config(YAML::Emitter& e, const ModelConfig& cfg) {
   e << YAML::Key << "peft_config" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "peft_type" << YAML::Value << "LORA";
   e << YAML::Key << "r" << YAML::Value << l.r;
-  e << YAML::Key << "lora_alpha" << YAML::Value << l.alpha;
-  e << YAML::Key << "lora_dropout" << YAML::Value << l.dropout;
+  e << YAML::Key << "lora_alpha" << YAML::Value << yaml_number(l.alpha);
+  e << YAML::Key << "lora_dropout" << YAML::Value << yaml_number(l.dropout);
   e << YAML::Key << "use_rslora" << YAML::Value << l.rslora;
   e << YAML::Key << "target_modules" << YAML::Value;
   if (l.target_modules.size() == 1 && l.target_modules[0] == kAllLinear)

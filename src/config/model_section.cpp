@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "config/lora_config.h"
+#include "config/yaml_number.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -263,7 +264,7 @@ void read_model_section(MapReader& m, ModelConfig& c, const std::string& file) {
 }
 
 void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
-  auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << v; };
+  auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << yaml_value(v); };
   e << YAML::BeginMap;
   key("name", choice_name(c.name));
   key("n_layers", c.n_layers);

@@ -14,6 +14,7 @@
 #include "config/hf_model_config.h"
 #include "config/map_reader.h"
 #include "config/model_section.h"
+#include "config/yaml_number.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -800,7 +801,7 @@ std::string to_yaml(const TrainConfig& c) {
         if (!s.remote.empty()) e << YAML::Key << "remote" << YAML::Value << s.remote;
         if (!s.local.empty()) e << YAML::Key << "local" << YAML::Value << s.local;
         e << YAML::Key << "split" << YAML::Value << s.split;
-        e << YAML::Key << "proportion" << YAML::Value << s.proportion;
+        e << YAML::Key << "proportion" << YAML::Value << yaml_number(s.proportion);
         e << YAML::EndMap;
       }
       e << YAML::EndMap;
@@ -814,7 +815,7 @@ std::string to_yaml(const TrainConfig& c) {
     e << YAML::Key << "cache_limit" << YAML::Value << ds.cache_limit;
     e << YAML::Key << "predownload" << YAML::Value << ds.predownload;
     e << YAML::Key << "download_retry" << YAML::Value << ds.download_retry;
-    e << YAML::Key << "download_timeout" << YAML::Value << ds.download_timeout;
+    e << YAML::Key << "download_timeout" << YAML::Value << yaml_number(ds.download_timeout);
     e << YAML::Key << "validate_hash" << YAML::Value << ds.validate_hash;
     if (l.name == LoaderKind::kFinetuning) {
       const FinetuningConfig& ft = ds.finetuning;
@@ -834,7 +835,7 @@ std::string to_yaml(const TrainConfig& c) {
       e << YAML::EndMap;
       e << YAML::Key << "too_long" << YAML::Value << choice_name(ft.too_long);
       e << YAML::Key << "skip_malformed" << YAML::Value << ft.skip_malformed;
-      e << YAML::Key << "packing_ratio" << YAML::Value << ft.packing_ratio;
+      e << YAML::Key << "packing_ratio" << YAML::Value << yaml_number(ft.packing_ratio);
       e << YAML::Key << "allow_pad_trimming" << YAML::Value << ft.allow_pad_trimming;
     }
     e << YAML::EndMap;
@@ -855,16 +856,16 @@ std::string to_yaml(const TrainConfig& c) {
   if (c.has_eval) loader("eval_loader", c.eval_loader);
   e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "name" << YAML::Value << choice_name(c.optimizer.name);
-  e << YAML::Key << "lr" << YAML::Value << c.optimizer.lr;
-  e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << c.optimizer.beta1
-    << c.optimizer.beta2 << YAML::EndSeq;
-  e << YAML::Key << "eps" << YAML::Value << c.optimizer.eps;
-  e << YAML::Key << "weight_decay" << YAML::Value << c.optimizer.weight_decay;
+  e << YAML::Key << "lr" << YAML::Value << yaml_number(c.optimizer.lr);
+  e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << yaml_number(c.optimizer.beta1)
+    << yaml_number(c.optimizer.beta2) << YAML::EndSeq;
+  e << YAML::Key << "eps" << YAML::Value << yaml_number(c.optimizer.eps);
+  e << YAML::Key << "weight_decay" << YAML::Value << yaml_number(c.optimizer.weight_decay);
   e << YAML::EndMap;
   e << YAML::Key << "scheduler" << YAML::Value << YAML::BeginMap;
   const SchedulerConfig& sc = c.scheduler;
   e << YAML::Key << "name" << YAML::Value << choice_name(sc.name);
-  auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << v; };
+  auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << yaml_value(v); };
   switch (sc.name) {
     case SchedulerKind::kWarmupLR:
     case SchedulerKind::kWarmupDecayLR:
@@ -898,7 +899,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::EndMap;
   e << YAML::Key << "algorithms" << YAML::Value << YAML::BeginMap << YAML::Key << "gradient_clipping"
     << YAML::Value << YAML::BeginMap << YAML::Key << "clipping_type" << YAML::Value << "norm" << YAML::Key
-    << "clipping_threshold" << YAML::Value << c.clipping_threshold << YAML::EndMap << YAML::EndMap;
+    << "clipping_threshold" << YAML::Value << yaml_number(c.clipping_threshold) << YAML::EndMap << YAML::EndMap;
   e << YAML::Key << "max_duration" << YAML::Value << c.max_duration.text;
   e << YAML::Key << "eval_interval" << YAML::Value << c.eval_interval.text;
   e << YAML::Key << "eval_first" << YAML::Value << c.eval_first;
@@ -920,10 +921,10 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "activation_checkpointing" << YAML::Value << c.activation_checkpointing;
   e << YAML::Key << "precision" << YAML::Value << choice_name(c.precision);
   e << YAML::Key << "loss_scaler" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "init_scale" << YAML::Value << c.loss_scaler.init_scale;
+  e << YAML::Key << "init_scale" << YAML::Value << yaml_number(c.loss_scaler.init_scale);
   e << YAML::Key << "growth_interval" << YAML::Value << c.loss_scaler.growth_interval;
   e << YAML::Key << "hysteresis" << YAML::Value << c.loss_scaler.hysteresis;
-  e << YAML::Key << "min_scale" << YAML::Value << c.loss_scaler.min_scale;
+  e << YAML::Key << "min_scale" << YAML::Value << yaml_number(c.loss_scaler.min_scale);
   e << YAML::Key << "consecutive_hysteresis" << YAML::Value << c.loss_scaler.consecutive_hysteresis;
   e << YAML::EndMap;
   e << YAML::Key << "console_log_interval" << YAML::Value << c.console_log_interval.text;
@@ -937,7 +938,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "autoresume" << YAML::Value << c.autoresume;
   e << YAML::Key << "load_path" << YAML::Value << c.load_path;
   e << YAML::Key << "load_weights_only" << YAML::Value << c.load_weights_only;
-  e << YAML::Key << "dist_timeout" << YAML::Value << c.dist_timeout;
+  e << YAML::Key << "dist_timeout" << YAML::Value << yaml_number(c.dist_timeout);
   e << YAML::Key << "deterministic_mode" << YAML::Value << c.deterministic_mode;
   e << YAML::Key << "distributed" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "zero_stage" << YAML::Value << c.distributed.zero_stage;

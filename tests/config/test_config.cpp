@@ -217,9 +217,13 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
 }
 
 TEST_F(ConfigTest, ResolvedYamlLoadsBackToTheSameConfig) {
-  TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y", "optimizer.weight_decay=0.1"});
+  TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y", "optimizer.weight_decay=0.1",
+                                                      "model.resid_pdrop=0.05"});
   const std::string once = to_yaml(c);
   EXPECT_EQ(to_yaml(load_train_config(write(once), {})), once);
+  // Numbers as written, not with 17 digits: doubles (0.95) and floats (0.05) alike.
+  for (const char* written : {"betas: [0.9, 0.95]", "weight_decay: 0.1", "resid_pdrop: 0.05", "eps: 1e-08"})
+    EXPECT_NE(once.find(written), std::string::npos) << written << " not in:\n" << once;
 }
 
 TEST_F(ConfigTest, TensorBoardLoggerAsComposerSpellsIt) {

@@ -6,8 +6,12 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <strings.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +120,14 @@ class LocalRemote final : public Remote {
     fs::copy_file(dir_ + "/" + relative, dest, fs::copy_options::overwrite_existing, ec);
     ANVIL_CHECK(!ec, "cannot copy '{}': {}", url(relative), ec.message());
   }
+  void store(const std::string& src, const std::string& relative) override {
+    const fs::path dest = fs::path(dir_) / relative, tmp = dest.string() + ".tmp";
+    std::error_code ec;
+    fs::create_directories(dest.parent_path(), ec);
+    if (!ec) fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(tmp, dest, ec);
+    ANVIL_CHECK(!ec, "cannot store '{}' as '{}': {}", src, dest.string(), ec.message());
+  }
   std::string url(const std::string& relative) const override { return dir_ + "/" + relative; }
 
  private:
@@ -146,6 +158,39 @@ class CurlRemote final : public Remote {
 
   void fetch(const std::string& relative, const std::string& dest) override {
     const std::string u = url(relative);
+    const std::string error = retrying(u, [&] { return get(u, dest); });
+    if (error.empty()) return;
+    std::error_code ec;
+    fs::remove(dest, ec);
+    ANVIL_FAIL("cannot download {}: {}", u, error);
+  }
+
+  void store(const std::string& src, const std::string& relative) override {
+    ANVIL_CHECK(is_s3_, "cannot store '{}' at {}: an http(s) remote is read-only (store to s3:// or a directory)",
+                src, url(relative));
+    std::error_code ec;
+    const int64_t size = static_cast<int64_t>(fs::file_size(src, ec));
+    ANVIL_CHECK(!ec, "cannot store '{}': {}", src, ec.message());
+    const std::string u = url(relative);
+    if (size <= opt_.part_bytes) {
+      const std::string error = retrying(u, [&] { return send("PUT", u, src, 0, size, nullptr); });
+      ANVIL_CHECK(error.empty(), "cannot upload '{}' to {}: {}", src, u, error);
+      return;
+    }
+    store_multipart(src, u, size);
+  }
+
+ private:
+  struct Attempt {
+    bool ok = false, retryable = false;
+    std::string error;
+    std::string body = {}, etag = {};  // of send(): the response's body and ETag header
+  };
+
+  // Runs attempt() until it succeeds, fails for good, or the retries are spent, waiting between
+  // tries; returns "" or the last error.
+  template <class F>
+  std::string retrying(const std::string& u, F attempt_once) {
     std::mt19937_64 jitter(std::random_device{}());
     std::string last_error;
     int attempts = 0;
@@ -157,21 +202,156 @@ class CurlRemote final : public Remote {
         log_file_only(fmt::format("retrying {} in {:.2f} s after: {}", u, wait, last_error));
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
       }
-      const Attempt a = get(u, dest);
-      if (a.ok) return;
+      const Attempt a = attempt_once();
+      if (a.ok) return "";
       last_error = a.error;
       if (!a.retryable) break;
     }
-    std::error_code ec;
-    fs::remove(dest, ec);
-    ANVIL_FAIL("cannot download {}: {}{}", u, last_error, attempts > 1 ? fmt::format(" (after {} attempts)", attempts) : "");
+    return last_error + (attempts > 1 ? fmt::format(" (after {} attempts)", attempts) : "");
   }
 
- private:
-  struct Attempt {
-    bool ok = false, retryable = false;
-    std::string error;
-  };
+  // S3's multipart upload: initiate, the parts (each retried alone), complete; aborted on failure
+  // so that no parts are left billed in the bucket.
+  void store_multipart(const std::string& src, const std::string& u, int64_t size) {
+    const int64_t part = std::max({opt_.part_bytes, int64_t{5} << 20, (size + 9999) / 10000});
+    Attempt init;
+    std::string error = retrying(u, [&] { return init = send("POST", u + "?uploads", "", 0, 0, nullptr); });
+    ANVIL_CHECK(error.empty(), "cannot start the multipart upload of '{}' to {}: {}", src, u, error);
+    const std::string upload_id = xml_value(init.body, "UploadId");
+    ANVIL_CHECK(!upload_id.empty(), "cannot start the multipart upload of '{}' to {}: no UploadId in the answer", src,
+                u);
+    const std::string query = "uploadId=" + encode_key(upload_id);
+    std::string complete = "<CompleteMultipartUpload>";
+    for (int64_t offset = 0, number = 1; offset < size; offset += part, number++) {
+      Attempt a;
+      const std::string part_url = fmt::format("{}?partNumber={}&{}", u, number, query);
+      error = retrying(u, [&] { return a = send("PUT", part_url, src, offset, std::min(part, size - offset), nullptr); });
+      if (!error.empty() || a.etag.empty()) {
+        send("DELETE", u + "?" + query, "", 0, 0, nullptr);
+        ANVIL_FAIL("cannot upload part {} of '{}' to {}: {}", number, src, u, error.empty() ? "no ETag" : error);
+      }
+      complete += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", number, a.etag);
+    }
+    complete += "</CompleteMultipartUpload>";
+    Attempt done;
+    error = retrying(u, [&] {
+      done = send("POST", u + "?" + query, "", 0, 0, &complete);
+      // S3 may answer 200 with an error in the body.
+      if (done.ok && done.body.find("<Error>") != std::string::npos) {
+        done.ok = false;
+        done.retryable = true;
+        done.error = "the completion failed: " + xml_value(done.body, "Code");
+      }
+      return done;
+    });
+    if (!error.empty()) {
+      send("DELETE", u + "?" + query, "", 0, 0, nullptr);
+      ANVIL_FAIL("cannot complete the multipart upload of '{}' to {}: {}", src, u, error);
+    }
+  }
+
+  static std::string xml_value(const std::string& xml, const std::string& tag) {
+    const size_t b = xml.find("<" + tag + ">"), e = xml.find("</" + tag + ">");
+    if (b == std::string::npos || e == std::string::npos || e < b) return "";
+    return xml.substr(b + tag.size() + 2, e - b - tag.size() - 2);
+  }
+
+  // One signed request: method to u, with [offset, offset + length) of the file `src` as the
+  // body (src not empty), or `text` (not null), or none; the answer's body and ETag kept.
+  Attempt send(const char* method, const std::string& u, const std::string& src, int64_t offset, int64_t length,
+               const std::string* text) {
+    FILE* in = nullptr;
+    if (!src.empty()) {
+      in = std::fopen(src.c_str(), "rb");
+      if (!in) return {false, false, fmt::format("cannot read '{}': {}", src, std::strerror(errno))};
+      if (fseeko(in, offset, SEEK_SET) != 0) {
+        std::fclose(in);
+        return {false, false, fmt::format("cannot read '{}' at {}", src, offset)};
+      }
+    }
+    Attempt a;
+    CURL* c = curl_easy_init();
+    curl_slist* headers = nullptr;
+    char errbuf[CURL_ERROR_SIZE] = {0};
+    const long timeout_ms = static_cast<long>(opt_.timeout_s * 1000);
+    curl_easy_setopt(c, CURLOPT_URL, u.c_str());
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (in) {
+      curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(c, CURLOPT_READDATA, in);
+      curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(length));
+    } else if (text) {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, text->c_str());
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(text->size()));
+    } else if (std::strcmp(method, "POST") == 0) {
+      curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+      curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(0));
+    } else {
+      curl_easy_setopt(c, CURLOPT_NOBODY, std::strcmp(method, "HEAD") == 0 ? 1L : 0L);
+    }
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append_to_string);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &a.body);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, keep_etag);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &a.etag);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(timeout_ms, 10'000));
+    // An upload's limit grows with its size: at least 1 MiB/s beyond the attempt's timeout.
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms + static_cast<long>(length >> 10));
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "anvil");
+    headers = sign(c, headers);
+    headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    const CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(c);
+    if (in) std::fclose(in);
+    if (rc != CURLE_OK) {
+      a.retryable = rc != CURLE_READ_ERROR;
+      a.error = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+      return a;
+    }
+    if (status >= 200 && status < 300) {
+      a.ok = true;
+      return a;
+    }
+    a.retryable = status >= 500 || status == 429 || status == 408;
+    const std::string code = xml_value(a.body, "Code");
+    a.error = fmt::format("HTTP {}{}{}", status, code.empty() ? "" : " " + code,
+                          status == 403 ? " (access denied: check the credentials and the bucket's policy)" : "");
+    return a;
+  }
+
+  static size_t append_to_string(char* p, size_t size, size_t n, void* user) {
+    auto* s = static_cast<std::string*>(user);
+    if (s->size() < (1 << 20)) s->append(p, size * n);  // answers are small XML documents
+    return size * n;
+  }
+  static size_t keep_etag(char* p, size_t size, size_t n, void* user) {
+    const std::string line(p, size * n);
+    if (line.size() > 5 && strncasecmp(line.c_str(), "etag:", 5) == 0) {
+      std::string v = line.substr(5);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.erase(v.begin());
+      while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) v.pop_back();
+      *static_cast<std::string*>(user) = v;
+    }
+    return size * n;
+  }
+
+  // SigV4 for S3 with credentials (the payload left unsigned, as S3 allows); anonymous otherwise.
+  curl_slist* sign(CURL* c, curl_slist* headers) {
+    if (!is_s3_ || !signed_) return headers;
+    sigv4_ = "aws:amz:" + s3_.region + ":s3";
+    curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+    curl_easy_setopt(c, CURLOPT_USERNAME, s3_.access_key.c_str());
+    curl_easy_setopt(c, CURLOPT_PASSWORD, s3_.secret_key.c_str());
+    headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!s3_.session_token.empty())
+      headers = curl_slist_append(headers, ("x-amz-security-token: " + s3_.session_token).c_str());
+    return headers;
+  }
 
   Attempt get(const std::string& u, const std::string& dest) {
     FILE* f = std::fopen(dest.c_str(), "wb");
@@ -189,16 +369,8 @@ class CurlRemote final : public Remote {
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(timeout_ms, 10'000));
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "anvil");
-    if (is_s3_ && signed_) {
-      const std::string sigv4 = "aws:amz:" + s3_.region + ":s3";
-      curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
-      curl_easy_setopt(c, CURLOPT_USERNAME, s3_.access_key.c_str());
-      curl_easy_setopt(c, CURLOPT_PASSWORD, s3_.secret_key.c_str());
-      headers = curl_slist_append(headers, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
-      if (!s3_.session_token.empty())
-        headers = curl_slist_append(headers, ("x-amz-security-token: " + s3_.session_token).c_str());
-      curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
-    }
+    headers = sign(c, headers);
+    if (headers) curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
     const CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
@@ -237,6 +409,7 @@ class CurlRemote final : public Remote {
 
   RemoteOptions opt_;
   S3Settings s3_;
+  std::string sigv4_;  // CURLOPT_AWS_SIGV4's provider string, alive while a request runs
   std::string base_;
   bool is_s3_ = false, signed_ = false;
 };

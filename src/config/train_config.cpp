@@ -362,11 +362,22 @@ void read_scheduler(MapReader& s, SchedulerConfig& out, const std::string& file)
 
 }  // namespace
 
-std::string checkpoints_dir(const TrainConfig& cfg) {
-  if (cfg.save_folder.empty()) return cfg.run_dir + "/checkpoints";
+namespace {
+std::string save_folder_of(const TrainConfig& cfg) {
   std::string dir = cfg.save_folder;
   for (size_t at; (at = dir.find("{run_name}")) != std::string::npos;) dir.replace(at, 10, cfg.run_name);
   return dir;
+}
+bool remote_folder(const std::string& folder) { return folder.rfind("s3://", 0) == 0; }
+}  // namespace
+
+std::string checkpoints_dir(const TrainConfig& cfg) {
+  if (cfg.save_folder.empty() || remote_folder(cfg.save_folder)) return cfg.run_dir + "/checkpoints";
+  return save_folder_of(cfg);
+}
+
+std::string checkpoints_remote(const TrainConfig& cfg) {
+  return remote_folder(cfg.save_folder) ? save_folder_of(cfg) : "";
 }
 
 void resolve_batch_sizes(TrainConfig& c, int world) {
@@ -588,9 +599,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     top.get_duration("save_interval", c.save_interval);
     top.get("save_folder", c.save_folder);
-    ANVIL_CHECK(c.save_folder.find("://") == std::string::npos, "{}: save_folder '{}': anvil writes checkpoints to "
-                "a local (or mounted) directory; uploading them to object storage is not supported yet", path,
-                c.save_folder);
+    ANVIL_CHECK(c.save_folder.find("://") == std::string::npos || remote_folder(c.save_folder),
+                "{}: save_folder '{}': expected a local directory or s3://bucket/prefix (checkpoints are uploaded to "
+                "S3 or S3-compatible storage only)", path, c.save_folder);
     top.get("save_overwrite", c.save_overwrite);
     top.get("save_failure", c.save_failure);
     top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);

@@ -121,8 +121,10 @@ struct TrainConfig {
   // Checkpoints (docs/formats.md): every save_interval and at the end, into run_dir/checkpoints.
   Duration save_interval = parse_duration("1000ba", "save_interval");
   // Composer's save_folder: where the checkpoints go ("": RUN_DIR/checkpoints); {run_name} in it
-  // is the run's name. save_overwrite: a new run may replace the checkpoints, metrics and event
-  // files of an earlier one in the same places (else that is an error).
+  // is the run's name. An s3:// folder gets each checkpoint uploaded once it is complete in
+  // RUN_DIR/checkpoints, as Composer uploads to a remote save_folder. save_overwrite: a new run
+  // may replace the checkpoints, metrics and event files of an earlier one in the same places
+  // (else that is an error).
   std::string save_folder;
   bool save_overwrite = false;
   // A checkpoint that cannot be written (a full disk, a read-only directory): stop the run with
@@ -148,9 +150,11 @@ struct TrainConfig {
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
                               std::set<std::string>* keys_read = nullptr);
 
-// The directory a run's checkpoints go to and autoresume looks in: save_folder (with {run_name}
-// replaced), else RUN_DIR/checkpoints.
+// The directory a run's checkpoints go to and autoresume looks in: a local save_folder (with
+// {run_name} replaced), else RUN_DIR/checkpoints.
 std::string checkpoints_dir(const TrainConfig& cfg);
+// An s3:// save_folder (with {run_name} replaced), where checkpoints are uploaded; "" for a local one.
+std::string checkpoints_remote(const TrainConfig& cfg);
 
 // Applies DeepSpeed's batch rule for `world` ranks (see global_train_batch_size): fills in the
 // size not given, or fails naming the three when they disagree.

@@ -120,6 +120,7 @@ class LocalRemote final : public Remote {
     fs::copy_file(dir_ + "/" + relative, dest, fs::copy_options::overwrite_existing, ec);
     ANVIL_CHECK(!ec, "cannot copy '{}': {}", url(relative), ec.message());
   }
+  bool exists(const std::string& relative) override { return fs::exists(fs::path(dir_) / relative); }
   void store(const std::string& src, const std::string& relative) override {
     const fs::path dest = fs::path(dir_) / relative, tmp = dest.string() + ".tmp";
     std::error_code ec;
@@ -165,6 +166,19 @@ class CurlRemote final : public Remote {
     ANVIL_FAIL("cannot download {}: {}", u, error);
   }
 
+  bool exists(const std::string& relative) override {
+    const std::string u = url(relative);
+    long status = 0;
+    const std::string error = retrying(u, [&] {
+      Attempt a = send("HEAD", u, "", 0, 0, nullptr);
+      status = a.status;
+      if (status == 404) a = {true, false, ""};
+      return a;
+    });
+    ANVIL_CHECK(error.empty(), "cannot look for {}: {}", u, error);
+    return status != 404;
+  }
+
   void store(const std::string& src, const std::string& relative) override {
     ANVIL_CHECK(is_s3_, "cannot store '{}' at {}: an http(s) remote is read-only (store to s3:// or a directory)",
                 src, url(relative));
@@ -185,6 +199,7 @@ class CurlRemote final : public Remote {
     bool ok = false, retryable = false;
     std::string error;
     std::string body = {}, etag = {};  // of send(): the response's body and ETag header
+    long status = 0;
   };
 
   // Runs attempt() until it succeeds, fails for good, or the retries are spent, waiting between
@@ -305,6 +320,7 @@ class CurlRemote final : public Remote {
     const CURLcode rc = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    a.status = status;
     curl_slist_free_all(headers);
     curl_easy_cleanup(c);
     if (in) std::fclose(in);

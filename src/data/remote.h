@@ -27,6 +27,8 @@ class Remote {
   // Copies the file `src` to `relative`, replacing it; the object appears whole or not at all
   // (S3, and a local directory by rename). http(s):// remotes are read-only.
   virtual void store(const std::string& src, const std::string& relative) = 0;
+  // Whether `relative` exists (an error other than its absence is thrown).
+  virtual bool exists(const std::string& relative) = 0;
   virtual std::string url(const std::string& relative) const = 0;
 };
 

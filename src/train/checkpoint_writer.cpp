@@ -1,18 +1,87 @@
 // CheckpointWriter: see checkpoint_writer.h.
 #include "train/checkpoint_writer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "data/remote.h"
 #include "dist/collectives.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
+
+void upload_checkpoint(const std::string& dir, const std::string& remote, bool show_progress) {
+  const std::unique_ptr<Remote> r = open_remote(remote, RemoteOptions{});
+  const std::string name = fs::path(dir).filename().string();
+  std::vector<fs::path> files;
+  int64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) {
+      files.push_back(e.path());
+      total += static_cast<int64_t>(e.file_size());
+    }
+  std::sort(files.begin(), files.end());
+  std::optional<Progress> bar;
+  if (show_progress) bar.emplace("upload", total, "B");
+  int64_t sent = 0;
+  for (const fs::path& f : files) {
+    r->store(f.string(), name + "/" + f.filename().string());
+    sent += static_cast<int64_t>(fs::file_size(f));
+    if (bar) bar->update(sent, name);
+  }
+  const std::string latest = dir + ".latest-upload";
+  write_file_atomic(latest, name + "\n");
+  r->store(latest, "latest");
+  fs::remove(latest);
+  if (bar) bar->finish(name);
+  log_info("checkpoint {} uploaded to {}", name, r->url(name));
+}
+
+std::string download_latest_checkpoint(const std::string& remote, const std::string& checkpoints_dir) {
+  const std::unique_ptr<Remote> r = open_remote(remote, RemoteOptions{});
+  if (!r->exists("latest")) return "";
+  make_dirs(checkpoints_dir);
+  const std::string pointer = checkpoints_dir + "/.latest-download";
+  r->fetch("latest", pointer);
+  std::string name = read_file(pointer, "checkpoint pointer");
+  fs::remove(pointer);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  ANVIL_CHECK(name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos, "{}: 'latest' holds '{}', not a "
+              "checkpoint's name", r->url("latest"), name);
+  const std::string tmp = checkpoints_dir + "/." + name + ".download", dir = checkpoints_dir + "/" + name;
+  fs::remove_all(tmp);
+  make_dirs(tmp);
+  r->fetch(name + "/manifest.json", tmp + "/manifest.json");
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(read_file(tmp + "/manifest.json", "checkpoint manifest"));
+    for (const auto& shard : manifest.at("shards")) {
+      const std::string file = shard.at("file").get<std::string>();
+      ANVIL_CHECK(file.find('/') == std::string::npos, "{}: a shard named '{}'", r->url(name + "/manifest.json"),
+                  file);
+      r->fetch(name + "/" + file, tmp + "/" + file);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    ANVIL_FAIL("{} is not a checkpoint manifest: {}", r->url(name + "/manifest.json"), e.what());
+  }
+  fs::remove_all(dir);
+  fs::rename(tmp, dir);
+  write_file_atomic(checkpoints_dir + "/latest", name + "\n");
+  log_info("autoresume: downloaded {} from {}", name, r->url(name));
+  return dir;
+}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -85,10 +154,12 @@ void CheckpointWriter::save(const std::string& checkpoints_dir, const TrainConfi
 }
 
 void CheckpointWriter::start_finalize(bool background) {
-  auto work = [this] {
+  auto work = [this, background] {
     try {
       dir_ = finalize_checkpoint(checkpoints_dir_, comm_.size(), cfg_, info_);
       prune_checkpoints(checkpoints_dir_, keep_);
+      if (const std::string remote = checkpoints_remote(cfg_); !remote.empty())
+        upload_checkpoint(dir_, remote, /*show_progress=*/!background);
     } catch (...) {
       error_ = std::current_exception();
       std::error_code ec;

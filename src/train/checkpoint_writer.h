@@ -12,10 +12,20 @@
 
 namespace anvil {
 
+// A complete checkpoint directory uploaded to `remote` (an s3:// save_folder): its files under its
+// name, then `latest` naming it, so that whoever reads `latest` finds the checkpoint whole.
+// show_progress: a progress bar of the bytes sent.
+void upload_checkpoint(const std::string& dir, const std::string& remote, bool show_progress);
+// Autoresume from an s3:// save_folder: the checkpoint its `latest` names, downloaded into
+// checkpoints_dir (under a temporary name, renamed once whole); its directory, or "" when the
+// folder holds no checkpoint.
+std::string download_latest_checkpoint(const std::string& remote, const std::string& checkpoints_dir);
+
 // Asynchronous saves. Every rank calls save at the same step with its own shard (a copy: training
 // waits for nothing more) and poll after every step; the shards are written on background
 // threads, and once all are, rank 0 completes the checkpoint on its own background thread and
-// prunes the run's checkpoints to the newest `keep` (-1: all). A pending save makes poll a small
+// prunes the run's checkpoints to the newest `keep` (-1: all), then uploads it to an s3://
+// save_folder (where none is pruned, as Composer keeps remote checkpoints). A pending save makes poll a small
 // collective; finish (or the next save) completes it. Errors are rethrown there, or with
 // save_failure: continue logged, the save abandoned on every rank and its temporary directory
 // removed: the newest complete checkpoint stays `latest`.

@@ -84,7 +84,8 @@ LoadedCheckpoint load_start_point(const std::string& path, bool show_progress) {
 }
 
 // Under autoresume the newest checkpoint of the run that loads cleanly (damaged or incomplete
-// ones are reported and skipped), else load_path; nothing: start from the seed. As Composer
+// ones are reported and skipped), or the one an s3:// save_folder's `latest` names, else
+// load_path; nothing: start from the seed. As Composer
 // chooses, the run's own checkpoint wins over load_path (a restarted job continues rather than
 // starting again from the weights it began with), and load_weights_only then does not apply.
 // *own tells which was chosen.
@@ -100,6 +101,12 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
         log_warn("autoresume: skipping {}: {}", dir, e.what());
       }
     }
+    // None here (a new machine, a wiped run directory): the newest one uploaded to an s3:// save_folder.
+    if (const std::string remote = checkpoints_remote(cfg); !remote.empty())
+      if (const std::string dir = download_latest_checkpoint(remote, checkpoints_dir(cfg)); !dir.empty()) {
+        *own = true;
+        return load_checkpoint(dir, /*with_optimizer=*/true, /*show_progress=*/true);
+      }
   }
   // Under LoRA load_path is the frozen base (lora_base), not a starting point of the adapters.
   if (!cfg.load_path.empty() && !cfg.model.has_lora()) return load_start_point(cfg.load_path, /*show_progress=*/true);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs test_remote against real servers on loopback: s3rver (S3, from npm), nginx (HTTP), and
 # aux_server.py (SigV4 verification, dropped connections, corrupt copies, a server that never
-# answers). Every server is started here, on free ports, and stopped on exit.
+# answers); then trains with an s3:// save_folder on s3rver, and autoresumes from it. Every
+# server is started here, on free ports, and stopped on exit.
 # usage: run.sh TEST_REMOTE_BINARY ANVIL_BINARY SOURCE_DIR
 set -euo pipefail
 test_bin="$1"; anvil="$2"; src="$3"
@@ -68,3 +69,50 @@ export ANVIL_TEST_S3_ENDPOINT="http://127.0.0.1:$s3_port" ANVIL_TEST_HTTP="http:
 export ANVIL_TEST_AUX="http://127.0.0.1:$aux_port" ANVIL_TEST_HANG="http://127.0.0.1:$hang_port"
 export ANVIL_TEST_TMP="$tmp"
 "$test_bin"
+
+# Checkpoints to an s3:// save_folder, as Composer saves to a remote one: each complete
+# checkpoint is uploaded with `latest` last; a run whose directory is gone autoresumes from the
+# bucket (here from step 4, `latest` set back to it) and ends with the uninterrupted run's weights.
+export S3_ENDPOINT_URL="http://127.0.0.1:$s3_port" AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER \
+  AWS_REGION=us-east-1
+cat > "$tmp/save.yaml" <<YAML
+max_seq_len: 64
+model: {name: gpt2, n_layers: 1, n_heads: 2, d_model: 32}
+train_loader: {name: text, dataset: {local: $tmp/ds, split: train}}
+global_train_batch_size: 4
+max_duration: 6ba
+save_interval: 2ba
+save_folder: s3://anvil-test/checkpoints/{run_name}
+progress_bar: false
+YAML
+s3_get() {  # KEY OUT
+  curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "S3RVER:S3RVER" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+    "http://127.0.0.1:$s3_port/anvil-test/$1" -o "$2"
+}
+digest() { "$anvil" inspect "$1" 2>/dev/null | sed -n 's/^weights sha256: *//p'; }
+"$anvil" train "$tmp/save.yaml" run_dir="$tmp/runs/saved" > "$tmp/saved.out" 2>&1 \
+  || { echo "FAIL: training with an s3:// save_folder"; tail -5 "$tmp/saved.out"; exit 1; }
+s3_get checkpoints/saved/latest "$tmp/latest"
+s3_get checkpoints/saved/step-00000004/manifest.json "$tmp/manifest4.json"
+s3_get checkpoints/saved/step-00000006/shard-00000-of-00001.safetensors "$tmp/shard6"
+if [ "$(cat "$tmp/latest")" = "step-00000006" ] && cmp -s "$tmp/shard6" "$tmp/runs/saved/checkpoints/step-00000006/shard-00000-of-00001.safetensors" &&
+   grep -q "checkpoint step-00000006 uploaded to http://127.0.0.1:$s3_port/anvil-test/checkpoints/saved/step-00000006" "$tmp/runs/saved/train.log"; then
+  echo "ok: every checkpoint uploaded to the s3:// save_folder, latest last: $(cat "$tmp/latest")"
+else
+  echo "FAIL: the uploaded checkpoints"; grep -i upload "$tmp/runs/saved/train.log"; exit 1
+fi
+printf 'step-00000004\n' > "$tmp/latest4"
+curl -sS --fail --aws-sigv4 "aws:amz:us-east-1:s3" --user "S3RVER:S3RVER" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+  -T "$tmp/latest4" "http://127.0.0.1:$s3_port/anvil-test/checkpoints/saved/latest" -o /dev/null
+want=$(digest "$tmp/runs/saved")
+rm -rf "$tmp/runs/saved"
+"$anvil" train "$tmp/save.yaml" run_dir="$tmp/runs/saved" autoresume=true > "$tmp/resumed.out" 2>&1 \
+  || { echo "FAIL: autoresume from the s3:// save_folder"; tail -5 "$tmp/resumed.out"; exit 1; }
+if grep -q "autoresume: downloaded step-00000004 from" "$tmp/resumed.out" &&
+   grep -q "resumed from $tmp/runs/saved/checkpoints/step-00000004" "$tmp/resumed.out" &&
+   [ -n "$want" ] && [ "$(digest "$tmp/runs/saved")" = "$want" ]; then
+  echo "ok: autoresume downloaded step 4 from the bucket and ended with the uninterrupted weights: ${want:0:16}"
+else
+  echo "FAIL: autoresume from the bucket: $(digest "$tmp/runs/saved") vs $want"; grep -i "autoresume\|resumed" "$tmp/resumed.out"
+  exit 1
+fi

@@ -115,7 +115,7 @@ S3Settings s3_settings(const std::string& location) {
 class LocalRemote final : public Remote {
  public:
   explicit LocalRemote(std::string dir) : dir_(std::move(dir)) {}
-  void fetch(const std::string& relative, const std::string& dest) override {
+  void fetch(const std::string& relative, const std::string& dest, const std::function<void(int64_t)>&) override {
     std::error_code ec;
     fs::copy_file(dir_ + "/" + relative, dest, fs::copy_options::overwrite_existing, ec);
     ANVIL_CHECK(!ec, "cannot copy '{}': {}", url(relative), ec.message());
@@ -157,9 +157,10 @@ class CurlRemote final : public Remote {
     return base_ + "/" + (is_s3_ ? encode_key(relative) : relative);
   }
 
-  void fetch(const std::string& relative, const std::string& dest) override {
+  void fetch(const std::string& relative, const std::string& dest,
+             const std::function<void(int64_t)>& on_bytes) override {
     const std::string u = url(relative);
-    const std::string error = retrying(u, [&] { return get(u, dest); });
+    const std::string error = retrying(u, [&] { return get(u, dest, on_bytes); });
     if (error.empty()) return;
     std::error_code ec;
     fs::remove(dest, ec);
@@ -369,7 +370,12 @@ class CurlRemote final : public Remote {
     return headers;
   }
 
-  Attempt get(const std::string& u, const std::string& dest) {
+  static int report_bytes(void* user, curl_off_t, curl_off_t now, curl_off_t, curl_off_t) {
+    (*static_cast<const std::function<void(int64_t)>*>(user))(static_cast<int64_t>(now));
+    return 0;
+  }
+
+  Attempt get(const std::string& u, const std::string& dest, const std::function<void(int64_t)>& on_bytes) {
     FILE* f = std::fopen(dest.c_str(), "wb");
     if (!f) return {false, false, fmt::format("cannot write '{}': {}", dest, std::strerror(errno))};
     CURL* c = curl_easy_init();
@@ -379,6 +385,11 @@ class CurlRemote final : public Remote {
     curl_easy_setopt(c, CURLOPT_URL, u.c_str());
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, write_to_file);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, f);
+    if (on_bytes) {
+      curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, report_bytes);
+      curl_easy_setopt(c, CURLOPT_XFERINFODATA, &on_bytes);
+    }
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);

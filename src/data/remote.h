@@ -5,6 +5,7 @@
 // rest fail at once with the URL and the server's answer.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,8 +23,10 @@ struct RemoteOptions {
 class Remote {
  public:
   virtual ~Remote() = default;
-  // Copies `relative` (e.g. "index.json") into the file `dest`, replacing it.
-  virtual void fetch(const std::string& relative, const std::string& dest) = 0;
+  // Copies `relative` (e.g. "index.json") into the file `dest`, replacing it. on_bytes (when
+  // given) hears how many bytes of the attempt in progress have arrived, as they arrive.
+  virtual void fetch(const std::string& relative, const std::string& dest,
+                     const std::function<void(int64_t)>& on_bytes = {}) = 0;
   // Copies the file `src` to `relative`, replacing it; the object appears whole or not at all
   // (S3, and a local directory by rename). http(s):// remotes are read-only.
   virtual void store(const std::string& src, const std::string& relative) = 0;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -17,10 +18,33 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/log.h"
+#include "core/progress.h"
 
 namespace anvil {
 namespace fs = std::filesystem;
 namespace {
+
+// A shard download that a reader waits for (training blocked on data): after a second of
+// waiting, a progress bar of its bytes, finished when the wait ends.
+class DownloadWatch {
+ public:
+  DownloadWatch(std::string name, int64_t bytes)
+      : name_(std::move(name)), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
+  ~DownloadWatch() {
+    if (bar_) bar_->finish(name_);
+  }
+  void update(int64_t done) {
+    if (!bar_ && std::chrono::steady_clock::now() - start_ < std::chrono::seconds(1)) return;
+    if (!bar_) bar_.emplace("download", bytes_, "B");
+    bar_->update(done, name_);
+  }
+
+ private:
+  std::string name_;
+  int64_t bytes_;
+  std::chrono::steady_clock::time_point start_;
+  std::optional<Progress> bar_;
+};
 
 // An exclusive flock on a lock file, held for the object's lifetime. flock locks belong to the
 // open file description, so threads of one process exclude each other too.
@@ -125,14 +149,20 @@ class Stream {
     return slots_[i].file != nullptr;
   }
 
-  std::shared_ptr<const MdsShardFile> shard(int64_t i) {
+  // The shard mapped, prepared first if need be. reader: a sample's reader waits for it (not a
+  // background download), which a progress bar shows once the wait passes a second.
+  std::shared_ptr<const MdsShardFile> shard(int64_t i, bool reader) {
     std::unique_lock lk(mu_);
     Slot& s = slots_[i];
     s.last_use = ++clock_;
     if (s.file) return s.file;
-    cv_.wait(lk, [&] { return !s.busy; });
+    std::optional<DownloadWatch> watch;
+    if (reader && remote_) watch.emplace(index_.shards[i].stored().basename, index_.shards[i].stored().bytes);
+    while (!cv_.wait_for(lk, std::chrono::milliseconds(250), [&] { return !s.busy; }))
+      if (watch) watch->update(s.downloaded);
     if (s.file) return s.file;
     s.busy = true;
+    s.downloaded = 0;
     lk.unlock();
     std::shared_ptr<const MdsShardFile> file;
     try {
@@ -140,7 +170,7 @@ class Stream {
       // mapping; then prepare it again.
       const std::string path = dir_ + "/" + index_.shards[i].raw.basename;
       for (int attempt = 0; !file; attempt++) {
-        prepare(i);
+        prepare(i, watch ? &*watch : nullptr);
         if (attempt < 3 && !fs::exists(path)) continue;
         file = std::make_shared<const MdsShardFile>(path, index_.shards[i]);
       }
@@ -166,6 +196,7 @@ class Stream {
     std::shared_ptr<const MdsShardFile> file;
     bool busy = false, verified = false;
     uint64_t last_use = 0;
+    int64_t downloaded = 0;  // bytes of the download in progress, for a reader waiting on it
   };
 
   // The dataset's tokenizer record, where it has one: datasets written by other tools have none,
@@ -204,7 +235,8 @@ class Stream {
     mapped_ = std::move(keep);
   }
 
-  void prepare(int64_t i) {
+  // watch: a waiting reader's progress bar, fed with the download's bytes (may be null).
+  void prepare(int64_t i, DownloadWatch* watch) {
     const MdsShardInfo& sh = index_.shards[i];
     const std::string raw_path = dir_ + "/" + sh.raw.basename;
     // A local dataset is only read (it may be read-only), unless a compressed shard must be
@@ -248,7 +280,13 @@ class Stream {
     const std::string rel = join_path(src_.split, stored.basename);
     const std::string tmp = fmt::format("{}/.{}.tmp.{}.{}", dir_, stored.basename, ::getpid(), ::gettid());
     for (int attempt = 0;; attempt++) {
-      remote_->fetch(rel, tmp);
+      remote_->fetch(rel, tmp, [&](int64_t bytes) {
+        {
+          std::lock_guard lk(mu_);
+          slots_[i].downloaded = bytes;
+        }
+        if (watch) watch->update(bytes);
+      });
       const std::string data = read_file(tmp, "downloaded shard");
       bytes_downloaded += static_cast<int64_t>(data.size());
       const std::string why = hash_mismatch(stored, data);
@@ -405,14 +443,14 @@ std::pair<int, int64_t> StreamingDataset::locate(int64_t id, int64_t* shard) con
 int64_t StreamingDataset::tokens(int64_t id, int32_t* out, int64_t max_tokens) {
   int64_t shard = 0;
   const auto [s, local] = locate(id, &shard);
-  const auto file = streams_[s]->shard(shard);
+  const auto file = streams_[s]->shard(shard, /*reader=*/true);
   return file->tokens(local, streams_[s]->layout(shard), out, max_tokens);
 }
 
 std::string StreamingDataset::sample_json(int64_t id) {
   int64_t shard = 0;
   const auto [s, local] = locate(id, &shard);
-  const auto file = streams_[s]->shard(shard);
+  const auto file = streams_[s]->shard(shard, /*reader=*/true);
   const std::span<const uint8_t> col = file->column(local, streams_[s]->layout(shard));
   return {reinterpret_cast<const char*>(col.data()), col.size()};
 }
@@ -439,7 +477,7 @@ void StreamingDataset::download_loop() {
       queue_.pop_front();
     }
     try {
-      streams_[job.first]->shard(job.second);
+      streams_[job.first]->shard(job.second, /*reader=*/false);
     } catch (const std::exception& e) {
       // The reader that needs this shard prepares it again and reports the error itself.
       log_file_only(fmt::format("background download failed: {}", e.what()));

@@ -5,10 +5,11 @@ misbehave, chosen by the first path segment:
   /flaky/...    the first request for each path is dropped without an answer, the second gets
                 half its body and a closed connection, later ones succeed
   /corrupt/...  the file with one byte flipped
+  /slow/...     shards sent in 8 pieces 0.3 s apart (2.4 s a shard)
 It also listens on HANG_PORT without ever accepting, for timeout tests.
 usage: aux_server.py ROOT PORT HANG_PORT
 """
-import hashlib, hmac, os, socket, sys, urllib.parse
+import hashlib, hmac, os, socket, sys, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT, PORT, HANG_PORT = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -68,6 +69,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(data[: len(data) // 2])
                 self.close_connection = True
                 return
+        if mode == "slow" and rel.endswith((".mds", ".zstd")):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            step = (len(data) + 7) // 8
+            for k in range(0, len(data), step):
+                self.wfile.write(data[k:k + step])
+                self.wfile.flush()
+                time.sleep(0.3)
+            return
         if mode == "corrupt" and rel.endswith((".mds", ".zstd")):
             data = bytearray(data)
             data[len(data) // 2] ^= 0xFF

@@ -101,6 +101,18 @@ TEST_F(RemoteTest, FilesAreStoredAndReadBack) {
   }
 }
 
+// A reader that waits on a shard's download (training blocked on data) sees a progress bar of it
+// once the wait passes a second; background downloads show none.
+TEST_F(RemoteTest, ABlockingDownloadShowsItsProgress) {
+  StreamingDataset d({{"slow", env("ANVIL_TEST_AUX") + "/slow/ds", cache_, "train", 1.0}}, fast());
+  std::vector<int32_t> buf(128);
+  ::testing::internal::CaptureStderr();
+  d.tokens(0, buf.data(), 128);  // the first shard, 2.4 s away
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("download "), std::string::npos) << err;
+  EXPECT_NE(err.find("shard.00000"), std::string::npos) << err;
+}
+
 TEST_F(RemoteTest, HttpEvictsUnderASmallCacheLimit) {
   StreamingOptions o = fast();
   int64_t largest = 0;

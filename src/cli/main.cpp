@@ -725,6 +725,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
               static_cast<long long>(c.tokens_seen), static_cast<long long>(c.optimizer_steps));
   std::printf("model:          %s; max_seq_len %d, %zu parameters\n", model_architecture_summary(m).c_str(),
               m.max_seq_len, c.params.size());
+  if (m.has_lora()) {
+    const std::string targets = fmt::format("{}", fmt::join(m.lora.target_modules, ", "));
+    std::printf("LoRA:           adapters only (r %d, lora_alpha %g, on %s) of the base %s (weights sha256 %s)\n",
+                m.lora.r, static_cast<double>(m.lora.alpha), targets.c_str(), c.lora_base.path.c_str(),
+                c.lora_base.weights_sha256.c_str());
+  }
   if (c.data_state == "null") {  // anvil import's checkpoints hold weights only
     std::printf("data:           none (weights only: a run that loads it starts its optimizer and data afresh)\n");
   } else {

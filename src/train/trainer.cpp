@@ -85,10 +85,9 @@ LoadedCheckpoint load_start_point(const std::string& path, bool show_progress) {
 
 // Under autoresume the newest checkpoint of the run that loads cleanly (damaged or incomplete
 // ones are reported and skipped), or the one an s3:// save_folder's `latest` names, else
-// load_path; nothing: start from the seed. As Composer
-// chooses, the run's own checkpoint wins over load_path (a restarted job continues rather than
-// starting again from the weights it began with), and load_weights_only then does not apply.
-// *own tells which was chosen.
+// load_path; nothing: start from the seed. As Composer chooses, the run's own checkpoint wins
+// over load_path (a restarted job continues rather than starting again from the weights it began
+// with), and load_weights_only then does not apply. *own tells which was chosen.
 std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg, bool* own) {
   *own = false;
   if (cfg.autoresume) {
@@ -108,8 +107,9 @@ std::optional<LoadedCheckpoint> choose_resume_checkpoint(const TrainConfig& cfg,
         return load_checkpoint(dir, /*with_optimizer=*/true, /*show_progress=*/true);
       }
   }
-  // Under LoRA load_path is the frozen base (lora_base), not a starting point of the adapters.
-  if (!cfg.load_path.empty() && !cfg.model.has_lora()) return load_start_point(cfg.load_path, /*show_progress=*/true);
+  // Under LoRA load_path is the frozen base (load_frozen_base), not a starting point of the adapters.
+  if (!cfg.load_path.empty() && !cfg.model.has_lora())
+    return load_start_point(cfg.load_path, /*show_progress=*/true);
   if (cfg.autoresume) log_info("autoresume: no checkpoint in {}; starting from the seed", checkpoints_dir(cfg));
   return std::nullopt;
 }
@@ -182,9 +182,9 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   const bool weights_only = (cfg.load_weights_only && !own) || resume->data_state == "null";
   const ModelConfig& m = resume->config;
   const ModelConfig& c = cfg.model;
-  // Weights only: dropout is the new run's choice.
-  ANVIL_CHECK(weights_only ? same_architecture(m, c) : m == c, "checkpoint '{}' holds another model than the config asks for: {} {} of {} layers, {} heads, "
-              "d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, {}, {}, {}, {}", resume->dir,
+  ANVIL_CHECK(weights_only ? same_architecture(m, c) : m == c, "checkpoint '{}' holds another model than the config "
+              "asks for: {} {} of {} layers, {} heads, d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, "
+              "{}, {}, {}, {}", resume->dir,
               model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
               m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
               model_family_title(c), choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,

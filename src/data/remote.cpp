@@ -309,13 +309,8 @@ class CurlRemote final : public Remote {
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &a.body);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, keep_etag);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, &a.etag);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(timeout_ms, 10'000));
     // An upload's limit grows with its size: at least 1 MiB/s beyond the attempt's timeout.
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms + static_cast<long>(length >> 10));
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "anvil");
-    headers = sign(c, headers);
+    headers = common_options(c, errbuf, timeout_ms + static_cast<long>(length >> 10), headers);
     headers = curl_slist_append(headers, "Expect:");  // no 100-continue round trip
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
     const CURLcode rc = curl_easy_perform(c);
@@ -357,6 +352,17 @@ class CurlRemote final : public Remote {
     return size * n;
   }
 
+  // What every request sets: its error buffer, no signals, the connect limit (at most 10 s) and
+  // the transfer limit, the user agent, and the signature (sign).
+  curl_slist* common_options(CURL* c, char* errbuf, long timeout_ms, curl_slist* headers) {
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(static_cast<long>(opt_.timeout_s * 1000), 10'000));
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "anvil");
+    return sign(c, headers);
+  }
+
   // SigV4 for S3 with credentials (the payload left unsigned, as S3 allows); anonymous otherwise.
   curl_slist* sign(CURL* c, curl_slist* headers) {
     if (!is_s3_ || !signed_) return headers;
@@ -390,13 +396,8 @@ class CurlRemote final : public Remote {
       curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, report_bytes);
       curl_easy_setopt(c, CURLOPT_XFERINFODATA, &on_bytes);
     }
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min<long>(timeout_ms, 10'000));
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "anvil");
-    headers = sign(c, headers);
+    headers = common_options(c, errbuf, timeout_ms, headers);
     if (headers) curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
     const CURLcode rc = curl_easy_perform(c);
     long status = 0;

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_gpt2_fixture import ALPHA_F, BETAS, CLIP, EPS, LR, T_MAX, T_WARMUP, WD  # noqa: E402
 from make_gpt2_fixture import adamw_steps, write_safetensors  # noqa: E402
+from make_family_fixtures import alibi_slopes, cat, rms_norm, rotate_half  # noqa: E402
 
 B, T, V, MAX_T, L = 3, 9, 61, 12, 2
 # Sequence 0 packs an example of 4 tokens and one of 5.
@@ -85,13 +86,6 @@ def attention(q, k, v, alibi_slopes=None):
     return s.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v
 
 
-def alibi_slopes(n_heads, bias_max):
-    n = 2 ** math.ceil(math.log2(n_heads))
-    m = torch.arange(1, n + 1, dtype=torch.float32) * (bias_max / n)
-    slopes = 1.0 / torch.pow(2, m)
-    if n != n_heads:
-        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
-    return slopes
 
 
 def heads(x, n):
@@ -124,13 +118,8 @@ def mpt(P, lora, tokens, NH, C):
     return F.layer_norm(x, (C,), P["norm_f"], None, 1e-5) @ P["wte"].T
 
 
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
 
 
 def llama(P, lora, tokens, NH, NKV, C, theta, eps):
@@ -167,8 +156,6 @@ def base_params(shapes):
     return P
 
 
-def cat(parts):
-    return torch.cat([p.detach().reshape(-1) for p in parts])
 
 
 def write(name, P, base_flat, lora, order, forward, model_yaml):

@@ -11,33 +11,11 @@ anvil="$1" src="$2"
 source "$src/tests/lib.sh"
 start_test
 
-small_gpt2_vocab "$src" "$tmp/vocab"
-prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
-/usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
-[ -f "$tmp/data/train/index.json" ] && [ -s "$tmp/records/train.jsonl" ] || { fail "test data"; exit 1; }
-
-# digest RUN_DIR: the weights digest of the run's last checkpoint.
-digest() { "$anvil" inspect "$1" 2>/dev/null | grep -o 'weights sha256: [0-9a-f]*' | cut -d' ' -f3; }
-# eval_losses RUN_DIR: the run's eval losses, in order.
-eval_losses() { grep -o '"eval_loss":[0-9.e+-]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
-
-model="model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size}"
-cat > "$tmp/pretrain.yaml" <<YAML
-max_seq_len: 128
-$model
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: adamw, lr: 3.0e-3}
-max_duration: 30ba
-global_train_batch_size: 16
-device_train_microbatch_size: 8
-precision: fp32
-YAML
-"$anvil" train "$tmp/pretrain.yaml" run_dir="$tmp/pre" > "$tmp/pre.out" 2>&1 || { fail "pretraining"; tail -3 "$tmp/pre.out"; }
+pretrain_for_finetuning "$anvil" "$src" || { failures=1; exit 1; }
 
 cat > "$tmp/sft.yaml" <<YAML
 max_seq_len: 128
-$model
+model: {$small_gpt2_model}
 tokenizer: {name: $tmp/vocab}
 train_loader:
   name: finetuning
@@ -113,12 +91,12 @@ mpirun_anvil 2 "$anvil" train "$tmp/sft.yaml" "${short[@]}" distributed.zero_sta
 "$anvil" train "$tmp/sft.yaml" "${short[@]}" train_loader.dataset.hf_name=null \
   train_loader.dataset.local="$tmp/ftmds" eval_loader.dataset.hf_name=null eval_loader.dataset.local="$tmp/ftmds" \
   run_dir="$tmp/mds" > "$tmp/mds.out" 2>&1
-d8=$(digest "$tmp/d8")
-if [ -n "$d8" ] && [ "$d8" = "$(digest "$tmp/d2")" ] && [ "$d8" = "$(digest "$tmp/dp2")" ] &&
-   [ "$d8" = "$(digest "$tmp/mds")" ]; then
+d8=$(checkpoint_digest "$tmp/d8")
+if [ -n "$d8" ] && [ "$d8" = "$(checkpoint_digest "$tmp/d2")" ] && [ "$d8" = "$(checkpoint_digest "$tmp/dp2")" ] &&
+   [ "$d8" = "$(checkpoint_digest "$tmp/mds")" ]; then
   pass "one weights digest for microbatch 8 and 2, 1 rank and 2 ranks (ZeRO-2), JSONL and prepared MDS: ${d8:0:16}"
 else
-  fail "fine-tuning digests differ: $d8 / $(digest "$tmp/d2") / $(digest "$tmp/dp2") / $(digest "$tmp/mds")"
+  fail "fine-tuning digests differ: $d8 / $(checkpoint_digest "$tmp/d2") / $(checkpoint_digest "$tmp/dp2") / $(checkpoint_digest "$tmp/mds")"
   tail -2 "$tmp/d2.out" "$tmp/dp2.out" "$tmp/mds.out"
 fi
 
@@ -129,12 +107,12 @@ packed=("${short[@]}" train_loader.dataset.packing_ratio=1.5)
   run_dir="$tmp/p2" > "$tmp/p2.out" 2>&1
 mpirun_anvil 2 "$anvil" train "$tmp/sft.yaml" "${packed[@]}" distributed.zero_stage=3 run_dir="$tmp/pdp2" \
   > "$tmp/pdp2.out" 2>&1
-p8=$(digest "$tmp/p8")
-if [ -n "$p8" ] && [ "$p8" = "$(digest "$tmp/p2")" ] && [ "$p8" = "$(digest "$tmp/pdp2")" ] && [ "$p8" != "$d8" ] &&
+p8=$(checkpoint_digest "$tmp/p8")
+if [ -n "$p8" ] && [ "$p8" = "$(checkpoint_digest "$tmp/p2")" ] && [ "$p8" = "$(checkpoint_digest "$tmp/pdp2")" ] && [ "$p8" != "$d8" ] &&
    grep -q "packing (packing_ratio 1.5): [0-9]* examples in 96 sequences over the run" "$tmp/p8/train.log"; then
   pass "packed: one digest for microbatch 8 and 2 and 2 ranks (ZeRO-3): ${p8:0:16}; $(grep -o '[0-9]* examples in 96 sequences over the run, [0-9.]* per sequence' "$tmp/p8/train.log")"
 else
-  fail "packed digests: $p8 / $(digest "$tmp/p2") / $(digest "$tmp/pdp2")"; tail -3 "$tmp/p8.out" "$tmp/pdp2.out"
+  fail "packed digests: $p8 / $(checkpoint_digest "$tmp/p2") / $(checkpoint_digest "$tmp/pdp2")"; tail -3 "$tmp/p8.out" "$tmp/pdp2.out"
 fi
 
 # allow_pad_trimming cuts each step after the last position the global batch trains on: at
@@ -145,10 +123,10 @@ trim=(max_seq_len=512 load_path=null max_duration=4ba eval_interval=4ba eval_fir
 "$anvil" train "$tmp/sft.yaml" "${trim[@]}" train_loader.dataset.allow_pad_trimming=true device_train_microbatch_size=4 \
   run_dir="$tmp/t1" > "$tmp/t1.out" 2>&1
 cut=$(grep -o 'cut to [0-9]* of max_seq_len 512' "$tmp/t1/train.log" | cut -d' ' -f3)
-if [ -n "$(digest "$tmp/t0")" ] && [ "$(digest "$tmp/t0")" = "$(digest "$tmp/t1")" ] && [ "${cut:-512}" -lt 512 ]; then
+if [ -n "$(checkpoint_digest "$tmp/t0")" ] && [ "$(checkpoint_digest "$tmp/t0")" = "$(checkpoint_digest "$tmp/t1")" ] && [ "${cut:-512}" -lt 512 ]; then
   pass "allow_pad_trimming: the first step cut to $cut of 512 tokens, the same weights as untrimmed"
 else
-  fail "allow_pad_trimming: $(digest "$tmp/t0") vs $(digest "$tmp/t1"), cut '$cut'"; tail -3 "$tmp/t1.out"
+  fail "allow_pad_trimming: $(checkpoint_digest "$tmp/t0") vs $(checkpoint_digest "$tmp/t1"), cut '$cut'"; tail -3 "$tmp/t1.out"
 fi
 grep -q "prepared $tmp/ftmds/train from 1 file(s): 1350 record(s)" "$tmp/prep.out" \
   && pass "data prepare --format finetuning: $(head -1 "$tmp/prep.out" | cut -c1-120)" || { fail "prepare"; cat "$tmp/prep.out"; }

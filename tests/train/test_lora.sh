@@ -12,33 +12,14 @@ anvil="$1" src="$2"
 source "$src/tests/lib.sh"
 start_test
 
-small_gpt2_vocab "$src" "$tmp/vocab"
-prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
-/usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
-
-digest() { "$anvil" inspect "$1" 2>/dev/null | grep -o 'weights sha256: [0-9a-f]*' | cut -d' ' -f3; }
-eval_losses() { grep -o '"eval_loss":[0-9.e+-]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
+pretrain_for_finetuning "$anvil" "$src" || { failures=1; exit 1; }
 loss_of() { /usr/bin/python3 -c 'import json, sys; print(json.loads(sys.stdin.read().splitlines()[-1])["loss"])'; }
 # close A B REL: |A - B| <= REL * |B|
 close() { /usr/bin/python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if abs(a - b) <= float(sys.argv[3]) * abs(b) else 1)" "${1:-nan}" "${2:-nan}" "$3"; }
 
-model="name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size"
-cat > "$tmp/pretrain.yaml" <<YAML
-max_seq_len: 128
-model: {$model}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: adamw, lr: 3.0e-3}
-max_duration: 30ba
-global_train_batch_size: 16
-device_train_microbatch_size: 8
-precision: fp32
-YAML
-"$anvil" train "$tmp/pretrain.yaml" run_dir="$tmp/pre" > "$tmp/pre.out" 2>&1 || { fail "pretraining"; tail -3 "$tmp/pre.out"; }
-
 cat > "$tmp/lora.yaml" <<YAML
 max_seq_len: 128
-model: {$model, peft_config: {peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [c_attn, c_proj, c_fc]}}
+model: {$small_gpt2_model, peft_config: {peft_type: LORA, r: 8, lora_alpha: 16, target_modules: [c_attn, c_proj, c_fc]}}
 tokenizer: {name: $tmp/vocab}
 train_loader:
   name: finetuning
@@ -66,7 +47,7 @@ if "$anvil" train "$tmp/lora.yaml" run_dir="$tmp/lora" > "$tmp/lora.out" 2>&1; t
   else
     fail "the held-out loss did not fall enough: $before -> $mid -> $after"
   fi
-  base_digest=$(digest "$tmp/pre")
+  base_digest=$(checkpoint_digest "$tmp/pre")
   grep -q "LoRA: the frozen base is '$tmp/pre' (weights sha256 $base_digest); r 8, alpha 16" "$tmp/lora/train.log" \
     && pass "the frozen base and the adapters are logged" || { fail "LoRA log line"; grep LoRA "$tmp/lora/train.log"; }
   # The checkpoint holds the adapters alone (r·(in + out) per module and block) and names its base.
@@ -132,13 +113,13 @@ rm -rf "$tmp/resumed/checkpoints/step-00000006"
 echo step-00000003 > "$tmp/resumed/checkpoints/latest"
 "$anvil" train "$tmp/lora.yaml" "${short[@]}" save_interval=3ba autoresume=true run_dir="$tmp/resumed" \
   > "$tmp/resumed.out" 2>&1
-d8=$(digest "$tmp/d8")
-if [ -n "$d8" ] && [ "$d8" = "$(digest "$tmp/d2")" ] && [ "$d8" = "$(digest "$tmp/z1")" ] &&
-   [ "$d8" = "$(digest "$tmp/z3")" ] && [ "$d8" = "$(digest "$tmp/resumed")" ] && [ "$d8" = "$(digest "$tmp/ac")" ] &&
+d8=$(checkpoint_digest "$tmp/d8")
+if [ -n "$d8" ] && [ "$d8" = "$(checkpoint_digest "$tmp/d2")" ] && [ "$d8" = "$(checkpoint_digest "$tmp/z1")" ] &&
+   [ "$d8" = "$(checkpoint_digest "$tmp/z3")" ] && [ "$d8" = "$(checkpoint_digest "$tmp/resumed")" ] && [ "$d8" = "$(checkpoint_digest "$tmp/ac")" ] &&
    grep -q "resumed from $tmp/resumed/checkpoints/step-00000003" "$tmp/resumed/train.log"; then
   pass "one adapter digest for microbatch 8 and 2, 2 ranks under ZeRO-1 and ZeRO-3, a resumed run and activation checkpointing: ${d8:0:16}"
 else
-  fail "LoRA digests: $d8 / $(digest "$tmp/d2") / $(digest "$tmp/z1") / $(digest "$tmp/z3") / $(digest "$tmp/resumed") / $(digest "$tmp/ac")"
+  fail "LoRA digests: $d8 / $(checkpoint_digest "$tmp/d2") / $(checkpoint_digest "$tmp/z1") / $(checkpoint_digest "$tmp/z3") / $(checkpoint_digest "$tmp/resumed") / $(checkpoint_digest "$tmp/ac")"
   tail -2 "$tmp/d2.out" "$tmp/z1.out" "$tmp/z3.out" "$tmp/resumed.out"
 fi
 drop=("${short[@]}" model.peft_config.lora_dropout=0.1)
@@ -146,22 +127,22 @@ drop=("${short[@]}" model.peft_config.lora_dropout=0.1)
 "$anvil" train "$tmp/lora.yaml" "${drop[@]}" device_train_microbatch_size=2 run_dir="$tmp/p2" > "$tmp/p2.out" 2>&1
 mpirun_anvil 2 "$anvil" train "$tmp/lora.yaml" "${drop[@]}" distributed.zero_stage=2 run_dir="$tmp/pz2" \
   > "$tmp/pz2.out" 2>&1
-p8=$(digest "$tmp/p8")
-if [ -n "$p8" ] && [ "$p8" = "$(digest "$tmp/p2")" ] && [ "$p8" = "$(digest "$tmp/pz2")" ] && [ "$p8" != "$d8" ]; then
+p8=$(checkpoint_digest "$tmp/p8")
+if [ -n "$p8" ] && [ "$p8" = "$(checkpoint_digest "$tmp/p2")" ] && [ "$p8" = "$(checkpoint_digest "$tmp/pz2")" ] && [ "$p8" != "$d8" ]; then
   pass "lora_dropout 0.1: one digest for microbatch 8 and 2 and 2 ranks (ZeRO-2): ${p8:0:16}"
 else
-  fail "LoRA dropout digests: $p8 / $(digest "$tmp/p2") / $(digest "$tmp/pz2")"; tail -2 "$tmp/p8.out" "$tmp/pz2.out"
+  fail "LoRA dropout digests: $p8 / $(checkpoint_digest "$tmp/p2") / $(checkpoint_digest "$tmp/pz2")"; tail -2 "$tmp/p8.out" "$tmp/pz2.out"
 fi
 
 "$anvil" train "$tmp/lora.yaml" "${short[@]}" precision=amp_bf16 run_dir="$tmp/b8" > "$tmp/b8.out" 2>&1
 "$anvil" train "$tmp/lora.yaml" "${short[@]}" precision=amp_bf16 device_train_microbatch_size=2 run_dir="$tmp/b2" \
   > "$tmp/b2.out" 2>&1
-b8=$(digest "$tmp/b8")
-if [ -n "$b8" ] && [ "$b8" = "$(digest "$tmp/b2")" ] && [ "$b8" != "$d8" ] &&
+b8=$(checkpoint_digest "$tmp/b8")
+if [ -n "$b8" ] && [ "$b8" = "$(checkpoint_digest "$tmp/b2")" ] && [ "$b8" != "$d8" ] &&
    grep -q "LoRA's frozen base" "$tmp/b8/train.log"; then
   pass "amp_bf16, the base held in bf16: one digest for microbatch 8 and 2: ${b8:0:16}"
 else
-  fail "LoRA amp_bf16 digests: $b8 / $(digest "$tmp/b2")"; tail -2 "$tmp/b8.out"
+  fail "LoRA amp_bf16 digests: $b8 / $(checkpoint_digest "$tmp/b2")"; tail -2 "$tmp/b8.out"
 fi
 
 # Bad input: one line each.

@@ -39,10 +39,11 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def make_norm(m):
+def make_norm(m, width=None):
+    width = width or m["d_model"]
     if m["norm"] == "rmsnorm":
-        return RMSNorm(m["d_model"], m["norm_eps"])
-    norm = nn.LayerNorm(m["d_model"], elementwise_affine=True)
+        return RMSNorm(width, m["norm_eps"])
+    norm = nn.LayerNorm(width, elementwise_affine=True)
     if not m["norm_bias"]:
         norm.bias = None  # LLM Foundry's low-precision LayerNorm without bias: F.layer_norm(x, w, None)
     return norm
@@ -72,6 +73,10 @@ class Block(nn.Module):
         self.nh, self.nkv, self.hs, self.sdpa = m["n_heads"], m["n_kv_heads"], d // m["n_heads"], sdpa
         self.attn_p, self.resid_p = m.get("attn_pdrop", 0.0), m.get("resid_pdrop", 0.0)
         self.norm1, self.norm2 = make_norm(m), make_norm(m)
+        # LLM Foundry's qk_ln: the block's norm over all the queries and over all the keys.
+        self.qk_norm = m.get("qk_norm", False)
+        if self.qk_norm:
+            self.q_ln, self.k_ln = make_norm(m), make_norm(m, self.nkv * self.hs)
         self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * self.hs, bias=bias)
         self.proj = nn.Linear(d, d, bias=bias)
         self.swiglu, hidden = m["mlp"] == "swiglu", m["mlp_hidden"]
@@ -82,6 +87,8 @@ class Block(nn.Module):
     def forward(self, x, pos):
         B, T, C = x.shape
         q, k, v = self.qkv(self.norm1(x)).split([self.nh * self.hs, self.nkv * self.hs, self.nkv * self.hs], -1)
+        if self.qk_norm:
+            q, k = self.q_ln(q), self.k_ln(k)
         q = q.view(B, T, self.nh, self.hs).transpose(1, 2)
         k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)
         v = v.view(B, T, self.nkv, self.hs).transpose(1, 2)

@@ -168,7 +168,7 @@ ModelConfig read_hf_config(const nlohmann::json& j, const std::string& where, st
       HfReader ar{a, where, YAML::Node()};
       if (ar.has("alibi_bias_max")) attn["alibi_bias_max"] = ar.get<double>("alibi_bias_max", 8);
       ar.only<bool>("alibi", true, "transformers' MPT always uses ALiBi");
-      ar.only<bool>("qk_ln", false, "anvil has no QK LayerNorm yet");
+      ar.only<bool>("qk_ln", false, "transformers' MPT has no QK LayerNorm");
       ar.absent("clip_qkv", "q, k and v are never clipped");
       ar.absent("softmax_scale", "scores are scaled by 1/sqrt(head size)");
       ar.only<bool>("prefix_lm", false, "attention is causal");

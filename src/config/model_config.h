@@ -56,6 +56,9 @@ struct ModelConfig {
   NormKind norm = NormKind::kLayerNorm;
   bool norm_bias = true;    // LayerNorm's bias
   float norm_eps = 1e-5f;   // RMSNorm's eps (LayerNorm's is kernels/layernorm.h's)
+  // LLM Foundry's attn_config.qk_ln: the architecture's norm over all the queries (d_model wide)
+  // and over all the keys (kv_heads·head_size) of each position, before the heads split and RoPE.
+  bool qk_norm = false;
   PositionKind positions = PositionKind::kLearned;
   float rope_theta = 10000.0f;
   float alibi_bias_max = 8.0f;

@@ -144,7 +144,7 @@ void read_mpt(MapReader& m, ModelConfig& c, const std::string& file) {
       h.finish();
     }
     read_pdrop(a, "attn_pdrop", c.attn_pdrop, file);
-    only(a, "qk_ln", false, file, "no layer norm on queries and keys");
+    a.get("qk_ln", c.qk_norm);
     only(a, "qk_gn", false, file, "no group norm on queries and keys");
     only(a, "fused_qkv", true, file, "q, k and v are one fused product");
     only(a, "sliding_window_size", -1, file, "attention is causal over the whole sequence");
@@ -292,6 +292,7 @@ void write_model_section(YAML::Emitter& e, const ModelConfig& c) {
     key("alibi_bias_max", c.alibi_bias_max);
     key("rope", c.positions == PositionKind::kRope);
     key("rope_theta", c.rope_theta);
+    key("qk_ln", c.qk_norm);
     e << YAML::EndMap;
     e << YAML::Key << "ffn_config" << YAML::Value << YAML::BeginMap;
     key("ffn_type", c.mlp == MlpKind::kSwiglu ? "mptglu" : "mptmlp");

@@ -51,6 +51,7 @@ void check_mpt(const ModelConfig& c) {
           "an MLP other than exact GELU with expansion_ratio 4");
   require(c.kv_heads() == c.n_heads, c, arch, "grouped-query attention (attn_config.kv_n_heads)");
   require(c.tied_embeddings, c, arch, "its own LM head (tie_word_embeddings: false)");
+  require(!c.qk_norm, c, arch, "QK LayerNorm (attn_config.qk_ln: transformers' MPT has none)");
 }
 
 

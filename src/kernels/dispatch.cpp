@@ -2,6 +2,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/dropout.h"
 #include "kernels/encoder.h"
@@ -141,6 +142,9 @@ void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols
 }
 void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
   ANVIL_DISPATCH(lora_delta_backward, ddelta, dout, ld, N, cols, scale);
+}
+void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+  ANVIL_DISPATCH(copy_columns, dst, ld_dst, src, ld_src, N, cols);
 }
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
                        AttentionHeads heads) {

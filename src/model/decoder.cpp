@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/dropout.h"
 #include "kernels/encoder.h"
@@ -30,14 +31,16 @@ constexpr int kVocabChunk = 8 * kMatmulSumBlock;
 
 namespace {
 
-// Widths of the products: the fused qkv rows, the MLP's hidden width F, and the first MLP
-// product's outputs (F, or gate and up: 2F).
+// Widths of the products: the fused qkv rows (the queries' d_model columns, then the keys' and
+// the values' kv each), the MLP's hidden width F, and the first MLP product's outputs (F, or gate
+// and up: 2F).
 struct Widths {
   explicit Widths(const ModelConfig& cfg)
-      : qkv((cfg.n_heads + 2 * cfg.kv_heads()) * cfg.head_size()),
+      : kv(cfg.kv_heads() * cfg.head_size()),
+        qkv(cfg.d_model + 2 * kv),
         hidden(cfg.mlp_width()),
         fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
-  int qkv, hidden, fc;
+  int kv, qkv, hidden, fc;
 };
 
 bool has_norm_bias(const ModelConfig& cfg) { return cfg.norm == NormKind::kLayerNorm && cfg.norm_bias; }
@@ -70,10 +73,14 @@ struct BlockTensor {
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model;
   const Widths w(cfg);
-  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias;
+  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
   return {{"ln1w", {C}, false, false, 1.0f},
           {"ln1b", opt(nb, C)},
+          {"qlnw", opt(qk, C), false, false, 1.0f},
+          {"qlnb", opt(qk && nb, C)},
+          {"klnw", opt(qk, w.kv), false, false, 1.0f},
+          {"klnb", opt(qk && nb, w.kv)},
           {"qkvw", {w.qkv, C}, true},
           {"qkvb", opt(lb, w.qkv)},
           {"attprojw", {C, C}, true, true},
@@ -159,16 +166,19 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
 }
 
 Decoder::Block Decoder::bind_block(const float* base) const {
-  float* p[12];
+  Block b{};
+  float** p = &b.ln1w;
   float* cursor = const_cast<float*>(base);
-  for (int i = 0; i < 12; i++) {
+  for (size_t i = 0; i < block_sizes_.size(); i++) {
     p[i] = block_sizes_[i] ? cursor : nullptr;
     cursor += block_sizes_[i];
   }
-  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  return b;
 }
 
-size_t Decoder::norm_params() const { return static_cast<size_t>(cfg_.d_model) * (has_norm_bias(cfg_) ? 2 : 1); }
+size_t Decoder::norm_params(int width) const {
+  return static_cast<size_t>(width ? width : cfg_.d_model) * (has_norm_bias(cfg_) ? 2 : 1);
+}
 
 AttentionHeads Decoder::attention_heads(int l, int b0) const {
   AttentionHeads a{cfg_.n_heads, cfg_.kv_heads(), cfg_.head_size()};
@@ -197,7 +207,7 @@ namespace {
 // Floats of every activation array: per layer in the order of Decoder::BlockActs, then the rest
 // of Decoder::Acts, then the activation gradients.
 struct ActivationSizes {
-  size_t block[11];
+  size_t block[14];
   size_t block_layers;  // L, or 1 under activation checkpointing
   size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
   // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
@@ -226,11 +236,13 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
   const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
+  const size_t qk = cfg.qk_norm ? 1 : 0, qk_raw = qk * BT * (C + w.kv), dqk = qk * GT * C;
   const size_t layers = storage.activation_checkpointing ? 1 : L;
-  ActivationSizes s{{BT * C, mean, BT, BT * QKV, BT * C, NH * BT, BT * C, BT * C, mean, BT, BT * FC},
+  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, 2 * qk * mean, 2 * qk * BT, BT * C, NH * BT, BT * C, BT * C,
+                     mean, BT, BT * FC},
                     layers,
                     {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
-                    2 * BT * C + GT * F + dfc + GT * QKV + T * C,
+                    2 * BT * C + GT * F + dfc + GT * QKV + T * C + dqk,
                     {}};
   if (cfg.has_lora()) {
     const std::vector<LoraModule> modules = lora_targets(cfg);
@@ -309,6 +321,7 @@ void Decoder::set_max_batch(int max_batch) {
   dfc_ = swiglu ? dbig_ + GT * w.hidden : dbig_;  // GELU's backward runs in place
   dqkv_ = dbig_ + GT * w.hidden + (swiglu ? GT * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
+  dqk_ = demb_rows_ + T * C;
   allocate_rounded_dres();
 }
 
@@ -368,13 +381,12 @@ void Decoder::set_base_weights(const std::vector<float>& base, bool held_in_bf16
   outside.insert(outside.end(), base.begin() + static_cast<std::ptrdiff_t>(hi), base.end());
   std::vector<uint16_t> blocks(hi - lo);
   for (size_t i = 0; i < blocks.size(); i++) blocks[i] = float_to_bf16(base[lo + i]);
-  const size_t np = norm_params();
   std::vector<float> norms;
   size_t largest = 0;
   for (int l = 0; l < L; l++) {
     const Block b = bind_block(base.data() + base_units_[1 + l].offset);
-    norms.insert(norms.end(), b.ln1w, b.ln1w + np);
-    norms.insert(norms.end(), b.ln2w, b.ln2w + np);
+    norms.insert(norms.end(), b.ln1w, b.qkvw);
+    norms.insert(norms.end(), b.ln2w, b.fcw);
     largest = std::max(largest, base_units_[1 + l].numel);
   }
   base_.assign_zeros(outside.size());
@@ -401,11 +413,12 @@ const float* Decoder::acquire_base(int unit, int next_unit) {
   if (unit == L + 1) return base_.data() + base_units_[0].numel;  // after the embeddings
   const ParamUnit& u = base_units_[unit];
   widen_bf16(base_block_.data(), base_bf16_.data() + (u.offset - base_units_[1].offset), static_cast<long>(u.numel));
+  // A block's norms: those before qkv (ln1's, and the QK norms'), then ln2's.
   const Block b = bind_block(base_block_.data());
-  const size_t np = norm_params();
-  const float* norms = base_norms_.data() + static_cast<size_t>(unit - 1) * 2 * np;
-  op_copy(b.ln1w, norms, np * sizeof(float));
-  op_copy(b.ln2w, norms + np, np * sizeof(float));
+  const size_t first = b.qkvw - b.ln1w, second = b.fcw - b.ln2w;
+  const float* norms = base_norms_.data() + static_cast<size_t>(unit - 1) * (first + second);
+  op_copy(b.ln1w, norms, first * sizeof(float));
+  op_copy(b.ln2w, norms + first, second * sizeof(float));
   return base_block_.data();
 }
 
@@ -481,16 +494,15 @@ const float* Decoder::compute_params(int unit, const float* p) {
 }
 
 void Decoder::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                           int N) {
-  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_forward(out, rstd, inp, w, cfg_.norm_eps, N, cfg_.d_model);
-  layernorm_forward(out, mean, rstd, inp, w, b, N, cfg_.d_model);
+                           int N, int width) {
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_forward(out, rstd, inp, w, cfg_.norm_eps, N, width);
+  layernorm_forward(out, mean, rstd, inp, w, b, N, width);
 }
 
 void Decoder::norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                            const float* mean, const float* rstd, int N) {
-  const int C = cfg_.d_model;
-  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
-  layernorm_backward(dinp, dw, has_norm_bias(cfg_) ? dw + C : nullptr, dout, inp, w, mean, rstd, N, C);
+                            const float* mean, const float* rstd, int N, int width) {
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, width);
+  layernorm_backward(dinp, dw, has_norm_bias(cfg_) ? dw + width : nullptr, dout, inp, w, mean, rstd, N, width);
 }
 
 void Decoder::mlp_activation(float* out, const float* fch, int N) {
@@ -556,7 +568,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   }
   const float* lnf = acquire_base(L + 1, head_unit());
   norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf,
-               has_norm_bias(cfg_) ? lnf + C : nullptr, N);
+               has_norm_bias(cfg_) ? lnf + C : nullptr, N, C);
   round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype());
   release_base(L + 1);
 }
@@ -570,11 +582,12 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   // Under amp every matrix product's input and output is rounded to the compute dtype (a no-op in
   // fp32); the residual stream and the norms stay fp32.
   const long NC = static_cast<long>(N) * C;
-  norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N);
+  norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, w.qkv);
   lora_forward(l, BlockProduct::kQkv, x.qkv, w.qkv, x.ln1, adapters);
   round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+  if (cfg_.qk_norm) qk_norm_forward(x, p);
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
     rope_forward(x.qkv, positions_op(0), B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(),
@@ -590,7 +603,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
   if (att_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, att_drop);
   residual_forward(x.residual2, residual, scratch, NC);
-  norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N);
+  norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(x.ln2, NC, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, w.fc);
   lora_forward(l, BlockProduct::kFc, x.fch, w.fc, x.ln2, adapters);
@@ -604,6 +617,47 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
   if (mlp_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(residual3, x.residual2, scratch, NC);
+}
+
+void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
+  const int N = B_ * T_, C = cfg_.d_model;
+  const Widths w(cfg_);
+  // The keys' rows (and their norm's saves) start after room for the largest microbatch's queries.
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  const struct {
+    int col0, width;
+    float *raw, *mean, *rstd;
+    const float *weight, *bias;
+  } parts[] = {{0, C, x.qk_raw, x.qk_mean, x.qk_rstd, p.qlnw, p.qlnb},
+               {C, w.kv, x.qk_raw + BT * C, x.qk_mean + BT, x.qk_rstd + BT, p.klnw, p.klnb}};
+  for (const auto& q : parts) {
+    copy_columns(q.raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
+    norm_forward(acts_.scratch, q.mean, q.rstd, q.raw, q.weight, q.bias, N, q.width);
+    copy_columns(x.qkv + q.col0, w.qkv, acts_.scratch, q.width, N, q.width);
+  }
+  round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+}
+
+void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n) {
+  const int C = cfg_.d_model, N = n * T_;
+  const Widths w(cfg_);
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_, r = static_cast<size_t>(b) * T_;
+  float* dnormed = dsmall_ + r * C;  // free between the attention's backward and qkv's
+  const struct {
+    int col0, width;
+    const float *raw, *mean, *rstd, *weight;
+  } parts[] = {{0, C, x.qk_raw + r * C, x.qk_mean + r, x.qk_rstd + r, p.qlnw},
+               {C, w.kv, x.qk_raw + BT * C + r * w.kv, x.qk_mean + BT + r, x.qk_rstd + BT + r, p.klnw}};
+  for (const auto& q : parts) {
+    const size_t span = norm_params(q.width), at = static_cast<size_t>(q.weight - p.ln1w);
+    copy_columns(dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
+    op_zero(dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
+    float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
+    norm_backward(dqk_, dw, dnormed, q.raw, q.weight, q.mean, q.rstd, N, q.width);
+    if (!frozen()) access().grain_done(1 + l, at, span);
+    copy_columns(dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
+  }
+  round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
@@ -771,7 +825,8 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   float* dlnf = frozen() ? frozen_dnorm_.data() : access().grads(L + 1, 0, norm_params());
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
-    norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T);
+    norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T,
+                  C);
     if (!frozen()) access().grain_done(L + 1, 0, norm_params());
   }
   release_base(L + 1);
@@ -817,7 +872,7 @@ void Decoder::block_backward(int l) {
     auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                          const float* rstd) {
       float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
-      norm_backward(dinp, dw, dout, inp, w, mean, rstd, N);
+      norm_backward(dinp, dw, dout, inp, w, mean, rstd, N, C);
       if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
     };
     float* dres = dresidual_ + r * C;
@@ -847,6 +902,7 @@ void Decoder::block_backward(int l) {
       rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
       round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
+    if (cfg_.qk_norm) qk_norm_backward(l, x, p, b, n);
     linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv, BlockProduct::kQkv);
     round_to_dtype(dsmall, NC, dtype());
     norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);

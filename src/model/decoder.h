@@ -60,7 +60,11 @@ class Decoder final : public Model {
  private:
   // A block's activations, per layer (or for one layer under activation checkpointing).
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv;
+    // Under QK LayerNorm, the queries and keys before their norms (all the queries' rows, then
+    // the keys'), and the norms' saves (the queries', then the keys').
+    float *qk_raw, *qk_mean, *qk_rstd;
+    float *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch;
   };
   struct Acts {
     BlockActs block;  // layer l's at offset l·(its size for one layer)
@@ -71,9 +75,11 @@ class Decoder final : public Model {
     float* fch_gelu;
   };
   // One block's tensors inside its unit, in layout order; null where the architecture has none
-  // (norm biases, product biases).
+  // (norm biases, product biases, the QK norms). The norms come before the products they feed,
+  // so that a block is its first norms, then qkv and attproj, ln2, then fc and fcproj.
   struct Block {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    float *ln1w, *ln1b, *qlnw, *qlnb, *klnw, *klnb, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb,
+        *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
@@ -97,7 +103,7 @@ class Decoder final : public Model {
   // Where adapter k's product with A, x·Aᵀ (B·T, r), is kept for block l's backward.
   float* lora_u(int l, int k) const;
   // Floats of each of Block's tensors (0: absent), in its order: a weight, then its bias.
-  std::array<size_t, 12> block_sizes_{};
+  std::array<size_t, 16> block_sizes_{};
   // A block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
   // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
@@ -109,13 +115,21 @@ class Decoder final : public Model {
   // where the head starts in it.
   int head_unit() const { return cfg_.tied_embeddings ? 0 : cfg_.n_layers + 1; }
   size_t head_offset() const { return cfg_.tied_embeddings ? 0 : norm_params(); }
-  // Floats of one norm's parameters: its weight, and its bias when it has one.
-  size_t norm_params() const;
-  // The norm of the architecture, forward and backward (mean unused by RMSNorm); dw: the norm's
-  // parameter gradient span (weight, then bias).
-  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N);
+  // Floats of one norm's parameters over rows of width (d_model unless given): its weight, and
+  // its bias when it has one.
+  size_t norm_params(int width = 0) const;
+  // The norm of the architecture over N rows of width, forward and backward (mean unused by
+  // RMSNorm); dw: the norm's parameter gradient span (weight, then bias).
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
+                    int width);
   void norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* mean,
-                     const float* rstd, int N);
+                     const float* rstd, int N, int width);
+  // QK LayerNorm over the microbatch: x.qkv's query and key columns, kept in x.qk_raw, replaced
+  // by their norms' outputs.
+  void qk_norm_forward(const BlockActs& x, const Block& p);
+  // Its backward over the grain of n sequences from b: dqkv_'s query and key columns from the
+  // norms' outputs' gradients to their inputs', and the norms' parameter gradients.
+  void qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n);
   // The MLP activation (GELU or SwiGLU) of N rows of fch into out, and its gradient: dfc from
   // dout and fch.
   void mlp_activation(float* out, const float* fch, int N);
@@ -189,9 +203,9 @@ class Decoder final : public Model {
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch; dbig_ (the activation's
   // output), dfc_ (its input: dbig_ itself for GELU, in place) and dqkv_ for one grain (the blocks'
   // backward works a grain at a time); demb_rows_ the token embedding's gradient for one
-  // sequence, a row per distinct token (touched_rows_).
+  // sequence, a row per distinct token (touched_rows_); dqk_ a QK norm's input gradient for a grain.
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,
-        *demb_rows_ = nullptr;
+        *demb_rows_ = nullptr, *dqk_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
   std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens, ascending (capacity max_seq)
   std::vector<int32_t> compact_tokens_;  // each position's token as its index in touched_rows_

@@ -138,6 +138,7 @@ std::string model_architecture_summary(const ModelConfig& c) {
   if (c.kv_heads() != c.n_heads) s += fmt::format(" ({} key/value)", c.kv_heads());
   s += fmt::format(", d_model {}, vocab {}; ", c.d_model, c.vocab_size);
   s += c.norm == NormKind::kRmsNorm ? "RMSNorm" : c.norm_bias ? "LayerNorm" : "LayerNorm without bias";
+  if (c.qk_norm) s += " (and on queries and keys)";
   switch (c.positions) {
     case PositionKind::kLearned: s += ", learned positions"; break;
     case PositionKind::kAlibi: s += fmt::format(", ALiBi (bias max {:g})", c.alibi_bias_max); break;

@@ -589,9 +589,11 @@ TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
   d_model: 32
   expansion_ratio: 2
   no_bias: true
-  attn_config: {attn_impl: flash, alibi: true, alibi_bias_max: 16, attn_type: grouped_query_attention, kv_n_heads: 2}
+  attn_config: {attn_impl: flash, alibi: true, alibi_bias_max: 16, attn_type: grouped_query_attention, kv_n_heads: 2,
+                qk_ln: true}
   ffn_config: {ffn_type: mptglu, ffn_act_fn: {name: silu}}
 )");
+  EXPECT_TRUE(c.model.qk_norm);
   EXPECT_EQ(c.model.positions, PositionKind::kAlibi);
   EXPECT_FLOAT_EQ(c.model.alibi_bias_max, 16.0f);
   EXPECT_FALSE(c.model.linear_bias || c.model.norm_bias);
@@ -704,7 +706,7 @@ TEST_F(FamilyConfigTest, WhatCannotBeHonouredIsAnError) {
   EXPECT_NE(model_error(base + "  learned_pos_emb: true\n  attn_config: {alibi: true}\n").find("ALiBi"),
             std::string::npos);
   EXPECT_NE(model_error(base + "  ffn_config: {ffn_type: mptglu}\n").find("SwiGLU"), std::string::npos);
-  EXPECT_NE(model_error(base + "  attn_config: {qk_ln: true}\n").find("qk_ln"), std::string::npos);
+  EXPECT_NE(model_error(base + "  attn_config: {qk_gn: true}\n").find("qk_gn"), std::string::npos);
   EXPECT_NE(model_error(base + "  attn_config: {attn_type: grouped_query_attention, kv_n_heads: 3}\n").find("must divide"),
             std::string::npos);
   EXPECT_NE(model_error(base + "  init_config: {name: baseline_}\n").find("init_config.name"), std::string::npos);

@@ -6,7 +6,7 @@
 # microbatch 4 and 1, 4 ranks with microbatch 2 (2 + 1), 3 ranks with microbatch 4, across ZeRO
 # stages 0-3. Every run must end with the same weight digest and the same loss at every step.
 # Then the other families, smaller (2 layers, d_model 128), with dropout (its masks keyed by the
-# step and each sequence's index in the batch): an MPT with ALiBi and no biases (tied head, no
+# step and each sequence's index in the batch): an MPT with ALiBi, QK LayerNorm and no biases (tied head, no
 # position table; embedding, attention and residual dropout) and a Llama with grouped-query heads
 # (RoPE, SwiGLU, RMSNorm, its own LM head; attention dropout), each on 1 rank, 2 ranks under
 # ZeRO-3 with activation checkpointing, 3 ranks, 4 ranks, and 2 ranks stopped at step 8 and resumed.
@@ -78,7 +78,7 @@ family() {
     || fail "$family: the runs do not all end with the same bits"
   echo "$family: weights sha256 $("$anvil" inspect "$tmp/${family}_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 }
-family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.emb_pdrop=0.1 model.resid_pdrop=0.1 \
-  model.attn_config.attn_pdrop=0.1
+family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_config.qk_ln=true model.emb_pdrop=0.1 \
+  model.resid_pdrop=0.1 model.attn_config.attn_pdrop=0.1
 family llama model.n_kv_heads=2 model.attention_dropout=0.1
 [ "$failures" -eq 0 ]

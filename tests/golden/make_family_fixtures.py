@@ -53,19 +53,46 @@ def attention(q, k, v, bias=None):
     return s.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
 
 
-def mpt(P, tokens, L, NH, C):
-    hs = C // NH
+def rope_tables(hs, theta):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def mpt(P, tokens, L, NH, C, KV=None, qk_ln=False, rope=False, rms=False):
+    """LLM Foundry's MPTForCausalLM. KV: kv_n_heads (grouped-query attention; None: NH). qk_ln:
+    attn_config.qk_ln, the block's norm over all the queries (C) and all the keys (KV·hs) before
+    the heads split and before RoPE. rope: rotate-half RoPE (theta 10000) instead of ALiBi. rms:
+    norm_type rmsnorm. Biases where P has them (no_bias: false)."""
+    hs, KV = C // NH, KV or NH
+    g = P.get
+    lin = lambda h, n, l: F.linear(h, P[n][l], g(n + ".bias")[l] if n + ".bias" in P else None)
+
+    def norm(h, n, l=None):
+        w, b = (P[n], g(n + ".bias")) if l is None else (P[n][l], g(n + ".bias")[l] if n + ".bias" in P else None)
+        return rms_norm(h, w, 1e-5) if rms else F.layer_norm(h, (h.shape[-1],), w, b, 1e-5)
+
     x = P["wte"][tokens]
-    bias = (alibi_slopes(NH, 8).view(1, NH, 1, 1) * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, 1, T))
+    bias = None if rope else (alibi_slopes(NH, 8).view(1, NH, 1, 1) *
+                              torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, 1, T))
+    cos, sin = rope_tables(hs, 10000.0)
     for l in range(L):
-        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
-        q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in (h @ P["Wqkv"][l].T).split(C, dim=-1))
+        h = norm(x, "norm_1", l)
+        q, k, v = lin(h, "Wqkv", l).split([C, KV * hs, KV * hs], dim=-1)
+        if qk_ln:
+            q, k = norm(q, "q_ln", l), norm(k, "k_ln", l)
+        q = q.view(B, T, NH, hs).transpose(1, 2)
+        k, v = (t.view(B, T, KV, hs).transpose(1, 2) for t in (k, v))
+        if rope:
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        # Foundry's repeat_kv_for_gqa: query head i reads key/value head i // (NH / KV).
+        k, v = (t[:, :, None].expand(B, KV, NH // KV, T, hs).reshape(B, NH, T, hs) for t in (k, v))
         y = attention(q, k, v, bias).transpose(1, 2).reshape(B, T, C)
-        x = x + y @ P["out_proj"][l].T
-        h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
-        x = x + F.gelu(h @ P["up_proj"][l].T) @ P["down_proj"][l].T
-    x = F.layer_norm(x, (C,), P["norm_f"], None, 1e-5)
-    return x @ P["wte"].T
+        x = x + lin(y, "out_proj", l)
+        h = norm(x, "norm_2", l)
+        x = x + lin(F.gelu(lin(h, "up_proj", l)), "down_proj", l)
+    return norm(x, "norm_f") @ P["wte"].T
 
 
 def rms_norm(x, w, eps):
@@ -79,10 +106,7 @@ def rotate_half(x):
 
 def llama(P, tokens, L, NH, NKV, C, theta, eps, head):
     hs = C // NH
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
-    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = rope_tables(hs, theta)
     x = P["embed_tokens"][tokens]
     for l in range(L):
         h = rms_norm(x, P["input_layernorm"][l], eps)
@@ -103,7 +127,7 @@ def llama(P, tokens, L, NH, NKV, C, theta, eps, head):
 def make_params(shapes):
     P = {}
     for name, shape in shapes.items():
-        norm = "norm" in name or "layernorm" in name
+        norm = "norm" in name or "layernorm" in name or name.endswith("_ln")
         P[name] = (1.0 + 0.1 * torch.randn(shape)) if norm else 0.1 * torch.randn(shape)
         P[name].requires_grad_(True)
     return P
@@ -160,6 +184,43 @@ def main():
     # then multi-query (one key/value head) with a tied head.
     for name, NKV, tied in [("llama_tiny.safetensors", 2, False), ("llama_mqa_tiny.safetensors", 1, True)]:
         write_llama(name, NKV, tied)
+    write_mpt_qk_ln()
+
+
+def write_mpt_qk_ln():
+    """MPT with attn_config.qk_ln: six ALiBi heads over two key/value heads, RMSNorm, no biases;
+    then four RoPE heads over one, LayerNorms and products with biases (no_bias: false). (Under
+    ALiBi a key bias shifts every score of a query alike: its gradient is zero, and AdamW's steps
+    on a zero gradient's rounding noise cannot be compared; RoPE rotates it by position.)"""
+    L, C = 2, 24
+    for name, NH, KV, rope in [("mpt_qkln_tiny.safetensors", 6, 2, False),
+                               ("mpt_qkln_rope_tiny.safetensors", 4, 1, True)]:
+        hs = C // NH
+        kv = KV * hs
+        biases = rope
+        shapes = {"wte": (V, C), "norm_1": (L, C), "q_ln": (L, C), "k_ln": (L, kv), "Wqkv": (L, C + 2 * kv, C),
+                  "out_proj": (L, C, C), "norm_2": (L, C), "up_proj": (L, 4 * C, C), "down_proj": (L, C, 4 * C),
+                  "norm_f": (C,)}
+        if biases:
+            for n in ["norm_1", "q_ln", "k_ln", "Wqkv", "out_proj", "norm_2", "up_proj", "down_proj"]:
+                shapes[n + ".bias"] = shapes[n][:2]  # (L, width) of a norm, (L, outputs) of a product
+            shapes["norm_f.bias"] = (C,)
+        P = make_params(shapes)
+        # anvil's block order: the norms before qkv (norm_1, q_ln, k_ln: each weight, then bias),
+        # qkv, out_proj, norm_2, up_proj, down_proj.
+        order = ["norm_1", "q_ln", "k_ln", "Wqkv", "out_proj", "norm_2", "up_proj", "down_proj"]
+        block = [t for n in order for t in ([n, n + ".bias"] if biases else [n])]
+        final = ["norm_f", "norm_f.bias"] if biases else ["norm_f"]
+        write(name, P,
+              lambda g, block=block, final=final: cat([g("wte")] + [g(n)[l] for l in range(L) for n in block] +
+                                                      [g(n) for n in final]),
+              lambda P, tokens, NH=NH, KV=KV, rope=rope: mpt(P, tokens, L, NH, C, KV, True, rope, not rope),
+              f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
+              f"max_seq_len: {MAX_T}\nexpansion_ratio: 4\nno_bias: {'false' if rope else 'true'}\n"
+              f"norm_type: {'low_precision_layernorm' if rope else 'rmsnorm'}\n"
+              f"attn_config:\n  qk_ln: true\n  attn_type: grouped_query_attention\n  kv_n_heads: {KV}\n"
+              f"  {'rope' if rope else 'alibi'}: true\n",
+              {"Wqkv", "out_proj", "up_proj", "down_proj"})
 
 
 def write_llama(name, NKV, tied):

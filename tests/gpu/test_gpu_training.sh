@@ -96,10 +96,11 @@ run cpu_bf16 kernels=cpu precision=amp_bf16
 run gpu_bf16 kernels=gpu precision=amp_bf16
 compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
 
-# The other families: an MPT (ALiBi, no biases, exact GELU) and a Llama with one key/value head
-# (RoPE, SwiGLU, RMSNorm, its own LM head), each on the GPU against the CPU.
+# The other families: an MPT (ALiBi, no biases, exact GELU, QK LayerNorm) and a Llama with one
+# key/value head (RoPE, SwiGLU, RMSNorm, its own LM head), each on the GPU against the CPU.
 for family in mpt llama; do
-  if [ $family = mpt ]; then options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true)
+  if [ $family = mpt ]; then
+    options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_config.qk_ln=true)
   else options=(model.name=llama model.n_kv_heads=1); fi
   run "${family}_cpu" kernels=cpu "${options[@]}"
   run "${family}_gpu" kernels=gpu "${options[@]}"

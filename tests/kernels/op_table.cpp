@@ -14,6 +14,7 @@
 
 #include "device/device.h"
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
@@ -256,6 +257,21 @@ void elementwise_cases(std::vector<OpCase>& cases) {
     cases.push_back({case_name("lora_delta_backward", dims), [=](OpRun& r) {
       float* ddelta = r.out("ddelta", n_delta, close(kFp32Elementwise));
       ANVIL_RUN_OP(r, lora_delta_backward, ddelta, r.in("dout", randn(n_out, 3)) + col0, ld, N, cols, 2.0f);
+    }});
+  }
+  // Columns [5, 5 + cols) of rows of ld_src copied out to rows of their own, and back into rows of
+  // ld_dst; whole rows too.
+  for (auto [N, cols, ld] : {std::tuple{1, 1, 1}, std::tuple{37, 8, 24}, std::tuple{129, 768, 1536}}) {
+    const int col0 = cols == ld ? 0 : 5;
+    const auto dims = {std::pair<const char*, long>{"N", N}, {"cols", cols}, {"ld", ld}};
+    cases.push_back({case_name("copy_columns_out", dims), [=](OpRun& r) {
+      float* dst = r.out("dst", static_cast<size_t>(N) * cols, exact());
+      ANVIL_RUN_OP(r, copy_columns, dst, cols, r.in("src", randn(static_cast<size_t>(N) * ld, 6)) + col0, ld, N, cols);
+    }});
+    cases.push_back({case_name("copy_columns_in", dims), [=](OpRun& r) {
+      // Only the block is written: the rest of each row keeps its values.
+      float* dst = r.inout("dst", randn(static_cast<size_t>(N) * ld, 7), exact());
+      ANVIL_RUN_OP(r, copy_columns, dst + col0, ld, r.in("src", randn(static_cast<size_t>(N) * cols, 8)), cols, N, cols);
     }});
   }
   // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions

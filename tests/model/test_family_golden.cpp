@@ -3,7 +3,9 @@
 // goes through the config reader, and the decoder it builds must give PyTorch's logits, loss and
 // every parameter's gradient, and go through PyTorch's 10 AdamW steps (schedule, clipping, weight
 // decay), with the reference and the fast kernels: an MPT with six ALiBi heads, a Llama with
-// grouped-query heads (4 over 2) and its own head, a multi-query Llama (4 over 1) with a tied head.
+// grouped-query heads (4 over 2) and its own head, a multi-query Llama (4 over 1) with a tied head,
+// and two MPTs with QK LayerNorm (attn_config.qk_ln): grouped-query ALiBi heads (6 over 2) under
+// RMSNorm without biases, and multi-query RoPE heads (4 over 1) with biases everywhere.
 // Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -59,7 +61,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                                            Family{"llama_tiny.safetensors", KernelImpl::kRef},
                                            Family{"llama_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"llama_mqa_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"llama_mqa_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"llama_mqa_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_qkln_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_qkln_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_qkln_rope_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_qkln_rope_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));
@@ -133,6 +139,26 @@ TEST(Lora, BaseHeldInBf16GivesTheSameBits) {
     EXPECT_EQ(losses[0], losses[1]) << fixture;
     EXPECT_EQ(grads[0], grads[1]) << fixture;
   }
+  // An MPT with QK LayerNorm and biases: its query and key norms, like the block's others, stay fp32.
+  SafeTensorsFile f = testing::load_golden("mpt_qkln_rope_tiny.safetensors");
+  const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
+  ModelConfig cfg = config_of(f);
+  cfg.lora.r = 2;
+  cfg.lora.target_modules = {"all-linear"};
+  const std::vector<float> base(f.at("params_init").f32(), f.at("params_init").f32() + f.at("params_init").numel());
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (bool held_in_bf16 : {false, true}) {
+    Decoder model(cfg, B, T);
+    model.set_compute_dtype(ComputeDtype::kBf16);
+    model.set_base_weights(base, held_in_bf16);
+    model.init_weights(7);
+    model.zero_grad();
+    losses.push_back(model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 0.01f, nullptr));
+    grads.emplace_back(model.grads(), model.grads() + model.num_params());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
 }
 
 // The families' layouts by count: Llama-2-7B's published total, and MPT-7B's shape (alibi,

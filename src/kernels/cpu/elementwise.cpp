@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/columns.h"
 #include "kernels/dropout.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -380,6 +381,11 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
 #pragma omp simd
     for (int c = 0; c < cols; c++) d[c] = scale * o[c];
   }
+}
+
+void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) std::copy_n(src + n * ld_src, cols, dst + n * ld_dst);
 }
 
 }  // namespace anvil::cpu

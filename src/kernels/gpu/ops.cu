@@ -9,6 +9,7 @@
 #include "device/device.h"
 #include "device/stream.h"
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -323,6 +324,11 @@ __global__ void lora_delta_backward_kernel(float* ddelta, const float* dout, lon
                                            float scale) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k < total) ddelta[k] = scale * dout[(k / cols) * ld + k % cols];
+}
+
+__global__ void copy_columns_kernel(float* dst, long ld_dst, const float* src, long ld_src, long total, int cols) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < total) dst[(k / cols) * ld_dst + k % cols] = src[(k / cols) * ld_src + k % cols];
 }
 
 // The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
@@ -649,6 +655,13 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
   const long total = static_cast<long>(N) * cols;
   if (total == 0) return;
   GPU_LAUNCH(lora_delta_backward_kernel, blocks_for(total), kThreads)(ddelta, dout, ld, total, cols, scale);
+  GPU_CHECK_LAUNCH();
+}
+
+void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+  const long total = static_cast<long>(N) * cols;
+  if (total == 0) return;
+  GPU_LAUNCH(copy_columns_kernel, blocks_for(total), kThreads)(dst, ld_dst, src, ld_src, total, cols);
   GPU_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/dropout.h"
 #include "kernels/encoder.h"
@@ -284,6 +285,11 @@ void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols
 void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
   for (int n = 0; n < N; n++)
     for (int c = 0; c < cols; c++) ddelta[static_cast<long>(n) * cols + c] = scale * dout[n * ld + c];
+}
+
+void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < cols; c++) dst[n * ld_dst + c] = src[n * ld_src + c];
 }
 
 namespace {

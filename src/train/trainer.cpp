@@ -282,304 +282,382 @@ FILE* open_run_directory(const TrainConfig& cfg, bool resuming, int64_t start_st
   return metrics;
 }
 
-}  // namespace
+// One training run, in the order run_training calls it: set-up (the data, the run's length, the
+// run directory, the model and its data parallelism with the resumed state), a description of
+// it in the log, the start (stop handlers, the first evaluation), the steps with their
+// evaluations and checkpoints, and the end. Every rank builds one; rank 0 (the writer) writes
+// the run directory.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& config, Communicator& comm);
+  void describe();
+  void start();
+  // Step t + 1 (t from start_step()): false when a stop signal ends the run after it.
+  bool step(int64_t t);
+  int64_t start_step() const { return start_step_; }
+  int64_t total_steps() const { return total_steps_; }
+  // After the last step: the final evaluation and checkpoint (only the checkpoint when stopped).
+  TrainSummary finish();
 
-TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
-  TrainConfig cfg = config;  // the batch sizes, microbatch and eval batch are resolved below
-  select_kernel_impl(cfg.kernels, comm.local_rank());
-  resolve_batch_sizes(cfg, comm.size());
-  const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  const int W = comm.size(), rank = comm.rank();
-  const bool writer = rank == 0;
-  comm.set_timeout(cfg.dist_timeout);
-  log_set_rank(rank, W);
-  ANVIL_CHECK(GB % W == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
-              "block of the batch", GB, W);
-  const int local_batch = GB / W;
-  ANVIL_CHECK(!cfg.model.has_lora() || !cfg.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained model: "
-              "set load_path to it (a transformers directory or an anvil checkpoint), or use model.name: "
+ private:
+  void open_datasets();
+  void build_model();
+  void write_metrics(const nlohmann::json& row);
+  void evaluate_at(int64_t at_step);
+  void save(int64_t at_step);
+  void report_first_batch() const;
+  // The step's sequence length: max_seq_len, or shorter where allow_pad_trimming cuts every
+  // rank's padding.
+  int trim_batch(int64_t t);
+  void report_step(int64_t t, const StepResult& r, int step_len, double secs, int64_t epoch);
+
+  TrainConfig cfg_;  // the batch sizes, microbatch and eval batch resolved
+  Communicator& comm_;
+  int T_, GB_, W_, rank_, local_batch_;
+  bool writer_;
+  std::vector<std::string> data_notes_;  // logged once the run directory holds the log
+  DataPipeline train_data_, eval_data_;
+  std::unique_ptr<TokenLoader> loader_;
+  int64_t n_samples_ = 0, batches_per_epoch_ = 0, total_steps_ = 0, eval_every_ = 0, log_every_ = 0, save_every_ = 0;
+  std::unique_ptr<LrSchedule> schedule_;
+  std::optional<LoadedCheckpoint> resume_;  // until its state is in the model and optimizer
+  bool continuing_ = false;                 // resuming a run, not only loading weights
+  int64_t start_step_ = 0, start_tokens_ = 0, tokens_seen_ = 0, saved_step_ = 0;
+  FILE* metrics_ = nullptr;
+  std::optional<TensorBoardWriter> tensorboard_;  // rank 0 writes the global figures
+  std::unique_ptr<Model> model_;
+  LoraBaseRef lora_base_;  // under LoRA, what the checkpoints name as the adapters' base
+  std::unique_ptr<DataParallel> dp_;
+  MicrobatchPlan plan_;
+  std::unique_ptr<TrainStep> step_;
+  double flops_per_token_ = 0, peak_ = 0;
+  std::vector<int32_t> tokens_, targets_, positions_;  // positions: of packed examples
+  std::unique_ptr<Progress> bar_;  // drawn by rank 0 only
+  std::chrono::steady_clock::time_point run_start_;
+  TrainSummary summary_;
+  CheckpointWriter checkpoints_;
+};
+
+TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
+    : cfg_(config), comm_(comm), checkpoints_(comm) {
+  select_kernel_impl(cfg_.kernels, comm.local_rank());
+  resolve_batch_sizes(cfg_, comm.size());
+  T_ = cfg_.max_seq_len;
+  GB_ = cfg_.global_train_batch_size;
+  W_ = comm.size();
+  rank_ = comm.rank();
+  writer_ = rank_ == 0;
+  comm.set_timeout(cfg_.dist_timeout);
+  log_set_rank(rank_, W_);
+  ANVIL_CHECK(GB_ % W_ == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
+              "block of the batch", GB_, W_);
+  local_batch_ = GB_ / W_;
+  ANVIL_CHECK(!cfg_.model.has_lora() || !cfg_.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained "
+              "model: set load_path to it (a transformers directory or an anvil checkpoint), or use model.name: "
               "hf_causal_lm with its pretrained_model_name_or_path");
+  open_datasets();
 
-  const TokenizerFiles tokenizer = resolve_tokenizer(cfg.tokenizer_name);
-  std::vector<std::string> data_notes;  // logged once the run directory holds the log
-  DataPipeline train_data = open_data(cfg.train_loader, T, cfg.tokenizer_name, cfg.run_dir + "/finetuning_data/train",
-                                      comm, data_notes);
-  check_data_tokenizer(*train_data.data, tokenizer, cfg.model.vocab_size);
+  resume_ = resume_point(cfg_, comm);
+  continuing_ = resume_ && !resume_->data_state.empty();  // else weights only, from step 0
+  if (continuing_) loader_->restore(DataState::from_json(resume_->data_state, resume_->dir + "/manifest.json"));
+  start_step_ = saved_step_ = resume_ ? resume_->step : 0;
+  start_tokens_ = tokens_seen_ = resume_ ? resume_->tokens_seen : 0;
+
+  metrics_ = writer_ ? open_run_directory(cfg_, continuing_, start_step_) : nullptr;
+  for (const std::string& note : data_notes_) log_info("{}", note);
+  if (writer_ && cfg_.tensorboard)
+    tensorboard_.emplace(cfg_.tensorboard_dir.empty() ? cfg_.run_dir + "/tensorboard" : cfg_.tensorboard_dir);
+  build_model();
+}
+
+void TrainingRun::open_datasets() {
+  const TokenizerFiles tokenizer = resolve_tokenizer(cfg_.tokenizer_name);
+  train_data_ = open_data(cfg_.train_loader, T_, cfg_.tokenizer_name,
+                                   cfg_.run_dir + "/finetuning_data/train", comm_, data_notes_);
+  check_data_tokenizer(*train_data_.data, tokenizer, cfg_.model.vocab_size);
   LoaderOptions lopt;
-  lopt.global_batch = GB;
-  lopt.rank = rank;
-  lopt.world = W;
-  lopt.seq_len = T;
-  lopt.num_workers = cfg.train_loader.num_workers;
-  lopt.predownload = cfg.train_loader.dataset.predownload;
-  lopt.vocab_size = cfg.model.vocab_size;
-  lopt.finetuning = train_data.finetuning;
-  lopt.packing_ratio = cfg.train_loader.dataset.finetuning.packing_ratio;
-  TokenLoader loader(*train_data.data, train_data.order, lopt);
-  const int64_t n_samples = epoch_samples(train_data.order);
-  const int64_t batches_per_epoch = loader.steps_per_epoch();
-  DataPipeline eval_data;
-  if (cfg.has_eval) {
-    eval_data = open_data(cfg.eval_loader, T, cfg.tokenizer_name, cfg.run_dir + "/finetuning_data/eval", comm,
-                          data_notes);
-    check_data_tokenizer(*eval_data.data, tokenizer, cfg.model.vocab_size);
+  lopt.global_batch = GB_;
+  lopt.rank = rank_;
+  lopt.world = W_;
+  lopt.seq_len = T_;
+  lopt.num_workers = cfg_.train_loader.num_workers;
+  lopt.predownload = cfg_.train_loader.dataset.predownload;
+  lopt.vocab_size = cfg_.model.vocab_size;
+  lopt.finetuning = train_data_.finetuning;
+  lopt.packing_ratio = cfg_.train_loader.dataset.finetuning.packing_ratio;
+  loader_ = std::make_unique<TokenLoader>(*train_data_.data, train_data_.order, lopt);
+  n_samples_ = epoch_samples(train_data_.order);
+  batches_per_epoch_ = loader_->steps_per_epoch();
+  if (cfg_.has_eval) {
+    eval_data_ = open_data(cfg_.eval_loader, T_, cfg_.tokenizer_name, cfg_.run_dir + "/finetuning_data/eval",
+                                    comm_, data_notes_);
+    check_data_tokenizer(*eval_data_.data, tokenizer, cfg_.model.vocab_size);
   }
-  const int64_t total_steps = duration_to_batches(cfg.max_duration, batches_per_epoch, GB, T, -1, "max_duration");
-  ANVIL_CHECK(total_steps > 0, "max_duration '{}' is less than one batch of {} samples", cfg.max_duration.text, GB);
-  const int64_t eval_every = duration_to_batches(cfg.eval_interval, batches_per_epoch, GB, T, total_steps, "eval_interval");
-  const int64_t log_every = static_cast<int64_t>(cfg.console_log_interval.value);
-  const int64_t save_every = duration_to_batches(cfg.save_interval, batches_per_epoch, GB, T, total_steps, "save_interval");
-  const LrSchedule schedule(
-      cfg.scheduler,
-      duration_to_batches(cfg.scheduler.t_warmup, batches_per_epoch, GB, T, total_steps, "scheduler.t_warmup"),
-      duration_to_batches(cfg.scheduler.t_max, batches_per_epoch, GB, T, total_steps, "scheduler.t_max"), total_steps);
-
-  std::optional<LoadedCheckpoint> resume = resume_point(cfg, comm);
-  const bool continuing = resume && !resume->data_state.empty();  // else weights only, from step 0
-  if (continuing) loader.restore(DataState::from_json(resume->data_state, resume->dir + "/manifest.json"));
-  const int64_t start_step = resume ? resume->step : 0, start_tokens = resume ? resume->tokens_seen : 0;
-
-  FILE* metrics = writer ? open_run_directory(cfg, continuing, start_step) : nullptr;
-  for (const std::string& note : data_notes) log_info("{}", note);
-  std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes the global figures
-  if (writer && cfg.tensorboard)
-    tensorboard.emplace(cfg.tensorboard_dir.empty() ? cfg.run_dir + "/tensorboard" : cfg.tensorboard_dir);
-  auto write_metrics = [&](const nlohmann::json& row) {
-    if (!metrics) return;
-    std::fprintf(metrics, "%s\n", row.dump().c_str());
-    std::fflush(metrics);
+  auto batches = [&](const Duration& d, int64_t whole, const char* key) {
+    return duration_to_batches(d, batches_per_epoch_, GB_, T_, whole, key);
   };
+  total_steps_ = batches(cfg_.max_duration, -1, "max_duration");
+  ANVIL_CHECK(total_steps_ > 0, "max_duration '{}' is less than one batch of {} samples", cfg_.max_duration.text, GB_);
+  eval_every_ = batches(cfg_.eval_interval, total_steps_, "eval_interval");
+  log_every_ = static_cast<int64_t>(cfg_.console_log_interval.value);
+  save_every_ = batches(cfg_.save_interval, total_steps_, "save_interval");
+  schedule_ = std::make_unique<LrSchedule>(cfg_.scheduler, batches(cfg_.scheduler.t_warmup, total_steps_, "scheduler.t_warmup"),
+                                           batches(cfg_.scheduler.t_max, total_steps_, "scheduler.t_max"), total_steps_);
+}
 
-  const DistributedConfig& dc = cfg.distributed;
-  const DataParallelOptions dp_options = data_parallel_options(cfg);
+void TrainingRun::build_model() {
   // Activations are sized once the memory the model states take is known.
-  const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
-  Model& model = *built;
-  LoraBaseRef lora_base;  // under LoRA, what the checkpoints name as the adapters' base
-  if (cfg.model.has_lora()) lora_base = load_frozen_base(cfg, resume ? &*resume : nullptr, model, writer);
-  DataParallel dp(comm, model, cfg.optimizer, dp_options);
-  const MemoryReport mem = dp.memory();
+  model_ = make_model(cfg_.model, 1, T_, model_storage_for(cfg_));
+  Model& model = *model_;
+  if (cfg_.model.has_lora()) lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
+  dp_ = std::make_unique<DataParallel>(comm_, model, cfg_.optimizer, data_parallel_options(cfg_));
+  const MemoryReport mem = dp_->memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
-  const int sharing = kernel_impl() == KernelImpl::kGpu ? dp.gpu_sharing().on_my_gpu : comm.local_size();
-  const MicrobatchPlan plan =
-      plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing);
-  int microbatch = plan.microbatch;
+  const int sharing = kernel_impl() == KernelImpl::kGpu ? dp_->gpu_sharing().on_my_gpu : comm_.local_size();
+  plan_ = plan_microbatch(cfg_, local_batch_, mem.model_states() + mem.working + model.base_bytes(), sharing);
+  int microbatch = plan_.microbatch;
   // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the
   // smallest choice of any rank.
-  if (cfg.microbatch_auto && W > 1)
-    for (double choice : all_gather_values(comm, plan.microbatch))
+  if (cfg_.microbatch_auto && W_ > 1)
+    for (double choice : all_gather_values(comm_, plan_.microbatch))
       microbatch = std::min(microbatch, static_cast<int>(choice));
-  const int eval_batch = cfg.device_eval_batch_size > 0 ? cfg.device_eval_batch_size : microbatch;
-  cfg.device_train_microbatch_size = microbatch;
-  cfg.device_eval_batch_size = eval_batch;
+  const int eval_batch = cfg_.device_eval_batch_size > 0 ? cfg_.device_eval_batch_size : microbatch;
+  cfg_.device_train_microbatch_size = microbatch;
+  cfg_.device_eval_batch_size = eval_batch;
   const int max_batch = std::max(microbatch, eval_batch);
   model.set_max_batch(max_batch);
-  std::string resume_loss_scaler, resume_dir_loaded = resume ? resume->dir : "";
-  if (resume) {
-    dp.load_full_state(resume->params, resume->exp_avg, resume->exp_avg_sq, resume->optimizer_steps);
-    if (cfg.deterministic_mode && !resume->grad_scales.empty())
-      dp.set_grad_scales(resume->grad_scales);
-    else if (cfg.deterministic_mode && continuing)
+  std::string loss_scaler;
+  const std::string loaded_dir = resume_ ? resume_->dir : "";
+  if (resume_) {
+    const LoadedCheckpoint& r = *resume_;
+    dp_->load_full_state(r.params, r.exp_avg, r.exp_avg_sq, r.optimizer_steps);
+    if (cfg_.deterministic_mode && !r.grad_scales.empty())
+      dp_->set_grad_scales(r.grad_scales);
+    else if (cfg_.deterministic_mode && continuing_)
       log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
                "afresh");
-    resume_loss_scaler = resume->loss_scaler;
-    if (continuing)
-      log_info("resumed from {} (step {}, {} tokens)", resume->dir, resume->step, resume->tokens_seen);
+    loss_scaler = r.loss_scaler;
+    if (continuing_)
+      log_info("resumed from {} (step {}, {} tokens)", r.dir, r.step, r.tokens_seen);
     else
-      log_info("loaded the weights of {} (weights only: a fresh optimizer and data order, from step 0)", resume->dir);
-    resume.reset();  // the state now lives in the model and optimizer
+      log_info("loaded the weights of {} (weights only: a fresh optimizer and data order, from step 0)", r.dir);
+    resume_.reset();  // the state now lives in the model and optimizer
   } else {
-    dp.init_weights(cfg.seed);
+    dp_->init_weights(cfg_.seed);
   }
-  TrainStep step(cfg, model, dp, schedule);
-  if (step.loss_scaler().enabled() && !resume_loss_scaler.empty())
-    step.loss_scaler().restore(resume_loss_scaler, resume_dir_loaded + "/manifest.json");
-  const double flops_per_token = model_train_flops_per_token(cfg.model, T);
+  step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, *schedule_);
+  if (step_->loss_scaler().enabled() && !loss_scaler.empty())
+    step_->loss_scaler().restore(loss_scaler, loaded_dir + "/manifest.json");
+  flops_per_token_ = model_train_flops_per_token(cfg_.model, T_);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
-  const double peak = sum_in_rank_order(comm, matmul_peak_gflops(cfg.precision));
+  peak_ = sum_in_rank_order(comm_, matmul_peak_gflops(cfg_.precision));
+  tokens_.resize(static_cast<size_t>(std::max(local_batch_, max_batch)) * T_);
+  targets_.resize(tokens_.size());
+  positions_.resize(loader_->packing() ? tokens_.size() : 0);
+}
 
-  log_info("anvil train: run '{}' in {}", cfg.run_name, cfg.run_dir);
-  for (const std::string& note : cfg.config_notes) log_info("{}", note);
-  log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg.model), model.num_params() / 1e6);
+void TrainingRun::describe() {
+  const Model& model = *model_;
+  const DistributedConfig& dc = cfg_.distributed;
+  log_info("anvil train: run '{}' in {}", cfg_.run_name, cfg_.run_dir);
+  for (const std::string& note : cfg_.config_notes) log_info("{}", note);
+  log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg_.model), model.num_params() / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
-           n_samples, T, batches_per_epoch, GB, local_batch, microbatch,
-           cfg.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan.limit)) : "", total_steps);
-  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg.kernels), matmul_backend_description(),
-           peak,
-           W > 1 ? fmt::format(" over {} ranks", W) : "");
-  if (W > 1) {
+           n_samples_, T_, batches_per_epoch_, GB_, local_batch_,
+           cfg_.device_train_microbatch_size,
+           cfg_.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan_.limit)) : "",
+           total_steps_);
+  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg_.kernels), matmul_backend_description(),
+           peak_, W_ > 1 ? fmt::format(" over {} ranks", W_) : "");
+  if (W_ > 1) {
     const LaunchInfo li = detect_launch();
     log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, collectives {}, "
-             "timeout {:.0f} s", W, comm.local_size(), comm.backend(),
+             "timeout {:.0f} s", W_, comm_.local_size(), comm_.backend(),
              li.launcher.empty() ? "" : ", launched by " + li.launcher, dc.zero_stage, choice_name(dc.all_reduce),
              dc.grad_compression == GradCompression::kBf16 ? ", bf16 gradient compression" : "",
-             dp.collectives_description(),
-             cfg.dist_timeout);
+             dp_->collectives_description(), cfg_.dist_timeout);
   }
-  if (W == 1 && cfg.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
-    log_info("collectives: {} (one rank)", dp.collectives_description());
+  if (W_ == 1 && cfg_.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
+    log_info("collectives: {} (one rank)", dp_->collectives_description());
   // Params, grads (fixed point in deterministic mode) and two moments, all on one rank.
+  const MemoryReport mem = dp_->memory();
   const size_t unsharded =
-      model.num_params() * (3 * sizeof(float) + (cfg.deterministic_mode ? sizeof(int64_t) : sizeof(float)));
+      model.num_params() * (3 * sizeof(float) + (cfg_.deterministic_mode ? sizeof(int64_t) : sizeof(float)));
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded{}; working "
            "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),
            mib(mem.optimizer), 100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded),
            model.base_bytes() ? fmt::format("; LoRA's frozen base {}", mib(model.base_bytes())) : "",
            mib(mem.working), mib(model.activation_bytes()),
-           cfg.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
+           cfg_.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
                                       {"frozen_base", model.base_bytes()},
                                       {"working", mem.working}, {"activations", model.activation_bytes()},
-                                      {"microbatch", microbatch}, {"memory_limit", plan.limit},
+                                      {"microbatch", cfg_.device_train_microbatch_size}, {"memory_limit", plan_.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
-                                      {"world_size", W}}}});
+                                      {"world_size", W_}}}});
+}
 
-  std::vector<int32_t> tokens(static_cast<size_t>(std::max(local_batch, max_batch)) * T);
-  std::vector<int32_t> targets(tokens.size());
-  std::vector<int32_t> positions(loader.packing() ? tokens.size() : 0);  // of packed examples
-  TrainSummary summary;
-  auto run_eval = [&](int64_t at_step) {
-    if (!eval_data.data) return;
-    auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(model, dp, eval_data, cfg, tokens, targets);
-    if (at_step == 0) summary.first_eval_loss = loss;
-    summary.last_eval_loss = loss;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps, loss, std::exp(loss), secs);
-    write_metrics({{"step", at_step}, {"eval_loss", loss}});
-    if (tensorboard) tensorboard->scalars(at_step, {{"loss/eval", loss}});
-  };
-
-  int64_t tokens_seen = start_tokens;
-  CheckpointWriter checkpoints(comm);
-  auto save = [&](int64_t at_step) {
-    CheckpointShard shard;
-    shard.rank = rank;
-    shard.world = W;
-    dp.copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
-    checkpoints.save(checkpoints_dir(cfg), cfg, std::move(shard),
-                     {at_step, tokens_seen, dp.optimizer_steps(), dp.grad_scales(), loader.state().to_json(),
-                      step.loss_scaler().enabled() ? step.loss_scaler().to_json() : "", lora_base},
-                     cfg.save_num_checkpoints_to_keep);
-  };
-
+void TrainingRun::start() {
   install_stop_handlers();
-  if (cfg.eval_first && start_step == 0) run_eval(0);
-  Progress bar("train", total_steps - start_step, "steps", cfg.progress_bar);  // drawn by rank 0 only
-  const auto run_start = std::chrono::steady_clock::now();
-  int64_t saved_step = start_step;
-  for (int64_t t = start_step; t < total_steps; t++) {
-    const int64_t epoch = loader.state().epoch;
-    loader.next(tokens.data(), targets.data(), nullptr, loader.packing() ? positions.data() : nullptr);
-    if (t == start_step && rank == 0) {
-      const int64_t ignored = std::count(targets.begin(), targets.begin() + int64_t{local_batch} * T, kIgnoreIndex);
-      if (train_data.finetuning) {
-        log_info("the first batch: {:.0f}% of its positions carry loss (the rest are prompts, or padding to "
-                 "max_seq_len {})", 100.0 - 100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
-        if (loader.packing()) log_info("{}", packing_report(loader.packing_stats(), cfg, "the first step"));
-      } else if (ignored > local_batch) {
-        log_info("the first batch's samples are shorter than max_seq_len {}: {:.0f}% of its positions are padding, "
-                 "which carries no loss; prepare the data with --max-seq-len {} to fill them", T,
-                 100.0 * static_cast<double>(ignored) / (static_cast<double>(local_batch) * T), T);
-      }
-    }
+  if (cfg_.eval_first && start_step_ == 0) evaluate_at(0);
+  bar_ = std::make_unique<Progress>("train", total_steps_ - start_step_, "steps", cfg_.progress_bar);
+  run_start_ = std::chrono::steady_clock::now();
+}
 
-    int step_len = T;
-    if (cfg.train_loader.dataset.finetuning.allow_pad_trimming) {
-      step_len = trimmed_length(comm, targets, local_batch, T);
-      if (step_len < T) {
-        trim_rows(tokens, local_batch, T, step_len);
-        trim_rows(targets, local_batch, T, step_len);
-        if (loader.packing()) trim_rows(positions, local_batch, T, step_len);
-      }
-      if (t == start_step)
-        log_info("allow_pad_trimming: the first step's sequences cut to {} of max_seq_len {} tokens", step_len, T);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const StepResult r = step.run(tokens.data(), targets.data(), local_batch, step_len, t,
-                                  loader.packing() ? positions.data() : nullptr);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
-                "enable algorithms.gradient_clipping", t + 1, r.loss);
-    if (r.skipped) {
-      summary.skipped_steps++;
-      log_info("step {}: fp16 gradients overflowed at loss scale 2^{}; step skipped, the scale is now 2^{}", t + 1,
-               std::ilogb(r.loss_scale), std::ilogb(step.loss_scaler().scale()));
-    }
-    tokens_seen += static_cast<int64_t>(GB) * step_len;
-    const double tps = static_cast<double>(GB) * step_len / secs;
-    const double gflops = tps * flops_per_token / 1e9;
-    nlohmann::json row = {{"step", t + 1},       {"epoch", epoch},          {"loss", r.loss},
-                          {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen},
-                          {"tokens_per_s", tps}, {"gflops", gflops},        {"mfu", gflops / peak},
-                          {"step_s", secs},      {"peak_rss_mib", peak_rss_mib()}};
-    if (step.loss_scaler().enabled()) {
-      row["loss_scale"] = r.loss_scale;
-      row["skipped"] = r.skipped;
-    }
-    write_metrics(row);
-    if (tensorboard) {
-      std::vector<std::pair<std::string, double>> scalars = {
-          {"loss/train", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"throughput/tokens_per_s", tps},
-          {"throughput/mfu", gflops / peak}, {"memory/peak_rss_mib", row["peak_rss_mib"].get<double>()}};
-      if (step.loss_scaler().enabled()) scalars.emplace_back("loss_scale", r.loss_scale);
-      tensorboard->scalars(t + 1, scalars);
-    }
-    summary.final_train_loss = r.loss;
-    if ((t + 1) % log_every == 0)
-      log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,
-                                total_steps, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak));
-    if (writer) bar.update(t + 1 - start_step, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
-    if ((t + 1) % eval_every == 0 && t + 1 < total_steps) run_eval(t + 1);
-    // A stop signal on any rank stops every rank after this step (the largest signal number, so
-    // that all agree on which), with this step's checkpoint.
-    const int stop = static_cast<int>(max_exact(comm, stop_requested()));
-    if ((t + 1) % save_every == 0 || t + 1 == total_steps || stop != 0) {
-      save(t + 1);
-      saved_step = t + 1;
-    } else {
-      checkpoints.poll();  // completes a save in flight once every rank has written its shard
-    }
-    if (stop != 0) {
-      summary.stopped_by = stop;
-      summary.steps = t + 1;
-      if (writer) bar.finish(fmt::format("stopped by {}", signal_name(stop)));
-      log_info("{} received: stopped after step {} of {}; continue with autoresume=true", signal_name(stop), t + 1,
-               total_steps);
-      break;
-    }
+void TrainingRun::write_metrics(const nlohmann::json& row) {
+  if (!metrics_) return;
+  std::fprintf(metrics_, "%s\n", row.dump().c_str());
+  std::fflush(metrics_);
+}
+
+void TrainingRun::evaluate_at(int64_t at_step) {
+  if (!eval_data_.data) return;
+  auto t0 = std::chrono::steady_clock::now();
+  const double loss = evaluate(*model_, *dp_, eval_data_, cfg_, tokens_, targets_);
+  if (at_step == 0) summary_.first_eval_loss = loss;
+  summary_.last_eval_loss = loss;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps_, loss, std::exp(loss),
+           secs);
+  write_metrics({{"step", at_step}, {"eval_loss", loss}});
+  if (tensorboard_) tensorboard_->scalars(at_step, {{"loss/eval", loss}});
+}
+
+void TrainingRun::save(int64_t at_step) {
+  CheckpointShard shard;
+  shard.rank = rank_;
+  shard.world = W_;
+  dp_->copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
+  checkpoints_.save(checkpoints_dir(cfg_), cfg_, std::move(shard),
+                     {at_step, tokens_seen_, dp_->optimizer_steps(), dp_->grad_scales(), loader_->state().to_json(),
+                      step_->loss_scaler().enabled() ? step_->loss_scaler().to_json() : "", lora_base_},
+                     cfg_.save_num_checkpoints_to_keep);
+  saved_step_ = at_step;
+}
+
+void TrainingRun::report_first_batch() const {
+  const int64_t n = int64_t{local_batch_} * T_;
+  const int64_t ignored = std::count(targets_.begin(), targets_.begin() + n, kIgnoreIndex);
+  if (train_data_.finetuning) {
+    log_info("the first batch: {:.0f}% of its positions carry loss (the rest are prompts, or padding to max_seq_len "
+             "{})", 100.0 - 100.0 * static_cast<double>(ignored) / static_cast<double>(n), T_);
+    if (loader_->packing()) log_info("{}", packing_report(loader_->packing_stats(), cfg_, "the first step"));
+  } else if (ignored > local_batch_) {
+    log_info("the first batch's samples are shorter than max_seq_len {}: {:.0f}% of its positions are padding, which "
+             "carries no loss; prepare the data with --max-seq-len {} to fill them", T_,
+             100.0 * static_cast<double>(ignored) / static_cast<double>(n), T_);
   }
-  if (summary.stopped_by != 0) {
-    summary.checkpoint = checkpoints.finish();
-    if (writer) {
-      log_info("checkpoint: {}", summary.checkpoint);
-      std::fclose(metrics);
-      draw_loss_plot(cfg.run_dir);
-      log_close_file();
-    }
-    barrier(comm);
-    return summary;
+}
+
+int TrainingRun::trim_batch(int64_t t) {
+  if (!cfg_.train_loader.dataset.finetuning.allow_pad_trimming) return T_;
+  const int len = trimmed_length(comm_, targets_, local_batch_, T_);
+  if (len < T_) {
+    trim_rows(tokens_, local_batch_, T_, len);
+    trim_rows(targets_, local_batch_, T_, len);
+    if (loader_->packing()) trim_rows(positions_, local_batch_, T_, len);
   }
-  if (writer) bar.finish(fmt::format("loss {:.4f}", summary.final_train_loss));
-  const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-  const int64_t trained = total_steps - start_step;
-  if (loader.packing() && rank == 0) log_info("{}", packing_report(loader.packing_stats(), cfg, "the run"));
-  const int64_t trained_tokens = tokens_seen - start_tokens;  // fewer than steps × GB × T when trimmed
-  log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained_tokens,
-           format_duration(total_secs), static_cast<double>(trained_tokens) / total_secs);
-  run_eval(total_steps);
-  summary.steps = total_steps;
-  if (saved_step != total_steps) save(total_steps);  // a resumed run that had nothing left to do
-  summary.checkpoint = checkpoints.finish();
-  if (writer) {
-    log_info("checkpoint: {}", summary.checkpoint);
-    std::fclose(metrics);
-    metrics = nullptr;
-    draw_loss_plot(cfg.run_dir);
+  if (t == start_step_)
+    log_info("allow_pad_trimming: the first step's sequences cut to {} of max_seq_len {} tokens", len, T_);
+  return len;
+}
+
+bool TrainingRun::step(int64_t t) {
+  const int64_t epoch = loader_->state().epoch;
+  int32_t* positions = loader_->packing() ? positions_.data() : nullptr;
+  loader_->next(tokens_.data(), targets_.data(), nullptr, positions);
+  if (t == start_step_ && writer_) report_first_batch();
+  const int step_len = trim_batch(t);
+  const auto t0 = std::chrono::steady_clock::now();
+  const StepResult r = step_->run(tokens_.data(), targets_.data(), local_batch_, step_len, t, positions);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
+              "enable algorithms.gradient_clipping", t + 1, r.loss);
+  if (r.skipped) {
+    summary_.skipped_steps++;
+    log_info("step {}: fp16 gradients overflowed at loss scale 2^{}; step skipped, the scale is now 2^{}", t + 1,
+             std::ilogb(r.loss_scale), std::ilogb(step_->loss_scaler().scale()));
+  }
+  tokens_seen_ += static_cast<int64_t>(GB_) * step_len;
+  report_step(t, r, step_len, secs, epoch);
+  if ((t + 1) % eval_every_ == 0 && t + 1 < total_steps_) evaluate_at(t + 1);
+  // A stop signal on any rank stops every rank after this step (the largest signal number, so
+  // that all agree on which), with this step's checkpoint.
+  const int stop = static_cast<int>(max_exact(comm_, stop_requested()));
+  if ((t + 1) % save_every_ == 0 || t + 1 == total_steps_ || stop != 0)
+    save(t + 1);
+  else
+    checkpoints_.poll();  // completes a save in flight once every rank has written its shard
+  if (stop == 0) return true;
+  summary_.stopped_by = stop;
+  summary_.steps = t + 1;
+  if (writer_) bar_->finish(fmt::format("stopped by {}", signal_name(stop)));
+  log_info("{} received: stopped after step {} of {}; continue with autoresume=true", signal_name(stop), t + 1,
+           total_steps_);
+  return false;
+}
+
+void TrainingRun::report_step(int64_t t, const StepResult& r, int step_len, double secs, int64_t epoch) {
+  const double tps = static_cast<double>(GB_) * step_len / secs;
+  const double gflops = tps * flops_per_token_ / 1e9;
+  nlohmann::json row = {{"step", t + 1},       {"epoch", epoch},          {"loss", r.loss},
+                        {"lr", r.lr},          {"grad_norm", r.grad_norm}, {"tokens", tokens_seen_},
+                        {"tokens_per_s", tps}, {"gflops", gflops},        {"mfu", gflops / peak_},
+                        {"step_s", secs},      {"peak_rss_mib", peak_rss_mib()}};
+  if (step_->loss_scaler().enabled()) {
+    row["loss_scale"] = r.loss_scale;
+    row["skipped"] = r.skipped;
+  }
+  write_metrics(row);
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"loss/train", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"throughput/tokens_per_s", tps},
+        {"throughput/mfu", gflops / peak_}, {"memory/peak_rss_mib", row["peak_rss_mib"].get<double>()}};
+    if (step_->loss_scaler().enabled()) scalars.emplace_back("loss_scale", r.loss_scale);
+    tensorboard_->scalars(t + 1, scalars);
+  }
+  summary_.final_train_loss = r.loss;
+  if ((t + 1) % log_every_ == 0)
+    log_file_only(fmt::format("step {}/{}: loss {:.4f} lr {:.3e} grad_norm {:.3f} {:.0f} tok/s mfu {:.1f}%", t + 1,
+                              total_steps_, r.loss, r.lr, r.grad_norm, tps, 100 * gflops / peak_));
+  if (writer_)
+    bar_->update(t + 1 - start_step_, fmt::format("loss {:.4f} | lr {:.2e} | {:.0f} tok/s", r.loss, r.lr, tps));
+}
+
+TrainSummary TrainingRun::finish() {
+  if (summary_.stopped_by == 0) {
+    if (writer_) bar_->finish(fmt::format("loss {:.4f}", summary_.final_train_loss));
+    const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start_).count();
+    const int64_t trained = total_steps_ - start_step_;
+    if (loader_->packing() && writer_) log_info("{}", packing_report(loader_->packing_stats(), cfg_, "the run"));
+    const int64_t trained_tokens = tokens_seen_ - start_tokens_;  // fewer than steps × GB × T when trimmed
+    log_info("trained {} steps, {} tokens in {} ({:.0f} tokens/s)", trained, trained_tokens,
+             format_duration(total_secs), static_cast<double>(trained_tokens) / total_secs);
+    evaluate_at(total_steps_);
+    summary_.steps = total_steps_;
+    if (saved_step_ != total_steps_) save(total_steps_);  // a resumed run that had nothing left to do
+  }
+  summary_.checkpoint = checkpoints_.finish();
+  if (writer_) {
+    log_info("checkpoint: {}", summary_.checkpoint);
+    std::fclose(metrics_);
+    metrics_ = nullptr;
+    draw_loss_plot(cfg_.run_dir);
     log_close_file();
   }
-  barrier(comm);  // no rank reports success before the checkpoint is on disk
-  return summary;
+  barrier(comm_);  // no rank reports success before the checkpoint is on disk
+  return summary_;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainConfig& config, Communicator& comm) {
+  TrainingRun run(config, comm);
+  run.describe();
+  run.start();
+  for (int64_t t = run.start_step(); t < run.total_steps(); t++)
+    if (!run.step(t)) break;
+  return run.finish();
 }
 
 }  // namespace anvil

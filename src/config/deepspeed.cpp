@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "config/scheduler_config.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -305,27 +306,17 @@ void read_scheduler(MapReader& ds, Layer& out) {
   MapReader s = ds.sub("scheduler");
   std::string type;
   s.get("type", type);
-  const std::vector<std::string> keys =
-      type == "WarmupLR"         ? std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                                            "warmup_type"}
-      : type == "WarmupDecayLR"  ? std::vector<std::string>{"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                                            "warmup_type", "total_num_steps"}
-      : type == "WarmupCosineLR" ? std::vector<std::string>{"warmup_min_ratio", "cos_min_ratio", "warmup_num_steps",
-                                                            "warmup_type", "total_num_steps"}
-      : type == "OneCycle"       ? std::vector<std::string>{"cycle_min_lr", "cycle_max_lr", "decay_lr_rate",
-                                                            "cycle_first_step_size", "cycle_second_step_size",
-                                                            "cycle_first_stair_count", "cycle_second_stair_count",
-                                                            "decay_step_size", "cycle_momentum"}
-                                 : std::vector<std::string>{};
-  ANVIL_CHECK(!keys.empty(), "{}: deepspeed_config.scheduler type '{}' is not supported: expected WarmupLR, "
-              "WarmupDecayLR, WarmupCosineLR or OneCycle", out.where(), type);
+  SchedulerKind kind{};
+  ANVIL_CHECK(parse_choice(type, &kind) && !scheduler_params(kind).empty(), "{}: deepspeed_config.scheduler type "
+              "'{}' is not supported: expected WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle", out.where(), type);
   // Hugging Face's "auto" takes the YAML's values, read before the section is replaced.
   const YAML::Node lr = out.get("optimizer.lr");
   const YAML::Node warmup = YAML::Clone(out.get("scheduler.t_warmup"));
   out.clear_section("scheduler", "the ds_config's scheduler replaces it");
   out.set_value("scheduler.name", type, "scheduler.type");
   MapReader p = s.sub("params");
-  for (const std::string& key : keys) {
+  for (const SchedulerParam& param : scheduler_params(kind)) {
+    const std::string key = param.key;
     if (!p.has(key)) continue;
     YAML::Node v = p.raw(key);
     if (is_auto(v)) {
@@ -342,7 +333,7 @@ void read_scheduler(MapReader& ds, Layer& out) {
     out.set("scheduler." + key, v, "scheduler.params." + key);
   }
   for (const char* momentum : {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"})
-    if (type == "OneCycle") p.has(momentum);  // used only when the momentum cycles, which anvil refuses
+    if (kind == SchedulerKind::kOneCycle) p.has(momentum);  // used only when the momentum cycles, which anvil refuses
   p.finish();
   s.finish();
 }

@@ -3,6 +3,7 @@
 // names) under DeepSpeed's parameter names and defaults.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "config/choices.h"
 #include "config/duration.h"
@@ -35,5 +36,25 @@ struct SchedulerConfig {
 
   bool is_deepspeed() const { return name >= SchedulerKind::kWarmupLR; }
 };
+
+// A parameter of DeepSpeed's schedules, declared once for the config's reader and writer and the
+// ds_config translation: its key (DeepSpeed's name, and anvil's) and what it sets.
+struct SchedulerParam {
+  enum class Kind {
+    kRate,         // *rate: a learning rate or a ratio, not negative
+    kSteps,        // *steps: a count of steps, at least `least`
+    kWarmupType,   // warmup_type
+    kMomentumOff,  // OneCycle's cycle_momentum: anvil keeps the betas fixed, so it must be false
+    kUnused,       // read by DeepSpeed, unused in its rate (OneCycle's stair counts)
+  };
+  const char* key;
+  Kind kind;
+  double SchedulerConfig::*rate = nullptr;
+  int64_t SchedulerConfig::*steps = nullptr;
+  int64_t least = 0;
+};
+
+// The parameters of a DeepSpeed schedule, in the order they are written; none for Composer's.
+std::span<const SchedulerParam> scheduler_params(SchedulerKind kind);
 
 }  // namespace anvil

@@ -312,50 +312,40 @@ void read_scheduler(MapReader& s, SchedulerConfig& out, const std::string& file)
     return;
   }
   const std::string name = choice_name(out.name);
-  auto steps = [&](const char* key, int64_t& v, int64_t least) {
-    s.get(key, v);
-    ANVIL_CHECK(v >= least, "{}: {} must be at least {} (scheduler {}), got {}", file, s.full(key), least, name, v);
-  };
-  auto rate = [&](const char* key, double& v) {
-    s.get(key, v);
-    ANVIL_CHECK(v >= 0, "{}: {} must not be negative, got {}", file, s.full(key), v);
-  };
-  switch (out.name) {
-    case SchedulerKind::kWarmupLR:
-    case SchedulerKind::kWarmupDecayLR:
-      rate("warmup_min_lr", out.warmup_min_lr);
-      rate("warmup_max_lr", out.warmup_max_lr);
-      steps("warmup_num_steps", out.warmup_num_steps, 0);
-      s.get("warmup_type", out.warmup_type);
-      if (out.name == SchedulerKind::kWarmupDecayLR) steps("total_num_steps", out.total_num_steps, 0);
-      break;
-    case SchedulerKind::kWarmupCosineLR:
-      rate("warmup_min_ratio", out.warmup_min_ratio);
-      rate("cos_min_ratio", out.cos_min_ratio);
-      steps("warmup_num_steps", out.warmup_num_steps, 0);
-      s.get("warmup_type", out.warmup_type);
-      steps("total_num_steps", out.total_num_steps, 0);
-      break;
-    default: {  // OneCycle
-      ANVIL_CHECK(s.has("cycle_min_lr") && s.has("cycle_max_lr"), "{}: scheduler OneCycle needs {} and {}", file,
-                  s.full("cycle_min_lr"), s.full("cycle_max_lr"));
-      rate("cycle_min_lr", out.cycle_min_lr);
-      rate("cycle_max_lr", out.cycle_max_lr);
-      rate("decay_lr_rate", out.decay_lr_rate);
-      steps("cycle_first_step_size", out.cycle_first_step_size, 1);
-      steps("cycle_second_step_size", out.cycle_second_step_size, 0);
-      steps("decay_step_size", out.decay_step_size, 0);
-      // DeepSpeed cycles Adam's beta1 inversely to the rate unless told not to; anvil keeps the
-      // betas of the optimizer section.
-      bool cycle_momentum = true;
-      s.get("cycle_momentum", cycle_momentum);
-      ANVIL_CHECK(!cycle_momentum, "{}: scheduler OneCycle with cycle_momentum true (DeepSpeed's default) is not "
-                  "supported: anvil keeps the optimizer's betas fixed; give {}: false", file,
-                  s.full("cycle_momentum"));
-      // The staircase counts are read by DeepSpeed's OneCycle but not used in its rate.
-      int64_t stairs = 0;
-      s.get("cycle_first_stair_count", stairs);
-      s.get("cycle_second_stair_count", stairs);
+  if (out.name == SchedulerKind::kOneCycle)
+    ANVIL_CHECK(s.has("cycle_min_lr") && s.has("cycle_max_lr"), "{}: scheduler OneCycle needs {} and {}", file,
+                s.full("cycle_min_lr"), s.full("cycle_max_lr"));
+  for (const SchedulerParam& p : scheduler_params(out.name)) {
+    switch (p.kind) {
+      case SchedulerParam::Kind::kRate: {
+        double& v = out.*p.rate;
+        s.get(p.key, v);
+        ANVIL_CHECK(v >= 0, "{}: {} must not be negative, got {}", file, s.full(p.key), v);
+        break;
+      }
+      case SchedulerParam::Kind::kSteps: {
+        int64_t& v = out.*p.steps;
+        s.get(p.key, v);
+        ANVIL_CHECK(v >= p.least, "{}: {} must be at least {} (scheduler {}), got {}", file, s.full(p.key), p.least,
+                    name, v);
+        break;
+      }
+      case SchedulerParam::Kind::kWarmupType:
+        s.get(p.key, out.warmup_type);
+        break;
+      case SchedulerParam::Kind::kMomentumOff: {
+        // DeepSpeed cycles Adam's beta1 inversely to the rate unless told not to.
+        bool cycle_momentum = true;
+        s.get(p.key, cycle_momentum);
+        ANVIL_CHECK(!cycle_momentum, "{}: scheduler {} with {} true (DeepSpeed's default) is not supported: anvil "
+                    "keeps the optimizer's betas fixed; give {}: false", file, name, p.key, s.full(p.key));
+        break;
+      }
+      case SchedulerParam::Kind::kUnused: {
+        int64_t unused = 0;
+        s.get(p.key, unused);
+        break;
+      }
     }
   }
 }
@@ -877,35 +867,19 @@ std::string to_yaml(const TrainConfig& c) {
   const SchedulerConfig& sc = c.scheduler;
   e << YAML::Key << "name" << YAML::Value << choice_name(sc.name);
   auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << yaml_value(v); };
-  switch (sc.name) {
-    case SchedulerKind::kWarmupLR:
-    case SchedulerKind::kWarmupDecayLR:
-      key("warmup_min_lr", sc.warmup_min_lr);
-      key("warmup_max_lr", sc.warmup_max_lr);
-      key("warmup_num_steps", sc.warmup_num_steps);
-      key("warmup_type", choice_name(sc.warmup_type));
-      if (sc.name == SchedulerKind::kWarmupDecayLR) key("total_num_steps", sc.total_num_steps);
-      break;
-    case SchedulerKind::kWarmupCosineLR:
-      key("warmup_min_ratio", sc.warmup_min_ratio);
-      key("cos_min_ratio", sc.cos_min_ratio);
-      key("warmup_num_steps", sc.warmup_num_steps);
-      key("warmup_type", choice_name(sc.warmup_type));
-      key("total_num_steps", sc.total_num_steps);
-      break;
-    case SchedulerKind::kOneCycle:
-      key("cycle_min_lr", sc.cycle_min_lr);
-      key("cycle_max_lr", sc.cycle_max_lr);
-      key("decay_lr_rate", sc.decay_lr_rate);
-      key("cycle_first_step_size", sc.cycle_first_step_size);
-      key("cycle_second_step_size", sc.cycle_second_step_size);
-      key("decay_step_size", sc.decay_step_size);
-      key("cycle_momentum", false);
-      break;
-    default:
-      key("t_warmup", sc.t_warmup.text);
-      key("t_max", sc.t_max.text);
-      key("alpha_f", sc.alpha_f);
+  if (!sc.is_deepspeed()) {
+    key("t_warmup", sc.t_warmup.text);
+    key("t_max", sc.t_max.text);
+    key("alpha_f", sc.alpha_f);
+  }
+  for (const SchedulerParam& p : scheduler_params(sc.name)) {
+    switch (p.kind) {
+      case SchedulerParam::Kind::kRate: key(p.key, sc.*p.rate); break;
+      case SchedulerParam::Kind::kSteps: key(p.key, sc.*p.steps); break;
+      case SchedulerParam::Kind::kWarmupType: key(p.key, choice_name(sc.warmup_type)); break;
+      case SchedulerParam::Kind::kMomentumOff: key(p.key, false); break;
+      case SchedulerParam::Kind::kUnused: break;
+    }
   }
   e << YAML::EndMap;
   e << YAML::Key << "algorithms" << YAML::Value << YAML::BeginMap << YAML::Key << "gradient_clipping"

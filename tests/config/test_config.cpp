@@ -128,10 +128,6 @@ callbacks: {speed_monitor: {window_size: 10}, lr_monitor: {}, memory_monitor: {}
   EXPECT_NE(error_of(std::string(kMinimal) + "data_local: data/x\n").find("unknown key 'data_local'"), std::string::npos);
 }
 
-// Every key the reader accepts is written back into the resolved config (what the run directory
-// and every checkpoint record), so a key added to the reader and forgotten by to_yaml fails
-// here. Exempt: other spellings of keys written back, and streams (written when there are some:
-// an empty map is not a valid value).
 // LLM Foundry's fine-tuning files share a loader's settings through YAML anchors and merge keys,
 // and OmegaConf interpolates inside strings too.
 TEST_F(ConfigTest, MergeKeysAndInterpolationInsideStrings) {
@@ -167,6 +163,10 @@ max_duration: 10ba
             std::string::npos);
 }
 
+// Every key the reader accepts is written back into the resolved config (what the run directory
+// and every checkpoint record), so a key added to the reader and forgotten by to_yaml fails
+// here. Exempt: other spellings of keys written back, and streams (written when there are some:
+// an empty map is not a valid value).
 TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
   std::set<std::string> keys;
   const TrainConfig c = load_train_config(write(kMinimal), {"eval_loader.dataset.local=data/y"}, &keys);

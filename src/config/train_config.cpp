@@ -407,8 +407,12 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   ANVIL_FAIL("{} = '{}' is not a size (expected bytes, or a number with kb, mb, gb or tb)", what, text);
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
-                              std::set<std::string>* keys_read) {
+namespace {
+
+// The config file as one YAML document: merge keys resolved, the command line's overrides set
+// (each recorded in origins), ${...} interpolated; variables: the keys interpolation read.
+YAML::Node load_config_yaml(const std::string& path, const std::vector<std::string>& overrides,
+                            std::map<std::string, std::string>& origins, std::set<std::string>& variables) {
   ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);
   YAML::Node root;
   try {
@@ -419,7 +423,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
   merge_keys(root, path);
-  std::map<std::string, std::string> origins;  // dotted keys set by the command line or a ds_config
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
@@ -440,251 +443,156 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     set_path(root, parts, 0, value);
     origins[key] = "the command line";
   }
-  std::set<std::string> variables = {"variables"};
+  variables = {"variables"};
   interpolate(root, YAML::Clone(root), path, variables);
-  // Every unknown key is reported at once, with the error that stopped the reading if one did.
-  UnknownKeys unknown;
-  TrainConfig c;
-  std::string pretrained_weights;  // hf_causal_lm's transformers directory, when pretrained
-  bool global_given = false;
-  try {
-    c.config_notes = apply_deepspeed_config(root, path, origins, &unknown);
+  return root;
+}
 
-    MapReader top(root, "", path, keys_read, &unknown, &origins);
-    for (const std::string& v : variables) top.raw(v);
-    // Foundry's fine-tuning YAMLs keep the dataset settings their loaders merge in (`<<: *hf_dataset`)
-    // under a top-level `dataset` anchor; the key itself configures nothing.
-    top.raw("dataset");
-    top.get("run_dir", c.run_dir);
-    top.get("run_name", c.run_name);
-    top.get("seed", c.seed);
-    top.get("max_seq_len", c.max_seq_len);
-    {
-      MapReader m = top.sub("model");
-      if (m.has("name") && m.raw("name").IsScalar() && m.raw("name").Scalar() == "hf_causal_lm") {
-        HfCausalLm hf = read_hf_causal_lm(m, path);
-        c.model = hf.model;
-        pretrained_weights = hf.weights_dir;
-      } else {
-        read_model_section(m, c.model, path);
-      }
+// optimizer: AdamW's settings.
+void read_optimizer(MapReader& top, OptimizerConfig& out, const std::string& path) {
+  MapReader o = top.sub("optimizer");
+  o.get("name", out.name);
+  o.get("lr", out.lr);
+  if (o.has("betas")) {
+    YAML::Node b = o.raw("betas");
+    ANVIL_CHECK(b.IsSequence() && b.size() == 2, "{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
+    try {
+      out.beta1 = b[0].as<double>();
+      out.beta2 = b[1].as<double>();
+    } catch (const YAML::Exception&) {
+      ANVIL_FAIL("{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
     }
-    {
-      MapReader t = top.sub("tokenizer");
-      t.get("name", c.tokenizer_name);
-      c.tokenizer_name = tokenizer_name_as_kept(c.tokenizer_name);
-      MapReader kw = t.sub("kwargs");
-      check_repeated_max_seq_len(kw, "model_max_length", c.max_seq_len, path);
-      kw.finish();
-      t.finish();
-    }
-    ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
-    read_loader(top.sub("train_loader"), c.train_loader, "train", c.max_seq_len, c.tokenizer_name, path);
-    if (top.has("eval_loader")) {
-      read_loader(top.sub("eval_loader"), c.eval_loader, "val", c.max_seq_len, c.tokenizer_name, path);
-      c.has_eval = true;
-    }
-    {
-      MapReader o = top.sub("optimizer");
-      o.get("name", c.optimizer.name);
-      o.get("lr", c.optimizer.lr);
-      if (o.has("betas")) {
-        YAML::Node b = o.raw("betas");
-        ANVIL_CHECK(b.IsSequence() && b.size() == 2, "{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
-        try {
-          c.optimizer.beta1 = b[0].as<double>();
-          c.optimizer.beta2 = b[1].as<double>();
-        } catch (const YAML::Exception&) {
-          ANVIL_FAIL("{}: optimizer.betas must be a list of two numbers, e.g. [0.9, 0.95]", path);
-        }
-      }
-      o.get("eps", c.optimizer.eps);
-      o.get("weight_decay", c.optimizer.weight_decay);
-      o.finish();
-    }
-    {
-      MapReader s = top.sub("scheduler");
-      read_scheduler(s, c.scheduler, path);
-      s.finish();
-    }
-    {
-      MapReader a = top.sub("algorithms");
-      MapReader g = a.sub("gradient_clipping");
-      std::string type = "norm";
-      g.get("clipping_type", type);
-      ANVIL_CHECK(type == "norm", "{}: algorithms.gradient_clipping.clipping_type '{}' is not supported: expected 'norm'", path, type);
-      g.get("clipping_threshold", c.clipping_threshold);
-      g.finish();
-      a.finish();
-    }
-    ANVIL_CHECK(top.has("max_duration"), "{}: max_duration is required (e.g. 1000ba or 1ep)", path);
-    top.get_duration("max_duration", c.max_duration);
-    top.get_duration("eval_interval", c.eval_interval);
-    top.get("eval_first", c.eval_first);
-    top.get("eval_subset_num_batches", c.eval_subset_num_batches);
-    global_given = top.has("global_train_batch_size");
-    top.get("global_train_batch_size", c.global_train_batch_size);
-    top.get("gradient_accumulation_steps", c.gradient_accumulation_steps);
-    if (top.has("device_train_microbatch_size")) {
-      YAML::Node m = top.raw("device_train_microbatch_size");
-      c.microbatch_auto = m.IsScalar() && m.Scalar() == "auto";
-      if (!c.microbatch_auto) top.get("device_train_microbatch_size", c.device_train_microbatch_size);
-    }
-    top.get("device_eval_batch_size", c.device_eval_batch_size);
-    top.get_bytes("memory_limit", c.memory_limit);
-    top.get("activation_checkpointing", c.activation_checkpointing);
-    top.get("precision", c.precision);
-    {
-      MapReader l = top.sub("loss_scaler");
-      l.get("init_scale", c.loss_scaler.init_scale);
-      l.get("growth_interval", c.loss_scaler.growth_interval);
-      l.get("hysteresis", c.loss_scaler.hysteresis);
-      l.get("min_scale", c.loss_scaler.min_scale);
-      l.get("consecutive_hysteresis", c.loss_scaler.consecutive_hysteresis);
-      l.finish();
-    }
-    top.get_duration("console_log_interval", c.console_log_interval);
-    top.get("progress_bar", c.progress_bar);
-    bool to_console = true;
-    top.get("log_to_console", to_console);
-    ANVIL_CHECK(to_console, "{}: log_to_console: false is not supported (anvil logs to the console and train.log)", path);
-    {
-      // Composer's callbacks whose figures anvil reports anyway (tokens/s, lr, memory, ETA).
-      MapReader cb = top.sub("callbacks");
-      if (cb.has("speed_monitor")) {
-        MapReader sm = cb.sub("speed_monitor");
-        int window = 1;  // Composer averages tokens/s over it; anvil reports each step's
-        sm.get("window_size", window);
-        ANVIL_CHECK(window > 0, "{}: callbacks.speed_monitor.window_size must be positive", path);
-        sm.finish();
-      }
-      for (const char* name : {"lr_monitor", "memory_monitor", "runtime_estimator"}) {
-        if (!cb.has(name)) continue;
-        MapReader sub = cb.sub(name);
-        sub.finish();
-      }
-      cb.finish();
-    }
-    {
-      // Composer's loggers: TensorBoard's event files; the others need services anvil does not reach.
-      MapReader lg = top.sub("loggers");
-      if (lg.has("tensorboard")) {
-        c.tensorboard = true;
-        MapReader tb = lg.sub("tensorboard");
-        tb.get("log_dir", c.tensorboard_dir);
-        int flush_interval = 1;  // Composer flushes every N batches; anvil writes each event through
-        tb.get("flush_interval", flush_interval);
-        ANVIL_CHECK(flush_interval > 0, "{}: loggers.tensorboard.flush_interval must be positive", path);
-        bool rank_zero_only = true;
-        tb.get("rank_zero_only", rank_zero_only);
-        ANVIL_CHECK(rank_zero_only, "{}: loggers.tensorboard.rank_zero_only: false is not supported (rank 0 logs the "
-                    "global figures)", path);
-        tb.finish();
-      }
-      for (const char* other : {"wandb", "mlflow", "comet_ml", "neptune"})
-        ANVIL_CHECK(!lg.has(other), "{}: loggers.{} is not supported (it needs a service anvil does not reach); "
-                    "anvil writes metrics.jsonl, train.log and, with loggers.tensorboard, TensorBoard event files",
-                    path, other);
-      lg.finish();
-    }
-    top.get_duration("save_interval", c.save_interval);
-    top.get("save_folder", c.save_folder);
-    ANVIL_CHECK(c.save_folder.find("://") == std::string::npos || remote_folder(c.save_folder),
-                "{}: save_folder '{}': expected a local directory or s3://bucket/prefix (checkpoints are uploaded to "
-                "S3 or S3-compatible storage only)", path, c.save_folder);
-    top.get("save_overwrite", c.save_overwrite);
-    top.get("save_failure", c.save_failure);
-    top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
-    top.get("autoresume", c.autoresume);
-    top.get("load_path", c.load_path);
-    top.get("load_weights_only", c.load_weights_only);
-    // hf_causal_lm's pretrained weights are a weights-only load of its directory, unless load_path
-    // names a checkpoint to start from instead (Composer loads load_path over the pretrained model).
-    if (!pretrained_weights.empty() && c.load_path.empty()) {
-      c.load_path = pretrained_weights;
-      c.load_weights_only = true;
-    }
-    top.get("kernels", c.kernels);
-    top.get("dist_timeout", c.dist_timeout);
-    top.get("deterministic_mode", c.deterministic_mode);
-    {
-      MapReader d = top.sub("distributed");
-      d.get("zero_stage", c.distributed.zero_stage);
-      d.get("all_reduce", c.distributed.all_reduce);
-      d.get("grad_compression", c.distributed.grad_compression);
-      d.get("gpu_collectives", c.distributed.gpu_collectives);
-      const bool stage_given = d.has("zero_stage");
-      d.finish();
-      MapReader f = top.sub("fsdp_config");
-      if (f.has("sharding_strategy")) {
-        // LLM Foundry's FSDP strategies are ZeRO stages 0, 2 and 3.
-        std::string strategy;
-        f.get("sharding_strategy", strategy);
-        const int stage = strategy == "NO_SHARD" ? 0 : strategy == "SHARD_GRAD_OP" ? 2 : strategy == "FULL_SHARD" ? 3 : -1;
-        ANVIL_CHECK(stage >= 0, "{}: fsdp_config.sharding_strategy '{}' is not supported: expected NO_SHARD, "
-                    "SHARD_GRAD_OP or FULL_SHARD (or set distributed.zero_stage)", path, strategy);
-        ANVIL_CHECK(!stage_given || stage == c.distributed.zero_stage, "{}: fsdp_config.sharding_strategy {} means "
-                    "zero_stage {}, but distributed.zero_stage is {}: give one of them", path, strategy, stage,
-                    c.distributed.zero_stage);
-        c.distributed.zero_stage = stage;
-      }
-      if (f.has("activation_checkpointing")) {
-        bool on = false;
-        f.get("activation_checkpointing", on);
-        ANVIL_CHECK(!top.has("activation_checkpointing") || on == c.activation_checkpointing, "{}: "
-                    "fsdp_config.activation_checkpointing and activation_checkpointing differ: give one of them", path);
-        c.activation_checkpointing = on;
-      }
-      if (f.has("mixed_precision")) {
-        // FSDP's dtypes for parameters, gradient reduction and buffers. anvil keeps fp32 master
-        // weights and reduces gradients in fp32 (exactly, in fixed point, in deterministic mode)
-        // whichever is asked, and the matrix products follow `precision`: at least the precision
-        // each asks for.
-        std::string mp;
-        f.get("mixed_precision", mp);
-        ANVIL_CHECK(mp == "PURE" || mp == "DEFAULT" || mp == "FULL", "{}: fsdp_config.mixed_precision '{}' is not "
-                    "known: expected PURE, DEFAULT or FULL", path, mp);
-        if (mp != "FULL")
-          c.config_notes.push_back(fmt::format("{}: fsdp_config.mixed_precision {}: anvil reduces gradients in fp32 "
-                                               "and keeps fp32 master weights; the matrix products follow precision",
-                                               path, mp));
-      }
-      bool flag = false;
-      f.get("activation_checkpointing_reentrant", flag);  // how PyTorch recomputes; anvil recomputes a block
-      f.get("limit_all_gathers", flag);                   // a rate limit on FSDP's prefetch; anvil gathers a unit at a time
-      f.get("verbose", flag);
-      bool offload = false;
-      f.get("activation_cpu_offload", offload);
-      ANVIL_CHECK(!offload, "{}: fsdp_config.activation_cpu_offload: true is not supported (activations stay where "
-                  "the model runs; activation_checkpointing saves their memory)", path);
-      f.finish();
-    }
-    top.finish();
-  } catch (const Error& e) {
-    unknown.raise(e.what());
-    throw;
   }
-  unknown.raise();
+  o.get("eps", out.eps);
+  o.get("weight_decay", out.weight_decay);
+  o.finish();
+}
 
-  // Validation of values, in one place.
-  const MapReader blame(root, "", path, nullptr, nullptr, &origins);  // where each key's value came from
+// algorithms.gradient_clipping: by the global norm only.
+void read_gradient_clipping(MapReader& top, TrainConfig& c, const std::string& path) {
+  MapReader a = top.sub("algorithms");
+  MapReader g = a.sub("gradient_clipping");
+  std::string type = "norm";
+  g.get("clipping_type", type);
+  ANVIL_CHECK(type == "norm", "{}: algorithms.gradient_clipping.clipping_type '{}' is not supported: expected 'norm'", path, type);
+  g.get("clipping_threshold", c.clipping_threshold);
+  g.finish();
+  a.finish();
+}
+
+// loss_scaler: amp_fp16's dynamic loss scale.
+void read_loss_scaler(MapReader& top, LossScalerConfig& out) {
+  MapReader l = top.sub("loss_scaler");
+  l.get("init_scale", out.init_scale);
+  l.get("growth_interval", out.growth_interval);
+  l.get("hysteresis", out.hysteresis);
+  l.get("min_scale", out.min_scale);
+  l.get("consecutive_hysteresis", out.consecutive_hysteresis);
+  l.finish();
+}
+
+// Composer's callbacks whose figures anvil reports anyway (tokens/s, lr, memory, ETA).
+void read_callbacks(MapReader& top, const std::string& path) {
+  MapReader cb = top.sub("callbacks");
+  if (cb.has("speed_monitor")) {
+    MapReader sm = cb.sub("speed_monitor");
+    int window = 1;  // Composer averages tokens/s over it; anvil reports each step's
+    sm.get("window_size", window);
+    ANVIL_CHECK(window > 0, "{}: callbacks.speed_monitor.window_size must be positive", path);
+    sm.finish();
+  }
+  for (const char* name : {"lr_monitor", "memory_monitor", "runtime_estimator"}) {
+    if (!cb.has(name)) continue;
+    MapReader sub = cb.sub(name);
+    sub.finish();
+  }
+  cb.finish();
+}
+
+// Composer's loggers: TensorBoard's event files; the others need services anvil does not reach.
+void read_loggers(MapReader& top, TrainConfig& c, const std::string& path) {
+  MapReader lg = top.sub("loggers");
+  if (lg.has("tensorboard")) {
+    c.tensorboard = true;
+    MapReader tb = lg.sub("tensorboard");
+    tb.get("log_dir", c.tensorboard_dir);
+    int flush_interval = 1;  // Composer flushes every N batches; anvil writes each event through
+    tb.get("flush_interval", flush_interval);
+    ANVIL_CHECK(flush_interval > 0, "{}: loggers.tensorboard.flush_interval must be positive", path);
+    bool rank_zero_only = true;
+    tb.get("rank_zero_only", rank_zero_only);
+    ANVIL_CHECK(rank_zero_only, "{}: loggers.tensorboard.rank_zero_only: false is not supported (rank 0 logs the "
+                "global figures)", path);
+    tb.finish();
+  }
+  for (const char* other : {"wandb", "mlflow", "comet_ml", "neptune"})
+    ANVIL_CHECK(!lg.has(other), "{}: loggers.{} is not supported (it needs a service anvil does not reach); "
+                "anvil writes metrics.jsonl, train.log and, with loggers.tensorboard, TensorBoard event files",
+                path, other);
+  lg.finish();
+}
+
+// distributed, and LLM Foundry's fsdp_config spelling of the same choices.
+void read_distributed(MapReader& top, TrainConfig& c, const std::string& path) {
+  MapReader d = top.sub("distributed");
+  d.get("zero_stage", c.distributed.zero_stage);
+  d.get("all_reduce", c.distributed.all_reduce);
+  d.get("grad_compression", c.distributed.grad_compression);
+  d.get("gpu_collectives", c.distributed.gpu_collectives);
+  const bool stage_given = d.has("zero_stage");
+  d.finish();
+  MapReader f = top.sub("fsdp_config");
+  if (f.has("sharding_strategy")) {
+    // LLM Foundry's FSDP strategies are ZeRO stages 0, 2 and 3.
+    std::string strategy;
+    f.get("sharding_strategy", strategy);
+    const int stage = strategy == "NO_SHARD" ? 0 : strategy == "SHARD_GRAD_OP" ? 2 : strategy == "FULL_SHARD" ? 3 : -1;
+    ANVIL_CHECK(stage >= 0, "{}: fsdp_config.sharding_strategy '{}' is not supported: expected NO_SHARD, "
+                "SHARD_GRAD_OP or FULL_SHARD (or set distributed.zero_stage)", path, strategy);
+    ANVIL_CHECK(!stage_given || stage == c.distributed.zero_stage, "{}: fsdp_config.sharding_strategy {} means "
+                "zero_stage {}, but distributed.zero_stage is {}: give one of them", path, strategy, stage,
+                c.distributed.zero_stage);
+    c.distributed.zero_stage = stage;
+  }
+  if (f.has("activation_checkpointing")) {
+    bool on = false;
+    f.get("activation_checkpointing", on);
+    ANVIL_CHECK(!top.has("activation_checkpointing") || on == c.activation_checkpointing, "{}: "
+                "fsdp_config.activation_checkpointing and activation_checkpointing differ: give one of them", path);
+    c.activation_checkpointing = on;
+  }
+  if (f.has("mixed_precision")) {
+    // FSDP's dtypes for parameters, gradient reduction and buffers. anvil keeps fp32 master
+    // weights and reduces gradients in fp32 (exactly, in fixed point, in deterministic mode)
+    // whichever is asked, and the matrix products follow `precision`: at least the precision
+    // each asks for.
+    std::string mp;
+    f.get("mixed_precision", mp);
+    ANVIL_CHECK(mp == "PURE" || mp == "DEFAULT" || mp == "FULL", "{}: fsdp_config.mixed_precision '{}' is not "
+                "known: expected PURE, DEFAULT or FULL", path, mp);
+    if (mp != "FULL")
+      c.config_notes.push_back(fmt::format("{}: fsdp_config.mixed_precision {}: anvil reduces gradients in fp32 "
+                                           "and keeps fp32 master weights; the matrix products follow precision",
+                                           path, mp));
+  }
+  bool flag = false;
+  f.get("activation_checkpointing_reentrant", flag);  // how PyTorch recomputes; anvil recomputes a block
+  f.get("limit_all_gathers", flag);                   // a rate limit on FSDP's prefetch; anvil gathers a unit at a time
+  f.get("verbose", flag);
+  bool offload = false;
+  f.get("activation_cpu_offload", offload);
+  ANVIL_CHECK(!offload, "{}: fsdp_config.activation_cpu_offload: true is not supported (activations stay where "
+              "the model runs; activation_checkpointing saves their memory)", path);
+  f.finish();
+}
+
+// The batch sizes: DeepSpeed's rule (left for resolve_batch_sizes, once the ranks are known), or
+// a global batch with the microbatch and eval batch defaulting to it. global_given: the config set
+// global_train_batch_size.
+void check_batch_sizes(TrainConfig& c, const MapReader& blame, const std::string& path, bool global_given) {
   auto positive = [&](long long v, const char* key) {
     ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", blame.source(key), key, v);
   };
-  positive(c.max_seq_len, "max_seq_len");
-  if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
-  positive(c.model.n_layers, "model.n_layers");
-  positive(c.model.n_heads, "model.n_heads");
-  positive(c.model.d_model, "model.d_model");
-  positive(c.model.vocab_size, "model.vocab_size");
-  ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
-              blame.source("model.d_model"), c.model.d_model, c.model.n_heads);
-  ANVIL_CHECK(c.model.n_heads % c.model.kv_heads() == 0, "{}: the key/value heads ({}) must divide model.n_heads ({})",
-              path, c.model.kv_heads(), c.model.n_heads);
-  ANVIL_CHECK(c.model.positions != PositionKind::kRope || c.model.head_size() % 2 == 0,
-              "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
-  ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
-              blame.source("model.max_seq_len"), c.model.max_seq_len, c.max_seq_len);
   if (c.gradient_accumulation_steps != 0 || !global_given) {
     // DeepSpeed's batch rule, resolved once the number of ranks is known (resolve_batch_sizes).
     ANVIL_CHECK(c.gradient_accumulation_steps >= 0, "{}: gradient_accumulation_steps must be positive, got {}",
@@ -712,6 +620,30 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(c.device_eval_batch_size >= 0, "{}: device_eval_batch_size must be positive, got {}",
               blame.source("device_eval_batch_size"),
               c.device_eval_batch_size);
+}
+
+// Validation of values, in one place, once every key is read; resolves the sizes that default
+// to others (the model's max_seq_len, the microbatch and eval batch). blame: where each key's
+// value came from.
+void check_values(TrainConfig& c, const MapReader& blame, const std::string& path, bool global_given) {
+  auto positive = [&](long long v, const char* key) {
+    ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", blame.source(key), key, v);
+  };
+  positive(c.max_seq_len, "max_seq_len");
+  if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
+  positive(c.model.n_layers, "model.n_layers");
+  positive(c.model.n_heads, "model.n_heads");
+  positive(c.model.d_model, "model.d_model");
+  positive(c.model.vocab_size, "model.vocab_size");
+  ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
+              blame.source("model.d_model"), c.model.d_model, c.model.n_heads);
+  ANVIL_CHECK(c.model.n_heads % c.model.kv_heads() == 0, "{}: the key/value heads ({}) must divide model.n_heads ({})",
+              path, c.model.kv_heads(), c.model.n_heads);
+  ANVIL_CHECK(c.model.positions != PositionKind::kRope || c.model.head_size() % 2 == 0,
+              "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
+  ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
+              blame.source("model.max_seq_len"), c.model.max_seq_len, c.max_seq_len);
+  check_batch_sizes(c, blame, path, global_given);
   ANVIL_CHECK(c.optimizer.lr > 0, "{}: optimizer.lr must be positive, got {}",
               blame.source("optimizer.lr"), c.optimizer.lr);
   ANVIL_CHECK(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1 && c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1,
@@ -779,6 +711,118 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
               blame.source("distributed.grad_compression"));
+}
+
+}  // namespace
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
+                              std::set<std::string>* keys_read) {
+  std::map<std::string, std::string> origins;  // dotted keys set by the command line or a ds_config
+  std::set<std::string> variables;
+  YAML::Node root = load_config_yaml(path, overrides, origins, variables);
+  // Every unknown key is reported at once, with the error that stopped the reading if one did.
+  UnknownKeys unknown;
+  TrainConfig c;
+  std::string pretrained_weights;  // hf_causal_lm's transformers directory, when pretrained
+  bool global_given = false;
+  try {
+    c.config_notes = apply_deepspeed_config(root, path, origins, &unknown);
+
+    MapReader top(root, "", path, keys_read, &unknown, &origins);
+    for (const std::string& v : variables) top.raw(v);
+    // Foundry's fine-tuning YAMLs keep the dataset settings their loaders merge in (`<<: *hf_dataset`)
+    // under a top-level `dataset` anchor; the key itself configures nothing.
+    top.raw("dataset");
+    top.get("run_dir", c.run_dir);
+    top.get("run_name", c.run_name);
+    top.get("seed", c.seed);
+    top.get("max_seq_len", c.max_seq_len);
+    {
+      MapReader m = top.sub("model");
+      if (m.has("name") && m.raw("name").IsScalar() && m.raw("name").Scalar() == "hf_causal_lm") {
+        HfCausalLm hf = read_hf_causal_lm(m, path);
+        c.model = hf.model;
+        pretrained_weights = hf.weights_dir;
+      } else {
+        read_model_section(m, c.model, path);
+      }
+    }
+    {
+      MapReader t = top.sub("tokenizer");
+      t.get("name", c.tokenizer_name);
+      c.tokenizer_name = tokenizer_name_as_kept(c.tokenizer_name);
+      MapReader kw = t.sub("kwargs");
+      check_repeated_max_seq_len(kw, "model_max_length", c.max_seq_len, path);
+      kw.finish();
+      t.finish();
+    }
+    ANVIL_CHECK(top.has("train_loader"), "{}: train_loader is required (its dataset.local names the data)", path);
+    read_loader(top.sub("train_loader"), c.train_loader, "train", c.max_seq_len, c.tokenizer_name, path);
+    if (top.has("eval_loader")) {
+      read_loader(top.sub("eval_loader"), c.eval_loader, "val", c.max_seq_len, c.tokenizer_name, path);
+      c.has_eval = true;
+    }
+    read_optimizer(top, c.optimizer, path);
+    {
+      MapReader s = top.sub("scheduler");
+      read_scheduler(s, c.scheduler, path);
+      s.finish();
+    }
+    read_gradient_clipping(top, c, path);
+    ANVIL_CHECK(top.has("max_duration"), "{}: max_duration is required (e.g. 1000ba or 1ep)", path);
+    top.get_duration("max_duration", c.max_duration);
+    top.get_duration("eval_interval", c.eval_interval);
+    top.get("eval_first", c.eval_first);
+    top.get("eval_subset_num_batches", c.eval_subset_num_batches);
+    global_given = top.has("global_train_batch_size");
+    top.get("global_train_batch_size", c.global_train_batch_size);
+    top.get("gradient_accumulation_steps", c.gradient_accumulation_steps);
+    if (top.has("device_train_microbatch_size")) {
+      YAML::Node m = top.raw("device_train_microbatch_size");
+      c.microbatch_auto = m.IsScalar() && m.Scalar() == "auto";
+      if (!c.microbatch_auto) top.get("device_train_microbatch_size", c.device_train_microbatch_size);
+    }
+    top.get("device_eval_batch_size", c.device_eval_batch_size);
+    top.get_bytes("memory_limit", c.memory_limit);
+    top.get("activation_checkpointing", c.activation_checkpointing);
+    top.get("precision", c.precision);
+    read_loss_scaler(top, c.loss_scaler);
+    top.get_duration("console_log_interval", c.console_log_interval);
+    top.get("progress_bar", c.progress_bar);
+    bool to_console = true;
+    top.get("log_to_console", to_console);
+    ANVIL_CHECK(to_console, "{}: log_to_console: false is not supported (anvil logs to the console and train.log)", path);
+    read_callbacks(top, path);
+    read_loggers(top, c, path);
+    top.get_duration("save_interval", c.save_interval);
+    top.get("save_folder", c.save_folder);
+    ANVIL_CHECK(c.save_folder.find("://") == std::string::npos || remote_folder(c.save_folder),
+                "{}: save_folder '{}': expected a local directory or s3://bucket/prefix (checkpoints are uploaded to "
+                "S3 or S3-compatible storage only)", path, c.save_folder);
+    top.get("save_overwrite", c.save_overwrite);
+    top.get("save_failure", c.save_failure);
+    top.get("save_num_checkpoints_to_keep", c.save_num_checkpoints_to_keep);
+    top.get("autoresume", c.autoresume);
+    top.get("load_path", c.load_path);
+    top.get("load_weights_only", c.load_weights_only);
+    // hf_causal_lm's pretrained weights are a weights-only load of its directory, unless load_path
+    // names a checkpoint to start from instead (Composer loads load_path over the pretrained model).
+    if (!pretrained_weights.empty() && c.load_path.empty()) {
+      c.load_path = pretrained_weights;
+      c.load_weights_only = true;
+    }
+    top.get("kernels", c.kernels);
+    top.get("dist_timeout", c.dist_timeout);
+    top.get("deterministic_mode", c.deterministic_mode);
+    read_distributed(top, c, path);
+    top.finish();
+  } catch (const Error& e) {
+    unknown.raise(e.what());
+    throw;
+  }
+  unknown.raise();
+
+  check_values(c, MapReader(root, "", path, nullptr, nullptr, &origins), path, global_given);
   if (c.run_dir.empty())
     c.run_dir = "runs/" + (c.run_name.empty() ? std::filesystem::path(path).stem().string() : c.run_name);
   if (c.run_name.empty()) c.run_name = std::filesystem::path(c.run_dir).filename().string();

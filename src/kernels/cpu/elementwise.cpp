@@ -287,10 +287,10 @@ void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_st
   rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0f);
 }
 
-// sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's.
-void swiglu_forward(float* out, const float* inp, int N, int F) {
-#pragma omp parallel for schedule(static)
-  for (long n = 0; n < N; n++) {
+// sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's. Rows [lo, hi), compiled
+// for each instruction set as GELU's ranges are, so that exp_approx runs in the widest vectors.
+ANVIL_CPU_CLONES void swiglu_forward_rows(float* out, const float* inp, size_t lo, size_t hi, int F) {
+  for (size_t n = lo; n < hi; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;
     float* o = out + n * F;
@@ -299,9 +299,9 @@ void swiglu_forward(float* out, const float* inp, int N, int F) {
   }
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
-#pragma omp parallel for schedule(static)
-  for (long n = 0; n < N; n++) {
+ANVIL_CPU_CLONES void swiglu_backward_rows(float* dinp, const float* inp, const float* dout, size_t lo, size_t hi,
+                                           int F) {
+  for (size_t n = lo; n < hi; n++) {
     const float* gate = inp + n * 2 * F;
     const float* up = gate + F;
     const float* d = dout + n * F;
@@ -315,6 +315,15 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
       dup[f] = d[f] * g * sig.s;
     }
   }
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { swiglu_forward_rows(out, inp, lo, hi, F); });
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  over_threads(static_cast<size_t>(N),
+               [&](size_t lo, size_t hi) { swiglu_backward_rows(dinp, inp, dout, lo, hi, F); });
 }
 
 // The erf form: x·Φ(x), with Φ(x) = erfc(-x/√2)/2 formed from erfc of |x|/√2 (vec_math.h), so

@@ -43,7 +43,13 @@ void upload_checkpoint(const std::string& dir, const std::string& remote, bool s
   }
   const std::string latest = dir + ".latest-upload";
   write_file_atomic(latest, name + "\n");
-  r->store(latest, "latest");
+  try {
+    r->store(latest, "latest");
+  } catch (...) {
+    std::error_code ignored;  // the upload's error is the one to report
+    fs::remove(latest, ignored);
+    throw;
+  }
   fs::remove(latest);
   if (bar) bar->finish(name);
   log_info("checkpoint {} uploaded to {}", name, r->url(name));

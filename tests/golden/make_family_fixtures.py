@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Writes mpt_tiny.safetensors and llama_tiny.safetensors, the golden fixtures for anvil's MPT and
-Llama families against PyTorch.
+"""Writes the golden fixtures for anvil's MPT and Llama families against PyTorch: mpt_tiny,
+llama_tiny, llama_mqa_tiny, mpt_qkln_tiny and mpt_qkln_rope_tiny (.safetensors).
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
 Each model is written here from the published definitions, not from anvil's code:
@@ -17,8 +17,11 @@ gradient in the same layout, and the model section of the anvil config that buil
 then, as the GPT-2 fixture, the loss, gradient norm and parameters through 10 steps of
 torch.optim.AdamW (weight decay on the product weights, the LM head's included; none on norms
 and embeddings), Composer's warmup-then-cosine schedule and global-norm clipping.
-Three models: an MPT (six ALiBi heads), a Llama with grouped-query heads (4 over 2) and its own LM
-head, and a multi-query Llama (4 heads over 1) with a tied head.
+Five models: an MPT (six ALiBi heads), a Llama with grouped-query heads (4 over 2) and its own LM
+head, a multi-query Llama (4 heads over 1) with a tied head, and two MPTs with LLM Foundry's
+attn_config.qk_ln (its GroupedQueryAttention: the block's norm over all the queries and over all
+the keys of a position, before the heads split and before RoPE): grouped-query ALiBi heads under
+RMSNorm, and multi-query RoPE heads with biases everywhere.
 """
 import math
 import os

@@ -116,49 +116,47 @@ INSTANTIATE_TEST_SUITE_P(Kernels, LoraGolden,
                          });
 
 // A base held in bf16 under amp_bf16 gives the same bits as one held in fp32 (the products round
-// its weights to bf16 either way; norms and embeddings stay fp32). What it saves is measured by
-// `anvil bench train` (docs/PERFORMANCE.md).
-TEST(Lora, BaseHeldInBf16GivesTheSameBits) {
-  for (const char* fixture : {"gpt2_lora_tiny.safetensors", "llama_lora_tiny.safetensors", "mpt_lora_tiny.safetensors"}) {
-    SafeTensorsFile f = testing::load_golden(fixture);
-    const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
-    const SafeTensor& base = f.at("base");
-    const std::vector<float> base_values(base.f32(), base.f32() + base.numel());
-    std::vector<std::vector<float>> grads;
-    std::vector<double> losses;
-    for (bool held_in_bf16 : {false, true}) {
-      Decoder model(config_of(f), B, T);
-      model.set_compute_dtype(ComputeDtype::kBf16);
-      model.set_base_weights(base_values, held_in_bf16);
-      std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
-      model.zero_grad();
-      losses.push_back(model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 0.01f, nullptr,
-                                              f.at("positions").i32()));
-      grads.emplace_back(model.grads(), model.grads() + model.num_params());
-    }
-    EXPECT_EQ(losses[0], losses[1]) << fixture;
-    EXPECT_EQ(grads[0], grads[1]) << fixture;
-  }
-  // An MPT with QK LayerNorm and biases: its query and key norms, like the block's others, stay fp32.
-  SafeTensorsFile f = testing::load_golden("mpt_qkln_rope_tiny.safetensors");
+// its weights to bf16 either way; norms and embeddings stay fp32): one pass of the LoRA model cfg
+// over the fixture's batch each way. adapters: their values, or null to draw them from a seed.
+void expect_bf16_base_gives_the_same_bits(const ModelConfig& cfg, const SafeTensorsFile& f,
+                                          const std::vector<float>& base, const float* adapters,
+                                          const int32_t* positions, const std::string& what) {
   const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
-  ModelConfig cfg = config_of(f);
-  cfg.lora.r = 2;
-  cfg.lora.target_modules = {"all-linear"};
-  const std::vector<float> base(f.at("params_init").f32(), f.at("params_init").f32() + f.at("params_init").numel());
   std::vector<std::vector<float>> grads;
   std::vector<double> losses;
   for (bool held_in_bf16 : {false, true}) {
     Decoder model(cfg, B, T);
     model.set_compute_dtype(ComputeDtype::kBf16);
     model.set_base_weights(base, held_in_bf16);
-    model.init_weights(7);
+    if (adapters)
+      std::copy_n(adapters, model.num_params(), model.params());
+    else
+      model.init_weights(7);
     model.zero_grad();
-    losses.push_back(model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 0.01f, nullptr));
+    losses.push_back(
+        model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T, 0.01f, nullptr, positions));
     grads.emplace_back(model.grads(), model.grads() + model.num_params());
   }
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(losses[0], losses[1]) << what;
+  EXPECT_EQ(grads[0], grads[1]) << what;
+}
+
+// What a base held in bf16 saves is measured by `anvil bench train` (docs/PERFORMANCE.md).
+TEST(Lora, BaseHeldInBf16GivesTheSameBits) {
+  for (const char* fixture : {"gpt2_lora_tiny.safetensors", "llama_lora_tiny.safetensors", "mpt_lora_tiny.safetensors"}) {
+    SafeTensorsFile f = testing::load_golden(fixture);
+    const SafeTensor& base = f.at("base");
+    expect_bf16_base_gives_the_same_bits(config_of(f), f, std::vector<float>(base.f32(), base.f32() + base.numel()),
+                                         f.at("params_init").f32(), f.at("positions").i32(), fixture);
+  }
+  // An MPT with QK LayerNorm and biases: its query and key norms, like the block's others, stay fp32.
+  SafeTensorsFile f = testing::load_golden("mpt_qkln_rope_tiny.safetensors");
+  ModelConfig cfg = config_of(f);
+  cfg.lora.r = 2;
+  cfg.lora.target_modules = {"all-linear"};
+  const SafeTensor& base = f.at("params_init");
+  expect_bf16_base_gives_the_same_bits(cfg, f, std::vector<float>(base.f32(), base.f32() + base.numel()), nullptr,
+                                       nullptr, "MPT with qk_ln");
 }
 
 // The families' layouts by count: Llama-2-7B's published total, and MPT-7B's shape (alibi,

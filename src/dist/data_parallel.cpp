@@ -117,7 +117,6 @@ DataParallel::DataParallel(Communicator& comm, Model& model, const OptimizerConf
     all_max_.resize(K * W);
     all_squares_.resize(K * W);
   }
-  rows_.assign_zeros(static_cast<size_t>(model.config().vocab_size));
   unit_tensors_.assign(units_.size(), {tensors_.size(), 0});
   for (size_t k = 0; k < tensors_.size(); k++) {
     auto& [first, end] = unit_tensors_[tensors_[k].unit];
@@ -460,25 +459,23 @@ int DataParallel::tensor_at(int unit, size_t offset) const {
   ANVIL_FAIL("unit {} has no element at offset {}", unit, offset);
 }
 
-void DataParallel::grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows,
-                              size_t row_len) {
+void DataParallel::grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op,
+                              size_t n_rows, size_t row_len) {
   if (n_rows == 0) return;
-  ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
   const int k = tensor_at(unit, offset);
   const ParamTensor& t = tensors_[k];
   for (size_t r = 0; r < n_rows; r++)
     ANVIL_CHECK(rows[r] >= 0 && units_[unit].offset + offset + (static_cast<size_t>(rows[r]) + 1) * row_len <=
                                     t.offset + t.numel,
                 "row {} lies outside tensor '{}'", rows[r], t.name);
-  op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
   if (!opt_.deterministic) {
-    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
+    add_rows(grads(unit, offset, 0), x, rows_op, n_rows, row_len);
     return;
   }
   // Rows may be a unit's first contribution in a microbatch (an untied model's token embedding
   // without a position table), so they open it as grads() does.
   int64_t* dest = open_fixed(unit);
-  fixed_point_accumulate_rows(dest + offset, x, rows_.data(), n_rows, row_len, scale_[k] - loss_scale_log2_,
+  fixed_point_accumulate_rows(dest + offset, x, rows_op, n_rows, row_len, scale_[k] - loss_scale_log2_,
                               sample_max_.data() + k);
 }
 

@@ -120,7 +120,8 @@ class DataParallel : public UnitAccess {
   void release_params(int unit) override;
   float* grads(int unit, size_t offset, size_t count) override;
   void grain_done(int unit, size_t offset, size_t count) override;
-  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override;
+  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
+                  size_t row_len) override;
   void grads_done(int unit) override;
 
  private:
@@ -182,7 +183,6 @@ class DataParallel : public UnitAccess {
   Scratch& scratch_for(int unit) { return unit == 0 ? emb_scratch_ : block_scratch_; }
   Scratch emb_scratch_, block_scratch_;
   OpArray<int64_t> fixed_, fixed_shard_;  // stages 0/1: every gradient; 2/3: the shard
-  OpArray<int32_t> rows_;                 // grain_rows's rows, in op memory
   std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates
   CommThread thread_;
 };

@@ -276,9 +276,6 @@ Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const Model
     }
     frozen_dnorm_.assign_zeros(norm_params());
   }
-  touched_rows_.reserve(static_cast<size_t>(max_seq));
-  compact_tokens_.resize(static_cast<size_t>(max_seq));
-  compact_tokens_op_.assign_zeros(static_cast<size_t>(max_seq));
   set_max_batch(max_batch);
 }
 
@@ -310,6 +307,11 @@ void Decoder::set_max_batch(int max_batch) {
   grad_act_memory_.assign_zeros(sizes.grads);
   tokens_op_.assign_zeros(BT);
   targets_op_.assign_zeros(BT);
+  touched_rows_.reserve(BT);
+  touched_offsets_.reserve(static_cast<size_t>(max_batch) + 1);
+  compact_tokens_.resize(BT);
+  compact_tokens_op_.assign_zeros(BT);
+  touched_rows_op_.assign_zeros(BT);
   positions_op_.assign_zeros(BT);
   losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
@@ -918,30 +920,41 @@ void Decoder::embedding_backward() {
   const size_t wpe_offset = static_cast<size_t>(V) * C;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
   // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
-  // compact (within the reserved capacity: no allocation), and its positions' rows.
+  // compact (within the reserved capacity: no allocation), and its positions' rows. Every
+  // sequence's rows and compact tokens are found first and copied where the ops run at once, so
+  // that the GPU is not stopped for a copy per sequence.
+  touched_rows_.clear();
+  touched_offsets_.assign(1, 0);
+  for (int b = 0; b < B; b++) {
+    const int32_t* tokens = tokens_ + b * rows;
+    const auto first = touched_rows_.end() - touched_rows_.begin();
+    touched_rows_.insert(touched_rows_.end(), tokens, tokens + T);
+    const auto seq_rows = touched_rows_.begin() + first;
+    std::sort(seq_rows, touched_rows_.end());
+    touched_rows_.erase(std::unique(seq_rows, touched_rows_.end()), touched_rows_.end());
+    for (int t = 0; t < T; t++)
+      compact_tokens_[b * rows + t] =
+          static_cast<int32_t>(std::lower_bound(seq_rows, touched_rows_.end(), tokens[t]) - seq_rows);
+    touched_offsets_.push_back(touched_rows_.size());
+  }
+  op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), B * rows * sizeof(int32_t));
+  op_copy_from_host(touched_rows_op_.data(), touched_rows_.data(), touched_rows_.size() * sizeof(int32_t));
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
-    const int32_t* tokens = tokens_ + r;
-    touched_rows_.assign(tokens, tokens + T);
-    std::sort(touched_rows_.begin(), touched_rows_.end());
-    touched_rows_.erase(std::unique(touched_rows_.begin(), touched_rows_.end()), touched_rows_.end());
-    for (int t = 0; t < T; t++)
-      compact_tokens_[t] = static_cast<int32_t>(
-          std::lower_bound(touched_rows_.begin(), touched_rows_.end(), tokens[t]) - touched_rows_.begin());
-    op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), rows * sizeof(int32_t));
-    const size_t n_touched = touched_rows_.size();
+    const size_t n_touched = touched_offsets_[b + 1] - touched_offsets_[b];
     op_zero(demb_rows_, n_touched * C * sizeof(float));
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
     if (emb_drop.active())
       dropout_apply(dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
       encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
-                       compact_tokens_op_.data(), positions_op(b), 1, T, C);
+                       compact_tokens_op_.data() + r, positions_op(b), 1, T, C);
       access().grain_done(0, wpe_offset, rows * C);
     } else {
-      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data(), nullptr, 1, T, C);
+      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data() + r, nullptr, 1, T, C);
     }
-    access().grain_rows(0, 0, demb_rows_, touched_rows_.data(), n_touched, C);
+    access().grain_rows(0, 0, demb_rows_, touched_rows_.data() + touched_offsets_[b],
+                        touched_rows_op_.data() + touched_offsets_[b], n_touched, C);
   }
   access().grads_done(0);
 }

@@ -203,13 +203,16 @@ class Decoder final : public Model {
   // Gradients of activations: dresidual_ and dsmall_ for the microbatch; dbig_ (the activation's
   // output), dfc_ (its input: dbig_ itself for GELU, in place) and dqkv_ for one grain (the blocks'
   // backward works a grain at a time); demb_rows_ the token embedding's gradient for one
-  // sequence, a row per distinct token (touched_rows_); dqk_ a QK norm's input gradient for a grain.
+  // sequence, a row per distinct token of it (touched_rows_); dqk_ a QK norm's input gradient for a grain.
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,
         *demb_rows_ = nullptr, *dqk_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
-  std::vector<int32_t> touched_rows_;  // one sequence's distinct tokens, ascending (capacity max_seq)
-  std::vector<int32_t> compact_tokens_;  // each position's token as its index in touched_rows_
-  OpArray<int32_t> compact_tokens_op_;   // the same where the ops run
+  // Each sequence's distinct tokens, ascending, one after another (sequence b's from
+  // touched_offsets_[b]; capacity max_batch·max_seq), and each position's token as its index among
+  // its sequence's; the same where the ops run.
+  std::vector<int32_t> touched_rows_, compact_tokens_;
+  std::vector<size_t> touched_offsets_;
+  OpArray<int32_t> touched_rows_op_, compact_tokens_op_;
   int B_ = 0, T_ = 0;
   bool training_ = false;  // inside forward_backward: dropout applies
 };

@@ -162,17 +162,16 @@ std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max
 // The default access: the model's own full arrays, nothing to gather or reduce.
 class Model::OwnArrays : public UnitAccess {
  public:
-  explicit OwnArrays(Model& m) : m_(m) { rows_.assign_zeros(static_cast<size_t>(m.max_seq_)); }
+  explicit OwnArrays(Model& m) : m_(m) {}
   const float* acquire_params(int unit, int) override {
     ANVIL_CHECK(!m_.params_.empty(), "the model holds no parameters of its own and has no unit access set");
     return m_.params_.data() + m_.units_[unit].offset;
   }
   void release_params(int) override {}
   void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
-  void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) override {
-    ANVIL_CHECK(n_rows <= rows_.size(), "{} rows in one sequence's gradient, room for {}", n_rows, rows_.size());
-    op_copy_from_host(rows_.data(), rows, n_rows * sizeof(int32_t));
-    add_rows(grads(unit, offset, 0), x, rows_.data(), n_rows, row_len);
+  void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
+                  size_t row_len) override {
+    add_rows(grads(unit, offset, 0), x, rows_op, n_rows, row_len);
   }
   float* grads(int unit, size_t offset, size_t) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
@@ -182,7 +181,6 @@ class Model::OwnArrays : public UnitAccess {
 
  private:
   Model& m_;
-  OpArray<int32_t> rows_;  // grain_rows's rows, where the ops run
 };
 
 Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)

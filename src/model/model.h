@@ -74,8 +74,10 @@ class UnitAccess {
   virtual void grain_done(int unit, size_t offset, size_t count) = 0;
   // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
   // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of
-  // the unit. rows: host memory, distinct. x may be cleared.
-  virtual void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, size_t n_rows, size_t row_len) = 0;
+  // the unit. rows: distinct, in host memory and the same in op memory (rows_op), so that no copy
+  // per sequence stops the GPU. x may be cleared.
+  virtual void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op,
+                          size_t n_rows, size_t row_len) = 0;
   // The backward pass has added everything it will to the unit's gradient in this microbatch.
   virtual void grads_done(int unit) = 0;
 };

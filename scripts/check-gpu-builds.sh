@@ -26,7 +26,8 @@ build/cuda-release/bin/anvil doctor
 tests/gpu/test_gpu_training.sh build/cuda-release/bin/anvil "$root"
 
 echo "== HIP: gfx90a and gfx940 (hipcc), gfx942 (clang-19)"
-sources=(src/kernels/gpu/ops.cu src/kernels/gpu/optimizer.cu src/kernels/gpu/fixed_point.cu src/device/device.cpp)
+sources=(src/kernels/gpu/ops.cu src/kernels/gpu/optimizer.cu src/kernels/gpu/fixed_point.cu src/kernels/gpu/flash_attention.cu
+         src/device/device.cpp)
 out="$root/build/hip-check"
 rm -rf "$out"
 mkdir -p "$out"

@@ -30,6 +30,10 @@ constexpr Tolerance kFp32Reduction{1e-5, 1e-4};
 // relative; fp16: 11 bits, 2^-10).
 constexpr Tolerance kBf16Rounded{1e-6, 8e-3};
 constexpr Tolerance kFp16Rounded{1e-6, 1e-3};
+// Attention whose products round the probabilities and score gradients to 16 bits (attention.h:
+// operands) against fp32: each rounding is within 2^-9 (bf16) or 2^-12 (fp16) relative.
+constexpr double kBf16AttentionRelNorm = 4e-3;
+constexpr double kFp16AttentionRelNorm = 6e-4;
 // Relative norm error ||x - ref|| / ||ref||, for matmuls and whole-model comparisons.
 constexpr double kFp32RelNorm = 1e-5;
 // A model trained a few steps with 16-bit matrix products against fp32: bf16 rounds each operand

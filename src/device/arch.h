@@ -4,6 +4,15 @@
 #pragma once
 #include "device/runtime.h"
 
+// Fully unrolls the loop that follows, so that the register arrays of tensor-core fragments it
+// indexes stay in registers (a dynamically indexed array goes to local memory). The emulator runs
+// loops as written.
+#if defined(ANVIL_GPU_EMULATION)
+#define ANVIL_UNROLL
+#else
+#define ANVIL_UNROLL _Pragma("unroll")
+#endif
+
 namespace anvil::gpu {
 
 #if defined(ANVIL_HIP)

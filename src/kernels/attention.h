@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 
+#include "core/dtype.h"
 #include "kernels/dropout.h"
 #include "kernels/op.h"
 #include "kernels/positions.h"
@@ -19,17 +20,23 @@ namespace anvil {
 // 1/(1-p)) or dropped after the softmax, as dropout_keep decides for element
 // attention_dropout_index(h, i, j, T) of sequence dropout.first_sample + b; lse stays the
 // undropped softmax's, and the backward pass regenerates the mask.
+// operands: the least precise dtype the products inside attention may take their operands in.
+// Under amp_bf16/amp_fp16 (docs/precision.md) q, k, v and dout are 16-bit values already, and an
+// implementation may also round the probabilities and score gradients it multiplies to that dtype,
+// as FlashAttention on tensor cores does (the GPU's flash kernels); scores, softmax statistics,
+// lse and every sum stay fp32. It permits rounding, never requires it: ref and cpu compute in fp32.
 struct AttentionHeads {
   int n_heads, n_kv_heads, head_size;
   bool alibi = false;
   float alibi_bias_max = 8.0f;
   DropoutSite dropout{};
+  ComputeDtype operands = ComputeDtype::kFp32;
 
-  int group() const { return n_heads / n_kv_heads; }
-  int q_channels() const { return n_heads * head_size; }
-  int kv_channels() const { return n_kv_heads * head_size; }
+  ANVIL_HOST_DEVICE int group() const { return n_heads / n_kv_heads; }
+  ANVIL_HOST_DEVICE int q_channels() const { return n_heads * head_size; }
+  ANVIL_HOST_DEVICE int kv_channels() const { return n_kv_heads * head_size; }
   // A fused qkv row: the queries of every head, then the keys, then the values.
-  int qkv_channels() const { return q_channels() + 2 * kv_channels(); }
+  ANVIL_HOST_DEVICE int qkv_channels() const { return q_channels() + 2 * kv_channels(); }
 };
 
 // ALiBi's slope for head h of n_heads, as LLM Foundry and Hugging Face's MPT form them: with n the

@@ -185,6 +185,7 @@ AttentionHeads Decoder::attention_heads(int l, int b0) const {
   a.alibi = cfg_.positions == PositionKind::kAlibi;
   a.alibi_bias_max = cfg_.alibi_bias_max;
   a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
+  a.operands = dtype();  // amp's q, k, v and their gradients are 16-bit values: docs/precision.md
   return a;
 }
 

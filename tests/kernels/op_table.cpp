@@ -386,6 +386,56 @@ void attention_cases(std::vector<OpCase>& cases) {
   }
 }
 
+// 16-bit operands (amp_bf16/amp_fp16): q, k, v and dout hold values of the dtype, and the GPU's
+// flash kernels round probabilities and score gradients to it too. Every head size they are built
+// for; T below, at and across the 64-row blocks; grouped-query and multi-query heads; ALiBi;
+// dropout; packed examples. ref and cpu compute in fp32, so their results stand for the exact ones.
+void attention_16bit_cases(std::vector<OpCase>& cases) {
+  struct Shape {
+    int B, T;
+    AttentionHeads heads;
+    int packed = 0;
+  };
+  auto alibi = [](AttentionHeads a) {
+    a.alibi = true;
+    return a;
+  };
+  auto dropout = [](AttentionHeads a, float p) {
+    a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
+    return a;
+  };
+  for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
+    for (Shape s : {Shape{1, 1, {1, 1, 16}}, Shape{2, 70, {3, 3, 16}}, Shape{1, 64, {2, 2, 32}},
+                    Shape{1, 130, alibi({4, 2, 32})}, Shape{2, 65, dropout({4, 1, 64}, 0.1f), 6},
+                    Shape{1, 129, {2, 2, 64}, 20}, Shape{1, 100, alibi({2, 1, 128})}}) {
+      AttentionHeads a = s.heads;
+      a.operands = d;
+      const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
+      const auto qkv = rounded(randn(BT * a.qkv_channels(), 1), d);
+      const auto dout = rounded(randn(BT * a.q_channels(), 2), d);
+      std::vector<std::pair<const char*, long>> dims = {
+          {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
+      if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
+      if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
+      if (s.packed) dims.push_back({"packed", s.packed});
+      const std::vector<int32_t> pos = s.packed ? packed_positions(s.B, s.T, s.packed) : std::vector<int32_t>();
+      const double tol = d == ComputeDtype::kBf16 ? kBf16AttentionRelNorm : kFp16AttentionRelNorm;
+      cases.push_back({case_name("attention_forward", dims, dtype_name(d)), [=](OpRun& r) {
+        float* out = r.out("out", BT * a.q_channels(), norm(tol));
+        float* lse = r.out("lse", L, close(kFp32Reduction));
+        ANVIL_RUN_OP(r, attention_forward, out, lse, r.in("qkv", qkv), s.packed ? r.in("positions", pos) : nullptr,
+                     s.B, s.T, a);
+      }});
+      cases.push_back({case_name("attention_backward", dims, dtype_name(d)), [=](OpRun& r) {
+        std::vector<float> out(BT * a.q_channels()), lse(L);
+        ref::attention_forward(out.data(), lse.data(), qkv.data(), s.packed ? pos.data() : nullptr, s.B, s.T, a);
+        float* dqkv = r.out("dqkv", BT * a.qkv_channels(), norm(tol));
+        ANVIL_RUN_OP(r, attention_backward, dqkv, r.in("dout", dout), r.in("qkv", qkv), r.in("out", out),
+                     r.in("lse", lse), s.packed ? r.in("positions", pos) : nullptr, s.B, s.T, a);
+      }});
+    }
+}
+
 // In fp32 and with the amp rounding of logits (read) and gradient (written) in bf16 and fp16;
 // every third target ignored.
 void crossentropy_cases(std::vector<OpCase>& cases) {
@@ -498,6 +548,7 @@ std::vector<OpCase> op_cases() {
   matmul_cases(cases);
   elementwise_cases(cases);
   attention_cases(cases);
+  attention_16bit_cases(cases);
   crossentropy_cases(cases);
   optimizer_cases(cases);
   return cases;

@@ -1,4 +1,5 @@
-// Causal attention on the GPU as fp32 GEMMs over many heads of a sequence at once (strided
+// Causal attention on the GPU: with 16-bit operands and the head sizes flash_attention.cu is built
+// for, its tensor-core kernels; otherwise fp32 GEMMs over many heads of a sequence at once (strided
 // batches), with the softmax and its gradient in kernels (ops.cu). With one query head per
 // key/value head, one batch spans every head; with grouped-query heads, a batch spans one key/value
 // head's group (the key and value operands repeat with stride 0). The scores of a batch live in
@@ -47,6 +48,7 @@ void scores_forward(float* S, const float* x, const Batches& t, int c, int T) {
 
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
                        AttentionHeads heads) {
+  if (flash_attention_supported(heads)) return flash_attention_forward(out, lse, qkv, positions, B, T, heads);
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels(), ld = heads.qkv_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;
@@ -68,6 +70,8 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                         const int32_t* positions, int B, int T, AttentionHeads heads) {
+  if (flash_attention_supported(heads))
+    return flash_attention_backward(dqkv, dout, qkv, out, lse, positions, B, T, heads);
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels(), ld = heads.qkv_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const long long TT = static_cast<long long>(T) * T;

@@ -26,6 +26,13 @@ void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float al
 // example are masked like those after it.
 void attention_softmax(float* S, float* lse, const int32_t* positions, int T, int count, float scale,
                        const AttentionHeads& heads, int h0, int b);
+// Attention on tensor cores (flash_attention.cu): what attention_forward/backward run when the
+// heads allow 16-bit operands and have a head size the kernels are built for (16, 32, 64, 128).
+bool flash_attention_supported(const AttentionHeads& heads);
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                             const AttentionHeads& heads);
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              const int32_t* positions, int B, int T, const AttentionHeads& heads);
 void attention_delta(float* D, const float* dout, const float* out, int T, int C, int NH);
 void attention_dsoftmax(float* S, float* dP, const float* lse, const float* D, const int32_t* positions, int T,
                         int count, float scale, const AttentionHeads& heads, int h0, int b);

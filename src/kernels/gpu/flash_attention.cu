@@ -1,0 +1,472 @@
+// Causal attention on tensor cores in FlashAttention-2's form, for 16-bit matrix operands: the
+// scores of a block of 64 queries are made 64 keys at a time in registers (device/mma.h), folded
+// into an online softmax and multiplied by the values, so nothing T×T exists. The backward pass
+// recomputes the probabilities from the forward's log-sum-exp in two kernels: one per block of
+// keys (dK, dV: each key/value head sums its query heads and query blocks in order) and one per
+// block of queries (dQ, over the key blocks in order). Every sum has one owner and a fixed order:
+// no atomics, so runs repeat bit for bit in any mode.
+//
+// Operands (q, k, v, dout, the probabilities and the score gradients) are rounded to the 16-bit
+// dtype as they enter a product; scores, softmax statistics, row sums D and every accumulator
+// are fp32 (attention.h: heads.operands). Head sizes 16, 32, 64 and 128.
+#include <cmath>
+
+#include "device/device.h"
+#include "device/mma.h"
+#include "device/stream.h"
+#include "kernels/attention.h"
+#include "kernels/gpu/internal.h"
+
+namespace anvil::gpu {
+namespace {
+
+constexpr int kWarps = 4;                       // 32-lane groups per block, 16 rows each
+constexpr int kThreads = kWarps * kMmaLanes;
+constexpr int kRows = 16 * kWarps;              // a block's queries (forward, dQ) or keys (dK, dV)
+constexpr int kTile = 64;                       // the keys or queries of one step
+constexpr int kPad = 8;                         // 16-bit values after each shared row: see kRowWords
+
+// Shared tiles hold 16-bit pairs, row-major, kRowWords<HS> words per row of HS values: rows of
+// HS + 8 values put the rows g = 0..7 that one fragment load reads on distinct banks.
+template <int HS>
+constexpr int kRowWords = (HS + kPad) / 2;
+
+__device__ inline uint32_t half_at(const uint32_t* row, int col) { return (row[col / 2] >> (16 * (col & 1))) & 0xffffu; }
+
+// A sequence's causal window: key j is visible to query i when first(i) <= j <= i < T.
+struct Window {
+  const int32_t* positions;  // this sequence's, or null
+  int T;
+  __device__ int first(int i) const { return positions ? i - positions[i] : 0; }
+  __device__ bool visible(int i, int j) const { return i < T && j <= i && j >= first(i); }
+};
+
+// rows (N, HS) of src, rows ld apart, as 16-bit pairs into dst (kRowWords<HS> per row); rows at or
+// past n are zero.
+template <int HS, int N, ComputeDtype D>
+__device__ void load_tile(uint32_t* dst, const float* src, long ld, int n) {
+  constexpr int pairs = HS / 2;
+  for (int w = threadIdx.x; w < N * pairs; w += kThreads) {
+    const int r = w / pairs, c = 2 * (w % pairs);
+    dst[r * kRowWords<HS> + c / 2] = r < n ? pack16<D>(src[r * ld + c], src[r * ld + c + 1]) : 0u;
+  }
+}
+
+// The same rows transposed: dst (HS, kTile) with kRowWords<kTile> per row.
+template <int HS, ComputeDtype D>
+__device__ void load_tile_transposed(uint32_t* dst, const float* src, long ld, int n) {
+  for (int w = threadIdx.x; w < HS * (kTile / 2); w += kThreads) {
+    const int c = w % HS, r = 2 * (w / HS);
+    const float lo = r < n ? src[r * ld + c] : 0.0f, hi = r + 1 < n ? src[(r + 1) * ld + c] : 0.0f;
+    dst[c * kRowWords<kTile> + r / 2] = pack16<D>(lo, hi);
+  }
+}
+
+// The A fragments of 16 rows (row0 on) of a (rows, HS) matrix in global memory, ld apart: frag[k]
+// covers channels 16k..16k+15. Rows at or past n are zero.
+template <int HS, ComputeDtype D>
+__device__ void load_a_rows(uint32_t frag[][4], const float* src, long ld, int row0, int n) {
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  const int r0 = row0 + g, r1 = row0 + g + 8;
+  ANVIL_UNROLL
+  for (int k = 0; k < HS / 16; k++) {
+    const int c = 16 * k + 2 * t;
+    const float* a = src + static_cast<long>(r0) * ld;
+    const float* b = src + static_cast<long>(r1) * ld;
+    frag[k][0] = r0 < n ? pack16<D>(a[c], a[c + 1]) : 0u;
+    frag[k][1] = r1 < n ? pack16<D>(b[c], b[c + 1]) : 0u;
+    frag[k][2] = r0 < n ? pack16<D>(a[c + 8], a[c + 9]) : 0u;
+    frag[k][3] = r1 < n ? pack16<D>(b[c + 8], b[c + 9]) : 0u;
+  }
+}
+
+// C (16 x N) = A (16 x HS, fragments) · Tileᵀ, Tile (N, HS) in shared memory: the scores of 16
+// rows against a tile's N rows. c[n] covers tile rows 8n..8n+7.
+template <int HS, int N, ComputeDtype D>
+__device__ void product_with_tile_rows(float c[][4], const uint32_t a[][4], const uint32_t* tile) {
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  ANVIL_UNROLL
+  for (int n = 0; n < N / 8; n++)
+    ANVIL_UNROLL
+    for (int e = 0; e < 4; e++) c[n][e] = 0.0f;
+  ANVIL_UNROLL
+  for (int k = 0; k < HS / 16; k++)
+    ANVIL_UNROLL
+    for (int n = 0; n < N / 8; n++) {
+      const uint32_t* row = tile + (8 * n + g) * kRowWords<HS>;
+      const uint32_t b[2] = {row[8 * k + t], row[8 * k + t + 4]};
+      mma_16816<D>(c[n], a[k], b);
+    }
+}
+
+// acc (16 x HS) += P (16 x N, the C fragments of product_with_tile_rows, rounded to D) · M, where
+// M (N, HS) is given by value(r, c) as 16-bit bits.
+template <int HS, int N, ComputeDtype D, class Value>
+__device__ void accumulate_product(float acc[][4], const float p[][4], Value value) {
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  ANVIL_UNROLL
+  for (int k = 0; k < N / 16; k++) {
+    // C fragments of columns 16k..16k+7 and 16k+8..16k+15 are this A fragment's halves.
+    const uint32_t a[4] = {pack16<D>(p[2 * k][0], p[2 * k][1]), pack16<D>(p[2 * k][2], p[2 * k][3]),
+                           pack16<D>(p[2 * k + 1][0], p[2 * k + 1][1]), pack16<D>(p[2 * k + 1][2], p[2 * k + 1][3])};
+    const int r = 16 * k + 2 * t;
+    ANVIL_UNROLL
+    for (int n = 0; n < HS / 8; n++) {
+      const int c = 8 * n + g;
+      const uint32_t b[2] = {value(r, c) | (value(r + 1, c) << 16), value(r + 8, c) | (value(r + 9, c) << 16)};
+      mma_16816<D>(acc[n], a, b);
+    }
+  }
+}
+
+// The first key any query of rows [q0, q0 + kRows) sees, into shared memory.
+__device__ void first_key_of_block(int* first, const Window& w, int q0) {
+  if (threadIdx.x == 0) {
+    int f = q0;
+    for (int i = q0; i < q0 + kRows && i < w.T; i++) f = min(f, w.first(i));
+    *first = f;
+  }
+  __syncthreads();
+}
+
+// Across the four lanes that hold one row of a C fragment.
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, shfl_xor(v, 1));
+  return fmaxf(v, shfl_xor(v, 2));
+}
+__device__ inline float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+
+// Where a head's operands start in a qkv row (attention.h).
+struct Columns {
+  int q, k, v;
+  __device__ Columns(const AttentionHeads& a, int h)
+      : q(h * a.head_size),
+        k(a.q_channels() + (h / a.group()) * a.head_size),
+        v(a.q_channels() + a.kv_channels() + (h / a.group()) * a.head_size) {}
+};
+
+// The dropout factor of probability (h, i, j) of a sequence: 0, or 1/(1-p) when kept.
+struct DropoutMask {
+  DropoutSite site;
+  uint64_t stream;
+  int T;
+  __device__ DropoutMask(const DropoutSite& s, int b, int T_) : site(s), stream(dropout_stream(s.key, s.first_sample + b)), T(T_) {}
+  __device__ float factor(int h, int i, int j) const {
+    return dropout_keep(stream, attention_dropout_index(h, i, j, T), site.threshold()) ? site.scale() : 0.0f;
+  }
+};
+
+// ---- forward: a block per (64 queries, head, sequence)
+
+template <int HS, ComputeDtype D>
+__global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, const int32_t* positions, int T,
+                                     float scale, AttentionHeads heads) {
+  __shared__ uint32_t keys[kTile * kRowWords<HS>];
+  __shared__ uint32_t values_t[HS * kRowWords<kTile>];  // transposed: (channel, key)
+  __shared__ int first;
+  const int h = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels();
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  const int q0 = blockIdx.x * kRows, row0 = q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
+  const int rows[2] = {row0 + g, row0 + g + 8};
+  const float* x = qkv + static_cast<long>(b) * T * ld;
+  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
+  const Columns col(heads, h);
+  const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+  const DropoutMask drop(heads.dropout, b, T);
+
+  uint32_t q[HS / 16][4];
+  load_a_rows<HS, D>(q, x + col.q, ld, row0, T);
+  float o[HS / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // this lane's share of each row's sum
+
+  first_key_of_block(&first, w, q0);
+  const int last = min(q0 + kRows, T) - 1;
+  for (int j0 = first / kTile * kTile; j0 <= last; j0 += kTile) {
+    __syncthreads();  // the previous tile is no longer read
+    load_tile<HS, kTile, D>(keys, x + static_cast<long>(j0) * ld + col.k, ld, T - j0);
+    load_tile_transposed<HS, D>(values_t, x + static_cast<long>(j0) * ld + col.v, ld, T - j0);
+    __syncthreads();
+    float s[8][4];
+    product_with_tile_rows<HS, kTile, D>(s, q, keys);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    ANVIL_UNROLL
+    for (int n = 0; n < 8; n++)
+      ANVIL_UNROLL
+      for (int e = 0; e < 4; e++) {
+        const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
+        s[n][e] = w.visible(i, j) ? s[n][e] * scale + slope * static_cast<float>(j - i) : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+      }
+    float base[2];
+    ANVIL_UNROLL
+    for (int r = 0; r < 2; r++) {
+      const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+      // A row with no visible key yet keeps zeros (exp(-inf - 0)), never exp(-inf + inf).
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = expf(m[r] - base[r]);
+      l[r] *= alpha;
+      ANVIL_UNROLL
+      for (int n = 0; n < HS / 8; n++) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+      m[r] = m_new;
+    }
+    ANVIL_UNROLL
+    for (int n = 0; n < 8; n++)
+      ANVIL_UNROLL
+      for (int e = 0; e < 4; e++) {
+        const float p = expf(s[n][e] - base[e / 2]);
+        l[e / 2] += p;
+        const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
+        s[n][e] = heads.dropout.active() && p != 0.0f ? p * drop.factor(h, i, j) : p;
+      }
+    accumulate_product<HS, kTile, D>(o, s, [&](int r, int c) { return half_at(values_t + c * kRowWords<kTile>, r); });
+  }
+  ANVIL_UNROLL
+  for (int r = 0; r < 2; r++) {
+    const int i = rows[r];
+    const float sum = quad_sum(l[r]);
+    if (i >= T) continue;
+    float* y = out + (static_cast<long>(b) * T + i) * heads.q_channels() + col.q;
+    ANVIL_UNROLL
+    for (int n = 0; n < HS / 8; n++) {
+      y[8 * n + 2 * t] = o[n][2 * r] / sum;
+      y[8 * n + 2 * t + 1] = o[n][2 * r + 1] / sum;
+    }
+    if (t == 0) lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = m[r] + logf(sum);
+  }
+}
+
+// ---- backward
+
+// Probability and score gradient at (i, j) from the recomputed raw score s and dP = dout·vᵀ:
+// p·m and scale·p·(m·dP - D), m the dropout factor (1 without dropout); 0 where j is hidden.
+struct Gradients {
+  float pm, ds;
+};
+__device__ inline Gradients score_gradients(float s, float dp, int h, int i, int j, float lse_i, float d_i,
+                                            const Window& w, float scale, float slope, const AttentionHeads& heads,
+                                            const DropoutMask& drop) {
+  if (!w.visible(i, j)) return {0.0f, 0.0f};
+  const float p = expf(s * scale - (lse_i - slope * static_cast<float>(j - i)));
+  const float m = heads.dropout.active() ? drop.factor(h, i, j) : 1.0f;
+  return {p * m, scale * p * (dp * m - d_i)};
+}
+
+// dK and dV of 64 keys of one key/value head: a block per (64 keys, key/value head, sequence).
+// Each group of 32 lanes owns 16 keys and sums over the group's query heads in order, and over
+// each head's query blocks in order, kQ queries a step: 32 at head size 128, where this kernel's
+// registers (K's and V's fragments besides dK's and dV's) are full (ptxas, sm_90a: 255 registers
+// and 144 bytes spilled; 64 queries spill 1.2 KB).
+template <int HS, ComputeDtype D>
+__global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                         const float* delta, const int32_t* positions, int T, float scale,
+                                         AttentionHeads heads) {
+  constexpr int kQ = HS == 128 ? 32 : kTile;
+  __shared__ uint32_t queries[kQ * kRowWords<HS>];
+  __shared__ uint32_t grads[kQ * kRowWords<HS>];  // dout's rows
+  __shared__ float tile_lse[kQ], tile_delta[kQ];
+  const int kvh = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels(), C = heads.q_channels();
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  const int j0 = blockIdx.x * kRows, key0 = j0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
+  const int keys[2] = {key0 + g, key0 + g + 8};
+  const float* x = qkv + static_cast<long>(b) * T * ld;
+  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
+  const Columns kv_col(heads, kvh * heads.group());
+  const DropoutMask drop(heads.dropout, b, T);
+
+  uint32_t k[HS / 16][4], v[HS / 16][4];
+  load_a_rows<HS, D>(k, x + kv_col.k, ld, key0, T);
+  load_a_rows<HS, D>(v, x + kv_col.v, ld, key0, T);
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  for (int h = kvh * heads.group(); h < (kvh + 1) * heads.group(); h++) {
+    const Columns col(heads, h);
+    const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+    const long stats = (static_cast<long>(b) * heads.n_heads + h) * T;
+    for (int i0 = j0; i0 < T; i0 += kQ) {
+      __syncthreads();
+      load_tile<HS, kQ, D>(queries, x + static_cast<long>(i0) * ld + col.q, ld, T - i0);
+      load_tile<HS, kQ, D>(grads, dout + (static_cast<long>(b) * T + i0) * C + col.q, C, T - i0);
+      for (int r = threadIdx.x; r < kQ; r += kThreads) {
+        tile_lse[r] = i0 + r < T ? lse[stats + i0 + r] : 0.0f;
+        tile_delta[r] = i0 + r < T ? delta[stats + i0 + r] : 0.0f;
+      }
+      __syncthreads();
+      // Sᵀ (16 keys x kQ queries) = K Qᵀ and dPᵀ = V dOᵀ.
+      float s[kQ / 8][4], dp[kQ / 8][4];
+      product_with_tile_rows<HS, kQ, D>(s, k, queries);
+      product_with_tile_rows<HS, kQ, D>(dp, v, grads);
+      ANVIL_UNROLL
+      for (int n = 0; n < kQ / 8; n++)
+        ANVIL_UNROLL
+        for (int e = 0; e < 4; e++) {
+          const int r = 8 * n + 2 * t + (e & 1), i = i0 + r, j = keys[e / 2];
+          const Gradients gr = score_gradients(s[n][e], dp[n][e], h, i, j, tile_lse[r], tile_delta[r], w, scale,
+                                               slope, heads, drop);
+          s[n][e] = gr.pm;
+          dp[n][e] = gr.ds;
+        }
+      // dV += Pᵀ dO and dK += dSᵀ Q, the tiles' rows being the products' k.
+      accumulate_product<HS, kQ, D>(dv, s, [&](int r, int c) { return half_at(grads + r * kRowWords<HS>, c); });
+      accumulate_product<HS, kQ, D>(dk, dp, [&](int r, int c) { return half_at(queries + r * kRowWords<HS>, c); });
+    }
+  }
+  ANVIL_UNROLL
+  for (int r = 0; r < 2; r++) {
+    if (keys[r] >= T) continue;
+    float* row = dqkv + (static_cast<long>(b) * T + keys[r]) * ld;
+    ANVIL_UNROLL
+    for (int n = 0; n < HS / 8; n++)
+      ANVIL_UNROLL
+      for (int e = 0; e < 2; e++) {
+        row[kv_col.k + 8 * n + 2 * t + e] = dk[n][2 * r + e];
+        row[kv_col.v + 8 * n + 2 * t + e] = dv[n][2 * r + e];
+      }
+  }
+}
+
+// dQ of 64 queries of one head: a block per (64 queries, head, sequence), over the key blocks in
+// order.
+template <int HS, ComputeDtype D>
+__global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                        const float* delta, const int32_t* positions, int T, float scale,
+                                        AttentionHeads heads) {
+  __shared__ uint32_t keys[kTile * kRowWords<HS>];
+  __shared__ uint32_t values[kTile * kRowWords<HS>];
+  __shared__ int first;
+  const int h = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels(), C = heads.q_channels();
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+  const int q0 = blockIdx.x * kRows, row0 = q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
+  const int rows[2] = {row0 + g, row0 + g + 8};
+  const float* x = qkv + static_cast<long>(b) * T * ld;
+  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
+  const Columns col(heads, h);
+  const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+  const DropoutMask drop(heads.dropout, b, T);
+  const long stats = (static_cast<long>(b) * heads.n_heads + h) * T;
+
+  uint32_t q[HS / 16][4], go[HS / 16][4];
+  load_a_rows<HS, D>(q, x + col.q, ld, row0, T);
+  load_a_rows<HS, D>(go, dout + static_cast<long>(b) * T * C + col.q, C, row0, T);
+  float row_lse[2], row_delta[2];
+  ANVIL_UNROLL
+  for (int r = 0; r < 2; r++) {
+    row_lse[r] = rows[r] < T ? lse[stats + rows[r]] : 0.0f;
+    row_delta[r] = rows[r] < T ? delta[stats + rows[r]] : 0.0f;
+  }
+  float dq[HS / 8][4] = {};
+
+  first_key_of_block(&first, w, q0);
+  const int last = min(q0 + kRows, T) - 1;
+  for (int j0 = first / kTile * kTile; j0 <= last; j0 += kTile) {
+    __syncthreads();
+    load_tile<HS, kTile, D>(keys, x + static_cast<long>(j0) * ld + col.k, ld, T - j0);
+    load_tile<HS, kTile, D>(values, x + static_cast<long>(j0) * ld + col.v, ld, T - j0);
+    __syncthreads();
+    float s[8][4], dp[8][4];
+    product_with_tile_rows<HS, kTile, D>(s, q, keys);
+    product_with_tile_rows<HS, kTile, D>(dp, go, values);
+    ANVIL_UNROLL
+    for (int n = 0; n < 8; n++)
+      ANVIL_UNROLL
+      for (int e = 0; e < 4; e++) {
+        const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
+        dp[n][e] = score_gradients(s[n][e], dp[n][e], h, i, j, row_lse[e / 2], row_delta[e / 2], w, scale, slope,
+                                   heads, drop)
+                       .ds;
+      }
+    // dQ += dS K.
+    accumulate_product<HS, kTile, D>(dq, dp, [&](int r, int c) { return half_at(keys + r * kRowWords<HS>, c); });
+  }
+  ANVIL_UNROLL
+  for (int r = 0; r < 2; r++) {
+    if (rows[r] >= T) continue;
+    float* row = dqkv + (static_cast<long>(b) * T + rows[r]) * ld + col.q;
+    ANVIL_UNROLL
+    for (int n = 0; n < HS / 8; n++)
+      ANVIL_UNROLL
+      for (int e = 0; e < 2; e++) row[8 * n + 2 * t + e] = dq[n][2 * r + e];
+  }
+}
+
+// The row sums D of every sequence.
+GpuScratch delta_scratch;
+
+// f.run<HS, D>() for the heads' size and operand dtype (flash_attention_supported).
+template <class F>
+void with_shape(const AttentionHeads& heads, const F& f) {
+  const bool bf16 = heads.operands == ComputeDtype::kBf16;
+  constexpr ComputeDtype kBf16 = ComputeDtype::kBf16, kFp16 = ComputeDtype::kFp16;
+  switch (heads.head_size) {
+    case 16: return bf16 ? f.template run<16, kBf16>() : f.template run<16, kFp16>();
+    case 32: return bf16 ? f.template run<32, kBf16>() : f.template run<32, kFp16>();
+    case 64: return bf16 ? f.template run<64, kBf16>() : f.template run<64, kFp16>();
+    default: return bf16 ? f.template run<128, kBf16>() : f.template run<128, kFp16>();
+  }
+}
+
+struct Forward {
+  float* out;
+  float* lse;
+  const float* qkv;
+  const int32_t* positions;
+  int B, T;
+  float scale;
+  AttentionHeads heads;
+  template <int HS, ComputeDtype D>
+  void run() const {
+    const dim3 grid((T + kRows - 1) / kRows, heads.n_heads, B);
+    GPU_LAUNCH((flash_forward_kernel<HS, D>), grid, kThreads)(out, lse, qkv, positions, T, scale, heads);
+  }
+};
+
+struct Backward {
+  float* dqkv;
+  const float* dout;
+  const float* qkv;
+  const float* lse;
+  const float* delta;
+  const int32_t* positions;
+  int B, T;
+  float scale;
+  AttentionHeads heads;
+  template <int HS, ComputeDtype D>
+  void run() const {
+    const int blocks = (T + kRows - 1) / kRows;
+    GPU_LAUNCH((flash_backward_kv_kernel<HS, D>), dim3(blocks, heads.n_kv_heads, B), kThreads)(
+        dqkv, dout, qkv, lse, delta, positions, T, scale, heads);
+    GPU_LAUNCH((flash_backward_q_kernel<HS, D>), dim3(blocks, heads.n_heads, B), kThreads)(
+        dqkv, dout, qkv, lse, delta, positions, T, scale, heads);
+  }
+};
+
+}  // namespace
+
+bool flash_attention_supported(const AttentionHeads& heads) {
+  const int hs = heads.head_size;
+  return heads.operands != ComputeDtype::kFp32 && (hs == 16 || hs == 32 || hs == 64 || hs == 128);
+}
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
+                             const AttentionHeads& heads) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(heads.head_size));
+  with_shape(heads, Forward{out, lse, qkv, positions, B, T, scale, heads});
+}
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              const int32_t* positions, int B, int T, const AttentionHeads& heads) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(heads.head_size));
+  const int C = heads.q_channels(), NH = heads.n_heads;
+  float* delta = static_cast<float*>(delta_scratch.get(static_cast<size_t>(B) * NH * T * sizeof(float)));
+  for (int b = 0; b < B; b++) {
+    const long rows = static_cast<long>(b) * T * C;
+    attention_delta(delta + static_cast<long>(b) * NH * T, dout + rows, out + rows, T, C, NH);
+  }
+  with_shape(heads, Backward{dqkv, dout, qkv, lse, delta, positions, B, T, scale, heads});
+}
+
+}  // namespace anvil::gpu

@@ -3,6 +3,7 @@
 #include "device/device.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -70,9 +71,25 @@ std::vector<GpuInfo> gpu_devices() {
 
 namespace {
 
+// Host-to-device copies of up to kStagedCopyBytes (those inside a step: tokens, targets,
+// positions, the embedding's touched rows) go through a ring of page-locked staging blocks: the
+// caller's bytes are copied into the next block, the transfer is queued on the stream and the call
+// returns, so the GPU is not stopped between a step's ops for the host to catch up. A block is
+// reused once the event recorded after its last transfer has passed (kStagingBlocks copies later).
+// Larger copies (weights, checkpoints, host collectives' results) wait for their transfer.
+constexpr size_t kStagedCopyBytes = size_t{1} << 20;
+constexpr int kStagingBlocks = 16;
+struct StagingBlock {
+  void* host = nullptr;
+  gpuEvent_t done = nullptr;
+};
+
 struct DeviceState {
   int index = -1;
   gpuStream_t stream = nullptr, comm_stream = nullptr;
+  std::mutex staging_mu;
+  StagingBlock staging[kStagingBlocks];
+  int next_staging = 0;
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free_blocks;  // size class -> cached blocks
   std::unordered_map<void*, size_t> live;            // block -> size class
@@ -256,9 +273,25 @@ GpuAllocatorStats gpu_allocator_stats() {
 
 void gpu_copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  // Waits: the host buffer may be reused as soon as this returns.
-  GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyHostToDevice, gpu_stream()));
-  GPU_CHECK(gpuStreamSynchronize(gpu_stream()));
+  DeviceState& s = selected();
+  // The host buffer may be reused as soon as this returns: its bytes are staged, or the copy waits.
+  if (bytes > kStagedCopyBytes) {
+    GPU_CHECK(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyHostToDevice, gpu_stream()));
+    GPU_CHECK(gpuStreamSynchronize(gpu_stream()));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(s.staging_mu);
+  StagingBlock& block = s.staging[s.next_staging];
+  s.next_staging = (s.next_staging + 1) % kStagingBlocks;
+  if (!block.host) {
+    GPU_CHECK(gpuMallocHost(&block.host, kStagedCopyBytes));
+    GPU_CHECK(gpuEventCreateWithFlags(&block.done, gpuEventDisableTiming));
+  } else {
+    GPU_CHECK(gpuEventSynchronize(block.done));
+  }
+  std::memcpy(block.host, src, bytes);
+  GPU_CHECK(gpuMemcpyAsync(dst, block.host, bytes, gpuMemcpyHostToDevice, gpu_stream()));
+  GPU_CHECK(gpuEventRecord(block.done, gpu_stream()));
 }
 
 void gpu_copy_to_host(void* dst, const void* src, size_t bytes) {

@@ -77,6 +77,8 @@ void* gpu_timestamp();
 double gpu_elapsed_ms(void* start, void* end);
 void gpu_timestamp_release(void* stamp);
 
+// Queued on the calling thread's stream; host_src may be reused on return (small copies are staged
+// in page-locked memory and do not wait, larger ones wait for their transfer).
 void gpu_copy_to_device(void* dst, const void* host_src, size_t bytes);
 void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
 void gpu_copy_on_device(void* dst, const void* src, size_t bytes);

@@ -422,6 +422,16 @@ gpuError_t gpuFree(void* p) {
   return gpuSuccess;
 }
 
+gpuError_t gpuMallocHost(void** p, size_t bytes) {
+  *p = std::malloc(bytes == 0 ? 1 : bytes);
+  return *p ? gpuSuccess : fail(gpuErrorMemoryAllocation);
+}
+
+gpuError_t gpuFreeHost(void* p) {
+  std::free(p);
+  return gpuSuccess;
+}
+
 // The direction must match the pointers, as it must on a GPU without unified addressing.
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
   const bool dst_device = anvil::emulation::on_device(dst), src_device = anvil::emulation::on_device(src);

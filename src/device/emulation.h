@@ -58,6 +58,9 @@ gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 gpuError_t gpuDeviceGetPCIBusId(char* id, int length, int device);
 gpuError_t gpuMalloc(void** p, size_t bytes);
 gpuError_t gpuFree(void* p);
+// Page-locked host memory: host memory like any other here.
+gpuError_t gpuMallocHost(void** p, size_t bytes);
+gpuError_t gpuFreeHost(void* p);
 // Work is done when it is issued: streams and events only order what is already ordered.
 gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t stream);
 gpuError_t gpuMemsetAsync(void* dst, int value, size_t bytes, gpuStream_t stream);

@@ -26,6 +26,8 @@ using gpu_bf16 = hip_bfloat16;
 #define gpuMemGetInfo hipMemGetInfo
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
+#define gpuMallocHost hipHostMalloc
+#define gpuFreeHost hipHostFree
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
@@ -66,6 +68,8 @@ using gpu_bf16 = __nv_bfloat16;
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice

@@ -27,6 +27,7 @@ namespace anvil::gpu {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr long kMaxGridY = 65535;  // a grid's y extent
 inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
 // The partial sums of the column reductions.
@@ -65,12 +66,24 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   out[i] = wpe ? e + wpe[static_cast<long>(t) * C + c] : e;
 }
 
-// One thread per channel walks the positions in order: a token that occurs twice adds its two
-// gradients in position order, as the reference does, with no atomics.
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, long N) {
+// A block per position n (blockIdx.y) and block of channels: the block of a token's first
+// position owns its row, and adds the gradients of every position holding that token into it in
+// position order, as the reference does; the blocks of later positions have nothing to do. No two
+// blocks write one row, so no atomics, and the rows are summed in parallel (a thread per channel
+// walking all positions in turn left the GPU nearly idle).
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, long N,
+                                            long n0) {
+  const long n = n0 + blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t token = tokens[n];
+  for (long m = 0; m < n; m++)
+    if (tokens[m] == token) return;  // not its first position: that block owns the row
   if (c >= C) return;
-  for (long n = 0; n < N; n++) dwte[static_cast<long>(tokens[n]) * C + c] += dout[n * C + c];
+  float* row = dwte + static_cast<long>(token) * C + c;
+  float s = *row;
+  for (long m = n; m < N; m++)
+    if (tokens[m] == token) s += dout[m * C + c];
+  *row = s;
 }
 
 // blockIdx.y: the row; the rows are distinct, so no two threads touch the same element.
@@ -512,7 +525,10 @@ void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
                       int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
-  GPU_LAUNCH(encoder_backward_wte_kernel, blocks_for(C, 64), 64)(dwte, dout, tokens, C, N);
+  for (long n0 = 0; n0 < N; n0 += kMaxGridY) {
+    const dim3 grid(blocks_for(C, 128), static_cast<unsigned>(std::min<long>(N - n0, kMaxGridY)));
+    GPU_LAUNCH(encoder_backward_wte_kernel, grid, 128)(dwte, dout, tokens, C, N, n0);
+  }
   GPU_CHECK_LAUNCH();
   if (!dwpe) return;
   if (positions)
@@ -524,9 +540,9 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 }
 
 void add_rows(float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
-  constexpr size_t kMaxGridRows = 65535;  // the grid's y extent
-  for (size_t r = 0; r < n_rows && row_len > 0; r += kMaxGridRows) {
-    const dim3 grid(blocks_for(static_cast<long>(row_len)), static_cast<unsigned>(std::min(kMaxGridRows, n_rows - r)));
+  const size_t max_rows = kMaxGridY;
+  for (size_t r = 0; r < n_rows && row_len > 0; r += max_rows) {
+    const dim3 grid(blocks_for(static_cast<long>(row_len)), static_cast<unsigned>(std::min(max_rows, n_rows - r)));
     GPU_LAUNCH(add_rows_kernel, grid, kThreads)(dst, x + r * row_len, rows + r, row_len);
     GPU_CHECK_LAUNCH();
   }

@@ -163,11 +163,13 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
   ANVIL_DISPATCH(crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V, d);
 }
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
-  ANVIL_DISPATCH(adamw_update, p, g, m, v, n, s);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors, int n_tensors,
+                  const AdamWStep& s) {
+  ANVIL_DISPATCH(adamw_update, p, g, m, v, n, tensors, n_tensors, s);
 }
-void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
-  ANVIL_DISPATCH(adamw_update_fixed, p, acc, e, m, v, n, s);
+void adamw_update_fixed(float* p, const int64_t* acc, float* m, float* v, size_t n, const AdamWTensor* tensors,
+                        int n_tensors, const AdamWStep& s) {
+  ANVIL_DISPATCH(adamw_update_fixed, p, acc, m, v, n, tensors, n_tensors, s);
 }
 double sum_of_squares(const float* x, size_t n) { ANVIL_DISPATCH(sum_of_squares, x, n); }
 bool scale_values_check_finite(float* x, size_t n, float coef) {

@@ -20,8 +20,7 @@ AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout,
   v_.assign_zeros(hi - lo);
 }
 
-template <class Update>
-void AdamW::for_each_tensor(double lr, float grad_scale, const Update& update) {
+AdamWStep AdamW::begin_step(double lr, float grad_scale, const std::vector<int>* exponents) {
   t_++;
   const float beta1 = static_cast<float>(cfg_.beta1), beta2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
@@ -31,28 +30,32 @@ void AdamW::for_each_tensor(double lr, float grad_scale, const Update& update) {
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const double decay_rate = cfg_.name == OptimizerKind::kAdamW ? lr * cfg_.weight_decay
                                                  : (cfg_.lr > 0 ? lr / cfg_.lr : 1.0) * cfg_.weight_decay;
+  tensors_host_.clear();
   for (size_t k = 0; k < layout_.size(); k++) {
     const ParamTensor& t = layout_[k];
     const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
     if (a >= b) continue;
     const float keep = t.weight_decay ? static_cast<float>(1.0 - decay_rate) : 1.0f;
-    update(k, a - lo_, b - a, AdamWStep{beta1, beta2, eps, step_size, bc2_sqrt, keep, grad_scale});
+    tensors_host_.push_back({a - lo_, b - a, keep, exponents ? (*exponents)[k] : 0});
   }
+  if (tensors_.size() < tensors_host_.size()) tensors_.assign_zeros(tensors_host_.size());
+  op_copy_from_host(tensors_.data(), tensors_host_.data(), tensors_host_.size() * sizeof(AdamWTensor));
+  return AdamWStep{beta1, beta2, eps, step_size, bc2_sqrt, grad_scale};
 }
 
 void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
-  for_each_tensor(lr, grad_scale, [&](size_t, size_t at, size_t count, const AdamWStep& s) {
-    adamw_update(params + at, grads + at, m_.data() + at, v_.data() + at, count, s);
-  });
+  const AdamWStep s = begin_step(lr, grad_scale, nullptr);
+  adamw_update(params, grads, m_.data(), v_.data(), hi_ - lo_, tensors_.data(), static_cast<int>(tensors_host_.size()),
+               s);
 }
 
 void AdamW::step(float* params, const int64_t* fixed, const std::vector<int>& exponents, double lr,
                  float grad_scale) {
   ANVIL_CHECK(exponents.size() == layout_.size(), "{} fixed-point exponents for {} tensors", exponents.size(),
               layout_.size());
-  for_each_tensor(lr, grad_scale, [&](size_t k, size_t at, size_t count, const AdamWStep& s) {
-    adamw_update_fixed(params + at, fixed + at, exponents[k], m_.data() + at, v_.data() + at, count, s);
-  });
+  const AdamWStep s = begin_step(lr, grad_scale, &exponents);
+  adamw_update_fixed(params, fixed, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
+                     static_cast<int>(tensors_host_.size()), s);
 }
 
 float clip_coefficient(double norm, double max_norm) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/buffer.h"
+#include "kernels/optimizer.h"
 #include "config/train_config.h"
 #include "model/model.h"
 
@@ -30,14 +31,16 @@ class AdamW {
   void set_steps_taken(int64_t t) { t_ = t; }
 
  private:
-  // Advances the step count and calls update(k, offset from lo, count, step) for each layout
-  // tensor k that overlaps [lo, hi).
-  template <class Update>
-  void for_each_tensor(double lr, float grad_scale, const Update& update);
+  // Advances the step count and sets tensors_ to this step's part of every layout tensor that
+  // overlaps [lo, hi) (offsets from lo; its decay, and its exponent when given); returns the
+  // step's shared factors.
+  AdamWStep begin_step(double lr, float grad_scale, const std::vector<int>* exponents);
   OptimizerConfig cfg_;
   std::vector<ParamTensor> layout_;
   size_t lo_ = 0, hi_ = 0;
   OpArray<float> m_, v_;
+  std::vector<AdamWTensor> tensors_host_;
+  OpArray<AdamWTensor> tensors_;  // the step's tensors where the ops read them
   int64_t t_ = 0;
 };
 

@@ -470,17 +470,33 @@ void crossentropy_cases(std::vector<OpCase>& cases) {
 
 // The optimizer's and deterministic training's ops. The CPU's AdamW and sums give the
 // reference's bits; the GPU may contract AdamW's moment updates into fused multiply-adds.
+// AdamW's tensors over n elements: sizes of 1 to about n/3 (a GPU block's 256 elements spanning
+// several tensors, and tensors spanning many blocks), decaying or not, each at its own exponent, a
+// gap between some (elements no tensor covers stay as they were).
+std::vector<AdamWTensor> adamw_tensors(size_t n) {
+  std::vector<AdamWTensor> t;
+  for (size_t at = 0, k = 0; at < n; k++) {
+    const size_t count = std::min(n - at, k % 4 == 1 ? size_t{1} : 1 + (k * 7919 + 13) % (n / 3 + 1));
+    t.push_back({at, count, k % 3 ? 0.999f : 1.0f, 8 + static_cast<int32_t>(k % 5)});
+    at += count + (k % 4 == 2 ? 3 : 0);
+  }
+  return t;
+}
+
 void optimizer_cases(std::vector<OpCase>& cases) {
-  const AdamWStep step{0.9f, 0.95f, 1e-8f, 1e-3f, 0.3f, 0.999f, 0.25f};
+  const AdamWStep step{0.9f, 0.95f, 1e-8f, 1e-3f, 0.3f, 0.25f};
   Check adamw = close(kFp32Elementwise);
   adamw.bits_on_cpu = true;
   for (long n : {1L, 7L, 1000L, 1L << 20}) {
     auto v = randn(n, 8);
     for (float& e : v) e = e * e;  // a second moment is not negative
-    cases.push_back({case_name("adamw_update", {{"N", n}}), [=](OpRun& r) {
-      ANVIL_RUN_OP(r, adamw_update, r.inout("p", randn(n, 6), adamw), r.in("g", randn(n, 3)),
-                   r.inout("m", randn(n, 7, 0.1f), adamw), r.inout("v", v, adamw), n, step);
-    }});
+    const std::vector<AdamWTensor> tensors = adamw_tensors(n);
+    cases.push_back({case_name("adamw_update", {{"N", n}, {"tensors", static_cast<long>(tensors.size())}}),
+                     [=](OpRun& r) {
+                       ANVIL_RUN_OP(r, adamw_update, r.inout("p", randn(n, 6), adamw), r.in("g", randn(n, 3)),
+                                    r.inout("m", randn(n, 7, 0.1f), adamw), r.inout("v", v, adamw), n,
+                                    r.in("tensors", tensors), static_cast<int>(tensors.size()), step);
+                     }});
     Check sum = close(kFp32Reduction);
     sum.bits_on_cpu = true;
     cases.push_back({case_name("sum_of_squares", {{"N", n}}), [=](OpRun& r) {
@@ -527,10 +543,12 @@ void optimizer_cases(std::vector<OpCase>& cases) {
         auto* squares = r.inout("squares", std::vector<unsigned __int128>{123}, exact());
         ANVIL_RUN_OP(r, fixed_point_squares, r.in("acc", acc), len, squares);
       }});
+    std::vector<AdamWTensor> tensors = adamw_tensors(n);
+    for (AdamWTensor& t : tensors) t.exponent += e - 10;
     cases.push_back({case_name("adamw_update_fixed", dims), [=](OpRun& r) {
-      ANVIL_RUN_OP(r, adamw_update_fixed, r.inout("p", std::vector<float>(n, 1.0f), adamw), r.in("acc", acc), e,
+      ANVIL_RUN_OP(r, adamw_update_fixed, r.inout("p", std::vector<float>(n, 1.0f), adamw), r.in("acc", acc),
                    r.inout("m", std::vector<float>(n, 0.1f), adamw), r.inout("v", std::vector<float>(n, 0.01f), adamw),
-                   n, step);
+                   n, r.in("tensors", tensors), static_cast<int>(tensors.size()), step);
     }});
   }
   // A NaN is infinity in the maximum (which tells the caller that the sums are void).

@@ -11,9 +11,10 @@ namespace anvil::cpu {
 
 namespace {
 
-[[gnu::always_inline]] inline void adamw_element(float& p, float g_in, float& m, float& v, const AdamWStep& s) {
+[[gnu::always_inline]] inline void adamw_element(float& p, float g_in, float& m, float& v, float keep,
+                                                 const AdamWStep& s) {
   const float g = g_in * s.grad_scale;
-  p *= s.keep;
+  p *= keep;
   m = s.beta1 * m + (1.0f - s.beta1) * g;
   v = s.beta2 * v + (1.0f - s.beta2) * g * g;
   p -= s.step_size * m / (std::sqrt(v) / s.bc2_sqrt + s.eps);
@@ -30,28 +31,46 @@ namespace {
 // Compiled per instruction set (ANVIL_CPU_CLONES) for vector width (124M parameters' update: 80
 // ms a step in SSE2, 50-60 in AVX). This file is compiled with -ffp-contract=off, so that where
 // FMA exists GCC does not fuse the moments' updates: every clone gives the reference's bits.
-ANVIL_CPU_CLONES void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi,
+ANVIL_CPU_CLONES void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi, float keep,
                                   const AdamWStep& s) {
 #pragma omp simd
-  for (size_t i = lo; i < hi; i++) adamw_element(p[i], g[i], m[i], v[i], s);
+  for (size_t i = lo; i < hi; i++) adamw_element(p[i], g[i], m[i], v[i], keep, s);
 }
 
 ANVIL_CPU_CLONES void adamw_fixed_range(float* p, const int64_t* acc, double inverse_scale, float* m, float* v,
-                                        size_t lo, size_t hi, const AdamWStep& s) {
+                                        size_t lo, size_t hi, float keep, const AdamWStep& s) {
 #pragma omp simd
   for (size_t i = lo; i < hi; i++)
-    adamw_element(p[i], static_cast<float>(int64_to_double(acc[i]) * inverse_scale), m[i], v[i], s);
+    adamw_element(p[i], static_cast<float>(int64_to_double(acc[i]) * inverse_scale), m[i], v[i], keep, s);
 }
 
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
-  over_threads(n, [&](size_t lo, size_t hi) { adamw_range(p, g, m, v, lo, hi, s); });
+void adamw_update(float* p, const float* g, float* m, float* v, size_t, const AdamWTensor* tensors, int n_tensors,
+                  const AdamWStep& s) {
+  for (int k = 0; k < n_tensors; k++) {
+    const AdamWTensor& t = tensors[k];
+    float* pt = p + t.offset;
+    float* mt = m + t.offset;
+    float* vt = v + t.offset;
+    const float* gt = g + t.offset;
+    over_threads(t.count, [&](size_t lo, size_t hi) { adamw_range(pt, gt, mt, vt, lo, hi, t.keep, s); });
+  }
 }
 
-void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
-  const double inverse_scale = std::ldexp(1.0, -e);  // a power of two: the product is exact
-  over_threads(n, [&](size_t lo, size_t hi) { adamw_fixed_range(p, acc, inverse_scale, m, v, lo, hi, s); });
+void adamw_update_fixed(float* p, const int64_t* acc, float* m, float* v, size_t, const AdamWTensor* tensors,
+                        int n_tensors, const AdamWStep& s) {
+  for (int k = 0; k < n_tensors; k++) {
+    const AdamWTensor& t = tensors[k];
+    const double inverse_scale = std::ldexp(1.0, -t.exponent);  // a power of two: the product is exact
+    float* pt = p + t.offset;
+    float* mt = m + t.offset;
+    float* vt = v + t.offset;
+    const int64_t* at = acc + t.offset;
+    over_threads(t.count, [&](size_t lo, size_t hi) {
+      adamw_fixed_range(pt, at, inverse_scale, mt, vt, lo, hi, t.keep, s);
+    });
+  }
 }
 
 double sum_of_squares(const float* x, size_t n) {

@@ -15,27 +15,49 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kChunk = size_t{1} << 16;
 
-// The gradient as floats, or read from fixed point (kernels/optimizer.h).
+// The gradient as floats, or read from fixed point at its tensor's exponent (kernels/optimizer.h).
 struct FloatGradient {
   const float* g;
-  __device__ float operator()(size_t i) const { return g[i]; }
+  __device__ float operator()(size_t i, const AdamWTensor&) const { return g[i]; }
 };
 struct FixedGradient {
   const int64_t* acc;
-  double inverse_scale;
-  __device__ float operator()(size_t i) const { return static_cast<float>(static_cast<double>(acc[i]) * inverse_scale); }
+  __device__ float operator()(size_t i, const AdamWTensor& t) const {
+    return static_cast<float>(static_cast<double>(acc[i]) * ldexp(1.0, -t.exponent));  // exact: a power of two
+  }
 };
 
+// Every tensor of the step in one launch, a thread per element of [0, n): the block finds the
+// tensor holding its first element by bisection, each thread steps on from there to its own.
 template <class Gradient>
-__global__ void adamw_kernel(float* p, Gradient g, float* m, float* v, size_t n, AdamWStep s) {
-  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+__global__ void adamw_kernel(float* p, Gradient g, float* m, float* v, size_t n, const AdamWTensor* tensors, int K,
+                             AdamWStep s) {
+  __shared__ int first;
+  const size_t block0 = static_cast<size_t>(blockIdx.x) * blockDim.x;
+  if (threadIdx.x == 0) {
+    int lo = 0, hi = K - 1;  // the last tensor starting at or before block0 (or tensor 0)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (tensors[mid].offset <= block0)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    first = lo;
+  }
+  __syncthreads();
+  const size_t i = block0 + threadIdx.x;
   if (i >= n) return;
-  const float gi = g(i) * s.grad_scale;
+  int k = first;
+  while (k + 1 < K && tensors[k + 1].offset <= i) k++;
+  const AdamWTensor t = tensors[k];
+  if (i < t.offset || i >= t.offset + t.count) return;  // between tensors
+  const float gi = g(i, t) * s.grad_scale;
   const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
   const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
   m[i] = mi;
   v[i] = vi;
-  p[i] = p[i] * s.keep - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
+  p[i] = p[i] * t.keep - s.step_size * mi / (sqrtf(vi) / s.bc2_sqrt + s.eps);
 }
 
 __global__ void chunk_squares_kernel(double* partial, const float* x, size_t n) {
@@ -66,16 +88,19 @@ GpuScratch chunk_sums, nonfinite_flag;
 
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
-  if (n == 0) return;
-  GPU_LAUNCH(adamw_kernel<FloatGradient>, blocks_for(n), kThreads)(p, FloatGradient{g}, m, v, n, s);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors, int n_tensors,
+                  const AdamWStep& s) {
+  if (n == 0 || n_tensors == 0) return;
+  GPU_LAUNCH(adamw_kernel<FloatGradient>, blocks_for(n), kThreads)(p, FloatGradient{g}, m, v, n, tensors, n_tensors,
+                                                                   s);
   GPU_CHECK_LAUNCH();
 }
 
-void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
-  if (n == 0) return;
-  GPU_LAUNCH(adamw_kernel<FixedGradient>, blocks_for(n), kThreads)(p, FixedGradient{acc, std::ldexp(1.0, -e)}, m, v,
-                                                                   n, s);
+void adamw_update_fixed(float* p, const int64_t* acc, float* m, float* v, size_t n, const AdamWTensor* tensors,
+                        int n_tensors, const AdamWStep& s) {
+  if (n == 0 || n_tensors == 0) return;
+  GPU_LAUNCH(adamw_kernel<FixedGradient>, blocks_for(n), kThreads)(p, FixedGradient{acc}, m, v, n, tensors, n_tensors,
+                                                                   s);
   GPU_CHECK_LAUNCH();
 }
 

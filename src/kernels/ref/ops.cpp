@@ -459,23 +459,33 @@ namespace anvil::ref {
 
 namespace {
 template <class Gradient>
-void adamw(float* p, const Gradient& g, float* m, float* v, size_t n, const AdamWStep& s) {
-  for (size_t i = 0; i < n; i++) {
-    const float gi = g(i) * s.grad_scale;
-    p[i] *= s.keep;
-    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
-    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
-    p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
+void adamw(float* p, const Gradient& g, float* m, float* v, size_t n, const AdamWTensor* tensors, int n_tensors,
+           const AdamWStep& s) {
+  for (int k = 0; k < n_tensors; k++) {
+    const AdamWTensor& t = tensors[k];
+    for (size_t i = t.offset; i < t.offset + t.count; i++) {
+      const float gi = g(i, t) * s.grad_scale;
+      p[i] *= t.keep;
+      m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
+      v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
+      p[i] -= s.step_size * m[i] / (std::sqrt(v[i]) / s.bc2_sqrt + s.eps);
+    }
   }
 }
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWStep& s) {
-  adamw(p, [g](size_t i) { return g[i]; }, m, v, n, s);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors, int n_tensors,
+                  const AdamWStep& s) {
+  adamw(p, [g](size_t i, const AdamWTensor&) { return g[i]; }, m, v, n, tensors, n_tensors, s);
 }
 
-void adamw_update_fixed(float* p, const int64_t* acc, int e, float* m, float* v, size_t n, const AdamWStep& s) {
-  adamw(p, [acc, e](size_t i) { return static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -e)); }, m, v, n, s);
+void adamw_update_fixed(float* p, const int64_t* acc, float* m, float* v, size_t n, const AdamWTensor* tensors,
+                        int n_tensors, const AdamWStep& s) {
+  adamw(p,
+        [acc](size_t i, const AdamWTensor& t) {
+          return static_cast<float>(std::ldexp(static_cast<double>(acc[i]), -t.exponent));
+        },
+        m, v, n, tensors, n_tensors, s);
 }
 
 double sum_of_squares(const float* x, size_t n) {

@@ -11,11 +11,22 @@
 // are fp32 (attention.h: heads.operands). Head sizes 16, 32, 64 and 128.
 #include <cmath>
 
+#include "kernels/gpu/internal.h"
+
+// NVIDIA only: AMD's matrix cores (MFMA) have other fragment layouts, and device/mma.h's portable
+// product, which runs there, is no faster than the fp32 GEMMs of attention.cpp that AMD keeps.
+#if defined(ANVIL_HIP)
+namespace anvil::gpu {
+bool flash_attention_supported(const AttentionHeads&) { return false; }
+void flash_attention_forward(float*, float*, const float*, const int32_t*, int, int, const AttentionHeads&) {}
+void flash_attention_backward(float*, const float*, const float*, const float*, const float*, const int32_t*, int, int,
+                              const AttentionHeads&) {}
+}  // namespace anvil::gpu
+#else
 #include "device/device.h"
 #include "device/mma.h"
 #include "device/stream.h"
 #include "kernels/attention.h"
-#include "kernels/gpu/internal.h"
 
 namespace anvil::gpu {
 namespace {
@@ -261,7 +272,7 @@ __device__ inline Gradients score_gradients(float s, float dp, int h, int i, int
 // Each group of 32 lanes owns 16 keys and sums over the group's query heads in order, and over
 // each head's query blocks in order, kQ queries a step: 32 at head size 128, where this kernel's
 // registers (K's and V's fragments besides dK's and dV's) are full (ptxas, sm_90a: 255 registers
-// and 144 bytes spilled; 64 queries spill 1.2 KB).
+// and a 144-byte spill frame; 64 queries need 424 bytes).
 template <int HS, ComputeDtype D>
 __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                          const float* delta, const int32_t* positions, int T, float scale,
@@ -470,3 +481,4 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
 }
 
 }  // namespace anvil::gpu
+#endif  // ANVIL_HIP

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# What a session lent a GPU checks and measures, as one command that fits a short lease (about 10
+# minutes on an H100): the GPU kernels against the reference on the hardware (the tensor-core
+# product's layout and the flash attention kernels first), anvil doctor, training on the GPU
+# against the CPU, then anvil against PyTorch on the models of docs/PERFORMANCE.md's GPU table,
+# alternating rounds (bench/train_vs_pytorch.sh), and deterministic_mode's cost.
+# Uses build/cuda-release (built here when missing: carry it to skip the build). Everything it
+# prints also goes to OUT/gpu_session.log; each benchmark's lines to OUT/bench_NAME.log.
+# Usage: bench/gpu_session.sh [OUT]   (OUT defaults to $OUT, else /tmp/anvil-gpu-session)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${1:-${OUT:-/tmp/anvil-gpu-session}}"
+mkdir -p "$out"
+exec > >(tee "$out/gpu_session.log") 2>&1
+bin=build/cuda-release/bin
+step() { echo "== $(date +%T) $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c "import torch; print('PyTorch', torch.__version__, 'CUDA', torch.version.cuda)" 2>/dev/null ||
+  echo "no PyTorch: the comparisons below will install Debian's"
+if [ ! -x "$bin/anvil" ] || [ ! -x "$bin/test_gpu_ops" ]; then
+  step "building cuda-release"
+  cmake --preset cuda-release > /dev/null && cmake --build build/cuda-release -j"$(nproc)" --target anvil test_gpu_ops |
+    grep -E "error" || true
+fi
+
+step "tensor-core product and flash attention against the reference"
+timeout 120 "$bin/test_gpu_ops" --gtest_brief=1 --gtest_filter='Mma*:*attention*'
+step "every GPU op"
+timeout 240 "$bin/test_gpu_ops" --gtest_brief=1
+step "doctor"
+timeout 60 "$bin/anvil" doctor
+step "training on the GPU (tests/gpu/test_gpu_training.sh)"
+timeout 300 tests/gpu/test_gpu_training.sh "$bin/anvil" "$root"
+
+# name, then train_vs_pytorch.sh's arguments
+bench() {
+  local name="$1"
+  shift
+  step "bench $name: $*"
+  timeout 240 bench/train_vs_pytorch.sh "$@" > "$out/bench_$name.log" 2>&1
+  tail -4 "$out/bench_$name.log"
+}
+gpt2_124m=(configs/bench-124m.yaml --steps 5 --rounds 2 --attention sdpa kernels=gpu max_seq_len=1024
+           model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8)
+bench 124m_bf16 "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=false
+bench 124m_bf16_deterministic "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=true
+bench 124m_fp32 "${gpt2_124m[@]}" precision=fp32 deterministic_mode=false
+bench 350m_bf16 configs/bench-124m.yaml --steps 3 --rounds 1 --attention sdpa kernels=gpu model.n_layers=24 \
+  model.n_heads=16 model.d_model=1024 max_seq_len=2048 model.max_seq_len=2048 global_train_batch_size=8 \
+  device_train_microbatch_size=8 precision=amp_bf16 deterministic_mode=false
+step "op profile, GPT-2 124M amp_bf16"
+timeout 120 "$bin/anvil" bench train configs/bench-124m.yaml kernels=gpu deterministic_mode=false max_seq_len=1024 \
+  model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8 precision=amp_bf16 --steps 3 \
+  --profile 2>&1 | tail -40
+step "done"

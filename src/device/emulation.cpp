@@ -96,6 +96,7 @@ struct BlockRun {
   int threads = 0, current = 0, live = 0, at_block_barrier = 0;
   std::vector<int> warp_arrived;
   std::vector<uint64_t> exchange;  // a slot per thread for warp_exchange
+  std::vector<uint64_t> gathered;  // slots per thread for warp_gather
   bool fibers_on = false;          // false: threads run as plain calls
   bool met_barrier = false;
 };
@@ -268,6 +269,19 @@ uint64_t warp_exchange(uint64_t bits, int source) {
   const uint64_t got = run.exchange[std::min(lane0 + source, run.threads - 1)];
   warp_barrier();  // every lane has read before any writes again
   return got;
+}
+
+void warp_gather(const uint64_t* mine, int words, uint64_t* all) {
+  const int t = run.current;
+  const int lane0 = t - t % kWarpLanes, lanes = std::min(kWarpLanes, run.threads - lane0);
+  const size_t w = static_cast<size_t>(words);
+  // The first lane to arrive grows the slots, before any lane of this round has written.
+  if (run.gathered.size() < static_cast<size_t>(run.threads) * w) run.gathered.resize(static_cast<size_t>(run.threads) * w);
+  std::copy(mine, mine + w, run.gathered.begin() + static_cast<ptrdiff_t>(t * w));
+  warp_barrier();  // every lane has written
+  std::copy(run.gathered.begin() + static_cast<ptrdiff_t>(lane0 * w),
+            run.gathered.begin() + static_cast<ptrdiff_t>((lane0 + lanes) * w), all);
+  warp_barrier();  // every lane has read before any writes again
 }
 
 void run_grid(dim3 grid, dim3 block, const std::function<void()>& thread_body) {

@@ -120,6 +120,9 @@ void fail_illegal_address();
 void block_barrier();
 void warp_barrier();
 uint64_t warp_exchange(uint64_t bits, int source);
+// Every lane of the warp gives `words` values and receives all lanes' (all[lane · words + i],
+// lanes in order): what `words` rounds of shuffles from every lane would give, in one exchange.
+void warp_gather(const uint64_t* mine, int words, uint64_t* all);
 
 template <class T>
 T shuffle(T v, int source) {

@@ -1,16 +1,17 @@
 // Tensor-core matrix products of one 32-lane group: D (16x8, fp32) += A (16x16) · B (16x8), A and B
 // 16-bit (bf16 or fp16) with exact products and fp32 accumulation, in the register layout of
 // NVIDIA's mma.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type").
-// On NVIDIA from sm_80 it is that instruction. Everywhere else (AMD, whose MFMA layouts differ,
-// and the emulated GPU) the same layout is computed with lane shuffles, so a kernel written
-// against it runs, and is tested, unchanged: its fragment bookkeeping is exercised by the emulator.
+// On NVIDIA (sm_80 and later) it is that instruction; the emulated GPU computes the same layout
+// from the fragments every lane gives, so a kernel written against it is tested there unchanged
+// (its fragment bookkeeping, not the instruction). AMD's matrix cores (MFMA) lay fragments out
+// otherwise and have no version here.
 //
 // Layout, for lane l of the group, g = l / 4 and t = l % 4 (an A or B register holds two 16-bit
 // values, the lower-numbered column or row in its low half):
 //   A: a[0] = A[g][2t, 2t+1]    a[1] = A[g+8][2t, 2t+1]    a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
 //   B: b[0] = B[2t, 2t+1][g]    b[1] = B[2t+8, 2t+9][g]
 //   D: d[0], d[1] = D[g][2t, 2t+1]    d[2], d[3] = D[g+8][2t, 2t+1]
-// On AMD's 64-lane wavefronts each half is a group of its own.
+// On the emulator's 64-lane (AMD) wavefronts each half is a group of its own.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -78,24 +79,13 @@ __device__ inline uint32_t pack16(float lo, float hi) {
   return bits16<D>(lo) | (bits16<D>(hi) << 16);
 }
 
-#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
-// Lane `source` (0-31) of this lane's group gives v.
-__device__ inline uint64_t group_shfl(uint64_t v, int source) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int from = (lane - lane % kMmaLanes) + source;
-#if defined(ANVIL_HIP)
-  return static_cast<uint64_t>(__shfl(static_cast<unsigned long long>(v), from, kWarpSize));
-#else
-  return static_cast<uint64_t>(__shfl_sync(0xffffffffu, static_cast<unsigned long long>(v), from, kWarpSize));
-#endif
-}
-__device__ inline uint64_t pair(uint32_t lo, uint32_t hi) { return lo | (static_cast<uint64_t>(hi) << 32); }
-#endif
-
 // d += A·B for one 32-lane group; every lane of the group calls it together.
 template <ComputeDtype D>
 __device__ inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ < 800
+#error "device/mma.h: mma.sync.m16n8k16 on 16-bit floats needs sm_80 or later"
+#endif
   if constexpr (D == ComputeDtype::kBf16)
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -108,35 +98,32 @@ __device__ inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  // This lane's outputs are rows g and g+8 of D, columns 2t and 2t+1: it gathers rows g and g+8
-  // of A and columns 2t and 2t+1 of B, four k values at a time, from the lanes holding them.
-  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes;
-  const int g = lane / 4, t = lane % 4;
+#elif defined(ANVIL_GPU_EMULATION)
+  // Every lane gives its fragments; lane (g, t) then forms rows g and g+8 of D, columns 2t and
+  // 2t+1, from the lanes holding them: row r of A at k = 2s, 2s+1 in lane (r mod 8, s)'s register
+  // r / 8 (2 + r / 8 for k + 8), column n of B at k = 2s, 2s+1 in lane (n, s)'s b[0] (b[1] for
+  // k + 8).
+  const int wave_lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int group0 = wave_lane - wave_lane % kMmaLanes, lane = wave_lane % kMmaLanes, g = lane / 4, t = lane % 4;
+  const uint64_t mine[3] = {a[0] | (uint64_t{a[1]} << 32), a[2] | (uint64_t{a[3]} << 32), b[0] | (uint64_t{b[1]} << 32)};
+  uint64_t all[kWarpSize * 3];
+  emulation::warp_gather(mine, 3, all);
+  const auto reg = [&](int from, int r) { return static_cast<uint32_t>(all[(group0 + from) * 3 + r / 2] >> (32 * (r % 2))); };
+  const auto value = [](uint32_t pair, int k) { return float16_value<D>((pair >> (16 * k)) & 0xffffu); };
   float acc[4] = {d[0], d[1], d[2], d[3]};
-  for (int s = 0; s < 4; s++) {
-    // Lane (g, s) holds A[g or g+8][2s, 2s+1] and [2s+8, 2s+9]; lane (n, s) holds B[2s, 2s+1][n]
-    // and B[2s+8, 2s+9][n].
-    const uint64_t a01 = group_shfl(pair(a[0], a[1]), g * 4 + s), a23 = group_shfl(pair(a[2], a[3]), g * 4 + s);
-    const uint64_t b0 = group_shfl(pair(b[0], b[1]), (2 * t) * 4 + s);
-    const uint64_t b1 = group_shfl(pair(b[0], b[1]), (2 * t + 1) * 4 + s);
-    // k = 2s, 2s+1 (the low registers), then 2s+8, 2s+9.
-    for (int half = 0; half < 2; half++) {
-      const uint32_t row_g = static_cast<uint32_t>(half ? a23 : a01);
-      const uint32_t row_g8 = static_cast<uint32_t>((half ? a23 : a01) >> 32);
-      const uint32_t col0 = static_cast<uint32_t>(b0 >> (32 * half)), col1 = static_cast<uint32_t>(b1 >> (32 * half));
+  for (int s = 0; s < 4; s++)
+    for (int high = 0; high < 2; high++)  // k = 2s, 2s+1, then 2s+8, 2s+9
       for (int k = 0; k < 2; k++) {
-        const int sh = 16 * k;
-        const float ag = float16_value<D>((row_g >> sh) & 0xffffu), ag8 = float16_value<D>((row_g8 >> sh) & 0xffffu);
-        const float b_0 = float16_value<D>((col0 >> sh) & 0xffffu), b_1 = float16_value<D>((col1 >> sh) & 0xffffu);
-        acc[0] += ag * b_0;
-        acc[1] += ag * b_1;
-        acc[2] += ag8 * b_0;
-        acc[3] += ag8 * b_1;
+        const float ag = value(reg(g * 4 + s, 2 * high), k), ag8 = value(reg(g * 4 + s, 2 * high + 1), k);
+        const float b0 = value(reg(2 * t * 4 + s, 4 + high), k), b1 = value(reg((2 * t + 1) * 4 + s, 4 + high), k);
+        acc[0] += ag * b0;
+        acc[1] += ag * b1;
+        acc[2] += ag8 * b0;
+        acc[3] += ag8 * b1;
       }
-    }
-  }
   for (int i = 0; i < 4; i++) d[i] = acc[i];
+#elif defined(__HIP_DEVICE_COMPILE__)
+#error "device/mma.h has NVIDIA's product only: AMD's matrix cores lay fragments out otherwise"
 #endif
 }
 

@@ -36,6 +36,12 @@ constexpr int kThreads = kWarps * kMmaLanes;
 constexpr int kRows = 16 * kWarps;              // a block's queries (forward, dQ) or keys (dK, dV)
 constexpr int kTile = 64;                       // the keys or queries of one step
 constexpr int kPad = 8;                         // 16-bit values after each shared row: see kRowWords
+// Exponentials are taken base 2: a multiply-add and exp2f per score, where expf adds a range
+// reduction to each. They bound the speed as much as the products do: on an H100 a score's 4·HS
+// tensor-core flops take an SM 1/16 of a cycle at head size 64 (about 4096 bf16 flops a cycle),
+// and its exponential as long on the special-function units (16 a cycle). Scores are scaled by
+// log2(e) as they are formed; lse is stored in natural log, as attention.h says.
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Shared tiles hold 16-bit pairs, row-major, kRowWords<HS> words per row of HS values: rows of
 // HS + 8 values put the rows g = 0..7 that one fragment load reads on distinct banks.
@@ -185,7 +191,8 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
   const float* x = qkv + static_cast<long>(b) * T * ld;
   const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
   const Columns col(heads, h);
-  const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+  const float slope2 = (heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e;
+  const float scale2 = scale * kLog2e;
   const DropoutMask drop(heads.dropout, b, T);
 
   uint32_t q[HS / 16][4];
@@ -208,16 +215,16 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
       ANVIL_UNROLL
       for (int e = 0; e < 4; e++) {
         const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
-        s[n][e] = w.visible(i, j) ? s[n][e] * scale + slope * static_cast<float>(j - i) : -INFINITY;
+        s[n][e] = w.visible(i, j) ? s[n][e] * scale2 + slope2 * static_cast<float>(j - i) : -INFINITY;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
       }
     float base[2];
     ANVIL_UNROLL
     for (int r = 0; r < 2; r++) {
       const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-      // A row with no visible key yet keeps zeros (exp(-inf - 0)), never exp(-inf + inf).
+      // A row with no visible key yet keeps zeros (2^(-inf - 0)), never 2^(-inf + inf).
       base[r] = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = expf(m[r] - base[r]);
+      const float alpha = exp2f(m[r] - base[r]);
       l[r] *= alpha;
       ANVIL_UNROLL
       for (int n = 0; n < HS / 8; n++) {
@@ -230,7 +237,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
     for (int n = 0; n < 8; n++)
       ANVIL_UNROLL
       for (int e = 0; e < 4; e++) {
-        const float p = expf(s[n][e] - base[e / 2]);
+        const float p = exp2f(s[n][e] - base[e / 2]);
         l[e / 2] += p;
         const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
         s[n][e] = heads.dropout.active() && p != 0.0f ? p * drop.factor(h, i, j) : p;
@@ -248,7 +255,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
       y[8 * n + 2 * t] = o[n][2 * r] / sum;
       y[8 * n + 2 * t + 1] = o[n][2 * r + 1] / sum;
     }
-    if (t == 0) lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = m[r] + logf(sum);
+    if (t == 0) lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = (m[r] + log2f(sum)) * kLn2;
   }
 }
 
@@ -256,14 +263,15 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
 
 // Probability and score gradient at (i, j) from the recomputed raw score s and dP = dout·vᵀ:
 // p·m and scale·p·(m·dP - D), m the dropout factor (1 without dropout); 0 where j is hidden.
+// lse2_i is the row's log-sum-exp times log2(e); scale2 and slope2 are scale and slope times it.
 struct Gradients {
   float pm, ds;
 };
-__device__ inline Gradients score_gradients(float s, float dp, int h, int i, int j, float lse_i, float d_i,
-                                            const Window& w, float scale, float slope, const AttentionHeads& heads,
-                                            const DropoutMask& drop) {
+__device__ inline Gradients score_gradients(float s, float dp, int h, int i, int j, float lse2_i, float d_i,
+                                            const Window& w, float scale, float scale2, float slope2,
+                                            const AttentionHeads& heads, const DropoutMask& drop) {
   if (!w.visible(i, j)) return {0.0f, 0.0f};
-  const float p = expf(s * scale - (lse_i - slope * static_cast<float>(j - i)));
+  const float p = exp2f(s * scale2 - (lse2_i - slope2 * static_cast<float>(j - i)));
   const float m = heads.dropout.active() ? drop.factor(h, i, j) : 1.0f;
   return {p * m, scale * p * (dp * m - d_i)};
 }
@@ -280,7 +288,7 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
   constexpr int kQ = HS == 128 ? 32 : kTile;
   __shared__ uint32_t queries[kQ * kRowWords<HS>];
   __shared__ uint32_t grads[kQ * kRowWords<HS>];  // dout's rows
-  __shared__ float tile_lse[kQ], tile_delta[kQ];
+  __shared__ float tile_lse[kQ], tile_delta[kQ];  // lse times log2(e)
   const int kvh = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels(), C = heads.q_channels();
   const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
   const int j0 = blockIdx.x * kRows, key0 = j0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
@@ -294,16 +302,17 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
   load_a_rows<HS, D>(k, x + kv_col.k, ld, key0, T);
   load_a_rows<HS, D>(v, x + kv_col.v, ld, key0, T);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  const float scale2 = scale * kLog2e;
   for (int h = kvh * heads.group(); h < (kvh + 1) * heads.group(); h++) {
     const Columns col(heads, h);
-    const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+    const float slope2 = (heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e;
     const long stats = (static_cast<long>(b) * heads.n_heads + h) * T;
     for (int i0 = j0; i0 < T; i0 += kQ) {
       __syncthreads();
       load_tile<HS, kQ, D>(queries, x + static_cast<long>(i0) * ld + col.q, ld, T - i0);
       load_tile<HS, kQ, D>(grads, dout + (static_cast<long>(b) * T + i0) * C + col.q, C, T - i0);
       for (int r = threadIdx.x; r < kQ; r += kThreads) {
-        tile_lse[r] = i0 + r < T ? lse[stats + i0 + r] : 0.0f;
+        tile_lse[r] = i0 + r < T ? lse[stats + i0 + r] * kLog2e : 0.0f;
         tile_delta[r] = i0 + r < T ? delta[stats + i0 + r] : 0.0f;
       }
       __syncthreads();
@@ -317,7 +326,7 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
         for (int e = 0; e < 4; e++) {
           const int r = 8 * n + 2 * t + (e & 1), i = i0 + r, j = keys[e / 2];
           const Gradients gr = score_gradients(s[n][e], dp[n][e], h, i, j, tile_lse[r], tile_delta[r], w, scale,
-                                               slope, heads, drop);
+                                               scale2, slope2, heads, drop);
           s[n][e] = gr.pm;
           dp[n][e] = gr.ds;
         }
@@ -356,17 +365,18 @@ __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const fl
   const float* x = qkv + static_cast<long>(b) * T * ld;
   const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
   const Columns col(heads, h);
-  const float slope = heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f;
+  const float slope2 = (heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e;
+  const float scale2 = scale * kLog2e;
   const DropoutMask drop(heads.dropout, b, T);
   const long stats = (static_cast<long>(b) * heads.n_heads + h) * T;
 
   uint32_t q[HS / 16][4], go[HS / 16][4];
   load_a_rows<HS, D>(q, x + col.q, ld, row0, T);
   load_a_rows<HS, D>(go, dout + static_cast<long>(b) * T * C + col.q, C, row0, T);
-  float row_lse[2], row_delta[2];
+  float row_lse[2], row_delta[2];  // lse times log2(e)
   ANVIL_UNROLL
   for (int r = 0; r < 2; r++) {
-    row_lse[r] = rows[r] < T ? lse[stats + rows[r]] : 0.0f;
+    row_lse[r] = rows[r] < T ? lse[stats + rows[r]] * kLog2e : 0.0f;
     row_delta[r] = rows[r] < T ? delta[stats + rows[r]] : 0.0f;
   }
   float dq[HS / 8][4] = {};
@@ -386,8 +396,8 @@ __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const fl
       ANVIL_UNROLL
       for (int e = 0; e < 4; e++) {
         const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
-        dp[n][e] = score_gradients(s[n][e], dp[n][e], h, i, j, row_lse[e / 2], row_delta[e / 2], w, scale, slope,
-                                   heads, drop)
+        dp[n][e] = score_gradients(s[n][e], dp[n][e], h, i, j, row_lse[e / 2], row_delta[e / 2], w, scale, scale2,
+                                   slope2, heads, drop)
                        .ds;
       }
     // dQ += dS K.

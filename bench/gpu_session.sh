@@ -3,7 +3,8 @@
 # minutes on an H100): the GPU kernels against the reference on the hardware (the tensor-core
 # product's layout and the flash attention kernels first), anvil doctor, training on the GPU
 # against the CPU, then anvil against PyTorch on the models of docs/PERFORMANCE.md's GPU table,
-# alternating rounds (bench/train_vs_pytorch.sh), and deterministic_mode's cost.
+# one round each (bench/train_vs_pytorch.sh; rerun it with --rounds 5 for a figure to record), and
+# deterministic_mode's cost.
 # Uses build/cuda-release (built here when missing: carry it to skip the build). Everything it
 # prints also goes to OUT/gpu_session.log; each benchmark's lines to OUT/bench_NAME.log.
 # Usage: bench/gpu_session.sh [OUT]   (OUT defaults to $OUT, else /tmp/anvil-gpu-session)
@@ -43,7 +44,7 @@ bench() {
   timeout 240 bench/train_vs_pytorch.sh "$@" > "$out/bench_$name.log" 2>&1
   tail -4 "$out/bench_$name.log"
 }
-gpt2_124m=(configs/bench-124m.yaml --steps 5 --rounds 2 --attention sdpa kernels=gpu max_seq_len=1024
+gpt2_124m=(configs/bench-124m.yaml --steps 5 --rounds 1 --attention sdpa kernels=gpu max_seq_len=1024
            model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8)
 bench 124m_bf16 "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=false
 bench 124m_bf16_deterministic "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=true

@@ -116,15 +116,17 @@ void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_st
   check_rope_shape(row_stride, n_heads, HS);
   ANVIL_DISPATCH(rope_backward, dx, positions, B, T, row_stride, n_heads, HS, theta);
 }
-void swiglu_forward(float* out, const float* inp, int N, int F) { ANVIL_DISPATCH(swiglu_forward, out, inp, N, F); }
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
-  ANVIL_DISPATCH(swiglu_backward, dinp, inp, dout, N, F);
+void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {
+  ANVIL_DISPATCH(swiglu_forward, out, inp, N, F, d);
 }
-void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
-  ANVIL_DISPATCH(gelu_forward, out, inp, N, form);
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F, ComputeDtype d) {
+  ANVIL_DISPATCH(swiglu_backward, dinp, inp, dout, N, F, d);
 }
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
-  ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N, form);
+void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d) {
+  ANVIL_DISPATCH(gelu_forward, out, inp, N, form, d);
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d) {
+  ANVIL_DISPATCH(gelu_backward, dinp, inp, dout, N, form, d);
 }
 void round_to_dtype(float* x, long N, ComputeDtype d) { ANVIL_DISPATCH(round_to_dtype, x, N, d); }
 void widen_bf16(float* out, const uint16_t* in, long N) { ANVIL_DISPATCH(widen_bf16, out, in, N); }

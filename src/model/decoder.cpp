@@ -510,15 +510,16 @@ void Decoder::norm_backward(float* dinp, float* dw, const float* dout, const flo
 
 void Decoder::mlp_activation(float* out, const float* fch, int N) {
   const int F = cfg_.mlp_width();
-  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_forward(out, fch, N, F);
-  gelu_forward(out, fch, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh);
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_forward(out, fch, N, F, dtype());
+  gelu_forward(out, fch, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh,
+               dtype());
 }
 
 void Decoder::mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N) {
   const int F = cfg_.mlp_width();
-  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_backward(dfc, fch, dout, N, F);
-  gelu_backward(dfc, fch, dout, static_cast<long>(N) * F,
-                cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh);
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_backward(dfc, fch, dout, N, F, dtype());
+  gelu_backward(dfc, fch, dout, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh,
+                dtype());
 }
 
 namespace {
@@ -612,7 +613,6 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   lora_forward(l, BlockProduct::kFc, x.fch, w.fc, x.ln2, adapters);
   round_to_dtype(x.fch, static_cast<long>(N) * w.fc, dtype());
   mlp_activation(acts_.fch_gelu, x.fch, N);
-  round_to_dtype(acts_.fch_gelu, static_cast<long>(N) * w.hidden, dtype());
   matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
                            w.hidden, C);
   lora_forward(l, BlockProduct::kFcProj, scratch, C, acts_.fch_gelu, adapters);
@@ -880,18 +880,16 @@ void Decoder::block_backward(int l) {
     };
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * C;
-    const long NF = static_cast<long>(N) * w.hidden, NFC = static_cast<long>(N) * w.fc;
+    const long NF = static_cast<long>(N) * w.hidden;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout).
     const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
     float* fch = x.fch + r * w.fc;
     float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
     mlp_activation(fch_gelu, fch, N);
-    round_to_dtype(fch_gelu, NF, dtype());
     linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, w.hidden, C, BlockProduct::kFcProj);
     round_to_dtype(dbig_, NF, dtype());
     mlp_activation_backward(dfc_, fch, dbig_, N);
-    round_to_dtype(dfc_, NFC, dtype());
     linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc, BlockProduct::kFc);
     round_to_dtype(dsmall, NC, dtype());
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);

@@ -131,7 +131,7 @@ class Decoder final : public Model {
   // norms' outputs' gradients to their inputs', and the norms' parameter gradients.
   void qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n);
   // The MLP activation (GELU or SwiGLU) of N rows of fch into out, and its gradient: dfc from
-  // dout and fch.
+  // dout and fch; both rounded to the compute dtype as they are written.
   void mlp_activation(float* out, const float* fch, int N);
   void mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N);
   // Layer l's attention (its dropout at sequence b0 of the microbatch when training).

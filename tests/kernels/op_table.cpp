@@ -214,17 +214,20 @@ void matmul_cases(std::vector<OpCase>& cases) {
 void elementwise_cases(std::vector<OpCase>& cases) {
   for (long n : {1L, 7L, 13L, 4099L, 1L << 20}) {
     const auto x = randn(n, 1, 3.0f), y = randn(n, 2), dout = randn(n, 3);
-    for (GeluForm form : {GeluForm::kTanh, GeluForm::kErf}) {
-      const char* variant = form == GeluForm::kTanh ? "tanh" : "erf";
-      cases.push_back({case_name("gelu_forward", {{"N", n}}, variant), [=](OpRun& r) {
-        float* out = r.out("out", n, close(kFp32Elementwise));
-        ANVIL_RUN_OP(r, gelu_forward, out, r.in("inp", x), n, form);
-      }});
-      cases.push_back({case_name("gelu_backward", {{"N", n}}, variant), [=](OpRun& r) {
-        float* dinp = r.out("dinp", n, close(kFp32Elementwise));
-        ANVIL_RUN_OP(r, gelu_backward, dinp, r.in("inp", x), r.in("dout", dout), n, form);
-      }});
-    }
+    // fp32, and the outputs rounded to each 16-bit dtype (every value one of the dtype's).
+    for (GeluForm form : {GeluForm::kTanh, GeluForm::kErf})
+      for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+        const std::string variant = std::string(form == GeluForm::kTanh ? "tanh" : "erf") +
+                                    (d == ComputeDtype::kFp32 ? "" : std::string("_") + dtype_name(d));
+        Check check = close(rounded_tolerance(d));
+        check.values_of = d;
+        cases.push_back({case_name("gelu_forward", {{"N", n}}, variant), [=](OpRun& r) {
+          ANVIL_RUN_OP(r, gelu_forward, r.out("out", n, check), r.in("inp", x), n, form, d);
+        }});
+        cases.push_back({case_name("gelu_backward", {{"N", n}}, variant), [=](OpRun& r) {
+          ANVIL_RUN_OP(r, gelu_backward, r.out("dinp", n, check), r.in("inp", x), r.in("dout", dout), n, form, d);
+        }});
+      }
     for (float p : {0.1f, 0.5f}) {
       // Whole sequences of n elements, numbered from 7 in the step's batch: the same bits on every
       // backend (an integer hash and one product per element).
@@ -303,14 +306,18 @@ void elementwise_cases(std::vector<OpCase>& cases) {
   for (SwigluShape s : {SwigluShape{1, 1}, SwigluShape{3, 7}, SwigluShape{33, 1000}, SwigluShape{64, 2752}}) {
     const size_t NF = static_cast<size_t>(s.N) * s.F;
     const auto inp = randn(2 * NF, 1, 3.0f);
-    cases.push_back({case_name("swiglu_forward", {{"N", s.N}, {"F", s.F}}), [=](OpRun& r) {
-      float* out = r.out("out", NF, close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, swiglu_forward, out, r.in("inp", inp), s.N, s.F);
-    }});
-    cases.push_back({case_name("swiglu_backward", {{"N", s.N}, {"F", s.F}}), [=](OpRun& r) {
-      float* dinp = r.out("dinp", 2 * NF, close(kFp32Elementwise));
-      ANVIL_RUN_OP(r, swiglu_backward, dinp, r.in("inp", inp), r.in("dout", randn(NF, 2)), s.N, s.F);
-    }});
+    for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16}) {
+      const std::string variant = d == ComputeDtype::kFp32 ? "" : dtype_name(d);
+      Check check = close(rounded_tolerance(d));
+      check.values_of = d;
+      cases.push_back({case_name("swiglu_forward", {{"N", s.N}, {"F", s.F}}, variant), [=](OpRun& r) {
+        ANVIL_RUN_OP(r, swiglu_forward, r.out("out", NF, check), r.in("inp", inp), s.N, s.F, d);
+      }});
+      cases.push_back({case_name("swiglu_backward", {{"N", s.N}, {"F", s.F}}, variant), [=](OpRun& r) {
+        ANVIL_RUN_OP(r, swiglu_backward, r.out("dinp", 2 * NF, check), r.in("inp", inp), r.in("dout", randn(NF, 2)),
+                     s.N, s.F, d);
+      }});
+    }
   }
   // Rounding is exact, over normal, subnormal, overflowing, tie and NaN inputs.
   std::vector<float> x = randn(1 << 16, 1, 100.0f);

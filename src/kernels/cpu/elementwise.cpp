@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/round_value.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/columns.h"
 #include "kernels/dropout.h"
@@ -317,32 +318,62 @@ ANVIL_CPU_CLONES void swiglu_backward_rows(float* dinp, const float* inp, const 
   }
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
-  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { swiglu_forward_rows(out, inp, lo, hi, F); });
+namespace {
+ANVIL_CPU_CLONES void round_range(float* x, size_t lo, size_t hi, ComputeDtype d) {
+  if (d == ComputeDtype::kBf16) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) x[i] = round_bf16_value(x[i]);
+  } else if (d == ComputeDtype::kFp16) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) x[i] = round_fp16_value(x[i]);
+  }
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
-  over_threads(static_cast<size_t>(N),
-               [&](size_t lo, size_t hi) { swiglu_backward_rows(dinp, inp, dout, lo, hi, F); });
+// compute(lo, hi) over each thread's range in blocks of a few KiB, each block of out (out_width
+// values per unit of the range) rounded to d while it is still in the core's cache: the rounding
+// costs no pass over memory of its own.
+template <class Compute>
+void over_threads_rounded(size_t n, float* out, size_t out_width, ComputeDtype d, const Compute& compute) {
+  constexpr size_t kBlockValues = 4096;
+  const size_t block = std::max<size_t>(1, kBlockValues / out_width);
+  over_threads(n, [&](size_t lo, size_t hi) {
+    for (size_t a = lo; a < hi; a += block) {
+      const size_t b = std::min(hi, a + block);
+      compute(a, b);
+      round_range(out, a * out_width, b * out_width, d);
+    }
+  });
+}
+}  // namespace
+
+void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {
+  over_threads_rounded(static_cast<size_t>(N), out, static_cast<size_t>(F), d,
+                       [&](size_t lo, size_t hi) { swiglu_forward_rows(out, inp, lo, hi, F); });
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F, ComputeDtype d) {
+  over_threads_rounded(static_cast<size_t>(N), dinp, 2 * static_cast<size_t>(F), d,
+                       [&](size_t lo, size_t hi) { swiglu_backward_rows(dinp, inp, dout, lo, hi, F); });
 }
 
 // The erf form: x·Φ(x), with Φ(x) = erfc(-x/√2)/2 formed from erfc of |x|/√2 (vec_math.h), so
 // the negative tail, where 1 + erf(x/√2) cancels, keeps its relative accuracy.
-void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
-  if (form == GeluForm::kErf) {
-    over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_erf_forward_range(out, inp, lo, hi); });
-    return;
-  }
-  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_forward_range(out, inp, lo, hi); });
+void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d) {
+  over_threads_rounded(static_cast<size_t>(N), out, 1, d, [&](size_t lo, size_t hi) {
+    if (form == GeluForm::kErf)
+      gelu_erf_forward_range(out, inp, lo, hi);
+    else
+      gelu_forward_range(out, inp, lo, hi);
+  });
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
-  if (form == GeluForm::kErf) {
-    over_threads(static_cast<size_t>(N),
-                 [&](size_t lo, size_t hi) { gelu_erf_backward_range(dinp, inp, dout, lo, hi); });
-    return;
-  }
-  over_threads(static_cast<size_t>(N), [&](size_t lo, size_t hi) { gelu_backward_range(dinp, inp, dout, lo, hi); });
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d) {
+  over_threads_rounded(static_cast<size_t>(N), dinp, 1, d, [&](size_t lo, size_t hi) {
+    if (form == GeluForm::kErf)
+      gelu_erf_backward_range(dinp, inp, dout, lo, hi);
+    else
+      gelu_backward_range(dinp, inp, dout, lo, hi);
+  });
 }
 
 void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {

@@ -226,6 +226,29 @@ __global__ void sum_partials_kernel(float* out0, float* out1, const double* part
   out[c] = static_cast<float>(out[c] + s);
 }
 
+// The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
+__device__ inline float round_bf16_value(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return __uint_as_float(nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded);
+}
+
+__device__ inline float round_fp16_value(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
+  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
+  const float small = (__uint_as_float(a) + 0.5f) - 0.5f;  // exact: see cpu/round_value.h
+  uint32_t out = a < 0x38800000u ? __float_as_uint(small) : normal;
+  out = a >= 0x477ff000u ? 0x7f800000u : out;
+  out = a > 0x7f800000u ? (a | 0x00400000u) : out;
+  return __uint_as_float(out | sign);
+}
+
+__device__ inline float round_value(float x, ComputeDtype d) {
+  return d == ComputeDtype::kBf16 ? round_bf16_value(x) : d == ComputeDtype::kFp16 ? round_fp16_value(x) : x;
+}
+
 // ---- element-wise
 
 constexpr float kGeluScale = 0.7978845608028654f;  // √(2/π)
@@ -243,23 +266,23 @@ __device__ inline Sigmoid2 sigmoid2(float u) {
 
 constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 
-__global__ void gelu_erf_forward_kernel(float* out, const float* inp, long N) {
+__global__ void gelu_erf_forward_kernel(float* out, const float* inp, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) out[i] = 0.5f * inp[i] * (1.0f + erff(inp[i] * kSqrtHalf));
+  if (i < N) out[i] = round_value(0.5f * inp[i] * (1.0f + erff(inp[i] * kSqrtHalf)), d);
 }
 
-__global__ void gelu_erf_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+__global__ void gelu_erf_backward_kernel(float* dinp, const float* inp, const float* dout, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const float x = inp[i];
-  dinp[i] = (0.5f * (1.0f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi) * dout[i];
+  dinp[i] = round_value((0.5f * (1.0f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi) * dout[i], d);
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, long N) {
+__global__ void gelu_forward_kernel(float* out, const float* inp, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const float x = inp[i];
-  out[i] = x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s;
+  out[i] = round_value(x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s, d);
 }
 
 // ---- RoPE: one thread per (row, head, pair); inv_freq as rope_inv_freq forms it on the host.
@@ -280,31 +303,32 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int T, int row_s
 }
 
 // One thread per (row, f); sigmoid(x) = sigmoid2(x/2), as in GELU.
-__global__ void swiglu_forward_kernel(float* out, const float* inp, int F, long NF) {
+__global__ void swiglu_forward_kernel(float* out, const float* inp, int F, long NF, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= NF) return;
   const long n = i / F, f = i % F;
   const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
-  out[i] = g * sigmoid2(0.5f * g).s * u;
+  out[i] = round_value(g * sigmoid2(0.5f * g).s * u, d);
 }
 
-__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, int F, long NF) {
+__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, int F, long NF,
+                                       ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= NF) return;
   const long n = i / F, f = i % F;
-  const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f], d = dout[i];
+  const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f], dy = dout[i];
   const Sigmoid2 sig = sigmoid2(0.5f * g);
-  dinp[n * 2 * F + f] = d * u * sig.s * (1.0f + g * sig.one_minus_s);
-  dinp[n * 2 * F + F + f] = d * g * sig.s;
+  dinp[n * 2 * F + f] = round_value(dy * u * sig.s * (1.0f + g * sig.one_minus_s), d);
+  dinp[n * 2 * F + F + f] = round_value(dy * g * sig.s, d);
 }
 
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N) {
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N) return;
   const float x = inp[i];
   const Sigmoid2 g = sigmoid2(kGeluScale * (x + 0.044715f * x * x * x));
   const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-  dinp[i] = (g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i];
+  dinp[i] = round_value((g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i], d);
 }
 
 __global__ void dropout_apply_kernel(float* out, const float* x, long n, long total, DropoutSite site, float scale,
@@ -344,33 +368,11 @@ __global__ void copy_columns_kernel(float* dst, long ld_dst, const float* src, l
   if (k < total) dst[(k / cols) * ld_dst + k % cols] = src[(k / cols) * ld_src + k % cols];
 }
 
-// The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
-__device__ inline float round_bf16_value(float x) {
-  const uint32_t u = __float_as_uint(x);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  return __uint_as_float(nan ? ((u | 0x00400000u) & 0xffff0000u) : rounded);
-}
-
-__device__ inline float round_fp16_value(float x) {
-  const uint32_t u = __float_as_uint(x);
-  const uint32_t sign = u & 0x80000000u, a = u & 0x7fffffffu;
-  const uint32_t normal = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;
-  const float small = (__uint_as_float(a) + 0.5f) - 0.5f;  // exact: see cpu/round_value.h
-  uint32_t out = a < 0x38800000u ? __float_as_uint(small) : normal;
-  out = a >= 0x477ff000u ? 0x7f800000u : out;
-  out = a > 0x7f800000u ? (a | 0x00400000u) : out;
-  return __uint_as_float(out | sign);
-}
-
 __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
-__device__ inline float round_value(float x, ComputeDtype d) {
-  return d == ComputeDtype::kBf16 ? round_bf16_value(x) : d == ComputeDtype::kFp16 ? round_fp16_value(x) : x;
-}
 
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -616,31 +618,31 @@ void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_st
   GPU_CHECK_LAUNCH();
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {
   const long NF = static_cast<long>(N) * F;
-  GPU_LAUNCH(swiglu_forward_kernel, blocks_for(NF), kThreads)(out, inp, F, NF);
+  GPU_LAUNCH(swiglu_forward_kernel, blocks_for(NF), kThreads)(out, inp, F, NF, d);
   GPU_CHECK_LAUNCH();
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F, ComputeDtype d) {
   const long NF = static_cast<long>(N) * F;
-  GPU_LAUNCH(swiglu_backward_kernel, blocks_for(NF), kThreads)(dinp, inp, dout, F, NF);
+  GPU_LAUNCH(swiglu_backward_kernel, blocks_for(NF), kThreads)(dinp, inp, dout, F, NF, d);
   GPU_CHECK_LAUNCH();
 }
 
-void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
+void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d) {
   if (form == GeluForm::kErf)
-    GPU_LAUNCH(gelu_erf_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
+    GPU_LAUNCH(gelu_erf_forward_kernel, blocks_for(N), kThreads)(out, inp, N, d);
   else
-    GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N);
+    GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N, d);
   GPU_CHECK_LAUNCH();
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d) {
   if (form == GeluForm::kErf)
-    GPU_LAUNCH(gelu_erf_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
+    GPU_LAUNCH(gelu_erf_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N, d);
   else
-    GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N);
+    GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N, d);
   GPU_CHECK_LAUNCH();
 }
 

@@ -212,15 +212,16 @@ void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_st
   rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0);
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {
   for (long n = 0; n < N; n++)
     for (long f = 0; f < F; f++) {
       const double g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
       out[n * F + f] = static_cast<float>(g / (1.0 + std::exp(-g)) * u);
     }
+  ref::round_to_dtype(out, static_cast<long>(N) * F, d);
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F, ComputeDtype dtype) {
   for (long n = 0; n < N; n++)
     for (long f = 0; f < F; f++) {
       const double g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f], d = dout[n * F + f];
@@ -228,18 +229,20 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
       dinp[n * 2 * F + f] = static_cast<float>(d * u * sig * (1.0 + g * (1.0 - sig)));
       dinp[n * 2 * F + F + f] = static_cast<float>(d * g * sig);
     }
+  ref::round_to_dtype(dinp, 2L * N * F, dtype);
 }
 
-void gelu_forward(float* out, const float* inp, long N, GeluForm form) {
+void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d) {
   for (long i = 0; i < N; i++) {
     double x = inp[i];
     out[i] = static_cast<float>(form == GeluForm::kErf
                                     ? 0.5 * x * (1.0 + std::erf(x * M_SQRT1_2))
                                     : 0.5 * x * (1.0 + std::tanh(kGeluScale * (x + 0.044715 * x * x * x))));
   }
+  ref::round_to_dtype(out, N, d);
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form) {
+void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d) {
   for (long i = 0; i < N; i++) {
     double x = inp[i];
     if (form == GeluForm::kErf) {  // Φ(x) + x·φ(x)
@@ -253,6 +256,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, long N, Gel
     double grad = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
     dinp[i] = static_cast<float>(grad * dout[i]);
   }
+  ref::round_to_dtype(dinp, N, d);
 }
 
 void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) {

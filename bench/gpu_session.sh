@@ -3,17 +3,21 @@
 # minutes on an H100): the GPU kernels against the reference on the hardware (the tensor-core
 # product's layout and the flash attention kernels first), anvil doctor, training on the GPU
 # against the CPU, then anvil against PyTorch on the models of docs/PERFORMANCE.md's GPU table,
-# one round each (bench/train_vs_pytorch.sh; rerun it with --rounds 5 for a figure to record), and
-# deterministic_mode's cost.
+# one round each (bench/train_vs_pytorch.sh; rerun it with --rounds 5 for a figure to record),
+# deterministic_mode's cost, and against llm.c (bench/llmc_vs_anvil.sh) where its sources are here.
 # Uses build/cuda-release (built here when missing: carry it to skip the build). Everything it
-# prints also goes to OUT/gpu_session.log; each benchmark's lines to OUT/bench_NAME.log.
-# Usage: bench/gpu_session.sh [OUT]   (OUT defaults to $OUT, else /tmp/anvil-gpu-session)
+# prints also goes to OUT/gpu_session_WHAT.log; each benchmark's lines to OUT/bench_NAME.log.
+# Usage: bench/gpu_session.sh [OUT [checks|bench|all]]   (OUT defaults to $OUT, else
+# /tmp/anvil-gpu-session; checks: the tests alone, about 4 minutes; bench: the benchmarks alone,
+# about 6; all, the default: both, for a device call's 10-minute limit when nothing else is slow)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 out="${1:-${OUT:-/tmp/anvil-gpu-session}}"
+what="${2:-all}"
+case "$what" in checks|bench|all) ;; *) echo "what to run: checks, bench or all, not '$what'" >&2; exit 2 ;; esac
 mkdir -p "$out"
-exec > >(tee "$out/gpu_session.log") 2>&1
+exec > >(tee "$out/gpu_session_$what.log") 2>&1
 bin=build/cuda-release/bin
 step() { echo "== $(date +%T) $*"; }
 
@@ -27,14 +31,17 @@ if [ ! -x "$bin/anvil" ] || [ ! -x "$bin/test_gpu_ops" ]; then
     grep -E "error" || true
 fi
 
-step "tensor-core product and flash attention against the reference"
-timeout 120 "$bin/test_gpu_ops" --gtest_brief=1 --gtest_filter='Mma*:*attention*'
-step "every GPU op"
-timeout 240 "$bin/test_gpu_ops" --gtest_brief=1
-step "doctor"
-timeout 60 "$bin/anvil" doctor
-step "training on the GPU (tests/gpu/test_gpu_training.sh)"
-timeout 300 tests/gpu/test_gpu_training.sh "$bin/anvil" "$root"
+if [ "$what" != bench ]; then
+  step "tensor-core product and flash attention against the reference"
+  timeout 120 "$bin/test_gpu_ops" --gtest_brief=1 --gtest_filter='Mma*:*attention*'
+  step "every GPU op"
+  timeout 240 "$bin/test_gpu_ops" --gtest_brief=1
+  step "doctor"
+  timeout 60 "$bin/anvil" doctor
+  step "training on the GPU (tests/gpu/test_gpu_training.sh)"
+  timeout 300 tests/gpu/test_gpu_training.sh "$bin/anvil" "$root"
+fi
+[ "$what" != checks ] || { step "done"; exit 0; }
 
 # name, then train_vs_pytorch.sh's arguments
 bench() {
@@ -52,6 +59,15 @@ bench 124m_fp32 "${gpt2_124m[@]}" precision=fp32 deterministic_mode=false
 bench 350m_bf16 configs/bench-124m.yaml --steps 3 --rounds 1 --attention sdpa kernels=gpu model.n_layers=24 \
   model.n_heads=16 model.d_model=1024 max_seq_len=2048 model.max_seq_len=2048 global_train_batch_size=8 \
   device_train_microbatch_size=8 precision=amp_bf16 deterministic_mode=false
+# llm.c's train_gpt2cu, the issue's reference for GPT-2 124M, where its sources were brought along
+# (LLMC, default .llmc: see docs/PERFORMANCE.md)
+llmc="${LLMC:-.llmc}"
+if [ -f "$llmc/train_gpt2.cu" ]; then
+  step "anvil against llm.c"
+  timeout 300 bench/llmc_vs_anvil.sh "$llmc" --rounds 1 --steps 10 2>&1 | tee "$out/bench_llmc.log" | tail -3
+else
+  echo "no llm.c sources in $llmc: the comparison with llm.c is skipped"
+fi
 step "op profile, GPT-2 124M amp_bf16"
 timeout 120 "$bin/anvil" bench train configs/bench-124m.yaml kernels=gpu deterministic_mode=false max_seq_len=1024 \
   model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8 precision=amp_bf16 --steps 3 \

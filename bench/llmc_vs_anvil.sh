@@ -36,8 +36,12 @@ if [ ! -x "$llmc/train_gpt2cu" ]; then
   # dropped so that the snapshot builds with either CUDA.
   sed -i 's/cudaCheck_(cudaMemAdvise(\*out, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId), file, line);//' \
     "$llmc/llmc/cuda_utils.cuh"
-  (cd "$llmc" && PATH=/usr/local/cuda/bin:$PATH make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 > build.log 2>&1) ||
-    { tail -20 "$llmc/build.log"; exit 1; }
+  # NVML (llm.c's GPU-utilisation log) is linked only where its header is: llm.c compiles it out
+  # without one, and a machine without a driver has no library to link.
+  ldflags="-lcublas -lcublasLt"
+  [ -f /usr/local/cuda/include/nvml.h ] && ldflags="$ldflags -lnvidia-ml"
+  (cd "$llmc" && PATH=/usr/local/cuda/bin:$PATH make train_gpt2cu NO_MULTI_GPU=1 NO_USE_MPI=1 USE_CUDNN=0 \
+     NVCC_LDFLAGS="$ldflags" > build.log 2>&1) || { tail -20 "$llmc/build.log"; exit 1; }
 fi
 [ "$build_only" = 0 ] || exit 0
 anvil=build/cuda-release/bin/anvil

@@ -54,6 +54,7 @@ bench() {
 gpt2_124m=(configs/bench-124m.yaml --steps 5 --rounds 1 --attention sdpa kernels=gpu max_seq_len=1024
            model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8)
 bench 124m_bf16 "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=false
+bench 124m_bf16_compiled "${gpt2_124m[@]}" --compile precision=amp_bf16 deterministic_mode=false
 bench 124m_bf16_deterministic "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=true
 bench 124m_fp32 "${gpt2_124m[@]}" precision=fp32 deterministic_mode=false
 bench 350m_bf16 configs/bench-124m.yaml --steps 3 --rounds 1 --attention sdpa kernels=gpu model.n_layers=24 \

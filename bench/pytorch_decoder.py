@@ -5,7 +5,7 @@ AdamW in fp32 and global-norm clipping on random tokens, timed over the same ste
 JSON line like `anvil bench train`.
 
 usage: pytorch_decoder.py --anvil-json 'LAST LINE OF anvil bench train' [--steps 10] [--warmup 2]
-                          [--threads 2] [--attention manual|sdpa]
+                          [--threads 2] [--attention manual|sdpa] [--compile]
 
 The families follow their published definitions, as the golden fixtures under tests/golden do:
 GPT-2 (learned positions, LayerNorm, tanh GELU, biases, tied head); MPT (LLM Foundry: ALiBi
@@ -161,6 +161,7 @@ def main():
     for name, default in [("steps", 10), ("warmup", 2), ("threads", 2)]:
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--attention", default="manual", choices=["manual", "sdpa"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (PyTorch 2); warm-up compiles")
     a = p.parse_args()
     run = json.loads(a.anvil_json)
     m, seq, batch, precision = run["model"], run["seq_len"], run["batch"], run["precision"]
@@ -171,6 +172,10 @@ def main():
     dev = torch.device("cuda" if run["kernels"] == "gpu" else "cpu")
     model = Decoder(m, seq, a.attention == "sdpa").to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            raise SystemExit(f"pytorch_decoder.py: PyTorch {torch.__version__} has no torch.compile (2.0 and later)")
+        model = torch.compile(model)
     stream = torch.randint(0, m["vocab_size"], (batch * seq + 1,))
     x, y = stream[:-1].view(batch, seq).to(dev), stream[1:].view(batch, seq).to(dev)
     cuda = dev.type == "cuda"
@@ -200,7 +205,7 @@ def main():
     row = {"tokens_per_s": batch * seq * a.steps / secs, "peak_rss_mib": rss, "loss": loss,
            "parameters": sum(p.numel() for p in model.parameters()),
            "torch": torch.__version__, "threads": torch.get_num_threads(), "device": dev.type,
-           "precision": precision, "attention": a.attention}
+           "precision": precision, "attention": a.attention, "compiled": a.compile}
     if cuda:
         row["gpu_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(row))

@@ -8,17 +8,19 @@
 # caching allocator, tcmalloc, preloaded; OpenBLAS told to use its AVX-512 kernels where the CPU
 # has them, which its Debian build does not detect on Zen 4/5). Installs Debian's python3-torch
 # and libtcmalloc-minimal4 if they are missing.
-# Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R] [--attention manual|sdpa] [key=value ...]
+# Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R] [--attention manual|sdpa] [--compile]
+#                                  [key=value ...]   (--compile: PyTorch's model under torch.compile)
 #        (default configs/bench-16m.yaml; e.g. precision=amp_bf16, max_seq_len=1024, kernels=gpu)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-config=configs/bench-16m.yaml steps=5 rounds=5 attention=manual overrides=()
+config=configs/bench-16m.yaml steps=5 rounds=5 attention=manual compile=() overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --attention) attention="$2"; shift 2 ;;
+    --compile) compile=(--compile); shift ;;
     *=*) overrides+=("$1"); shift ;;
     *) config="$1"; shift ;;
   esac
@@ -53,7 +55,7 @@ else
   grep -qw avx512f /proc/cpuinfo && tuned+=(OPENBLAS_CORETYPE=SkylakeX)
 fi
 echo "config: $config ${overrides[*]+${overrides[*]}}; on $device ($threads threads), $steps timed steps x $rounds" \
-     "rounds; PyTorch attention: $attention"
+     "rounds; PyTorch attention: $attention${compile[@]+, torch.compile}"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); avx512: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)"
 field() { "$python" -c 'import json, sys; print(json.loads(sys.stdin.read())[sys.argv[1]])' "$1"; }
 describe() {
@@ -65,7 +67,7 @@ median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END{print (NR%2)?v[(NR
 torch_run() {  # torch_run ANVIL_JSON [env ...]
   local run="$1"; shift
   ${@+"$@"} "$python" bench/pytorch_decoder.py --anvil-json "$run" --steps "$steps" --threads "$threads" \
-    --attention "$attention" 2>/dev/null
+    --attention "$attention" ${compile[@]+"${compile[@]}"} 2>/dev/null
 }
 ratios=() tuned_ratios=()
 best_anvil=0 best_torch=0 best_tuned=0 mem_anvil=0 mem_torch=0 mem_tuned=0

@@ -373,7 +373,6 @@ __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
   if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
-
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < N) x[i] = round_value(x[i], d);

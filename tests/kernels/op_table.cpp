@@ -337,23 +337,35 @@ void elementwise_cases(std::vector<OpCase>& cases) {
   }});
 }
 
+// An attention case's shape, the options it sets, and its name's dimensions.
+struct AttentionShape {
+  int B, T;
+  AttentionHeads heads;
+  int packed = 0;  // > 0: examples packed in each sequence, of about this many tokens
+};
+AttentionHeads mha(int n_heads, int head_size) { return AttentionHeads{n_heads, n_heads, head_size}; }
+AttentionHeads alibi(AttentionHeads a, float bias_max) {
+  a.alibi = true;
+  a.alibi_bias_max = bias_max;
+  return a;
+}
+// Attention dropout at p, its sequences numbered from 5 in the step's batch.
+AttentionHeads dropout(AttentionHeads a, float p) {
+  a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
+  return a;
+}
+std::vector<std::pair<const char*, long>> attention_dims(const AttentionShape& s) {
+  const AttentionHeads& a = s.heads;
+  std::vector<std::pair<const char*, long>> dims = {
+      {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
+  if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
+  if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
+  if (s.packed) dims.push_back({"packed", s.packed});
+  return dims;
+}
+
 void attention_cases(std::vector<OpCase>& cases) {
-  struct Shape {
-    int B, T;
-    AttentionHeads heads;
-    int packed = 0;  // > 0: examples packed in each sequence, of about this many tokens
-  };
-  const auto mha = [](int n_heads, int head_size) { return AttentionHeads{n_heads, n_heads, head_size}; };
-  auto alibi = [](AttentionHeads a, float bias_max) {
-    a.alibi = true;
-    a.alibi_bias_max = bias_max;
-    return a;
-  };
-  // Attention dropout at p, its sequences numbered from 5 in the step's batch.
-  auto dropout = [](AttentionHeads a, float p) {
-    a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
-    return a;
-  };
+  using Shape = AttentionShape;
   // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to
   // 256; GPT-2's twelve heads of 64. Grouped-query heads (two groups of three; Llama's four per
   // key/value head) and multi-query; ALiBi with a power-of-two head count, with twelve heads
@@ -369,11 +381,7 @@ void attention_cases(std::vector<OpCase>& cases) {
     const AttentionHeads& a = s.heads;
     const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
     const auto qkv = randn(BT * a.qkv_channels(), 1);
-    std::vector<std::pair<const char*, long>> dims = {
-        {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
-    if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
-    if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
-    if (s.packed) dims.push_back({"packed", s.packed});
+    const auto dims = attention_dims(s);
     const std::vector<int32_t> pos = s.packed ? packed_positions(s.B, s.T, s.packed) : std::vector<int32_t>();
     cases.push_back({case_name("attention_forward", dims), [=](OpRun& r) {
       float* out = r.out("out", BT * a.q_channels(), close(kFp32Reduction));
@@ -398,33 +406,17 @@ void attention_cases(std::vector<OpCase>& cases) {
 // for; T below, at and across the 64-row blocks; grouped-query and multi-query heads; ALiBi;
 // dropout; packed examples. ref and cpu compute in fp32, so their results stand for the exact ones.
 void attention_16bit_cases(std::vector<OpCase>& cases) {
-  struct Shape {
-    int B, T;
-    AttentionHeads heads;
-    int packed = 0;
-  };
-  auto alibi = [](AttentionHeads a) {
-    a.alibi = true;
-    return a;
-  };
-  auto dropout = [](AttentionHeads a, float p) {
-    a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
-    return a;
-  };
+  using Shape = AttentionShape;
   for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
     for (Shape s : {Shape{1, 1, {1, 1, 16}}, Shape{2, 70, {3, 3, 16}}, Shape{1, 64, {2, 2, 32}},
-                    Shape{1, 130, alibi({4, 2, 32})}, Shape{2, 65, dropout({4, 1, 64}, 0.1f), 6},
-                    Shape{1, 129, {2, 2, 64}, 20}, Shape{1, 100, alibi({2, 1, 128})}}) {
+                    Shape{1, 130, alibi({4, 2, 32}, 8)}, Shape{2, 65, dropout({4, 1, 64}, 0.1f), 6},
+                    Shape{1, 129, {2, 2, 64}, 20}, Shape{1, 100, alibi({2, 1, 128}, 8)}}) {
       AttentionHeads a = s.heads;
       a.operands = d;
       const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
       const auto qkv = rounded(randn(BT * a.qkv_channels(), 1), d);
       const auto dout = rounded(randn(BT * a.q_channels(), 2), d);
-      std::vector<std::pair<const char*, long>> dims = {
-          {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
-      if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
-      if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
-      if (s.packed) dims.push_back({"packed", s.packed});
+      const auto dims = attention_dims(s);
       const std::vector<int32_t> pos = s.packed ? packed_positions(s.B, s.T, s.packed) : std::vector<int32_t>();
       const double tol = d == ComputeDtype::kBf16 ? kBf16AttentionRelNorm : kFp16AttentionRelNorm;
       cases.push_back({case_name("attention_forward", dims, dtype_name(d)), [=](OpRun& r) {

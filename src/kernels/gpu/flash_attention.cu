@@ -176,6 +176,30 @@ struct DropoutMask {
   }
 };
 
+// What the forward and dQ kernels' blocks (64 queries of one head of one sequence: blockIdx x,
+// y, z) and their 32-lane groups (16 of the queries each) start from.
+struct QueryBlock {
+  int h, b, q0, row0;
+  int rows[2];  // this lane's rows of the C fragments: row0 + g and row0 + g + 8
+  const float* x;  // the sequence's qkv rows
+  Window w;
+  Columns col;
+  float scale2, slope2;  // scale and the head's ALiBi slope, times log2(e)
+  DropoutMask drop;
+  __device__ QueryBlock(const float* qkv, const int32_t* positions, int T, float scale, const AttentionHeads& heads)
+      : h(blockIdx.y),
+        b(blockIdx.z),
+        q0(blockIdx.x * kRows),
+        row0(q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16),
+        rows{row0 + static_cast<int>(threadIdx.x) % kMmaLanes / 4, row0 + static_cast<int>(threadIdx.x) % kMmaLanes / 4 + 8},
+        x(qkv + static_cast<long>(b) * T * heads.qkv_channels()),
+        w{positions ? positions + static_cast<long>(b) * T : nullptr, T},
+        col(heads, h),
+        scale2(scale * kLog2e),
+        slope2((heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e),
+        drop(heads.dropout, b, T) {}
+};
+
 // ---- forward: a block per (64 queries, head, sequence)
 
 template <int HS, ComputeDtype D>
@@ -184,16 +208,14 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
   __shared__ uint32_t keys[kTile * kRowWords<HS>];
   __shared__ uint32_t values_t[HS * kRowWords<kTile>];  // transposed: (channel, key)
   __shared__ int first;
-  const int h = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels();
-  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
-  const int q0 = blockIdx.x * kRows, row0 = q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
-  const int rows[2] = {row0 + g, row0 + g + 8};
-  const float* x = qkv + static_cast<long>(b) * T * ld;
-  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
-  const Columns col(heads, h);
-  const float slope2 = (heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e;
-  const float scale2 = scale * kLog2e;
-  const DropoutMask drop(heads.dropout, b, T);
+  const QueryBlock qb(qkv, positions, T, scale, heads);
+  const int h = qb.h, b = qb.b, q0 = qb.q0, row0 = qb.row0, ld = heads.qkv_channels(), t = threadIdx.x % 4;
+  const int* rows = qb.rows;
+  const float* x = qb.x;
+  const Window& w = qb.w;
+  const Columns& col = qb.col;
+  const float scale2 = qb.scale2, slope2 = qb.slope2;
+  const DropoutMask& drop = qb.drop;
 
   uint32_t q[HS / 16][4];
   load_a_rows<HS, D>(q, x + col.q, ld, row0, T);
@@ -358,16 +380,15 @@ __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const fl
   __shared__ uint32_t keys[kTile * kRowWords<HS>];
   __shared__ uint32_t values[kTile * kRowWords<HS>];
   __shared__ int first;
-  const int h = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels(), C = heads.q_channels();
-  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
-  const int q0 = blockIdx.x * kRows, row0 = q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
-  const int rows[2] = {row0 + g, row0 + g + 8};
-  const float* x = qkv + static_cast<long>(b) * T * ld;
-  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
-  const Columns col(heads, h);
-  const float slope2 = (heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e;
-  const float scale2 = scale * kLog2e;
-  const DropoutMask drop(heads.dropout, b, T);
+  const QueryBlock qb(qkv, positions, T, scale, heads);
+  const int h = qb.h, b = qb.b, q0 = qb.q0, row0 = qb.row0, ld = heads.qkv_channels(), C = heads.q_channels();
+  const int t = threadIdx.x % 4;
+  const int* rows = qb.rows;
+  const float* x = qb.x;
+  const Window& w = qb.w;
+  const Columns& col = qb.col;
+  const float scale2 = qb.scale2, slope2 = qb.slope2;
+  const DropoutMask& drop = qb.drop;
   const long stats = (static_cast<long>(b) * heads.n_heads + h) * T;
 
   uint32_t q[HS / 16][4], go[HS / 16][4];

@@ -89,6 +89,17 @@ struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
+// The vector types kernels load and store whole, with CUDA's sizes and alignments.
+#define __align__(n) __attribute__((aligned(n)))
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 
 namespace anvil::emulation {
 

@@ -73,10 +73,45 @@ __host__ __device__ inline float float16_value(uint32_t h) {
   }
 }
 
-// Two values as one register: lo in the low half.
+// Two values as one register: lo in the low half. On NVIDIA one conversion instruction
+// (cvt.rn.{bf16x2,f16x2}.f32: round to nearest even, fp16 overflowing to infinity, subnormals
+// kept), the same bits as bits16 for every number; a NaN stays a NaN with the unit's own payload.
 template <ComputeDtype D>
 __device__ inline uint32_t pack16(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if constexpr (D == ComputeDtype::kBf16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
   return bits16<D>(lo) | (bits16<D>(hi) << 16);
+#endif
+}
+
+// The B fragment (rows k0..k0+15, columns n0..n0+7) of a row-major 16-bit matrix in shared
+// memory, row_words 32-bit words per row: b[0] = {M[k0+2t][n0+g], M[k0+2t+1][n0+g]}, b[1] the
+// same 8 rows down. That is a transposed read (two rows' values in one register); on NVIDIA
+// ldmatrix.trans does it for the whole group in one instruction, which needs each row's 8 values
+// 16-byte aligned: tile and row_words multiples of 16 bytes and 4 words, n0 a multiple of 8.
+// Every lane of the group calls it together.
+__device__ inline void b_fragment_transposed(uint32_t b[2], const uint32_t* tile, int row_words, int k0, int n0) {
+  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes;
+#if defined(__CUDA_ARCH__)
+  // Lanes 0-7 give the rows of the first 8x8 matrix, lanes 8-15 those of the second.
+  const uint32_t* row = tile + (k0 + (lane & 15)) * row_words + n0 / 2;
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(address));
+#else
+  const int g = lane / 4, t = lane % 4;
+  const auto half = [&](int r, int c) { return (tile[r * row_words + c / 2] >> (16 * (c & 1))) & 0xffffu; };
+  const int r = k0 + 2 * t, c = n0 + g;
+  b[0] = half(r, c) | (half(r + 1, c) << 16);
+  b[1] = half(r + 8, c) | (half(r + 9, c) << 16);
+#endif
 }
 
 // d += A·B for one 32-lane group; every lane of the group calls it together.

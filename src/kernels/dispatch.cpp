@@ -1,4 +1,6 @@
 // The one place each op chooses its implementation. Call sites never name ref::, cpu:: or gpu::.
+#include <algorithm>
+
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"
@@ -80,6 +82,9 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   ANVIL_DISPATCH(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 bool matmul_rows_independent() { return g_impl != KernelImpl::kGpu; }
+int matmul_column_block(int columns, int preferred) {
+  return g_impl == KernelImpl::kGpu ? columns : std::min(columns, preferred);
+}
 double matmul_peak_gflops(ComputeDtype d) {
 #if defined(ANVIL_GPU)
   if (g_impl == KernelImpl::kGpu) return gpu::matmul_peak_gflops(d);

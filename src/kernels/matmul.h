@@ -70,6 +70,12 @@ constexpr int kMatmulSumBlock = 256;
 // sequence at a time.
 bool matmul_rows_independent();
 
+// How many of a product's `columns` output columns a caller that splits it into column blocks (the
+// LM head's backward) gives each block: on the CPU `preferred`, whose gradient rows stay in cache
+// while they are accumulated; on a GPU all of them, since each product is a launch that must fill
+// the device on its own (GPT-2's head in blocks of 2048 is 48 output tiles a product).
+int matmul_column_block(int columns, int preferred);
+
 // The measured rate of large matrix products with operands of dtype d, in GFLOP/s (the MFU
 // denominator), cached per dtype: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h)
 // and anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.

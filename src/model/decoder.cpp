@@ -24,8 +24,9 @@
 
 namespace anvil {
 namespace {
-// Vocabulary rows per piece of the LM head's backward (Decoder::lm_head_backward): a multiple of
-// kMatmulSumBlock, so that the pieces' input-gradient sums are one product's.
+// Vocabulary rows per piece of the LM head's backward (Decoder::lm_head_backward) where the
+// products are split (matmul_column_block): a multiple of kMatmulSumBlock, so that the pieces'
+// input-gradient sums are one product's.
 constexpr int kVocabChunk = 8 * kMatmulSumBlock;
 }  // namespace
 
@@ -336,7 +337,7 @@ size_t Decoder::largest_grads_span(int unit) const {
     for (const LoraModule& m : lora_) largest = std::max(largest, static_cast<size_t>(cfg_.lora.r) * (m.in + m.rows));
     return largest;
   }
-  const size_t C = cfg_.d_model, head_chunk = static_cast<size_t>(std::min(kVocabChunk, cfg_.vocab_size)) * C;
+  const size_t C = cfg_.d_model, head_chunk = static_cast<size_t>(matmul_column_block(cfg_.vocab_size, kVocabChunk)) * C;
   const bool learned = cfg_.positions == PositionKind::kLearned;
   if (unit == 0)
     return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
@@ -799,11 +800,13 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   // pass (written over the logits), and the gradient back through the head a vocabulary chunk at
   // a time, so that a chunk of the logits' gradient is read from memory once for both products
   // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
-  // cache (kVocabChunk). A tied head's unit (the embeddings) keeps its gradient open for the whole
-  // backward pass: the head adds to it first, the token embedding last.
+  // cache (kVocabChunk; on a GPU one chunk of the whole vocabulary). A tied head's unit (the
+  // embeddings) keeps its gradient open for the whole backward pass: the head adds to it first,
+  // the token embedding last.
   const float* head_unit_params = acquire_base(hu, hu == 0 ? L + 1 : L);
   const float* emb = hold_lm_head(head_unit_params + h0);
   const long TC = static_cast<long>(T) * C;
+  const int chunk = matmul_column_block(V, kVocabChunk);
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     lm_head(emb, b);
@@ -811,8 +814,8 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
     crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
-    for (int v0 = 0; v0 < V; v0 += kVocabChunk) {
-      const int width = std::min(kVocabChunk, V - v0);
+    for (int v0 = 0; v0 < V; v0 += chunk) {
+      const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
       matmul_backward(matmul_, dsmall_ + r * C, frozen() ? nullptr : access().grads(hu, at, count), nullptr,
                       a.logits + v0, V, a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);

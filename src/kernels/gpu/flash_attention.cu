@@ -23,6 +23,9 @@ void flash_attention_backward(float*, const float*, const float*, const float*, 
                               const AttentionHeads&) {}
 }  // namespace anvil::gpu
 #else
+#include <cstdint>
+
+#include "core/error.h"
 #include "device/device.h"
 #include "device/mma.h"
 #include "device/stream.h"
@@ -44,11 +47,11 @@ constexpr int kPad = 8;                         // 16-bit values after each shar
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // Shared tiles hold 16-bit pairs, row-major, kRowWords<HS> words per row of HS values: rows of
-// HS + 8 values put the rows g = 0..7 that one fragment load reads on distinct banks.
+// HS + 8 values put the rows g = 0..7 that one fragment load reads on distinct banks, and keep
+// every row 16-byte aligned for b_fragment_transposed (device/mma.h).
 template <int HS>
 constexpr int kRowWords = (HS + kPad) / 2;
-
-__device__ inline uint32_t half_at(const uint32_t* row, int col) { return (row[col / 2] >> (16 * (col & 1))) & 0xffffu; }
+static_assert(kRowWords<16> % 4 == 0 && kRowWords<128> % 4 == 0);
 
 // A sequence's causal window: key j is visible to query i when first(i) <= j <= i < T.
 struct Window {
@@ -59,23 +62,19 @@ struct Window {
 };
 
 // rows (N, HS) of src, rows ld apart, as 16-bit pairs into dst (kRowWords<HS> per row); rows at or
-// past n are zero.
+// past n are zero. Four values a thread in one 16-byte load: src and ld are multiples of 4 floats
+// (flash_attention_forward checks the arrays).
 template <int HS, int N, ComputeDtype D>
 __device__ void load_tile(uint32_t* dst, const float* src, long ld, int n) {
-  constexpr int pairs = HS / 2;
-  for (int w = threadIdx.x; w < N * pairs; w += kThreads) {
-    const int r = w / pairs, c = 2 * (w % pairs);
-    dst[r * kRowWords<HS> + c / 2] = r < n ? pack16<D>(src[r * ld + c], src[r * ld + c + 1]) : 0u;
-  }
-}
-
-// The same rows transposed: dst (HS, kTile) with kRowWords<kTile> per row.
-template <int HS, ComputeDtype D>
-__device__ void load_tile_transposed(uint32_t* dst, const float* src, long ld, int n) {
-  for (int w = threadIdx.x; w < HS * (kTile / 2); w += kThreads) {
-    const int c = w % HS, r = 2 * (w / HS);
-    const float lo = r < n ? src[r * ld + c] : 0.0f, hi = r + 1 < n ? src[(r + 1) * ld + c] : 0.0f;
-    dst[c * kRowWords<kTile> + r / 2] = pack16<D>(lo, hi);
+  constexpr int quads = HS / 4;
+  for (int w = threadIdx.x; w < N * quads; w += kThreads) {
+    const int r = w / quads, c = 4 * (w % quads);
+    uint2 packed = {0u, 0u};
+    if (r < n) {
+      const float4 f = *reinterpret_cast<const float4*>(src + r * ld + c);
+      packed = {pack16<D>(f.x, f.y), pack16<D>(f.z, f.w)};
+    }
+    *reinterpret_cast<uint2*>(dst + r * kRowWords<HS> + c / 2) = packed;
   }
 }
 
@@ -85,15 +84,19 @@ template <int HS, ComputeDtype D>
 __device__ void load_a_rows(uint32_t frag[][4], const float* src, long ld, int row0, int n) {
   const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
   const int r0 = row0 + g, r1 = row0 + g + 8;
+  const float* a = src + static_cast<long>(r0) * ld;
+  const float* b = src + static_cast<long>(r1) * ld;
+  const auto pair = [](const float* p) {
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    return pack16<D>(f.x, f.y);
+  };
   ANVIL_UNROLL
   for (int k = 0; k < HS / 16; k++) {
     const int c = 16 * k + 2 * t;
-    const float* a = src + static_cast<long>(r0) * ld;
-    const float* b = src + static_cast<long>(r1) * ld;
-    frag[k][0] = r0 < n ? pack16<D>(a[c], a[c + 1]) : 0u;
-    frag[k][1] = r1 < n ? pack16<D>(b[c], b[c + 1]) : 0u;
-    frag[k][2] = r0 < n ? pack16<D>(a[c + 8], a[c + 9]) : 0u;
-    frag[k][3] = r1 < n ? pack16<D>(b[c + 8], b[c + 9]) : 0u;
+    frag[k][0] = r0 < n ? pair(a + c) : 0u;
+    frag[k][1] = r1 < n ? pair(b + c) : 0u;
+    frag[k][2] = r0 < n ? pair(a + c + 8) : 0u;
+    frag[k][3] = r1 < n ? pair(b + c + 8) : 0u;
   }
 }
 
@@ -116,21 +119,19 @@ __device__ void product_with_tile_rows(float c[][4], const uint32_t a[][4], cons
     }
 }
 
-// acc (16 x HS) += P (16 x N, the C fragments of product_with_tile_rows, rounded to D) · M, where
-// M (N, HS) is given by value(r, c) as 16-bit bits.
-template <int HS, int N, ComputeDtype D, class Value>
-__device__ void accumulate_product(float acc[][4], const float p[][4], Value value) {
-  const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
+// acc (16 x HS) += P (16 x N, the C fragments of product_with_tile_rows, rounded to D) · Tile,
+// Tile (N, HS) in shared memory.
+template <int HS, int N, ComputeDtype D>
+__device__ void accumulate_product(float acc[][4], const float p[][4], const uint32_t* tile) {
   ANVIL_UNROLL
   for (int k = 0; k < N / 16; k++) {
     // C fragments of columns 16k..16k+7 and 16k+8..16k+15 are this A fragment's halves.
     const uint32_t a[4] = {pack16<D>(p[2 * k][0], p[2 * k][1]), pack16<D>(p[2 * k][2], p[2 * k][3]),
                            pack16<D>(p[2 * k + 1][0], p[2 * k + 1][1]), pack16<D>(p[2 * k + 1][2], p[2 * k + 1][3])};
-    const int r = 16 * k + 2 * t;
     ANVIL_UNROLL
     for (int n = 0; n < HS / 8; n++) {
-      const int c = 8 * n + g;
-      const uint32_t b[2] = {value(r, c) | (value(r + 1, c) << 16), value(r + 8, c) | (value(r + 9, c) << 16)};
+      uint32_t b[2];
+      b_fragment_transposed(b, tile, kRowWords<HS>, 16 * k, 8 * n);
       mma_16816<D>(acc[n], a, b);
     }
   }
@@ -205,8 +206,8 @@ struct QueryBlock {
 template <int HS, ComputeDtype D>
 __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, const int32_t* positions, int T,
                                      float scale, AttentionHeads heads) {
-  __shared__ uint32_t keys[kTile * kRowWords<HS>];
-  __shared__ uint32_t values_t[HS * kRowWords<kTile>];  // transposed: (channel, key)
+  __shared__ __align__(16) uint32_t keys[kTile * kRowWords<HS>];
+  __shared__ __align__(16) uint32_t values[kTile * kRowWords<HS>];
   __shared__ int first;
   const QueryBlock qb(qkv, positions, T, scale, heads);
   const int h = qb.h, b = qb.b, q0 = qb.q0, row0 = qb.row0, ld = heads.qkv_channels(), t = threadIdx.x % 4;
@@ -227,7 +228,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
   for (int j0 = first / kTile * kTile; j0 <= last; j0 += kTile) {
     __syncthreads();  // the previous tile is no longer read
     load_tile<HS, kTile, D>(keys, x + static_cast<long>(j0) * ld + col.k, ld, T - j0);
-    load_tile_transposed<HS, D>(values_t, x + static_cast<long>(j0) * ld + col.v, ld, T - j0);
+    load_tile<HS, kTile, D>(values, x + static_cast<long>(j0) * ld + col.v, ld, T - j0);
     __syncthreads();
     float s[8][4];
     product_with_tile_rows<HS, kTile, D>(s, q, keys);
@@ -264,7 +265,7 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
         const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
         s[n][e] = heads.dropout.active() && p != 0.0f ? p * drop.factor(h, i, j) : p;
       }
-    accumulate_product<HS, kTile, D>(o, s, [&](int r, int c) { return half_at(values_t + c * kRowWords<kTile>, r); });
+    accumulate_product<HS, kTile, D>(o, s, values);
   }
   ANVIL_UNROLL
   for (int r = 0; r < 2; r++) {
@@ -308,8 +309,8 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
                                          const float* delta, const int32_t* positions, int T, float scale,
                                          AttentionHeads heads) {
   constexpr int kQ = HS == 128 ? 32 : kTile;
-  __shared__ uint32_t queries[kQ * kRowWords<HS>];
-  __shared__ uint32_t grads[kQ * kRowWords<HS>];  // dout's rows
+  __shared__ __align__(16) uint32_t queries[kQ * kRowWords<HS>];
+  __shared__ __align__(16) uint32_t grads[kQ * kRowWords<HS>];  // dout's rows
   __shared__ float tile_lse[kQ], tile_delta[kQ];  // lse times log2(e)
   const int kvh = blockIdx.y, b = blockIdx.z, ld = heads.qkv_channels(), C = heads.q_channels();
   const int lane = static_cast<int>(threadIdx.x) % kMmaLanes, g = lane / 4, t = lane % 4;
@@ -353,8 +354,8 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
           dp[n][e] = gr.ds;
         }
       // dV += Pᵀ dO and dK += dSᵀ Q, the tiles' rows being the products' k.
-      accumulate_product<HS, kQ, D>(dv, s, [&](int r, int c) { return half_at(grads + r * kRowWords<HS>, c); });
-      accumulate_product<HS, kQ, D>(dk, dp, [&](int r, int c) { return half_at(queries + r * kRowWords<HS>, c); });
+      accumulate_product<HS, kQ, D>(dv, s, grads);
+      accumulate_product<HS, kQ, D>(dk, dp, queries);
     }
   }
   ANVIL_UNROLL
@@ -377,8 +378,8 @@ template <int HS, ComputeDtype D>
 __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                         const float* delta, const int32_t* positions, int T, float scale,
                                         AttentionHeads heads) {
-  __shared__ uint32_t keys[kTile * kRowWords<HS>];
-  __shared__ uint32_t values[kTile * kRowWords<HS>];
+  __shared__ __align__(16) uint32_t keys[kTile * kRowWords<HS>];
+  __shared__ __align__(16) uint32_t values[kTile * kRowWords<HS>];
   __shared__ int first;
   const QueryBlock qb(qkv, positions, T, scale, heads);
   const int h = qb.h, b = qb.b, q0 = qb.q0, row0 = qb.row0, ld = heads.qkv_channels(), C = heads.q_channels();
@@ -422,7 +423,7 @@ __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const fl
                        .ds;
       }
     // dQ += dS K.
-    accumulate_product<HS, kTile, D>(dq, dp, [&](int r, int c) { return half_at(keys + r * kRowWords<HS>, c); });
+    accumulate_product<HS, kTile, D>(dq, dp, keys);
   }
   ANVIL_UNROLL
   for (int r = 0; r < 2; r++) {
@@ -463,6 +464,7 @@ struct Forward {
   void run() const {
     const dim3 grid((T + kRows - 1) / kRows, heads.n_heads, B);
     GPU_LAUNCH((flash_forward_kernel<HS, D>), grid, kThreads)(out, lse, qkv, positions, T, scale, heads);
+    GPU_CHECK_LAUNCH();
   }
 };
 
@@ -481,10 +483,18 @@ struct Backward {
     const int blocks = (T + kRows - 1) / kRows;
     GPU_LAUNCH((flash_backward_kv_kernel<HS, D>), dim3(blocks, heads.n_kv_heads, B), kThreads)(
         dqkv, dout, qkv, lse, delta, positions, T, scale, heads);
+    GPU_CHECK_LAUNCH();
     GPU_LAUNCH((flash_backward_q_kernel<HS, D>), dim3(blocks, heads.n_heads, B), kThreads)(
         dqkv, dout, qkv, lse, delta, positions, T, scale, heads);
+    GPU_CHECK_LAUNCH();
   }
 };
+
+// The tiles are read 16 bytes at a time: each array starts on 16 bytes, and its rows, heads and
+// sequences are multiples of 4 floats (every supported head size is).
+void check_aligned(const float* a, const char* name) {
+  ANVIL_CHECK(reinterpret_cast<uintptr_t>(a) % 16 == 0, "flash attention: {} is not 16-byte aligned", name);
+}
 
 }  // namespace
 
@@ -495,12 +505,15 @@ bool flash_attention_supported(const AttentionHeads& heads) {
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
                              const AttentionHeads& heads) {
+  check_aligned(qkv, "qkv");
   const float scale = 1.0f / std::sqrt(static_cast<float>(heads.head_size));
   with_shape(heads, Forward{out, lse, qkv, positions, B, T, scale, heads});
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               const int32_t* positions, int B, int T, const AttentionHeads& heads) {
+  check_aligned(qkv, "qkv");
+  check_aligned(dout, "dout");
   const float scale = 1.0f / std::sqrt(static_cast<float>(heads.head_size));
   const int C = heads.q_channels(), NH = heads.n_heads;
   float* delta = static_cast<float*>(delta_scratch.get(static_cast<size_t>(B) * NH * T * sizeof(float)));

@@ -1,5 +1,5 @@
 // The emulated cuBLASLt / hipBLASLt subset (see blas_emulation.h): descriptors are plain
-// structs, and a product is the host's sgemm (OpenBLAS) on operands the compute mode has read.
+// structs, and a product is the host's sgemm (OpenBLAS) on the operands widened to fp32.
 #include <cblas.h>
 
 #include <cstdint>
@@ -19,6 +19,7 @@ struct EmulatedMatmulDesc {
   const float* bias = nullptr;
 };
 struct EmulatedMatrixLayout {
+  gpublasDataType_t type = GPU_R_32F;
   long rows = 0, cols = 0, ld = 0;
   int batch = 1;
   long long stride = 0;
@@ -54,19 +55,16 @@ gpublasStatus_t read_attribute(T* out, const void* value, size_t bytes) {
   return GPUBLAS_STATUS_SUCCESS;
 }
 
-// An operand as the compute mode reads it: bf16 or fp16 modes round to nearest even first.
-float operand(float x, gpublasComputeType_t compute) {
-  if (compute == GPUBLAS_COMPUTE_32F_FAST_16F) return anvil::fp16_to_float(anvil::float_to_fp16(x));
-  if (compute == GPUBLAS_COMPUTE_32F_FAST_16BF) return anvil::bf16_to_float(anvil::float_to_bf16(x));
-  return x;
-}
-
-// A (rows, cols) column-major matrix, ld apart, as the compute mode reads it, into `copy`.
-const float* rounded(const float* x, long rows, long cols, long ld, gpublasComputeType_t compute,
-                     std::vector<float>& copy) {
-  copy.resize(static_cast<size_t>(ld * cols));
-  for (long j = 0; j < cols; j++)
-    for (long i = 0; i < rows; i++) copy[i + j * ld] = operand(x[i + j * ld], compute);
+// A 16-bit operand of the layout's (rows, cols, ld) widened to fp32 into `copy`, same ld.
+const float* widened(const void* x, const EmulatedMatrixLayout& l, int batch, std::vector<float>& copy) {
+  if (l.type == GPU_R_32F) return static_cast<const float*>(x) + batch * l.stride;
+  const uint16_t* h = static_cast<const uint16_t*>(x) + batch * l.stride;
+  copy.assign(static_cast<size_t>(l.ld * l.cols), 0.0f);
+  for (long j = 0; j < l.cols; j++)
+    for (long i = 0; i < l.rows; i++) {
+      const uint16_t v = h[i + j * l.ld];
+      copy[i + j * l.ld] = l.type == GPU_R_16BF ? anvil::bf16_to_float(v) : anvil::fp16_to_float(v);
+    }
   return copy.data();
 }
 
@@ -99,11 +97,11 @@ gpublasStatus_t gpublasLtMatmulDescSetAttribute(gpublasLtMatmulDesc_t desc, gpub
   return GPUBLAS_STATUS_INVALID_VALUE;
 }
 
-gpublasStatus_t gpublasLtMatrixLayoutCreate(gpublasLtMatrixLayout_t* layout, gpublasDataType_t, unsigned long rows,
-                                            unsigned long cols, long ld) {
+gpublasStatus_t gpublasLtMatrixLayoutCreate(gpublasLtMatrixLayout_t* layout, gpublasDataType_t type,
+                                            unsigned long rows, unsigned long cols, long ld) {
   if (ld < static_cast<long>(rows)) return GPUBLAS_STATUS_INVALID_VALUE;
   *layout = make<EmulatedMatrixLayout>();
-  **layout = EmulatedMatrixLayout{static_cast<long>(rows), static_cast<long>(cols), ld};
+  **layout = EmulatedMatrixLayout{type, static_cast<long>(rows), static_cast<long>(cols), ld};
   return GPUBLAS_STATUS_SUCCESS;
 }
 
@@ -142,7 +140,8 @@ gpublasStatus_t gpublasLtMatmulAlgoGetHeuristic(gpublasLtHandle_t, gpublasLtMatm
   const long m = ta ? a->cols : a->rows, k = ta ? a->rows : a->cols;
   const long kb = tb ? b->cols : b->rows, n = tb ? b->rows : b->cols;
   if (requested < 1 || k != kb || d->rows != m || d->cols != n || c->rows != m || c->cols != n ||
-      a->batch != d->batch || b->batch != d->batch)
+      a->batch != d->batch || b->batch != d->batch || a->type != b->type || c->type != GPU_R_32F ||
+      d->type != GPU_R_32F)
     return GPUBLAS_STATUS_INVALID_VALUE;
   results[0].algo.id = 0;
   *found = 1;
@@ -160,18 +159,12 @@ gpublasStatus_t gpublasLtMatmul(gpublasLtHandle_t, gpublasLtMatmulDesc_t desc, c
   const bool ta = desc->trans_a == GPUBLAS_OP_T, tb = desc->trans_b == GPUBLAS_OP_T;
   const long m = d->rows, n = d->cols, k = ta ? a->rows : a->cols;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  // The 16-bit modes read rounded copies of the operands.
-  const bool rounds = desc->compute != GPUBLAS_COMPUTE_32F;
-  std::vector<float> a16, b16;
+  std::vector<float> a32, b32;
   for (int batch = 0; batch < d->batch; batch++) {
-    const float* pa = static_cast<const float*>(A) + batch * a->stride;
-    const float* pb = static_cast<const float*>(B) + batch * b->stride;
+    const float* pa = widened(A, *a, batch, a32);
+    const float* pb = widened(B, *b, batch, b32);
     const float* pc = static_cast<const float*>(C) + batch * c->stride;
     float* pd = static_cast<float*>(D) + batch * d->stride;
-    if (rounds) {
-      pa = rounded(pa, a->rows, a->cols, a->ld, desc->compute, a16);
-      pb = rounded(pb, b->rows, b->cols, b->ld, desc->compute, b16);
-    }
     if (pc != pd && be != 0.0f)
       for (long j = 0; j < n; j++) std::memcpy(pd + j * d->ld, pc + j * c->ld, static_cast<size_t>(m) * sizeof(float));
     const auto i32 = [](long v) { return static_cast<int>(v); };

@@ -1,8 +1,8 @@
 // The part of cuBLASLt / hipBLASLt that anvil uses (src/kernels/gpu/matmul.cpp), emulated on the
 // CPU for the emulated runtime (device/emulation.h): blas_runtime.h includes this instead of the
 // vendor's header when the build defines ANVIL_GPU_EMULATION. Products are column-major, strided-
-// batched, with the bias epilogue, computed by the host's sgemm in fp32; the 16-bit compute
-// modes round the operands to bf16 / fp16 first, as the tensor cores read them.
+// batched, with the bias epilogue, computed by the host's sgemm in fp32; operands may be bf16 or
+// fp16 (widened exactly), the output fp32.
 #pragma once
 #include <cstddef>
 
@@ -10,8 +10,8 @@
 
 enum gpublasStatus_t { GPUBLAS_STATUS_SUCCESS = 0, GPUBLAS_STATUS_INVALID_VALUE = 7 };
 enum gpublasOperation_t { GPUBLAS_OP_N, GPUBLAS_OP_T };
-enum gpublasComputeType_t { GPUBLAS_COMPUTE_32F, GPUBLAS_COMPUTE_32F_FAST_16BF, GPUBLAS_COMPUTE_32F_FAST_16F };
-enum gpublasDataType_t { GPU_R_32F };
+enum gpublasComputeType_t { GPUBLAS_COMPUTE_32F };
+enum gpublasDataType_t { GPU_R_32F, GPU_R_16BF, GPU_R_16F };
 enum gpublasLtEpilogue_t { GPUBLASLT_EPILOGUE_DEFAULT, GPUBLASLT_EPILOGUE_BIAS };
 enum gpublasLtMatmulDescAttribute_t {
   GPUBLASLT_MATMUL_DESC_TRANSA,

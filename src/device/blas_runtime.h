@@ -16,13 +16,14 @@ using gpublasLtMatmulHeuristicResult_t = hipblasLtMatmulHeuristicResult_t;
 using gpublasLtMatmulAlgo_t = hipblasLtMatmulAlgo_t;
 using gpublasLtEpilogue_t = hipblasLtEpilogue_t;
 using gpublasComputeType_t = hipblasComputeType_t;
+using gpublasDataType_t = hipDataType;
 #define GPUBLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
 #define GPUBLAS_OP_N HIPBLAS_OP_N
 #define GPUBLAS_OP_T HIPBLAS_OP_T
 #define GPUBLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
-#define GPUBLAS_COMPUTE_32F_FAST_16BF HIPBLAS_COMPUTE_32F_FAST_16BF
-#define GPUBLAS_COMPUTE_32F_FAST_16F HIPBLAS_COMPUTE_32F_FAST_16F
 #define GPU_R_32F HIP_R_32F
+#define GPU_R_16BF HIP_R_16BF
+#define GPU_R_16F HIP_R_16F
 #define GPUBLASLT_EPILOGUE_DEFAULT HIPBLASLT_EPILOGUE_DEFAULT
 #define GPUBLASLT_EPILOGUE_BIAS HIPBLASLT_EPILOGUE_BIAS
 #define GPUBLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
@@ -56,13 +57,14 @@ using gpublasLtMatmulHeuristicResult_t = cublasLtMatmulHeuristicResult_t;
 using gpublasLtMatmulAlgo_t = cublasLtMatmulAlgo_t;
 using gpublasLtEpilogue_t = cublasLtEpilogue_t;
 using gpublasComputeType_t = cublasComputeType_t;
+using gpublasDataType_t = cudaDataType_t;
 #define GPUBLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
 #define GPUBLAS_OP_N CUBLAS_OP_N
 #define GPUBLAS_OP_T CUBLAS_OP_T
 #define GPUBLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
-#define GPUBLAS_COMPUTE_32F_FAST_16BF CUBLAS_COMPUTE_32F_FAST_16BF
-#define GPUBLAS_COMPUTE_32F_FAST_16F CUBLAS_COMPUTE_32F_FAST_16F
 #define GPU_R_32F CUDA_R_32F
+#define GPU_R_16BF CUDA_R_16BF
+#define GPU_R_16F CUDA_R_16F
 #define GPUBLASLT_EPILOGUE_DEFAULT CUBLASLT_EPILOGUE_DEFAULT
 #define GPUBLASLT_EPILOGUE_BIAS CUBLASLT_EPILOGUE_BIAS
 #define GPUBLASLT_MATMUL_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA

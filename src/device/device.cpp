@@ -311,5 +311,7 @@ void gpu_zero(void* dst, size_t bytes) {
 }
 
 void gpu_synchronize() { GPU_CHECK(gpuStreamSynchronize(gpu_stream())); }
+void gpu_profiler_start() { GPU_CHECK(gpuProfilerStart()); }
+void gpu_profiler_stop() { GPU_CHECK(gpuProfilerStop()); }
 
 }  // namespace anvil

@@ -26,6 +26,8 @@ void gpu_copy_to_host(void*, const void*, size_t) { not_built(); }
 void gpu_copy_on_device(void*, const void*, size_t) { not_built(); }
 void gpu_zero(void*, size_t) { not_built(); }
 void gpu_synchronize() { not_built(); }
+void gpu_profiler_start() { not_built(); }
+void gpu_profiler_stop() { not_built(); }
 void gpu_use_comm_stream() { not_built(); }
 void* gpu_timestamp() { not_built(); }
 double gpu_elapsed_ms(void*, void*) { not_built(); }

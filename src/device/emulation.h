@@ -75,6 +75,9 @@ gpuError_t gpuEventDestroy(gpuEvent_t event);
 gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t stream);
 gpuError_t gpuEventSynchronize(gpuEvent_t event);
 gpuError_t gpuEventElapsedTime(float* ms, gpuEvent_t start, gpuEvent_t end);
+// No profiler watches the emulated GPU.
+gpuError_t gpuProfilerStart();
+gpuError_t gpuProfilerStop();
 
 // ---- the kernel language
 

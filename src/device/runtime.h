@@ -48,8 +48,11 @@ using gpu_bf16 = hip_bfloat16;
 #define gpuStreamQuery hipStreamQuery
 #define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuErrorNotReady hipErrorNotReady
+#define gpuProfilerStart hipProfilerStart
+#define gpuProfilerStop hipProfilerStop
 #else
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 using gpuError_t = cudaError_t;
 using gpuStream_t = cudaStream_t;
@@ -90,6 +93,8 @@ using gpu_bf16 = __nv_bfloat16;
 #define gpuStreamQuery cudaStreamQuery
 #define gpuDeviceGetPCIBusId cudaDeviceGetPCIBusId
 #define gpuErrorNotReady cudaErrorNotReady
+#define gpuProfilerStart cudaProfilerStart
+#define gpuProfilerStop cudaProfilerStop
 #endif
 
 namespace anvil {

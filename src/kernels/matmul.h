@@ -1,5 +1,6 @@
 // Linear layer: a matrix product with an optional bias, weights stored (out, in) as in PyTorch.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -31,10 +32,18 @@ class MatmulContext {
   // starting at a multiple of kMatmulSumBlock, use a copy prepared once in the operand dtype: on
   // the CPU under bf16 operands the GEMM's packed bf16 panels (each product would otherwise
   // convert the weight again: 51 MB of fp32 per sequence for GPT-2's vocabulary at d_model
-  // 256). The same bits as without. Elsewhere (fp32, whose packing is a copy; fp16; ref; GPU)
-  // it does nothing.
+  // 256); on the GPU under 16-bit operands the weight in 16 bits (the whole weight only). The
+  // same bits as without. Elsewhere (fp32, whose packing is a copy; the CPU's fp16; ref) it does
+  // nothing.
   void hold_weight(const float* weight, int OC, int C);
   void release_weight();
+  // The weight held now (null when none), its shape, and a number no other hold has had.
+  struct HeldWeight {
+    const float* weight = nullptr;
+    int OC = 0, C = 0;
+    uint64_t hold = 0;
+  };
+  HeldWeight held_weight() const;
   // Whether a held weight is rounded to the operand dtype by the hold itself (the CPU's bf16
   // packing rounds), so that its holder need not round it first.
   bool hold_rounds_weight() const;

@@ -69,9 +69,14 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
            cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
+  // The timed steps alone are what a GPU profiler started with collection off records
+  // (bench/gpu_kernel_times.sh).
+  const bool gpu = kernel_impl() == KernelImpl::kGpu;
+  if (gpu) gpu_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (gpu) gpu_profiler_stop();
   if (profile) r.profile = op_profile_stop();
   r.step_ms = 1e3 * secs / steps;
   r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
@@ -80,7 +85,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
-  if (kernel_impl() == KernelImpl::kGpu) r.gpu_peak_mib = static_cast<double>(gpu_allocator_stats().peak_in_use) / (1 << 20);
+  if (gpu) r.gpu_peak_mib = static_cast<double>(gpu_allocator_stats().peak_in_use) / (1 << 20);
   return r;
 }
 

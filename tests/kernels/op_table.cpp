@@ -189,19 +189,36 @@ void matmul_cases(std::vector<OpCase>& cases) {
   // The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
   // logits' gradient (rows ld_dout apart), the input gradient accumulated over the chunks.
   const int N = 64, C = 96, OC = 1000, chunk = 256;
-  cases.push_back({case_name("matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}}, "column_blocks"), [=](OpRun& r) {
-    MatmulContext ctx;
-    float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
-    float* dw = r.inout("dweight", std::vector<float>(OC * C, 0.0f), norm(kFp32RelNorm));
-    float* db = r.inout("dbias", std::vector<float>(OC, 0.0f), close(kFp32Reduction));
-    const float *inp = r.in("inp", randn(N * C, 1)), *w = r.in("weight", randn(OC * C, 2, 0.1f)),
-                *dout = r.in("dout", randn(N * OC, 4));
-    for (int o0 = 0; o0 < OC; o0 += chunk) {
-      const size_t rows = static_cast<size_t>(o0) * C;
-      ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw + rows, db + o0, dout + o0, OC, inp, w + rows, N, C,
-                   std::min(chunk, OC - o0), o0 > 0);
-    }
-  }});
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16})
+    cases.push_back({case_name("matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}}, std::string("column_blocks_") + dtype_name(d)),
+                     [=](OpRun& r) {
+      MatmulContext ctx(d);
+      float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+      float* dw = r.inout("dweight", std::vector<float>(OC * C, 0.0f), norm(kFp32RelNorm));
+      float* db = r.inout("dbias", std::vector<float>(OC, 0.0f), close(kFp32Reduction));
+      const float *inp = r.in("inp", rounded(randn(N * C, 1), d)), *w = r.in("weight", rounded(randn(OC * C, 2, 0.1f), d)),
+                  *dout = r.in("dout", rounded(randn(N * OC, 4), d));
+      for (int o0 = 0; o0 < OC; o0 += chunk) {
+        const size_t rows = static_cast<size_t>(o0) * C;
+        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw + rows, db + o0, dout + o0, OC, inp, w + rows, N, C,
+                     std::min(chunk, OC - o0), o0 > 0);
+      }
+    }});
+  // A held weight (the tied LM head: MatmulContext::hold_weight), in the products of both passes
+  // with the whole of it, as the GPU's head runs them; the CPU's bf16 products use their packed
+  // copy, the GPU's 16-bit products their 16-bit copy.
+  for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
+    cases.push_back({case_name("matmul_held_weight", {{"N", N}, {"C", C}, {"OC", OC}}, dtype_name(d)), [=](OpRun& r) {
+      MatmulContext ctx(d);
+      const float *inp = r.in("inp", rounded(randn(N * C, 1), d)), *w = r.in("weight", rounded(randn(OC * C, 2, 0.1f), d)),
+                  *dout = r.in("dout", rounded(randn(N * OC, 4), d));
+      float* out = r.out("out", N * OC, norm(kFp32RelNorm));
+      float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+      ctx.hold_weight(w, OC, C);
+      ANVIL_RUN_OP(r, matmul_forward, ctx, out, inp, w, nullptr, N, C, OC);
+      ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, dout, OC, inp, w, N, C, OC, false);
+      ctx.release_weight();
+    }});
   // A frozen weight (LoRA's base): no weight gradient, the input gradient added to one there.
   cases.push_back({case_name("matmul_backward", {{"N", 37}, {"C", 48}, {"OC", 80}}, "frozen_weight"), [=](OpRun& r) {
     MatmulContext ctx;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +61,7 @@ struct MatmulContext::Held {
   // pass needs only the forward's); their storage stays for the next hold.
   const float* weight = nullptr;
   int OC = 0, C = 0;
+  uint64_t hold = 0;
   cpu::GemmPackedB forward;   // B = weightᵀ (C × OC)
   cpu::GemmPackedB backward;  // B = weight (OC × C), for the input gradient
 };
@@ -73,9 +75,15 @@ void MatmulContext::set_operand_dtype(ComputeDtype d) {
 }
 
 void MatmulContext::hold_weight(const float* weight, int OC, int C) {
+  static std::atomic<uint64_t> holds = 0;
   release_weight();
-  if (!hold_rounds_weight()) return;
-  held_->weight = weight, held_->OC = OC, held_->C = C;
+  const bool gpu_16bit = dtype_ != ComputeDtype::kFp32 && kernel_impl() == KernelImpl::kGpu;
+  if (!hold_rounds_weight() && !gpu_16bit) return;
+  held_->weight = weight, held_->OC = OC, held_->C = C, held_->hold = ++holds;
+}
+
+MatmulContext::HeldWeight MatmulContext::held_weight() const {
+  return {held_->weight, held_->OC, held_->C, held_->hold};
 }
 
 void MatmulContext::release_weight() {

@@ -1,8 +1,12 @@
-// The matrix products on the GPU through cuBLASLt / hipBLASLt, fp32 in and out with fp32
-// accumulation. The bias is fused into the forward GEMM's epilogue; the bias gradient is a
-// fixed-order column sum (ops.cu). The same shapes always get the same algorithm from the
-// heuristic, so results repeat bit for bit run to run.
+// The matrix products on the GPU through cuBLASLt / hipBLASLt, with fp32 outputs and fp32
+// accumulation. Under amp (16-bit operands, MatmulContext) both operands go to the library in
+// 16 bits: every operand is a value of that dtype already, so the narrowing is exact, and the
+// library then runs its 16-bit tensor-core kernels (fp32 operands in a "fast 16-bit" mode got
+// TF32 kernels on an H100, at half the rate). The bias is fused into the forward GEMM's
+// epilogue; the bias gradient is a fixed-order column sum (ops.cu). The same shapes always get
+// the same algorithm from the heuristic, so results repeat bit for bit run to run.
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -36,6 +40,14 @@ Blas& blas() {
   return b;
 }
 
+// A matrix operand: fp32 or 16-bit values, ld elements between columns, stride between the
+// matrices of a batch.
+struct Operand {
+  const void* p;
+  int ld;
+  long long stride;
+};
+
 // A product's descriptors and algorithm, made once per shape: creating them and asking the
 // heuristic costs more than a small GEMM, and a step repeats the same few shapes. The heuristic's
 // first choice for a shape never changes, which keeps results bit for bit.
@@ -46,17 +58,17 @@ struct Plan {
 };
 using PlanKey = std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool>;
 
-Plan make_plan(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n, int k, Strided A, Strided B,
+Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, Operand A, Operand B,
                int ldd, long long stride_d, int count, bool bias) {
   Plan p;
-  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&p.desc, compute, GPU_R_32F));
+  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&p.desc, GPUBLAS_COMPUTE_32F, GPU_R_32F));
   const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
   GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
   GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
   GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.la, GPU_R_32F, trans_a ? k : m, trans_a ? m : k, A.ld));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.lb, GPU_R_32F, trans_b ? n : k, trans_b ? k : n, B.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.la, operands, trans_a ? k : m, trans_a ? m : k, A.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.lb, operands, trans_b ? n : k, trans_b ? k : n, B.ld));
   GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.ld, GPU_R_32F, m, n, ldd));
   if (count > 1) {
     const std::pair<gpublasLtMatrixLayout_t, long long> layouts[] = {{p.la, A.stride}, {p.lb, B.stride}, {p.ld, stride_d}};
@@ -80,16 +92,16 @@ Plan make_plan(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, 
   return p;
 }
 
-// D (m,n) = alpha·op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], all column-major
-// fp32, count times at the given strides, multiplied in the given compute mode.
-void gemm(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A,
-          Strided B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias) {
+// D (m,n) = alpha·op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], column-major, A and
+// B of type `operands`, D fp32, count times at the given strides.
+void gemm(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha, Operand A,
+          Operand B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias) {
   static std::map<PlanKey, Plan> plans;
-  const PlanKey key{static_cast<int>(compute), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
+  const PlanKey key{static_cast<int>(operands), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
                     stride_d, count, bias != nullptr};
   auto it = plans.find(key);
   if (it == plans.end())
-    it = plans.emplace(key, make_plan(compute, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias)).first;
+    it = plans.emplace(key, make_plan(operands, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias)).first;
   const Plan& p = it->second;
   Blas& b = blas();
   if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
@@ -97,51 +109,82 @@ void gemm(gpublasComputeType_t compute, bool trans_a, bool trans_b, int m, int n
                                 b.workspace, kWorkspaceBytes, gpu_stream()));
 }
 
-// The tensor-core mode for operands of dtype d (fp32 accumulation throughout).
-gpublasComputeType_t compute_type(ComputeDtype d) {
-  return d == ComputeDtype::kBf16   ? GPUBLAS_COMPUTE_32F_FAST_16BF
-         : d == ComputeDtype::kFp16 ? GPUBLAS_COMPUTE_32F_FAST_16F
-                                    : GPUBLAS_COMPUTE_32F;
+gpublasDataType_t data_type(ComputeDtype d) {
+  return d == ComputeDtype::kBf16 ? GPU_R_16BF : d == ComputeDtype::kFp16 ? GPU_R_16F : GPU_R_32F;
 }
 
-// One product with operands of dtype d.
-void gemm(ComputeDtype d, bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
-          int ldb, float* D, int ldd, float beta, const float* bias) {
-  gemm(compute_type(d), trans_a, trans_b, m, n, k, 1.0f, {A, lda, 0}, {B, ldb, 0}, beta, D, ldd, 0, 1, bias);
+// The operands of one product in the operand dtype: an fp32 array as it is, else narrowed to 16
+// bits into scratch (dense: len values per vector). Two scratch arrays, for a product's A and B;
+// requests are in stream order, so the next product's narrowing waits for this one's reads.
+GpuScratch scratch_a, scratch_b;
+
+Operand operand(GpuScratch& scratch, ComputeDtype d, const float* x, long vectors, int len, long ld) {
+  if (d == ComputeDtype::kFp32) return {x, static_cast<int>(ld), 0};
+  auto* narrow = static_cast<uint16_t*>(scratch.get(static_cast<size_t>(vectors) * len * sizeof(uint16_t)));
+  narrow_to_16(narrow, x, vectors, len, ld, d);
+  return {narrow, len, 0};
+}
+
+// A weight (OC,C) as an operand: the held weight's 16-bit copy, made on its first use in a hold
+// (MatmulContext::hold_weight), or narrowed like any operand.
+struct HeldCopy {
+  uint64_t hold = 0;
+  GpuScratch copy;
+} held_copy;
+
+Operand weight_operand(MatmulContext& ctx, GpuScratch& scratch, const float* w, int OC, int C) {
+  const ComputeDtype d = ctx.operand_dtype();
+  const MatmulContext::HeldWeight h = ctx.held_weight();
+  if (d == ComputeDtype::kFp32 || h.weight != w || h.OC != OC || h.C != C)
+    return operand(scratch, d, w, OC, C, C);
+  auto* copy = static_cast<uint16_t*>(held_copy.copy.get(static_cast<size_t>(OC) * C * sizeof(uint16_t)));
+  if (held_copy.hold != h.hold) {
+    narrow_to_16(copy, w, OC, C, C, d);
+    held_copy.hold = h.hold;
+  }
+  return {copy, C, 0};
 }
 
 }  // namespace
 
 void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
                        float* D, int ldd, long long stride_d, int count) {
-  gemm(GPUBLAS_COMPUTE_32F, trans_a, trans_b, m, n, k, alpha, A, B, beta, D, ldd, stride_d, count, nullptr);
+  gemm(GPU_R_32F, trans_a, trans_b, m, n, k, alpha, {A.p, A.ld, A.stride}, {B.p, B.ld, B.stride}, beta, D, ldd,
+       stride_d, count, nullptr);
 }
 
 double matmul_peak_gflops(ComputeDtype d) {
   static std::map<ComputeDtype, double> measured;
   auto it = measured.find(d);
   if (it != measured.end()) return it->second;
-  // Square products of 8192, enough to fill any current GPU, timed after a warm-up. The emulated
-  // GPU multiplies on the host, where one of those takes seconds: a small one shows its rate.
+  // Square products of 8192, enough to fill any current GPU, of operands in the dtype training
+  // gives the library, timed after a warm-up. Random values: zeros multiply faster. The
+  // emulated GPU multiplies on the host, where one of those takes seconds: a small one shows its
+  // rate.
 #if defined(ANVIL_GPU_EMULATION)
   constexpr int n = 512, reps = 2;
 #else
   constexpr int n = 8192, reps = 10;
 #endif
-  const size_t bytes = size_t{n} * n * sizeof(float);
-  float* x = static_cast<float*>(gpu_alloc(bytes));
-  float* y = static_cast<float*>(gpu_alloc(bytes));
-  float* z = static_cast<float*>(gpu_alloc(bytes));
-  gpu_zero(x, bytes);
-  gpu_zero(y, bytes);
-  gemm(d, true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  const size_t count = size_t{n} * n;
+  std::vector<float> host(count);
+  uint32_t state = 12345;
+  for (float& v : host) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
+  }
+  auto* values = static_cast<float*>(gpu_alloc(count * sizeof(float)));
+  auto* z = static_cast<float*>(gpu_alloc(count * sizeof(float)));
+  gpu_copy_to_device(values, host.data(), count * sizeof(float));
+  const Operand x = operand(scratch_a, d, values, n, n, n), y = operand(scratch_b, d, values, n, n, n);
+  const auto product = [&] { gemm(data_type(d), true, false, n, n, n, 1.0f, x, y, 0.0f, z, n, 0, 1, nullptr); };
+  product();
   gpu_synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < reps; r++) gemm(d, true, false, n, n, n, x, n, y, n, z, n, 0.0f, nullptr);
+  for (int r = 0; r < reps; r++) product();
   gpu_synchronize();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  gpu_release(x);
-  gpu_release(y);
+  gpu_release(values);
   gpu_release(z);
   return measured[d] = 2.0 * n * n * static_cast<double>(n) * reps / secs / 1e9;
 }
@@ -164,18 +207,26 @@ std::string matmul_backend_description() {
 // column-major (C,OC), hence transposed.
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-  gemm(ctx.operand_dtype(), true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+  const ComputeDtype d = ctx.operand_dtype();
+  const Operand w = weight_operand(ctx, scratch_a, weight, OC, C), x = operand(scratch_b, d, inp, N, C, C);
+  gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, 0.0f, out, OC, 0, 1, bias);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   const ComputeDtype d = ctx.operand_dtype();
-  const int ld = static_cast<int>(ld_dout);
+  // dout in the operand dtype once, for both products: in scratch_b while dinp's product uses
+  // scratch_a for the weight, then dweight's product narrows inp into scratch_a.
+  const Operand g = operand(scratch_b, d, dout, N, OC, ld_dout);
   // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
-  if (dinp) gemm(d, false, false, C, N, OC, weight, C, dout, ld, dinp, C, accumulate_dinp ? 1.0f : 0.0f, nullptr);
+  if (dinp)
+    gemm(data_type(d), false, false, C, N, OC, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), g,
+         accumulate_dinp ? 1.0f : 0.0f, dinp, C, 0, 1, nullptr);
   // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
-  if (dweight) gemm(d, false, true, C, OC, N, inp, C, dout, ld, dweight, C, 1.0f, nullptr);
-  if (dbias) column_sums_accumulate(dbias, dout, ld, N, OC);
+  if (dweight)
+    gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C), g, 1.0f, dweight, C, 0, 1,
+         nullptr);
+  if (dbias) column_sums_accumulate(dbias, dout, ld_dout, N, OC);
 }
 
 }  // namespace anvil::gpu

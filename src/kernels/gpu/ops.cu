@@ -7,6 +7,7 @@
 #include "core/targets.h"
 #include "device/arch.h"
 #include "device/device.h"
+#include "device/half.h"
 #include "device/stream.h"
 #include "kernels/attention.h"
 #include "kernels/columns.h"
@@ -373,6 +374,13 @@ __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
   if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
+// vectors of len floats, ld apart, as dense 16-bit values: thread i writes element i.
+template <ComputeDtype D>
+__global__ void narrow_kernel(uint16_t* out, const float* x, long total, int len, long ld) {
+  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total) out[i] = static_cast<uint16_t>(bits16<D>(ld == len ? x[i] : x[(i / len) * ld + i % len]));
+}
+
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
   const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < N) x[i] = round_value(x[i], d);
@@ -685,6 +693,16 @@ void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N,
 void widen_bf16(float* out, const uint16_t* in, long N) {
   if (N == 0) return;
   GPU_LAUNCH(widen_bf16_kernel, blocks_for(N), kThreads)(out, in, N);
+  GPU_CHECK_LAUNCH();
+}
+
+void narrow_to_16(uint16_t* out, const float* x, long vectors, int len, long ld, ComputeDtype d) {
+  const long total = vectors * len;
+  if (total == 0) return;
+  if (d == ComputeDtype::kBf16)
+    GPU_LAUNCH(narrow_kernel<ComputeDtype::kBf16>, blocks_for(total), kThreads)(out, x, total, len, ld);
+  else
+    GPU_LAUNCH(narrow_kernel<ComputeDtype::kFp16>, blocks_for(total), kThreads)(out, x, total, len, ld);
   GPU_CHECK_LAUNCH();
 }
 

@@ -16,9 +16,9 @@ args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(configs/bench-124m.yaml kernels=gpu deterministic_mode=false max_seq_len=1024
   model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8 precision=amp_bf16)
 command -v ncu > /dev/null || { echo "no ncu (Nsight Compute) on the PATH" >&2; exit 1; }
-# The warm-up step is profiled too (ncu cannot tell steps apart): one warm-up, one timed step, and
-# the sums halved are a step's.
-ncu --metrics gpu__time_duration.sum --csv --print-units base --clock-control none \
+# anvil bench marks its timed steps for profilers (cudaProfilerStart/Stop): ncu collects one step
+# after a warm-up, nothing of the set-up or the peak-rate products.
+ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base --clock-control none \
   build/cuda-release/bin/anvil bench train "${args[@]}" --steps 1 --warmup 1 > "$csv" 2> "$csv.stderr" ||
   { tail -5 "$csv.stderr"; exit 1; }
 python3 - "$csv" <<'EOF'
@@ -37,10 +37,10 @@ for r in rows[1:]:
         continue
     scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}[r[unit]]
     k = re.sub(r"\(.*", "", r[name])[:90]
-    total[k] += float(r[value].replace(",", "")) * scale / 2
+    total[k] += float(r[value].replace(",", "")) * scale
     calls[k] += 1
 all_ms = sum(total.values())
 print(f"device time per step, by kernel ({all_ms:.2f} ms in all, ncu-serialised):")
 for k, ms in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
-    print(f"  {ms:8.3f} ms {100 * ms / all_ms:5.1f}% {calls[k] // 2:5d} calls  {k}")
+    print(f"  {ms:8.3f} ms {100 * ms / all_ms:5.1f}% {calls[k]:5d} calls  {k}")
 EOF

@@ -374,11 +374,21 @@ __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
   if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
-// vectors of len floats, ld apart, as dense 16-bit values: thread i writes element i.
+// vectors of len floats, ld apart, as 16-bit values, ld_out apart: thread k writes element k,
+// or with four elements a thread (narrow4: 16-byte loads, 8-byte stores) the k-th quad.
 template <ComputeDtype D>
-__global__ void narrow_kernel(uint16_t* out, const float* x, long total, int len, long ld) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < total) out[i] = static_cast<uint16_t>(bits16<D>(ld == len ? x[i] : x[(i / len) * ld + i % len]));
+__global__ void narrow_kernel(uint16_t* out, long ld_out, const float* x, long ld, long total, int len) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < total) out[(k / len) * ld_out + k % len] = static_cast<uint16_t>(bits16<D>(x[(k / len) * ld + k % len]));
+}
+template <ComputeDtype D>
+__global__ void narrow4_kernel(uint16_t* out, long ld_out, const float* x, long ld, long quads, int quads_per_vector) {
+  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= quads) return;
+  const long v = k / quads_per_vector, at = 4 * (k % quads_per_vector);
+  const float4 f = *reinterpret_cast<const float4*>(x + v * ld + at);
+  *reinterpret_cast<uint2*>(out + v * ld_out + at) = {bits16<D>(f.x) | (bits16<D>(f.y) << 16),
+                                                      bits16<D>(f.z) | (bits16<D>(f.w) << 16)};
 }
 
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
@@ -696,13 +706,25 @@ void widen_bf16(float* out, const uint16_t* in, long N) {
   GPU_CHECK_LAUNCH();
 }
 
-void narrow_to_16(uint16_t* out, const float* x, long vectors, int len, long ld, ComputeDtype d) {
+namespace {
+template <ComputeDtype D>
+void narrow_launch(uint16_t* out, long ld_out, const float* x, long ld, long total, int len, bool quads) {
+  if (quads)
+    GPU_LAUNCH(narrow4_kernel<D>, blocks_for(total / 4), kThreads)(out, ld_out, x, ld, total / 4, len / 4);
+  else
+    GPU_LAUNCH(narrow_kernel<D>, blocks_for(total), kThreads)(out, ld_out, x, ld, total, len);
+}
+}  // namespace
+
+void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, ComputeDtype d) {
   const long total = vectors * len;
   if (total == 0) return;
+  const bool quads = len % 4 == 0 && ld % 4 == 0 && ld_out % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out) % 8 == 0;
   if (d == ComputeDtype::kBf16)
-    GPU_LAUNCH(narrow_kernel<ComputeDtype::kBf16>, blocks_for(total), kThreads)(out, x, total, len, ld);
+    narrow_launch<ComputeDtype::kBf16>(out, ld_out, x, ld, total, len, quads);
   else
-    GPU_LAUNCH(narrow_kernel<ComputeDtype::kFp16>, blocks_for(total), kThreads)(out, x, total, len, ld);
+    narrow_launch<ComputeDtype::kFp16>(out, ld_out, x, ld, total, len, quads);
   GPU_CHECK_LAUNCH();
 }
 

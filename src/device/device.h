@@ -84,8 +84,8 @@ void gpu_copy_to_host(void* host_dst, const void* src, size_t bytes);  // return
 void gpu_copy_on_device(void* dst, const void* src, size_t bytes);
 void gpu_zero(void* dst, size_t bytes);
 void gpu_synchronize();  // the calling thread's stream
-// Marks what GPU profilers collect (`ncu --profile-from-start off`, bench/gpu_kernel_times.sh):
-// the work between start and stop.
+// Marks what NVIDIA's profilers collect (`ncu --profile-from-start off`,
+// bench/gpu_kernel_times.sh): the work between start and stop. Nothing on AMD.
 void gpu_profiler_start();
 void gpu_profiler_stop();
 

@@ -48,8 +48,6 @@ using gpu_bf16 = hip_bfloat16;
 #define gpuStreamQuery hipStreamQuery
 #define gpuDeviceGetPCIBusId hipDeviceGetPCIBusId
 #define gpuErrorNotReady hipErrorNotReady
-#define gpuProfilerStart hipProfilerStart
-#define gpuProfilerStop hipProfilerStop
 #else
 #include <cuda_bf16.h>
 #include <cuda_profiler_api.h>

@@ -51,7 +51,7 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 // every row 16-byte aligned for b_fragment_transposed (device/mma.h).
 template <int HS>
 constexpr int kRowWords = (HS + kPad) / 2;
-static_assert(kRowWords<16> % 4 == 0 && kRowWords<128> % 4 == 0);
+static_assert(kRowWords<16> % 4 == 0 && kRowWords<32> % 4 == 0 && kRowWords<64> % 4 == 0 && kRowWords<128> % 4 == 0);
 
 // A sequence's causal window: key j is visible to query i when first(i) <= j <= i < T.
 struct Window {

@@ -387,8 +387,10 @@ __global__ void narrow4_kernel(uint16_t* out, long ld_out, const float* x, long 
   if (k >= quads) return;
   const long v = k / quads_per_vector, at = 4 * (k % quads_per_vector);
   const float4 f = *reinterpret_cast<const float4*>(x + v * ld + at);
-  *reinterpret_cast<uint2*>(out + v * ld_out + at) = {bits16<D>(f.x) | (bits16<D>(f.y) << 16),
-                                                      bits16<D>(f.z) | (bits16<D>(f.w) << 16)};
+  uint2 pairs;
+  pairs.x = bits16<D>(f.x) | (bits16<D>(f.y) << 16);
+  pairs.y = bits16<D>(f.z) | (bits16<D>(f.w) << 16);
+  *reinterpret_cast<uint2*>(out + v * ld_out + at) = pairs;
 }
 
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {

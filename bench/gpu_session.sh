@@ -6,7 +6,7 @@
 # one round each (bench/train_vs_pytorch.sh; rerun it with --rounds 5 for a figure to record),
 # deterministic_mode's cost, and against llm.c (bench/llmc_vs_anvil.sh) where its sources are here.
 # Uses build/cuda-release (built here when missing: carry it to skip the build; on a machine
-# without Debian's libraries, carry bench/device_bundle.sh's bundle and source its env.sh first).
+# without Debian's libraries, carry bench/device_bundle.sh's .devpack and source its setup.sh).
 # Everything it prints also goes to OUT/gpu_session_WHAT.log; each benchmark's lines to
 # OUT/bench_NAME.log, the op profile to OUT/profile_124m_bf16.log.
 # Usage: bench/gpu_session.sh [OUT [checks|bench|all]]   (OUT defaults to $OUT, else

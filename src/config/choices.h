@@ -1,22 +1,20 @@
 // The closed sets of values a config chooses between, each with its names in one table: the
 // config reads a name once into the enum (an unknown name is an error listing the valid ones)
-// and writes the name back; the code reads the enum. Header only, so that modules below the
-// config's parser (kernels) can share the types.
+// and writes the name back; the code reads the enum. Header only. Enums that modules below the
+// config's parser use (ComputeDtype, KernelImpl) live in core; their names are here.
 #pragma once
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "core/dtype.h"
+#include "core/kernel_impl.h"
 
 namespace anvil {
 
 // The model's family (`model.name`): which architecture options the config fills in
 // (config/train_config.cpp) and under which names they are read; one decoder builds them all.
 enum class ModelFamily { kGpt2, kMpt, kLlama };
-// Which implementation the ops run (kernels/impl.h): the scalar reference, the fast CPU
-// kernels, or the GPU kernels.
-enum class KernelImpl { kRef, kCpu, kGpu };
 enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
   kAdamW,           // PyTorch's: p -= lr·wd·p

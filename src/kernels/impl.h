@@ -1,9 +1,9 @@
-// Which implementation the ops run (KernelImpl, config/choices.h): the scalar reference (the
+// Which implementation the ops run (KernelImpl, core/kernel_impl.h): the scalar reference (the
 // executable specification), the fast CPU kernels, or the GPU kernels (whose arrays live in GPU
 // memory: kernels/buffer.h). Chosen once per process, as the device is: every op dispatches on
 // it in dispatch.cpp.
 #pragma once
-#include "config/choices.h"
+#include "core/kernel_impl.h"
 
 namespace anvil {
 

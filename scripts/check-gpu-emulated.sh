@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training with kernels=gpu on a machine without a GPU: the gpu-emulated preset compiles the GPU
-# sources as C++ against the emulated runtime and BLAS (src/device/emulation.h), and
+# sources as C++ against the emulated runtime and BLAS (src/device/emulated/), and
 # tests/gpu/test_gpu_training.sh runs against it: the GPU paths of the trainer, data parallelism
 # (deterministic mode, ZeRO 0-3, two ranks sharing the device), checkpoints between CPU and GPU,
 # all checked for their logic (NCCL is not in this build; speed means nothing here).

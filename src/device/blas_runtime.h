@@ -4,7 +4,7 @@
 #include "device/runtime.h"
 
 #if defined(ANVIL_GPU_EMULATION)
-#include "device/blas_emulation.h"
+#include "device/emulated/blas_emulation.h"
 #elif defined(ANVIL_HIP)
 #include <hipblaslt/hipblaslt.h>
 using gpublasStatus_t = hipblasStatus_t;

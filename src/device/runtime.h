@@ -1,11 +1,11 @@
 // The one header that maps anvil's GPU vocabulary to the vendor's: CUDA runtime, cuBLASLt and
 // NCCL on NVIDIA; HIP, hipBLASLt and RCCL on AMD. Kernel and host sources write gpuX and never
 // name a vendor; the build defines ANVIL_HIP for AMD, and ANVIL_GPU_EMULATION where the GPU code
-// runs on the CPU (device/emulation.h: the emulated op tests and the gpu-emulated preset).
+// runs on the CPU (device/emulated/emulation.h: the emulated op tests and the gpu-emulated preset).
 #pragma once
 
 #if defined(ANVIL_GPU_EMULATION)
-#include "device/emulation.h"
+#include "device/emulated/emulation.h"
 #elif defined(ANVIL_HIP)
 #include <hip/hip_bfloat16.h>
 #include <hip/hip_runtime.h>

@@ -1,4 +1,4 @@
-// The emulated GPU runtime (src/device/emulation.h) keeps the promises the kernel tests rely on:
+// The emulated GPU runtime (src/device/emulated/emulation.h) keeps the promises the kernel tests rely on:
 // a block's threads meet at barriers, warp shuffles exchange between lanes of the warp width
 // device/arch.h names, and what would hang or be refused on a GPU is an error, not a wrong result.
 #include <gtest/gtest.h>

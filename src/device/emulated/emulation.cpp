@@ -3,7 +3,7 @@
 // fibers switched at barriers. A switch saves the callee-saved registers and swaps stacks (x86-64
 // assembly below): a block of 512 threads crosses ~20 barriers, so switching must cost
 // nanoseconds, not the two system calls of swapcontext.
-#include "device/emulation.h"
+#include "device/emulated/emulation.h"
 
 #include <unistd.h>
 

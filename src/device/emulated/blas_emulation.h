@@ -1,5 +1,5 @@
 // The part of cuBLASLt / hipBLASLt that anvil uses (src/kernels/gpu/matmul.cpp), emulated on the
-// CPU for the emulated runtime (device/emulation.h): blas_runtime.h includes this instead of the
+// CPU for the emulated runtime (device/emulated/emulation.h): blas_runtime.h includes this instead of the
 // vendor's header when the build defines ANVIL_GPU_EMULATION. Products are column-major, strided-
 // batched, with the bias epilogue, computed by the host's sgemm in fp32; operands may be bf16 or
 // fp16 (widened exactly), the output fp32.

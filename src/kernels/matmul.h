@@ -20,7 +20,7 @@ class MatmulContext {
   MatmulContext& operator=(const MatmulContext&) = delete;
 
   // A promise that every operand of the products that follow is a value of dtype d. GPU GEMMs
-  // then multiply in that dtype's tensor-core mode, the CPU's bf16 products in bf16 pairs
+  // then multiply the operands narrowed to d on tensor cores, the CPU's bf16 products in bf16 pairs
   // (AVX512-BF16 where the CPU has it, kernels/cpu/gemm.h); both accumulate in fp32. Releases
   // a held weight.
   void set_operand_dtype(ComputeDtype d);
@@ -94,7 +94,7 @@ double matmul_peak_gflops(ComputeDtype d);
 std::string matmul_backend_description();
 
 // ref: in double, ignoring ctx; cpu: anvil's GEMM (kernels/cpu/gemm.h), using and filling ctx's
-// held weight; gpu: cuBLASLt / hipBLASLt in ctx's operand dtype's tensor-core mode.
+// held weight; gpu: cuBLASLt / hipBLASLt, on operands narrowed to ctx's operand dtype.
 ANVIL_OP_IMPLEMENTATIONS(matmul_forward)
 ANVIL_OP_IMPLEMENTATIONS(matmul_backward)
 

@@ -34,8 +34,8 @@ if [ ! -x "$bin/anvil" ] || [ ! -x "$bin/test_gpu_ops" ]; then
 fi
 
 # Ordered so that a lease cut short still returns the most: the kernels against the reference,
-# the op profile (what the speed work starts from), the headline comparisons, then training
-# against the CPU, then the rest of the benchmarks.
+# the op profile and the kernel times (what the speed work starts from), the headline
+# comparisons, then training against the CPU, then the rest of the benchmarks.
 if [ "$what" != bench ]; then
   step "tensor-core product and flash attention against the reference"
   timeout 90 "$bin/test_gpu_ops" --gtest_brief=1 --gtest_filter='Mma*:*attention*'
@@ -70,6 +70,8 @@ if [ "$what" != checks ]; then
   timeout 90 "$bin/anvil" bench train configs/bench-124m.yaml kernels=gpu deterministic_mode=false max_seq_len=1024 \
     model.max_seq_len=1024 global_train_batch_size=8 device_train_microbatch_size=8 precision=amp_bf16 --steps 3 \
     --profile 2>&1 | tee "$out/profile_124m_bf16.log" | tail -40
+  step "kernel times, GPT-2 124M amp_bf16 (ncu)"
+  timeout 90 bench/gpu_kernel_times.sh /tmp/anvil-gpu-kernels.csv 2>&1 | head -40
   bench 124m_bf16 "${gpt2_124m[@]}" precision=amp_bf16 deterministic_mode=false
   llmc_bench
 fi

@@ -13,7 +13,6 @@
 
 struct EmulatedBlasHandle {};
 struct EmulatedMatmulDesc {
-  gpublasComputeType_t compute = GPUBLAS_COMPUTE_32F;
   gpublasOperation_t trans_a = GPUBLAS_OP_N, trans_b = GPUBLAS_OP_N;
   gpublasLtEpilogue_t epilogue = GPUBLASLT_EPILOGUE_DEFAULT;
   const float* bias = nullptr;
@@ -77,10 +76,9 @@ gpublasStatus_t gpublasLtCreate(gpublasLtHandle_t* handle) {
 
 size_t gpublasLtGetVersion() { return 0; }
 
-gpublasStatus_t gpublasLtMatmulDescCreate(gpublasLtMatmulDesc_t* desc, gpublasComputeType_t compute,
-                                          gpublasDataType_t) {
+// fp32 accumulation, the one compute type there is (operands are widened to fp32 exactly).
+gpublasStatus_t gpublasLtMatmulDescCreate(gpublasLtMatmulDesc_t* desc, gpublasComputeType_t, gpublasDataType_t) {
   *desc = make<EmulatedMatmulDesc>();
-  (*desc)->compute = compute;
   return GPUBLAS_STATUS_SUCCESS;
 }
 

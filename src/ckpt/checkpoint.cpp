@@ -202,9 +202,10 @@ Manifest read_manifest(const std::string& path) {
       }
       ANVIL_CHECK(root.IsMap() && root["model"] && root["model"].IsMap(), "checkpoint manifest '{}' holds a config "
                   "without a model section", manifest_path);
-      MapReader section(root["model"], "model", manifest_path);
+      const std::string where = manifest_path + " (its config)";
+      MapReader section(root["model"], "model", where);
       ModelConfig from_config;
-      read_model_section(section, from_config, manifest_path + " (its config)");
+      read_model_section(section, from_config);
       ANVIL_CHECK(from_config.name == meta.config.name && from_config.n_layers == meta.config.n_layers &&
                       from_config.n_heads == meta.config.n_heads && from_config.d_model == meta.config.d_model &&
                       from_config.vocab_size == meta.config.vocab_size &&

@@ -8,53 +8,15 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "config/model_section.h"
+#include "config/families/family.h"
+#include "config/families/hf_fields.h"
 #include "config/lora_config.h"
+#include "config/model_section.h"
 #include "core/error.h"
 #include "core/fs.h"
 
 namespace anvil {
 namespace {
-
-// The config.json fields read by hf_model_config, for one family: each is copied into the model
-// section (under anvil's key) or checked; anything not listed is a field anvil does not know.
-struct HfReader {
-  const nlohmann::json& j;
-  const std::string& where;
-  YAML::Node section;
-  std::set<std::string>* fields_read = nullptr;  // every field looked at, present or not
-
-  bool has(const char* key) const {
-    if (fields_read) fields_read->insert(key);
-    return j.contains(key) && !j.at(key).is_null();
-  }
-  template <typename T>
-  T get(const char* key, T fallback) const {
-    if (!has(key)) return fallback;
-    try {
-      return j.at(key).get<T>();
-    } catch (const nlohmann::json::exception&) {
-      throw Error(fmt::format("{}: field '{}' has the wrong type ({})", where, key, j.at(key).dump()));
-    }
-  }
-  template <typename T>
-  T need(const char* key) const {
-    ANVIL_CHECK(has(key), "{}: field '{}' is missing", where, key);
-    return get<T>(key, T{});
-  }
-  void copy(const char* key, const char* anvil_key) {
-    if (has(key)) section[anvil_key] = YAML::Load(j.at(key).dump());
-  }
-  template <typename T>
-  void only(const char* key, T allowed, const std::string& why) const {
-    ANVIL_CHECK(!has(key) || get<T>(key, allowed) == allowed, "{}: field '{}' = {} cannot be honoured ({})", where,
-                key, j.at(key).dump(), why);
-  }
-  void absent(const char* key, const std::string& why) const {
-    ANVIL_CHECK(!has(key), "{}: field '{}' = {} cannot be honoured ({})", where, key, j.at(key).dump(), why);
-  }
-};
-
 
 // A YAML value as JSON, typed as YAML 1.2's core schema types plain scalars.
 nlohmann::json yaml_to_json(const YAML::Node& n) {
@@ -107,88 +69,17 @@ nlohmann::json published_config(const std::string& name) {
 // hf_model_config, noting in fields_read (when given) each top-level field it looks at.
 ModelConfig read_hf_config(const nlohmann::json& j, const std::string& where, std::set<std::string>* fields_read) {
   ANVIL_CHECK(j.is_object(), "{}: expected a JSON object", where);
-  HfReader r{j, where, YAML::Node(YAML::NodeType::Map), fields_read};
-  const std::string type = r.need<std::string>("model_type");
-  if (type == "gpt2") {
-    r.section["name"] = "gpt2";
-    r.section["n_layers"] = r.need<int>("n_layer");
-    r.section["n_heads"] = r.need<int>("n_head");
-    const int C = r.need<int>("n_embd");
-    r.section["d_model"] = C;
-    r.copy("vocab_size", "vocab_size");
-    r.section["max_seq_len"] = r.need<int>("n_positions");
-    ANVIL_CHECK(r.get<int>("n_inner", 4 * C) == 4 * C, "{}: field 'n_inner' = {} cannot be honoured (anvil's "
-                "GPT-2 has an MLP of 4·n_embd = {})", where, j.at("n_inner").dump(), 4 * C);
-    r.only<std::string>("activation_function", "gelu_new", "anvil's GPT-2 uses the tanh GELU, gelu_new");
-    r.only<double>("layer_norm_epsilon", 1e-5, "anvil's LayerNorm uses eps 1e-5");
-    r.only<bool>("scale_attn_weights", true, "scores are always scaled by 1/sqrt(head size)");
-    r.only<bool>("scale_attn_by_inverse_layer_idx", false, "scores are never scaled by the layer index");
-    r.only<bool>("add_cross_attention", false, "anvil's decoders have no cross-attention");
-    r.only<bool>("tie_word_embeddings", true, "anvil's GPT-2 ties its LM head to wte");
-    for (const char* key : {"embd_pdrop", "attn_pdrop", "resid_pdrop"}) r.copy(key, key);
-  } else if (type == "llama") {
-    r.section["name"] = "llama";
-    r.section["n_layers"] = r.need<int>("num_hidden_layers");
-    const int heads = r.need<int>("num_attention_heads"), C = r.need<int>("hidden_size");
-    r.section["n_heads"] = heads;
-    r.section["d_model"] = C;
-    r.copy("num_key_value_heads", "n_kv_heads");
-    r.copy("vocab_size", "vocab_size");
-    r.section["max_seq_len"] = r.need<int>("max_position_embeddings");
-    r.section["intermediate_size"] = r.need<int>("intermediate_size");
-    r.copy("rope_theta", "rope_theta");
-    r.copy("rms_norm_eps", "rms_norm_eps");
-    r.copy("initializer_range", "init_std");
-    r.section["tie_word_embeddings"] = r.get<bool>("tie_word_embeddings", false);
-    ANVIL_CHECK(r.get<int>("head_dim", C / heads) == C / heads, "{}: field 'head_dim' = {} cannot be honoured "
-                "(anvil's head size is hidden_size / num_attention_heads = {})", where, j.at("head_dim").dump(), C / heads);
-    r.only<std::string>("hidden_act", "silu", "Llama's MLP is SwiGLU, silu");
-    r.absent("rope_scaling", "RoPE is applied unscaled");
-    r.absent("sliding_window", "attention covers the whole causal context");
-    r.only<bool>("attention_bias", false, "anvil's Llama has no biases");
-    r.only<bool>("mlp_bias", false, "anvil's Llama has no biases");
-    r.only<int>("pretraining_tp", 1, "tensor-parallel slicing of the products");
-    r.copy("attention_dropout", "attention_dropout");
-  } else if (type == "mpt") {
-    r.section["name"] = "mpt_causal_lm";
-    for (const char* key : {"d_model", "n_heads", "n_layers", "expansion_ratio", "max_seq_len", "vocab_size"})
-      r.copy(key, key);
-    r.section["no_bias"] = true;  // transformers' MPT has no biases, whatever the field says
-    r.only<bool>("no_bias", true, "transformers' MPT has no biases");
-    r.only<double>("layer_norm_epsilon", 1e-5, "anvil's LayerNorm uses eps 1e-5");
-    r.only<bool>("learned_pos_emb", false, "transformers' MPT uses ALiBi, not a position table");
-    r.copy("resid_pdrop", "resid_pdrop");
-    r.copy("emb_pdrop", "emb_pdrop");
-    r.only<double>("embedding_fraction", 1.0, "the embeddings' gradient is never scaled down");
-    r.absent("logit_scale", "the logits are never scaled");
-    YAML::Node attn(YAML::NodeType::Map);
-    attn["alibi"] = true;
-    if (r.has("attn_config")) {
-      const nlohmann::json& a = j.at("attn_config");
-      HfReader ar{a, where, YAML::Node()};
-      if (ar.has("alibi_bias_max")) attn["alibi_bias_max"] = ar.get<double>("alibi_bias_max", 8);
-      ar.only<bool>("alibi", true, "transformers' MPT always uses ALiBi");
-      ar.only<bool>("qk_ln", false, "transformers' MPT has no QK LayerNorm");
-      ar.absent("clip_qkv", "q, k and v are never clipped");
-      ar.absent("softmax_scale", "scores are scaled by 1/sqrt(head size)");
-      ar.only<bool>("prefix_lm", false, "attention is causal");
-      ar.only<bool>("attn_uses_sequence_id", false, "attention is not cut at sequence ids");
-      if (ar.has("attn_pdrop")) attn["attn_pdrop"] = ar.get<double>("attn_pdrop", 0);
-    }
-    r.section["attn_config"] = attn;
-  } else {
-    ANVIL_FAIL("{}: model_type '{}' is not one anvil can import (expected gpt2, llama or mpt)", where, type);
-  }
+  HfFields fields(j, where, fields_read);
+  const std::string type = fields.need<std::string>("model_type");
+  const Family* f = family_for_hf_model_type(type);
+  ANVIL_CHECK(f, "{}: model_type '{}' is not one anvil can import (expected {})", where, type, hf_model_types());
+  fields.set("name", choice_name(f->id));
+  f->keys_from_hf(fields);
   ModelConfig c;
-  MapReader m(r.section, "model", where);
-  read_model_section(m, c, where);
-  ANVIL_CHECK(c.n_layers > 0 && c.n_heads > 0 && c.d_model > 0 && c.vocab_size > 0 && c.max_seq_len > 0,
-              "{}: the layer, head, width, vocabulary and context sizes must be positive", where);
-  ANVIL_CHECK(c.d_model % c.n_heads == 0 && c.n_heads % c.kv_heads() == 0,
-              "{}: {} heads over {} key/value heads do not divide a width of {}", where, c.n_heads, c.kv_heads(),
-              c.d_model);
-  ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{}: RoPE needs an even head size, not {}",
-              where, c.head_size());
+  MapReader m(fields.section(), "model", where, nullptr, nullptr, &fields.origins());
+  read_model_section(m, c);
+  ANVIL_CHECK(c.max_seq_len > 0, "{}: the context size must be positive, not {}", m.source("max_seq_len"),
+              c.max_seq_len);
   return c;
 }
 
@@ -284,7 +175,7 @@ HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file) {
     ANVIL_CHECK(original.contains(key) || fields_read.count(key), "{}: {}.{}: the config ({}) has no field '{}'",
                 file, m.full("config_overrides"), key, where, key);
   if (pretrained) out.weights_dir = fs::absolute(dir, ec).lexically_normal().string();
-  read_peft_config(m, out.model, file);
+  read_peft_config(m, out.model);
   m.finish();
   return out;
 }

@@ -1,10 +1,12 @@
-// LoRA's module names per family and PEFT's LoraConfig keys.
+// PEFT's LoraConfig keys, and the modules they choose among a family's (config/families/).
 #include "config/lora_config.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 
+#include "config/families/family.h"
+#include "config/map_reader.h"
 #include "config/yaml_number.h"
 #include "core/error.h"
 
@@ -22,48 +24,7 @@ constexpr const char* kAllLinear = "all-linear";
 
 }  // namespace
 
-std::vector<LoraModule> lora_modules(const ModelConfig& c) {
-  const int C = c.d_model, F = c.mlp_width(), q = c.n_heads * c.head_size(), kv = c.kv_heads() * c.head_size();
-  const int qkv = q + 2 * kv;
-  const bool glu = c.mlp == MlpKind::kSwiglu;
-  using P = BlockProduct;
-  switch (c.name) {
-    case ModelFamily::kGpt2:
-      return {{"attn.c_attn", P::kQkv, 0, qkv, C},
-              {"attn.c_proj", P::kAttnOut, 0, C, C},
-              {"mlp.c_fc", P::kFc, 0, glu ? 2 * F : F, C},
-              {"mlp.c_proj", P::kFcProj, 0, C, F}};
-    case ModelFamily::kLlama:
-      return {{"self_attn.q_proj", P::kQkv, 0, q, C},
-              {"self_attn.k_proj", P::kQkv, q, kv, C},
-              {"self_attn.v_proj", P::kQkv, q + kv, kv, C},
-              {"self_attn.o_proj", P::kAttnOut, 0, C, C},
-              {"mlp.gate_proj", P::kFc, 0, F, C},
-              {"mlp.up_proj", P::kFc, F, F, C},
-              {"mlp.down_proj", P::kFcProj, 0, C, F}};
-    case ModelFamily::kMpt: {
-      std::vector<LoraModule> m = {{"attn.Wqkv", P::kQkv, 0, qkv, C}, {"attn.out_proj", P::kAttnOut, 0, C, C}};
-      // LLM Foundry's MPTGLU holds its gate beside up_proj.
-      if (glu) m.push_back({"ffn.gate_proj", P::kFc, 0, F, C});
-      m.push_back({"ffn.up_proj", P::kFc, glu ? F : 0, F, C});
-      m.push_back({"ffn.down_proj", P::kFcProj, 0, C, F});
-      return m;
-    }
-  }
-  return {};
-}
-
-std::vector<std::string> lora_default_targets(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kGpt2:
-      return {"c_attn"};
-    case ModelFamily::kLlama:
-      return {"q_proj", "v_proj"};
-    case ModelFamily::kMpt:
-      return {"Wqkv"};
-  }
-  return {};
-}
+std::vector<LoraModule> lora_modules(const ModelConfig& cfg) { return family(cfg.name).lora_modules(cfg); }
 
 std::vector<LoraModule> lora_targets(const ModelConfig& cfg) {
   std::vector<LoraModule> chosen;
@@ -75,26 +36,26 @@ std::vector<LoraModule> lora_targets(const ModelConfig& cfg) {
   return chosen;
 }
 
-void read_peft_config(MapReader& model, ModelConfig& cfg, const std::string& file) {
+void read_peft_config(MapReader& model, ModelConfig& cfg) {
   if (!model.has("peft_config")) return;
   MapReader m = model.sub("peft_config");
   std::string peft_type = "LORA", task_type = "CAUSAL_LM";
   m.get("peft_type", peft_type);
-  ANVIL_CHECK(peft_type == "LORA", "{}: {} = '{}' is not supported; anvil fine-tunes with LORA", file,
+  ANVIL_CHECK(peft_type == "LORA", "{}: {} = '{}' is not supported; anvil fine-tunes with LORA", m.source("peft_type"),
               m.full("peft_type"), peft_type);
   m.get("task_type", task_type);
-  ANVIL_CHECK(task_type == "CAUSAL_LM", "{}: {} = '{}' is not supported; anvil's models are CAUSAL_LM", file,
+  ANVIL_CHECK(task_type == "CAUSAL_LM", "{}: {} = '{}' is not supported; anvil's models are CAUSAL_LM", m.source("task_type"),
               m.full("task_type"), task_type);
   LoraConfig& l = cfg.lora;
   l = {};
   l.r = 8;  // PEFT's defaults
   m.get("r", l.r);
-  ANVIL_CHECK(l.r > 0, "{}: {} = {} must be a positive rank", file, m.full("r"), l.r);
+  ANVIL_CHECK(l.r > 0, "{}: {} = {} must be a positive rank", m.source("r"), m.full("r"), l.r);
   double alpha = l.alpha, dropout = l.dropout;
   m.get("lora_alpha", alpha);
-  ANVIL_CHECK(alpha > 0, "{}: {} = {} must be positive", file, m.full("lora_alpha"), alpha);
+  ANVIL_CHECK(alpha > 0, "{}: {} = {} must be positive", m.source("lora_alpha"), m.full("lora_alpha"), alpha);
   m.get("lora_dropout", dropout);
-  ANVIL_CHECK(dropout >= 0 && dropout < 1, "{}: {} = {} must be in [0, 1)", file, m.full("lora_dropout"), dropout);
+  ANVIL_CHECK(dropout >= 0 && dropout < 1, "{}: {} = {} must be in [0, 1)", m.source("lora_dropout"), m.full("lora_dropout"), dropout);
   l.alpha = static_cast<float>(alpha);
   l.dropout = static_cast<float>(dropout);
   m.get("use_rslora", l.rslora);
@@ -107,23 +68,23 @@ void read_peft_config(MapReader& model, ModelConfig& cfg, const std::string& fil
     if (t.IsScalar()) {
       // A string is a regular expression in PEFT; its one special value is all-linear.
       ANVIL_CHECK(t.Scalar() == kAllLinear, "{}: {} = '{}': give a list of module names (or all-linear); a "
-                  "regular expression is not supported. {}'s modules: {}", file, m.full("target_modules"), t.Scalar(),
-                  choice_name(cfg.name), fmt::join(names, ", "));
+                  "regular expression is not supported. {}'s modules: {}", m.source("target_modules"), m.full("target_modules"), t.Scalar(),
+                  family(cfg.name).title, fmt::join(names, ", "));
       l.target_modules = {kAllLinear};
     } else {
-      ANVIL_CHECK(t.IsSequence() && t.size() > 0, "{}: {} must be a list of module names (or all-linear)", file,
+      ANVIL_CHECK(t.IsSequence() && t.size() > 0, "{}: {} must be a list of module names (or all-linear)", m.source("target_modules"),
                   m.full("target_modules"));
       for (const YAML::Node& n : t) {
-        ANVIL_CHECK(n.IsScalar(), "{}: {} must be a list of module names", file, m.full("target_modules"));
+        ANVIL_CHECK(n.IsScalar(), "{}: {} must be a list of module names", m.source("target_modules"), m.full("target_modules"));
         const std::string name = n.Scalar();
         ANVIL_CHECK(std::any_of(names.begin(), names.end(), [&](const std::string& x) { return names_module(name, x); }),
-                    "{}: {}: '{}' names no module of a {} block; its modules are {}", file, m.full("target_modules"),
-                    name, choice_name(cfg.name), fmt::join(names, ", "));
+                    "{}: {}: '{}' names no module of a {} block; its modules are {}", m.source("target_modules"), m.full("target_modules"),
+                    name, family(cfg.name).title, fmt::join(names, ", "));
         l.target_modules.push_back(name);
       }
     }
   } else {
-    l.target_modules = lora_default_targets(cfg.name);
+    l.target_modules = family(cfg.name).lora_default_targets;
   }
 
   // PEFT's options whose values anvil computes, and the rest at the one value it honours.
@@ -135,22 +96,22 @@ void read_peft_config(MapReader& model, ModelConfig& cfg, const std::string& fil
   }
   std::string bias = "none";
   m.get("bias", bias);
-  ANVIL_CHECK(bias == "none", "{}: {} = '{}' is not supported (the base's biases stay frozen); expected none", file,
+  ANVIL_CHECK(bias == "none", "{}: {} = '{}' is not supported (the base's biases stay frozen); expected none", m.source("bias"),
               m.full("bias"), bias);
   bool init = true;
   m.get("init_lora_weights", init);
   ANVIL_CHECK(init, "{}: {} = false is not supported; anvil initialises as PEFT does by default (A Kaiming-uniform, "
-              "B zero)", file, m.full("init_lora_weights"));
+              "B zero)", m.source("init_lora_weights"), m.full("init_lora_weights"));
   for (const char* key : {"use_dora", "lora_bias"}) {
     bool v = false;
     m.get(key, v);
-    ANVIL_CHECK(!v, "{}: {} = true is not supported; leave it false", file, m.full(key));
+    ANVIL_CHECK(!v, "{}: {} = true is not supported; leave it false", m.source(key), m.full(key));
   }
   for (const char* key : {"modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules", "rank_pattern",
                           "alpha_pattern", "loftq_config", "layer_replication", "megatron_config"}) {
     const bool empty = !m.has(key) || (m.raw(key).IsMap() || m.raw(key).IsSequence() ? m.raw(key).size() == 0 : false);
     ANVIL_CHECK(empty, "{}: {} is not supported (every block gets the same adapters, and nothing else trains); leave "
-                "it unset", file, m.full(key));
+                "it unset", m.source(key), m.full(key));
   }
   m.finish();
 }

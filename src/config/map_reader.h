@@ -143,7 +143,7 @@ class MapReader {
 
   YAML::Node node_;
   std::string prefix_;
-  const std::string& file_;
+  std::string file_;
   std::set<std::string> allowed_;
   std::set<std::string>* keys_read_;
   UnknownKeys* unknown_;

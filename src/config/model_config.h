@@ -76,6 +76,10 @@ struct ModelConfig {
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return d_model / n_heads; }
+  // The widths of the fused qkv product's parts: all the queries, the keys (or the values), all.
+  int q_width() const { return n_heads * head_size(); }
+  int kv_width() const { return kv_heads() * head_size(); }
+  int qkv_width() const { return q_width() + 2 * kv_width(); }
   int mlp_width() const { return mlp_hidden ? mlp_hidden : 4 * d_model; }
   bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
   bool has_lora() const { return lora.r > 0; }

@@ -12,11 +12,11 @@ class Emitter;
 
 namespace anvil {
 
-// model.name, then that family's keys: GPT-2's few; LLM Foundry's mpt_causal_lm keys, its
-// attn_config and ffn_config included; Llama's. A key of another family is an unknown key, and a
-// value anvil cannot honour an error naming it. Sizes are checked later (train_config.cpp), once
-// the top-level max_seq_len is known.
-void read_model_section(MapReader& m, ModelConfig& out, const std::string& file);
+// model.name, then that family's keys (config/families/<family>.cpp), the sizes checked against
+// each other (check_model_sizes), then peft_config. A key of another family is an unknown key, and
+// a value anvil cannot honour an error naming it. A max_seq_len left 0 is the top-level one,
+// which the config reader fills in.
+void read_model_section(MapReader& m, ModelConfig& out);
 // The section under the family's names, so that reading it back gives the same ModelConfig.
 void write_model_section(YAML::Emitter& e, const ModelConfig& c);
 

@@ -630,17 +630,7 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
     ANVIL_CHECK(v > 0, "{}: {} must be a positive integer, got {}", blame.source(key), key, v);
   };
   positive(c.max_seq_len, "max_seq_len");
-  if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;
-  positive(c.model.n_layers, "model.n_layers");
-  positive(c.model.n_heads, "model.n_heads");
-  positive(c.model.d_model, "model.d_model");
-  positive(c.model.vocab_size, "model.vocab_size");
-  ANVIL_CHECK(c.model.d_model % c.model.n_heads == 0, "{}: model.d_model ({}) must be divisible by model.n_heads ({})",
-              blame.source("model.d_model"), c.model.d_model, c.model.n_heads);
-  ANVIL_CHECK(c.model.n_heads % c.model.kv_heads() == 0, "{}: the key/value heads ({}) must divide model.n_heads ({})",
-              path, c.model.kv_heads(), c.model.n_heads);
-  ANVIL_CHECK(c.model.positions != PositionKind::kRope || c.model.head_size() % 2 == 0,
-              "{}: RoPE needs an even head size, and d_model / n_heads = {}", path, c.model.head_size());
+  if (c.model.max_seq_len == 0) c.model.max_seq_len = c.max_seq_len;  // the model section checked the rest
   ANVIL_CHECK(c.model.max_seq_len >= c.max_seq_len, "{}: model.max_seq_len ({}) must be at least max_seq_len ({})",
               blame.source("model.max_seq_len"), c.model.max_seq_len, c.max_seq_len);
   check_batch_sizes(c, blame, path, global_given);
@@ -744,7 +734,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
         c.model = hf.model;
         pretrained_weights = hf.weights_dir;
       } else {
-        read_model_section(m, c.model, path);
+        read_model_section(m, c.model);
       }
     }
     {

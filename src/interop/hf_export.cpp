@@ -248,8 +248,8 @@ HfExportResult export_peft_adapter(const std::string& checkpoint, const std::str
       {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", c.lora_base.path},
       {"r", lora.r}, {"lora_alpha", float_as_written(lora.alpha)}, {"lora_dropout", float_as_written(lora.dropout)},
       {"target_modules", targets}, {"bias", "none"}, {"use_rslora", lora.rslora},
-      // GPT-2's layers are Conv1D (weights stored input × output), which PEFT marks so.
-      {"fan_in_fan_out", cfg.name == ModelFamily::kGpt2}, {"init_lora_weights", true}, {"inference_mode", true},
+      // Conv1D layers (GPT-2's: weights stored input × output) PEFT marks so.
+      {"fan_in_fan_out", family(cfg.name).hf_conv1d}, {"init_lora_weights", true}, {"inference_mode", true},
       {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
       {"rank_pattern", nlohmann::ordered_json::object()}, {"alpha_pattern", nlohmann::ordered_json::object()},
       {"use_dora", false}, {"revision", nullptr}};

@@ -113,10 +113,11 @@ std::vector<float> to_floats(const std::string& name, const SafeTensor& t) {
 
 std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-// The name a file uses for one of transformers' keys: GPT-2's original files drop "transformer.".
-std::string stored_name(const HfFiles& files, const std::string& name, bool gpt2) {
-  if (files.tensors.count(name) || !gpt2 || !name.starts_with("transformer.")) return name;
-  const std::string bare = name.substr(std::strlen("transformer."));
+// The name a file uses for one of transformers' keys: the family's original files may leave out
+// a prefix (OpenAI's GPT-2 files drop "transformer.").
+std::string stored_name(const HfFiles& files, const std::string& name, const std::string& optional_prefix) {
+  if (files.tensors.count(name) || optional_prefix.empty() || !name.starts_with(optional_prefix)) return name;
+  const std::string bare = name.substr(optional_prefix.size());
   return files.tensors.count(bare) ? bare : name;
 }
 
@@ -153,20 +154,20 @@ HfModel read_hf_model(const std::string& hf_dir, const char* progress_label) {
   std::vector<float>& params = r.params;
   params.assign(model_num_params(cfg), 0.0f);
   std::set<std::string> used;
-  const bool gpt2 = cfg.name == ModelFamily::kGpt2;
+  const std::string optional_prefix = family(cfg.name).hf_optional_prefix;
   const std::vector<HfTensor> wanted = hf_tensors(cfg);
   uint64_t total = 0, read = 0;
   for (const HfTensor& h : wanted) {
-    const auto it = files.tensors.find(stored_name(files, h.name, gpt2));
+    const auto it = files.tensors.find(stored_name(files, h.name, optional_prefix));
     if (it != files.tensors.end()) total += it->second->end - it->second->begin;
   }
   std::optional<Progress> progress;
   if (progress_label) progress.emplace(progress_label, static_cast<int64_t>(total), "B");
   for (const HfTensor& h : wanted) {
-    const std::string name = stored_name(files, h.name, gpt2);
+    const std::string name = stored_name(files, h.name, optional_prefix);
     const auto it = files.tensors.find(name);
     ANVIL_CHECK(it != files.tensors.end(), "'{}' has no tensor '{}', which its config.json's {} needs", hf_dir, h.name,
-                model_family_title(cfg));
+                family(cfg.name).title);
     ANVIL_CHECK(it->second->shape == h.shape, "tensor '{}' in '{}' has shape {}, but config.json's model needs {}", name,
                 files.file_name(name), shape_text(it->second->shape), shape_text(h.shape));
     const std::vector<float> v = to_floats(name, files.read(name));
@@ -203,7 +204,7 @@ HfModel read_hf_model(const std::string& hf_dir, const char* progress_label) {
       continue;
     }
     ANVIL_FAIL("tensor '{}' in '{}' is not part of config.json's {} model (a config that disagrees with the tensors)",
-               name, files.file_name(name), model_family_title(cfg));
+               name, files.file_name(name), family(cfg.name).title);
   }
 
   if (progress) progress->finish(fmt::format("{} tensors", r.tensors));

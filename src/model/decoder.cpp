@@ -37,8 +37,8 @@ namespace {
 // and up: 2F).
 struct Widths {
   explicit Widths(const ModelConfig& cfg)
-      : kv(cfg.kv_heads() * cfg.head_size()),
-        qkv(cfg.d_model + 2 * kv),
+      : kv(cfg.kv_width()),
+        qkv(cfg.qkv_width()),
         hidden(cfg.mlp_width()),
         fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
   int kv, qkv, hidden, fc;

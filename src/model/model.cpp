@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "config/families/family.h"
 #include "config/lora_config.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -121,20 +122,8 @@ double model_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   return decoder_train_flops_per_token(cfg, seq_len);
 }
 
-std::string model_family_title(const ModelConfig& cfg) {
-  switch (cfg.name) {
-    case ModelFamily::kGpt2:
-      return "GPT-2";
-    case ModelFamily::kMpt:
-      return "MPT";
-    case ModelFamily::kLlama:
-      return "Llama";
-  }
-  return choice_name(cfg.name);
-}
-
 std::string model_architecture_summary(const ModelConfig& c) {
-  std::string s = fmt::format("{}, {} layers, {} heads", model_family_title(c), c.n_layers, c.n_heads);
+  std::string s = fmt::format("{}, {} layers, {} heads", family(c.name).title, c.n_layers, c.n_heads);
   if (c.kv_heads() != c.n_heads) s += fmt::format(" ({} key/value)", c.kv_heads());
   s += fmt::format(", d_model {}, vocab {}; ", c.d_model, c.vocab_size);
   s += c.norm == NormKind::kRmsNorm ? "RMSNorm" : c.norm_bias ? "LayerNorm" : "LayerNorm without bias";
@@ -185,18 +174,8 @@ class Model::OwnArrays : public UnitAccess {
 
 Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
     : cfg_(cfg), storage_(storage), max_seq_(max_seq) {
-  ANVIL_CHECK(cfg.n_layers > 0 && cfg.n_heads > 0 && cfg.d_model > 0 && cfg.vocab_size > 0 &&
-                  cfg.max_seq_len > 0,
-              "model sizes must be positive (n_layers {}, n_heads {}, d_model {}, vocab_size {}, "
-              "max_seq_len {})",
-              cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.vocab_size, cfg.max_seq_len);
-  ANVIL_CHECK(cfg.d_model % cfg.n_heads == 0, "model.d_model ({}) must be divisible by model.n_heads ({})",
-              cfg.d_model, cfg.n_heads);
-  ANVIL_CHECK(cfg.kv_heads() >= 1 && cfg.n_heads % cfg.kv_heads() == 0,
-              "the key/value heads ({}) must divide the heads ({})", cfg.kv_heads(), cfg.n_heads);
-  ANVIL_CHECK(cfg.positions != PositionKind::kRope || cfg.head_size() % 2 == 0,
-              "RoPE needs an even head size, got {}", cfg.head_size());
-  ANVIL_CHECK(cfg.mlp_width() > 0, "the MLP's hidden width must be positive, got {}", cfg.mlp_width());
+  check_model_sizes(cfg, nullptr);
+  ANVIL_CHECK(cfg.max_seq_len > 0, "model.max_seq_len = {} must be a positive integer", cfg.max_seq_len);
   ANVIL_CHECK(max_seq >= 1 && max_seq <= cfg.max_seq_len, "sequence length {} must be in 1..the model's "
               "max_seq_len {}", max_seq, cfg.max_seq_len);
   layout_ = model_param_layout(cfg);

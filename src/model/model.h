@@ -124,8 +124,6 @@ std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 // Training FLOPs per token (forward + backward), the MFU numerator.
 double model_train_flops_per_token(const ModelConfig& cfg, int seq_len);
-// A family's name as logs print it ("GPT-2").
-std::string model_family_title(const ModelConfig& cfg);
 // The architecture in one line, as the train and bench logs print it: "Llama, 12 layers, 12 heads
 // (4 key/value), d_model 768, vocab 50257; RMSNorm, RoPE (theta 10000), SwiGLU 2048, no biases,
 // own LM head".

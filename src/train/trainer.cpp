@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/targets.h"
+#include "config/families/family.h"
 #include "dist/collectives.h"
 #include "dist/data_parallel.h"
 #include "dist/op_collectives.h"
@@ -185,9 +186,9 @@ std::optional<LoadedCheckpoint> resume_point(const TrainConfig& cfg, Communicato
   ANVIL_CHECK(weights_only ? same_architecture(m, c) : m == c, "checkpoint '{}' holds another model than the config "
               "asks for: {} {} of {} layers, {} heads, d_model {}, vocab {}, max_seq_len {}{}; the config: {} {}, {}, "
               "{}, {}, {}, {}", resume->dir,
-              model_family_title(m), choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
+              family(m.name).title, choice_name(m.name), m.n_layers, m.n_heads, m.d_model, m.vocab_size,
               m.max_seq_len, m.name == c.name ? " (the families' options differ: compare the model sections)" : "",
-              model_family_title(c), choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,
+              family(c.name).title, choice_name(c.name), c.n_layers, c.n_heads, c.d_model, c.vocab_size,
               c.max_seq_len);
   if (weights_only) {  // a fresh optimizer, data order and step count
     resume->step = resume->tokens_seen = resume->optimizer_steps = 0;

@@ -281,7 +281,8 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"kernels=gpu", "deterministic_mode=false", "distributed.grad_compression=bf16"})
                 .find("use it with kernels=cpu"), std::string::npos);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
-  EXPECT_NE(error_of("max_seq_len: 8\n").find("train_loader is required"), std::string::npos);
+  EXPECT_NE(error_of("max_seq_len: 8\nmodel: {n_layers: 1, n_heads: 1, d_model: 8}\n").find("train_loader is required"),
+            std::string::npos);
   try {
     load_train_config("/nonexistent/x.yaml", {});
     FAIL();
@@ -660,7 +661,7 @@ TEST_F(FamilyConfigTest, LoraPeftConfig) {
   };
   expect("{r: 0}", "model.peft_config.r = 0 must be a positive rank");
   expect("{r: -4}", "model.peft_config.r = -4 must be a positive rank");
-  expect("{target_modules: [c_attn, q_proj]}", "'q_proj' names no module of a gpt2 block; its modules are attn.c_attn, "
+  expect("{target_modules: [c_attn, q_proj]}", "'q_proj' names no module of a GPT-2 block; its modules are attn.c_attn, "
          "attn.c_proj, mlp.c_fc, mlp.c_proj");
   expect("{target_modules: '.*attn.*'}", "a regular expression is not supported");
   expect("{peft_type: PREFIX_TUNING}", "anvil fine-tunes with LORA");
@@ -707,13 +708,18 @@ TEST_F(FamilyConfigTest, WhatCannotBeHonouredIsAnError) {
             std::string::npos);
   EXPECT_NE(model_error(base + "  ffn_config: {ffn_type: mptglu}\n").find("SwiGLU"), std::string::npos);
   EXPECT_NE(model_error(base + "  attn_config: {qk_gn: true}\n").find("qk_gn"), std::string::npos);
-  EXPECT_NE(model_error(base + "  attn_config: {attn_type: grouped_query_attention, kv_n_heads: 3}\n").find("must divide"),
+  // A size error names the key as the family spells it.
+  EXPECT_NE(model_error(base + "  attn_config: {attn_type: grouped_query_attention, kv_n_heads: 3}\n")
+                .find("model.attn_config.kv_n_heads = 3 must be a positive divisor of model.n_heads = 4"),
+            std::string::npos);
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 32, n_kv_heads: 3}\n")
+                .find("model.n_kv_heads = 3 must be a positive divisor of model.n_heads = 4"),
             std::string::npos);
   EXPECT_NE(model_error(base + "  init_config: {name: baseline_}\n").find("init_config.name"), std::string::npos);
   EXPECT_NE(model_error(base + "  norm_eps: 1.0e-6\n").find("norm_eps"), std::string::npos);
   EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 32, no_bias: true}\n").find("unknown key 'model.no_bias'"),
             std::string::npos);
-  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 36}\n").find("even head size"),
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 4, d_model: 36}\n").find("odd head size (9); RoPE"),
             std::string::npos);
 }
 
@@ -781,6 +787,11 @@ model:
   expect("  {name: hf_causal_lm}\n", "model.pretrained_model_name_or_path is required");
   expect(section + "  config_overrides: {hidden_sizes: 64}\n", "the config (" + d + "/config.json) has no field 'hidden_sizes'");
   expect(section + "  config_overrides: {rope_scaling: {type: linear, factor: 2.0}}\n", "field 'rope_scaling'");
+  // A size error names the config.json field the value came from.
+  expect(section + "  config_overrides: {num_key_value_heads: 3}\n", d + "/config.json (field 'num_key_value_heads'): "
+         "model.n_kv_heads = 3 must be a positive divisor of model.n_heads = 4");
+  expect(section + "  config_overrides: {num_attention_heads: 0}\n", "(field 'num_attention_heads'): model.n_heads = 0 "
+         "must be a positive integer");
   // LLM Foundry's LoRA section, as its published YAMLs spell it, on the directory's Llama.
   const TrainConfig lora = load_model(section + "  peft_config:\n    r: 64\n    peft_type: LORA\n"
                                       "    task_type: CAUSAL_LM\n    lora_alpha: 128\n    lora_dropout: 0.05\n"

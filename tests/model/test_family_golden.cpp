@@ -26,7 +26,7 @@ ModelConfig config_of(const SafeTensorsFile& f) {
   ModelConfig c;
   const YAML::Node node = YAML::Load(f.metadata.at("model_yaml"));
   MapReader m(node, "model", "fixture");
-  read_model_section(m, c, "fixture");
+  read_model_section(m, c);
   return c;
 }
 
@@ -166,7 +166,7 @@ TEST(Families, ParameterCountsMatchTheModels) {
   ModelConfig llama;
   const YAML::Node l = YAML::Load("name: llama\nn_layers: 32\nn_heads: 32\nd_model: 4096\nmax_seq_len: 4096\n");
   MapReader lm(l, "model", "test");
-  read_model_section(lm, llama, "test");
+  read_model_section(lm, llama);
   EXPECT_EQ(llama.mlp_width(), 11008);  // Llama's rule
   EXPECT_EQ(model_num_params(llama), 6738415616u);
   // MPT-7B: the embedding, and per block two norm weights, Wqkv, out_proj, up_proj and down_proj.
@@ -175,7 +175,7 @@ TEST(Families, ParameterCountsMatchTheModels) {
       "name: mpt_causal_lm\nn_layers: 32\nn_heads: 32\nd_model: 4096\nmax_seq_len: 2048\nvocab_size: 50432\n"
       "no_bias: true\nattn_config: {alibi: true}\n");
   MapReader mm(m, "model", "test");
-  read_model_section(mm, mpt, "test");
+  read_model_section(mm, mpt);
   const uint64_t C = 4096;
   EXPECT_EQ(model_num_params(mpt), 50432 * C + 32 * (2 * C + 3 * C * C + C * C + 8 * C * C) + C);
 }

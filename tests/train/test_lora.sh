@@ -148,7 +148,7 @@ fi
 # Bad input: one line each.
 expect_error "r 0" "model.peft_config.r = 0 must be a positive rank" \
   "$anvil" train "$tmp/lora.yaml" model.peft_config.r=0 run_dir="$tmp/e1"
-expect_error "a target module the family lacks" "'q_proj' names no module of a gpt2 block" \
+expect_error "a target module the family lacks" "'q_proj' names no module of a GPT-2 block" \
   "$anvil" train "$tmp/lora.yaml" "model.peft_config.target_modules=[c_attn, q_proj]" run_dir="$tmp/e2"
 expect_error "LoRA without a base" "model.peft_config (LoRA) adapts a pretrained model: set load_path" \
   "$anvil" train "$tmp/lora.yaml" load_path=null run_dir="$tmp/e3"

@@ -1,0 +1,88 @@
+// The registry of families, and what is the same for all of them.
+#include "config/families/family.h"
+
+#include <fmt/format.h>
+
+#include "config/map_reader.h"
+#include "core/error.h"
+
+namespace anvil {
+
+// Each family's file defines its one instance.
+const Family& gpt2_family();
+const Family& mpt_family();
+const Family& llama_family();
+
+namespace {
+
+const Family* const* all_families() {
+  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), nullptr};
+  return all;
+}
+
+}  // namespace
+
+const Family& family(ModelFamily id) {
+  for (const Family* const* f = all_families(); *f; f++)
+    if ((*f)->id == id) return **f;
+  ANVIL_FAIL("internal: no family registered for model.name {}", choice_name(id));
+}
+
+const Family* family_for_hf_model_type(const std::string& model_type) {
+  for (const Family* const* f = all_families(); *f; f++)
+    if (model_type == (*f)->hf_model_type) return *f;
+  return nullptr;
+}
+
+std::string hf_model_types() {
+  std::vector<std::string> types;
+  for (const Family* const* f = all_families(); *f; f++) types.push_back((*f)->hf_model_type);
+  std::string s;
+  for (size_t i = 0; i < types.size(); i++) s += (i ? (i + 1 == types.size() ? " or " : ", ") : "") + types[i];
+  return s;
+}
+
+void HfTensorList::whole(std::string name, std::string source, std::vector<int64_t> shape) {
+  tensors.push_back({std::move(name), std::move(source), std::move(shape), 0, 0, false});
+}
+
+void HfTensorList::conv1d(std::string name, std::string source, int64_t in, int64_t out) {
+  tensors.push_back({std::move(name), std::move(source), {in, out}, 0, 0, true});
+}
+
+void HfTensorList::rows(std::string name, std::string source, int64_t row0, int64_t n, std::vector<int64_t> shape) {
+  tensors.push_back({std::move(name), std::move(source), std::move(shape), row0, n, false});
+}
+
+void Family::require(bool ok, const std::string& what) const {
+  ANVIL_CHECK(ok, "a {} model cannot be written as transformers' {}: it has {}", title, hf_architecture, what);
+}
+
+void check_model_sizes(const ModelConfig& c, const MapReader* m) {
+  const Family& f = family(c.name);
+  // "where: model.key = value", for the key as the family spells it.
+  auto key = [&](const char* k) {
+    const std::string full = m ? m->full(k) : fmt::format("model.{}", k);
+    return m ? fmt::format("{}: {}", m->source(k), full) : full;
+  };
+  auto positive = [&](int v, const char* k) { ANVIL_CHECK(v > 0, "{} = {} must be a positive integer", key(k), v); };
+  positive(c.n_layers, "n_layers");
+  positive(c.n_heads, "n_heads");
+  positive(c.d_model, "d_model");
+  positive(c.vocab_size, "vocab_size");
+  ANVIL_CHECK(c.max_seq_len >= 0, "{} = {} must be a positive integer", key("max_seq_len"), c.max_seq_len);
+  ANVIL_CHECK(c.d_model % c.n_heads == 0, "{} = {} must be divisible by model.n_heads = {}", key("d_model"), c.d_model,
+              c.n_heads);
+  if (c.n_kv_heads != 0) {
+    ANVIL_CHECK(*f.kv_heads_key, "internal: a {} model with n_kv_heads", f.title);
+    ANVIL_CHECK(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, "{} = {} must be a positive divisor of "
+                "model.n_heads = {}", key(f.kv_heads_key), c.n_kv_heads, c.n_heads);
+  }
+  ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{} = {} over model.n_heads = {} gives "
+              "an odd head size ({}); RoPE rotates pairs of dimensions", key("d_model"), c.d_model, c.n_heads,
+              c.head_size());
+  ANVIL_CHECK(c.mlp_width() > 0, "{} = {} must be positive", key(*f.mlp_width_key ? f.mlp_width_key : "d_model"),
+              c.mlp_width());
+}
+
+}  // namespace anvil

@@ -27,7 +27,7 @@
 #include "data/finetuning.h"
 #include "data/prepare.h"
 #include "data/tools.h"
-#include "dist/bench_comm.h"
+#include "parallel/bench_comm.h"
 #include "kernels/bench_gemm.h"
 #include "kernels/blas.h"
 #include "interop/hf_export.h"

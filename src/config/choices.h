@@ -35,10 +35,10 @@ enum class SaveFailure { kStop, kContinue };  // what a checkpoint that cannot b
 // A loader's `name`: packed pretraining text, or fine-tuning examples (config/finetuning_config.h).
 enum class LoaderKind { kText, kFinetuning };
 enum class TooLong { kTruncate, kDrop };  // what a fine-tuning example longer than max_seq_len becomes
-// dist/collectives.h describes the algorithms.
+// parallel/collectives.h describes the algorithms.
 enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
 enum class GradCompression { kNone, kBf16 };
-// Under kernels=gpu: NCCL/RCCL, or host copies around anvil's collectives (dist/op_collectives.h).
+// Under kernels=gpu: NCCL/RCCL, or host copies around anvil's collectives (parallel/op_collectives.h).
 enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
 
 // Choices<E>::names: every value of E with the name configs spell it.

@@ -18,7 +18,7 @@
 #include "device/device.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 #include "model/model.h"
 #include "train/microbatch.h"
 #include "train/step.h"

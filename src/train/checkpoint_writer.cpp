@@ -17,7 +17,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "data/remote.h"
-#include "dist/collectives.h"
+#include "parallel/collectives.h"
 
 namespace anvil {
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "config/train_config.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

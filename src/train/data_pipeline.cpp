@@ -9,7 +9,7 @@
 #include "core/fs.h"
 #include "core/sha256.h"
 #include "data/finetuning.h"
-#include "dist/collectives.h"
+#include "parallel/collectives.h"
 
 namespace anvil {
 

@@ -10,7 +10,7 @@
 #include "data/loader.h"
 #include "data/streaming.h"
 #include "data/tokenizer.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

@@ -2,12 +2,12 @@
 // into microbatches; the loss of every microbatch is weighted by 1 / (target tokens of the whole
 // global batch, summed over ranks), so gradients are exact whatever the microbatch size or the
 // world size (Composer's rule). Then the gradients are reduced, clipped by global norm, and
-// AdamW updates (see dist/data_parallel.h for who holds what under each ZeRO stage).
+// AdamW updates (see parallel/data_parallel.h for who holds what under each ZeRO stage).
 #pragma once
 #include <cstdint>
 
 #include "config/train_config.h"
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 #include "optim/schedule.h"
 #include "train/loss_scaler.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "config/train_config.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

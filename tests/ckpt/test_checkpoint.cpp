@@ -1,6 +1,6 @@
 // Checkpoints (src/ckpt): what a save of any world size writes, a load reassembles whole and
 // verifies, and what a damaged checkpoint does (an error naming what is wrong, never wrong
-// weights). The end-to-end resume tests (tests/train, tests/dist) run these through training.
+// weights). The end-to-end resume tests (tests/train, tests/parallel) run these through training.
 #include <gtest/gtest.h>
 
 #include <filesystem>

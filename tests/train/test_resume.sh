@@ -72,7 +72,7 @@ run w4 4 load_path="$tmp/w2/checkpoints/step-00000007" distributed.zero_stage=3 
   || { fail "4-rank resume"; tail "$tmp/w4.out"; }
 cp "$tmp"/w2/metrics.jsonl "$tmp/w2w4.jsonl"; grep '"loss"' "$tmp/w4/metrics.jsonl" >> "$tmp/w2w4.jsonl"
 mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tmp/w4/checkpoints" "$tmp/w2w4/"
-/usr/bin/python3 "$src/tests/dist/compare_runs.py" 0 "$tmp/full" "$tmp/w2w4" \
+/usr/bin/python3 "$src/tests/parallel/compare_runs.py" 0 "$tmp/full" "$tmp/w2w4" \
   && pass "2 ranks to step 7, then 4 ranks with ZeRO-3 to step 20: the uninterrupted run's bits" \
   || fail "resume across world sizes strays from the uninterrupted run"
 

@@ -1,5 +1,5 @@
 // Collectives on op memory; see op_collectives.h.
-#include "dist/op_collectives.h"
+#include "parallel/op_collectives.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,6 +1,6 @@
 // A build without NCCL/RCCL (no GPU backend, or the emulated one) has no GPU collectives.
 #include "core/error.h"
-#include "dist/gpu_collectives.h"
+#include "parallel/gpu_collectives.h"
 
 namespace anvil {
 

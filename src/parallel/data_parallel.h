@@ -27,11 +27,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/collectives.h"
-#include "dist/comm_thread.h"
-#include "dist/communicator.h"
+#include "parallel/collectives.h"
+#include "parallel/comm_thread.h"
+#include "parallel/communicator.h"
 #include "device/device.h"
-#include "dist/op_collectives.h"
+#include "parallel/op_collectives.h"
 #include "kernels/buffer.h"
 #include "model/model.h"
 #include "optim/adamw.h"

@@ -1,6 +1,6 @@
 // Ring, recursive-doubling and rank-ordered collectives over Communicator's point-to-point calls.
 // Scratch space is kept per thread between calls, so a training step does not allocate.
-#include "dist/collectives.h"
+#include "parallel/collectives.h"
 
 #include <cstring>
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "config/choices.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

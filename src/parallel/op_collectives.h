@@ -1,6 +1,6 @@
 // anvil's collectives on op memory (kernels/buffer.h): what data parallelism reduces and gathers
-// lives wherever the ops run. Host arrays go straight to anvil's collectives (dist/collectives.h).
-// GPU arrays go to NCCL/RCCL (dist/gpu_collectives.h), or are copied through host memory around
+// lives wherever the ops run. Host arrays go straight to anvil's collectives (parallel/collectives.h).
+// GPU arrays go to NCCL/RCCL (parallel/gpu_collectives.h), or are copied through host memory around
 // anvil's collectives: the way when the ranks of a host share GPUs, which NCCL refuses. Integer
 // (fixed-point) sums are exact on every path, so the path never changes a bit of a
 // deterministic run.
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/collectives.h"
-#include "dist/gpu_collectives.h"
+#include "parallel/collectives.h"
+#include "parallel/gpu_collectives.h"
 
 namespace anvil {
 

@@ -1,6 +1,6 @@
 // Collectives on GPU memory through NCCL (RCCL on AMD) for the ranks of a communicator, each
 // driving its own GPU; the library's unique id travels through the communicator (MPI). Sums are
-// in place, as anvil's own collectives (dist/collectives.h): on int64 fixed-point gradients they
+// in place, as anvil's own collectives (parallel/collectives.h): on int64 fixed-point gradients they
 // are exact, so deterministic training keeps its bits whichever algorithm NCCL picks. Segments
 // may be uneven (counts[r] elements for rank r, in rank order).
 //
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

@@ -1,6 +1,6 @@
 // Built when CMake finds no MPI: a launch that needs MPI is a clear error.
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 namespace anvil {
 

@@ -1,5 +1,5 @@
 // CommThread: see comm_thread.h.
-#include "dist/comm_thread.h"
+#include "parallel/comm_thread.h"
 
 #include "kernels/impl.h"
 

@@ -5,8 +5,8 @@
 #include "core/error.h"
 #include "device/ccl_runtime.h"
 #include "device/stream.h"
-#include "dist/collectives.h"
-#include "dist/gpu_collectives.h"
+#include "parallel/collectives.h"
+#include "parallel/gpu_collectives.h"
 
 namespace anvil {
 namespace {

@@ -1,5 +1,5 @@
 // Launch detection and the one-process communicator.
-#include "dist/communicator.h"
+#include "parallel/communicator.h"
 
 #include <unistd.h>
 

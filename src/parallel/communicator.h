@@ -1,5 +1,5 @@
 // Communicator: who this process is among the job's ranks, and point-to-point messages with a
-// deadline. Every collective anvil runs (src/dist/collectives.h) is built on these few calls, so
+// deadline. Every collective anvil runs (src/parallel/collectives.h) is built on these few calls, so
 // a backend only moves bytes; the algorithms, their reduction order and their timeouts are
 // anvil's own. Two backends: one process (no peers, no MPI needed) and MPI.
 #pragma once

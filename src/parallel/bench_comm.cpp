@@ -1,11 +1,11 @@
 // All-reduce timing for `anvil bench comm`.
-#include "dist/bench_comm.h"
+#include "parallel/bench_comm.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
-#include "dist/collectives.h"
+#include "parallel/collectives.h"
 
 namespace anvil {
 

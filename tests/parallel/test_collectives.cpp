@@ -1,4 +1,4 @@
-// anvil's collectives under mpirun (tests/dist/run_collectives.sh runs 1, 2, 3 and 4 ranks).
+// anvil's collectives under mpirun (tests/parallel/run_collectives.sh runs 1, 2, 3 and 4 ranks).
 // Inputs are small integers, whose sums are exact in any order, so every algorithm must give the
 // exact sum, bit for bit; random inputs check that every rank ends with the same bits and that
 // rank_ordered adds in rank order. `--late-rank R --timeout S` checks that a rank that never
@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "core/rng.h"
-#include "dist/collectives.h"
+#include "parallel/collectives.h"
 
 namespace anvil {
 namespace {

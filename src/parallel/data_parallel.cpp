@@ -1,5 +1,5 @@
 // ZeRO 0-3 over anvil's collectives; see data_parallel.h for what each stage keeps.
-#include "dist/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <algorithm>
 #include <cmath>

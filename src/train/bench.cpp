@@ -21,6 +21,7 @@
 #include "parallel/communicator.h"
 #include "model/model.h"
 #include "train/microbatch.h"
+#include "train/stack.h"
 #include "train/step.h"
 
 namespace anvil {
@@ -29,24 +30,20 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   ANVIL_CHECK(steps > 0 && warmup_steps >= 0, "--steps must be positive and --warmup not negative");
   TrainConfig cfg = config;  // with the batch sizes and microbatch resolved
   resolve_batch_sizes(cfg, 1);
-  cfg.device_eval_batch_size = 0;  // no evaluation here
+  cfg.device_eval_batch_size = 0;  // no evaluation here: activations for the microbatch alone
   select_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  const DataParallelOptions dp_options = data_parallel_options(cfg);
-  const std::unique_ptr<Model> built = make_model(cfg.model, 1, T, model_storage_for(cfg));
-  Model& model = *built;
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
-  DataParallel dp(*comm, model, cfg.optimizer, dp_options);
-  const MemoryReport mem = dp.memory();
-  if (cfg.model.has_lora()) {  // a base from the seed: the speed and memory are those of any base
+  TrainingStack stack = build_training_stack(cfg, *comm, GB, T, [&](Model& model) {
+    // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));
     model_init_params(cfg.model.base(), cfg.seed, 0, base.size(), base.data());
     model.set_base_weights(base, cfg.precision == ComputeDtype::kBf16);
-  }
-  cfg.device_train_microbatch_size =
-      plan_microbatch(cfg, GB, mem.model_states() + mem.working + model.base_bytes(), 1).microbatch;
-  model.set_max_batch(cfg.device_train_microbatch_size);
+  });
+  Model& model = *stack.model;
+  DataParallel& dp = *stack.dp;
+  const MemoryReport mem = dp.memory();
   dp.init_weights(cfg.seed);
   TrainStep step(cfg, model, dp, LrSchedule::constant());
 

@@ -27,6 +27,7 @@
 #include "train/data_pipeline.h"
 #include "train/loss_plot.h"
 #include "train/microbatch.h"
+#include "train/stack.h"
 #include "train/step.h"
 #include "train/stop_signal.h"
 #include "train/tensorboard.h"
@@ -407,26 +408,14 @@ void TrainingRun::open_datasets() {
 }
 
 void TrainingRun::build_model() {
-  // Activations are sized once the memory the model states take is known.
-  model_ = make_model(cfg_.model, 1, T_, model_storage_for(cfg_));
+  TrainingStack stack = build_training_stack(cfg_, comm_, local_batch_, T_, [&](Model& model) {
+    lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
+  });
+  model_ = std::move(stack.model);
+  dp_ = std::move(stack.dp);
+  plan_ = stack.plan;
   Model& model = *model_;
-  if (cfg_.model.has_lora()) lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
-  dp_ = std::make_unique<DataParallel>(comm_, model, cfg_.optimizer, data_parallel_options(cfg_));
-  const MemoryReport mem = dp_->memory();
-  // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
-  const int sharing = kernel_impl() == KernelImpl::kGpu ? dp_->gpu_sharing().on_my_gpu : comm_.local_size();
-  plan_ = plan_microbatch(cfg_, local_batch_, mem.model_states() + mem.working + model.base_bytes(), sharing);
-  int microbatch = plan_.microbatch;
-  // Every rank must cut its batch alike (ZeRO-2/3 communicate per microbatch): auto takes the
-  // smallest choice of any rank.
-  if (cfg_.microbatch_auto && W_ > 1)
-    for (double choice : all_gather_values(comm_, plan_.microbatch))
-      microbatch = std::min(microbatch, static_cast<int>(choice));
-  const int eval_batch = cfg_.device_eval_batch_size > 0 ? cfg_.device_eval_batch_size : microbatch;
-  cfg_.device_train_microbatch_size = microbatch;
-  cfg_.device_eval_batch_size = eval_batch;
-  const int max_batch = std::max(microbatch, eval_batch);
-  model.set_max_batch(max_batch);
+  const int max_batch = std::max(cfg_.device_train_microbatch_size, cfg_.device_eval_batch_size);
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {

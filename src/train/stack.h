@@ -1,0 +1,32 @@
+// The training stack, built in one place for `anvil train` and `anvil bench train`: the model,
+// the parallelism that owns its parameter access (today data parallelism with its ZeRO stage),
+// and the microbatch, planned from the memory the two hold. Weights, a resumed state and the step
+// are the caller's: they differ between a run and a benchmark.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "config/train_config.h"
+#include "model/model.h"
+#include "parallel/communicator.h"
+#include "parallel/data_parallel.h"
+#include "train/microbatch.h"
+
+namespace anvil {
+
+struct TrainingStack {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> dp;
+  MicrobatchPlan plan;
+};
+
+// The stack for cfg's model over comm, for local_batch sequences of seq_len tokens per rank.
+// set_base (under LoRA) gives the model its frozen base before the microbatch is planned, since
+// the base's memory counts. Resolves cfg.device_train_microbatch_size (the plan's, the smallest of
+// any rank's under auto: every rank must cut its batch alike, as ZeRO-2/3 communicate per
+// microbatch) and cfg.device_eval_batch_size (the microbatch unless given), and sizes the
+// model's activations for the larger.
+TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int local_batch, int seq_len,
+                                   const std::function<void(Model&)>& set_base);
+
+}  // namespace anvil

@@ -14,114 +14,13 @@
 #include "config/hf_model_config.h"
 #include "config/map_reader.h"
 #include "config/model_section.h"
+#include "config/yaml_document.h"
 #include "config/yaml_number.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace anvil {
 namespace {
-
-void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, const YAML::Node& value) {
-  if (i + 1 == parts.size()) {
-    node[parts[i]] = value;
-    return;
-  }
-  if (!node[parts[i]] || !node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
-  set_path(node[parts[i]], parts, i + 1, value);
-}
-
-// The node at a dotted path (from position pos on) below node, or an undefined node. A const walk:
-// looking a key up never adds it.
-YAML::Node node_at(const YAML::Node& node, const std::string& path, size_t pos = 0) {
-  const size_t end = std::min(path.find('.', pos), path.size());
-  const std::string key = path.substr(pos, end - pos);
-  if (!node.IsMap() || !node[key]) return YAML::Node(YAML::NodeType::Undefined);
-  return end == path.size() ? node[key] : node_at(node[key], path, end + 1);
-}
-
-// YAML's merge key (`<<: *anchor`, or a list of anchors), as LLM Foundry's fine-tuning files use
-// it, which yaml-cpp 0.7 leaves as an ordinary key: the merged mappings' keys are added where the
-// mapping does not give them itself (earlier mappings of a list first).
-void merge_keys(YAML::Node node, const std::string& file) {
-  if (node.IsSequence()) {
-    for (size_t i = 0; i < node.size(); i++) merge_keys(node[i], file);
-    return;
-  }
-  if (!node.IsMap()) return;
-  if (const YAML::Node merged = node["<<"]) {
-    node.remove("<<");
-    std::vector<YAML::Node> sources;
-    if (merged.IsSequence())
-      for (size_t i = 0; i < merged.size(); i++) sources.push_back(merged[i]);
-    else
-      sources.push_back(merged);
-    for (const YAML::Node& src : sources) {
-      ANVIL_CHECK(src.IsMap(), "{}: a merge key (<<) must name a mapping or a list of mappings", file);
-      for (auto it = src.begin(); it != src.end(); ++it) {
-        const std::string key = it->first.as<std::string>();
-        if (!node[key]) node[key] = YAML::Clone(it->second);
-      }
-    }
-  }
-  for (auto it = node.begin(); it != node.end(); ++it) merge_keys(it->second, file);
-}
-
-// OmegaConf's interpolation, as LLM Foundry's files use it: "${a.b}" as a whole value is replaced
-// by the value at that dotted path from the root: ${variables.x}, or in Foundry's older files a
-// top-level key (${data_local}, ${global_seed}), which is then a variable and no unknown key;
-// inside a longer string ("s3://bucket/${variables.run_name}/ckpt") by that value's text. A value
-// that is itself an interpolation is resolved in turn. `variables` collects the top-level keys
-// referred to.
-void interpolate(YAML::Node node, const YAML::Node& root, const std::string& file, std::set<std::string>& variables) {
-  auto whole = [](const YAML::Node& v) {
-    return v.IsScalar() && v.Scalar().size() >= 4 && v.Scalar().rfind("${", 0) == 0 && v.Scalar().back() == '}' &&
-           v.Scalar().find('}') == v.Scalar().size() - 1;
-  };
-  auto embedded = [](const YAML::Node& v) { return v.IsScalar() && v.Scalar().find("${") != std::string::npos; };
-  auto target_of = [&](const std::string& expr) {
-    const std::string path = expr.substr(2, expr.size() - 3);
-    const YAML::Node target = node_at(root, path);
-    ANVIL_CHECK(target.IsDefined(), "{}: '{}' refers to {}, which is not defined", file, expr, path);
-    variables.insert(path.substr(0, path.find('.')));
-    return target;
-  };
-  std::function<YAML::Node(YAML::Node, int)> resolve = [&](YAML::Node value, int depth) -> YAML::Node {
-    ANVIL_CHECK(depth < 16, "{}: '{}' is part of an interpolation cycle", file, value.Scalar());
-    if (whole(value)) return resolve(target_of(value.Scalar()), depth + 1);
-    if (!embedded(value)) return value;
-    std::string text = value.Scalar(), out;
-    for (size_t pos = 0;;) {
-      const size_t start = text.find("${", pos);
-      if (start == std::string::npos) {
-        out += text.substr(pos);
-        break;
-      }
-      const size_t end = text.find('}', start);
-      ANVIL_CHECK(end != std::string::npos, "{}: '{}' has an unclosed ${{", file, text);
-      const YAML::Node target = resolve(target_of(text.substr(start, end - start + 1)), depth + 1);
-      ANVIL_CHECK(target.IsScalar(), "{}: '{}' puts {} inside a string, but it is not a single value", file, text,
-                  text.substr(start, end - start + 1));
-      out += text.substr(pos, start - pos) + target.Scalar();
-      pos = end + 1;
-    }
-    return YAML::Node(out);
-  };
-  if (node.IsMap()) {
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      if (embedded(it->second))
-        node[it->first.as<std::string>()] = resolve(it->second, 0);
-      else if (!it->second.IsScalar())
-        interpolate(it->second, root, file, variables);
-    }
-  } else if (node.IsSequence()) {
-    for (size_t i = 0; i < node.size(); i++) {
-      if (embedded(node[i]))
-        node[i] = resolve(node[i], 0);
-      else if (!node[i].IsScalar())
-        interpolate(node[i], root, file, variables);
-    }
-  }
-}
 
 // LLM Foundry repeats max_seq_len in places (a loader's dataset, the tokenizer's kwargs): given
 // there, it must be the top-level value.
@@ -370,27 +269,6 @@ std::string checkpoints_remote(const TrainConfig& cfg) {
   return remote_folder(cfg.save_folder) ? save_folder_of(cfg) : "";
 }
 
-void resolve_batch_sizes(TrainConfig& c, int world) {
-  if (c.gradient_accumulation_steps == 0 && c.global_train_batch_size > 0) return;  // anvil's rule
-  int& global = c.global_train_batch_size;
-  int& micro = c.device_train_microbatch_size;
-  int& steps = c.gradient_accumulation_steps;
-  if (global == 0) {
-    steps = std::max(steps, 1);
-    global = micro * steps * world;
-  } else if (micro == 0) {
-    steps = std::max(steps, 1);
-    ANVIL_CHECK(global % (steps * world) == 0, "global_train_batch_size {} is not divisible by "
-                "gradient_accumulation_steps {} x {} ranks", global, steps, world);
-    micro = global / (steps * world);
-  } else {
-    ANVIL_CHECK(global == micro * steps * world, "global_train_batch_size {} (DeepSpeed's train_batch_size) must be "
-                "device_train_microbatch_size {} x gradient_accumulation_steps {} x {} ranks = {}", global, micro,
-                steps, world, micro * steps * world);
-  }
-  if (c.device_eval_batch_size == 0) c.device_eval_batch_size = micro;
-}
-
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t end = 0;
   double v = -1;
@@ -408,45 +286,6 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
 }
 
 namespace {
-
-// The config file as one YAML document: merge keys resolved, the command line's overrides set
-// (each recorded in origins), ${...} interpolated; variables: the keys interpolation read.
-YAML::Node load_config_yaml(const std::string& path, const std::vector<std::string>& overrides,
-                            std::map<std::string, std::string>& origins, std::set<std::string>& variables) {
-  ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    ANVIL_FAIL("{}: malformed YAML at line {}, column {}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg);
-  }
-  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  ANVIL_CHECK(root.IsMap(), "{}: the top level must be a mapping of keys to values", path);
-  merge_keys(root, path);
-  for (const std::string& o : overrides) {
-    const size_t eq = o.find('=');
-    ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
-    std::vector<std::string> parts;
-    std::string key = o.substr(0, eq);
-    for (size_t a = 0, b; a <= key.size(); a = b + 1) {
-      b = key.find('.', a);
-      if (b == std::string::npos) b = key.size();
-      ANVIL_CHECK(b > a, "override '{}' has an empty key part", o);
-      parts.push_back(key.substr(a, b - a));
-    }
-    YAML::Node value;
-    try {
-      value = YAML::Load(o.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-      ANVIL_FAIL("override '{}': the value is not valid YAML: {}", o, e.msg);
-    }
-    set_path(root, parts, 0, value);
-    origins[key] = "the command line";
-  }
-  variables = {"variables"};
-  interpolate(root, YAML::Clone(root), path, variables);
-  return root;
-}
 
 // optimizer: AdamW's settings.
 void read_optimizer(MapReader& top, OptimizerConfig& out, const std::string& path) {

@@ -96,7 +96,7 @@ struct TrainConfig {
   std::string tensorboard_dir;   // loggers.tensorboard.log_dir; "": RUN_DIR/tensorboard
   int eval_subset_num_batches = -1;  // -1: the whole eval split
   // DeepSpeed's batch rule when gradient_accumulation_steps is given or the global batch is not:
-  // global = microbatch x accumulation steps x ranks, any two giving the third (resolve_batch_sizes).
+  // global = microbatch x accumulation steps x ranks, any two giving the third (train/microbatch.h: resolve_batch_sizes, once the ranks are known).
   int global_train_batch_size = 0;
   int device_train_microbatch_size = 0;  // 0: the whole device batch
   int gradient_accumulation_steps = 0;   // 0: what the batch sizes give
@@ -155,10 +155,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 std::string checkpoints_dir(const TrainConfig& cfg);
 // An s3:// save_folder (with {run_name} replaced), where checkpoints are uploaded; "" for a local one.
 std::string checkpoints_remote(const TrainConfig& cfg);
-
-// Applies DeepSpeed's batch rule for `world` ranks (see global_train_batch_size): fills in the
-// size not given, or fails naming the three when they disagree.
-void resolve_batch_sizes(TrainConfig& cfg, int world);
 
 // "1000", "64kb", "10mb", "1.5gb", "2tb" (powers of 1024, as MosaicML streaming reads them);
 // what names the value in the error.

@@ -19,6 +19,27 @@ std::string size_text(size_t bytes) {
 
 }  // namespace
 
+void resolve_batch_sizes(TrainConfig& c, int world) {
+  if (c.gradient_accumulation_steps == 0 && c.global_train_batch_size > 0) return;  // anvil's rule
+  int& global = c.global_train_batch_size;
+  int& micro = c.device_train_microbatch_size;
+  int& steps = c.gradient_accumulation_steps;
+  if (global == 0) {
+    steps = std::max(steps, 1);
+    global = micro * steps * world;
+  } else if (micro == 0) {
+    steps = std::max(steps, 1);
+    ANVIL_CHECK(global % (steps * world) == 0, "global_train_batch_size {} is not divisible by "
+                "gradient_accumulation_steps {} x {} ranks", global, steps, world);
+    micro = global / (steps * world);
+  } else {
+    ANVIL_CHECK(global == micro * steps * world, "global_train_batch_size {} (DeepSpeed's train_batch_size) must be "
+                "device_train_microbatch_size {} x gradient_accumulation_steps {} x {} ranks = {}", global, micro,
+                steps, world, micro * steps * world);
+  }
+  if (c.device_eval_batch_size == 0) c.device_eval_batch_size = micro;
+}
+
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;

@@ -10,6 +10,11 @@
 
 namespace anvil {
 
+// Applies DeepSpeed's batch rule for `world` ranks (TrainConfig::global_train_batch_size): fills
+// in the size not given, or fails naming the three when they disagree. A run-time resolution, as
+// the world size is known only once the ranks are.
+void resolve_batch_sizes(TrainConfig& cfg, int world);
+
 struct MicrobatchPlan {
   int microbatch = 0;           // sequences per forward/backward
   int eval_batch = 0;           // sequences per eval forward

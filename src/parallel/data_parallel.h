@@ -23,6 +23,13 @@
 // the integers, and AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32
 // copy of the gradient exists in this mode. A step whose values outgrew the fixed-point scale is
 // reported by finish_backward and must be run again (see fixed_point.h).
+//
+// DataParallel composes three parts over one ShardLayout (parallel/shard_layout.h): ParamShards
+// (parallel/param_shards.h, the parameters and ZeRO-3's gathers), GradientReduction
+// (parallel/gradient_reduction.h, the gradient sums, their reduction and norm) and AdamW over the
+// rank's range; the two halves share the group and its communication thread
+// (DataParallelContext). A model split over tensor or pipeline groups would give each its
+// data-parallel group and its own part of the parameters, and these parts work the same on it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,7 +38,10 @@
 #include "parallel/comm_thread.h"
 #include "parallel/communicator.h"
 #include "device/device.h"
+#include "parallel/gradient_reduction.h"
 #include "parallel/op_collectives.h"
+#include "parallel/param_shards.h"
+#include "parallel/shard_layout.h"
 #include "kernels/buffer.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -80,7 +90,7 @@ class DataParallel : public UnitAccess {
   // A step: begin_step, then per microbatch begin_microbatch + model.forward_backward, then
   // finish_backward, clip_and_norm, optimizer_step.
   void begin_step();
-  void begin_microbatch(bool last);
+  void begin_microbatch(bool last) { grads_.begin_microbatch(last); }
   // The factor the loss was multiplied by in this step (amp_fp16's loss scale, a power of two;
   // 1 otherwise). Gradients are divided by it, exactly, on their way to the optimizer.
   void set_loss_scale(double scale);
@@ -112,78 +122,34 @@ class DataParallel : public UnitAccess {
 
   // The fixed-point scale exponent of every parameter tensor (layout order): state the next
   // step depends on, kept in checkpoints so that a resumed run continues bit for bit.
-  const std::vector<int>& grad_scales() const { return scale_; }
+  const std::vector<int>& grad_scales() const { return grads_.scales(); }
   void set_grad_scales(const std::vector<int>& scales);
 
-  // UnitAccess
-  const float* acquire_params(int unit, int next_unit) override;
-  void release_params(int unit) override;
-  float* grads(int unit, size_t offset, size_t count) override;
-  void grain_done(int unit, size_t offset, size_t count) override;
+  // UnitAccess: parameters from the shards (ParamShards), gradients to their reduction
+  // (GradientReduction).
+  const float* acquire_params(int unit, int next_unit) override { return params_.acquire(unit, next_unit); }
+  void release_params(int unit) override { params_.release(unit); }
+  float* grads(int unit, size_t offset, size_t count) override { return grads_.grads(unit, offset, count); }
+  void grain_done(int unit, size_t offset, size_t count) override { grads_.grain_done(unit, offset, count); }
   void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
-                  size_t row_len) override;
-  void grads_done(int unit) override;
+                  size_t row_len) override {
+    grads_.grain_rows(unit, offset, x, rows, rows_op, n_rows, row_len);
+  }
+  void grads_done(int unit) override { grads_.grads_done(unit); }
 
  private:
-  struct Slot {
-    OpArray<float> buf;      // parameters; gradients in float mode
-    OpArray<int64_t> fixed;  // gradients in deterministic mode
-    int unit = -1;        // whose contents it holds (or will, once ticket is done)
-    bool in_use = false;  // parameters: acquired; gradients: open in this microbatch
-    uint64_t ticket = 0;  // the job that fills (parameters) or reads (gradients) it
-  };
-  Slot* find_param_slot(int unit);
-  Slot& free_param_slot(int unit);
-  void start_gather(Slot& slot, int unit);
-  float* owned_params();
-  float* owned_grads();
-  int64_t* owned_fixed();
-  Slot* open_grad_slot(int unit);
-  Slot* find_open_grad_slot(int unit);
-  // Deterministic training: where the unit's fixed-point gradient accumulates this microbatch,
-  // opened (stages 2/3: a working slot) if it is not yet.
-  int64_t* open_fixed(int unit);
-  void sum_owned_squares();
-  int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
-
   Communicator& comm_;
   Model& model_;
-  DataParallelOptions opt_;
-  std::vector<ParamUnit> units_;
-  size_t n_ = 0;
-  std::vector<size_t> shard_counts_;
-  size_t lo_ = 0, hi_ = 0;
-  std::vector<std::vector<size_t>> unit_counts_;  // [unit][rank]: the unit's part in each shard
-  AdamW optimizer_;
+  const DataParallelOptions opt_;
+  const ShardLayout shards_;
+  AdamW optimizer_;  // over [shards_.lo, shards_.hi)
   OpCollectives collectives_;
-  OpArray<float> param_shard_, grad_shard_;  // grad_shard_: ZeRO-2/3 outside deterministic mode
-  std::vector<float> error_feedback_;  // bf16 compression (host only)
-  Slot emb_params_, block_params_[2], emb_grads_, block_grads_[2];
-  bool last_microbatch_ = true;
-  const std::vector<ParamTensor>& tensors_;
-  std::vector<std::pair<size_t, size_t>> unit_tensors_;  // [unit]: its tensors' index range
-  // Deterministic mode.
-  std::vector<int> scale_;         // [tensor]: fixed-point exponent of this step
-  std::vector<int> step_scale_;    // [tensor]: the exponents of the gradient AdamW reads this step
-  OpArray<float> sample_max_;      // [tensor]: largest per-sequence |gradient| this step, this rank (loss-scaled)
-  OpArray<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
-  std::vector<unsigned __int128> host_squares_;
-  std::vector<int> next_scale_;                    // scratch of finish_backward and clip_and_norm
-  std::vector<unsigned __int128> squares_, all_squares_;
-  std::vector<float> all_max_;
+  const DataParallelContext ctx_;
+  ParamShards params_;
+  GradientReduction grads_;
   double loss_scale_ = 1.0;
   float clip_scale_ = 1.0f;  // from clip_and_norm, for the next optimizer_step
-  int loss_scale_log2_ = 0;
-  // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'
-  // spans, and the blocks' and the final norm's.
-  struct Scratch {
-    OpArray<float> buf;
-    size_t origin = 0;  // the unit offset buf[0] stands for (the last span asked for)
-  };
-  Scratch& scratch_for(int unit) { return unit == 0 ? emb_scratch_ : block_scratch_; }
-  Scratch emb_scratch_, block_scratch_;
-  OpArray<int64_t> fixed_, fixed_shard_;  // stages 0/1: every gradient; 2/3: the shard
-  std::vector<int64_t*> fixed_dest_;                // [unit]: where its open gradient accumulates
+  // Last, so that it is the first to go: no job runs once the buffers it uses are freed.
   CommThread thread_;
 };
 

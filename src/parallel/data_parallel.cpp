@@ -83,14 +83,7 @@ void DataParallel::set_loss_scale(double scale) {
   grads_.set_loss_scale(scale, e - 1);
 }
 
-DataParallel::Backward DataParallel::finish_backward() {
-  switch (grads_.finish_backward(optimizer_.steps_taken() + 1)) {
-    case GradientReduction::Verdict::kDone: return Backward::kDone;
-    case GradientReduction::Verdict::kRunAgain: return Backward::kRunAgain;
-    case GradientReduction::Verdict::kOverflow: return Backward::kOverflow;
-  }
-  ANVIL_FAIL("internal: an unknown verdict of the gradient reduction");
-}
+DataParallel::Backward DataParallel::finish_backward() { return grads_.finish_backward(optimizer_.steps_taken() + 1); }
 
 double DataParallel::clip_and_norm(double max_norm) {
   const double norm = grads_.global_norm();

@@ -94,11 +94,7 @@ class DataParallel : public UnitAccess {
   // The factor the loss was multiplied by in this step (amp_fp16's loss scale, a power of two;
   // 1 otherwise). Gradients are divided by it, exactly, on their way to the optimizer.
   void set_loss_scale(double scale);
-  enum class Backward {
-    kDone,      // the gradients are ready for clip_and_norm
-    kRunAgain,  // a fixed-point gradient outgrew its scale: the scales now fit, run the step again
-    kOverflow,  // a gradient is not finite under loss scaling: skip the step (no update)
-  };
+  using Backward = GradientReduction::Backward;
   // The same answer on every rank. A non-finite gradient without loss scaling is an error (the
   // run diverged).
   Backward finish_backward();

@@ -92,18 +92,18 @@ void GradientReduction::begin_step() {
   }
 }
 
-GradientReduction::Verdict GradientReduction::finish_backward(int64_t step) {
+GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
   ctx_.thread.wait_all();
   const DataParallelOptions& opt = ctx_.options;
   Communicator& comm = ctx_.comm;
   if (!opt.deterministic) {
-    if (loss_scale_ == 1.0) return Verdict::kDone;
+    if (loss_scale_ == 1.0) return Backward::kDone;
     // Unscale what the optimizer will read (all of it under ZeRO-0, where clipping reads it all),
     // and agree on whether any of it is not finite.
     float* g = opt.zero_stage == 0 ? ctx_.model.grads() : owned_grads();
     const size_t n = opt.zero_stage == 0 ? ctx_.shards.n : ctx_.shards.hi - ctx_.shards.lo;
     const int bad = !scale_values_check_finite(g, n, static_cast<float>(1.0 / loss_scale_));
-    return sum_exact(comm, bad) > 0 ? Verdict::kOverflow : Verdict::kDone;
+    return sum_exact(comm, bad) > 0 ? Backward::kOverflow : Backward::kDone;
   }
   // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
   // everywhere (a maximum is exact). The loss scale 2^e comes off them exactly here, as it did
@@ -123,7 +123,7 @@ GradientReduction::Verdict GradientReduction::finish_backward(int64_t step) {
     if (!std::isfinite(m)) {
       ANVIL_CHECK(loss_scale_ != 1.0, "step {}: the gradient of '{}' is not finite (diverged); lower optimizer.lr or "
                   "enable algorithms.gradient_clipping", step, tensors_[k].name);
-      return Verdict::kOverflow;  // the scales stay: this step's values are not a measure
+      return Backward::kOverflow;  // the scales stay: this step's values are not a measure
     }
     fits = fits && fixed_point_fits(m, scale_[k], opt.global_batch);
     if (m > 0.0f) next[k] = fixed_point_scale(m, opt.global_batch);
@@ -133,7 +133,7 @@ GradientReduction::Verdict GradientReduction::finish_backward(int64_t step) {
     step_scale_ = scale_;
   }
   scale_ = next;
-  return fits ? Verdict::kDone : Verdict::kRunAgain;
+  return fits ? Backward::kDone : Backward::kRunAgain;
 }
 
 // This rank's part of the squared norm per tensor, from what it owns.

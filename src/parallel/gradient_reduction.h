@@ -7,27 +7,11 @@
 #include <vector>
 
 #include "kernels/buffer.h"
-#include "model/model.h"
-#include "parallel/comm_thread.h"
-#include "parallel/communicator.h"
-#include "parallel/op_collectives.h"
-#include "parallel/shard_layout.h"
+#include "parallel/data_parallel_context.h"
 
 namespace anvil {
 
-struct DataParallelOptions;
 struct MemoryReport;
-
-// What the two halves of data parallelism share: the group, the model, the layout of its shards,
-// and the one communication thread whose jobs every rank issues in the same order.
-struct DataParallelContext {
-  Communicator& comm;
-  Model& model;
-  const DataParallelOptions& options;
-  const ShardLayout& shards;
-  CommThread& thread;
-  OpCollectives& collectives;
-};
 
 class GradientReduction {
  public:
@@ -42,9 +26,14 @@ class GradientReduction {
     loss_scale_ = scale;
     loss_scale_log2_ = log2;
   }
-  enum class Verdict { kDone, kRunAgain, kOverflow };  // as DataParallel::Backward
-  // step: the step's number, for the error a diverged run gets.
-  Verdict finish_backward(int64_t step);
+  enum class Backward {
+    kDone,      // the gradients are ready for the norm and the optimizer
+    kRunAgain,  // a fixed-point gradient outgrew its scale: the scales now fit, run the step again
+    kOverflow,  // a gradient is not finite under loss scaling: skip the step (no update)
+  };
+  // Waits for the reductions; the same answer on every rank. step: the step's number, for the
+  // error a diverged run gets.
+  Backward finish_backward(int64_t step);
   // The global gradient norm, the same on every rank.
   double global_norm();
 

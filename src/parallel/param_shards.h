@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "parallel/gradient_reduction.h"
+#include "kernels/buffer.h"
+#include "parallel/data_parallel_context.h"
 
 namespace anvil {
+
+struct MemoryReport;
 
 class ParamShards {
  public:

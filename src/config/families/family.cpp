@@ -73,11 +73,10 @@ void check_model_sizes(const ModelConfig& c, const MapReader* m) {
   ANVIL_CHECK(c.max_seq_len >= 0, "{} = {} must be a positive integer", key("max_seq_len"), c.max_seq_len);
   ANVIL_CHECK(c.d_model % c.n_heads == 0, "{} = {} must be divisible by model.n_heads = {}", key("d_model"), c.d_model,
               c.n_heads);
-  if (c.n_kv_heads != 0) {
-    ANVIL_CHECK(*f.kv_heads_key, "internal: a {} model with n_kv_heads", f.title);
-    ANVIL_CHECK(c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0, "{} = {} must be a positive divisor of "
-                "model.n_heads = {}", key(f.kv_heads_key), c.n_kv_heads, c.n_heads);
-  }
+  // A family without the key (GPT-2) has grouped-query heads only when code sets them.
+  ANVIL_CHECK(c.n_kv_heads == 0 || (c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0), "{} = {} must be a "
+              "positive divisor of model.n_heads = {}", key(*f.kv_heads_key ? f.kv_heads_key : "n_kv_heads"),
+              c.n_kv_heads, c.n_heads);
   ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{} = {} over model.n_heads = {} gives "
               "an odd head size ({}); RoPE rotates pairs of dimensions", key("d_model"), c.d_model, c.n_heads,
               c.head_size());

@@ -14,7 +14,7 @@ namespace anvil {
 
 // The model's family (`model.name`): which architecture options the config fills in
 // (config/train_config.cpp) and under which names they are read; one decoder builds them all.
-enum class ModelFamily { kGpt2, kMpt, kLlama };
+enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral };
 enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
   kAdamW,           // PyTorch's: p -= lr·wd·p
@@ -47,7 +47,10 @@ struct Choices;
 template <>
 struct Choices<ModelFamily> {
   static constexpr std::pair<ModelFamily, const char*> names[] = {
-      {ModelFamily::kGpt2, "gpt2"}, {ModelFamily::kMpt, "mpt_causal_lm"}, {ModelFamily::kLlama, "llama"}};
+      {ModelFamily::kGpt2, "gpt2"},
+      {ModelFamily::kMpt, "mpt_causal_lm"},
+      {ModelFamily::kLlama, "llama"},
+      {ModelFamily::kMistral, "mistral"}};
 };
 template <>
 struct Choices<ComputeDtype> {  // the `precision` key

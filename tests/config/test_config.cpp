@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "config/families/family.h"
 #include "config/lora_config.h"
 #include "config/train_config.h"
 #include "core/error.h"
@@ -605,6 +606,46 @@ TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
   EXPECT_FALSE(c.model.linear_bias || c.model.tied_embeddings);
   EXPECT_EQ(c.model.kv_heads(), 2);
   expect_round_trip(c);
+}
+
+// Mistral: Llama's shape and keys, and its sliding window, kept through the config and from a
+// transformers config.json (v0.1's window of 4096, v0.3's null).
+TEST_F(FamilyConfigTest, MistralIsLlamaShapedWithASlidingWindow) {
+  TrainConfig c = load_model("  {name: mistral, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64, "
+                             "sliding_window: 4096}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kMistral);
+  EXPECT_EQ(c.model.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(c.model.positions, PositionKind::kRope);
+  EXPECT_EQ(c.model.mlp, MlpKind::kSwiglu);
+  EXPECT_EQ(c.model.kv_heads(), 2);
+  EXPECT_EQ(c.model.sliding_window, 4096);
+  expect_round_trip(c);
+  std::vector<std::string> targets;
+  for (const LoraModule& m : lora_modules(c.model)) targets.push_back(m.name);
+  EXPECT_EQ(targets.front(), "self_attn.q_proj");
+  EXPECT_EQ(family(ModelFamily::kMistral).lora_default_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_NE(model_error("  {name: mistral, n_layers: 2, n_heads: 8, d_model: 64, sliding_window: -1}\n")
+                .find("model.sliding_window = -1 must be a positive number of keys"), std::string::npos);
+  EXPECT_NE(model_error("  {name: llama, n_layers: 2, n_heads: 8, d_model: 64, sliding_window: 8}\n")
+                .find("unknown key 'model.sliding_window'"), std::string::npos);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_mistral_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string section = "  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string();
+  for (const char* window : {"4096", "null"}) {
+    std::ofstream(dir / "config.json") << R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+      "hidden_size": 64, "intermediate_size": 224, "num_hidden_layers": 2, "num_attention_heads": 8,
+      "num_key_value_heads": 2, "head_dim": 8, "hidden_act": "silu", "max_position_embeddings": 32768,
+      "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": )" << window << R"(,
+      "tie_word_embeddings": false, "vocab_size": 32768, "bos_token_id": 1, "eos_token_id": 2})";
+    c = load_model(section + "}\n");
+    EXPECT_EQ(c.model.name, ModelFamily::kMistral);
+    EXPECT_EQ(c.model.sliding_window, std::string(window) == "null" ? 0 : 4096);
+    EXPECT_EQ(c.model.max_seq_len, 32768);
+    EXPECT_FLOAT_EQ(c.model.rope_theta, 1e6f);
+    EXPECT_EQ(c.model.vocab_size, 32768);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Each family's dropout keys, under its own names, and back.

@@ -15,7 +15,7 @@ usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N [--adapter PEFT_DIR]
        hf_reference.py index HF_DIR                   checks a sharded directory's index against its files
        hf_reference.py write ARCH OUT_DIR [--dtype bf16] [--shards N] [--gpt2-original-names]
                                                       writes a small random model of ARCH (gpt2, llama,
-                                                      llama-tied, mpt) as transformers' save_pretrained
+                                                      llama-tied, mistral, mpt) as transformers' save_pretrained
                                                       lays it out; --gpt2-original-names as OpenAI's
                                                       converted files name GPT-2's tensors (no
                                                       "transformer." prefix, attn.bias mask buffers)
@@ -25,7 +25,7 @@ Nothing here comes from anvil: the safetensors files are parsed from the format'
 config.json and transformers' tensor names following transformers' modeling files:
 GPT2LMHeadModel (Conv1D weights stored input x output, learned positions, tanh GELU "gelu_new"),
 LlamaForCausalLM (RMSNorm in fp32, rotate-half RoPE, repeat_kv for grouped heads, SwiGLU, lm_head
-unless tied) and MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
+unless tied), MistralForCausalLM (Llama's, attention within sliding_window keys) and MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
 """
 import json
 import math
@@ -76,9 +76,13 @@ def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
-def causal(scores):
+def causal(scores, window=None):
+    """Softmax over the keys a query sees: itself and those before it, and with a sliding window
+    (MistralForCausalLM's sliding_window) only the last `window` of them."""
     T = scores.shape[-1]
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if window is not None:
+        mask &= torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1 - window)
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
@@ -131,7 +135,8 @@ def llama(cfg, W, ids):
         v = lin("self_attn.v_proj", h).view(T, NKV, hs).transpose(0, 1)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(NH // NKV, dim=0), v.repeat_interleave(NH // NKV, dim=0)
-        y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs)) @ v).transpose(0, 1).reshape(T, NH * hs)
+        y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs), cfg.get("sliding_window")) @ v) \
+            .transpose(0, 1).reshape(T, NH * hs)
         x = x + lin("self_attn.o_proj", y)
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h)) * lin("mlp.up_proj", h))
@@ -167,7 +172,7 @@ def mpt(cfg, W, ids):
 def load_model(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
-    forward = {"gpt2": gpt2, "llama": llama, "mpt": mpt}[cfg["model_type"]]
+    forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "mpt": mpt}[cfg["model_type"]]
     W = {k: v.float() for k, v in load_dir(d).items()}
     if cfg["model_type"] == "gpt2":  # OpenAI's converted files: no "transformer." prefix, mask buffers
         W = {k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k: v for k, v in W.items()
@@ -296,7 +301,7 @@ def write(arch, out, dtype, shards, original_names):
             W = {k[len("transformer."):]: v for k, v in W.items()}
             for l in range(L):
                 W[f"h.{l}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-    elif arch in ("llama", "llama-tied"):
+    elif arch in ("llama", "llama-tied", "mistral"):
         NKV, F = 2, 96
         tied = arch == "llama-tied"
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
@@ -304,6 +309,10 @@ def write(arch, out, dtype, shards, original_names):
                "num_key_value_heads": NKV, "hidden_act": "silu", "max_position_embeddings": T,
                "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None, "attention_bias": False,
                "tie_word_embeddings": tied}
+        if arch == "mistral":  # MistralConfig: no bias switches; a window as long as the context
+            cfg = {k: v for k, v in cfg.items() if k != "attention_bias"}
+            cfg.update({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rope_theta": 1000000.0,
+                        "sliding_window": T})
         hs = C // NH
         W["model.embed_tokens.weight"] = rnd(V, C)
         for l in range(L):

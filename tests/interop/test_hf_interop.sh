@@ -135,6 +135,23 @@ g3=$("$anvil" generate "$tmp/hf-llama" --prompt "$prompt" --max-new-tokens 8 --t
 imported llama-bf16 llama --dtype bf16 --shards 3
 imported llama-tied llama-tied
 imported mpt mpt --dtype fp16
+imported mistral mistral
+# Mistral's sliding window: kept through export, honoured while sequences fit in it, refused past it.
+"$anvil" export "$tmp/i-mistral" "$tmp/hf-mistral" > /dev/null 2>&1 \
+  && "$anvil" import "$tmp/hf-mistral" "$tmp/back-mistral" > /dev/null 2>&1 \
+  && a=$("$anvil" inspect "$tmp/i-mistral" | sed -n 's/^weights sha256: //p') \
+  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-mistral" | sed -n 's/^weights sha256: //p')" ] \
+  && grep -q '"model_type": "mistral"' "$tmp/hf-mistral/config.json" \
+  && grep -q '"sliding_window": 64' "$tmp/hf-mistral/config.json" \
+  && pass "mistral: import(export(x)) has x's weight digest, config.json keeps model_type mistral and sliding_window 64" \
+  || fail "mistral: export round trip: $(cat "$tmp/hf-mistral/config.json" 2>&1 | head -5)"
+cp -r "$tmp/w-mistral" "$tmp/w-mistral-short"
+sed -i 's/"sliding_window": 64/"sliding_window": 16/' "$tmp/w-mistral-short/config.json"
+expect_failure "a sliding window shorter than the data's sequences" \
+  "longer than the model's sliding attention window (model.sliding_window = 16)" \
+  "$anvil" eval "$tmp/w-mistral-short" --data "$tmp/data" --max-samples 4
+expect_failure "generating past the sliding window" "pass the model's sliding attention window of 16 tokens" \
+  "$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 16
 grep -q "(2 buffers skipped)" "$tmp/import-gpt2-original.out" \
   && pass "GPT-2's original names: the attn.bias buffers are skipped" || fail "GPT-2's original names: buffers not reported"
 # Fine-tuning the imported GPT-2: the config describes the same model; weights only, from step 0.

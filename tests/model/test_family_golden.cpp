@@ -14,6 +14,7 @@
 
 #include "ckpt/safetensors.h"
 #include "config/model_section.h"
+#include "core/error.h"
 #include "golden_fixture.h"
 #include "kernels/impl.h"
 #include "model/decoder.h"
@@ -178,6 +179,34 @@ TEST(Families, ParameterCountsMatchTheModels) {
   read_model_section(mm, mpt);
   const uint64_t C = 4096;
   EXPECT_EQ(model_num_params(mpt), 50432 * C + 32 * (2 * C + 3 * C * C + C * C + 8 * C * C) + C);
+}
+
+// Mistral-7B-v0.1: Llama's parameters with a vocabulary of 32000 and 8 key/value heads
+// (7,241,732,096); its sliding window is honoured by running no sequence longer than it.
+TEST(Families, MistralsWindowBoundsTheSequence) {
+  ModelConfig mistral;
+  const YAML::Node y = YAML::Load("name: mistral\nn_layers: 32\nn_heads: 32\nn_kv_heads: 8\nd_model: 4096\n"
+                                  "intermediate_size: 14336\nmax_seq_len: 32768\nsliding_window: 4096\n");
+  MapReader r(y, "model", "test");
+  read_model_section(r, mistral);
+  EXPECT_EQ(model_num_params(mistral), 7241732096u);
+
+  ModelConfig small = mistral;
+  small.n_layers = 1;
+  small.n_heads = 4;
+  small.n_kv_heads = 2;
+  small.d_model = 16;
+  small.mlp_hidden = 32;
+  small.vocab_size = 50;
+  small.sliding_window = 8;
+  EXPECT_NO_THROW(make_model(small, 1, 8));
+  try {
+    make_model(small, 1, 9);
+    ADD_FAILURE() << "a sequence longer than the window must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequences of 9 tokens are longer than the model's sliding attention window "
+                                         "(model.sliding_window = 8)"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -12,11 +12,12 @@ namespace anvil {
 const Family& gpt2_family();
 const Family& mpt_family();
 const Family& llama_family();
+const Family& mistral_family();
 
 namespace {
 
 const Family* const* all_families() {
-  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), nullptr};
+  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), &mistral_family(), nullptr};
   return all;
 }
 

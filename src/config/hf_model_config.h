@@ -11,10 +11,10 @@
 
 namespace anvil {
 
-// The model of a transformers config.json (by its model_type: gpt2, llama, mpt), read through
-// anvil's config reader so that it equals what the same model section of a config gives. A field
-// anvil cannot honour (rope_scaling, a sliding window, biases on only some Llama products, an
-// MPT with qk_ln) is an error naming the field; `where` names the file in messages.
+// The model of a transformers config.json (its model_type's family reads it: config/families/),
+// read through anvil's config reader so that it equals what the same model section of a config
+// gives. A field anvil cannot honour (rope_scaling, a sliding window in a Llama, biases on only
+// some Llama products, an MPT with qk_ln) is an error naming the field; `where` names the file.
 ModelConfig hf_model_config(const nlohmann::json& config, const std::string& where);
 
 // LLM Foundry's hf_causal_lm model section: the model is pretrained_model_name_or_path's config

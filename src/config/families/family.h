@@ -119,7 +119,7 @@ class Family {
 const Family& family(ModelFamily id);
 // The family whose config.json model_type is `model_type`; null when anvil has none.
 const Family* family_for_hf_model_type(const std::string& model_type);
-// Every family's config.json model_type, for errors: "gpt2, llama or mpt".
+// Every family's config.json model_type, for errors: "gpt2, mpt, llama or mistral".
 std::string hf_model_types();
 
 // The sizes of c checked against each other: positive, heads dividing the width, key/value heads

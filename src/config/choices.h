@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/kernel_impl.h"
@@ -137,14 +138,19 @@ bool parse_choice(std::string_view name, E* out) {
   return false;
 }
 
-// "a, b or c": the names, for errors.
+// "a, b or c", for errors.
+inline std::string or_list(const std::vector<std::string>& names) {
+  std::string list;
+  for (size_t i = 0; i < names.size(); i++) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return list;
+}
+
+// E's names as or_list writes them.
 template <class E>
 std::string choice_list() {
-  std::string list;
-  const size_t n = std::size(Choices<E>::names);
-  for (size_t i = 0; i < n; i++)
-    list += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(Choices<E>::names[i].second);
-  return list;
+  std::vector<std::string> names;
+  for (const auto& [v, name] : Choices<E>::names) names.push_back(name);
+  return or_list(names);
 }
 
 }  // namespace anvil

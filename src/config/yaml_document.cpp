@@ -9,15 +9,6 @@
 namespace anvil {
 namespace {
 
-void set_path(YAML::Node node, const std::vector<std::string>& parts, size_t i, const YAML::Node& value) {
-  if (i + 1 == parts.size()) {
-    node[parts[i]] = value;
-    return;
-  }
-  if (!node[parts[i]] || !node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
-  set_path(node[parts[i]], parts, i + 1, value);
-}
-
 // The node at a dotted path (from position pos on) below node, or an undefined node. A const walk:
 // looking a key up never adds it.
 YAML::Node node_at(const YAML::Node& node, const std::string& path, size_t pos = 0) {
@@ -113,6 +104,17 @@ void interpolate(YAML::Node node, const YAML::Node& root, const std::string& fil
 
 }  // namespace
 
+void set_dotted(YAML::Node node, const std::string& key, const YAML::Node& value) {
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos) {
+    node[key] = value;
+    return;
+  }
+  const std::string first = key.substr(0, dot);
+  if (!node[first] || !node[first].IsMap()) node[first] = YAML::Node(YAML::NodeType::Map);
+  set_dotted(node[first], key.substr(dot + 1), value);
+}
+
 YAML::Node load_config_yaml(const std::string& path, const std::vector<std::string>& overrides,
                             std::map<std::string, std::string>& origins, std::set<std::string>& variables) {
   ANVIL_CHECK(std::filesystem::is_regular_file(path), "config file '{}' not found", path);
@@ -128,21 +130,16 @@ YAML::Node load_config_yaml(const std::string& path, const std::vector<std::stri
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     ANVIL_CHECK(eq != std::string::npos && eq > 0, "override '{}' must be written key=value (e.g. optimizer.lr=3e-4)", o);
-    std::vector<std::string> parts;
-    std::string key = o.substr(0, eq);
-    for (size_t a = 0, b; a <= key.size(); a = b + 1) {
-      b = key.find('.', a);
-      if (b == std::string::npos) b = key.size();
-      ANVIL_CHECK(b > a, "override '{}' has an empty key part", o);
-      parts.push_back(key.substr(a, b - a));
-    }
+    const std::string key = o.substr(0, eq);
+    ANVIL_CHECK(key.front() != '.' && key.back() != '.' && key.find("..") == std::string::npos,
+                "override '{}' has an empty key part", o);
     YAML::Node value;
     try {
       value = YAML::Load(o.substr(eq + 1));
     } catch (const YAML::Exception& e) {
       ANVIL_FAIL("override '{}': the value is not valid YAML: {}", o, e.msg);
     }
-    set_path(root, parts, 0, value);
+    set_dotted(root, key, value);
     origins[key] = "the command line";
   }
   variables = {"variables"};

@@ -79,7 +79,6 @@ void DataParallel::begin_step() { grads_.begin_step(); }
 void DataParallel::set_loss_scale(double scale) {
   int e = 0;
   ANVIL_CHECK(std::frexp(scale, &e) == 0.5, "loss scale {} is not a power of two", scale);
-  loss_scale_ = scale;
   grads_.set_loss_scale(scale, e - 1);
 }
 

@@ -143,7 +143,6 @@ class DataParallel : public UnitAccess {
   const DataParallelContext ctx_;
   ParamShards params_;
   GradientReduction grads_;
-  double loss_scale_ = 1.0;
   float clip_scale_ = 1.0f;  // from clip_and_norm, for the next optimizer_step
   // Last, so that it is the first to go: no job runs once the buffers it uses are freed.
   CommThread thread_;

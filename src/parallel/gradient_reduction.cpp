@@ -6,7 +6,6 @@
 #include "core/error.h"
 #include "kernels/encoder.h"
 #include "kernels/fixed_point.h"
-#include "kernels/impl.h"
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "parallel/collectives.h"

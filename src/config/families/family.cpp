@@ -38,9 +38,7 @@ const Family* family_for_hf_model_type(const std::string& model_type) {
 std::string hf_model_types() {
   std::vector<std::string> types;
   for (const Family* const* f = all_families(); *f; f++) types.push_back((*f)->hf_model_type);
-  std::string s;
-  for (size_t i = 0; i < types.size(); i++) s += (i ? (i + 1 == types.size() ? " or " : ", ") : "") + types[i];
-  return s;
+  return or_list(types);
 }
 
 void HfTensorList::whole(std::string name, std::string source, std::vector<int64_t> shape) {

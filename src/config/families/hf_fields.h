@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "config/yaml_document.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -49,14 +50,7 @@ class HfFields {
   // Sets the section's key to a value the family derives from `field` ("" for none).
   template <typename T>
   void set(const std::string& anvil_key, const T& value, const std::string& field = "") {
-    YAML::Node n = section_;
-    size_t start = 0;
-    for (size_t dot; (dot = anvil_key.find('.', start)) != std::string::npos; start = dot + 1) {
-      const std::string part = anvil_key.substr(start, dot - start);
-      if (!n[part]) n[part] = YAML::Node(YAML::NodeType::Map);
-      n.reset(n[part]);
-    }
-    n[anvil_key.substr(start)] = value;
+    set_dotted(section_, anvil_key, YAML::Node(value));
     if (!field.empty()) (*origins_)["model." + anvil_key] = fmt::format("{} (field '{}{}')", where_, path_, field);
   }
   template <typename T>

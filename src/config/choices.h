@@ -14,7 +14,7 @@
 namespace anvil {
 
 // The model's family (`model.name`): which architecture options the config fills in
-// (config/train_config.cpp) and under which names they are read; one decoder builds them all.
+// (config/families/) and under which names they are read; one decoder builds them all.
 enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral };
 enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr

@@ -12,6 +12,7 @@
 #include "config/families/family.h"
 #include "config/lora_config.h"
 #include "config/train_config.h"
+#include "config/train_schema.h"
 #include "core/error.h"
 
 namespace anvil {
@@ -119,7 +120,7 @@ callbacks: {speed_monitor: {window_size: 10}, lr_monitor: {}, memory_monitor: {}
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "a: ${b}\nb: ${a}\nseed: ${a}\n").find("interpolation cycle"),
             std::string::npos);
-  EXPECT_NE(error_of(std::string(kMinimal) + "log_to_console: false\n").find("log_to_console: false is not supported"),
+  EXPECT_NE(error_of(std::string(kMinimal) + "log_to_console: false\n").find("log_to_console = false must be true"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "callbacks: {hf_checkpointer: {}}\n").find("unknown key 'callbacks.hf_checkpointer'"),
             std::string::npos);
@@ -263,7 +264,7 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"memory_limit=lots"}).find("memory_limit = 'lots' is not a size"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"activation_checkpointing=true", "fsdp_config.activation_checkpointing=false"})
                 .find("differ"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr must be positive"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"optimizer.lr=-1"}).find("optimizer.lr = -1 must be positive"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"nokey"}).find("key=value"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"distributed.gpu_collectives=mpi"}).find("expected auto, nccl or host"),
             std::string::npos);
@@ -316,15 +317,15 @@ TEST_F(ConfigTest, EveryUnknownKeyIsReportedAtOnce) {
 // An error names where the value came from: the file, the command line, or the ds_config.
 TEST_F(ConfigTest, ErrorsBlameWhereTheValueCameFrom) {
   EXPECT_EQ(error_of(kMinimal, {"model.n_layers=abc"}).rfind("the command line: model.n_layers = 'abc'", 0), 0u);
-  EXPECT_EQ(error_of(kMinimal, {"optimizer.lr=-1"}).rfind("the command line: optimizer.lr must be positive", 0), 0u);
+  EXPECT_EQ(error_of(kMinimal, {"optimizer.lr=-1"}).rfind("the command line: optimizer.lr = -1 must be positive", 0), 0u);
   EXPECT_NE(error_of(kMinimal, {"optimizer.nope=1"}).find("the command line: unknown key 'optimizer.nope'"),
             std::string::npos);
   const std::string from_file = error_of(std::string(kMinimal) + "optimizer: {lr: -1}\n");
-  EXPECT_NE(from_file.find("c.yaml: optimizer.lr must be positive"), std::string::npos) << from_file;
+  EXPECT_NE(from_file.find("c.yaml: optimizer.lr = -1 must be positive"), std::string::npos) << from_file;
   const auto json = std::filesystem::temp_directory_path() / ("anvil_blame_" + std::to_string(::getpid()) + ".json");
   std::ofstream(json) << R"({"optimizer": {"type": "AdamW", "params": {"lr": -0.001}}})";
   const std::string from_ds = error_of(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n");
-  EXPECT_EQ(from_ds.rfind(json.string() + ": optimizer.lr must be positive", 0), 0u) << from_ds;
+  EXPECT_EQ(from_ds.rfind(json.string() + ": optimizer.lr = -0.001 must be positive", 0), 0u) << from_ds;
   std::filesystem::remove(json);
 }
 
@@ -833,6 +834,53 @@ model:
   expect(section + "  load_in_8bit: true\n", "model.load_in_8bit = true is not supported");
   expect(section + "  n_layers: 2\n", "unknown key 'model.n_layers'");
   std::filesystem::remove_all(dir);
+}
+
+// docs/config.md's key tables are the schema's rows (config/train_schema.cpp): a key added,
+// renamed, re-defaulted or re-documented in the one and not the other fails here.
+// ANVIL_UPDATE_DOCS=1 bin/test_config --gtest_filter='ConfigDocs.*' rewrites the tables from the schema.
+TEST(ConfigDocs, KeyTablesAreTheSchemas) {
+  const char* source_dir = std::getenv("ANVIL_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "ANVIL_SOURCE_DIR names the source tree (ctest sets it)";
+  const std::filesystem::path path = std::filesystem::path(source_dir) / "docs" / "config.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const bool update = std::getenv("ANVIL_UPDATE_DOCS") != nullptr;
+  for (const std::string& name : key_doc_table_names()) {
+    const std::string begin = "<!-- keys: " + name + " (generated from src/config/train_schema.cpp; the tests check it) -->\n";
+    const size_t from = text.find(begin);
+    ASSERT_NE(from, std::string::npos) << "docs/config.md has no marker line: " << begin;
+    const size_t start = from + begin.size();
+    const size_t end = text.find("<!-- /keys -->", start);
+    ASSERT_NE(end, std::string::npos) << "docs/config.md's '" << name << "' table has no end marker";
+    const std::string expected = key_doc_table(name);
+    if (update) {
+      text.replace(start, end - start, expected);
+    } else {
+      EXPECT_EQ(text.substr(start, end - start), expected)
+          << "docs/config.md's '" << name << "' key table is not the schema's; ANVIL_UPDATE_DOCS=1 "
+          << "bin/test_config --gtest_filter='ConfigDocs.*' rewrites it";
+    }
+  }
+  if (update) {
+    const std::filesystem::path written = path.string() + ".new";
+    std::ofstream(written) << text;
+    std::filesystem::rename(written, path);
+  }
+}
+
+// Every key of the schema is documented: a row of its own, or its section's rows.
+TEST(ConfigDocs, EveryKeyHasARow) {
+  const std::string main = key_doc_table("main");
+  for (const char* key : {"`seed`", "`train_loader.dataset.shuffle_seed`", "`train_loader.dataset.streams.NAME.proportion`",
+                          "`optimizer.betas`", "`scheduler.warmup_min_lr`, `warmup_max_lr`", "`loss_scaler.hysteresis`",
+                          "`loggers.tensorboard.log_dir`", "`fsdp_config.sharding_strategy`", "`distributed.zero_stage`",
+                          "`tokenizer.kwargs.model_max_length`", "`model.name`", "`eval_loader`"})
+    EXPECT_NE(main.find("| " + std::string(key)), std::string::npos) << key << " has no row in:\n" << main;
+  EXPECT_NE(key_doc_table("finetuning").find("| `packing_ratio` | 1 (off) |"), std::string::npos);
+  for (const std::string& table : key_doc_table_names())
+    EXPECT_EQ(key_doc_table(table).find("| `` |"), std::string::npos) << "a row with no key in " << table;
 }
 
 }  // namespace

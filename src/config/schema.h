@@ -156,14 +156,14 @@ struct Fields {
                else r.get(key, s.*member);
                check(r, key, s.*member, check_value);
              },
-             [key, member](YAML::Emitter& e, const S& s) { emit(e, key, s.*member); }};
+             [key, member](YAML::Emitter& e, const S& s) { emit(e, key, s.*member); }, {}};
   }
 
   // A size in bytes ("64kb", "10gb"; -1 for none).
   static F bytes(std::string key, int64_t S::*member, std::string meaning) {
     return F{key, fmt::format("{}", S{}.*member), std::move(meaning),
              [key, member](MapReader& r, S& s, const C&) { r.get_bytes(key, s.*member); },
-             [key, member](YAML::Emitter& e, const S& s) { emit(e, key, s.*member); }};
+             [key, member](YAML::Emitter& e, const S& s) { emit(e, key, s.*member); }, {}};
   }
 
   // A key accepted from another tool's files that anvil has nothing to keep of: its value is
@@ -174,14 +174,14 @@ struct Fields {
                T v = assumed;
                r.get(key, v);
                check(r, key, v, check_value);
-             }};
+             }, nullptr, {}};
   }
 
   // A key whose every use is an error, saying what to do instead.
   static F refused(std::string key, std::string meaning, std::string instead) {
     return F{key, "", std::move(meaning), [key, instead](MapReader& r, S&, const C&) {
                ANVIL_CHECK(!r.has(key), "{}: {} is not supported: {}", r.source(key), r.full(key), instead);
-             }};
+             }, nullptr, {}};
   }
 
   // A sub-section of its own table, kept in a member. to_context gives the sub-section's context
@@ -231,7 +231,7 @@ struct Fields {
   static F custom(std::string key, std::string default_text, std::string meaning,
                   std::function<void(MapReader&, S&, const C&)> read,
                   std::function<void(YAML::Emitter&, const S&)> write = nullptr) {
-    return F{std::move(key), std::move(default_text), std::move(meaning), std::move(read), std::move(write)};
+    return F{std::move(key), std::move(default_text), std::move(meaning), std::move(read), std::move(write), {}};
   }
 };
 

@@ -30,142 +30,6 @@ namespace {
 constexpr int kVocabChunk = 8 * kMatmulSumBlock;
 }  // namespace
 
-namespace {
-
-// Widths of the products: the fused qkv rows (the queries' d_model columns, then the keys' and
-// the values' kv each), the MLP's hidden width F, and the first MLP product's outputs (F, or gate
-// and up: 2F).
-struct Widths {
-  explicit Widths(const ModelConfig& cfg)
-      : kv(cfg.kv_width()),
-        qkv(cfg.qkv_width()),
-        hidden(cfg.mlp_width()),
-        fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
-  int kv, qkv, hidden, fc;
-};
-
-bool has_norm_bias(const ModelConfig& cfg) { return cfg.norm == NormKind::kLayerNorm && cfg.norm_bias; }
-
-// The init std of a matrix with fan_in inputs; residual: it writes to the residual stream (the
-// attention and MLP output projections).
-float init_std(const ModelConfig& cfg, int64_t fan_in, bool residual) {
-  const float depth = std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
-  switch (cfg.init) {
-    case InitScheme::kGpt2:
-      return residual ? 0.02f / depth : 0.02f;
-    case InitScheme::kKaimingNormal: {
-      const float std = std::sqrt(2.0f / static_cast<float>(fan_in));
-      return residual ? std / depth : std;
-    }
-    case InitScheme::kNormal:
-      return cfg.init_std;
-  }
-  return 0.0f;
-}
-
-// A block's tensors in the order of Decoder::Block, with their shapes; absent ones (no bias) are
-// left out of the layout and null in Block.
-struct BlockTensor {
-  const char* name;
-  std::vector<int64_t> shape;  // empty: absent
-  bool matrix = false, residual = false;
-  float init_value = 0.0f;  // of a vector: the norms' weights start at 1
-};
-std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
-  const int64_t C = cfg.d_model;
-  const Widths w(cfg);
-  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm;
-  auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
-  return {{"ln1w", {C}, false, false, 1.0f},
-          {"ln1b", opt(nb, C)},
-          {"qlnw", opt(qk, C), false, false, 1.0f},
-          {"qlnb", opt(qk && nb, C)},
-          {"klnw", opt(qk, w.kv), false, false, 1.0f},
-          {"klnb", opt(qk && nb, w.kv)},
-          {"qkvw", {w.qkv, C}, true},
-          {"qkvb", opt(lb, w.qkv)},
-          {"attprojw", {C, C}, true, true},
-          {"attprojb", opt(lb, C)},
-          {"ln2w", {C}, false, false, 1.0f},
-          {"ln2b", opt(nb, C)},
-          {"fcw", {w.fc, C}, true},
-          {"fcb", opt(lb, w.fc)},
-          {"fcprojw", {C, w.hidden}, true, true},
-          {"fcprojb", opt(lb, C)}};
-}
-
-size_t numel_of(const std::vector<int64_t>& shape) {
-  if (shape.empty()) return 0;
-  size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  return n;
-}
-
-// LoRA's adapters, a unit per block: for each module chosen, A (r, in) then B (out, r), named by
-// the module's transformers path ("h.3.self_attn.q_proj.lora_A").
-std::vector<ParamTensor> lora_param_layout(const ModelConfig& cfg) {
-  std::vector<ParamTensor> t;
-  const int64_t r = cfg.lora.r;
-  const std::vector<LoraModule> modules = lora_targets(cfg);
-  for (int l = 0; l < cfg.n_layers; l++)
-    for (const LoraModule& m : modules) {
-      const std::string name = fmt::format("h.{}.{}.", l, m.name);
-      ParamTensor a{name + "lora_A", {r, m.in}, 0, 0, l, true};
-      a.init_uniform = 1.0f / std::sqrt(static_cast<float>(m.in));  // PEFT's kaiming_uniform_(a=√5)
-      t.push_back(a);
-      t.push_back({name + "lora_B", {m.rows, r}, 0, 0, l, true});  // zero: training starts from the base
-    }
-  return t;
-}
-
-// The widest input and output of the adapters chosen.
-int lora_widest_in(const std::vector<LoraModule>& modules) {
-  int w = 0;
-  for (const LoraModule& m : modules) w = std::max(w, m.in);
-  return w;
-}
-int lora_widest_out(const std::vector<LoraModule>& modules) {
-  int w = 0;
-  for (const LoraModule& m : modules) w = std::max(w, m.rows);
-  return w;
-}
-
-}  // namespace
-
-std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
-  if (cfg.has_lora()) return lora_param_layout(cfg);
-  const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
-  // The embeddings are tables, initialised as a matrix of fan_in C (kaiming) or at 0.02.
-  const float emb_std = init_std(cfg, C, false);
-  std::vector<ParamTensor> t = {{"wte", {V, C}, 0, 0, 0, false, emb_std, 0}};
-  if (cfg.positions == PositionKind::kLearned) t.push_back({"wpe", {P, C}, 0, 0, 0, false, emb_std, 0});
-  const std::vector<BlockTensor> block = block_tensors(cfg);
-  for (int l = 0; l < L; l++) {
-    const std::string h = fmt::format("h.{}.", l);
-    for (const BlockTensor& b : block) {
-      if (b.shape.empty()) continue;
-      t.push_back({h + b.name, b.shape, 0, 0, 1 + l, b.matrix, b.matrix ? init_std(cfg, b.shape[1], b.residual) : 0,
-                   b.init_value});
-    }
-  }
-  const int last = static_cast<int>(L) + 1;
-  t.push_back({"lnfw", {C}, 0, 0, last, false, 0, 1});
-  if (has_norm_bias(cfg)) t.push_back({"lnfb", {C}, 0, 0, last, false, 0, 0});
-  if (!cfg.tied_embeddings) t.push_back({"lm_head", {V, C}, 0, 0, last, true, init_std(cfg, C, false), 0});
-  return t;
-}
-
-double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
-  const double C = cfg.d_model, L = cfg.n_layers;
-  const Widths w(cfg);
-  const double block_matrices = C * (w.qkv + C + w.fc + w.hidden);
-  const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
-  if (!cfg.has_lora()) return 6.0 * matmul_params + 12.0 * L * C * seq_len;
-  double adapters = 0;
-  for (const LoraModule& m : lora_targets(cfg)) adapters += static_cast<double>(cfg.lora.r) * (m.in + m.rows);
-  return 4.0 * matmul_params + 6.0 * L * adapters + 12.0 * L * C * seq_len;
-}
-
 Decoder::Block Decoder::bind_block(const float* base) const {
   Block b{};
   float** p = &b.ln1w;
@@ -205,64 +69,6 @@ const float* Decoder::branch_grad(const float* dres, int layer, DropoutKind kind
   return rounded_dres_.data();
 }
 
-namespace {
-// Floats of every activation array: per layer in the order of Decoder::BlockActs, then the rest
-// of Decoder::Acts, then the activation gradients.
-struct ActivationSizes {
-  size_t block[14];
-  size_t block_layers;  // L, or 1 under activation checkpointing
-  size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
-  // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
-  // demb_rows for a sequence
-  size_t grads;
-  // LoRA's (Decoder::lora_u_ ...): u, v, du, x, dx
-  size_t lora[5];
-
-  size_t block_total() const {
-    size_t n = 0;
-    for (size_t x : block) n += x;
-    return n;
-  }
-  size_t total() const {
-    size_t n = block_layers * block_total() + grads;
-    for (size_t x : rest) n += x;
-    for (size_t x : lora) n += x;
-    return n;
-  }
-};
-
-ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
-  const Widths w(cfg);
-  const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
-  const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
-  const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
-  const size_t qk = cfg.qk_norm ? 1 : 0, qk_raw = qk * BT * (C + w.kv), dqk = qk * GT * C;
-  const size_t layers = storage.activation_checkpointing ? 1 : L;
-  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, 2 * qk * mean, 2 * qk * BT, BT * C, NH * BT, BT * C, BT * C,
-                     mean, BT, BT * FC},
-                    layers,
-                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
-                    2 * BT * C + GT * F + dfc + GT * QKV + T * C + dqk,
-                    {}};
-  if (cfg.has_lora()) {
-    const std::vector<LoraModule> modules = lora_targets(cfg);
-    const size_t r = cfg.lora.r, in = lora_widest_in(modules), out = lora_widest_out(modules);
-    const bool dropout = cfg.lora.dropout > 0;
-    s.lora[0] = layers * modules.size() * BT * r;
-    s.lora[1] = BT * out;
-    s.lora[2] = GT * r;
-    s.lora[3] = dropout ? BT * in : 0;
-    s.lora[4] = dropout ? GT * in : 0;
-  }
-  return s;
-}
-}  // namespace
-
-size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
-}
 
 Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage)
     : Model(cfg, max_seq, storage), max_batch_(max_batch) {
@@ -589,9 +395,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const long NC = static_cast<long>(N) * C;
   norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype());
-  matmul_forward_sequences(matmul_, microbatch_invariant(), x.qkv, x.ln1, p.qkvw, p.qkvb, B, T, C, w.qkv);
-  lora_forward(l, BlockProduct::kQkv, x.qkv, w.qkv, x.ln1, adapters);
-  round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+  linear_forward(l, linear(p, BlockProduct::kQkv), x.qkv, x.ln1, adapters);
   if (cfg_.qk_norm) qk_norm_forward(x, p);
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
@@ -601,23 +405,16 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   }
   attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B, T, attention_heads(l, 0));
   round_to_dtype(x.atty, NC, dtype());
-  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, x.atty, p.attprojw, p.attprojb, B, T, C, C);
-  lora_forward(l, BlockProduct::kAttnOut, scratch, C, x.atty, adapters);
-  round_to_dtype(scratch, NC, dtype());
+  linear_forward(l, linear(p, BlockProduct::kAttnOut), scratch, x.atty, adapters);
   // Residual dropout on each branch's output, before it joins the stream.
   const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
   if (att_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, att_drop);
   residual_forward(x.residual2, residual, scratch, NC);
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(x.ln2, NC, dtype());
-  matmul_forward_sequences(matmul_, microbatch_invariant(), x.fch, x.ln2, p.fcw, p.fcb, B, T, C, w.fc);
-  lora_forward(l, BlockProduct::kFc, x.fch, w.fc, x.ln2, adapters);
-  round_to_dtype(x.fch, static_cast<long>(N) * w.fc, dtype());
+  linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
   mlp_activation(acts_.fch_gelu, x.fch, N);
-  matmul_forward_sequences(matmul_, microbatch_invariant(), scratch, acts_.fch_gelu, p.fcprojw, p.fcprojb, B, T,
-                           w.hidden, C);
-  lora_forward(l, BlockProduct::kFcProj, scratch, C, acts_.fch_gelu, adapters);
-  round_to_dtype(scratch, NC, dtype());
+  linear_forward(l, linear(p, BlockProduct::kFcProj), scratch, acts_.fch_gelu, adapters);
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
   if (mlp_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(residual3, x.residual2, scratch, NC);
@@ -662,6 +459,42 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     copy_columns(dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
   }
   round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+}
+
+Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
+  const Widths w(cfg_);
+  const int C = cfg_.d_model;
+  auto make = [&](const float* weight, const float* bias, int in, int out) {
+    return Linear{product, weight, bias, static_cast<size_t>(weight - p.ln1w), in, out};
+  };
+  switch (product) {
+    case BlockProduct::kQkv: return make(p.qkvw, p.qkvb, C, w.qkv);
+    case BlockProduct::kAttnOut: return make(p.attprojw, p.attprojb, C, C);
+    case BlockProduct::kFc: return make(p.fcw, p.fcb, C, w.fc);
+    case BlockProduct::kFcProj: return make(p.fcprojw, p.fcprojb, w.hidden, C);
+  }
+  ANVIL_FAIL("internal: block product {} unknown", static_cast<int>(product));
+}
+
+void Decoder::linear_forward(int l, const Linear& f, float* out, const float* inp, const float* adapters) {
+  matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
+  lora_forward(l, f.product, out, f.out, inp, adapters);
+  round_to_dtype(out, static_cast<long>(B_) * T_ * f.out, dtype());
+}
+
+void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* dout, const float* inp,
+                              const float* adapters, int b, int n) {
+  const int N = n * T_;
+  if (frozen()) {
+    matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
+    lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
+  } else {
+    float* dw = access().grads(1 + l, f.offset, f.span());
+    matmul_backward(matmul_, dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out, inp, f.weight, N,
+                    f.in, f.out, false);
+    access().grain_done(1 + l, f.offset, f.span());
+  }
+  round_to_dtype(dinp, static_cast<long>(N) * f.in, dtype());
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
@@ -855,26 +688,11 @@ void Decoder::block_backward(int l) {
   // parameters), are asked for just before the op and handed over (grain_done) right after it,
   // while in cache: deterministic training's scratch then holds the largest op's, not the
   // block's (largest_grads_span).
-  const float* unit_end = p.ln1w + base_units_[1 + l].numel;
   auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   for (int b = 0; b < B; b += grain_sequences()) {
     const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
     const int N = n * T;
-    const long NC = static_cast<long>(N) * C;
     const size_t r = b * rows;
-    // A linear layer (weight w, then its bias if any, up to end; under LoRA frozen, with the
-    // product's adapters) and a norm.
-    auto linear_backward = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* bias,
-                               const float* end, int IC, int OC, BlockProduct product) {
-      if (frozen()) {
-        matmul_backward(matmul_, dinp, nullptr, nullptr, dout, OC, inp, w, N, IC, OC, false);
-        lora_backward(l, product, dinp, dout, OC, inp, adapters, b, n);
-        return;
-      }
-      float* dw = access().grads(1 + l, at(w), at(end) - at(w));
-      matmul_backward(matmul_, dinp, dw, bias ? dw + (bias - w) : nullptr, dout, OC, inp, w, N, IC, OC, false);
-      access().grain_done(1 + l, at(w), at(end) - at(w));
-    };
     auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                          const float* rstd) {
       float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
@@ -883,22 +701,18 @@ void Decoder::block_backward(int l) {
     };
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * C;
-    const long NF = static_cast<long>(N) * w.hidden;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout).
     const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
     float* fch = x.fch + r * w.fc;
     float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
     mlp_activation(fch_gelu, fch, N);
-    linear_backward(dbig_, dproj, fch_gelu, p.fcprojw, p.fcprojb, unit_end, w.hidden, C, BlockProduct::kFcProj);
-    round_to_dtype(dbig_, NF, dtype());
+    linear_backward(l, linear(p, BlockProduct::kFcProj), dbig_, dproj, fch_gelu, adapters, b, n);
     mlp_activation_backward(dfc_, fch, dbig_, N);
-    linear_backward(dsmall, dfc_, x.ln2 + r * C, p.fcw, p.fcb, p.fcprojw, C, w.fc, BlockProduct::kFc);
-    round_to_dtype(dsmall, NC, dtype());
+    linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, x.ln2 + r * C, adapters, b, n);
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
-    linear_backward(dsmall, dproj, x.atty + r * C, p.attprojw, p.attprojb, p.ln2w, C, C, BlockProduct::kAttnOut);
-    round_to_dtype(dsmall, NC, dtype());
+    linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * C, adapters, b, n);
     attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, positions_op(b), n, T,
                        attention_heads(l, b));
     round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
@@ -907,8 +721,7 @@ void Decoder::block_backward(int l) {
       round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
     if (cfg_.qk_norm) qk_norm_backward(l, x, p, b, n);
-    linear_backward(dsmall, dqkv_, x.ln1 + r * C, p.qkvw, p.qkvb, p.attprojw, C, w.qkv, BlockProduct::kQkv);
-    round_to_dtype(dsmall, NC, dtype());
+    linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, x.ln1 + r * C, adapters, b, n);
     norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
   }
   release_adapters(l);

@@ -20,17 +20,10 @@
 #include "kernels/dropout.h"
 #include "config/lora_config.h"
 #include "kernels/matmul.h"
+#include "model/decoder_layout.h"
 #include "model/model.h"
 
 namespace anvil {
-
-// What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
-// sizes are filled in there.
-std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);
-// 6 per matmul weight (the LM head counts once, tied or not) plus the attention score and value
-// products, 12·L·C·T. Under LoRA a frozen weight costs 4 (no weight gradient), an adapter 6.
-double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len);
-size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 
 class Decoder final : public Model {
  public:
@@ -82,6 +75,25 @@ class Decoder final : public Model {
         *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
+  // One of a block's four matrix products, out = inp·weightᵀ + bias over rows of `in` columns
+  // into rows of `out`: its weight and bias (null when the architecture has none) in the block's
+  // unit, `offset` floats from the unit's start, its gradient span from the weight to the end of
+  // the bias; and the LoRA product whose adapters add their branches to it.
+  struct Linear {
+    BlockProduct product;
+    const float *weight, *bias;
+    size_t offset;
+    int in, out;
+    size_t span() const { return (bias ? static_cast<size_t>(out) : 0) + static_cast<size_t>(in) * out; }
+  };
+  Linear linear(const Block& p, BlockProduct product) const;
+  // The product over the microbatch, its adapters' branches added, rounded to the compute dtype.
+  void linear_forward(int l, const Linear& f, float* out, const float* inp, const float* adapters);
+  // Its backward over the grain of n sequences from b: the input gradient into dinp, rounded to
+  // the compute dtype, and the parameter gradients: the weight's and bias's, or under LoRA (the
+  // base frozen) the adapters'.
+  void linear_backward(int l, const Linear& f, float* dinp, const float* dout, const float* inp,
+                       const float* adapters, int b, int n);
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
   // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }

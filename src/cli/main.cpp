@@ -130,7 +130,8 @@ options:
   --tokenizer NAME      gpt2 (default: GPT-2's vocabulary from $ANVIL_TOKENIZER_DIR or the copy
                         scripts/setup.sh installs), a directory holding a tokenizer's files
                         (tokenizer.model: SentencePiece; vocab.json + merges.txt or encoder.json +
-                        vocab.bpe: GPT-2 byte-level BPE), or a SentencePiece .model file
+                        vocab.bpe: GPT-2 byte-level BPE; else tokenizer.json: transformers' fast
+                        tokenizer), or a SentencePiece .model file
 
 prepare --format finetuning: reads fine-tuning records, as LLM Foundry reads them: JSON lines
 (or one JSON array) of {"prompt": ..., "response": ...} ("completion" for "response" too) or
@@ -269,8 +270,8 @@ that Hugging Face transformers loads with AutoModelForCausalLM.from_pretrained(O
 config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, or MPTForCausalLM for
 model_type mpt),
 generation_config.json, the weights in safetensors under transformers' tensor names, and the
-tokenizer's files (GPT-2 BPE: vocab.json, merges.txt; SentencePiece: tokenizer.model; both with
-tokenizer_config.json and special_tokens_map.json). A model that
+tokenizer's files (GPT-2 BPE: vocab.json, merges.txt; SentencePiece: tokenizer.model;
+tokenizer.json as it was read; each with tokenizer_config.json and special_tokens_map.json). A model that
 transformers' architecture for its family cannot hold (an MPT with learned positions, a GPT-2
 with RMSNorm) is an error naming what it lacks. OUT_DIR must not exist; it appears complete or
 not at all.

@@ -544,7 +544,8 @@ const std::vector<Field<TrainConfig, TopContext>>& tokenizer_fields() {
       Top::custom(
           "name", "`gpt2`",
           "`gpt2`, a directory holding a tokenizer's files (`tokenizer.model`: SentencePiece; `vocab.json` + "
-          "`merges.txt`: GPT-2-style BPE), or a SentencePiece `.model` file; hub names are an error (nothing is "
+          "`merges.txt`: GPT-2-style BPE; else `tokenizer.json`: transformers' fast tokenizer, with its "
+          "`tokenizer_config.json`), or a SentencePiece `.model` file; hub names are an error (nothing is "
           "downloaded). The data's recorded tokenizer must be this one",
           [](MapReader& t, TrainConfig& c, const TopContext&) {
             t.get("name", c.tokenizer_name);

@@ -8,6 +8,7 @@
 #include "core/fs.h"
 #include "core/sha256.h"
 #include "data/gpt2_tokenizer.h"
+#include "data/hf_tokenizer.h"
 #ifdef ANVIL_HAVE_SENTENCEPIECE
 #include "data/sentencepiece_tokenizer.h"
 #endif
@@ -66,6 +67,23 @@ void hash_gpt2_bpe(Sha256& h, const TokenizerFiles& f) {
   hash_bytes(h, f.eos_token);
 }
 
+// A tokenizer.json's identity: the file as parsed (however laid out), and the tokenizer config's
+// keys that choose the special tokens.
+void hash_tokenizer_json(Sha256& h, const TokenizerFiles& f) {
+  try {
+    hash_bytes(h, nlohmann::json::parse(read_file(f.model, "tokenizer.json")).dump());
+    nlohmann::json special = nlohmann::json::object();
+    if (!f.config.empty()) {
+      const nlohmann::json config = nlohmann::json::parse(read_file(f.config, "tokenizer config"));
+      for (const char* key : {"bos_token", "eos_token", "add_bos_token"})
+        if (config.is_object() && config.contains(key)) special[key] = config[key];
+    }
+    hash_bytes(h, special.dump());
+  } catch (const nlohmann::json::exception& e) {
+    ANVIL_FAIL("tokenizer '{}' is not valid JSON: {}", f.name, e.what());
+  }
+}
+
 // OpenAI's GPT-2 sizes share one published vocabulary: their hub names are GPT-2's tokenizer.
 bool names_gpt2_vocabulary(std::string name) {
   if (name.rfind("openai-community/", 0) == 0) name = name.substr(17);
@@ -75,7 +93,12 @@ bool names_gpt2_vocabulary(std::string name) {
 }  // namespace
 
 const char* tokenizer_kind_name(TokenizerKind kind) {
-  return kind == TokenizerKind::kGpt2Bpe ? "gpt2_bpe" : "sentencepiece";
+  switch (kind) {
+    case TokenizerKind::kGpt2Bpe: return "gpt2_bpe";
+    case TokenizerKind::kSentencePiece: return "sentencepiece";
+    case TokenizerKind::kTokenizerJson: return "tokenizer_json";
+  }
+  return "?";
 }
 
 std::string default_gpt2_vocabulary_dir() {
@@ -111,13 +134,17 @@ TokenizerFiles resolve_tokenizer(const std::string& given) {
       f.model = (dir / "encoder.json").string();
       f.merges = (dir / "vocab.bpe").string();
       f.eos_token = kGpt2EndOfText;
+    } else if (name != "gpt2" && is_file(dir / "tokenizer.json")) {
+      f.kind = TokenizerKind::kTokenizerJson;
+      f.model = (dir / "tokenizer.json").string();
+      if (is_file(dir / "tokenizer_config.json")) f.config = (dir / "tokenizer_config.json").string();
     } else if (name == "gpt2") {
       ANVIL_FAIL("GPT-2's vocabulary is not in '{}' (expected encoder.json and vocab.bpe): run scripts/setup.sh, or "
                  "point ANVIL_TOKENIZER_DIR at a directory holding them", dir.string());
     } else {
       ANVIL_FAIL("tokenizer directory '{}' holds no tokenizer anvil reads: expected tokenizer.model (SentencePiece), "
-                 "vocab.json + merges.txt or encoder.json + vocab.bpe (GPT-2 byte-level BPE){}", name,
-                 is_file(dir / "tokenizer.json") ? "; tokenizer.json alone (transformers' fast format) is not read" : "");
+                 "vocab.json + merges.txt or encoder.json + vocab.bpe (GPT-2 byte-level BPE), or tokenizer.json "
+                 "(transformers' fast format)", name);
     }
   } else if (is_file(dir)) {
     f.kind = TokenizerKind::kSentencePiece;
@@ -130,14 +157,20 @@ TokenizerFiles resolve_tokenizer(const std::string& given) {
   Sha256 h;
   const std::string kind = tokenizer_kind_name(f.kind);
   h.update(kind.data(), kind.size() + 1);
-  if (f.kind == TokenizerKind::kGpt2Bpe) hash_gpt2_bpe(h, f);
-  else hash_bytes(h, read_file(f.model, "SentencePiece model"));
+  if (f.kind == TokenizerKind::kGpt2Bpe) {
+    hash_gpt2_bpe(h, f);
+  } else if (f.kind == TokenizerKind::kTokenizerJson) {
+    hash_tokenizer_json(h, f);
+  } else {
+    hash_bytes(h, read_file(f.model, "SentencePiece model"));
+  }
   f.sha256 = h.hex();
   return f;
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerFiles& files) {
   if (files.kind == TokenizerKind::kGpt2Bpe) return std::make_unique<Gpt2Tokenizer>(files);
+  if (files.kind == TokenizerKind::kTokenizerJson) return make_hf_tokenizer(files);
 #ifdef ANVIL_HAVE_SENTENCEPIECE
   return make_sentencepiece_tokenizer(files);
 #else

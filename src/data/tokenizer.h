@@ -2,7 +2,9 @@
 // vocabulary, the files the setup script fetches; gpt2-medium, gpt2-large and gpt2-xl share it),
 // or a local path: a directory holding GPT-2-style
 // byte-level BPE files (transformers' vocab.json + merges.txt, or OpenAI's encoder.json +
-// vocab.bpe), a directory holding a SentencePiece tokenizer.model, or a SentencePiece .model file.
+// vocab.bpe), a directory holding a SentencePiece tokenizer.model, a directory holding only
+// transformers' fast tokenizer (tokenizer.json, with tokenizer_config.json beside it), or a
+// SentencePiece .model file. Where a directory holds several, the first of that list is read.
 // Hub names other than gpt2 are an error: nothing is downloaded.
 #pragma once
 #include <cstdint>
@@ -14,14 +16,17 @@
 
 namespace anvil {
 
-enum class TokenizerKind { kGpt2Bpe, kSentencePiece };
-const char* tokenizer_kind_name(TokenizerKind kind);  // "gpt2_bpe", "sentencepiece"
+// GPT-2's BPE files, a SentencePiece model, or transformers' tokenizer.json (data/hf_tokenizer.h).
+enum class TokenizerKind { kGpt2Bpe, kSentencePiece, kTokenizerJson };
+const char* tokenizer_kind_name(TokenizerKind kind);  // "gpt2_bpe", "sentencepiece", "tokenizer_json"
 
 // What a tokenizer name resolves to, found without building the tokenizer.
 struct TokenizerFiles {
   std::string name;  // "gpt2", or the absolute path named
   TokenizerKind kind = TokenizerKind::kGpt2Bpe;
-  std::string model, merges;  // gpt2_bpe: the vocabulary and merges files; sentencepiece: model only
+  // gpt2_bpe: the vocabulary and merges files; sentencepiece: model only; tokenizer_json: the
+  // tokenizer.json as model, and config, tokenizer_config.json beside it ("" when there is none).
+  std::string model, merges, config;
   std::string eos_token;      // gpt2_bpe: the end-of-text token (tokenizer_config.json's eos_token, if any)
   std::string sha256;         // the tokenizer's identity: of what it reads from its files
 };

@@ -1,0 +1,1111 @@
+// tokenizer.json, step by step as the `tokenizers` library runs it (tokenizer/mod.rs,
+// added_vocabulary.rs, models/bpe, normalizers/, pre_tokenizers/, decoders/): added tokens split
+// out of the raw text, then the normalizer on each remaining piece, then the tokens marked
+// `normalized` split out of that, the pre-tokenizer, and the BPE model on each pre-token.
+#include "data/hf_tokenizer.h"
+
+// Oniguruma's UChar macro would rename ICU's UChar.
+#define ONIG_ESCAPE_UCHAR_COLLISION
+#include <oniguruma.h>
+#include <unicode/locid.h>
+#include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
+#include <unicode/unistr.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "core/fs.h"
+
+namespace anvil {
+namespace {
+
+using json = nlohmann::json;
+using Ranges = std::vector<std::pair<size_t, size_t>>;  // byte ranges [begin, end)
+
+// The length of the UTF-8 sequence starting with lead byte c (1 for a stray byte).
+size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 1; }
+
+// The code point at s[i] (valid UTF-8: the input is made valid first).
+uint32_t code_point_at(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k])); };
+  switch (utf8_length(static_cast<unsigned char>(s[i]))) {
+    case 2: return (b(0) & 0x1F) << 6 | (b(1) & 0x3F);
+    case 3: return (b(0) & 0x0F) << 12 | (b(1) & 0x3F) << 6 | (b(2) & 0x3F);
+    case 4: return (b(0) & 0x07) << 18 | (b(1) & 0x3F) << 12 | (b(2) & 0x3F) << 6 | (b(3) & 0x3F);
+    default: return b(0);
+  }
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | cp >> 6);
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | cp >> 12);
+    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | cp >> 18);
+    out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// The library takes text (Python's str, Rust's String): bytes that are not UTF-8 become U+FFFD,
+// as Python's decode(errors="replace") makes them, one per ill-formed byte.
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = utf8_length(c);
+    bool ok = (c < 0x80 || n > 1) && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; k++) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && n > 1) {
+      const uint32_t cp = code_point_at(s, i);
+      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += 1;
+    }
+  }
+  return out;
+}
+
+bool is_whitespace(uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }  // Rust's char::is_whitespace
+
+// A Split pattern or Replace pattern: {"String": s} (literal) or {"Regex": r} (Oniguruma, Ruby
+// syntax, as the library compiles it).
+class Pattern {
+ public:
+  Pattern(const json& spec, const std::string& where) {
+    ANVIL_CHECK(spec.is_object() && spec.size() == 1, "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+    if (spec.contains("String")) {
+      literal_ = spec["String"].get<std::string>();
+      ANVIL_CHECK(!literal_.empty(), "{}: an empty String pattern matches nothing", where);
+      return;
+    }
+    ANVIL_CHECK(spec.contains("Regex"), "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+    const std::string re = spec["Regex"].get<std::string>();
+    static std::once_flag once;
+    std::call_once(once, [] {
+      OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+      onig_initialize(encodings, 1);
+    });
+    OnigErrorInfo info;
+    regex_t* compiled = nullptr;
+    const auto* p = reinterpret_cast<const OnigUChar*>(re.data());
+    const int rc = onig_new(&compiled, p, p + re.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+    if (rc != ONIG_NORMAL) {
+      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+      onig_error_code_to_str(message, rc, &info);
+      ANVIL_FAIL("{}: regex '{}' does not compile: {}", where, re, reinterpret_cast<const char*>(message));
+    }
+    regex_.reset(compiled);
+  }
+
+  // The non-empty matches in s, left to right, not overlapping.
+  Ranges find_all(std::string_view s) const {
+    Ranges out;
+    if (!regex_) {
+      for (size_t at = s.find(literal_); at != std::string_view::npos; at = s.find(literal_, at + literal_.size()))
+        out.emplace_back(at, at + literal_.size());
+      return out;
+    }
+    std::unique_ptr<OnigRegion, void (*)(OnigRegion*)> region(onig_region_new(),
+                                                             [](OnigRegion* r) { onig_region_free(r, 1); });
+    const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
+    const OnigUChar* end = str + s.size();
+    for (size_t at = 0; at <= s.size();) {
+      const int rc = onig_search(regex_.get(), str, end, str + at, end, region.get(), ONIG_OPTION_NONE);
+      if (rc == ONIG_MISMATCH) break;
+      ANVIL_CHECK(rc >= 0, "regex search failed (Oniguruma error {})", rc);
+      const size_t b = static_cast<size_t>(region->beg[0]), e = static_cast<size_t>(region->end[0]);
+      if (e == b) {
+        if (b >= s.size()) break;
+        at = b + utf8_length(static_cast<unsigned char>(s[b]));
+        continue;
+      }
+      out.emplace_back(b, e);
+      at = e;
+    }
+    return out;
+  }
+
+ private:
+  struct Free {
+    void operator()(regex_t* r) const { onig_free(r); }
+  };
+  std::string literal_;
+  std::unique_ptr<regex_t, Free> regex_;
+};
+
+std::string type_of(const json& spec, const std::string& where) {
+  ANVIL_CHECK(spec.is_object() && spec.contains("type") && spec["type"].is_string(), "{}: expected an object with a "
+              "\"type\"", where);
+  return spec["type"].get<std::string>();
+}
+template <class T>
+T value_or(const json& spec, const char* key, T fallback) {
+  return spec.contains(key) && !spec[key].is_null() ? spec[key].get<T>() : fallback;
+}
+
+// ---- normalizers ----------------------------------------------------------------------------
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  virtual void apply(std::string& s) const = 0;
+};
+
+class UnicodeForm final : public Normalizer {
+ public:
+  UnicodeForm(const std::string& form) {
+    UErrorCode status = U_ZERO_ERROR;
+    n_ = form == "NFC"    ? icu::Normalizer2::getNFCInstance(status)
+         : form == "NFD"  ? icu::Normalizer2::getNFDInstance(status)
+         : form == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
+                          : icu::Normalizer2::getNFKDInstance(status);
+    ANVIL_CHECK(U_SUCCESS(status), "ICU's {} normalizer is not available: {}", form, u_errorName(status));
+  }
+  void apply(std::string& s) const override {
+    UErrorCode status = U_ZERO_ERROR;
+    const icu::UnicodeString in = icu::UnicodeString::fromUTF8(s);
+    if (n_->isNormalized(in, status) && U_SUCCESS(status)) return;
+    status = U_ZERO_ERROR;
+    const icu::UnicodeString out = n_->normalize(in, status);
+    ANVIL_CHECK(U_SUCCESS(status), "Unicode normalization failed: {}", u_errorName(status));
+    s.clear();
+    out.toUTF8String(s);
+  }
+
+ private:
+  const icu::Normalizer2* n_;
+};
+
+class Lowercase final : public Normalizer {
+ public:
+  void apply(std::string& s) const override {
+    icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+    u.toLower(icu::Locale::getRoot());
+    s.clear();
+    u.toUTF8String(s);
+  }
+};
+
+class Strip final : public Normalizer {
+ public:
+  Strip(bool left, bool right) : left_(left), right_(right) {}
+  void apply(std::string& s) const override {
+    size_t b = 0, e = s.size();
+    while (left_ && b < e && is_whitespace(code_point_at(s, b))) b += utf8_length(static_cast<unsigned char>(s[b]));
+    while (right_ && e > b) {
+      size_t k = e - 1;
+      while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) k--;
+      if (!is_whitespace(code_point_at(s, k))) break;
+      e = k;
+    }
+    s = s.substr(b, e - b);
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class Prepend final : public Normalizer {
+ public:
+  explicit Prepend(std::string text) : text_(std::move(text)) {}
+  void apply(std::string& s) const override {
+    if (!s.empty()) s.insert(0, text_);
+  }
+
+ private:
+  std::string text_;
+};
+
+class Replace final : public Normalizer {
+ public:
+  Replace(const json& spec, const std::string& where)
+      : pattern_(spec.at("pattern"), where), content_(spec.at("content").get<std::string>()) {}
+  void apply(std::string& s) const override { s = replaced(s); }
+  std::string replaced(std::string_view s) const {
+    std::string out;
+    size_t at = 0;
+    for (const auto& [b, e] : pattern_.find_all(s)) {
+      out.append(s.substr(at, b - at));
+      out += content_;
+      at = e;
+    }
+    out.append(s.substr(at));
+    return out;
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class NormalizerSequence final : public Normalizer {
+ public:
+  explicit NormalizerSequence(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  void apply(std::string& s) const override {
+    for (const auto& p : parts_) p->apply(s);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> parts_;
+};
+
+std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string& where) {
+  if (spec.is_null()) return nullptr;
+  const std::string type = type_of(spec, where);
+  const std::string at = where + " (" + type + ")";
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") return std::make_unique<UnicodeForm>(type);
+  if (type == "Lowercase") return std::make_unique<Lowercase>();
+  if (type == "Strip") return std::make_unique<Strip>(value_or(spec, "strip_left", true), value_or(spec, "strip_right", true));
+  if (type == "Prepend") return std::make_unique<Prepend>(spec.at("prepend").get<std::string>());
+  if (type == "Replace") return std::make_unique<Replace>(spec, at);
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<Normalizer>> parts;
+    for (const json& p : spec.at("normalizers")) parts.push_back(make_normalizer(p, where));
+    return std::make_unique<NormalizerSequence>(std::move(parts));
+  }
+  ANVIL_FAIL("{}: normalizer type '{}' is not supported (anvil reads NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, "
+             "Replace and Sequence)", where, type);
+}
+
+// ---- pre-tokenizers -------------------------------------------------------------------------
+
+// A pre-token, and whether it begins where the input began (Metaspace's prepend_scheme "first").
+struct Piece {
+  std::string text;
+  bool at_start;
+};
+
+enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+Behavior behavior_named(const std::string& name, const std::string& where) {
+  if (name == "Removed") return Behavior::kRemoved;
+  if (name == "Isolated") return Behavior::kIsolated;
+  if (name == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (name == "Contiguous") return Behavior::kContiguous;
+  ANVIL_FAIL("{}: split behavior '{}' is not known (expected Removed, Isolated, MergedWithPrevious, MergedWithNext or "
+             "Contiguous)", where, name);
+}
+
+// Splits a piece at the delimiters `matches` (byte ranges, ascending) as the library's
+// NormalizedString::split does for `behavior`; invert: the matches are what is kept between
+// delimiters. Empty parts are dropped.
+void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, bool invert, std::vector<Piece>& out) {
+  const std::string& s = piece.text;
+  struct Part {
+    size_t b, e;
+    bool is_match;
+  };
+  std::vector<Part> parts;
+  size_t prev = 0;
+  for (const auto& [b, e] : matches) {
+    if (prev != b) parts.push_back({prev, b, false});
+    parts.push_back({b, e, true});
+    prev = e;
+  }
+  if (prev != s.size() || parts.empty()) parts.push_back({prev, s.size(), false});
+  if (invert)
+    for (Part& p : parts) p.is_match = !p.is_match;
+  std::vector<std::pair<size_t, size_t>> kept;
+  bool previous_match = false;
+  switch (behavior) {
+    case Behavior::kRemoved:
+      for (const Part& p : parts)
+        if (!p.is_match) kept.emplace_back(p.b, p.e);
+      break;
+    case Behavior::kIsolated:
+      for (const Part& p : parts) kept.emplace_back(p.b, p.e);
+      break;
+    case Behavior::kMergedWithPrevious:
+      for (const Part& p : parts) {
+        if (p.is_match && !previous_match && !kept.empty()) kept.back().second = p.e;
+        else kept.emplace_back(p.b, p.e);
+        previous_match = p.is_match;
+      }
+      break;
+    case Behavior::kMergedWithNext:
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        if (it->is_match && !previous_match && !kept.empty()) kept.back().first = it->b;
+        else kept.emplace_back(it->b, it->e);
+        previous_match = it->is_match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case Behavior::kContiguous:
+      for (size_t i = 0; i < parts.size(); i++) {
+        if (i > 0 && parts[i].is_match == previous_match) kept.back().second = parts[i].e;
+        else kept.emplace_back(parts[i].b, parts[i].e);
+        previous_match = parts[i].is_match;
+      }
+      break;
+  }
+  for (const auto& [b, e] : kept)
+    if (e > b) out.push_back({s.substr(b, e - b), piece.at_start && b == 0});
+}
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  virtual void apply(std::vector<Piece>& pieces) const = 0;
+};
+
+class Split final : public PreTokenizer {
+ public:
+  Split(const json& spec, const std::string& where)
+      : pattern_(spec.at("pattern"), where),
+        behavior_(behavior_named(spec.at("behavior").get<std::string>(), where)),
+        invert_(value_or(spec, "invert", false)) {}
+  void apply(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const Piece& p : pieces) split_piece(p, pattern_.find_all(p.text), behavior_, invert_, out);
+    pieces = std::move(out);
+  }
+
+ private:
+  Pattern pattern_;
+  Behavior behavior_;
+  bool invert_;
+};
+
+// GPT-2's byte-to-character map: printable bytes stand for themselves, the rest for U+0100 on.
+struct ByteChars {
+  std::string of_byte[256];
+  std::unordered_map<uint32_t, uint8_t> byte_of;
+  ByteChars() {
+    int next = 256;
+    for (int b = 0; b < 256; b++) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(next++);
+      append_utf8(of_byte[b], cp);
+      byte_of[cp] = static_cast<uint8_t>(b);
+    }
+  }
+};
+const ByteChars& byte_chars() {
+  static const ByteChars chars;
+  return chars;
+}
+
+class ByteLevel final : public PreTokenizer {
+ public:
+  explicit ByteLevel(const json& spec, const std::string& where)
+      : add_prefix_space_(value_or(spec, "add_prefix_space", true)) {
+    if (value_or(spec, "use_regex", true))
+      gpt2_split_ = std::make_unique<Pattern>(
+          json{{"Regex", "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}, where);
+  }
+  void apply(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> split;
+    for (Piece p : pieces) {
+      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = ' ' + p.text;
+      if (gpt2_split_) split_piece(p, gpt2_split_->find_all(p.text), Behavior::kIsolated, false, split);
+      else split.push_back(std::move(p));
+    }
+    const ByteChars& chars = byte_chars();
+    for (Piece& p : split) {
+      std::string mapped;
+      mapped.reserve(p.text.size() * 2);
+      for (unsigned char c : p.text) mapped += chars.of_byte[c];
+      p.text = std::move(mapped);
+    }
+    pieces = std::move(split);
+  }
+
+ private:
+  bool add_prefix_space_;
+  std::unique_ptr<Pattern> gpt2_split_;
+};
+
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+PrependScheme prepend_scheme_of(const json& spec, const std::string& where) {
+  if (spec.contains("prepend_scheme")) {
+    const std::string s = spec["prepend_scheme"].get<std::string>();
+    if (s == "always") return PrependScheme::kAlways;
+    if (s == "first") return PrependScheme::kFirst;
+    if (s == "never") return PrependScheme::kNever;
+    ANVIL_FAIL("{}: prepend_scheme '{}' is not known (expected always, first or never)", where, s);
+  }
+  return value_or(spec, "add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
+}
+
+class Metaspace final : public PreTokenizer {
+ public:
+  Metaspace(const json& spec, const std::string& where)
+      : replacement_(spec.at("replacement").get<std::string>()),
+        scheme_(prepend_scheme_of(spec, where)),
+        split_(value_or(spec, "split", true)) {}
+  void apply(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (Piece p : pieces) {
+      std::string replaced;
+      for (char c : p.text) {
+        if (c == ' ') replaced += replacement_;
+        else replaced += c;
+      }
+      p.text = std::move(replaced);
+      const bool starts = p.text.rfind(replacement_, 0) == 0;
+      if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start)))
+        p.text.insert(0, replacement_);
+      if (!split_) {
+        out.push_back(std::move(p));
+        continue;
+      }
+      Ranges at;
+      for (size_t k = p.text.find(replacement_); k != std::string::npos; k = p.text.find(replacement_, k + 1))
+        at.emplace_back(k, k + replacement_.size());
+      split_piece(p, at, Behavior::kMergedWithNext, false, out);
+    }
+    pieces = std::move(out);
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+  bool split_;
+};
+
+class Digits final : public PreTokenizer {
+ public:
+  explicit Digits(bool individual) : individual_(individual) {}
+  void apply(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const Piece& p : pieces) {
+      Ranges digits;
+      for (size_t i = 0; i < p.text.size(); i++)
+        if (p.text[i] >= '0' && p.text[i] <= '9') digits.emplace_back(i, i + 1);
+      split_piece(p, digits, individual_ ? Behavior::kIsolated : Behavior::kContiguous, false, out);
+    }
+    pieces = std::move(out);
+  }
+
+ private:
+  bool individual_;
+};
+
+class PreTokenizerSequence final : public PreTokenizer {
+ public:
+  explicit PreTokenizerSequence(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  void apply(std::vector<Piece>& pieces) const override {
+    for (const auto& p : parts_) p->apply(pieces);
+  }
+
+ private:
+  std::vector<std::unique_ptr<PreTokenizer>> parts_;
+};
+
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& spec, const std::string& where) {
+  if (spec.is_null()) return nullptr;
+  const std::string type = type_of(spec, where);
+  const std::string at = where + " (" + type + ")";
+  if (type == "Split") return std::make_unique<Split>(spec, at);
+  if (type == "ByteLevel") return std::make_unique<ByteLevel>(spec, at);
+  if (type == "Metaspace") return std::make_unique<Metaspace>(spec, at);
+  if (type == "Digits") return std::make_unique<Digits>(value_or(spec, "individual_digits", false));
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<PreTokenizer>> parts;
+    for (const json& p : spec.at("pretokenizers")) parts.push_back(make_pre_tokenizer(p, where));
+    return std::make_unique<PreTokenizerSequence>(std::move(parts));
+  }
+  ANVIL_FAIL("{}: pre-tokenizer type '{}' is not supported (anvil reads Split, ByteLevel, Metaspace, Digits and "
+             "Sequence)", where, type);
+}
+
+// ---- decoders -------------------------------------------------------------------------------
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void apply(std::vector<std::string>& tokens) const = 0;
+};
+
+class ByteLevelDecoder final : public Decoder {
+ public:
+  void apply(std::vector<std::string>& tokens) const override {
+    const ByteChars& chars = byte_chars();
+    std::string bytes;
+    for (const std::string& t : tokens) {
+      std::string mapped;
+      bool all = true;
+      for (size_t i = 0; i < t.size() && all; i += utf8_length(static_cast<unsigned char>(t[i]))) {
+        const auto it = chars.byte_of.find(code_point_at(t, i));
+        if (it == chars.byte_of.end()) all = false;
+        else mapped += static_cast<char>(it->second);
+      }
+      bytes += all ? mapped : t;  // a token with a character outside the map stays as it is
+    }
+    tokens.assign(1, valid_utf8(bytes));
+  }
+};
+
+class ReplaceDecoder final : public Decoder {
+ public:
+  ReplaceDecoder(const json& spec, const std::string& where) : replace_(spec, where) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    for (std::string& t : tokens) replace_.apply(t);
+  }
+
+ private:
+  Replace replace_;
+};
+
+// <0xHH> tokens, runs of them joined into their bytes: valid UTF-8 stays, otherwise each byte
+// becomes U+FFFD.
+class ByteFallbackDecoder final : public Decoder {
+ public:
+  void apply(std::vector<std::string>& tokens) const override {
+    std::vector<std::string> out;
+    std::string run;
+    size_t run_tokens = 0;
+    auto flush = [&] {
+      if (run_tokens == 0) return;
+      if (valid_utf8(run) == run) {
+        out.push_back(run);
+      } else {
+        for (size_t i = 0; i < run_tokens; i++) out.push_back("\xEF\xBF\xBD");
+      }
+      run.clear();
+      run_tokens = 0;
+    };
+    for (const std::string& t : tokens) {
+      unsigned value = 0;
+      if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>' && std::sscanf(t.c_str() + 3, "%2X", &value) == 1 &&
+          std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
+        run += static_cast<char>(value);
+        run_tokens++;
+      } else {
+        flush();
+        out.push_back(t);
+      }
+    }
+    flush();
+    tokens = std::move(out);
+  }
+};
+
+class FuseDecoder final : public Decoder {
+ public:
+  void apply(std::vector<std::string>& tokens) const override {
+    std::string all;
+    for (const std::string& t : tokens) all += t;
+    tokens.assign(1, all);
+  }
+};
+
+class StripDecoder final : public Decoder {
+ public:
+  StripDecoder(const json& spec) : content_(spec.at("content").get<std::string>()), start_(spec.at("start").get<int>()),
+                                   stop_(spec.at("stop").get<int>()) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    for (std::string& t : tokens) {
+      for (int i = 0; i < start_ && t.rfind(content_, 0) == 0; i++) t.erase(0, content_.size());
+      for (int i = 0; i < stop_ && t.size() >= content_.size() &&
+                      t.compare(t.size() - content_.size(), content_.size(), content_) == 0;
+           i++)
+        t.erase(t.size() - content_.size());
+    }
+  }
+
+ private:
+  std::string content_;
+  int start_, stop_;
+};
+
+class MetaspaceDecoder final : public Decoder {
+ public:
+  MetaspaceDecoder(const json& spec, const std::string& where)
+      : replacement_(spec.at("replacement").get<std::string>()), scheme_(prepend_scheme_of(spec, where)) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    for (size_t i = 0; i < tokens.size(); i++) {
+      std::string t;
+      const std::string& s = tokens[i];
+      for (size_t k = 0; k < s.size();) {
+        if (s.compare(k, replacement_.size(), replacement_) == 0) {
+          t += ' ';
+          k += replacement_.size();
+        } else {
+          t += s[k++];
+        }
+      }
+      if (i == 0 && scheme_ != PrependScheme::kNever && !t.empty() && t[0] == ' ') t.erase(0, 1);
+      tokens[i] = std::move(t);
+    }
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+};
+
+class DecoderSequence final : public Decoder {
+ public:
+  explicit DecoderSequence(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    for (const auto& p : parts_) p->apply(tokens);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Decoder>> parts_;
+};
+
+std::unique_ptr<Decoder> make_decoder(const json& spec, const std::string& where) {
+  if (spec.is_null()) return nullptr;
+  const std::string type = type_of(spec, where);
+  const std::string at = where + " (" + type + ")";
+  if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
+  if (type == "Replace") return std::make_unique<ReplaceDecoder>(spec, at);
+  if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
+  if (type == "Fuse") return std::make_unique<FuseDecoder>();
+  if (type == "Strip") return std::make_unique<StripDecoder>(spec);
+  if (type == "Metaspace") return std::make_unique<MetaspaceDecoder>(spec, at);
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<Decoder>> parts;
+    for (const json& p : spec.at("decoders")) parts.push_back(make_decoder(p, where));
+    return std::make_unique<DecoderSequence>(std::move(parts));
+  }
+  ANVIL_FAIL("{}: decoder type '{}' is not supported (anvil reads ByteLevel, Replace, ByteFallback, Fuse, Strip, "
+             "Metaspace and Sequence)", where, type);
+}
+
+// ---- added tokens ---------------------------------------------------------------------------
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool single_word, lstrip, rstrip, normalized, special;
+};
+
+// The added tokens matched on one side of the normalizer, leftmost-longest as the library's
+// Aho-Corasick automaton matches them.
+class TokenTrie {
+ public:
+  void add(const std::string& content, int index) {
+    int node = 0;
+    for (unsigned char c : content) {
+      auto [it, fresh] = nodes_[node].next.try_emplace(c, static_cast<int>(nodes_.size()));
+      if (fresh) nodes_.emplace_back();
+      node = it->second;
+    }
+    nodes_[node].token = index;
+    first_[static_cast<unsigned char>(content[0])] = true;
+  }
+  bool empty() const { return nodes_.size() == 1; }
+  // The longest token starting at s[at]: (its index, its length), or index -1.
+  std::pair<int, size_t> longest_at(std::string_view s, size_t at) const {
+    if (!first_[static_cast<unsigned char>(s[at])]) return {-1, 0};
+    int node = 0, best = -1;
+    size_t best_len = 0;
+    for (size_t k = at; k < s.size(); k++) {
+      const auto it = nodes_[node].next.find(static_cast<unsigned char>(s[k]));
+      if (it == nodes_[node].next.end()) break;
+      node = it->second;
+      if (nodes_[node].token >= 0) {
+        best = nodes_[node].token;
+        best_len = k + 1 - at;
+      }
+    }
+    return {best, best_len};
+  }
+
+ private:
+  struct Node {
+    std::unordered_map<unsigned char, int> next;
+    int token = -1;
+  };
+  std::vector<Node> nodes_{1};
+  bool first_[256] = {};
+};
+
+// ---- the tokenizer --------------------------------------------------------------------------
+
+class HfTokenizer final : public Tokenizer {
+ public:
+  explicit HfTokenizer(const TokenizerFiles& files);
+  std::vector<int32_t> encode(std::string_view text) override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int vocab_size() const override { return static_cast<int>(id_to_token_.size()); }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
+  void write_hf_files(const std::string& dir, int model_max_length) const override;
+
+ private:
+  // A piece of the input: text to tokenize, or an added token already found (token >= 0).
+  struct Segment {
+    std::string text;
+    int token;
+    bool at_start;
+  };
+  void split_added(const TokenTrie& trie, const Segment& in, std::vector<Segment>& out) const;
+  void bpe(const std::string& piece, std::vector<int32_t>& out);
+  std::vector<int32_t> merge_word(const std::string& word) const;
+  int32_t id_of(const std::string& token, const std::string& what) const;
+
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<Decoder> decoder_;
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> id_to_token_;
+  // (left id, right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  std::vector<AddedToken> added_;
+  TokenTrie raw_tokens_, normalized_tokens_;
+  std::string unk_token_, continuing_prefix_, end_suffix_;
+  bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
+  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  int32_t bos_id_ = -1, eos_id_ = -1;
+};
+
+json read_json(const std::string& path, const char* what) {
+  try {
+    return json::parse(read_file(path, what));
+  } catch (const json::exception& e) {
+    ANVIL_FAIL("'{}' is not valid JSON: {}", path, e.what());
+  }
+}
+
+// tokenizer_config.json's bos_token / eos_token: a string, or transformers' AddedToken object.
+std::string config_token(const json& config, const char* key, const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return "";
+  const json& t = config[key];
+  if (t.is_string()) return t.get<std::string>();
+  ANVIL_CHECK(t.is_object() && t.contains("content") && t["content"].is_string(), "{}: {} must be a string or an "
+              "object with a \"content\" string", where, key);
+  return t["content"].get<std::string>();
+}
+
+// The special token a TemplateProcessing post-processor puts first in a single sequence, if any
+// (looked for inside a Sequence of processors too).
+std::string template_bos(const json& post) {
+  if (post.is_null() || !post.is_object()) return "";
+  const std::string type = value_or<std::string>(post, "type", "");
+  if (type == "Sequence") {
+    for (const json& p : post.value("processors", json::array()))
+      if (const std::string t = template_bos(p); !t.empty()) return t;
+    return "";
+  }
+  if (type != "TemplateProcessing" || !post.contains("single") || post["single"].empty()) return "";
+  const json& first = post["single"][0];
+  if (!first.contains("SpecialToken")) return "";
+  const std::string name = first["SpecialToken"].at("id").get<std::string>();
+  const json& specials = post.value("special_tokens", json::object());
+  if (specials.contains(name) && specials[name].contains("tokens") && specials[name]["tokens"].size() == 1)
+    return specials[name]["tokens"][0].get<std::string>();
+  return name;
+}
+
+HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
+  const std::string where = files.model;
+  const json j = read_json(files.model, "tokenizer.json");
+  ANVIL_CHECK(j.is_object() && j.contains("model"), "'{}' is not a tokenizer.json (no \"model\")", where);
+  const json& m = j["model"];
+  const std::string type = value_or<std::string>(m, "type", "BPE");
+  ANVIL_CHECK(type == "BPE", "{}: model type '{}' is not supported (anvil reads BPE models)", where, type);
+  ANVIL_CHECK(!m.contains("dropout") || m["dropout"].is_null() || m["dropout"].get<double>() == 0.0,
+              "{}: BPE dropout is not supported (it makes tokenization random; set it to null)", where);
+  unk_token_ = value_or<std::string>(m, "unk_token", "");
+  continuing_prefix_ = value_or<std::string>(m, "continuing_subword_prefix", "");
+  end_suffix_ = value_or<std::string>(m, "end_of_word_suffix", "");
+  byte_fallback_ = value_or(m, "byte_fallback", false);
+  fuse_unk_ = value_or(m, "fuse_unk", false);
+  ignore_merges_ = value_or(m, "ignore_merges", false);
+  ANVIL_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must map tokens to ids", where);
+  int32_t largest = -1;
+  for (const auto& [token, id] : m["vocab"].items()) {
+    vocab_.emplace(token, id.get<int32_t>());
+    largest = std::max(largest, id.get<int32_t>());
+  }
+  added_.reserve(j.value("added_tokens", json::array()).size());
+  for (const json& t : j.value("added_tokens", json::array())) {
+    AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), value_or(t, "single_word", false),
+                 value_or(t, "lstrip", false), value_or(t, "rstrip", false), value_or(t, "normalized", false),
+                 value_or(t, "special", false)};
+    ANVIL_CHECK(!a.content.empty(), "{}: an added token (id {}) has no content", where, a.id);
+    largest = std::max(largest, a.id);
+    added_.push_back(a);
+  }
+  id_to_token_.assign(static_cast<size_t>(largest) + 1, "");
+  for (const auto& [token, id] : vocab_) id_to_token_[id] = token;
+  for (size_t k = 0; k < added_.size(); k++) {
+    id_to_token_[added_[k].id] = added_[k].content;
+    (added_[k].normalized ? normalized_tokens_ : raw_tokens_).add(added_[k].content, static_cast<int>(k));
+  }
+  // Merges: "a b" strings (before tokenizers 0.20) or [a, b] pairs; the merged token is a then b
+  // without its continuing-subword prefix.
+  const json& merges = m.value("merges", json::array());
+  merges_.reserve(merges.size());
+  for (size_t rank = 0; rank < merges.size(); rank++) {
+    std::string a, b;
+    if (merges[rank].is_string()) {
+      const std::string line = merges[rank].get<std::string>();
+      const size_t space = line.find(' ', 1);
+      ANVIL_CHECK(space != std::string::npos, "{}: merge {} ('{}') is not two tokens", where, rank, line);
+      a = line.substr(0, space);
+      b = line.substr(space + 1);
+    } else {
+      ANVIL_CHECK(merges[rank].is_array() && merges[rank].size() == 2, "{}: merge {} is not two tokens", where, rank);
+      a = merges[rank][0].get<std::string>();
+      b = merges[rank][1].get<std::string>();
+    }
+    const std::string merged =
+        a + (!continuing_prefix_.empty() && b.rfind(continuing_prefix_, 0) == 0 ? b.substr(continuing_prefix_.size()) : b);
+    const int32_t ia = id_of(a, "merge's token"), ib = id_of(b, "merge's token"), im = id_of(merged, "merged token");
+    merges_.try_emplace(static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32 | static_cast<uint32_t>(ib),
+                        static_cast<int32_t>(rank), im);
+  }
+  normalizer_ = make_normalizer(j.value("normalizer", json()), where + ": normalizer");
+  pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", json()), where + ": pre_tokenizer");
+  decoder_ = make_decoder(j.value("decoder", json()), where + ": decoder");
+
+  // BOS and EOS: tokenizer_config.json's, else the post-processor's template for the BOS.
+  json config = json::object();
+  if (!files.config.empty()) config = read_json(files.config, "tokenizer config");
+  const std::string config_where = files.config.empty() ? where : files.config;
+  std::string bos;
+  if (config.contains("add_bos_token") && !config["add_bos_token"].is_null()) {
+    if (config["add_bos_token"].get<bool>()) {
+      bos = config_token(config, "bos_token", config_where);
+      ANVIL_CHECK(!bos.empty(), "{}: add_bos_token is true but there is no bos_token", config_where);
+    }
+  } else {
+    bos = template_bos(j.value("post_processor", json()));
+  }
+  if (!bos.empty()) bos_id_ = id_of(bos, "BOS token");
+  const std::string eos = config_token(config, "eos_token", config_where);
+  ANVIL_CHECK(!eos.empty(), "{}: no eos_token (anvil ends every document with it): give the tokenizer directory a "
+              "tokenizer_config.json that names one", config_where);
+  eos_id_ = id_of(eos, "EOS token");
+}
+
+int32_t HfTokenizer::id_of(const std::string& token, const std::string& what) const {
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
+  const auto it = vocab_.find(token);
+  ANVIL_CHECK(it != vocab_.end(), "{}: {} '{}' is not in the vocabulary", files_.model, what, token);
+  return it->second;
+}
+
+void HfTokenizer::split_added(const TokenTrie& trie, const Segment& in, std::vector<Segment>& out) const {
+  if (in.token >= 0 || trie.empty() || in.text.empty()) {
+    out.push_back(in);
+    return;
+  }
+  const std::string& s = in.text;
+  size_t start_offset = 0;
+  for (size_t at = 0; at < s.size();) {
+    const auto [index, length] = trie.longest_at(s, at);
+    if (index < 0) {
+      at++;
+      continue;
+    }
+    const AddedToken& t = added_[index];
+    size_t start = at, stop = at + length;
+    at = stop;
+    if (t.single_word) {
+      // Only where it is a word of its own: no letter or digit right before or after it.
+      auto word_char = [&](size_t k) { return u_isalnum(static_cast<UChar32>(code_point_at(s, k))) != 0; };
+      size_t before = start;
+      if (before > 0) {
+        before--;
+        while (before > 0 && (static_cast<unsigned char>(s[before]) & 0xC0) == 0x80) before--;
+      }
+      if ((start > 0 && word_char(before)) || (stop < s.size() && word_char(stop))) continue;
+    }
+    if (t.lstrip) {
+      size_t b = start;
+      while (b > 0) {
+        size_t k = b - 1;
+        while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) k--;
+        if (!is_whitespace(code_point_at(s, k))) break;
+        b = k;
+      }
+      start = std::max(b, start_offset);
+    }
+    if (t.rstrip)
+      while (stop < s.size() && is_whitespace(code_point_at(s, stop)))
+        stop += utf8_length(static_cast<unsigned char>(s[stop]));
+    if (start_offset < start) out.push_back({s.substr(start_offset, start - start_offset), -1, in.at_start && start_offset == 0});
+    out.push_back({s.substr(start, stop - start), t.id, false});
+    start_offset = stop;
+  }
+  if (start_offset < s.size()) out.push_back({s.substr(start_offset), -1, in.at_start && start_offset == 0});
+}
+
+std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
+  struct Symbol {
+    int32_t id;
+    int prev, next;
+    bool gone;
+  };
+  std::vector<Symbol> symbols;
+  int32_t unk_id = -1;
+  if (!unk_token_.empty()) unk_id = id_of(unk_token_, "unk_token");
+  bool pending_unk = false;
+  auto add = [&](int32_t id) {
+    const int n = static_cast<int>(symbols.size());
+    symbols.push_back({id, n - 1, n + 1, false});
+  };
+  for (size_t i = 0; i < w.size();) {
+    const size_t len = utf8_length(static_cast<unsigned char>(w[i]));
+    const bool first = i == 0, last = i + len >= w.size();
+    std::string s = w.substr(i, len);
+    if (!first) s = continuing_prefix_ + s;
+    if (last) s += end_suffix_;
+    i += len;
+    if (const auto it = vocab_.find(s); it != vocab_.end()) {
+      if (pending_unk) add(unk_id);
+      pending_unk = false;
+      add(it->second);
+      continue;
+    }
+    if (byte_fallback_) {
+      std::vector<int32_t> bytes;
+      for (unsigned char c : s) {
+        const auto it = vocab_.find(fmt::format("<0x{:02X}>", c));
+        if (it == vocab_.end()) break;
+        bytes.push_back(it->second);
+      }
+      if (bytes.size() == s.size()) {
+        for (int32_t b : bytes) add(b);
+        continue;
+      }
+    }
+    if (unk_id >= 0) {
+      if (pending_unk && !fuse_unk_) add(unk_id);
+      pending_unk = true;
+    }
+  }
+  if (pending_unk) add(unk_id);
+  if (!symbols.empty()) symbols.back().next = -1;
+
+  struct Merge {
+    int32_t rank;
+    int pos;
+    int32_t id;
+    bool operator>(const Merge& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Merge, std::vector<Merge>, std::greater<Merge>> queue;
+  auto pair_merge = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
+    const auto it = merges_.find(static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b));
+    return it == merges_.end() ? nullptr : &it->second;
+  };
+  for (size_t k = 0; k + 1 < symbols.size(); k++)
+    if (const auto* m = pair_merge(symbols[k].id, symbols[k + 1].id))
+      queue.push({m->first, static_cast<int>(k), m->second});
+  while (!queue.empty()) {
+    const Merge top = queue.top();
+    queue.pop();
+    Symbol& left = symbols[top.pos];
+    if (left.gone || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    const auto* m = pair_merge(left.id, right.id);
+    if (!m || m->second != top.id) continue;  // an entry made stale by an earlier merge
+    left.id = top.id;
+    right.gone = true;
+    left.next = right.next;
+    if (left.next >= 0) symbols[left.next].prev = top.pos;
+    if (left.prev >= 0)
+      if (const auto* p = pair_merge(symbols[left.prev].id, left.id)) queue.push({p->first, left.prev, p->second});
+    if (left.next >= 0)
+      if (const auto* n = pair_merge(left.id, symbols[left.next].id)) queue.push({n->first, top.pos, n->second});
+  }
+  std::vector<int32_t> ids;
+  for (const Symbol& s : symbols)
+    if (!s.gone) ids.push_back(s.id);
+  return ids;
+}
+
+void HfTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) {
+  if (piece.empty()) return;
+  if (ignore_merges_)
+    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  auto hit = cache_.find(piece);
+  if (hit == cache_.end()) {
+    if (cache_.size() > 200000) cache_.clear();  // bounded: a corpus's distinct words are many
+    hit = cache_.emplace(piece, merge_word(piece)).first;
+  }
+  out.insert(out.end(), hit->second.begin(), hit->second.end());
+}
+
+std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
+  std::vector<Segment> segments, normalized;
+  split_added(raw_tokens_, {valid_utf8(raw), -1, true}, segments);
+  for (Segment& s : segments) {
+    if (s.token < 0 && normalizer_) normalizer_->apply(s.text);
+    split_added(normalized_tokens_, s, normalized);
+  }
+  std::vector<int32_t> ids;
+  std::vector<Piece> pieces;
+  for (const Segment& s : normalized) {
+    if (s.token >= 0) {
+      ids.push_back(s.token);
+      continue;
+    }
+    if (s.text.empty()) continue;
+    pieces.assign(1, {s.text, s.at_start});
+    if (pre_tokenizer_) pre_tokenizer_->apply(pieces);
+    for (const Piece& p : pieces) bpe(p.text, ids);
+  }
+  return ids;
+}
+
+std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    ANVIL_CHECK(id >= 0 && static_cast<size_t>(id) < id_to_token_.size() && !id_to_token_[id].empty(),
+                "token id {} is not in the vocabulary of '{}'", id, files_.name);
+    tokens.push_back(id_to_token_[id]);
+  }
+  if (!decoder_) {
+    std::string joined;
+    for (size_t i = 0; i < tokens.size(); i++) joined += (i ? " " : "") + tokens[i];
+    return joined;
+  }
+  decoder_->apply(tokens);
+  std::string text;
+  for (const std::string& t : tokens) text += t;
+  return text;
+}
+
+void HfTokenizer::write_hf_files(const std::string& dir, int model_max_length) const {
+  write_file_atomic(dir + "/tokenizer.json", read_file(files_.model, "tokenizer.json"));
+  json config = files_.config.empty() ? json::object() : read_json(files_.config, "tokenizer config");
+  config["model_max_length"] = model_max_length;
+  write_file_atomic(dir + "/tokenizer_config.json", config.dump(2) + "\n");
+  json special = {{"eos_token", id_to_token_[eos_id_]}};
+  if (bos_id_ >= 0) special["bos_token"] = id_to_token_[bos_id_];
+  write_file_atomic(dir + "/special_tokens_map.json", special.dump(2) + "\n");
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> make_hf_tokenizer(const TokenizerFiles& files) {
+  return std::make_unique<HfTokenizer>(files);
+}
+
+}  // namespace anvil

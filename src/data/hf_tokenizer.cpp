@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -67,23 +68,29 @@ void append_utf8(std::string& out, uint32_t cp) {
 std::string valid_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
+  size_t run = 0;  // the start of the valid bytes not yet copied
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = utf8_length(c);
-    bool ok = (c < 0x80 || n > 1) && i + n <= s.size();
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    const size_t n = utf8_length(c);
+    bool ok = n > 1 && i + n <= s.size();
     for (size_t k = 1; ok && k < n; k++) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && n > 1) {
+    if (ok) {
       const uint32_t cp = code_point_at(s, i);
       ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
     }
     if (ok) {
-      out.append(s.substr(i, n));
       i += n;
     } else {
+      out.append(s.substr(run, i - run));
       out += "\xEF\xBF\xBD";
-      i += 1;
+      run = ++i;
     }
   }
+  out.append(s.substr(run));
   return out;
 }
 
@@ -309,16 +316,21 @@ Behavior behavior_named(const std::string& name, const std::string& where) {
              "Contiguous)", where, name);
 }
 
+// Where a pre-tokenizer hands each piece it makes: the next pre-tokenizer, or the model. Pieces
+// go through the stages one at a time (depth first), so that no stage holds a document's pieces.
+using Emit = std::function<void(Piece&&)>;
+
 // Splits a piece at the delimiters `matches` (byte ranges, ascending) as the library's
 // NormalizedString::split does for `behavior`; invert: the matches are what is kept between
 // delimiters. Empty parts are dropped.
-void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, bool invert, std::vector<Piece>& out) {
+void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, bool invert, const Emit& emit) {
   const std::string& s = piece.text;
   struct Part {
     size_t b, e;
     bool is_match;
   };
   std::vector<Part> parts;
+  parts.reserve(2 * matches.size() + 1);
   size_t prev = 0;
   for (const auto& [b, e] : matches) {
     if (prev != b) parts.push_back({prev, b, false});
@@ -328,7 +340,8 @@ void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, b
   if (prev != s.size() || parts.empty()) parts.push_back({prev, s.size(), false});
   if (invert)
     for (Part& p : parts) p.is_match = !p.is_match;
-  std::vector<std::pair<size_t, size_t>> kept;
+  Ranges kept;
+  kept.reserve(parts.size());
   bool previous_match = false;
   switch (behavior) {
     case Behavior::kRemoved:
@@ -362,13 +375,14 @@ void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, b
       break;
   }
   for (const auto& [b, e] : kept)
-    if (e > b) out.push_back({s.substr(b, e - b), piece.at_start && b == 0});
+    if (e > b) emit({s.substr(b, e - b), piece.at_start && b == 0});
 }
 
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  virtual void apply(std::vector<Piece>& pieces) const = 0;
+  // Hands the pieces `piece` splits into to emit, in order.
+  virtual void split(Piece&& piece, const Emit& emit) const = 0;
 };
 
 class Split final : public PreTokenizer {
@@ -377,10 +391,8 @@ class Split final : public PreTokenizer {
       : pattern_(spec.at("pattern"), where),
         behavior_(behavior_named(spec.at("behavior").get<std::string>(), where)),
         invert_(value_or(spec, "invert", false)) {}
-  void apply(std::vector<Piece>& pieces) const override {
-    std::vector<Piece> out;
-    for (const Piece& p : pieces) split_piece(p, pattern_.find_all(p.text), behavior_, invert_, out);
-    pieces = std::move(out);
+  void split(Piece&& p, const Emit& emit) const override {
+    split_piece(p, pattern_.find_all(p.text), behavior_, invert_, emit);
   }
 
  private:
@@ -416,21 +428,22 @@ class ByteLevel final : public PreTokenizer {
       gpt2_split_ = std::make_unique<Pattern>(
           json{{"Regex", "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}, where);
   }
-  void apply(std::vector<Piece>& pieces) const override {
-    std::vector<Piece> split;
-    for (Piece p : pieces) {
-      if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = ' ' + p.text;
-      if (gpt2_split_) split_piece(p, gpt2_split_->find_all(p.text), Behavior::kIsolated, false, split);
-      else split.push_back(std::move(p));
-    }
+  void split(Piece&& p, const Emit& emit) const override {
+    if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = ' ' + p.text;
     const ByteChars& chars = byte_chars();
-    for (Piece& p : split) {
-      std::string mapped;
-      mapped.reserve(p.text.size() * 2);
-      for (unsigned char c : p.text) mapped += chars.of_byte[c];
-      p.text = std::move(mapped);
-    }
-    pieces = std::move(split);
+    auto mapped = [&](Piece&& q) {
+      std::string m(2 * q.text.size(), '\0');  // a byte's character is one or two bytes of UTF-8
+      size_t n = 0;
+      for (unsigned char c : q.text) {
+        const std::string& ch = chars.of_byte[c];
+        m[n++] = ch[0];
+        if (ch.size() == 2) m[n++] = ch[1];
+      }
+      m.resize(n);
+      emit({std::move(m), q.at_start});
+    };
+    if (gpt2_split_) split_piece(p, gpt2_split_->find_all(p.text), Behavior::kIsolated, false, mapped);
+    else mapped(std::move(p));
   }
 
  private:
@@ -457,28 +470,24 @@ class Metaspace final : public PreTokenizer {
       : replacement_(spec.at("replacement").get<std::string>()),
         scheme_(prepend_scheme_of(spec, where)),
         split_(value_or(spec, "split", true)) {}
-  void apply(std::vector<Piece>& pieces) const override {
-    std::vector<Piece> out;
-    for (Piece p : pieces) {
-      std::string replaced;
-      for (char c : p.text) {
-        if (c == ' ') replaced += replacement_;
-        else replaced += c;
-      }
-      p.text = std::move(replaced);
-      const bool starts = p.text.rfind(replacement_, 0) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start)))
-        p.text.insert(0, replacement_);
-      if (!split_) {
-        out.push_back(std::move(p));
-        continue;
-      }
-      Ranges at;
-      for (size_t k = p.text.find(replacement_); k != std::string::npos; k = p.text.find(replacement_, k + 1))
-        at.emplace_back(k, k + replacement_.size());
-      split_piece(p, at, Behavior::kMergedWithNext, false, out);
+  void split(Piece&& p, const Emit& emit) const override {
+    std::string replaced;
+    for (char c : p.text) {
+      if (c == ' ') replaced += replacement_;
+      else replaced += c;
     }
-    pieces = std::move(out);
+    p.text = std::move(replaced);
+    const bool starts = p.text.rfind(replacement_, 0) == 0;
+    if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start)))
+      p.text = replacement_ + p.text;
+    if (!split_) {
+      emit(std::move(p));
+      return;
+    }
+    Ranges at;
+    for (size_t k = p.text.find(replacement_); k != std::string::npos; k = p.text.find(replacement_, k + 1))
+      at.emplace_back(k, k + replacement_.size());
+    split_piece(p, at, Behavior::kMergedWithNext, false, emit);
   }
 
  private:
@@ -490,15 +499,11 @@ class Metaspace final : public PreTokenizer {
 class Digits final : public PreTokenizer {
  public:
   explicit Digits(bool individual) : individual_(individual) {}
-  void apply(std::vector<Piece>& pieces) const override {
-    std::vector<Piece> out;
-    for (const Piece& p : pieces) {
-      Ranges digits;
-      for (size_t i = 0; i < p.text.size(); i++)
-        if (p.text[i] >= '0' && p.text[i] <= '9') digits.emplace_back(i, i + 1);
-      split_piece(p, digits, individual_ ? Behavior::kIsolated : Behavior::kContiguous, false, out);
-    }
-    pieces = std::move(out);
+  void split(Piece&& p, const Emit& emit) const override {
+    Ranges digits;
+    for (size_t i = 0; i < p.text.size(); i++)
+      if (p.text[i] >= '0' && p.text[i] <= '9') digits.emplace_back(i, i + 1);
+    split_piece(p, digits, individual_ ? Behavior::kIsolated : Behavior::kContiguous, false, emit);
   }
 
  private:
@@ -508,11 +513,13 @@ class Digits final : public PreTokenizer {
 class PreTokenizerSequence final : public PreTokenizer {
  public:
   explicit PreTokenizerSequence(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
-  void apply(std::vector<Piece>& pieces) const override {
-    for (const auto& p : parts_) p->apply(pieces);
-  }
+  void split(Piece&& p, const Emit& emit) const override { run(0, std::move(p), emit); }
 
  private:
+  void run(size_t stage, Piece&& p, const Emit& emit) const {
+    if (stage == parts_.size()) return emit(std::move(p));
+    parts_[stage]->split(std::move(p), [&](Piece&& q) { run(stage + 1, std::move(q), emit); });
+  }
   std::vector<std::unique_ptr<PreTokenizer>> parts_;
 };
 
@@ -738,6 +745,69 @@ class TokenTrie {
   bool first_[256] = {};
 };
 
+// Token text -> id in one flat, open-addressed table over one buffer of the tokens' bytes: a
+// lookup, made once per pre-token, touches one slot and the token's bytes (a node-based map's
+// chain of pointers cost a third of the encoding time).
+class TokenIds {
+ public:
+  void reserve(size_t n) {
+    size_t slots = 16;
+    while (slots < 2 * n) slots *= 2;
+    slots_.assign(slots, Slot{});
+    entries_.reserve(n);
+  }
+  // False when the token is there already.
+  bool insert(std::string_view token, int32_t id) {
+    if (2 * (entries_.size() + 1) > slots_.size()) grow();
+    const uint64_t h = std::hash<std::string_view>{}(token);
+    size_t k = h & (slots_.size() - 1);
+    for (; slots_[k].entry; k = (k + 1) & (slots_.size() - 1))
+      if (slots_[k].hash == h && text(entries_[slots_[k].entry - 1]) == token) return false;
+    entries_.push_back({static_cast<uint32_t>(bytes_.size()), static_cast<uint32_t>(token.size()), id});
+    bytes_.append(token);
+    slots_[k] = {h, static_cast<uint32_t>(entries_.size())};
+    return true;
+  }
+  const int32_t* find(std::string_view token) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t h = std::hash<std::string_view>{}(token);
+    for (size_t k = h & (slots_.size() - 1); slots_[k].entry; k = (k + 1) & (slots_.size() - 1)) {
+      const Entry& e = entries_[slots_[k].entry - 1];
+      if (slots_[k].hash == h && text(e) == token) return &e.id;
+    }
+    return nullptr;
+  }
+  template <class F>
+  void for_each(F f) const {
+    for (const Entry& e : entries_) f(text(e), e.id);
+  }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t entry = 0;  // 1 + the entry's index; 0: empty
+  };
+  struct Entry {
+    uint32_t offset, length;
+    int32_t id;
+  };
+  std::string_view text(const Entry& e) const { return std::string_view(bytes_).substr(e.offset, e.length); }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(std::max<size_t>(16, 2 * old.size()), Slot{});
+    for (const Slot& s : old) {
+      if (!s.entry) continue;
+      size_t k = s.hash & (slots_.size() - 1);
+      while (slots_[k].entry) k = (k + 1) & (slots_.size() - 1);
+      slots_[k] = s;
+    }
+  }
+  std::vector<Slot> slots_;
+  std::vector<Entry> entries_;
+  std::string bytes_;
+};
+
 // ---- the tokenizer --------------------------------------------------------------------------
 
 class HfTokenizer final : public Tokenizer {
@@ -757,21 +827,24 @@ class HfTokenizer final : public Tokenizer {
     int token;
     bool at_start;
   };
-  void split_added(const TokenTrie& trie, const Segment& in, std::vector<Segment>& out) const;
+  void split_added(const TokenTrie& trie, Segment&& in, std::vector<Segment>& out) const;
   void bpe(const std::string& piece, std::vector<int32_t>& out);
   std::vector<int32_t> merge_word(const std::string& word) const;
+  // A special token's id (an added token's, else the model's); a model token's id.
   int32_t id_of(const std::string& token, const std::string& what) const;
+  int32_t vocab_id(const std::string& token, const std::string& what) const;
 
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::unique_ptr<Decoder> decoder_;
-  std::unordered_map<std::string, int32_t> vocab_;
+  TokenIds vocab_;
   std::vector<std::string> id_to_token_;
   // (left id, right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   std::vector<AddedToken> added_;
   TokenTrie raw_tokens_, normalized_tokens_;
-  std::string unk_token_, continuing_prefix_, end_suffix_;
+  std::string continuing_prefix_, end_suffix_;
+  int32_t unk_id_ = -1;  // model.unk_token's; -1: a character outside the vocabulary is dropped, as the library drops it
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
   int32_t bos_id_ = -1, eos_id_ = -1;
@@ -824,7 +897,6 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
   ANVIL_CHECK(type == "BPE", "{}: model type '{}' is not supported (anvil reads BPE models)", where, type);
   ANVIL_CHECK(!m.contains("dropout") || m["dropout"].is_null() || m["dropout"].get<double>() == 0.0,
               "{}: BPE dropout is not supported (it makes tokenization random; set it to null)", where);
-  unk_token_ = value_or<std::string>(m, "unk_token", "");
   continuing_prefix_ = value_or<std::string>(m, "continuing_subword_prefix", "");
   end_suffix_ = value_or<std::string>(m, "end_of_word_suffix", "");
   byte_fallback_ = value_or(m, "byte_fallback", false);
@@ -832,8 +904,9 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
   ignore_merges_ = value_or(m, "ignore_merges", false);
   ANVIL_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must map tokens to ids", where);
   int32_t largest = -1;
+  vocab_.reserve(m["vocab"].size());
   for (const auto& [token, id] : m["vocab"].items()) {
-    vocab_.emplace(token, id.get<int32_t>());
+    vocab_.insert(token, id.get<int32_t>());
     largest = std::max(largest, id.get<int32_t>());
   }
   added_.reserve(j.value("added_tokens", json::array()).size());
@@ -846,7 +919,7 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
     added_.push_back(a);
   }
   id_to_token_.assign(static_cast<size_t>(largest) + 1, "");
-  for (const auto& [token, id] : vocab_) id_to_token_[id] = token;
+  vocab_.for_each([&](std::string_view token, int32_t id) { id_to_token_[id] = token; });
   for (size_t k = 0; k < added_.size(); k++) {
     id_to_token_[added_[k].id] = added_[k].content;
     (added_[k].normalized ? normalized_tokens_ : raw_tokens_).add(added_[k].content, static_cast<int>(k));
@@ -870,10 +943,12 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
     }
     const std::string merged =
         a + (!continuing_prefix_.empty() && b.rfind(continuing_prefix_, 0) == 0 ? b.substr(continuing_prefix_.size()) : b);
-    const int32_t ia = id_of(a, "merge's token"), ib = id_of(b, "merge's token"), im = id_of(merged, "merged token");
+    const int32_t ia = vocab_id(a, "merge's token"), ib = vocab_id(b, "merge's token"),
+                  im = vocab_id(merged, "merged token");
     merges_.try_emplace(static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32 | static_cast<uint32_t>(ib),
                         static_cast<int32_t>(rank), im);
   }
+  if (const std::string unk = value_or<std::string>(m, "unk_token", ""); !unk.empty()) unk_id_ = vocab_id(unk, "unk_token");
   normalizer_ = make_normalizer(j.value("normalizer", json()), where + ": normalizer");
   pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", json()), where + ": pre_tokenizer");
   decoder_ = make_decoder(j.value("decoder", json()), where + ": decoder");
@@ -898,17 +973,23 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
   eos_id_ = id_of(eos, "EOS token");
 }
 
+int32_t HfTokenizer::vocab_id(const std::string& token, const std::string& what) const {
+  const int32_t* id = vocab_.find(token);
+  ANVIL_CHECK(id, "{}: {} '{}' is not in model.vocab", files_.model, what, token);
+  return *id;
+}
+
 int32_t HfTokenizer::id_of(const std::string& token, const std::string& what) const {
   for (const AddedToken& a : added_)
     if (a.content == token) return a.id;
-  const auto it = vocab_.find(token);
-  ANVIL_CHECK(it != vocab_.end(), "{}: {} '{}' is not in the vocabulary", files_.model, what, token);
-  return it->second;
+  const int32_t* id = vocab_.find(token);
+  ANVIL_CHECK(id, "{}: {} '{}' is not in the vocabulary", files_.model, what, token);
+  return *id;
 }
 
-void HfTokenizer::split_added(const TokenTrie& trie, const Segment& in, std::vector<Segment>& out) const {
+void HfTokenizer::split_added(const TokenTrie& trie, Segment&& in, std::vector<Segment>& out) const {
   if (in.token >= 0 || trie.empty() || in.text.empty()) {
-    out.push_back(in);
+    out.push_back(std::move(in));
     return;
   }
   const std::string& s = in.text;
@@ -959,8 +1040,7 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
     bool gone;
   };
   std::vector<Symbol> symbols;
-  int32_t unk_id = -1;
-  if (!unk_token_.empty()) unk_id = id_of(unk_token_, "unk_token");
+  const int32_t unk_id = unk_id_;
   bool pending_unk = false;
   auto add = [&](int32_t id) {
     const int n = static_cast<int>(symbols.size());
@@ -973,18 +1053,18 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
     if (!first) s = continuing_prefix_ + s;
     if (last) s += end_suffix_;
     i += len;
-    if (const auto it = vocab_.find(s); it != vocab_.end()) {
+    if (const int32_t* id = vocab_.find(s)) {
       if (pending_unk) add(unk_id);
       pending_unk = false;
-      add(it->second);
+      add(*id);
       continue;
     }
     if (byte_fallback_) {
       std::vector<int32_t> bytes;
       for (unsigned char c : s) {
-        const auto it = vocab_.find(fmt::format("<0x{:02X}>", c));
-        if (it == vocab_.end()) break;
-        bytes.push_back(it->second);
+        const int32_t* id = vocab_.find(fmt::format("<0x{:02X}>", c));
+        if (!id) break;
+        bytes.push_back(*id);
       }
       if (bytes.size() == s.size()) {
         for (int32_t b : bytes) add(b);
@@ -1039,8 +1119,8 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
 void HfTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) {
   if (piece.empty()) return;
   if (ignore_merges_)
-    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
-      out.push_back(it->second);
+    if (const int32_t* id = vocab_.find(piece)) {
+      out.push_back(*id);
       return;
     }
   auto hit = cache_.find(piece);
@@ -1056,19 +1136,17 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
   split_added(raw_tokens_, {valid_utf8(raw), -1, true}, segments);
   for (Segment& s : segments) {
     if (s.token < 0 && normalizer_) normalizer_->apply(s.text);
-    split_added(normalized_tokens_, s, normalized);
+    split_added(normalized_tokens_, std::move(s), normalized);
   }
   std::vector<int32_t> ids;
-  std::vector<Piece> pieces;
-  for (const Segment& s : normalized) {
+  const Emit to_model = [&](Piece&& p) { bpe(p.text, ids); };
+  for (Segment& s : normalized) {
     if (s.token >= 0) {
       ids.push_back(s.token);
-      continue;
+    } else if (!s.text.empty()) {
+      if (pre_tokenizer_) pre_tokenizer_->split({std::move(s.text), s.at_start}, to_model);
+      else bpe(s.text, ids);
     }
-    if (s.text.empty()) continue;
-    pieces.assign(1, {s.text, s.at_start});
-    if (pre_tokenizer_) pre_tokenizer_->apply(pieces);
-    for (const Piece& p : pieces) bpe(p.text, ids);
   }
   return ids;
 }

@@ -84,19 +84,18 @@ class SplitPacker {
 // assigned to the splits by position (document d goes to val when d·f rounded down steps up at
 // d + 1, so val documents are spread evenly); otherwise the first train_tokens tokens of the
 // stream are train and the rest val.
-PrepareSummary prepare_pass(const PrepareOptions& opt, const std::vector<std::string>& files, int64_t total_bytes,
-                            const std::string& record, int64_t train_tokens, const std::string& tmp) {
+PrepareSummary prepare_pass(const PrepareOptions& opt, Tokenizer& tok, const std::vector<std::string>& files,
+                            int64_t total_bytes, const std::string& record, int64_t train_tokens, const std::string& tmp) {
   std::error_code ec;
   fs::remove_all(tmp, ec);
   make_dirs(tmp);
   PrepareSummary sum;
   SplitPacker train(tmp + "/train", opt.max_seq_len, opt.mds, record);
   SplitPacker val(tmp + "/val", opt.max_seq_len, opt.mds, record);
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer);
   Progress bar(train_tokens < 0 ? "prepare" : "prepare (val by tokens)", total_bytes, "B");
   int64_t done_bytes = 0;
   auto add_document = [&](std::string_view text) {
-    const std::vector<int32_t> ids = tok->encode_document(text);
+    const std::vector<int32_t> ids = tok.encode_document(text);
     if (ids.empty()) return;
     const int64_t d = sum.documents++;
     if (train_tokens >= 0) {
@@ -159,7 +158,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   ANVIL_CHECK(opt.max_seq_len >= 2, "--max-seq-len must be at least 2, got {}", opt.max_seq_len);
   ANVIL_CHECK(!fs::exists(opt.out_dir), "output directory '{}' already exists; remove it or choose another --out",
               opt.out_dir);
-  const std::string record = tokenizer_record_json(load_tokenizer(opt.tokenizer)->record());
+  // Loaded once: a tokenizer.json of 10 MB takes most of a second to read.
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer);
+  const std::string record = tokenizer_record_json(tok->record());
   const std::vector<std::string> files = list_inputs(opt.inputs);
   ANVIL_CHECK(!files.empty(), "no input files found in {}", fmt::join(opt.inputs, ", "));
   int64_t total_bytes = 0;
@@ -172,7 +173,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
   // val_fraction of tokens, whole samples and at least one, are the val split.
   PrepareSummary sum;
   write_directory_atomic(opt.out_dir, [&](const std::string& tmp) {
-    sum = prepare_pass(opt, files, total_bytes, record, -1, tmp);
+    sum = prepare_pass(opt, *tok, files, total_bytes, record, -1, tmp);
     if (opt.val_fraction > 0 && sum.val_samples == 0) {
       const int64_t samples = sum.tokens / opt.max_seq_len;
       ANVIL_CHECK(samples >= 2, "{} tokens make {} sample(s) of max_seq_len {}: a train and a val split need 2; "
@@ -180,7 +181,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& opt) {
                   opt.max_seq_len);
       const int64_t val_samples = std::max<int64_t>(
           1, static_cast<int64_t>(static_cast<double>(sum.tokens) * opt.val_fraction) / opt.max_seq_len);
-      sum = prepare_pass(opt, files, total_bytes, record, (samples - val_samples) * opt.max_seq_len, tmp);
+      sum = prepare_pass(opt, *tok, files, total_bytes, record, (samples - val_samples) * opt.max_seq_len, tmp);
     }
   });
   return sum;

@@ -67,21 +67,23 @@ void hash_gpt2_bpe(Sha256& h, const TokenizerFiles& f) {
   hash_bytes(h, f.eos_token);
 }
 
-// A tokenizer.json's identity: the file as parsed (however laid out), and the tokenizer config's
-// keys that choose the special tokens.
+// A tokenizer.json's identity: the file's bytes (transformers writes it the same way each time;
+// parsing 10 MB of JSON only to hash it would double a tokenizer's load time), and the tokenizer
+// config's keys that choose the special tokens.
 void hash_tokenizer_json(Sha256& h, const TokenizerFiles& f) {
-  try {
-    hash_bytes(h, nlohmann::json::parse(read_file(f.model, "tokenizer.json")).dump());
-    nlohmann::json special = nlohmann::json::object();
-    if (!f.config.empty()) {
-      const nlohmann::json config = nlohmann::json::parse(read_file(f.config, "tokenizer config"));
-      for (const char* key : {"bos_token", "eos_token", "add_bos_token"})
-        if (config.is_object() && config.contains(key)) special[key] = config[key];
+  hash_bytes(h, read_file(f.model, "tokenizer.json"));
+  nlohmann::json special = nlohmann::json::object();
+  if (!f.config.empty()) {
+    nlohmann::json config;
+    try {
+      config = nlohmann::json::parse(read_file(f.config, "tokenizer config"));
+    } catch (const nlohmann::json::exception& e) {
+      ANVIL_FAIL("'{}' is not valid JSON: {}", f.config, e.what());
     }
-    hash_bytes(h, special.dump());
-  } catch (const nlohmann::json::exception& e) {
-    ANVIL_FAIL("tokenizer '{}' is not valid JSON: {}", f.name, e.what());
+    for (const char* key : {"bos_token", "eos_token", "add_bos_token"})
+      if (config.is_object() && config.contains(key)) special[key] = config[key];
   }
+  hash_bytes(h, special.dump());
 }
 
 // OpenAI's GPT-2 sizes share one published vocabulary: their hub names are GPT-2's tokenizer.

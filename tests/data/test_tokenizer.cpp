@@ -168,8 +168,11 @@ TEST_F(TokenizerNames, UnreadableNamesAreClearErrors) {
   EXPECT_EQ(resolve_tokenizer("openai-community/gpt2-medium").name, "gpt2");
   fs::create_directories(path("fast"));
   write_file_atomic(path("fast/tokenizer.json"), "{}");
-  EXPECT_NE(message(path("fast")).find("tokenizer.json alone (transformers' fast format) is not read"),
-            std::string::npos) << message(path("fast"));
+  EXPECT_NE(message(path("fast")).find("is not a tokenizer.json (no \"model\")"), std::string::npos)
+      << message(path("fast"));
+  fs::create_directories(path("empty"));
+  EXPECT_NE(message(path("empty")).find("or tokenizer.json (transformers' fast format)"), std::string::npos)
+      << message(path("empty"));
   write_file_atomic(path("junk.model"), "not a protobuf");
   const std::string junk = message(path("junk.model"));
   EXPECT_TRUE(junk.find("is not a SentencePiece model") != std::string::npos ||

@@ -137,20 +137,15 @@ class Pattern {
     std::unique_ptr<OnigRegion, void (*)(OnigRegion*)> region(onig_region_new(),
                                                              [](OnigRegion* r) { onig_region_free(r, 1); });
     const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
-    const OnigUChar* end = str + s.size();
-    for (size_t at = 0; at <= s.size();) {
-      const int rc = onig_search(regex_.get(), str, end, str + at, end, region.get(), ONIG_OPTION_NONE);
-      if (rc == ONIG_MISMATCH) break;
-      ANVIL_CHECK(rc >= 0, "regex search failed (Oniguruma error {})", rc);
-      const size_t b = static_cast<size_t>(region->beg[0]), e = static_cast<size_t>(region->end[0]);
-      if (e == b) {
-        if (b >= s.size()) break;
-        at = b + utf8_length(static_cast<unsigned char>(s[b]));
-        continue;
-      }
-      out.emplace_back(b, e);
-      at = e;
-    }
+    // One scan over the text (a search per match would set the engine up again for each).
+    const int rc = onig_scan(regex_.get(), str, str + s.size(), region.get(), ONIG_OPTION_NONE,
+                             [](int, int, OnigRegion* r, void* matches) {
+                               if (r->end[0] > r->beg[0])
+                                 static_cast<Ranges*>(matches)->emplace_back(r->beg[0], r->end[0]);
+                               return 0;
+                             },
+                             &out);
+    ANVIL_CHECK(rc >= 0, "regex search failed (Oniguruma error {})", rc);
     return out;
   }
 
@@ -754,58 +749,55 @@ class TokenIds {
     size_t slots = 16;
     while (slots < 2 * n) slots *= 2;
     slots_.assign(slots, Slot{});
-    entries_.reserve(n);
   }
   // False when the token is there already.
   bool insert(std::string_view token, int32_t id) {
-    if (2 * (entries_.size() + 1) > slots_.size()) grow();
+    if (2 * (count_ + 1) > slots_.size()) grow();
     const uint64_t h = std::hash<std::string_view>{}(token);
     size_t k = h & (slots_.size() - 1);
-    for (; slots_[k].entry; k = (k + 1) & (slots_.size() - 1))
-      if (slots_[k].hash == h && text(entries_[slots_[k].entry - 1]) == token) return false;
-    entries_.push_back({static_cast<uint32_t>(bytes_.size()), static_cast<uint32_t>(token.size()), id});
+    for (; slots_[k].length; k = (k + 1) & (slots_.size() - 1))
+      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == token) return false;
+    ANVIL_CHECK(!token.empty() && token.size() < (1u << 31) && bytes_.size() + token.size() < (1ull << 32),
+                "a vocabulary token of {} bytes cannot be held", token.size());
+    slots_[k] = {static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(bytes_.size()), static_cast<uint32_t>(token.size()), id};
     bytes_.append(token);
-    slots_[k] = {h, static_cast<uint32_t>(entries_.size())};
+    count_++;
     return true;
   }
   const int32_t* find(std::string_view token) const {
-    if (slots_.empty()) return nullptr;
+    if (slots_.empty() || token.empty()) return nullptr;
     const uint64_t h = std::hash<std::string_view>{}(token);
-    for (size_t k = h & (slots_.size() - 1); slots_[k].entry; k = (k + 1) & (slots_.size() - 1)) {
-      const Entry& e = entries_[slots_[k].entry - 1];
-      if (slots_[k].hash == h && text(e) == token) return &e.id;
-    }
+    for (size_t k = h & (slots_.size() - 1); slots_[k].length; k = (k + 1) & (slots_.size() - 1))
+      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == token) return &slots_[k].id;
     return nullptr;
   }
   template <class F>
   void for_each(F f) const {
-    for (const Entry& e : entries_) f(text(e), e.id);
+    for (const Slot& s : slots_)
+      if (s.length) f(text(s), s.id);
   }
-  size_t size() const { return entries_.size(); }
 
  private:
+  // A token's slot holds all a lookup needs but its bytes: the hash's upper half (the lower
+  // half chose the slot), where its bytes are, and its id.
   struct Slot {
-    uint64_t hash = 0;
-    uint32_t entry = 0;  // 1 + the entry's index; 0: empty
+    uint32_t hash = 0, offset = 0, length = 0;  // length 0: empty
+    int32_t id = 0;
   };
-  struct Entry {
-    uint32_t offset, length;
-    int32_t id;
-  };
-  std::string_view text(const Entry& e) const { return std::string_view(bytes_).substr(e.offset, e.length); }
+  std::string_view text(const Slot& s) const { return std::string_view(bytes_).substr(s.offset, s.length); }
   void grow() {
     std::vector<Slot> old = std::move(slots_);
     slots_.assign(std::max<size_t>(16, 2 * old.size()), Slot{});
     for (const Slot& s : old) {
-      if (!s.entry) continue;
-      size_t k = s.hash & (slots_.size() - 1);
-      while (slots_[k].entry) k = (k + 1) & (slots_.size() - 1);
+      if (!s.length) continue;
+      size_t k = std::hash<std::string_view>{}(text(s)) & (slots_.size() - 1);
+      while (slots_[k].length) k = (k + 1) & (slots_.size() - 1);
       slots_[k] = s;
     }
   }
   std::vector<Slot> slots_;
-  std::vector<Entry> entries_;
   std::string bytes_;
+  size_t count_ = 0;
 };
 
 // ---- the tokenizer --------------------------------------------------------------------------

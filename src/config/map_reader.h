@@ -92,9 +92,9 @@ class MapReader {
     if (!text.empty() && text != "-1") out = parse_bytes(text, source(key) + ": " + full(key));
   }
 
+  // A section; absent or null ("lr_monitor:" with nothing after it) reads as an empty one.
   MapReader sub(const std::string& key) {
-    has(key);
-    return MapReader(node_[key] ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_, unknown_,
+    return MapReader(has(key) ? node_[key] : YAML::Node(YAML::NodeType::Map), full(key), file_, keys_read_, unknown_,
                      origins_);
   }
 

@@ -170,7 +170,7 @@ struct Fields {
   // read (so a wrong type is an error) and checked, and not written back.
   template <class T>
   static F accepted(std::string key, T assumed, std::string meaning, Check<T> check_value = {}) {
-    return F{key, "", std::move(meaning), [key, assumed, check_value](MapReader& r, S&, const C&) {
+    return F{key, shown(assumed), std::move(meaning), [key, assumed, check_value](MapReader& r, S&, const C&) {
                T v = assumed;
                r.get(key, v);
                check(r, key, v, check_value);

@@ -90,9 +90,6 @@ void check_batch_sizes(TrainConfig& c, const MapReader& blame, const std::string
               c.device_eval_batch_size);
 }
 
-// Validation of values, in one place, once every key is read; resolves the sizes that default
-// to others (the model's max_seq_len, the microbatch and eval batch). blame: where each key's
-// value came from.
 // The checks that involve more than one key, once every key is read; resolves the sizes that
 // default to others (the model's max_seq_len, the microbatch and eval batch). blame: where each
 // key's value came from.

@@ -3,6 +3,7 @@
 // before the loaders, distributed before fsdp_config).
 #include "config/train_schema.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "config/hf_model_config.h"
@@ -49,6 +50,13 @@ std::string tokenizer_name_as_kept(const std::string& name) {
   return std::filesystem::absolute(name, ec).lexically_normal().string();
 }
 
+// A reader's dotted section name ("train_loader.dataset"), for messages that name the key themselves.
+std::string section_of(const MapReader& r) {
+  std::string name = r.full("-");
+  name.resize(name.size() - 2);
+  return name;
+}
+
 // LLM Foundry repeats max_seq_len in places (a loader's dataset, the tokenizer's kwargs): given
 // there, it must be the top-level value.
 void check_repeated_max_seq_len(MapReader& r, const char* key, int max_seq_len) {
@@ -73,8 +81,19 @@ Check<Duration> duration_in(std::vector<Duration::Unit> units, const char* must,
 
 const std::vector<Field<StreamConfig, StreamContext>>& stream_fields() {
   static const std::vector<Field<StreamConfig, StreamContext>> table = {
-      Stream::value("remote", &StreamConfig::remote, "as the dataset's `remote`"),
-      Stream::value("local", &StreamConfig::local, "as the dataset's `local`; a stream needs one of the two"),
+      // remote and local are written only when set, as a stream gives one or both.
+      Stream::custom(
+          "remote", "", "as the dataset's `remote`",
+          [](MapReader& r, StreamConfig& s, const StreamContext&) { r.get("remote", s.remote); },
+          [](YAML::Emitter& e, const StreamConfig& s) {
+            if (!s.remote.empty()) Stream::emit(e, "remote", s.remote);
+          }),
+      Stream::custom(
+          "local", "", "as the dataset's `local`; a stream needs one of the two",
+          [](MapReader& r, StreamConfig& s, const StreamContext&) { r.get("local", s.local); },
+          [](YAML::Emitter& e, const StreamConfig& s) {
+            if (!s.local.empty()) Stream::emit(e, "local", s.local);
+          }),
       Stream::custom(
           "split", "the dataset's", "",
           [](MapReader& r, StreamConfig& s, const StreamContext& c) {
@@ -194,7 +213,7 @@ const std::vector<Field<FinetuningConfig, FinetuningContext>>& finetuning_fields
             std::string prompts = target_prompts_name(ft.targets);
             d.get("target_prompts", prompts);
             ft.targets = parse_target_policy(prompts, target_responses_name(ft.targets),
-                                             d.source("target_prompts") + ": " + d.full("target_prompts"));
+                                             d.source("target_prompts") + ": " + section_of(d));
           },
           [](YAML::Emitter& e, const FinetuningConfig& ft) {
             Finetuning::emit(e, "target_prompts", target_prompts_name(ft.targets));
@@ -206,7 +225,7 @@ const std::vector<Field<FinetuningConfig, FinetuningContext>>& finetuning_fields
             std::string responses = target_responses_name(ft.targets);
             d.get("target_responses", responses);
             ft.targets = parse_target_policy(target_prompts_name(ft.targets), responses,
-                                             d.source("target_responses") + ": " + d.full("target_responses"));
+                                             d.source("target_responses") + ": " + section_of(d));
           },
           [](YAML::Emitter& e, const FinetuningConfig& ft) {
             Finetuning::emit(e, "target_responses", target_responses_name(ft.targets));

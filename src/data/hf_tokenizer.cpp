@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
@@ -63,35 +64,61 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+// The length of the well-formed UTF-8 sequence at s[i], or 0 with `bad` set to the length of
+// its maximal ill-formed subpart (Unicode's "maximal subpart": the longest prefix of a valid
+// sequence that is there, at least one byte), which becomes one U+FFFD.
+size_t utf8_sequence(std::string_view s, size_t i, size_t* bad) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range (Unicode's table 3-7)
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  size_t k = 1;
+  for (; n && k < n && i + k < s.size(); k++) {
+    const unsigned char b = static_cast<unsigned char>(s[i + k]);
+    if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+  }
+  if (n && k == n) return n;
+  *bad = n ? k : 1;
+  return 0;
+}
+
 // The library takes text (Python's str, Rust's String): bytes that are not UTF-8 become U+FFFD,
-// as Python's decode(errors="replace") makes them, one per ill-formed byte.
+// one for each maximal ill-formed subpart, as Python's decode(errors="replace") and Rust's
+// String::from_utf8_lossy make them.
 std::string valid_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   size_t run = 0;  // the start of the valid bytes not yet copied
   for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
       i++;
       continue;
     }
-    const size_t n = utf8_length(c);
-    bool ok = n > 1 && i + n <= s.size();
-    for (size_t k = 1; ok && k < n; k++) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok) {
-      const uint32_t cp = code_point_at(s, i);
-      ok = cp >= (n == 2 ? 0x80u : n == 3 ? 0x800u : 0x10000u) && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
-    }
-    if (ok) {
+    size_t bad = 0;
+    if (const size_t n = utf8_sequence(s, i, &bad)) {
       i += n;
-    } else {
-      out.append(s.substr(run, i - run));
-      out += "\xEF\xBF\xBD";
-      run = ++i;
+      continue;
     }
+    out.append(s.substr(run, i - run));
+    out += "\xEF\xBF\xBD";
+    i += bad;
+    run = i;
   }
   out.append(s.substr(run));
   return out;
+}
+
+// Rust regex's \\w, which the library's single_word test uses: Alphabetic, marks, decimal
+// digits, connector punctuation and Join_Control.
+bool is_word_char(uint32_t cp) {
+  const UChar32 c = static_cast<UChar32>(cp);
+  const int8_t type = u_charType(c);
+  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || type == U_NON_SPACING_MARK || type == U_ENCLOSING_MARK ||
+         type == U_COMBINING_SPACING_MARK || type == U_DECIMAL_DIGIT_NUMBER || type == U_CONNECTOR_PUNCTUATION ||
+         u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL);
 }
 
 bool is_whitespace(uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }  // Rust's char::is_whitespace
@@ -100,7 +127,7 @@ bool is_whitespace(uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp
 // syntax, as the library compiles it).
 class Pattern {
  public:
-  Pattern(const json& spec, const std::string& where) {
+  Pattern(const json& spec, const std::string& where) : where_(where) {
     ANVIL_CHECK(spec.is_object() && spec.size() == 1, "{}: pattern must be {{\"String\": ...}} or {{\"Regex\": ...}}", where);
     if (spec.contains("String")) {
       literal_ = spec["String"].get<std::string>();
@@ -126,7 +153,7 @@ class Pattern {
     regex_.reset(compiled);
   }
 
-  // The non-empty matches in s, left to right, not overlapping.
+  // The matches in s, left to right, not overlapping (a regex's may be empty).
   Ranges find_all(std::string_view s) const {
     Ranges out;
     if (!regex_) {
@@ -137,15 +164,25 @@ class Pattern {
     std::unique_ptr<OnigRegion, void (*)(OnigRegion*)> region(onig_region_new(),
                                                              [](OnigRegion* r) { onig_region_free(r, 1); });
     const auto* str = reinterpret_cast<const OnigUChar*>(s.data());
-    // One scan over the text (a search per match would set the engine up again for each).
-    const int rc = onig_scan(regex_.get(), str, str + s.size(), region.get(), ONIG_OPTION_NONE,
-                             [](int, int, OnigRegion* r, void* matches) {
-                               if (r->end[0] > r->beg[0])
-                                 static_cast<Ranges*>(matches)->emplace_back(r->beg[0], r->end[0]);
-                               return 0;
-                             },
-                             &out);
-    ANVIL_CHECK(rc >= 0, "regex search failed (Oniguruma error {})", rc);
+    const OnigUChar* end = str + s.size();
+    // As the onig crate's find_iter (the library's) iterates: empty matches count, except one
+    // ending where the previous match ended, after which the search moves on a character.
+    size_t at = 0;
+    std::optional<size_t> last_end;
+    while (at <= s.size()) {
+      const int rc = onig_search(regex_.get(), str, end, str + at, end, region.get(), ONIG_OPTION_NONE);
+      if (rc == ONIG_MISMATCH) break;
+      ANVIL_CHECK(rc >= 0, "{}: the regex search failed (Oniguruma error {}; a pattern that backtracks without "
+                  "end on this text?)", where_, rc);
+      const size_t b = static_cast<size_t>(region->beg[0]), e = static_cast<size_t>(region->end[0]);
+      if (b == e && last_end == e) {
+        at += at < s.size() ? utf8_length(static_cast<unsigned char>(s[at])) : 1;
+        continue;
+      }
+      out.emplace_back(b, e);
+      at = e;
+      last_end = e;
+    }
     return out;
   }
 
@@ -153,6 +190,7 @@ class Pattern {
   struct Free {
     void operator()(regex_t* r) const { onig_free(r); }
   };
+  std::string where_;
   std::string literal_;
   std::unique_ptr<regex_t, Free> regex_;
 };
@@ -200,13 +238,19 @@ class UnicodeForm final : public Normalizer {
   const icu::Normalizer2* n_;
 };
 
+// Each character lowercased on its own (Rust's char::to_lowercase: full mappings, no context,
+// so no final sigma).
 class Lowercase final : public Normalizer {
  public:
   void apply(std::string& s) const override {
-    icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
-    u.toLower(icu::Locale::getRoot());
-    s.clear();
-    u.toUTF8String(s);
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size(); i += utf8_length(static_cast<unsigned char>(s[i]))) {
+      icu::UnicodeString ch(static_cast<UChar32>(code_point_at(s, i)));
+      ch.toLower(icu::Locale::getRoot());
+      ch.toUTF8String(out);
+    }
+    s = std::move(out);
   }
 };
 
@@ -446,6 +490,14 @@ class ByteLevel final : public PreTokenizer {
   std::unique_ptr<Pattern> gpt2_split_;
 };
 
+// A key whose value the library holds as one char.
+std::string one_character(const json& spec, const char* key, const std::string& where) {
+  const std::string c = spec.at(key).get<std::string>();
+  ANVIL_CHECK(!c.empty() && utf8_length(static_cast<unsigned char>(c[0])) == c.size(), "{}: {} must be one character, "
+              "got '{}'", where, key, c);
+  return c;
+}
+
 enum class PrependScheme { kAlways, kFirst, kNever };
 
 PrependScheme prepend_scheme_of(const json& spec, const std::string& where) {
@@ -462,7 +514,7 @@ PrependScheme prepend_scheme_of(const json& spec, const std::string& where) {
 class Metaspace final : public PreTokenizer {
  public:
   Metaspace(const json& spec, const std::string& where)
-      : replacement_(spec.at("replacement").get<std::string>()),
+      : replacement_(one_character(spec, "replacement", where)),
         scheme_(prepend_scheme_of(spec, where)),
         split_(value_or(spec, "split", true)) {}
   void split(Piece&& p, const Emit& emit) const override {
@@ -491,13 +543,22 @@ class Metaspace final : public PreTokenizer {
   bool split_;
 };
 
+// Rust's char::is_numeric: Unicode's Nd, Nl and No.
+bool is_numeric(uint32_t cp) {
+  const int8_t type = u_charType(static_cast<UChar32>(cp));
+  return type == U_DECIMAL_DIGIT_NUMBER || type == U_LETTER_NUMBER || type == U_OTHER_NUMBER;
+}
+
 class Digits final : public PreTokenizer {
  public:
   explicit Digits(bool individual) : individual_(individual) {}
   void split(Piece&& p, const Emit& emit) const override {
     Ranges digits;
-    for (size_t i = 0; i < p.text.size(); i++)
-      if (p.text[i] >= '0' && p.text[i] <= '9') digits.emplace_back(i, i + 1);
+    for (size_t i = 0; i < p.text.size();) {
+      const size_t n = utf8_length(static_cast<unsigned char>(p.text[i]));
+      if (is_numeric(code_point_at(p.text, i))) digits.emplace_back(i, i + n);
+      i += n;
+    }
     split_piece(p, digits, individual_ ? Behavior::kIsolated : Behavior::kContiguous, false, emit);
   }
 
@@ -618,8 +679,9 @@ class FuseDecoder final : public Decoder {
 
 class StripDecoder final : public Decoder {
  public:
-  StripDecoder(const json& spec) : content_(spec.at("content").get<std::string>()), start_(spec.at("start").get<int>()),
-                                   stop_(spec.at("stop").get<int>()) {}
+  StripDecoder(const json& spec, const std::string& where)
+      : content_(one_character(spec, "content", where)), start_(spec.at("start").get<int>()),
+        stop_(spec.at("stop").get<int>()) {}
   void apply(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
       for (int i = 0; i < start_ && t.rfind(content_, 0) == 0; i++) t.erase(0, content_.size());
@@ -638,20 +700,22 @@ class StripDecoder final : public Decoder {
 class MetaspaceDecoder final : public Decoder {
  public:
   MetaspaceDecoder(const json& spec, const std::string& where)
-      : replacement_(spec.at("replacement").get<std::string>()), scheme_(prepend_scheme_of(spec, where)) {}
+      : replacement_(one_character(spec, "replacement", where)), scheme_(prepend_scheme_of(spec, where)) {}
+  // The replacement becomes a space, except in the first token when a prefix was prepended:
+  // there every replacement is dropped.
   void apply(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); i++) {
+      const bool drop = i == 0 && scheme_ != PrependScheme::kNever;
       std::string t;
       const std::string& s = tokens[i];
       for (size_t k = 0; k < s.size();) {
         if (s.compare(k, replacement_.size(), replacement_) == 0) {
-          t += ' ';
+          if (!drop) t += ' ';
           k += replacement_.size();
         } else {
           t += s[k++];
         }
       }
-      if (i == 0 && scheme_ != PrependScheme::kNever && !t.empty() && t[0] == ' ') t.erase(0, 1);
       tokens[i] = std::move(t);
     }
   }
@@ -680,7 +744,7 @@ std::unique_ptr<Decoder> make_decoder(const json& spec, const std::string& where
   if (type == "Replace") return std::make_unique<ReplaceDecoder>(spec, at);
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
-  if (type == "Strip") return std::make_unique<StripDecoder>(spec);
+  if (type == "Strip") return std::make_unique<StripDecoder>(spec, at);
   if (type == "Metaspace") return std::make_unique<MetaspaceDecoder>(spec, at);
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> parts;
@@ -824,6 +888,8 @@ class HfTokenizer final : public Tokenizer {
   std::vector<int32_t> merge_word(const std::string& word) const;
   // A special token's id (an added token's, else the model's); a model token's id.
   int32_t id_of(const std::string& token, const std::string& what) const;
+  // Reads files_ (nlohmann's exceptions become the constructor's error, naming the file).
+  void load();
   int32_t vocab_id(const std::string& token, const std::string& what) const;
 
   std::unique_ptr<Normalizer> normalizer_;
@@ -836,7 +902,10 @@ class HfTokenizer final : public Tokenizer {
   std::vector<AddedToken> added_;
   TokenTrie raw_tokens_, normalized_tokens_;
   std::string continuing_prefix_, end_suffix_;
-  int32_t unk_id_ = -1;  // model.unk_token's; -1: a character outside the vocabulary is dropped, as the library drops it
+  // model.unk_token and its id (-1 when it is not in model.vocab: an error once a character needs
+  // it, as in the library); without an unk_token a character outside the vocabulary is dropped.
+  std::string unk_token_;
+  int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
   int32_t bos_id_ = -1, eos_id_ = -1;
@@ -881,6 +950,15 @@ std::string template_bos(const json& post) {
 }
 
 HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
+  try {
+    load();
+  } catch (const json::exception& e) {
+    ANVIL_FAIL("'{}' is not a tokenizer.json anvil can read: {}", files.model, e.what());
+  }
+}
+
+void HfTokenizer::load() {
+  const TokenizerFiles& files = files_;
   const std::string where = files.model;
   const json j = read_json(files.model, "tokenizer.json");
   ANVIL_CHECK(j.is_object() && j.contains("model"), "'{}' is not a tokenizer.json (no \"model\")", where);
@@ -897,13 +975,22 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
   ANVIL_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must map tokens to ids", where);
   int32_t largest = -1;
   vocab_.reserve(m["vocab"].size());
+  // Ids index a table: a negative one or one beyond 2^24 (16.7 million) is an error, not an
+  // allocation of its size.
+  auto check_id = [&](int64_t id, const std::string& token) {
+    ANVIL_CHECK(id >= 0 && id < (int64_t{1} << 24), "{}: token '{}' has id {} (expected 0 to 16777215)", where, token,
+                id);
+    return static_cast<int32_t>(id);
+  };
   for (const auto& [token, id] : m["vocab"].items()) {
-    vocab_.insert(token, id.get<int32_t>());
-    largest = std::max(largest, id.get<int32_t>());
+    const int32_t i = check_id(id.get<int64_t>(), token);
+    ANVIL_CHECK(vocab_.insert(token, i), "{}: token '{}' is in model.vocab twice", where, token);
+    largest = std::max(largest, i);
   }
   added_.reserve(j.value("added_tokens", json::array()).size());
   for (const json& t : j.value("added_tokens", json::array())) {
-    AddedToken a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), value_or(t, "single_word", false),
+    AddedToken a{t.at("content").get<std::string>(), check_id(t.at("id").get<int64_t>(), t.at("content").get<std::string>()),
+                 value_or(t, "single_word", false),
                  value_or(t, "lstrip", false), value_or(t, "rstrip", false), value_or(t, "normalized", false),
                  value_or(t, "special", false)};
     ANVIL_CHECK(!a.content.empty(), "{}: an added token (id {}) has no content", where, a.id);
@@ -912,10 +999,7 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
   }
   id_to_token_.assign(static_cast<size_t>(largest) + 1, "");
   vocab_.for_each([&](std::string_view token, int32_t id) { id_to_token_[id] = token; });
-  for (size_t k = 0; k < added_.size(); k++) {
-    id_to_token_[added_[k].id] = added_[k].content;
-    (added_[k].normalized ? normalized_tokens_ : raw_tokens_).add(added_[k].content, static_cast<int>(k));
-  }
+  for (size_t k = 0; k < added_.size(); k++) id_to_token_[added_[k].id] = added_[k].content;
   // Merges: "a b" strings (before tokenizers 0.20) or [a, b] pairs; the merged token is a then b
   // without its continuing-subword prefix.
   const json& merges = m.value("merges", json::array());
@@ -924,8 +1008,10 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
     std::string a, b;
     if (merges[rank].is_string()) {
       const std::string line = merges[rank].get<std::string>();
-      const size_t space = line.find(' ', 1);
-      ANVIL_CHECK(space != std::string::npos, "{}: merge {} ('{}') is not two tokens", where, rank, line);
+      const size_t space = line.find(' ');
+      ANVIL_CHECK(space != std::string::npos && space > 0 && space + 1 < line.size() &&
+                      line.find(' ', space + 1) == std::string::npos,
+                  "{}: merge {} ('{}') is not two tokens separated by a space", where, rank, line);
       a = line.substr(0, space);
       b = line.substr(space + 1);
     } else {
@@ -937,11 +1023,22 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
         a + (!continuing_prefix_.empty() && b.rfind(continuing_prefix_, 0) == 0 ? b.substr(continuing_prefix_.size()) : b);
     const int32_t ia = vocab_id(a, "merge's token"), ib = vocab_id(b, "merge's token"),
                   im = vocab_id(merged, "merged token");
-    merges_.try_emplace(static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32 | static_cast<uint32_t>(ib),
-                        static_cast<int32_t>(rank), im);
+    merges_.insert_or_assign(static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32 | static_cast<uint32_t>(ib),
+                             std::pair<int32_t, int32_t>(static_cast<int32_t>(rank), im));
   }
-  if (const std::string unk = value_or<std::string>(m, "unk_token", ""); !unk.empty()) unk_id_ = vocab_id(unk, "unk_token");
+  unk_token_ = value_or<std::string>(m, "unk_token", "");
+  if (const int32_t* unk = vocab_.find(unk_token_)) unk_id_ = *unk;
   normalizer_ = make_normalizer(j.value("normalizer", json()), where + ": normalizer");
+  // A token marked `normalized` is found in the normalized text, as the normalizer writes it.
+  for (size_t k = 0; k < added_.size(); k++) {
+    if (!added_[k].normalized) {
+      raw_tokens_.add(added_[k].content, static_cast<int>(k));
+      continue;
+    }
+    std::string content = added_[k].content;
+    if (normalizer_) normalizer_->apply(content);
+    if (!content.empty()) normalized_tokens_.add(content, static_cast<int>(k));
+  }
   pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", json()), where + ": pre_tokenizer");
   decoder_ = make_decoder(j.value("decoder", json()), where + ": decoder");
 
@@ -997,7 +1094,7 @@ void HfTokenizer::split_added(const TokenTrie& trie, Segment&& in, std::vector<S
     at = stop;
     if (t.single_word) {
       // Only where it is a word of its own: no letter or digit right before or after it.
-      auto word_char = [&](size_t k) { return u_isalnum(static_cast<UChar32>(code_point_at(s, k))) != 0; };
+      auto word_char = [&](size_t k) { return is_word_char(code_point_at(s, k)); };
       size_t before = start;
       if (before > 0) {
         before--;
@@ -1063,7 +1160,9 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
         continue;
       }
     }
-    if (unk_id >= 0) {
+    if (!unk_token_.empty()) {
+      ANVIL_CHECK(unk_id >= 0, "{}: model.unk_token '{}' is not in model.vocab, and the text needs it", files_.model,
+                  unk_token_);
       if (pending_unk && !fuse_unk_) add(unk_id);
       pending_unk = true;
     }
@@ -1115,9 +1214,16 @@ void HfTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) {
       out.push_back(*id);
       return;
     }
+  // Pieces under 256 bytes are cached, as the library caches them; the cache is bounded, since
+  // a corpus's distinct words are many.
+  if (piece.size() >= 256) {
+    const std::vector<int32_t> ids = merge_word(piece);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return;
+  }
   auto hit = cache_.find(piece);
   if (hit == cache_.end()) {
-    if (cache_.size() > 200000) cache_.clear();  // bounded: a corpus's distinct words are many
+    if (cache_.size() > 200000) cache_.clear();
     hit = cache_.emplace(piece, merge_word(piece)).first;
   }
   out.insert(out.end(), hit->second.begin(), hit->second.end());

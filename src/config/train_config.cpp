@@ -24,16 +24,17 @@ std::string save_folder_of(const TrainConfig& cfg) {
   for (size_t at; (at = dir.find("{run_name}")) != std::string::npos;) dir.replace(at, 10, cfg.run_name);
   return dir;
 }
-bool remote_folder(const std::string& folder) { return folder.rfind("s3://", 0) == 0; }
 }  // namespace
 
+bool is_s3_folder(const std::string& folder) { return folder.rfind("s3://", 0) == 0; }
+
 std::string checkpoints_dir(const TrainConfig& cfg) {
-  if (cfg.save_folder.empty() || remote_folder(cfg.save_folder)) return cfg.run_dir + "/checkpoints";
+  if (cfg.save_folder.empty() || is_s3_folder(cfg.save_folder)) return cfg.run_dir + "/checkpoints";
   return save_folder_of(cfg);
 }
 
 std::string checkpoints_remote(const TrainConfig& cfg) {
-  return remote_folder(cfg.save_folder) ? save_folder_of(cfg) : "";
+  return is_s3_folder(cfg.save_folder) ? save_folder_of(cfg) : "";
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {

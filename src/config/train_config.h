@@ -153,6 +153,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 // The directory a run's checkpoints go to and autoresume looks in: a local save_folder (with
 // {run_name} replaced), else RUN_DIR/checkpoints.
 std::string checkpoints_dir(const TrainConfig& cfg);
+// Whether a save_folder names S3 (s3://bucket/prefix) rather than a local directory.
+bool is_s3_folder(const std::string& folder);
 // An s3:// save_folder (with {run_name} replaced), where checkpoints are uploaded; "" for a local one.
 std::string checkpoints_remote(const TrainConfig& cfg);
 

@@ -896,7 +896,7 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
                  "`latest` names. Remote checkpoints are never pruned (`save_num_checkpoints_to_keep` prunes the "
                  "local ones), as Composer keeps them. Other URL schemes are an error",
                  Check<std::string>{[](const std::string& f) {
-                                      return f.find("://") == std::string::npos || f.rfind("s3://", 0) == 0;
+                                      return f.find("://") == std::string::npos || is_s3_folder(f);
                                     },
                                     "be a local directory or s3://bucket/prefix (checkpoints are uploaded to S3 or "
                                     "S3-compatible storage only)"})

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/byte_level.h"
 
 namespace anvil {
 namespace {
@@ -72,19 +73,6 @@ std::vector<Unit> decode_units(std::string_view s) {
     i += len;
   }
   return units;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
 }
 
 }  // namespace
@@ -158,16 +146,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(TokenizerFiles files) : Tokenizer(std::move(files))
   }
   ANVIL_CHECK(enc.is_object() && !enc.empty(), "GPT-2 vocabulary '{}' must be a JSON object of token -> id", enc_path);
 
-  // The byte -> printable code point table of GPT-2: printable Latin-1 bytes map to themselves,
-  // the others to U+0100 onwards in byte order.
-  std::unordered_map<uint32_t, unsigned char> byte_of_cp;
-  int next = 0;
-  for (int b = 0; b < 256; b++) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    uint32_t cp = printable ? static_cast<uint32_t>(b) : 256u + next++;
-    append_utf8(byte_symbol_[b], cp);
-    byte_of_cp[cp] = static_cast<unsigned char>(b);
-  }
+  const std::unordered_map<uint32_t, uint8_t>& byte_of_cp = byte_chars().byte_of;
 
   decoder_.resize(enc.size());
   for (auto& [token, id_json] : enc.items()) {
@@ -225,7 +204,7 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& o
     return;
   }
   std::vector<std::string> word;
-  for (unsigned char b : piece) word.push_back(byte_symbol_[b]);
+  for (unsigned char b : piece) word.push_back(byte_chars().of_byte[b]);
   std::string pair_key;
   while (word.size() > 1) {
     // The lowest-ranked adjacent pair; on equal ranks the reference keeps the later pair.

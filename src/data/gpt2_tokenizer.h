@@ -32,7 +32,6 @@ class Gpt2Tokenizer : public Tokenizer {
   std::unordered_map<std::string, int32_t> encoder_;  // byte-mapped token text -> id
   std::vector<std::string> decoder_;                   // id -> raw bytes
   std::unordered_map<std::string, int> ranks_;         // "first,second" -> merge rank
-  std::string byte_symbol_[256];                       // byte -> its printable stand-in (UTF-8)
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
   int32_t eos_id_ = -1;
 };

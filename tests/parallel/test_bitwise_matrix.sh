@@ -20,25 +20,17 @@ start_test
 
 small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 64 "$tmp/vocab" \
   || { echo "FAIL: data prepare"; exit 1; }
-cat > "$tmp/m.yaml" <<YAML
-max_seq_len: 64
-model: {name: gpt2, n_layers: 4, n_heads: 4, d_model: 256, vocab_size: $small_vocab_size}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: decoupled_adamw, lr: 6.0e-4, betas: [0.9, 0.95], weight_decay: 0.1}
-scheduler: {name: cosine_with_warmup, t_warmup: 5ba, alpha_f: 0.1}
-algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
-max_duration: 20ba
-global_train_batch_size: 12
-seed: 5
-YAML
+# tests/configs/tiny-gpt2.yaml at 64 tokens, grown to 4 layers of width 256 with 4 heads.
+m=(variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" max_seq_len=64 model.n_layers=4 model.n_heads=4
+   model.d_model=256 eval_loader=null optimizer.lr=6.0e-4 scheduler.t_warmup=5ba max_duration=20ba
+   global_train_batch_size=12 seed=5)
 
 # train NAME RANKS MICROBATCH ZERO_STAGE [OVERRIDES...]
 train() {
   local name="$1" np="$2" mb="$3" zero="$4"
   shift 4
-  if ! mpirun_anvil "$np" "$anvil" train "$tmp/m.yaml" run_dir="$tmp/$name" device_train_microbatch_size="$mb" \
-      distributed.zero_stage="$zero" "$@" > "$tmp/$name.out" 2>&1; then
+  if ! train_run tiny-gpt2 "$name" "$np" "${m[@]}" device_train_microbatch_size="$mb" distributed.zero_stage="$zero" \
+      "$@"; then
     fail "$name: training on $np rank(s) failed"; tail -20 "$tmp/$name.out"
   fi
 }

@@ -17,27 +17,13 @@ start_test
 small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
   || { echo "FAIL: data prepare"; exit 1; }
 
-cat > "$tmp/dp.yaml" <<YAML
-max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: $small_vocab_size}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
-optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
-scheduler: {name: cosine_with_warmup, t_warmup: 3ba, alpha_f: 0.1}
-algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
-max_duration: 12ba
-eval_interval: 6ba
-eval_subset_num_batches: 3
-global_train_batch_size: 12
-device_eval_batch_size: 4
-seed: 3
-YAML
-
+# tests/configs/tiny-gpt2.yaml on a global batch of 12 (1, 2, 3, 4 and 6 divide it).
+dp=(variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" global_train_batch_size=12 device_eval_batch_size=4
+    eval_subset_num_batches=3 seed=3)
 # train NAME RANKS OVERRIDES...
 train() {
   local name="$1" np="$2"; shift 2
-  if ! mpirun_anvil "$np" "$anvil" train "$tmp/dp.yaml" run_dir="$tmp/$name" "$@" > "$tmp/$name.out" 2>&1; then
+  if ! train_run tiny-gpt2 "$name" "$np" "${dp[@]}" "$@"; then
     fail "$name: training on $np rank(s) failed"; tail -20 "$tmp/$name.out"
   fi
 }
@@ -73,8 +59,7 @@ awk -v p="$pct" 'BEGIN { exit !(p < 40) }' && echo "ok: ZeRO-3 on 4 ranks holds 
   || fail "ZeRO-3 on 4 ranks holds '$pct'% of the unsharded model states (want < 40)"
 
 # SIGKILL of rank 2 mid-training: the whole job ends within 60 s and names the lost rank.
-mpirun_anvil 4 "$anvil" train "$tmp/dp.yaml" run_dir="$tmp/killed" max_duration=100000ba \
-  device_train_microbatch_size=3 dist_timeout=30 > "$tmp/killed.out" 2>&1 &
+train_run tiny-gpt2 killed 4 "${dp[@]}" max_duration=100000ba device_train_microbatch_size=3 dist_timeout=30 &
 job=$!
 for _ in $(seq 1 300); do
   [ -f "$tmp/killed/metrics.jsonl" ] && [ "$(grep -c '"loss"' "$tmp/killed/metrics.jsonl")" -ge 3 ] && break

@@ -32,21 +32,12 @@ grep -q "^launch: srun (SLURM job [0-9]*, 2 node(s), this one 0); rank 0 of 4, l
 
 small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
   || { fail "data prepare"; exit 1; }
-cat > "$tmp/s.yaml" <<YAML
-max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: $small_vocab_size}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}}
-optimizer: {name: decoupled_adamw, lr: 3.0e-3}
-scheduler: {name: cosine_with_warmup, t_warmup: 2ba}
-max_duration: 8ba
-global_train_batch_size: 8
-device_train_microbatch_size: 2
-distributed: {zero_stage: 2}
-YAML
+# tests/configs/tiny-gpt2.yaml under ZeRO-2, microbatch 2, 8 steps.
+s=("$src/tests/configs/tiny-gpt2.yaml" variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" max_duration=8ba
+   device_train_microbatch_size=2 distributed.zero_stage=2)
 digest() { "$anvil" inspect "$1" 2> /dev/null | sed -n 's/^weights sha256: //p'; }
-"$anvil" train "$tmp/s.yaml" run_dir="$tmp/one" > "$tmp/one.out" 2>&1 || { fail "one-process run"; tail "$tmp/one.out"; }
-if timeout 600 "${tasks[@]}" "$anvil" train "$tmp/s.yaml" run_dir="$tmp/srun" > "$tmp/srun.out" 2>&1; then
+"$anvil" train "${s[@]}" run_dir="$tmp/one" > "$tmp/one.out" 2>&1 || { fail "one-process run"; tail "$tmp/one.out"; }
+if timeout 600 "${tasks[@]}" "$anvil" train "${s[@]}" run_dir="$tmp/srun" > "$tmp/srun.out" 2>&1; then
   want=$(digest "$tmp/one") got=$(digest "$tmp/srun")
   [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "distributed: 4 ranks (2 on this host) via .*launched by srun" \
       "$tmp/srun/train.log" \
@@ -56,7 +47,7 @@ else
   fail "srun training run"; tail -20 "$tmp/srun.out"
 fi
 # anvil submit: --dry-run prints the batch script and writes nothing.
-"$anvil" submit "$tmp/s.yaml" run_dir="$tmp/job" --nodes 2 --tasks-per-node 2 --time 10:00 --dry-run > "$tmp/dry.out" 2>&1
+"$anvil" submit "${s[@]}" run_dir="$tmp/job" --nodes 2 --tasks-per-node 2 --time 10:00 --dry-run > "$tmp/dry.out" 2>&1
 grep -q "^#SBATCH --nodes=2$" "$tmp/dry.out" && grep -q "^#SBATCH --ntasks-per-node=2$" "$tmp/dry.out" \
   && grep -q "^#SBATCH --requeue$" "$tmp/dry.out" && grep -q "^#SBATCH --signal=USR1@120$" "$tmp/dry.out" \
   && grep -q "^srun --mpi=pmix" "$tmp/dry.out" && [ ! -e "$tmp/job" ] \
@@ -65,8 +56,8 @@ grep -q "^#SBATCH --nodes=2$" "$tmp/dry.out" && grep -q "^#SBATCH --ntasks-per-n
 
 # A submitted job, requeued once it has trained a few steps, continues bit for bit.
 steps=40
-"$anvil" train "$tmp/s.yaml" run_dir="$tmp/one-long" max_duration=${steps}ba > /dev/null 2>&1 || fail "one-process long run"
-"$anvil" submit "$tmp/s.yaml" run_dir="$tmp/job" max_duration=${steps}ba --nodes 2 --tasks-per-node 2 \
+"$anvil" train "${s[@]}" run_dir="$tmp/one-long" max_duration=${steps}ba > /dev/null 2>&1 || fail "one-process long run"
+"$anvil" submit "${s[@]}" run_dir="$tmp/job" max_duration=${steps}ba --nodes 2 --tasks-per-node 2 \
   > "$tmp/submit.out" 2>&1
 job=$(sed -n 's/^submitted job \([0-9]*\):.*/\1/p' "$tmp/submit.out")
 if [ -n "$job" ]; then

@@ -12,32 +12,14 @@ source "$src/tests/lib.sh"
 start_test
 
 pretrain_for_finetuning "$anvil" "$src" || { failures=1; exit 1; }
+have_mpirun || skip "the 2-rank runs (no mpirun): the digests below compare the 1-rank runs"
 
-cat > "$tmp/sft.yaml" <<YAML
-max_seq_len: 128
-model: {$small_gpt2_model}
-tokenizer: {name: $tmp/vocab}
-train_loader:
-  name: finetuning
-  dataset: {hf_name: $tmp/records, split: train, shuffle: true}
-eval_loader:
-  name: finetuning
-  dataset: {hf_name: $tmp/records, split: validation}
-optimizer: {name: adamw, lr: 2.0e-3}
-load_path: $tmp/pre
-load_weights_only: true
-max_duration: 40ba
-eval_interval: 20ba
-eval_first: true
-global_train_batch_size: 16
-device_train_microbatch_size: 8
-device_eval_batch_size: 32
-precision: fp32
-deterministic_mode: true
-YAML
+# tests/configs/tiny-sft.yaml from the pretrained weights alone, in deterministic mode.
+sft=("$src/tests/configs/tiny-sft.yaml" variables.records="$tmp/records" variables.tokenizer="$tmp/vocab"
+     variables.pretrained="$tmp/pre" load_weights_only=true deterministic_mode=true)
 
 # The user's run: records read directly, eval loss before, midway and after.
-if "$anvil" train "$tmp/sft.yaml" run_dir="$tmp/sft" > "$tmp/sft.out" 2>&1; then
+if "$anvil" train "${sft[@]}" run_dir="$tmp/sft" > "$tmp/sft.out" 2>&1; then
   read -r before mid after <<< "$(eval_losses "$tmp/sft")"
   if /usr/bin/python3 -c "import sys; b, a = float(sys.argv[1]), float(sys.argv[2]); sys.exit(0 if a < 0.7 * b else 1)" \
        "$before" "$after"; then
@@ -81,18 +63,18 @@ fi
 # The determinism contract holds for fine-tuning runs: 6 steps, cut as microbatches of 8 or 2,
 # on 1 rank or 2 (ZeRO-2), from JSON lines or from the same records prepared to MDS.
 short=(max_duration=6ba eval_interval=6ba eval_first=false)
-"$anvil" train "$tmp/sft.yaml" "${short[@]}" run_dir="$tmp/d8" > "$tmp/d8.out" 2>&1
-"$anvil" train "$tmp/sft.yaml" "${short[@]}" device_train_microbatch_size=2 train_loader.num_workers=2 \
+"$anvil" train "${sft[@]}" "${short[@]}" run_dir="$tmp/d8" > "$tmp/d8.out" 2>&1
+"$anvil" train "${sft[@]}" "${short[@]}" device_train_microbatch_size=2 train_loader.num_workers=2 \
   run_dir="$tmp/d2" > "$tmp/d2.out" 2>&1
-mpirun_anvil 2 "$anvil" train "$tmp/sft.yaml" "${short[@]}" distributed.zero_stage=2 run_dir="$tmp/dp2" \
+have_mpirun && mpirun_anvil 2 "$anvil" train "${sft[@]}" "${short[@]}" distributed.zero_stage=2 run_dir="$tmp/dp2" \
   > "$tmp/dp2.out" 2>&1
 "$anvil" data prepare --format finetuning --tokenizer "$tmp/vocab" --max-seq-len 128 --out "$tmp/ftmds" \
   "$tmp/records" > "$tmp/prep.out" 2>&1
-"$anvil" train "$tmp/sft.yaml" "${short[@]}" train_loader.dataset.hf_name=null \
+"$anvil" train "${sft[@]}" "${short[@]}" train_loader.dataset.hf_name=null \
   train_loader.dataset.local="$tmp/ftmds" eval_loader.dataset.hf_name=null eval_loader.dataset.local="$tmp/ftmds" \
   run_dir="$tmp/mds" > "$tmp/mds.out" 2>&1
 d8=$(checkpoint_digest "$tmp/d8")
-if [ -n "$d8" ] && [ "$d8" = "$(checkpoint_digest "$tmp/d2")" ] && [ "$d8" = "$(checkpoint_digest "$tmp/dp2")" ] &&
+if [ -n "$d8" ] && [ "$d8" = "$(checkpoint_digest "$tmp/d2")" ] && { ! have_mpirun || [ "$d8" = "$(checkpoint_digest "$tmp/dp2")" ]; } &&
    [ "$d8" = "$(checkpoint_digest "$tmp/mds")" ]; then
   pass "one weights digest for microbatch 8 and 2, 1 rank and 2 ranks (ZeRO-2), JSONL and prepared MDS: ${d8:0:16}"
 else
@@ -102,13 +84,13 @@ fi
 
 # Packed examples (packing_ratio): the same contract, and the packing is reported.
 packed=("${short[@]}" train_loader.dataset.packing_ratio=1.5)
-"$anvil" train "$tmp/sft.yaml" "${packed[@]}" run_dir="$tmp/p8" > "$tmp/p8.out" 2>&1
-"$anvil" train "$tmp/sft.yaml" "${packed[@]}" device_train_microbatch_size=2 train_loader.num_workers=2 \
+"$anvil" train "${sft[@]}" "${packed[@]}" run_dir="$tmp/p8" > "$tmp/p8.out" 2>&1
+"$anvil" train "${sft[@]}" "${packed[@]}" device_train_microbatch_size=2 train_loader.num_workers=2 \
   run_dir="$tmp/p2" > "$tmp/p2.out" 2>&1
-mpirun_anvil 2 "$anvil" train "$tmp/sft.yaml" "${packed[@]}" distributed.zero_stage=3 run_dir="$tmp/pdp2" \
+have_mpirun && mpirun_anvil 2 "$anvil" train "${sft[@]}" "${packed[@]}" distributed.zero_stage=3 run_dir="$tmp/pdp2" \
   > "$tmp/pdp2.out" 2>&1
 p8=$(checkpoint_digest "$tmp/p8")
-if [ -n "$p8" ] && [ "$p8" = "$(checkpoint_digest "$tmp/p2")" ] && [ "$p8" = "$(checkpoint_digest "$tmp/pdp2")" ] && [ "$p8" != "$d8" ] &&
+if [ -n "$p8" ] && [ "$p8" = "$(checkpoint_digest "$tmp/p2")" ] && { ! have_mpirun || [ "$p8" = "$(checkpoint_digest "$tmp/pdp2")" ]; } && [ "$p8" != "$d8" ] &&
    grep -q "packing (packing_ratio 1.5): [0-9]* examples in 96 sequences over the run" "$tmp/p8/train.log"; then
   pass "packed: one digest for microbatch 8 and 2 and 2 ranks (ZeRO-3): ${p8:0:16}; $(grep -o '[0-9]* examples in 96 sequences over the run, [0-9.]* per sequence' "$tmp/p8/train.log")"
 else
@@ -119,8 +101,8 @@ fi
 # max_seq_len 512 far shorter, with the same weights (a fresh model: the pretrained one has 128
 # positions).
 trim=(max_seq_len=512 load_path=null max_duration=4ba eval_interval=4ba eval_first=false)
-"$anvil" train "$tmp/sft.yaml" "${trim[@]}" run_dir="$tmp/t0" > "$tmp/t0.out" 2>&1
-"$anvil" train "$tmp/sft.yaml" "${trim[@]}" train_loader.dataset.allow_pad_trimming=true device_train_microbatch_size=4 \
+"$anvil" train "${sft[@]}" "${trim[@]}" run_dir="$tmp/t0" > "$tmp/t0.out" 2>&1
+"$anvil" train "${sft[@]}" "${trim[@]}" train_loader.dataset.allow_pad_trimming=true device_train_microbatch_size=4 \
   run_dir="$tmp/t1" > "$tmp/t1.out" 2>&1
 cut=$(grep -o 'cut to [0-9]* of max_seq_len 512' "$tmp/t1/train.log" | cut -d' ' -f3)
 if [ -n "$(checkpoint_digest "$tmp/t0")" ] && [ "$(checkpoint_digest "$tmp/t0")" = "$(checkpoint_digest "$tmp/t1")" ] && [ "${cut:-512}" -lt 512 ]; then
@@ -144,7 +126,7 @@ with open(sys.argv[3], "w") as f:
         f.write(json.dumps({"turns": turns}) + "\n")
 PY
 /usr/bin/python3 "$src/tests/data/mds_reference.py" --write-turns "$tmp/foundry.jsonl" "$tmp/foundry/validation"
-if "$anvil" train "$tmp/sft.yaml" "${short[@]}" max_duration=2ba eval_loader.dataset.hf_name=null \
+if "$anvil" train "${sft[@]}" "${short[@]}" max_duration=2ba eval_loader.dataset.hf_name=null \
      eval_loader.dataset.local="$tmp/foundry" eval_first=true run_dir="$tmp/foundry-run" > "$tmp/foundry.out" 2>&1 &&
    [ "$(eval_losses "$tmp/foundry-run" | cut -d' ' -f1)" = "${before:-none}" ]; then
   pass "a turns dataset written as Foundry writes it evaluates as anvil's own before training: $before"
@@ -157,21 +139,22 @@ mkdir -p "$tmp/bad"
 printf '%s\n' '{"prompt": "a", "response": "b"}' \
   '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hello"}]}' > "$tmp/bad/train.jsonl"
 expect_error "a chat record with an unknown role" "train.jsonl:2: message 1: unknown role 'bot'" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.hf_name="$tmp/bad" run_dir="$tmp/bad-run"
+  "$anvil" train "${sft[@]}" train_loader.dataset.hf_name="$tmp/bad" run_dir="$tmp/bad-run"
 expect_error "Foundry's preprocessing_fn" "preprocessing_fn 'my.mod:fn' names Python code" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.preprocessing_fn=my.mod:fn run_dir="$tmp/e1"
+  "$anvil" train "${sft[@]}" train_loader.dataset.preprocessing_fn=my.mod:fn run_dir="$tmp/e1"
 expect_error "a hub dataset name" "does not download from the Hugging Face hub" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.hf_name=tatsu-lab/alpaca run_dir="$tmp/e2"
+  "$anvil" train "${sft[@]}" train_loader.dataset.hf_name=tatsu-lab/alpaca run_dir="$tmp/e2"
 expect_error "a text loader on fine-tuning examples" "read it with train_loader.name: finetuning" \
-  "$anvil" train "$tmp/pretrain.yaml" train_loader.dataset.local="$tmp/ftmds" run_dir="$tmp/e3"
+  "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" "${pretrain[@]}" train_loader.dataset.local="$tmp/ftmds" \
+  run_dir="$tmp/e3"
 expect_error "a finetuning loader on pretraining text" "the dataset holds token sequences" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.hf_name=null train_loader.dataset.local="$tmp/data" \
+  "$anvil" train "${sft[@]}" train_loader.dataset.hf_name=null train_loader.dataset.local="$tmp/data" \
   run_dir="$tmp/e4"
 expect_error "an unknown target policy" "target_prompts 'some' is not known" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.target_prompts=some run_dir="$tmp/e5"
+  "$anvil" train "${sft[@]}" train_loader.dataset.target_prompts=some run_dir="$tmp/e5"
 expect_error "packing_ratio auto" "auto (profiling for a ratio) is not supported" \
-  "$anvil" train "$tmp/sft.yaml" train_loader.dataset.packing_ratio=auto run_dir="$tmp/e6"
+  "$anvil" train "${sft[@]}" train_loader.dataset.packing_ratio=auto run_dir="$tmp/e6"
 expect_error "packing the eval loader" "packing is for the train loader" \
-  "$anvil" train "$tmp/sft.yaml" eval_loader.dataset.packing_ratio=2 run_dir="$tmp/e7"
+  "$anvil" train "${sft[@]}" eval_loader.dataset.packing_ratio=2 run_dir="$tmp/e7"
 
 [ "$failures" -eq 0 ]

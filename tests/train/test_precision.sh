@@ -11,26 +11,13 @@ export OMP_NUM_THREADS=2
 start_test
 
 prepare_brown_news "$anvil" "$src" "$tmp" || { echo "FAIL: data prepare"; exit 1; }
-cat > "$tmp/r.yaml" <<YAML
-max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 64, vocab_size: 50257}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
-eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
-optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
-scheduler: {name: cosine_with_warmup, t_warmup: 5ba, t_max: 60ba, alpha_f: 0.1}
-algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
-max_duration: 60ba
-eval_interval: 60ba
-eval_first: true
-eval_subset_num_batches: 4
-global_train_batch_size: 8
-device_train_microbatch_size: 4
-save_interval: 30ba
-seed: 11
-YAML
+# tests/configs/tiny-gpt2.yaml at width 64 on GPT-2's whole vocabulary, 60 steps.
+r=("$src/tests/configs/tiny-gpt2.yaml" variables.data="$tmp/data" variables.tokenizer=gpt2 model.d_model=64
+   model.vocab_size=50257 train_loader.num_workers=1 scheduler.t_warmup=5ba scheduler.t_max=60ba max_duration=60ba
+   eval_interval=60ba eval_first=true eval_subset_num_batches=4 save_interval=30ba)
 final_eval() { sed -n 's/^eval loss: [0-9.]* before training, \([0-9.]*\) after.*/\1/p' "$1"; }
 for p in fp32 amp_bf16 amp_fp16; do
-  "$anvil" train "$tmp/r.yaml" run_dir="$tmp/$p" precision=$p > "$tmp/$p.out" 2>&1 || { fail "$p run"; tail "$tmp/$p.out"; }
+  "$anvil" train "${r[@]}" run_dir="$tmp/$p" precision=$p > "$tmp/$p.out" 2>&1 || { fail "$p run"; tail "$tmp/$p.out"; }
 done
 ref=$(final_eval "$tmp/fp32.out")
 for p in amp_bf16 amp_fp16; do
@@ -40,7 +27,7 @@ for p in amp_bf16 amp_fp16; do
 done
 
 # An overflow at the start: skipped, reported, backed off, recovered.
-"$anvil" train "$tmp/r.yaml" run_dir="$tmp/ov" precision=amp_fp16 loss_scaler.init_scale=1099511627776 \
+"$anvil" train "${r[@]}" run_dir="$tmp/ov" precision=amp_fp16 loss_scaler.init_scale=1099511627776 \
   loss_scaler.growth_interval=10 max_duration=30ba > "$tmp/ov.out" 2>&1 || { fail "overflow run"; tail "$tmp/ov.out"; }
 skipped=$(sed -n 's/^skipped steps (fp16 overflow): //p' "$tmp/ov.out")
 first=$(grep -m1 '"loss"' "$tmp/ov/metrics.jsonl" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['loss_scale'])")
@@ -50,7 +37,7 @@ grep -q "step 1: fp16 gradients overflowed at loss scale 2^40; step skipped" "$t
   && pass "loss scale 2^40: $skipped steps skipped and reported, then training at scale/loss $last (first $first)" \
   || fail "overflow recovery: skipped '$skipped', last scale/loss '$last'"
 grep -q '"loss_scaler"' "$tmp/ov/checkpoints/step-00000030/manifest.json" \
-  && "$anvil" train "$tmp/r.yaml" run_dir="$tmp/ov" precision=amp_fp16 loss_scaler.init_scale=1099511627776 \
+  && "$anvil" train "${r[@]}" run_dir="$tmp/ov" precision=amp_fp16 loss_scaler.init_scale=1099511627776 \
        loss_scaler.growth_interval=10 max_duration=40ba autoresume=true > "$tmp/ov2.out" 2>&1 \
   && ! grep -q "overflowed at loss scale 2^40" "$tmp/ov2.out" \
   && pass "the checkpoint holds the loss scaler; the resumed run continues at its scale, not 2^40" \

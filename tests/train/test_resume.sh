@@ -25,27 +25,13 @@ start_test
 
 small_gpt2_vocab "$src" "$tmp/vocab" && prepare_brown_news "$anvil" "$src" "$tmp" 32 "$tmp/vocab" \
   || { echo "FAIL: data prepare"; exit 1; }
-cat > "$tmp/r.yaml" <<YAML
-max_seq_len: 32
-model: {name: gpt2, n_layers: 2, n_heads: 2, d_model: 32, vocab_size: $small_vocab_size}
-tokenizer: {name: $tmp/vocab}
-train_loader: {name: text, dataset: {local: $tmp/data, split: train}, num_workers: 1}
-eval_loader: {name: text, dataset: {local: $tmp/data, split: val, shuffle: false}}
-optimizer: {name: decoupled_adamw, lr: 3.0e-3, betas: [0.9, 0.95], weight_decay: 0.1}
-scheduler: {name: cosine_with_warmup, t_warmup: 3ba, t_max: 20ba, alpha_f: 0.1}
-algorithms: {gradient_clipping: {clipping_type: norm, clipping_threshold: 1.0}}
-max_duration: 20ba
-eval_interval: 6ba
-eval_subset_num_batches: 2
-global_train_batch_size: 8
-device_train_microbatch_size: 4
-save_interval: 5ba
-seed: 11
-YAML
+# tests/configs/tiny-gpt2.yaml for 20 steps, a checkpoint every 5.
+r=(variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" train_loader.num_workers=1 max_duration=20ba
+   scheduler.t_max=20ba save_interval=5ba)
 # run NAME RANKS OVERRIDES...: train; the run's output is in NAME.out.
 run() {
   local name="$1" np="$2"; shift 2
-  mpirun_anvil "$np" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/$name" "$@" >> "$tmp/$name.out" 2>&1
+  train_run tiny-gpt2 "$name" "$np" "${r[@]}" "$@"
 }
 digest() { "$anvil" inspect "$1" 2>/dev/null | sed -n 's/^weights sha256: //p'; }
 
@@ -67,14 +53,18 @@ steps=$(grep -c '"loss"' "$tmp/same/metrics.jsonl")
 [ "$steps" -eq 20 ] && pass "metrics.jsonl holds each of the 20 steps once" || fail "metrics.jsonl has $steps step rows"
 
 # Stop at 7 on 2 ranks (ZeRO-1), resume on 4 ranks (ZeRO-3, microbatch 1) through load_path.
-run w2 2 max_duration=7ba distributed.zero_stage=1 || { fail "2-rank run"; tail "$tmp/w2.out"; }
-run w4 4 load_path="$tmp/w2/checkpoints/step-00000007" distributed.zero_stage=3 device_train_microbatch_size=1 \
-  || { fail "4-rank resume"; tail "$tmp/w4.out"; }
-cp "$tmp"/w2/metrics.jsonl "$tmp/w2w4.jsonl"; grep '"loss"' "$tmp/w4/metrics.jsonl" >> "$tmp/w2w4.jsonl"
-mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tmp/w4/checkpoints" "$tmp/w2w4/"
-/usr/bin/python3 "$src/tests/parallel/compare_runs.py" 0 "$tmp/full" "$tmp/w2w4" \
-  && pass "2 ranks to step 7, then 4 ranks with ZeRO-3 to step 20: the uninterrupted run's bits" \
-  || fail "resume across world sizes strays from the uninterrupted run"
+if have_mpirun; then
+  run w2 2 max_duration=7ba distributed.zero_stage=1 || { fail "2-rank run"; tail "$tmp/w2.out"; }
+  run w4 4 load_path="$tmp/w2/checkpoints/step-00000007" distributed.zero_stage=3 device_train_microbatch_size=1 \
+    || { fail "4-rank resume"; tail "$tmp/w4.out"; }
+  cp "$tmp"/w2/metrics.jsonl "$tmp/w2w4.jsonl"; grep '"loss"' "$tmp/w4/metrics.jsonl" >> "$tmp/w2w4.jsonl"
+  mkdir -p "$tmp/w2w4"; mv "$tmp/w2w4.jsonl" "$tmp/w2w4/metrics.jsonl"; cp -r "$tmp/w4/checkpoints" "$tmp/w2w4/"
+  /usr/bin/python3 "$src/tests/parallel/compare_runs.py" 0 "$tmp/full" "$tmp/w2w4" \
+    && pass "2 ranks to step 7, then 4 ranks with ZeRO-3 to step 20: the uninterrupted run's bits" \
+    || fail "resume across world sizes strays from the uninterrupted run"
+else
+  skip "resume across world sizes (no mpirun)"
+fi
 
 # A fine-tune from load_path's weights (load_weights_only) stopped at 7 and restarted with
 # autoresume continues from its own step 7, not from load_path again: the digest of an
@@ -116,32 +106,38 @@ grep -q "autoresume: skipping .*step-00000010.*does not match its checksum" "$tm
 bad="$tmp/bad"; cp -r "$tmp/full/checkpoints/step-00000020" "$bad"
 truncate -s 1000 "$bad/shard-00000-of-00001.safetensors"
 expect_error "truncated checkpoint" "shard-00000-of-00001.safetensors.* is truncated" \
-  "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t1" load_path="$bad"
-cp -r "$tmp/w2/checkpoints/step-00000007" "$tmp/bad2"; rm "$tmp/bad2/shard-00001-of-00002.safetensors"
-expect_error "missing shard" "shard file 'shard-00001-of-00002.safetensors' is missing" \
-  "$anvil" train "$tmp/r.yaml" run_dir="$tmp/t2" load_path="$tmp/bad2"
+  "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" "${r[@]}" run_dir="$tmp/t1" load_path="$bad"
+if have_mpirun; then
+  cp -r "$tmp/w2/checkpoints/step-00000007" "$tmp/bad2"; rm "$tmp/bad2/shard-00001-of-00002.safetensors"
+  expect_error "missing shard" "shard file 'shard-00001-of-00002.safetensors' is missing" \
+    "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" "${r[@]}" run_dir="$tmp/t2" load_path="$tmp/bad2"
+fi
 cp -r "$tmp/full/checkpoints/step-00000020" "$tmp/bad3"; sed -i 's/"version": [0-9]*/"version": 99/' "$tmp/bad3/manifest.json"
 expect_error "newer format" "format version 99, newer than this anvil reads" "$anvil" inspect "$tmp/bad3"
 # Preemption: SIGTERM to one rank (the newest process of the job) once a few steps are done.
-mpirun_anvil 2 "$anvil" train "$tmp/r.yaml" run_dir="$tmp/sig" max_duration=100000ba > "$tmp/sig.out" 2>&1 &
-job=$!
-for _ in $(seq 600); do
-  [ "$(grep -c '"loss"' "$tmp/sig/metrics.jsonl" 2>/dev/null)" -ge 3 ] && break
-  sleep 0.1
-done
-pkill -TERM -n -f "run_dir=$tmp/sig max_duration=100000ba"
-wait "$job"; rc=$?
-k=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\);.*/\1/p' "$tmp/sig.out")
-if [ "$rc" -eq 75 ] && [ -n "$k" ] && [ -d "$tmp/sig/checkpoints/step-$(printf %08d "$k")" ]; then
-  pass "SIGTERM to one of 2 ranks: both stopped after step $k with its checkpoint, exit status 75"
-  end=$((k + 3))
-  run sig 2 autoresume=true max_duration=${end}ba || fail "autoresume after SIGTERM"
-  run sig_full 2 max_duration=${end}ba || fail "uninterrupted run to $end"
-  [ -n "$(digest "$tmp/sig")" ] && [ "$(digest "$tmp/sig")" = "$(digest "$tmp/sig_full")" ] \
-    && pass "autoresume after the SIGTERM to step $end: the uninterrupted run's digest" \
-    || fail "after SIGTERM: digest $(digest "$tmp/sig"), want $(digest "$tmp/sig_full")"
+if have_mpirun; then
+  run sig 2 max_duration=100000ba &
+  job=$!
+  for _ in $(seq 600); do
+    steps=$(grep -c '"loss"' "$tmp/sig/metrics.jsonl" 2>/dev/null); [ "${steps:-0}" -ge 3 ] && break
+    sleep 0.1
+  done
+  pkill -TERM -n -f "run_dir=$tmp/sig .*max_duration=100000ba"
+  wait "$job"; rc=$?
+  k=$(sed -n 's/^stopped by SIGTERM after step \([0-9]*\);.*/\1/p' "$tmp/sig.out")
+  if [ "$rc" -eq 75 ] && [ -n "$k" ] && [ -d "$tmp/sig/checkpoints/step-$(printf %08d "$k")" ]; then
+    pass "SIGTERM to one of 2 ranks: both stopped after step $k with its checkpoint, exit status 75"
+    end=$((k + 3))
+    run sig 2 autoresume=true max_duration=${end}ba || fail "autoresume after SIGTERM"
+    run sig_full 2 max_duration=${end}ba || fail "uninterrupted run to $end"
+    [ -n "$(digest "$tmp/sig")" ] && [ "$(digest "$tmp/sig")" = "$(digest "$tmp/sig_full")" ] \
+      && pass "autoresume after the SIGTERM to step $end: the uninterrupted run's digest" \
+      || fail "after SIGTERM: digest $(digest "$tmp/sig"), want $(digest "$tmp/sig_full")"
+  else
+    fail "SIGTERM: exit status $rc, stopped after '$k'"; tail -5 "$tmp/sig.out"
+  fi
 else
-  fail "SIGTERM: exit status $rc, stopped after '$k'"; tail -5 "$tmp/sig.out"
+  skip "SIGTERM to one of 2 ranks (no mpirun)"
 fi
 
 # A full disk: a 1 MiB tmpfs holds the step-5 checkpoint (about 0.7 MiB) but not the next.
@@ -181,5 +177,5 @@ else
   echo "skipped: full-disk checks (mounting a tmpfs needs root)"
 fi
 
-expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$tmp/r.yaml" run_dir="$tmp/full"
+expect_error "existing run without autoresume" "continue it with autoresume=true" "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" "${r[@]}" run_dir="$tmp/full"
 [ "$failures" -eq 0 ]

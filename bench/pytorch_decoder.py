@@ -70,27 +70,34 @@ class Block(nn.Module):
     def __init__(self, m, sdpa):
         super().__init__()
         d, bias = m["d_model"], m["linear_bias"]
-        self.nh, self.nkv, self.hs, self.sdpa = m["n_heads"], m["n_kv_heads"], d // m["n_heads"], sdpa
+        self.nh, self.nkv, self.sdpa = m["n_heads"], m["n_kv_heads"], sdpa
+        self.hs = m.get("head_dim", d // self.nh)
         self.attn_p, self.resid_p = m.get("attn_pdrop", 0.0), m.get("resid_pdrop", 0.0)
         self.norm1, self.norm2 = make_norm(m), make_norm(m)
-        # LLM Foundry's qk_ln: the block's norm over all the queries and over all the keys.
-        self.qk_norm = m.get("qk_norm", False)
-        if self.qk_norm:
-            self.q_ln, self.k_ln = make_norm(m), make_norm(m, self.nkv * self.hs)
-        self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * self.hs, bias=bias)
-        self.proj = nn.Linear(d, d, bias=bias)
+        # LLM Foundry's qk_ln ("whole"): the block's norm over all the queries and over all the keys;
+        # Qwen3's q_norm and k_norm ("per_head"): one over each head's channels.
+        self.qk_norm = m.get("qk_norm", "none")
+        if self.qk_norm == "whole":
+            self.q_ln, self.k_ln = make_norm(m, self.nh * self.hs), make_norm(m, self.nkv * self.hs)
+        elif self.qk_norm == "per_head":
+            self.q_ln, self.k_ln = make_norm(m, self.hs), make_norm(m, self.hs)
+        self.qkv = nn.Linear(d, (self.nh + 2 * self.nkv) * self.hs, bias=bias or m.get("qkv_bias", False))
+        self.proj = nn.Linear(self.nh * self.hs, d, bias=bias)
         self.swiglu, hidden = m["mlp"] == "swiglu", m["mlp_hidden"]
         self.gelu = "tanh" if m["mlp"] == "gelu_tanh" else "none"
         self.up = nn.Linear(d, 2 * hidden if self.swiglu else hidden, bias=bias)  # SwiGLU: gate | up
         self.down = nn.Linear(hidden, d, bias=bias)
 
     def forward(self, x, pos):
-        B, T, C = x.shape
+        B, T, _ = x.shape
         q, k, v = self.qkv(self.norm1(x)).split([self.nh * self.hs, self.nkv * self.hs, self.nkv * self.hs], -1)
-        if self.qk_norm:
+        if self.qk_norm == "whole":
             q, k = self.q_ln(q), self.k_ln(k)
-        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)
-        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)
+        q = q.view(B, T, self.nh, self.hs)
+        k = k.view(B, T, self.nkv, self.hs)
+        if self.qk_norm == "per_head":
+            q, k = self.q_ln(q), self.k_ln(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(B, T, self.nkv, self.hs).transpose(1, 2)
         if pos.get("cos") is not None:
             cos, sin = pos["cos"][:T].to(q.dtype), pos["sin"][:T].to(q.dtype)
@@ -105,7 +112,7 @@ class Block(nn.Module):
         else:
             att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs) + bias
             y = drop(att.softmax(dim=-1), self.attn_p) @ v
-        x = x + drop(self.proj(y.transpose(1, 2).reshape(B, T, C)), self.resid_p)
+        x = x + drop(self.proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hs)), self.resid_p)
         h = self.up(self.norm2(x))
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
@@ -125,7 +132,8 @@ class Decoder(nn.Module):
         self.blocks = nn.ModuleList(Block(m, sdpa) for _ in range(m["n_layers"]))
         self.norm_f = make_norm(m)
         self.lm_head = None if m["tied_embeddings"] else nn.Linear(d, V, bias=False)
-        nh, hs = m["n_heads"], d // m["n_heads"]
+        nh = m["n_heads"]
+        hs = m.get("head_dim", d // nh)
         i = torch.arange(seq)
         mask = torch.zeros(1, seq, seq).masked_fill(i[None, :] > i[:, None], float("-inf"))
         if m["positions"] == "alibi":  # one bias per head

@@ -10,12 +10,13 @@
 
 #include "core/dtype.h"
 #include "core/kernel_impl.h"
+#include "core/rope.h"
 
 namespace anvil {
 
 // The model's family (`model.name`): which architecture options the config fills in
 // (config/families/) and under which names they are read; one decoder builds them all.
-enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral };
+enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral, kQwen2, kQwen3 };
 enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
   kAdamW,           // PyTorch's: p -= lr·wd·p
@@ -51,7 +52,14 @@ struct Choices<ModelFamily> {
       {ModelFamily::kGpt2, "gpt2"},
       {ModelFamily::kMpt, "mpt_causal_lm"},
       {ModelFamily::kLlama, "llama"},
-      {ModelFamily::kMistral, "mistral"}};
+      {ModelFamily::kMistral, "mistral"},
+      {ModelFamily::kQwen2, "qwen2"},
+      {ModelFamily::kQwen3, "qwen3"}};
+};
+template <>
+struct Choices<RopeScalingKind> {  // transformers' rope_scaling.rope_type
+  static constexpr std::pair<RopeScalingKind, const char*> names[] = {
+      {RopeScalingKind::kNone, "default"}, {RopeScalingKind::kLinear, "linear"}, {RopeScalingKind::kLlama3, "llama3"}};
 };
 template <>
 struct Choices<ComputeDtype> {  // the `precision` key

@@ -175,6 +175,12 @@ HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file) {
     ANVIL_CHECK(original.contains(key) || fields_read.count(key), "{}: {}.{}: the config ({}) has no field '{}'",
                 file, m.full("config_overrides"), key, where, key);
   if (pretrained) out.weights_dir = fs::absolute(dir, ec).lexically_normal().string();
+  // The dtype transformers would hold the weights in (torch_dtype; dtype in transformers 5): anvil
+  // keeps fp32 master weights whatever it is, its matrix products following `precision`.
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (overridden.count(key))
+      out.notes.push_back(fmt::format("{}: {}.{} = {}: anvil keeps fp32 master weights; the matrix products follow "
+                                      "precision", file, m.full("config_overrides"), key, config[key].dump()));
   read_peft_config(m, out.model);
   m.finish();
   return out;

@@ -3,6 +3,7 @@
 // directory, or a bare published architecture name such as gpt2) with its config_overrides.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@ ModelConfig hf_model_config(const nlohmann::json& config, const std::string& whe
 struct HfCausalLm {
   ModelConfig model;
   std::string weights_dir;  // the transformers directory to load weights from; "" for none
+  std::vector<std::string> notes;  // what the run log should say of the section
 };
 HfCausalLm read_hf_causal_lm(MapReader& m, const std::string& file);
 

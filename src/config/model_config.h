@@ -9,10 +9,16 @@
 #include <vector>
 
 #include "config/choices.h"
+#include "core/rope.h"
 
 namespace anvil {
 
 enum class NormKind { kLayerNorm, kRmsNorm };
+// A norm on the queries and keys before attention (and before RoPE): none; over all the queries
+// and over all the keys of a position, before the heads split (LLM Foundry's attn_config.qk_ln);
+// or over each head's channels with one weight of head_size shared by the heads (Qwen3's q_norm
+// and k_norm).
+enum class QkNorm { kNone, kWhole, kPerHead };
 // How positions enter: a learned table added to the token embeddings (GPT-2's wpe), ALiBi's
 // bias on the attention scores, RoPE's rotation of the queries and keys, or not at all (an MPT
 // with learned_pos_emb off and neither ALiBi nor RoPE: the causal mask alone).
@@ -53,18 +59,18 @@ struct ModelConfig {
   ModelFamily name = ModelFamily::kGpt2;
 
   int n_kv_heads = 0;  // key/value heads (grouped-query attention); 0: n_heads
+  int head_dim = 0;    // a head's channels; 0: d_model / n_heads (Qwen3's and Mistral-Nemo's differ)
   NormKind norm = NormKind::kLayerNorm;
   bool norm_bias = true;    // LayerNorm's bias
   float norm_eps = 1e-5f;   // RMSNorm's eps (LayerNorm's is kernels/layernorm.h's)
-  // LLM Foundry's attn_config.qk_ln: the architecture's norm over all the queries (d_model wide)
-  // and over all the keys (kv_heads·head_size) of each position, before the heads split and RoPE.
-  bool qk_norm = false;
+  QkNorm qk_norm = QkNorm::kNone;  // the architecture's norm, on the queries and keys
   PositionKind positions = PositionKind::kLearned;
-  float rope_theta = 10000.0f;
+  RopeFrequencies rope{};  // theta and transformers' rope_scaling (core/rope.h)
   float alibi_bias_max = 8.0f;
   MlpKind mlp = MlpKind::kGeluTanh;
   int mlp_hidden = 0;       // the MLP's hidden width (SwiGLU: of each of gate and up); 0: 4·d_model
   bool linear_bias = true;  // biases on the attention and MLP products
+  bool qkv_bias = false;    // biases on the query, key and value products alone (Qwen2)
   bool tied_embeddings = true;  // the LM head is the token embedding
   InitScheme init = InitScheme::kGpt2;
   float init_std = 0.02f;   // kNormal's
@@ -79,7 +85,7 @@ struct ModelConfig {
   LoraConfig lora{};  // r 0: the whole model trains
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
-  int head_size() const { return d_model / n_heads; }
+  int head_size() const { return head_dim ? head_dim : d_model / n_heads; }
   // The widths of the fused qkv product's parts: all the queries, the keys (or the values), all.
   int q_width() const { return n_heads * head_size(); }
   int kv_width() const { return kv_heads() * head_size(); }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -56,6 +57,15 @@ Check<T> minus_one_or_positive(const char* minus_one_means) {
 template <class T>
 Check<T> only(T honoured, std::string why) {
   return {[honoured](const T& v) { return v == honoured; }, fmt::format("be {} ({})", YAML::Node(honoured).Scalar(), why)};
+}
+
+// A name from another tool's closed set, each of which anvil honours (or has nothing to do for).
+inline Check<std::string> one_of(std::vector<std::string> names) {
+  std::string listed;
+  for (size_t i = 0; i < names.size(); i++)
+    listed += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return {[names](const std::string& v) { return std::find(names.begin(), names.end(), v) != names.end(); },
+          "be " + listed};
 }
 
 // How the docs and the messages show a value.

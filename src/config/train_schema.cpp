@@ -749,6 +749,12 @@ const std::vector<Field<TrainConfig, FsdpContext>>& fsdp_fields() {
       Fsdp::accepted("limit_all_gathers", false, "accepted: a rate limit on FSDP's prefetch; anvil gathers a unit at "
                      "a time"),
       Fsdp::accepted("verbose", false, "accepted"),
+      Fsdp::accepted("state_dict_type", std::string("full"), "accepted: FSDP's checkpoint layouts; anvil writes one "
+                     "shard per rank and loads them on any number of ranks, whichever",
+                     one_of({"full", "sharded", "local"})),
+      Fsdp::accepted("backward_prefetch", std::string("BACKWARD_POST"), "accepted: when FSDP gathers the next "
+                     "parameters in the backward pass; anvil's communication thread gathers the next unit ahead",
+                     one_of({"BACKWARD_PRE", "BACKWARD_POST", "NONE"})),
       Fsdp::accepted("activation_cpu_offload", false, "`true` is an error",
                      only(false, "activations stay where the model runs; activation_checkpointing saves their "
                           "memory")),
@@ -774,6 +780,7 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
                 HfCausalLm hf = read_hf_causal_lm(m, r.file());
                 c.model = hf.model;
                 *ctx.pretrained_weights = hf.weights_dir;
+                c.config_notes.insert(c.config_notes.end(), hf.notes.begin(), hf.notes.end());
               } else {
                 read_model_section(m, c.model);
               }
@@ -783,10 +790,10 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
               write_model_section(e, c.model);
             });
         f.rows = {
-            {"name", "`gpt2`", "the model family: `gpt2`, `mpt_causal_lm` (LLM Foundry's MPT), `llama` or `mistral`; "
+            {"name", "`gpt2`", "the model family: `gpt2`, `mpt_causal_lm` (LLM Foundry's MPT), `llama`, `mistral`, `qwen2` or `qwen3`; "
              "or `hf_causal_lm`, a transformers config (and weights); their keys below"},
-            {"n_layers, n_heads, d_model", "required", "shape (every family); `d_model` must divide by `n_heads`"},
-            {"vocab_size", "50257 (`gpt2`), 50368 (`mpt_causal_lm`), 32000 (`llama`, `mistral`)", ""},
+            {"n_layers, n_heads, d_model", "required", "shape (every family); `d_model` must divide by `n_heads` unless `head_dim` (Llama-shaped families) is given"},
+            {"vocab_size", "50257 (`gpt2`), 50368 (`mpt_causal_lm`), 32000 (`llama`, `mistral`), 151936 (`qwen2`, `qwen3`)", ""},
             {"max_seq_len", "`max_seq_len`", "rows of the position embedding, where there is one"},
         };
         return f;
@@ -879,6 +886,8 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
                  "`train.log`", duration_in({Unit::kBatch}, "be a positive number of batches (e.g. 1ba)")),
       Top::value("progress_bar", &TrainConfig::progress_bar, "false: plain progress lines every few seconds instead "
                  "of a bar redrawn in place"),
+      Top::accepted("expandable_segments", false, "accepted: PyTorch's CUDA allocator option; anvil's GPU memory "
+                    "is its own caching allocator's"),
       Top::accepted("log_to_console", true, "accepted as true (anvil always logs to the console and `train.log`); "
                     "false is an error", only(true, "anvil logs to the console and train.log")),
       Top::group("callbacks", callbacks_fields(), false),

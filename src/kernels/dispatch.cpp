@@ -112,14 +112,15 @@ void check_rope_shape(int row_stride, int n_heads, int HS) {
               "in rows of {}", n_heads, HS, row_stride);
 }
 }  // namespace
-void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                  const RopeFrequencies& freqs) {
   check_rope_shape(row_stride, n_heads, HS);
-  ANVIL_DISPATCH(rope_forward, x, positions, B, T, row_stride, n_heads, HS, theta);
+  ANVIL_DISPATCH(rope_forward, x, positions, B, T, row_stride, n_heads, HS, freqs);
 }
 void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                   float theta) {
+                   const RopeFrequencies& freqs) {
   check_rope_shape(row_stride, n_heads, HS);
-  ANVIL_DISPATCH(rope_backward, dx, positions, B, T, row_stride, n_heads, HS, theta);
+  ANVIL_DISPATCH(rope_backward, dx, positions, B, T, row_stride, n_heads, HS, freqs);
 }
 void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {
   ANVIL_DISPATCH(swiglu_forward, out, inp, N, F, d);

@@ -5,12 +5,7 @@
 // between them. An implementation defined with another signature fails to link.
 #pragma once
 
-// A small function the GPU kernels share with the host code (one definition for both).
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define ANVIL_HOST_DEVICE __host__ __device__
-#else
-#define ANVIL_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 // Inside namespace anvil, after op's declaration.
 #define ANVIL_OP_IMPLEMENTATIONS(op)   \

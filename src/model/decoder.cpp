@@ -82,7 +82,7 @@ Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const Model
       lora_offset_.push_back(offset);
       offset += static_cast<size_t>(cfg.lora.r) * (m.in + m.rows);
     }
-    frozen_dnorm_.assign_zeros(norm_params());
+    frozen_dnorm_.assign_zeros(norm_params(std::max(cfg_.d_model, cfg_.q_width())));
   }
   set_max_batch(max_batch);
 }
@@ -124,7 +124,7 @@ void Decoder::set_max_batch(int max_batch) {
   losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
-  dbig_ = dsmall_ + BT * C;
+  dbig_ = dsmall_ + BT * Widths(cfg_).dsmall;
   const size_t GT = static_cast<size_t>(grain_sequences()) * T;
   const Widths w(cfg_);
   const bool swiglu = cfg_.mlp == MlpKind::kSwiglu;
@@ -396,15 +396,15 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
   round_to_dtype(x.ln1, NC, dtype());
   linear_forward(l, linear(p, BlockProduct::kQkv), x.qkv, x.ln1, adapters);
-  if (cfg_.qk_norm) qk_norm_forward(x, p);
+  if (cfg_.qk_norm != QkNorm::kNone) qk_norm_forward(x, p);
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
     rope_forward(x.qkv, positions_op(0), B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(),
-                 cfg_.rope_theta);
+                 cfg_.rope);
     round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   }
   attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B, T, attention_heads(l, 0));
-  round_to_dtype(x.atty, NC, dtype());
+  round_to_dtype(x.atty, static_cast<long>(N) * w.q, dtype());
   linear_forward(l, linear(p, BlockProduct::kAttnOut), scratch, x.atty, adapters);
   // Residual dropout on each branch's output, before it joins the stream.
   const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
@@ -420,41 +420,48 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   residual_forward(residual3, x.residual2, scratch, NC);
 }
 
-void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
-  const int N = B_ * T_, C = cfg_.d_model;
-  const Widths w(cfg_);
-  // The keys' rows (and their norm's saves) start after room for the largest microbatch's queries.
+// The queries' and the keys' columns of a qkv row, each normed as `per_position` rows of `norm`
+// channels (one row for the whole part, or one per head); their raw values and the norms' saves
+// start at `raw` and `save` (per position) in the layer's arrays, the keys' after room for the
+// largest microbatch's queries.
+Decoder::QkNormPart Decoder::qk_norm_part(bool keys) const {
   const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
-  const struct {
-    int col0, width;
-    float *raw, *mean, *rstd;
-    const float *weight, *bias;
-  } parts[] = {{0, C, x.qk_raw, x.qk_mean, x.qk_rstd, p.qlnw, p.qlnb},
-               {C, w.kv, x.qk_raw + BT * C, x.qk_mean + BT, x.qk_rstd + BT, p.klnw, p.klnb}};
-  for (const auto& q : parts) {
-    copy_columns(q.raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
-    norm_forward(acts_.scratch, q.mean, q.rstd, q.raw, q.weight, q.bias, N, q.width);
+  const int q = cfg_.q_width(), per_head = cfg_.qk_norm == QkNorm::kPerHead;
+  const int heads = keys ? cfg_.kv_heads() : cfg_.n_heads, width = keys ? cfg_.kv_width() : q;
+  const int per_position = per_head ? heads : 1;
+  return {keys ? q : 0, width, width / per_position, per_position, keys ? BT * q : 0,
+          keys ? BT * (per_head ? cfg_.n_heads : 1) : 0};
+}
+
+void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
+  const int N = B_ * T_;
+  const Widths w(cfg_);
+  for (const bool keys : {false, true}) {
+    const QkNormPart q = qk_norm_part(keys);
+    float *raw = x.qk_raw + q.raw, *mean = x.qk_mean + q.save, *rstd = x.qk_rstd + q.save;
+    copy_columns(raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
+    norm_forward(acts_.scratch, mean, rstd, raw, keys ? p.klnw : p.qlnw, keys ? p.klnb : p.qlnb,
+                 N * q.per_position, q.norm);
     copy_columns(x.qkv + q.col0, w.qkv, acts_.scratch, q.width, N, q.width);
   }
   round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
 }
 
 void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n) {
-  const int C = cfg_.d_model, N = n * T_;
+  const int N = n * T_;
   const Widths w(cfg_);
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_, r = static_cast<size_t>(b) * T_;
-  float* dnormed = dsmall_ + r * C;  // free between the attention's backward and qkv's
-  const struct {
-    int col0, width;
-    const float *raw, *mean, *rstd, *weight;
-  } parts[] = {{0, C, x.qk_raw + r * C, x.qk_mean + r, x.qk_rstd + r, p.qlnw},
-               {C, w.kv, x.qk_raw + BT * C + r * w.kv, x.qk_mean + BT + r, x.qk_rstd + BT + r, p.klnw}};
-  for (const auto& q : parts) {
-    const size_t span = norm_params(q.width), at = static_cast<size_t>(q.weight - p.ln1w);
+  const size_t r = static_cast<size_t>(b) * T_;
+  float* dnormed = dsmall_ + r * w.dsmall;  // free between the attention's backward and qkv's
+  for (const bool keys : {false, true}) {
+    const QkNormPart q = qk_norm_part(keys);
+    const float* weight = keys ? p.klnw : p.qlnw;
+    const size_t span = norm_params(q.norm), at = static_cast<size_t>(weight - p.ln1w);
+    const size_t saves = q.save + r * q.per_position;
     copy_columns(dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
     op_zero(dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
-    norm_backward(dqk_, dw, dnormed, q.raw, q.weight, q.mean, q.rstd, N, q.width);
+    norm_backward(dqk_, dw, dnormed, x.qk_raw + q.raw + r * q.width, weight, x.qk_mean + saves, x.qk_rstd + saves,
+                  N * q.per_position, q.norm);
     if (!frozen()) access().grain_done(1 + l, at, span);
     copy_columns(dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
   }
@@ -469,7 +476,7 @@ Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
   };
   switch (product) {
     case BlockProduct::kQkv: return make(p.qkvw, p.qkvb, C, w.qkv);
-    case BlockProduct::kAttnOut: return make(p.attprojw, p.attprojb, C, C);
+    case BlockProduct::kAttnOut: return make(p.attprojw, p.attprojb, w.q, C);
     case BlockProduct::kFc: return make(p.fcw, p.fcb, C, w.fc);
     case BlockProduct::kFcProj: return make(p.fcprojw, p.fcprojb, w.hidden, C);
   }
@@ -700,7 +707,7 @@ void Decoder::block_backward(int l) {
       if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
     };
     float* dres = dresidual_ + r * C;
-    float* dsmall = dsmall_ + r * C;
+    float* dsmall = dsmall_ + r * w.dsmall;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout).
     const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
@@ -712,15 +719,15 @@ void Decoder::block_backward(int l) {
     linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, x.ln2 + r * C, adapters, b, n);
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
-    linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * C, adapters, b, n);
-    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * C, x.att_lse + r * NH, positions_op(b), n, T,
+    linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * w.q, adapters, b, n);
+    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * w.q, x.att_lse + r * NH, positions_op(b), n, T,
                        attention_heads(l, b));
     round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     if (cfg_.positions == PositionKind::kRope) {
-      rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope_theta);
+      rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);
       round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
-    if (cfg_.qk_norm) qk_norm_backward(l, x, p, b, n);
+    if (cfg_.qk_norm != QkNorm::kNone) qk_norm_backward(l, x, p, b, n);
     linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, x.ln1 + r * C, adapters, b, n);
     norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
   }

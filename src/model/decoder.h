@@ -138,6 +138,11 @@ class Decoder final : public Model {
                      const float* rstd, int N, int width);
   // QK LayerNorm over the microbatch: x.qkv's query and key columns, kept in x.qk_raw, replaced
   // by their norms' outputs.
+  struct QkNormPart {
+    int col0, width, norm, per_position;
+    size_t raw, save;
+  };
+  QkNormPart qk_norm_part(bool keys) const;
   void qk_norm_forward(const BlockActs& x, const Block& p);
   // Its backward over the grain of n sequences from b: dqkv_'s query and key columns from the
   // norms' outputs' gradients to their inputs', and the norms' parameter gradients.

@@ -37,17 +37,20 @@ float init_std(const ModelConfig& cfg, int64_t fan_in, bool residual) {
 std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model;
   const Widths w(cfg);
-  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm;
+  const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm != QkNorm::kNone;
+  // The query and key norms' widths: the whole part's, or one head's (shared by the heads).
+  const bool per_head = cfg.qk_norm == QkNorm::kPerHead;
+  const int64_t qn = per_head ? cfg.head_size() : w.q, kn = per_head ? cfg.head_size() : w.kv;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
   return {{"ln1w", {C}, false, false, 1.0f},
           {"ln1b", opt(nb, C)},
-          {"qlnw", opt(qk, C), false, false, 1.0f},
-          {"qlnb", opt(qk && nb, C)},
-          {"klnw", opt(qk, w.kv), false, false, 1.0f},
-          {"klnb", opt(qk && nb, w.kv)},
+          {"qlnw", opt(qk, qn), false, false, 1.0f},
+          {"qlnb", opt(qk && nb, qn)},
+          {"klnw", opt(qk, kn), false, false, 1.0f},
+          {"klnb", opt(qk && nb, kn)},
           {"qkvw", {w.qkv, C}, true},
-          {"qkvb", opt(lb, w.qkv)},
-          {"attprojw", {C, C}, true, true},
+          {"qkvb", opt(lb || cfg.qkv_bias, w.qkv)},
+          {"attprojw", {C, w.q}, true, true},
           {"attprojb", opt(lb, C)},
           {"ln2w", {C}, false, false, 1.0f},
           {"ln2b", opt(nb, C)},
@@ -123,12 +126,15 @@ std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
 double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const double C = cfg.d_model, L = cfg.n_layers;
   const Widths w(cfg);
-  const double block_matrices = C * (w.qkv + C + w.fc + w.hidden);
+  const double block_matrices = C * (w.qkv + w.q + w.fc + w.hidden);
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
-  if (!cfg.has_lora()) return 6.0 * matmul_params + 12.0 * L * C * seq_len;
+  // Attention's two products per query head: over the query width, which is d_model unless the
+  // head size is the family's own.
+  const double attention = 12.0 * L * w.q * seq_len;
+  if (!cfg.has_lora()) return 6.0 * matmul_params + attention;
   double adapters = 0;
   for (const LoraModule& m : lora_targets(cfg)) adapters += static_cast<double>(cfg.lora.r) * (m.in + m.rows);
-  return 4.0 * matmul_params + 6.0 * L * adapters + 12.0 * L * C * seq_len;
+  return 4.0 * matmul_params + 6.0 * L * adapters + attention;
 }
 
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
@@ -138,13 +144,18 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
   const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
-  const size_t qk = cfg.qk_norm ? 1 : 0, qk_raw = qk * BT * (C + w.kv), dqk = qk * GT * C;
+  const size_t Q = w.q, DS = w.dsmall;
+  // The query and key norms: their inputs, and their saves per position (one per head under
+  // per-head norms; Decoder::qk_norm_part); the normed part's gradient, a grain at a time.
+  const size_t qk = cfg.qk_norm != QkNorm::kNone ? 1 : 0, qk_raw = qk * BT * (Q + w.kv), dqk = qk * GT * Q;
+  const size_t qk_rows = cfg.qk_norm == QkNorm::kPerHead ? BT * (NH + cfg.kv_heads()) : 2 * qk * BT;
+  const size_t qk_mean = cfg.norm == NormKind::kLayerNorm ? qk_rows : 0;
   const size_t layers = storage.activation_checkpointing ? 1 : L;
-  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, 2 * qk * mean, 2 * qk * BT, BT * C, NH * BT, BT * C, BT * C,
-                     mean, BT, BT * FC},
+  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, qk_mean, qk_rows, BT * Q, NH * BT, BT * C, BT * C, mean, BT,
+                     BT * FC},
                     layers,
-                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * C, BT * F},
-                    2 * BT * C + GT * F + dfc + GT * QKV + T * C + dqk,
+                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * DS, BT * F},
+                    BT * C + BT * DS + GT * F + dfc + GT * QKV + T * C + dqk,
                     {}};
   if (cfg.has_lora()) {
     const std::vector<LoraModule> modules = lora_targets(cfg);

@@ -11,16 +11,19 @@
 
 namespace anvil {
 
-// Widths of the products: the fused qkv rows (the queries' d_model columns, then the keys' and
-// the values' kv each), the MLP's hidden width F, and the first MLP product's outputs (F, or gate
-// and up: 2F).
+// Widths of the products: the fused qkv rows (the queries' q columns, n_heads·head_size, d_model
+// unless the head size is the family's own; then the keys' and the values' kv each), the MLP's
+// hidden width F, the first MLP product's outputs (F, or gate and up: 2F), and the backward
+// pass's rows of the narrow gradients (d_model, or the attention's output where that is wider).
 struct Widths {
   explicit Widths(const ModelConfig& cfg)
-      : kv(cfg.kv_width()),
+      : q(cfg.q_width()),
+        kv(cfg.kv_width()),
         qkv(cfg.qkv_width()),
         hidden(cfg.mlp_width()),
-        fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden) {}
-  int kv, qkv, hidden, fc;
+        fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden),
+        dsmall(q > cfg.d_model ? q : cfg.d_model) {}
+  int q, kv, qkv, hidden, fc, dsmall;
 };
 
 // Whether the architecture's norms have a bias (LayerNorm with one; never RMSNorm).

@@ -125,13 +125,20 @@ double model_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
 std::string model_architecture_summary(const ModelConfig& c) {
   std::string s = fmt::format("{}, {} layers, {} heads", family(c.name).title, c.n_layers, c.n_heads);
   if (c.kv_heads() != c.n_heads) s += fmt::format(" ({} key/value)", c.kv_heads());
+  if (c.head_dim) s += fmt::format(" of {}", c.head_dim);
   s += fmt::format(", d_model {}, vocab {}; ", c.d_model, c.vocab_size);
   s += c.norm == NormKind::kRmsNorm ? "RMSNorm" : c.norm_bias ? "LayerNorm" : "LayerNorm without bias";
-  if (c.qk_norm) s += " (and on queries and keys)";
+  if (c.qk_norm == QkNorm::kWhole) s += " (and on queries and keys)";
+  if (c.qk_norm == QkNorm::kPerHead) s += " (and on each head's queries and keys)";
   switch (c.positions) {
     case PositionKind::kLearned: s += ", learned positions"; break;
     case PositionKind::kAlibi: s += fmt::format(", ALiBi (bias max {:g})", c.alibi_bias_max); break;
-    case PositionKind::kRope: s += fmt::format(", RoPE (theta {:g})", c.rope_theta); break;
+    case PositionKind::kRope:
+      s += fmt::format(", RoPE (theta {:g}", c.rope.theta);
+      if (c.rope.scaling != RopeScalingKind::kNone)
+        s += fmt::format("; {} scaling by {:g}", choice_name(c.rope.scaling), c.rope.factor);
+      s += ")";
+      break;
     case PositionKind::kNone: s += ", no positions"; break;
   }
   switch (c.mlp) {
@@ -139,7 +146,7 @@ std::string model_architecture_summary(const ModelConfig& c) {
     case MlpKind::kGeluErf: s += fmt::format(", GELU (erf) {}", c.mlp_width()); break;
     case MlpKind::kSwiglu: s += fmt::format(", SwiGLU {}", c.mlp_width()); break;
   }
-  s += c.linear_bias ? ", biases" : ", no biases";
+  s += c.linear_bias ? ", biases" : c.qkv_bias ? ", biases on q, k, v" : ", no biases";
   s += c.tied_embeddings ? ", tied LM head" : ", own LM head";
   if (c.sliding_window) s += fmt::format(", sliding window {}", c.sliding_window);
   return s;

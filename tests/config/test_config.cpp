@@ -179,10 +179,12 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "fsdp_config",                    // sharding_strategy -> distributed.zero_stage, and
       "fsdp_config.sharding_strategy",  // activation_checkpointing -> the top-level key
       "fsdp_config.activation_checkpointing",
-      // Accepted from Foundry's files, with nothing to record: FSDP's dtypes and hints, console
-      // logging (always on), and Composer's monitors of what anvil reports anyway.
+      // Accepted from Foundry's files, with nothing to record: FSDP's dtypes and hints, PyTorch's
+      // allocator option, console logging (always on), and Composer's monitors of what anvil
+      // reports anyway.
       "fsdp_config.mixed_precision", "fsdp_config.activation_checkpointing_reentrant",
       "fsdp_config.limit_all_gathers", "fsdp_config.verbose", "fsdp_config.activation_cpu_offload",
+      "fsdp_config.state_dict_type", "fsdp_config.backward_prefetch", "expandable_segments",
       "log_to_console", "callbacks", "callbacks.speed_monitor", "callbacks.speed_monitor.window_size",
       "callbacks.lr_monitor", "callbacks.memory_monitor", "callbacks.runtime_estimator",
       "train_loader.dataset.max_seq_len",  // repetitions of max_seq_len, checked equal to it
@@ -581,7 +583,7 @@ TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
                 qk_ln: true}
   ffn_config: {ffn_type: mptglu, ffn_act_fn: {name: silu}}
 )");
-  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::kWhole);
   EXPECT_EQ(c.model.positions, PositionKind::kAlibi);
   EXPECT_FLOAT_EQ(c.model.alibi_bias_max, 16.0f);
   EXPECT_FALSE(c.model.linear_bias || c.model.norm_bias);
@@ -592,7 +594,7 @@ TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
   c = load_model("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, attn_config: {rope: true, "
                  "rope_theta: 500000}, learned_pos_emb: false, norm_type: rmsnorm, norm_eps: 1.0e-6}\n");
   EXPECT_EQ(c.model.positions, PositionKind::kRope);
-  EXPECT_FLOAT_EQ(c.model.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(c.model.rope.theta, 500000.0f);
   EXPECT_EQ(c.model.norm, NormKind::kRmsNorm);
   expect_round_trip(c);
 }
@@ -607,6 +609,116 @@ TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
   EXPECT_FALSE(c.model.linear_bias || c.model.tied_embeddings);
   EXPECT_EQ(c.model.kv_heads(), 2);
   expect_round_trip(c);
+}
+
+// Qwen3: Llama's shape with a head size of its own (head_dim, 128 by default) and an RMSNorm over
+// each head's queries and keys; from Qwen3-0.6B's config.json; head_dim on the other Llama-shaped
+// families (Mistral-Nemo's 128 over 5120 / 32), written only where d_model / n_heads is not it.
+TEST_F(FamilyConfigTest, Qwen3HeadDimAndPerHeadNorms) {
+  TrainConfig c = load_model("  {name: qwen3, n_layers: 2, n_heads: 4, n_kv_heads: 2, d_model: 64}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kQwen3);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(c.model.head_size(), 128);
+  EXPECT_EQ(c.model.q_width(), 512);
+  EXPECT_FALSE(c.model.qkv_bias || c.model.linear_bias);
+  EXPECT_FLOAT_EQ(c.model.norm_eps, 1e-6f);
+  expect_round_trip(c);
+  c = load_model("  {name: qwen3, n_layers: 2, n_heads: 4, d_model: 512, head_dim: 128, "
+                 "peft_config: {target_modules: [o_proj]}}\n");
+  EXPECT_EQ(c.model.head_dim, 0);  // d_model / n_heads: kept as the derived size
+  expect_round_trip(c);
+  c = load_model("  {name: qwen3, n_layers: 2, n_heads: 4, d_model: 64, head_dim: 32, "
+                 "peft_config: {target_modules: [o_proj]}}\n");
+  ASSERT_EQ(lora_targets(c.model).size(), 1u);
+  EXPECT_EQ(lora_targets(c.model)[0].in, 128);  // o_proj reads the 4 heads of 32
+  c = load_model("  {name: mistral, n_layers: 2, n_heads: 32, n_kv_heads: 8, d_model: 5120, head_dim: 128}\n");
+  EXPECT_EQ(c.model.q_width(), 4096);
+  expect_round_trip(c);
+  EXPECT_EQ(load_model("  {name: llama, n_layers: 2, n_heads: 4, d_model: 64}\n").model.qk_norm, QkNorm::kNone);
+  EXPECT_NE(model_error("  {name: qwen3, n_layers: 2, n_heads: 4, d_model: 64, head_dim: 15}\n")
+                .find("model.head_dim = 15 is odd; RoPE rotates pairs of dimensions"), std::string::npos);
+  EXPECT_NE(model_error("  {name: qwen3, n_layers: 2, n_heads: 4, d_model: 64, head_dim: -2}\n")
+                .find("model.head_dim = -2 must be a positive number of channels"), std::string::npos);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_qwen3_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+    "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+    "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  c = load_model("  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string() + "}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kQwen3);
+  EXPECT_EQ(c.model.head_size(), 128);
+  EXPECT_EQ(c.model.q_width(), 2048);
+  EXPECT_EQ(c.model.kv_heads(), 8);
+  EXPECT_TRUE(c.model.tied_embeddings);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::kPerHead);
+  std::filesystem::remove_all(dir);
+}
+
+// Llama 3.1's rope_scaling (rope_type llama3) in the model section and from config.json as
+// transformers 4 (rope_scaling, or its older `type`) and 5 (rope_parameters, rope_theta inside)
+// write it; linear scaling; what rope_config_validation refuses is refused, naming the key.
+TEST_F(FamilyConfigTest, LlamaRopeScaling) {
+  TrainConfig c = load_model("  {name: llama, n_layers: 2, n_heads: 8, d_model: 64, rope_theta: 500000, rope_scaling: "
+                             "{rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, "
+                             "original_max_position_embeddings: 8192}}\n");
+  const RopeFrequencies llama31{5e5f, RopeScalingKind::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  EXPECT_EQ(c.model.rope, llama31);
+  expect_round_trip(c);
+  c = load_model("  {name: qwen2, n_layers: 2, n_heads: 8, d_model: 64, rope_scaling: {type: linear, factor: 4}}\n");
+  EXPECT_EQ(c.model.rope, (RopeFrequencies{1e4f, RopeScalingKind::kLinear, 4.0f}));
+  expect_round_trip(c);
+  const std::string llama = "  {name: llama, n_layers: 2, n_heads: 8, d_model: 64, rope_scaling: ";
+  EXPECT_NE(model_error(llama + "{rope_type: dynamic, factor: 2}}\n")
+                .find("model.rope_scaling.rope_type 'dynamic' is not valid: expected default, linear or llama3"),
+            std::string::npos);
+  EXPECT_NE(model_error(llama + "{rope_type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4}}\n")
+                .find("model.rope_scaling.original_max_position_embeddings is missing (rope_type llama3 needs it)"),
+            std::string::npos);
+  EXPECT_NE(model_error(llama + "{rope_type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, "
+                                "original_max_position_embeddings: 8192}}\n")
+                .find("model.rope_scaling.high_freq_factor = 1 must be above model.rope_scaling.low_freq_factor = 4"),
+            std::string::npos);
+  EXPECT_NE(model_error(llama + "{rope_type: linear}}\n").find("model.rope_scaling.factor is missing"), std::string::npos);
+  EXPECT_NE(model_error(llama + "{rope_type: linear, factor: 2, attention_factor: 1}}\n")
+                .find("unknown key 'model.rope_scaling.attention_factor'"), std::string::npos);
+  EXPECT_NE(model_error("  {name: mistral, n_layers: 2, n_heads: 8, d_model: 64, rope_scaling: {rope_type: linear, "
+                        "factor: 2}}\n").find("unknown key 'model.rope_scaling'"), std::string::npos);
+
+  // Llama-3.1-8B's config.json, in transformers 4's layout and in 5's.
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_llama31_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string section = "  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string();
+  const std::string shape = R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+      "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+      "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": false,
+      "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "pretraining_tp": 1, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "use_cache": true,
+      "vocab_size": 128256, )";
+  const std::string scaling = R"("factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192, "rope_type": "llama3")";
+  for (const std::string& rope :
+       {R"("rope_theta": 500000.0, "torch_dtype": "bfloat16", "rope_scaling": {)" + scaling + "}}",
+        R"("dtype": "bfloat16", "rope_parameters": {"rope_theta": 500000.0, )" + scaling + "}}"}) {
+    std::ofstream(dir / "config.json") << shape << rope;
+    c = load_model(section + "}\n");
+    EXPECT_EQ(c.model.rope, llama31) << rope;
+    EXPECT_EQ(c.model.max_seq_len, 131072);
+  }
+  // hf-llama-3.1-8B.yaml's earlier config_overrides: {torch_dtype: bfloat16}, said in the run log.
+  std::ofstream(dir / "config.json") << shape << R"("rope_theta": 500000.0, "torch_dtype": "bfloat16"})";
+  c = load_model(section + ", config_overrides: {torch_dtype: bfloat16}}\n");
+  ASSERT_EQ(c.config_notes.size(), 1u);
+  EXPECT_NE(c.config_notes[0].find("model.config_overrides.torch_dtype = \"bfloat16\": anvil keeps fp32 master "
+                                   "weights"), std::string::npos) << c.config_notes[0];
+  std::ofstream(dir / "config.json") << shape << R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0}})";
+  EXPECT_NE(model_error(section + "}\n").find("config.json (field 'rope_scaling'): model.rope_scaling.rope_type 'yarn' "
+                                               "is not valid"), std::string::npos) << model_error(section + "}\n");
+  std::filesystem::remove_all(dir);
 }
 
 // Mistral: Llama's shape and keys, and its sliding window, kept through the config and from a
@@ -643,13 +755,52 @@ TEST_F(FamilyConfigTest, MistralIsLlamaShapedWithASlidingWindow) {
     EXPECT_EQ(c.model.name, ModelFamily::kMistral);
     EXPECT_EQ(c.model.sliding_window, std::string(window) == "null" ? 0 : 4096);
     EXPECT_EQ(c.model.max_seq_len, 32768);
-    EXPECT_FLOAT_EQ(c.model.rope_theta, 1e6f);
+    EXPECT_FLOAT_EQ(c.model.rope.theta, 1e6f);
     EXPECT_EQ(c.model.vocab_size, 32768);
   }
   std::filesystem::remove_all(dir);
 }
 
-// Each family's dropout keys, under its own names, and back.
+// Qwen2: Llama's shape and keys with biases on q, k and v; from a config.json shaped as
+// Qwen2.5-0.5B's (its sliding_window unused: use_sliding_window false).
+TEST_F(FamilyConfigTest, Qwen2IsLlamaShapedWithQkvBiases) {
+  TrainConfig c = load_model("  {name: qwen2, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kQwen2);
+  EXPECT_EQ(c.model.vocab_size, 151936);
+  EXPECT_TRUE(c.model.qkv_bias);
+  EXPECT_FALSE(c.model.linear_bias);
+  EXPECT_EQ(c.model.norm, NormKind::kRmsNorm);
+  EXPECT_EQ(c.model.positions, PositionKind::kRope);
+  expect_round_trip(c);
+  EXPECT_FALSE(load_model("  {name: llama, n_layers: 2, n_heads: 8, d_model: 64}\n").model.qkv_bias);
+
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_qwen2_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string section = "  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string();
+  for (const char* window : {"false", "true"}) {
+    std::ofstream(dir / "config.json") << R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+      "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+      "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864, "max_position_embeddings": 32768,
+      "max_window_layers": 24, "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+      "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": )" << window << R"(, "vocab_size": 151936})";
+    if (std::string(window) == "true") {
+      EXPECT_NE(model_error(section + "}\n").find("field 'use_sliding_window' = true cannot be honoured"),
+                std::string::npos);
+      continue;
+    }
+    c = load_model(section + "}\n");
+    EXPECT_EQ(c.model.name, ModelFamily::kQwen2);
+    EXPECT_TRUE(c.model.qkv_bias && c.model.tied_embeddings);
+    EXPECT_EQ(c.model.kv_heads(), 2);
+    EXPECT_EQ(c.model.mlp_width(), 4864);
+    EXPECT_FLOAT_EQ(c.model.rope.theta, 1e6f);
+    EXPECT_FLOAT_EQ(c.model.norm_eps, 1e-6f);
+    EXPECT_EQ(c.model.sliding_window, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // model.peft_config (PEFT's LoraConfig) on each family: PEFT's defaults and module names, and a
 // one-line error for each value anvil cannot honour.
 TEST_F(FamilyConfigTest, LoraPeftConfig) {
@@ -813,7 +964,8 @@ model:
          "neither a local transformers model directory nor a published architecture");
   expect("  {name: hf_causal_lm}\n", "model.pretrained_model_name_or_path is required");
   expect(section + "  config_overrides: {hidden_sizes: 64}\n", "the config (" + d + "/config.json) has no field 'hidden_sizes'");
-  expect(section + "  config_overrides: {rope_scaling: {type: linear, factor: 2.0}}\n", "field 'rope_scaling'");
+  expect(section + "  config_overrides: {rope_scaling: {type: dynamic, factor: 2.0}}\n",
+         "(field 'rope_scaling'): model.rope_scaling.type 'dynamic' is not valid");
   // A size error names the config.json field the value came from.
   expect(section + "  config_overrides: {num_key_value_heads: 3}\n", d + "/config.json (field 'num_key_value_heads'): "
          "model.n_kv_heads = 3 must be a positive divisor of model.n_heads = 4");

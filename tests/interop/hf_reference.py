@@ -15,17 +15,22 @@ usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N [--adapter PEFT_DIR]
        hf_reference.py index HF_DIR                   checks a sharded directory's index against its files
        hf_reference.py write ARCH OUT_DIR [--dtype bf16] [--shards N] [--gpt2-original-names]
                                                       writes a small random model of ARCH (gpt2, llama,
-                                                      llama-tied, mistral, mpt) as transformers' save_pretrained
-                                                      lays it out; --gpt2-original-names as OpenAI's
-                                                      converted files name GPT-2's tensors (no
-                                                      "transformer." prefix, attn.bias mask buffers)
+                                                      llama-tied, llama31 (rope_scaling llama3),
+                                                      mistral, qwen2, qwen3, mpt) as transformers'
+                                                      save_pretrained lays it out;
+                                                      --gpt2-original-names as OpenAI's converted
+                                                      files name GPT-2's tensors (no "transformer."
+                                                      prefix, attn.bias mask buffers)
 
 Nothing here comes from anvil: the safetensors files are parsed from the format's definition (an
 8-byte little-endian header length, a JSON header, raw data), and the model is rebuilt from
 config.json and transformers' tensor names following transformers' modeling files:
 GPT2LMHeadModel (Conv1D weights stored input x output, learned positions, tanh GELU "gelu_new"),
-LlamaForCausalLM (RMSNorm in fp32, rotate-half RoPE, repeat_kv for grouped heads, SwiGLU, lm_head
-unless tied), MistralForCausalLM (Llama's, attention within sliding_window keys) and MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
+LlamaForCausalLM (RMSNorm in fp32, rotate-half RoPE with rope_scaling's frequencies, repeat_kv
+for grouped heads, SwiGLU, lm_head unless tied), MistralForCausalLM (Llama's, attention within
+sliding_window keys), Qwen2ForCausalLM (Llama's with biases on q, k and v), Qwen3ForCausalLM
+(Llama's with head_dim and an RMSNorm over each head's queries and keys before RoPE) and
+MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
 """
 import json
 import math
@@ -114,32 +119,60 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
+def rope_inv_freq(cfg, hs):
+    """transformers' ROPE_INIT_FUNCTIONS for rope_type default, linear and llama3 (rope_scaling, or
+    transformers 5's rope_parameters with rope_theta inside)."""
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = scaling.get("rope_theta", cfg.get("rope_theta"))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":  # _compute_llama3_parameters
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        return torch.where(medium, smoothed, scaled)
+    assert kind == "default", f"rope_type {kind}"
+    return inv_freq
+
+
 def llama(cfg, W, ids):
     T, C, NH, NKV = len(ids), cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hs, eps = cfg.get("head_dim", C // NH), cfg["rms_norm_eps"]
-    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    inv_freq = rope_inv_freq(cfg, hs)
     emb = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq).repeat(1, 2)
     cos, sin = emb.cos(), emb.sin()
-    bias = cfg.get("attention_bias", False)
+    # LlamaAttention: attention_bias on q, k, v and o; Qwen2Attention: always on q, k, v, never o.
+    qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
+    o_bias, mlp_bias = cfg.get("attention_bias", False), cfg.get("mlp_bias", False)
     x = W["model.embed_tokens.weight"][ids]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
 
-        def lin(name, h):
+        def lin(name, h, bias):
             y = h @ W[p + name + ".weight"].T
             return y + W[p + name + ".bias"] if bias else y
 
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = lin("self_attn.q_proj", h).view(T, NH, hs).transpose(0, 1)
-        k = lin("self_attn.k_proj", h).view(T, NKV, hs).transpose(0, 1)
-        v = lin("self_attn.v_proj", h).view(T, NKV, hs).transpose(0, 1)
+        q = lin("self_attn.q_proj", h, qkv_bias).view(T, NH, hs)
+        k = lin("self_attn.k_proj", h, qkv_bias).view(T, NKV, hs)
+        v = lin("self_attn.v_proj", h, qkv_bias).view(T, NKV, hs).transpose(0, 1)
+        if cfg["model_type"] == "qwen3":  # Qwen3Attention: q_norm and k_norm over each head, before RoPE
+            q, k = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(NH // NKV, dim=0), v.repeat_interleave(NH // NKV, dim=0)
         y = (causal(q @ k.transpose(-2, -1) / math.sqrt(hs), cfg.get("sliding_window")) @ v) \
             .transpose(0, 1).reshape(T, NH * hs)
-        x = x + lin("self_attn.o_proj", y)
+        x = x + lin("self_attn.o_proj", y, o_bias)
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h)) * lin("mlp.up_proj", h))
+        x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h, mlp_bias)) * lin("mlp.up_proj", h, mlp_bias),
+                    mlp_bias)
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
     return x @ head.T
@@ -172,7 +205,8 @@ def mpt(cfg, W, ids):
 def load_model(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
-    forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "mpt": mpt}[cfg["model_type"]]
+    forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama,
+               "mpt": mpt}[cfg["model_type"]]
     W = {k: v.float() for k, v in load_dir(d).items()}
     if cfg["model_type"] == "gpt2":  # OpenAI's converted files: no "transformer." prefix, mask buffers
         W = {k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k: v for k, v in W.items()
@@ -301,29 +335,49 @@ def write(arch, out, dtype, shards, original_names):
             W = {k[len("transformer."):]: v for k, v in W.items()}
             for l in range(L):
                 W[f"h.{l}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-    elif arch in ("llama", "llama-tied", "mistral"):
+    elif arch in ("llama", "llama-tied", "llama31", "mistral", "qwen2", "qwen3"):
         NKV, F = 2, 96
-        tied = arch == "llama-tied"
+        tied = arch in ("llama-tied", "qwen2")
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
                "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": NH,
                "num_key_value_heads": NKV, "hidden_act": "silu", "max_position_embeddings": T,
                "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "rope_scaling": None, "attention_bias": False,
                "tie_word_embeddings": tied}
+        if arch == "llama31":  # Llama 3.1's rope_scaling over a short original context: every regime at T
+            cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         if arch == "mistral":  # MistralConfig: no bias switches; a window as long as the context
             cfg = {k: v for k, v in cfg.items() if k != "attention_bias"}
             cfg.update({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "rope_theta": 1000000.0,
                         "sliding_window": T})
+        if arch == "qwen2":  # Qwen2Config, as Qwen2.5-0.5B's: no bias switches, a window that is not used
+            cfg = {k: v for k, v in cfg.items() if k != "attention_bias"}
+            cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_theta": 1000000.0,
+                        "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21})
         hs = C // NH
+        if arch == "qwen3":  # Qwen3Config, as Qwen3-0.6B's: heads wider than hidden_size / heads
+            hs = 32
+            cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
+                        "head_dim": hs, "sliding_window": None, "use_sliding_window": False,
+                        "max_window_layers": 28, "tie_word_embeddings": True})
         W["model.embed_tokens.weight"] = rnd(V, C)
         for l in range(L):
             p = f"model.layers.{l}."
             W[p + "input_layernorm.weight"], W[p + "post_attention_layernorm.weight"] = 1 + rnd(C), 1 + rnd(C)
-            W[p + "self_attn.q_proj.weight"], W[p + "self_attn.o_proj.weight"] = rnd(C, C), rnd(C, C)
+            W[p + "self_attn.q_proj.weight"], W[p + "self_attn.o_proj.weight"] = rnd(NH * hs, C), rnd(C, NH * hs)
             W[p + "self_attn.k_proj.weight"], W[p + "self_attn.v_proj.weight"] = rnd(NKV * hs, C), rnd(NKV * hs, C)
+            if arch == "llama31":  # sharper attention, so that the positions' frequencies show in the loss
+                for n in ("q_proj", "k_proj"):
+                    W[p + f"self_attn.{n}.weight"] *= 4
+            if arch == "qwen3":
+                W[p + "self_attn.q_norm.weight"], W[p + "self_attn.k_norm.weight"] = 1 + rnd(hs), 1 + rnd(hs)
+            if arch == "qwen2":
+                W[p + "self_attn.q_proj.bias"] = rnd(C, scale=0.5)
+                W[p + "self_attn.k_proj.bias"], W[p + "self_attn.v_proj.bias"] = rnd(NKV * hs, scale=0.5), rnd(NKV * hs, scale=0.5)
             W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"] = rnd(F, C), rnd(F, C)
             W[p + "mlp.down_proj.weight"] = rnd(C, F)
         W["model.norm.weight"] = 1 + rnd(C)
-        if not tied:
+        if not cfg["tie_word_embeddings"]:
             W["lm_head.weight"] = rnd(V, C)
     elif arch == "mpt":
         cfg = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "vocab_size": V, "d_model": C,

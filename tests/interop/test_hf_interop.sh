@@ -3,8 +3,8 @@
 # safetensors format parsed from its definition, the model rebuilt from config.json and
 # transformers' tensor names as transformers' modeling files compute it):
 # - GPT-2, a Llama with grouped-query heads and its own LM head (trained on 2 ranks under ZeRO-3
-#   where mpirun is here, so its checkpoint is in shards) and an MPT with ALiBi and no biases, each 4 steps from its
-#   init: the reader's loss on the first 24 validation samples is anvil eval's to 1e-5 (relative),
+#   where mpirun is here, so its checkpoint is in shards) and an MPT with ALiBi and no biases,
+#   each 4 steps from its init: the reader's loss on the first 24 validation samples is anvil eval's to 1e-5 (relative),
 #   and its greedy continuation of a prompt is anvil generate's at temperature 0, token for token;
 # - anvil eval on the whole split gives the training run's final eval loss; eval and generate read
 #   a transformers directory as they read a checkpoint; generate's --top-p;
@@ -14,11 +14,15 @@
 # - import: export then import gives the checkpoint's weight digest (bit for bit); directories the
 #   reader writes as save_pretrained lays them out (GPT-2 under OpenAI's original names with mask
 #   buffers, a bf16 Llama in 3 shards with rms_norm_eps 1e-6 and rope_theta 5e5, a tied Llama, an
-#   MPT) import with anvil eval's loss equal to the reader's, and the imported GPT-2 fine-tunes
-#   through load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section
-#   naming an exported directory trains from its weights (the eval before training is anvil eval's);
-# - import errors: rope_scaling, a missing tensor, a tensor of the wrong shape, an unexpected
-#   tensor, a truncated file, an unknown model_type: one line each, nothing written.
+#   MPT, a Mistral, a Qwen2 with its q/k/v biases, a Qwen3 with its head_dim and per-head q/k
+#   norms, a Llama 3.1 with rope_scaling llama3) import
+#   with anvil eval's loss equal to the reader's, and the imported GPT-2 fine-tunes through
+#   load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section naming
+#   an exported directory trains from its weights (the eval before training is anvil eval's);
+# - Llama 3.1's rope_scaling from transformers 5's config.json (rope_parameters) too, and back;
+# - import errors: an unknown rope_scaling, Mistral's rope_scaling, a missing tensor, a tensor of
+#   the wrong shape, an unexpected tensor, a truncated file, an unknown model_type: one line each,
+#   nothing written.
 # Usage: test_hf_interop.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -146,6 +150,66 @@ expect_failure "a sliding window shorter than the data's sequences" \
   "$anvil" eval "$tmp/w-mistral-short" --data "$tmp/data" --max-samples 4
 expect_failure "generating past the sliding window" "pass the model's sliding attention window of 16 tokens" \
   "$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 16
+# Llama 3.1's rope_scaling (rope_type llama3) as transformers 4 writes it, and as transformers 5
+# does (rope_parameters holding rope_theta; dtype for torch_dtype): the reader's loss, the same
+# weights from both, and config.json's rope_scaling kept through export. The scaling matters here:
+# without it the reader's loss is another.
+imported llama31 llama31
+/usr/bin/python3 - "$tmp/w-llama31" "$tmp/w-llama31-v5" <<'PY'
+import json, os, shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2])
+path = os.path.join(sys.argv[2], "config.json")
+cfg = json.load(open(path))
+cfg["rope_parameters"] = dict(cfg.pop("rope_scaling"), rope_theta=cfg.pop("rope_theta"))
+cfg["dtype"] = "float32"
+json.dump(cfg, open(path, "w"), indent=2)
+PY
+"$anvil" import "$tmp/w-llama31-v5" "$tmp/i-llama31-v5" > /dev/null 2>&1 \
+  && a=$("$anvil" inspect "$tmp/i-llama31" | sed -n 's/^weights sha256: //p') \
+  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/i-llama31-v5" | sed -n 's/^weights sha256: //p')" ] \
+  && [ "$("$anvil" eval "$tmp/i-llama31-v5" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)" = \
+       "$("$anvil" eval "$tmp/i-llama31" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)" ] \
+  && pass "llama31: transformers 5's rope_parameters import as transformers 4's rope_scaling (same weights, same eval)" \
+  || fail "llama31: transformers 5's layout"
+"$anvil" export "$tmp/i-llama31" "$tmp/hf-llama31" > /dev/null 2>&1 \
+  && "$anvil" import "$tmp/hf-llama31" "$tmp/back-llama31" > /dev/null 2>&1 \
+  && [ "$("$anvil" inspect "$tmp/back-llama31" | sed -n 's/^weights sha256: //p')" = "$a" ] \
+  && /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))["rope_scaling"]
+sys.exit(0 if s == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64} else 1)' "$tmp/hf-llama31/config.json" \
+  && pass "llama31: export writes rope_scaling as transformers 4 does; import(export(x)) has x's digest" \
+  || fail "llama31: export: $(grep -A6 rope_scaling "$tmp/hf-llama31/config.json")"
+cp -r "$tmp/w-llama31" "$tmp/w-llama31-unscaled"
+sed -i 's/"rope_type": "llama3"/"rope_type": "default"/' "$tmp/w-llama31-unscaled/config.json"
+unscaled=$("${reader[@]}" loss "$tmp/w-llama31-unscaled" "$tmp/data/val" 16 2>&1)
+scaled=$("$anvil" eval "$tmp/i-llama31" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)
+! close "$scaled" "$unscaled" 1e-4 && pass "llama31: the scaling changes the loss ($(field loss "$scaled") scaled, $(field loss "$unscaled") not)" \
+  || fail "llama31: the scaled loss '$scaled' is the unscaled '$unscaled': the test cannot tell"
+
+# Qwen2: biases on q, k and v alone, kept through export; use_sliding_window is refused.
+imported qwen2 qwen2
+"$anvil" export "$tmp/i-qwen2" "$tmp/hf-qwen2" > /dev/null 2>&1 \
+  && "$anvil" import "$tmp/hf-qwen2" "$tmp/back-qwen2" > /dev/null 2>&1 \
+  && a=$("$anvil" inspect "$tmp/i-qwen2" | sed -n 's/^weights sha256: //p') \
+  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-qwen2" | sed -n 's/^weights sha256: //p')" ] \
+  && grep -q '"model_type": "qwen2"' "$tmp/hf-qwen2/config.json" \
+  && grep -q '"use_sliding_window": false' "$tmp/hf-qwen2/config.json" \
+  && "${reader[@]}" loss "$tmp/hf-qwen2" "$tmp/data/val" 4 > /dev/null 2>&1 \
+  && pass "qwen2: import(export(x)) has x's weight digest; config.json keeps model_type qwen2, use_sliding_window false" \
+  || fail "qwen2: export round trip: $(head -5 "$tmp/hf-qwen2/config.json" 2>&1)"
+# Qwen3: heads of 32 over a width of 64 (queries 128 wide), a norm over each head's queries and keys.
+imported qwen3 qwen3
+"$anvil" export "$tmp/i-qwen3" "$tmp/hf-qwen3" > /dev/null 2>&1 \
+  && "$anvil" import "$tmp/hf-qwen3" "$tmp/back-qwen3" > /dev/null 2>&1 \
+  && a=$("$anvil" inspect "$tmp/i-qwen3" | sed -n 's/^weights sha256: //p') \
+  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-qwen3" | sed -n 's/^weights sha256: //p')" ] \
+  && grep -q '"model_type": "qwen3"' "$tmp/hf-qwen3/config.json" && grep -q '"head_dim": 32' "$tmp/hf-qwen3/config.json" \
+  && pass "qwen3: import(export(x)) has x's weight digest; config.json keeps model_type qwen3 and head_dim 32" \
+  || fail "qwen3: export round trip: $(head -5 "$tmp/hf-qwen3/config.json" 2>&1)"
+cp -r "$tmp/w-qwen2" "$tmp/w-qwen2-window"
+sed -i 's/"use_sliding_window": false/"use_sliding_window": true/' "$tmp/w-qwen2-window/config.json"
+expect_error "Qwen2's use_sliding_window" "field 'use_sliding_window' = true cannot be honoured" \
+  "$anvil" import "$tmp/w-qwen2-window" "$tmp/x"
 grep -q "(2 buffers skipped)" "$tmp/import-gpt2-original.out" \
   && pass "GPT-2's original names: the attn.bias buffers are skipped" || fail "GPT-2's original names: buffers not reported"
 # Fine-tuning the imported GPT-2: the config describes the same model; weights only, from step 0.
@@ -193,8 +257,13 @@ direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" 2>&1 | tail -1)
 
 # Import errors: one line, nothing written.
 "${reader[@]}" write llama "$tmp/bad-rope" > /dev/null
-sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "linear", "factor": 2.0}/' "$tmp/bad-rope/config.json"
-expect_error "rope_scaling" "field 'rope_scaling' = .* cannot be honoured" "$anvil" import "$tmp/bad-rope" "$tmp/x"
+sed -i 's/"rope_scaling": null/"rope_scaling": {"type": "dynamic", "factor": 2.0}/' "$tmp/bad-rope/config.json"
+expect_error "rope_scaling dynamic" "(field 'rope_scaling'): model.rope_scaling.type 'dynamic' is not valid: expected default, linear or llama3" \
+  "$anvil" import "$tmp/bad-rope" "$tmp/x"
+cp -r "$tmp/w-mistral" "$tmp/bad-mistral-rope"
+sed -i 's/"rope_scaling": null/"rope_scaling": {"rope_type": "linear", "factor": 2.0}/' "$tmp/bad-mistral-rope/config.json"
+expect_error "Mistral's rope_scaling" "field 'rope_scaling' = .* cannot be honoured" \
+  "$anvil" import "$tmp/bad-mistral-rope" "$tmp/x"
 cp -r "$tmp/hf-gpt2" "$tmp/bad-type"; sed -i 's/"model_type": "gpt2"/"model_type": "bloom"/' "$tmp/bad-type/config.json"
 expect_error "unknown model_type" "model_type 'bloom' is not one anvil can import" "$anvil" import "$tmp/bad-type" "$tmp/x"
 cp -r "$tmp/hf-gpt2" "$tmp/bad-layers"; sed -i 's/"n_layer": 2/"n_layer": 3/' "$tmp/bad-layers/config.json"

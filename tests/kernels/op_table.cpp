@@ -296,26 +296,31 @@ void elementwise_cases(std::vector<OpCase>& cases) {
   }
   // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions
   // up to 2048 where an angle's rounding would show; head dimensions 2, 64 and 128; theta 1e4 and
-  // Llama 3's 5e5.
-  // Packed examples' positions on one shape.
-  struct RopeShape { int B, T, heads, kv_heads, HS; float theta; bool packed; };
-  for (RopeShape s : {RopeShape{1, 1, 1, 1, 2, 1e4f, false}, RopeShape{2, 37, 4, 2, 64, 1e4f, false},
-                      RopeShape{1, 130, 3, 1, 128, 5e5f, false}, RopeShape{1, 2048, 2, 2, 64, 1e4f, false},
-                      RopeShape{2, 37, 4, 2, 64, 1e4f, true}}) {
+  // Llama 3's 5e5, with Llama 3.1's scaling and a linear one. Packed examples' positions on one shape.
+  const RopeFrequencies llama31{5e5f, RopeScalingKind::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  const RopeFrequencies linear{1e4f, RopeScalingKind::kLinear, 4.0f};
+  struct RopeShape { int B, T, heads, kv_heads, HS; RopeFrequencies freqs; bool packed; };
+  for (RopeShape s : {RopeShape{1, 1, 1, 1, 2, {1e4f}, false}, RopeShape{2, 37, 4, 2, 64, {1e4f}, false},
+                      RopeShape{1, 130, 3, 1, 128, {5e5f}, false}, RopeShape{1, 2048, 2, 2, 64, {1e4f}, false},
+                      RopeShape{1, 2048, 2, 1, 128, llama31, false}, RopeShape{2, 37, 4, 2, 64, linear, false},
+                      RopeShape{2, 37, 4, 2, 64, {1e4f}, true}}) {
     const int row_stride = (s.heads + 2 * s.kv_heads) * s.HS, rotated = s.heads + s.kv_heads;
     const size_t n = static_cast<size_t>(s.B) * s.T * row_stride;
     const auto dims = {std::pair<const char*, long>{"B", s.B}, {"T", s.T}, {"NH", s.heads}, {"KV", s.kv_heads},
-                       {"HS", s.HS}, {"theta", static_cast<long>(s.theta)}};
-    const std::string suffix = s.packed ? "packed" : "";
+                       {"HS", s.HS}, {"theta", static_cast<long>(s.freqs.theta)}};
+    const std::string suffix = std::string(s.packed ? "packed" : "") +
+                               (s.freqs.scaling == RopeScalingKind::kLlama3   ? "llama3"
+                                : s.freqs.scaling == RopeScalingKind::kLinear ? "linear"
+                                                                              : "");
     cases.push_back({case_name("rope_forward", dims, suffix), [=](OpRun& r) {
       const int32_t* positions = s.packed ? r.in("positions", packed_positions(s.B, s.T, 5)) : nullptr;
       ANVIL_RUN_OP(r, rope_forward, r.inout("qkv", randn(n, 1), close(kFp32Elementwise)), positions, s.B, s.T,
-                   row_stride, rotated, s.HS, s.theta);
+                   row_stride, rotated, s.HS, s.freqs);
     }});
     cases.push_back({case_name("rope_backward", dims, suffix), [=](OpRun& r) {
       const int32_t* positions = s.packed ? r.in("positions", packed_positions(s.B, s.T, 5)) : nullptr;
       ANVIL_RUN_OP(r, rope_backward, r.inout("dqkv", randn(n, 2), close(kFp32Elementwise)), positions, s.B, s.T,
-                   row_stride, rotated, s.HS, s.theta);
+                   row_stride, rotated, s.HS, s.freqs);
     }});
   }
   // Llama's MLP activation over (N, 2F) rows of gate | up.

@@ -257,18 +257,38 @@ TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
   std::vector<float> x = {9, 8, 7, 6,  // position 0: unchanged
                           1, 0, 0, 0};  // position 1: channel 0 pairs with channel 2, at angle 1
   const std::vector<float> x0 = x;
-  ref::rope_forward(x.data(), nullptr, 1, T, HS, 1, HS, 100.0f);
+  ref::rope_forward(x.data(), nullptr, 1, T, HS, 1, HS, RopeFrequencies{100.0f});
   for (int c = 0; c < HS; c++) EXPECT_EQ(x[c], x0[c]);
   EXPECT_FLOAT_EQ(x[4], std::cos(1.0f));
   EXPECT_EQ(x[5], 0.0f);
   EXPECT_FLOAT_EQ(x[6], std::sin(1.0f));
   EXPECT_EQ(x[7], 0.0f);
-  EXPECT_FLOAT_EQ(rope_inv_freq(100.0f, 1, HS), 0.1f);
+  EXPECT_FLOAT_EQ(rope_inv_freq(RopeFrequencies{100.0f}, 1, HS), 0.1f);
   auto y = randn(3 * 50 * 64, 1), y0 = y;  // rows of 3 heads, 2 rotated
-  ref::rope_forward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, 1e4f);
+  ref::rope_forward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, RopeFrequencies{1e4f});
   EXPECT_FALSE(all_close(y.data(), y0.data(), 2 * 64 * 50, kFp32Elementwise));
-  ref::rope_backward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, 1e4f);
+  ref::rope_backward(y.data(), nullptr, 1, 50, 3 * 64, 2, 64, RopeFrequencies{1e4f});
   EXPECT_TRUE(all_close(y.data(), y0.data(), y.size(), kFp32Elementwise));
+}
+
+// Llama 3.1's rope_scaling (rope_type llama3: factor 8, low_freq_factor 1, high_freq_factor 4,
+// original_max_position_embeddings 8192) on its heads of 128 and theta 5e5: the frequencies
+// transformers' _compute_llama3_parameters gives (printed from it in fp32 with PyTorch 1.13), to a
+// few ulps: short wavelengths kept (pairs 0-28), pairs 29-34 blended, long ones divided by 8. Linear
+// scaling divides every frequency by its factor.
+TEST(RopeReference, Llama3ScalingIsTransformers) {
+  RopeFrequencies f{5e5f, RopeScalingKind::kLlama3, 8.0f, 1.0f, 4.0f, 8192};
+  const std::pair<int, double> expected[] = {{0, 1.0},
+                                             {28, 0.0032114461064338684},
+                                             {29, 0.0021665706299245358},
+                                             {31, 0.0008567514596506953},
+                                             {34, 0.0001785077911335975},
+                                             {35, 9.556212171446532e-05},
+                                             {63, 3.068925877869333e-07}};
+  for (const auto& [i, want] : expected) EXPECT_NEAR(rope_inv_freq(f, i, 128), want, want * 5e-7) << "pair " << i;
+  const RopeFrequencies plain{5e5f}, linear{5e5f, RopeScalingKind::kLinear, 4.0f};
+  EXPECT_EQ(rope_inv_freq(plain, 35, 128), 0.0007644969737157226f);
+  EXPECT_FLOAT_EQ(rope_inv_freq(linear, 35, 128), 0.0007644969737157226f / 4);
 }
 
 }  // namespace

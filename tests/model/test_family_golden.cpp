@@ -1,11 +1,13 @@
-// MPT and Llama end to end against PyTorch (fixtures from tests/golden/make_family_fixtures.py,
+// MPT, Llama, Qwen2 and Qwen3 end to end against PyTorch (fixtures from tests/golden/make_family_fixtures.py,
 // written from the published Hugging Face / LLM Foundry definitions): each fixture's model section
 // goes through the config reader, and the decoder it builds must give PyTorch's logits, loss and
 // every parameter's gradient, and go through PyTorch's 10 AdamW steps (schedule, clipping, weight
 // decay), with the reference and the fast kernels: an MPT with six ALiBi heads, a Llama with
 // grouped-query heads (4 over 2) and its own head, a multi-query Llama (4 over 1) with a tied head,
 // and two MPTs with QK LayerNorm (attn_config.qk_ln): grouped-query ALiBi heads (6 over 2) under
-// RMSNorm without biases, and multi-query RoPE heads (4 over 1) with biases everywhere.
+// RMSNorm without biases, and multi-query RoPE heads (4 over 1) with biases everywhere; a Qwen2
+// (4 heads over 2, tied head) with biases on q, k and v alone; and a Qwen3 (the same heads, each
+// of 16 channels over a width of 32, with an RMSNorm over each head's queries and keys).
 // Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -66,7 +68,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                                            Family{"mpt_qkln_tiny.safetensors", KernelImpl::kRef},
                                            Family{"mpt_qkln_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"mpt_qkln_rope_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"mpt_qkln_rope_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"mpt_qkln_rope_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"qwen2_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"qwen2_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"qwen3_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"qwen3_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));
@@ -207,6 +213,31 @@ TEST(Families, MistralsWindowBoundsTheSequence) {
     EXPECT_NE(std::string(e.what()).find("sequences of 9 tokens are longer than the model's sliding attention window "
                                          "(model.sliding_window = 8)"), std::string::npos) << e.what();
   }
+}
+
+// Qwen2.5-0.5B: Llama's shape with biases on q, k and v and a tied head: 494,032,768
+// parameters, as its model card says.
+TEST(Families, Qwen2Parameters) {
+  ModelConfig qwen;
+  const YAML::Node y = YAML::Load("name: qwen2\nn_layers: 24\nn_heads: 14\nn_kv_heads: 2\nd_model: 896\n"
+                                  "intermediate_size: 4864\nmax_seq_len: 32768\ntie_word_embeddings: true\n");
+  MapReader r(y, "model", "test");
+  read_model_section(r, qwen);
+  EXPECT_EQ(model_num_params(qwen), 494032768u);
+}
+
+// Qwen3-0.6B: heads of 128 over a width of 1024 (queries 2048 wide), per-head q/k norms, a tied
+// head: 596,049,920 parameters (0.44B without the embedding, as its model card says).
+TEST(Families, Qwen3Parameters) {
+  ModelConfig qwen;
+  const YAML::Node y = YAML::Load("name: qwen3\nn_layers: 28\nn_heads: 16\nn_kv_heads: 8\nd_model: 1024\n"
+                                  "intermediate_size: 3072\nmax_seq_len: 40960\ntie_word_embeddings: true\n");
+  MapReader r(y, "model", "test");
+  read_model_section(r, qwen);
+  EXPECT_EQ(qwen.head_size(), 128);
+  EXPECT_EQ(qwen.q_width(), 2048);
+  EXPECT_EQ(model_num_params(qwen), 596049920u);
+  EXPECT_EQ(model_num_params(qwen) - 151936u * 1024u, 440467456u);
 }
 
 }  // namespace

@@ -13,11 +13,14 @@ const Family& gpt2_family();
 const Family& mpt_family();
 const Family& llama_family();
 const Family& mistral_family();
+const Family& qwen2_family();
+const Family& qwen3_family();
 
 namespace {
 
 const Family* const* all_families() {
-  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), &mistral_family(), nullptr};
+  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), &mistral_family(), &qwen2_family(),
+                                       &qwen3_family(), nullptr};
   return all;
 }
 
@@ -70,15 +73,19 @@ void check_model_sizes(const ModelConfig& c, const MapReader* m) {
   positive(c.d_model, "d_model");
   positive(c.vocab_size, "vocab_size");
   ANVIL_CHECK(c.max_seq_len >= 0, "{} = {} must be a positive integer", key("max_seq_len"), c.max_seq_len);
-  ANVIL_CHECK(c.d_model % c.n_heads == 0, "{} = {} must be divisible by model.n_heads = {}", key("d_model"), c.d_model,
-              c.n_heads);
+  ANVIL_CHECK(c.head_dim || c.d_model % c.n_heads == 0, "{} = {} must be divisible by model.n_heads = {}",
+              key("d_model"), c.d_model, c.n_heads);
   // A family without the key (GPT-2) has grouped-query heads only when code sets them.
   ANVIL_CHECK(c.n_kv_heads == 0 || (c.n_kv_heads > 0 && c.n_heads % c.n_kv_heads == 0), "{} = {} must be a "
               "positive divisor of model.n_heads = {}", key(*f.kv_heads_key ? f.kv_heads_key : "n_kv_heads"),
               c.n_kv_heads, c.n_heads);
-  ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{} = {} over model.n_heads = {} gives "
-              "an odd head size ({}); RoPE rotates pairs of dimensions", key("d_model"), c.d_model, c.n_heads,
-              c.head_size());
+  if (c.head_dim)
+    ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_dim % 2 == 0, "{} = {} is odd; RoPE rotates pairs of "
+                "dimensions", key("head_dim"), c.head_dim);
+  else
+    ANVIL_CHECK(c.positions != PositionKind::kRope || c.head_size() % 2 == 0, "{} = {} over model.n_heads = {} "
+                "gives an odd head size ({}); RoPE rotates pairs of dimensions", key("d_model"), c.d_model, c.n_heads,
+                c.head_size());
   ANVIL_CHECK(c.mlp_width() > 0, "{} = {} must be positive", key(*f.mlp_width_key ? f.mlp_width_key : "d_model"),
               c.mlp_width());
 }

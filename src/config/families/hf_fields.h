@@ -47,6 +47,16 @@ class HfFields {
   void copy(const char* key, const std::string& anvil_key) {
     if (has(key)) set(anvil_key, YAML::Load(j_.at(key).dump()), key);
   }
+  // The mapping field `key`, less its fields named in `skip`, as the section's key `anvil_key`.
+  void copy_mapping(const char* key, const std::string& anvil_key, const std::set<std::string>& skip) {
+    if (!has(key)) return;
+    ANVIL_CHECK(j_.at(key).is_object(), "{}: field '{}{}' must be a mapping ({})", where_, path_, key,
+                j_.at(key).dump());
+    nlohmann::json kept = nlohmann::json::object();
+    for (const auto& [k, v] : j_.at(key).items())
+      if (!skip.count(k)) kept[k] = v;
+    set(anvil_key, YAML::Load(kept.dump()), key);
+  }
   // Sets the section's key to a value the family derives from `field` ("" for none).
   template <typename T>
   void set(const std::string& anvil_key, const T& value, const std::string& field = "") {

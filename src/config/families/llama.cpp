@@ -11,7 +11,7 @@ namespace {
 
 class Llama final : public LlamaShaped {
  public:
-  Llama() : LlamaShaped(ModelFamily::kLlama, "Llama", "llama", "LlamaForCausalLM") {}
+  Llama() : LlamaShaped(ModelFamily::kLlama, "Llama", "llama", "LlamaForCausalLM", /*rope_scaling=*/true) {}
 
  protected:
   void read_own_keys(MapReader&, ModelConfig&) const override {}
@@ -23,7 +23,6 @@ class Llama final : public LlamaShaped {
     f.only<int>("pretraining_tp", 1, "tensor-parallel slicing of the products");
   }
   void own_hf_config(const ModelConfig&, nlohmann::ordered_json& j) const override {
-    j["rope_scaling"] = nullptr;
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;

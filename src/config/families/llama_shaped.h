@@ -1,6 +1,6 @@
-// What the families built as Llama is share (Llama, Mistral): RMSNorm, RoPE in the rotate-half
-// order, SwiGLU, no biases, grouped-query attention, their own LM head unless tied; keys under
-// anvil's size names and transformers' LlamaConfig names for the rest; transformers' tensor
+// What the families built as Llama is share (Llama, Mistral, Qwen2): RMSNorm, RoPE in the
+// rotate-half order, SwiGLU, no biases (Qwen2's on q, k and v aside), grouped-query attention,
+// their own LM head unless tied; keys under anvil's size names and transformers' LlamaConfig names for the rest; transformers' tensor
 // names (model.layers.N.self_attn.q_proj, ...) and PEFT's modules. Each family adds its own keys
 // and config.json fields through the hooks.
 #pragma once
@@ -22,10 +22,18 @@ class LlamaShaped : public Family {
   std::vector<LoraModule> lora_modules(const ModelConfig& c) const final;
 
  protected:
-  LlamaShaped(ModelFamily id, const char* title, const char* hf_model_type, const char* hf_architecture)
+  // rope_scaling: transformers' config class of the family has rope_scaling (Llama's and Qwen2's do;
+  // Mistral's does not, so anvil neither reads nor writes it there).
+  LlamaShaped(ModelFamily id, const char* title, const char* hf_model_type, const char* hf_architecture,
+              bool rope_scaling)
       : Family(id, title, hf_model_type, hf_architecture, "model.layers.{}.", "", /*hf_conv1d=*/false, "n_kv_heads",
-               "intermediate_size", {"q_proj", "v_proj"}) {}
+               "intermediate_size", {"q_proj", "v_proj"}),
+        rope_scaling(rope_scaling) {}
 
+  const bool rope_scaling;
+
+  // The family's own defaults, set before any key is read.
+  virtual void own_defaults(ModelConfig&) const {}
   // The family's own keys, read after the shared ones, and written back.
   virtual void read_own_keys(MapReader& m, ModelConfig& c) const = 0;
   virtual void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const = 0;

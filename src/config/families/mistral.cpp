@@ -14,7 +14,7 @@ namespace {
 
 class Mistral final : public LlamaShaped {
  public:
-  Mistral() : LlamaShaped(ModelFamily::kMistral, "Mistral", "mistral", "MistralForCausalLM") {}
+  Mistral() : LlamaShaped(ModelFamily::kMistral, "Mistral", "mistral", "MistralForCausalLM", /*rope_scaling=*/false) {}
 
  protected:
   void read_own_keys(MapReader& m, ModelConfig& c) const override {

@@ -118,8 +118,8 @@ class Mpt final : public Family {
     key("alibi", c.positions == PositionKind::kAlibi);
     key("alibi_bias_max", c.alibi_bias_max);
     key("rope", c.positions == PositionKind::kRope);
-    key("rope_theta", c.rope_theta);
-    key("qk_ln", c.qk_norm);
+    key("rope_theta", c.rope.theta);
+    key("qk_ln", c.qk_norm == QkNorm::kWhole);
     e << YAML::EndMap;
     e << YAML::Key << "ffn_config" << YAML::Value << YAML::BeginMap;
     key("ffn_type", c.mlp == MlpKind::kSwiglu ? "mptglu" : "mptmlp");
@@ -162,7 +162,7 @@ class Mpt final : public Family {
             "an MLP other than exact GELU with expansion_ratio 4");
     require(c.kv_heads() == c.n_heads, "grouped-query attention (attn_config.kv_n_heads)");
     require(c.tied_embeddings, "its own LM head (tie_word_embeddings: false)");
-    require(!c.qk_norm, "QK LayerNorm (attn_config.qk_ln: transformers' MPT has none)");
+    require(c.qk_norm == QkNorm::kNone, "QK LayerNorm (attn_config.qk_ln: transformers' MPT has none)");
     ANVIL_CHECK(c.alibi_bias_max == static_cast<float>(static_cast<int>(c.alibi_bias_max)),
                 "transformers' MPT takes an integer attn_config.alibi_bias_max; the model has {}", c.alibi_bias_max);
   }
@@ -254,7 +254,7 @@ class Mpt final : public Family {
     a.get("alibi", alibi);
     read_positive(a, "alibi_bias_max", c.alibi_bias_max);
     a.get("rope", rope);
-    read_positive(a, "rope_theta", c.rope_theta);
+    read_positive(a, "rope_theta", c.rope.theta);
     // Both implementations rotate halves (flash-attn's rotary, non-interleaved, and Hugging Face's).
     std::string rope_impl = "dail";
     a.get("rope_impl", rope_impl);
@@ -274,7 +274,9 @@ class Mpt final : public Family {
       h.finish();
     }
     read_pdrop(a, "attn_pdrop", c.attn_pdrop);
-    a.get("qk_ln", c.qk_norm);
+    bool qk_ln = false;
+    a.get("qk_ln", qk_ln);
+    c.qk_norm = qk_ln ? QkNorm::kWhole : QkNorm::kNone;
     only(a, "qk_gn", false, "no group norm on queries and keys");
     only(a, "fused_qkv", true, "q, k and v are one fused product");
     only(a, "sliding_window_size", -1, "attention is causal over the whole sequence");

@@ -247,8 +247,8 @@ ANVIL_CPU_CLONES void gelu_erf_backward_range(float* dinp, const float* inp, con
 namespace {
 // The rotation of every (position t < T, pair i) by sign times its angle, as the reference forms
 // it (fp32 angle, double cos and sin), then applied to each row's heads.
-void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta,
-                 float sign) {
+void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                 const RopeFrequencies& freqs, float sign) {
   const int half = HS / 2;
   // Kept between calls: a step does not allocate once the longest sequence has been seen.
   thread_local std::vector<float> table;
@@ -258,7 +258,7 @@ void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_strid
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      const double angle = static_cast<float>(t) * rope_inv_freq(theta, i, HS);
+      const double angle = static_cast<float>(t) * rope_inv_freq(freqs, i, HS);
       cos_t[t * half + i] = static_cast<float>(std::cos(angle));
       sin_t[t * half + i] = sign * static_cast<float>(std::sin(angle));
     }
@@ -280,12 +280,13 @@ void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_strid
 }
 }  // namespace
 
-void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, theta, 1.0f);
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                  const RopeFrequencies& freqs) {
+  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, freqs, 1.0f);
 }
 void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                   float theta) {
-  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0f);
+                   const RopeFrequencies& freqs) {
+  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, freqs, -1.0f);
 }
 
 // sigmoid(x) = sigmoid2(x/2): the same cancellation-free form as GELU's. Rows [lo, hi), compiled

@@ -286,15 +286,15 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, long N, Comput
   out[i] = round_value(x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s, d);
 }
 
-// ---- RoPE: one thread per (row, head, pair); inv_freq as rope_inv_freq forms it on the host.
-__global__ void rope_kernel(float* x, const int32_t* positions, int T, int row_stride, int n_heads, int HS, float theta,
-                            float sign, long pairs) {
+// ---- RoPE: one thread per (row, head, pair); inv_freq from rope_inv_freq, the host's definition.
+__global__ void rope_kernel(float* x, const int32_t* positions, int T, int row_stride, int n_heads, int HS,
+                            RopeFrequencies freqs, float sign, long pairs) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= pairs) return;
   const int half = HS / 2;
   const int i = static_cast<int>(k % half);
   const long head = k / half, row = head / n_heads;
-  const float inv_freq = static_cast<float>(pow(static_cast<double>(theta), -2.0 * i / HS));
+  const float inv_freq = rope_inv_freq(freqs, i, HS);
   const float angle = static_cast<float>(positions ? positions[row] : static_cast<int>(row % T)) * inv_freq;
   const float c = cosf(angle), s = sign * sinf(angle);
   float* v = x + row * row_stride + (head % n_heads) * HS;
@@ -624,16 +624,18 @@ void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   GPU_CHECK_LAUNCH();
 }
 
-void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                  const RopeFrequencies& freqs) {
   const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
-  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(x, positions, T, row_stride, n_heads, HS, theta, 1.0f, pairs);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(x, positions, T, row_stride, n_heads, HS, freqs, 1.0f, pairs);
   GPU_CHECK_LAUNCH();
 }
 
 void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                   float theta) {
+                   const RopeFrequencies& freqs) {
   const long pairs = static_cast<long>(B) * T * n_heads * (HS / 2);
-  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(dx, positions, T, row_stride, n_heads, HS, theta, -1.0f, pairs);
+  GPU_LAUNCH(rope_kernel, blocks_for(pairs), kThreads)(dx, positions, T, row_stride, n_heads, HS, freqs, -1.0f,
+                                                       pairs);
   GPU_CHECK_LAUNCH();
 }
 

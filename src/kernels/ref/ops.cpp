@@ -186,15 +186,15 @@ constexpr double kGeluScale = 0.7978845608028654;  // √(2/π)
 
 namespace {
 // Rotates each pair by the angle t·inv_freq[i] times sign (1: forward, -1: its gradient).
-void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta,
-                 double sign) {
+void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                 const RopeFrequencies& freqs, double sign) {
   const int half = HS / 2;
   for (long row = 0; row < static_cast<long>(B) * T; row++) {
     const float t = static_cast<float>(position_of(positions, static_cast<int>(row / T), T, static_cast<int>(row % T)));
     for (int h = 0; h < n_heads; h++) {
       float* v = x + row * row_stride + static_cast<long>(h) * HS;
       for (int i = 0; i < half; i++) {
-        const double angle = t * rope_inv_freq(theta, i, HS);  // the fp32 product
+        const double angle = t * rope_inv_freq(freqs, i, HS);  // the fp32 product
         const double c = std::cos(angle), s = sign * std::sin(angle), a = v[i], b = v[i + half];
         v[i] = static_cast<float>(a * c - b * s);
         v[i + half] = static_cast<float>(b * c + a * s);
@@ -204,12 +204,13 @@ void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_strid
 }
 }  // namespace
 
-void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS, float theta) {
-  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, theta, 1.0);
+void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
+                  const RopeFrequencies& freqs) {
+  rope_rotate(x, positions, B, T, row_stride, n_heads, HS, freqs, 1.0);
 }
 void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                   float theta) {
-  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, theta, -1.0);
+                   const RopeFrequencies& freqs) {
+  rope_rotate(dx, positions, B, T, row_stride, n_heads, HS, freqs, -1.0);
 }
 
 void swiglu_forward(float* out, const float* inp, int N, int F, ComputeDtype d) {

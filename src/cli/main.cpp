@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/submit.h"
 #include "config/train_config.h"
@@ -24,6 +25,7 @@
 #include "core/suggest.h"
 #include "data/tokenizer.h"
 #include "data/loader.h"
+#include "data/chat_template.h"
 #include "data/finetuning.h"
 #include "data/prepare.h"
 #include "data/tools.h"
@@ -148,7 +150,8 @@ empty, or have no token carrying loss within --max-seq-len, are dropped; those l
   --target-prompts P    none (default), all or length>=N: which prompts carry loss
   --target-responses R  last (default) or all: which responses carry loss
   --too-long T          truncate (default) or drop
-  --chat-template NAME  chatml (default)
+  --chat-template T     auto (default: the tokenizer's own chat template where it has one, else
+                        chatml), tokenizer (its own, required), or chatml
   --skip-malformed      skip (and count) malformed records instead of stopping at the first
 
 inspect: checks every shard of an MDS dataset against its index and prints the shard, sample
@@ -203,16 +206,28 @@ examples:
   anvil submit configs/demo.yaml run_dir=runs/demo-slurm --nodes 1 --tasks-per-node 2 --dry-run
 )";
 
-constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--tokenizer NAME]
+constexpr const char* kTokenizeHelp = R"(usage: anvil tokenize [--decode] [--chat [options]] [--tokenizer NAME]
 
 Reads standard input and prints its token ids, one per line: the text's tokens alone, without
 BOS or EOS (GPT-2's tokenizer unless --tokenizer names another, as for `anvil data prepare`).
 With --decode, reads ids (whitespace-separated) and writes the bytes they stand for.
 
+With --chat, standard input is a chat: a JSON list of messages ({"role": ..., "content": ...}),
+or an object holding "messages" and any further variables of the template (tools, documents,
+enable_thinking, ...). It is rendered with the tokenizer's own chat template (chat_template.jinja,
+or chat_template in tokenizer_config.json) as transformers' apply_chat_template renders it, and
+its ids printed as apply_chat_template(tokenize=True) gives them (no special tokens added: the
+template writes them).
+  --add-generation-prompt  end with the template's prompt for the assistant's reply
+  --chat-template T        chatml, or a .jinja file (or a JSON file holding chat_template) to
+                           render with instead of the tokenizer's
+  --text                   print the rendered text instead of its ids
+
 examples:
   echo "Hello world" | anvil tokenize
   echo "15496 995" | anvil tokenize --decode
   anvil tokenize --tokenizer sp.model < notes.txt
+  echo '[{"role": "user", "content": "Hi"}]' | anvil tokenize --chat --text --add-generation-prompt --tokenizer qwen3
 )";
 
 constexpr const char* kDoctorHelp = R"(usage: anvil doctor
@@ -317,7 +332,7 @@ constexpr const char* kGenerateHelp = R"(usage: anvil generate CHECKPOINT --prom
 
 CHECKPOINT is a checkpoint directory, a run directory (its latest checkpoint is used), or a
 Hugging Face transformers model directory (as `anvil import` reads it). Prints the prompt
-followed by the sampled continuation.
+followed by the sampled continuation; with --chat, the assistant's reply to the prompt.
 
 options:
   --prompt TEXT         text to continue (required)
@@ -328,9 +343,15 @@ options:
   --seed S              sampling seed (default 0)
   --tokenizer NAME      as for `anvil data prepare` (default: the checkpoint's tokenizer.name, or
                         the Hugging Face directory's own tokenizer files, else gpt2)
+  --chat                the prompt is a user's message: the chat is rendered with the tokenizer's
+                        own chat template and its generation prompt (as transformers'
+                        apply_chat_template), and the reply ends at the tokenizer's EOS
+  --system TEXT         with --chat: a system message first
+  --chat-template T     with --chat: chatml, or a .jinja file, instead of the tokenizer's template
 
 examples:
   anvil generate runs/demo --prompt "The jury said"
+  anvil generate hf/qwen3 --chat --prompt "Name a prime number." --temperature 0
   anvil generate runs/demo/checkpoints/step-00000300 --prompt "Once" --temperature 0
   anvil generate hf/llama --prompt "The" --max-new-tokens 32 --top-p 0.9 --seed 3
 )";
@@ -506,7 +527,7 @@ int prepare_finetuning_command(const Args& a) {
   const std::string too_long = flag(a, "--too-long", "truncate");
   if (!parse_choice(too_long, &ft.too_long))
     usage_error("--too-long '" + too_long + "' is not known: expected truncate or drop", kPrepareHelp);
-  ft.chat_template = chat_template_named(flag(a, "--chat-template", "chatml"), "--chat-template");
+  ft.chat_template = chat_template_named(flag(a, "--chat-template", "auto"), "--chat-template");
   ft.skip_malformed = !a.switches.empty();  // --skip-malformed, the one switch
   std::vector<std::string> splits = comma_list(flag(a, "--splits", ""));
   if (splits.empty()) splits = std::filesystem::is_directory(input) ? finetuning_splits(input)
@@ -514,6 +535,7 @@ int prepare_finetuning_command(const Args& a) {
   ANVIL_CHECK(!std::filesystem::exists(out), "output directory '{}' already exists; remove it or choose another --out",
               out);
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(flag(a, "--tokenizer", "gpt2"));
+  ft.chat_template = resolve_chat_template(ft.chat_template, tokenizer->files());
   for (const std::string& split : splits) {
     const std::vector<std::string> files = finetuning_files(ft, split, input);
     const FinetuningReport r = prepare_finetuning(files, out + "/" + split, *tokenizer, opt);
@@ -586,11 +608,45 @@ int cmd_data(const std::vector<std::string>& args) {
 
 int cmd_tokenize(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kTokenizeHelp, stdout), 0;
-  Args a = parse_args(args, {"--tokenizer"}, {"--decode"}, kTokenizeHelp);
+  Args a = parse_args(args, {"--tokenizer", "--chat-template"}, {"--decode", "--chat", "--add-generation-prompt", "--text"},
+                      kTokenizeHelp);
   if (!a.positional.empty()) usage_error("tokenize reads standard input and takes no file arguments", kTokenizeHelp);
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(flag(a, "--tokenizer", "gpt2"));
+  const bool chat = has_switch(a, "--chat");
+  for (const char* f : {"--add-generation-prompt", "--text"})
+    if (!chat && has_switch(a, f)) usage_error(std::string(f) + " goes with --chat", kTokenizeHelp);
+  if (!chat && !flag(a, "--chat-template", "").empty()) usage_error("--chat-template goes with --chat", kTokenizeHelp);
+  if (chat && has_switch(a, "--decode")) usage_error("--decode and --chat exclude each other", kTokenizeHelp);
   const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
-  if (!a.switches.empty()) {  // --decode
+  if (chat) {
+    nlohmann::ordered_json in;
+    try {
+      in = nlohmann::ordered_json::parse(input);
+    } catch (const std::exception& e) {
+      ANVIL_FAIL("--chat: standard input is not valid JSON ({})", e.what());
+    }
+    ANVIL_CHECK(in.is_array() || (in.is_object() && in.contains("messages")), "--chat: standard input must be a list "
+                "of messages or an object holding \"messages\", got {}", in.type_name());
+    nlohmann::ordered_json messages = in.is_array() ? in : in["messages"];
+    nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+    if (in.is_object()) {
+      extra = in;
+      extra.erase("messages");
+    }
+    // The text needs the tokenizer's files only (its template and special tokens), not the tokenizer.
+    const TokenizerFiles files = resolve_tokenizer(flag(a, "--tokenizer", "gpt2"));
+    const ChatFormatter formatter(chat_template_for(flag(a, "--chat-template", ""), files), files);
+    const std::string text = formatter.render(messages, has_switch(a, "--add-generation-prompt"), extra);
+    if (has_switch(a, "--text")) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return 0;
+    }
+    std::string out;
+    for (int32_t id : load_tokenizer(files)->encode(text)) out += std::to_string(id) + '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(flag(a, "--tokenizer", "gpt2"));
+  if (has_switch(a, "--decode")) {
     std::vector<int32_t> ids;
     size_t pos = 0;
     while (pos < input.size()) {
@@ -617,7 +673,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
 int cmd_generate(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kGenerateHelp, stdout), 0;
   Args a = parse_args(args, {"--prompt", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--seed",
-                             "--tokenizer"}, {},
+                             "--tokenizer", "--system", "--chat-template"}, {"--chat"},
                       kGenerateHelp);
   if (a.positional.size() != 1) usage_error("generate needs exactly one checkpoint", kGenerateHelp);
   GenerateOptions opt;
@@ -632,6 +688,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   opt.top_k = number_flag(a, "--top-k", 40, kGenerateHelp);
   opt.top_p = number_flag(a, "--top-p", 1.0, kGenerateHelp);
   opt.seed = number_flag<uint64_t>(a, "--seed", 0, kGenerateHelp);
+  opt.chat = has_switch(a, "--chat");
+  opt.system = flag(a, "--system", "");
+  opt.chat_template = flag(a, "--chat-template", "");
+  if (!opt.chat && (!opt.system.empty() || !opt.chat_template.empty()))
+    usage_error("--system and --chat-template go with --chat", kGenerateHelp);
   const std::string text = generate_text(opt);
   std::printf("%s\n", text.c_str());
   return 0;

@@ -61,12 +61,15 @@ std::string render_chat_message(const ChatTemplate& t, const std::string& role, 
 }
 
 ChatTemplate chat_template_named(const std::string& name, const std::string& where) {
-  ANVIL_CHECK(name == "chatml", "{}: chat template '{}' is not built in (expected chatml, or a map with message "
-              "and generation_prompt)", where, name);
-  return ChatTemplate{};
+  ANVIL_CHECK(name == "auto" || name == "tokenizer" || name == "chatml", "{}: chat template '{}' is not known "
+              "(expected auto, tokenizer, chatml, or a map with message and generation_prompt)", where, name);
+  ChatTemplate t;
+  t.name = name;
+  return t;
 }
 
 void validate_chat_template(const ChatTemplate& t, const std::string& where) {
+  if (t.name == "auto" || t.is_jinja()) return;
   ANVIL_CHECK(t.message.find("{content}") != std::string::npos, "{}: the chat template's message has no {{content}}",
               where);
   ANVIL_CHECK(!t.generation_prompt.empty(), "{}: the chat template's generation_prompt is empty", where);

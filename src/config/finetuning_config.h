@@ -26,13 +26,21 @@ struct TargetPolicy {
   Responses responses = Responses::kLast;
 };
 
-// A chat record's messages become text one message at a time: `message` with {role} and
-// {content} replaced. A turn's prompt ends with `generation_prompt`, which the assistant's
-// rendered message begins with, so that the response is the rest of that message.
+// How a chat record's messages become text.
+// - "tokenizer": the tokenizer's own chat template (the Jinja template in its directory's
+//   tokenizer_config.json, chat_template.jinja or chat_template.json), rendered as transformers'
+//   apply_chat_template renders it (data/chat_template.h); `jinja` and `origin` hold it once the
+//   tokenizer is known.
+// - "chatml", or a custom map: each message rendered alone, `message` with {role} and {content}
+//   replaced; the assistant's rendered message begins with `generation_prompt`.
+// - "auto" (the default): the tokenizer's where it has one, else chatml (transformers' default
+//   before templates were required).
 struct ChatTemplate {
-  std::string name = "chatml";  // a built-in template, or "custom"
+  std::string name = "auto";  // auto, tokenizer, chatml, or a custom template's name
   std::string message = "<|im_start|>{role}\n{content}<|im_end|>\n";
   std::string generation_prompt = "<|im_start|>assistant\n";
+  std::string jinja, origin;
+  bool is_jinja() const { return name == "tokenizer"; }
 };
 
 // Foundry's target_prompts ("none", "all", "length>=N") and target_responses ("last", "all");
@@ -41,8 +49,8 @@ TargetPolicy parse_target_policy(const std::string& prompts, const std::string& 
 std::string target_prompts_name(const TargetPolicy& p);
 std::string target_responses_name(const TargetPolicy& p);
 
-// The built-in chat templates by name (chatml), a check that a template can cut a chat into turns
-// (`where` names it in errors), and one message as the template renders it.
+// A chat template by name (auto, tokenizer, chatml), a check that a message template can cut a
+// chat into turns (`where` names it in errors), and one message as a message template renders it.
 ChatTemplate chat_template_named(const std::string& name, const std::string& where);
 void validate_chat_template(const ChatTemplate& t, const std::string& where);
 std::string render_chat_message(const ChatTemplate& t, const std::string& role, const std::string& content);

@@ -231,11 +231,14 @@ const std::vector<Field<FinetuningConfig, FinetuningContext>>& finetuning_fields
             Finetuning::emit(e, "target_responses", target_responses_name(ft.targets));
           }),
       Finetuning::custom(
-          "chat_template", "`chatml`",
-          "how chat messages become text: `chatml` (`<\\|im_start\\|>{role}\\n{content}<\\|im_end\\|>\\n`, "
-          "generation prompt `<\\|im_start\\|>assistant\\n`), or a map `{message, generation_prompt}` whose "
-          "assistant message must begin with the generation prompt. The template used is written beside the "
-          "prepared data (`chat_template.json`). A tokenizer's own Jinja template is not run",
+          "chat_template", "`auto`",
+          "how chat messages become text: `tokenizer`, the tokenizer's own Jinja chat template "
+          "(`tokenizer_config.json`'s `chat_template`, or `chat_template.jinja` beside it) rendered as transformers "
+          "renders it, turns cut as LLM Foundry cuts them, no BOS added (the template writes its special tokens); "
+          "`chatml` (`<\\|im_start\\|>{role}\\n{content}<\\|im_end\\|>\\n`, generation prompt "
+          "`<\\|im_start\\|>assistant\\n`); a map `{name, message, generation_prompt}` whose assistant message must "
+          "begin with the generation prompt; `auto`: the tokenizer's where it has one, else `chatml`. The template "
+          "used is written beside the prepared data (`chat_template.json`)",
           [](MapReader& d, FinetuningConfig& ft, const FinetuningContext&) {
             if (!d.has("chat_template")) return;
             const std::string where = d.source("chat_template") + ": " + d.full("chat_template");
@@ -246,6 +249,9 @@ const std::vector<Field<FinetuningConfig, FinetuningContext>>& finetuning_fields
               MapReader c = d.sub("chat_template");
               ft.chat_template.name = "custom";
               c.get("name", ft.chat_template.name);
+              ANVIL_CHECK(ft.chat_template.name != "auto" && ft.chat_template.name != "tokenizer", "{}: a chat "
+                          "template map cannot be named '{}' (that name chooses the tokenizer's template)", where,
+                          ft.chat_template.name);
               ANVIL_CHECK(c.has("message") && c.has("generation_prompt"), "{}: a chat template map needs message "
                           "(with {{role}} and {{content}}) and generation_prompt", where);
               c.get("message", ft.chat_template.message);
@@ -255,10 +261,15 @@ const std::vector<Field<FinetuningConfig, FinetuningContext>>& finetuning_fields
             validate_chat_template(ft.chat_template, where);
           },
           [](YAML::Emitter& e, const FinetuningConfig& ft) {
+            const ChatTemplate& t = ft.chat_template;
+            if (t.name == "auto" || t.name == "tokenizer" || t.name == "chatml") {
+              e << YAML::Key << "chat_template" << YAML::Value << t.name;
+              return;
+            }
             e << YAML::Key << "chat_template" << YAML::Value << YAML::BeginMap;
-            e << YAML::Key << "name" << YAML::Value << ft.chat_template.name;
-            e << YAML::Key << "message" << YAML::Value << ft.chat_template.message;
-            e << YAML::Key << "generation_prompt" << YAML::Value << ft.chat_template.generation_prompt;
+            e << YAML::Key << "name" << YAML::Value << t.name;
+            e << YAML::Key << "message" << YAML::Value << t.message;
+            e << YAML::Key << "generation_prompt" << YAML::Value << t.generation_prompt;
             e << YAML::EndMap;
           }),
       Finetuning::value("too_long", &FinetuningConfig::too_long, "an example longer than `max_seq_len`: `truncate` "

@@ -16,6 +16,7 @@
 namespace anvil {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -24,10 +25,11 @@ const std::set<std::string> kRoles = {"system", "user", "assistant", "tool"};  /
 }  // namespace
 
 std::string chat_template_json(const ChatTemplate& t) {
+  if (t.is_jinja()) return json{{"name", t.name}, {"origin", t.origin}, {"chat_template", t.jinja}}.dump(2) + "\n";
   return json{{"name", t.name}, {"message", t.message}, {"generation_prompt", t.generation_prompt}}.dump(2) + "\n";
 }
 
-std::vector<TextTurn> record_turns(const json& record, const ChatTemplate& chat) {
+std::vector<TextTurn> record_turns(const ojson& record, const ChatFormatter& chat) {
   ANVIL_CHECK(record.is_object(), "a record must be a JSON object, got {}", record.type_name());
   auto keys = [&] {
     std::vector<std::string> k;
@@ -35,12 +37,12 @@ std::vector<TextTurn> record_turns(const json& record, const ChatTemplate& chat)
     return fmt::format("{}", fmt::join(k, ", "));
   };
   if (record.size() == 1 && record.contains("messages")) {
-    const json& messages = record["messages"];
+    const ojson& messages = record["messages"];
     ANVIL_CHECK(messages.is_array(), "\"messages\" must be a list, got {}", messages.type_name());
     ANVIL_CHECK(messages.size() >= 2, "a chat needs at least 2 messages, got {}", messages.size());
     std::string previous_role;
     for (size_t i = 0; i < messages.size(); i++) {
-      const json& m = messages[i];
+      const ojson& m = messages[i];
       ANVIL_CHECK(m.is_object() && m.size() == 2 && m.contains("role") && m.contains("content"),
                   "message {} must be {{\"role\": ..., \"content\": ...}}, got {}", i, m.dump());
       ANVIL_CHECK(m["role"].is_string(), "message {}: the role must be a string, got {}", i, m["role"].dump());
@@ -53,38 +55,24 @@ std::vector<TextTurn> record_turns(const json& record, const ChatTemplate& chat)
     }
     ANVIL_CHECK(previous_role == "assistant", "a chat must end with the assistant's message, not the {}'s",
                 previous_role);
-    // Each assistant message ends a turn: its prompt is what came since the previous turn plus
-    // the generation prompt, its response the rest of the assistant's rendered message.
-    std::vector<TextTurn> turns;
-    std::string prompt;
-    for (const json& m : messages) {
-      const std::string role = m["role"], content = m["content"];
-      const std::string text = render_chat_message(chat, role, content);
-      if (role != "assistant") {
-        prompt += text;
-        continue;
-      }
-      turns.push_back({prompt + chat.generation_prompt, text.substr(chat.generation_prompt.size())});
-      prompt.clear();
-    }
-    return turns;
+    return chat.turns(messages);
   }
   const bool has_response = record.contains("response"), has_completion = record.contains("completion");
   ANVIL_CHECK(record.size() == 2 && record.contains("prompt") && has_response != has_completion,
               "a record is {{\"prompt\", \"response\"}} (or \"completion\") or {{\"messages\"}}; this one has keys: {}",
               keys());
-  const json& prompt = record["prompt"];
-  const json& response = record[has_response ? "response" : "completion"];
+  const ojson& prompt = record["prompt"];
+  const ojson& response = record[has_response ? "response" : "completion"];
   ANVIL_CHECK(prompt.is_string(), "the prompt must be a string, got {}", prompt.type_name());
   ANVIL_CHECK(response.is_string(), "the response must be a string, got {}", response.type_name());
   return {{prompt.get<std::string>(), response.get<std::string>()}};
 }
 
-std::vector<Turn> tokenize_turns(const std::vector<TextTurn>& turns, Tokenizer& tokenizer) {
+std::vector<Turn> tokenize_turns(const std::vector<TextTurn>& turns, Tokenizer& tokenizer, bool bos) {
   std::vector<Turn> out;
   for (const TextTurn& t : turns) {
     Turn turn;
-    if (out.empty() && tokenizer.bos_id() >= 0) turn.prompt.push_back(tokenizer.bos_id());
+    if (bos && out.empty() && tokenizer.bos_id() >= 0) turn.prompt.push_back(tokenizer.bos_id());
     const std::vector<int32_t> p = tokenizer.encode(t.prompt);
     turn.prompt.insert(turn.prompt.end(), p.begin(), p.end());
     turn.response = tokenizer.encode(t.response);
@@ -278,9 +266,9 @@ void for_each_record(const std::string& file, Fn fn, FinetuningReport& report, b
   };
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && text[first] == '[') {
-    json all;
+    ojson all;
     try {
-      all = json::parse(text);
+      all = ojson::parse(text);
     } catch (const std::exception& e) {
       ANVIL_FAIL("{}: not valid JSON ({})", file, e.what());
     }
@@ -303,9 +291,9 @@ void for_each_record(const std::string& file, Fn fn, FinetuningReport& report, b
     pos = end + 1;
     if (l.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     report.records++;
-    json record;
+    ojson record;
     try {
-      record = json::parse(l);
+      record = ojson::parse(l);
     } catch (const std::exception& e) {
       malformed(line, fmt::format("not valid JSON ({})", e.what()));
       continue;
@@ -325,7 +313,7 @@ FinetuningReport prepare_finetuning(const std::vector<std::string>& files, const
   ANVIL_CHECK(opt.max_seq_len >= 2, "max_seq_len must be at least 2, got {}", opt.max_seq_len);
   ANVIL_CHECK(!files.empty(), "no fine-tuning record files given");
   const FinetuningConfig& ft = opt.finetuning;
-  validate_chat_template(ft.chat_template, "chat_template");
+  const ChatFormatter chat(resolve_chat_template(ft.chat_template, tokenizer.files()), tokenizer.files());
   ANVIL_CHECK(!fs::exists(out_dir) || fs::is_empty(out_dir), "output directory '{}' already exists and is not empty",
               out_dir);
   FinetuningReport report;
@@ -334,8 +322,10 @@ FinetuningReport prepare_finetuning(const std::vector<std::string>& files, const
     MdsWriter writer(tmp, opt.mds, MdsSampleKind::kTurns);
     std::vector<int32_t> inputs(static_cast<size_t>(opt.max_seq_len)), targets(inputs.size());
     for (const std::string& file : files) {
-      for_each_record(file, [&](const json& record) {
-        const std::vector<Turn> turns = tokenize_turns(record_turns(record, ft.chat_template), tokenizer);
+      for_each_record(file, [&](const ojson& record) {
+        const bool chat_record = record.is_object() && record.contains("messages");
+        const std::vector<Turn> turns = tokenize_turns(record_turns(record, chat), tokenizer,
+                                                       !(chat_record && chat.writes_special_tokens()));
         for (const Turn& t : turns) {
           if (t.prompt.empty() || t.response.empty()) {
             report.empty++;

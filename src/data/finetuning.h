@@ -15,27 +15,27 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "config/finetuning_config.h"
+#include "data/chat_template.h"
 #include "data/mds.h"
 #include "data/tokenizer.h"
 
 namespace anvil {
 
-// What the run directory records of the template used.
-std::string chat_template_json(const ChatTemplate& t);  // what the run directory records
+// What the run directory records of the template used (resolved: its Jinja source and origin).
+std::string chat_template_json(const ChatTemplate& t);
 
-struct TextTurn {
-  std::string prompt, response;
-};
 // A record's turns as text; a record Foundry would refuse (wrong keys, a role it does not know,
 // two messages of one role in a row, a chat that does not end with the assistant, ...) throws an
 // Error saying what is wrong.
-std::vector<TextTurn> record_turns(const nlohmann::json& record, const ChatTemplate& chat);
+std::vector<TextTurn> record_turns(const nlohmann::ordered_json& record, const ChatFormatter& chat);
 
 struct Turn {
   std::vector<int32_t> prompt, response;  // Foundry's input_ids and labels
 };
-// The first prompt begins with BOS where the tokenizer has one.
-std::vector<Turn> tokenize_turns(const std::vector<TextTurn>& turns, Tokenizer& tokenizer);
+// With `bos`, the first prompt begins with BOS where the tokenizer has one (a prompt/response
+// record, a chat rendered by a message template); a chat rendered by the tokenizer's own template
+// carries its special tokens in its text.
+std::vector<Turn> tokenize_turns(const std::vector<TextTurn>& turns, Tokenizer& tokenizer, bool bos);
 
 // Foundry's MDS sample for the turns, and back (`where` names the sample in errors).
 nlohmann::json turns_json(const std::vector<Turn>& turns);

@@ -54,6 +54,8 @@ DataPipeline open_data(const LoaderConfig& loader, int max_seq_len, const std::s
       if (comm.rank() == 0) {
         try {
           const std::vector<std::string> files = finetuning_files(ds.finetuning, ds.split, where);
+          // Settled first, so that the key holds the template's text: an edited template prepares anew.
+          ds.finetuning.chat_template = resolve_chat_template(ds.finetuning.chat_template, tokenizer->files());
           const std::string key = preparation_key(files, *tokenizer, ds.finetuning, max_seq_len);
           const std::string key_file = prepared_dir + "/prepared_from.sha256";
           std::error_code ec;
@@ -70,6 +72,9 @@ DataPipeline open_data(const LoaderConfig& loader, int max_seq_len, const std::s
             write_file_atomic(key_file, key + "\n");
             notes.push_back(fmt::format("fine-tuning records of {} ({} file(s)) prepared into {}: {}", where,
                                         files.size(), prepared_dir, report.summary()));
+            const ChatTemplate& chat = ds.finetuning.chat_template;
+            notes.push_back(chat.is_jinja() ? fmt::format("  chat records rendered with the chat template of {}", chat.origin)
+                                            : fmt::format("  chat records rendered with the {} message template", chat.name));
             for (const std::string& p : report.problems) notes.push_back("  skipped: " + p);
           }
         } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "interop/hf_import.h"
 #include "model/model.h"
@@ -29,7 +30,18 @@ std::string generate_text(const GenerateOptions& opt) {
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
   if (cfg.has_lora()) model->set_base_weights(loaded.base);
 
-  std::vector<int32_t> ids = tok->encode_prompt(opt.prompt);
+  std::vector<int32_t> ids;
+  if (opt.chat) {
+    const ChatFormatter chat(chat_template_for(opt.chat_template, tok->files()), tok->files());
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!opt.system.empty()) messages.push_back({{"role", "system"}, {"content", opt.system}});
+    messages.push_back({{"role", "user"}, {"content", opt.prompt}});
+    const std::string text = chat.render(messages, true);
+    // A model's own template writes its special tokens (apply_chat_template adds none).
+    ids = chat.writes_special_tokens() ? tok->encode(text) : tok->encode_prompt(text);
+  } else {
+    ids = tok->encode_prompt(opt.prompt);
+  }
   for (int32_t id : ids)
     ANVIL_CHECK(id < cfg.vocab_size, "the prompt has token {} outside the model's vocabulary of {}", id, cfg.vocab_size);
   const size_t prompt_len = ids.size();
@@ -71,10 +83,11 @@ std::string generate_text(const GenerateOptions& opt) {
         }
       }
     }
+    if (opt.chat && next == tok->eos_id()) break;
     ids.push_back(next);
   }
   std::vector<int32_t> generated(ids.begin() + static_cast<long>(prompt_len), ids.end());
-  return opt.prompt + tok->decode(generated);
+  return (opt.chat ? "" : opt.prompt) + tok->decode(generated);
 }
 
 }  // namespace anvil

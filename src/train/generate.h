@@ -15,9 +15,14 @@ struct GenerateOptions {
   int top_k = 40;            // 0: the whole vocabulary
   double top_p = 1.0;        // nucleus sampling: the fewest top tokens holding this probability
   uint64_t seed = 0;
+  // Chat: the prompt is a user's message (after `system`'s, if any), rendered with the chat
+  // template (`chat_template` as data/chat_template.h's chat_template_for reads it) and its
+  // generation prompt; generation stops at the tokenizer's EOS, and the reply alone is returned.
+  bool chat = false;
+  std::string system, chat_template;
 };
 
-// Returns the prompt followed by the generated continuation.
+// Returns the prompt followed by the generated continuation (chat: the reply).
 std::string generate_text(const GenerateOptions& opt);
 
 }  // namespace anvil

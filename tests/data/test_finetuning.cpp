@@ -20,25 +20,31 @@ namespace anvil {
 namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 constexpr int32_t I = kIgnoreIndex;
 
+const ChatFormatter& chatml() {
+  static const ChatFormatter f(chat_template_named("chatml", "test"), TokenizerFiles{});
+  return f;
+}
+
 TEST(Finetuning, PromptResponseRecordIsOneTurn) {
-  const auto t = record_turns(json::parse(R"({"prompt": "Q?", "response": " A."})"), ChatTemplate{});
+  const auto t = record_turns(ojson::parse(R"({"prompt": "Q?", "response": " A."})"), chatml());
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].prompt, "Q?");
   EXPECT_EQ(t[0].response, " A.");
-  const auto c = record_turns(json::parse(R"({"prompt": "Q?", "completion": "B"})"), ChatTemplate{});
+  const auto c = record_turns(ojson::parse(R"({"prompt": "Q?", "completion": "B"})"), chatml());
   EXPECT_EQ(c[0].response, "B");
 }
 
 // Foundry cuts a chat at each assistant message: the prompt is everything since the previous
 // turn plus the generation prompt, the response the rest of the assistant's message.
 TEST(Finetuning, ChatRecordIsCutAtEachAssistantMessage) {
-  const json chat = json::parse(R"({"messages": [
+  const ojson chat = ojson::parse(R"({"messages": [
       {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
       {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"},
       {"role": "assistant", "content": "Later"}]})");
-  const auto t = record_turns(chat, ChatTemplate{});
+  const auto t = record_turns(chat, chatml());
   ASSERT_EQ(t.size(), 2u);
   EXPECT_EQ(t[0].prompt, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
                          "<|im_start|>assistant\n");
@@ -49,14 +55,15 @@ TEST(Finetuning, ChatRecordIsCutAtEachAssistantMessage) {
   std::string whole;
   for (const auto& turn : t) whole += turn.prompt + turn.response;
   std::string rendered;
-  for (const json& m : chat["messages"]) rendered += render_chat_message(ChatTemplate{}, m["role"], m["content"]);
+  for (const ojson& m : chat["messages"])
+    rendered += render_chat_message(chat_template_named("chatml", "test"), m["role"], m["content"]);
   EXPECT_EQ(whole, rendered);
 }
 
 TEST(Finetuning, RecordsFoundryRefusesAreErrorsSayingWhy) {
   auto why = [](const char* text) {
     try {
-      record_turns(json::parse(text), ChatTemplate{});
+      record_turns(ojson::parse(text), chatml());
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -71,7 +78,7 @@ TEST(Finetuning, RecordsFoundryRefusesAreErrorsSayingWhy) {
   EXPECT_NE(why(R"({"messages": [{"role": "assistant", "content": "a"}]})").find("at least 2"), std::string::npos);
   EXPECT_NE(why(R"({"messages": [{"role": "user", "content": 1}, {"role": "assistant", "content": "b"}]})")
                 .find("content must be a string"), std::string::npos);
-  EXPECT_NE(why(R"({"prompt": "a", "answer": "b"})").find("keys: answer, prompt"), std::string::npos);
+  EXPECT_NE(why(R"({"prompt": "a", "answer": "b"})").find("keys: prompt, answer"), std::string::npos);
   EXPECT_NE(why(R"({"prompt": "a", "response": "b", "extra": 1})").find("this one has keys"), std::string::npos);
   EXPECT_NE(why(R"({"prompt": ["a"], "response": "b"})").find("prompt must be a string"), std::string::npos);
   EXPECT_NE(why(R"([1, 2])").find("JSON object"), std::string::npos);

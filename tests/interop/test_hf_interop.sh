@@ -73,6 +73,28 @@ for name in gpt2 llama mpt; do
   [ "$theirs" = "$ours" ] && pass "$name: $(tail -1 <<< "$out"); transformers' greedy continuation is anvil's: '$ours'" \
     || fail "$name: the reader continues '$theirs', anvil generate '$ours'"
 done
+# generate --chat: the model continues the chat as the directory's own Jinja template renders it
+# with the generation prompt (the reader's greedy continuation of `tokenize --chat`'s ids, which
+# are apply_chat_template's), and the reply is what follows, up to EOS.
+# A barely trained model (the 4-step ones answer every prompt alike), exported with a template.
+train gpt2-fresh 1 model.name=gpt2 max_duration=1ba optimizer.lr=1e-5
+"$anvil" export "$tmp/gpt2-fresh" "$tmp/hf-gpt2-chat" > /dev/null 2>&1 || fail "gpt2-fresh: export failed"
+/usr/bin/python3 - "$tmp/hf-gpt2-chat/tokenizer_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["chat_template"] = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] | trim + '<|im_end|>\\n' }}"
+                      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+json.dump(c, open(sys.argv[1], "w"))
+PY
+chat='[{"role": "system", "content": "Be brief. "}, {"role": "user", "content": "The jury said"}]'
+cids=$(printf '%s' "$chat" | "$anvil" tokenize --chat --add-generation-prompt --tokenizer "$tmp/hf-gpt2-chat" | tr '\n' ' ')
+cont=$("${reader[@]}" greedy "$tmp/hf-gpt2-chat" 12 $cids 2>&1)
+# (The '.'s keep the newlines a tiny model likes to reply with; generate ends its output with one.)
+reply=$(for t in $cont; do [ "$t" = 50256 ] && break; echo "$t"; done | "$anvil" tokenize --decode; printf '\n.')
+ours=$("$anvil" generate "$tmp/hf-gpt2-chat" --chat --system "Be brief. " --prompt "The jury said" --max-new-tokens 12 \
+       --temperature 0 2>"$tmp/chat.err"; printf .)
+[ -n "$cids" ] && [ -n "$cont" ] && [ "$reply" = "$ours" ] && pass "generate --chat: the reply to the chat the template renders is transformers' greedy one: $(printf '%q' "${ours%.}")" \
+  || fail "generate --chat: the reader replies '$reply' ($cont), anvil '$ours' $(cat "$tmp/chat.err") (chat ids: $cids)"
 arch=$(sed -n 's/^ *"model_type": "\(.*\)",/\1/p' "$tmp/hf-llama/config.json")
 kv=$(sed -n 's/^ *"num_key_value_heads": \([0-9]*\),/\1/p' "$tmp/hf-llama/config.json")
 [ "$arch" = llama ] && [ "$kv" = 2 ] && [ -f "$tmp/hf-llama/vocab.json" ] && [ -f "$tmp/hf-llama/merges.txt" ] \

@@ -79,8 +79,7 @@ struct ModelConfig {
   // projections' outputs). Evaluation and generation never drop.
   float emb_pdrop = 0.0f, attn_pdrop = 0.0f, resid_pdrop = 0.0f;
   // A sliding attention window (Mistral's sliding_window): a query sees only the last
-  // sliding_window keys; 0: no window. anvil's attention covers the whole causal context, equal to
-  // the window's for sequences no longer than it, so the model refuses longer ones.
+  // sliding_window keys, itself included (AttentionHeads::window); 0: no window.
   int sliding_window = 0;
   LoraConfig lora{};  // r 0: the whole model trains
 

@@ -1,6 +1,7 @@
-// Causal self-attention on a fused qkv tensor, with grouped-query heads and ALiBi as options:
-// position i attends to positions j <= i of its own example (j >= i - p(b,i), kernels/positions.h:
-// every j <= i when examples are not packed), scores scaled by 1/√head_size.
+// Causal self-attention on a fused qkv tensor, with grouped-query heads, ALiBi and a sliding window
+// as options: position i attends to positions j <= i of its own example (j >= i - p(b,i),
+// kernels/positions.h: every j <= i when examples are not packed) and, with a window of W keys, to
+// none before i - W + 1; scores scaled by 1/√head_size.
 #pragma once
 #include <cmath>
 
@@ -29,6 +30,9 @@ struct AttentionHeads {
   int n_heads, n_kv_heads, head_size;
   bool alibi = false;
   float alibi_bias_max = 8.0f;
+  // Mistral's sliding window: query i sees keys i - window + 1 .. i (as transformers masks it,
+  // kv > q - window); 0: the whole causal context.
+  int window = 0;
   DropoutSite dropout{};
   ComputeDtype operands = ComputeDtype::kFp32;
 
@@ -47,6 +51,12 @@ ANVIL_HOST_DEVICE inline float alibi_slope(int h, int n_heads, float bias_max) {
   while (n < n_heads) n *= 2;
   const int k = n == n_heads ? h + 1 : h < n / 2 ? 2 * h + 2 : 2 * (h - n / 2) + 1;
   return 1.0f / exp2f(static_cast<float>(k) * (bias_max / static_cast<float>(n)));
+}
+
+// The first key query i of sequence b sees: the start of its example, or the window's start.
+ANVIL_HOST_DEVICE inline int attention_first_key(const int32_t* positions, int b, int T, int i, int window) {
+  const int first = i - position_of(positions, b, T, i);
+  return window > 0 && i - window + 1 > first ? i - window + 1 : first;
 }
 
 ANVIL_HOST_DEVICE inline uint64_t attention_dropout_index(int h, int i, int j, int T) {

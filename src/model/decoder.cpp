@@ -48,6 +48,7 @@ size_t Decoder::norm_params(int width) const {
 AttentionHeads Decoder::attention_heads(int l, int b0) const {
   AttentionHeads a{cfg_.n_heads, cfg_.kv_heads(), cfg_.head_size()};
   a.alibi = cfg_.positions == PositionKind::kAlibi;
+  a.window = cfg_.sliding_window;
   a.alibi_bias_max = cfg_.alibi_bias_max;
   a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
   a.operands = dtype();  // amp's q, k, v and their gradients are 16-bit values: docs/precision.md

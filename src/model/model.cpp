@@ -184,10 +184,6 @@ Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
     : cfg_(cfg), storage_(storage), max_seq_(max_seq) {
   check_model_sizes(cfg, nullptr);
   ANVIL_CHECK(cfg.max_seq_len > 0, "model.max_seq_len = {} must be a positive integer", cfg.max_seq_len);
-  ANVIL_CHECK(cfg.sliding_window == 0 || max_seq <= cfg.sliding_window, "sequences of {} tokens are longer than the "
-              "model's sliding attention window (model.sliding_window = {}): anvil attends over the whole causal "
-              "context, which is the window's attention only for sequences up to {} tokens; use a max_seq_len of at "
-              "most {}", max_seq, cfg.sliding_window, cfg.sliding_window, cfg.sliding_window);
   ANVIL_CHECK(max_seq >= 1 && max_seq <= cfg.max_seq_len, "sequence length {} must be in 1..the model's "
               "max_seq_len {}", max_seq, cfg.max_seq_len);
   layout_ = model_param_layout(cfg);

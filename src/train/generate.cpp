@@ -23,9 +23,7 @@ std::string generate_text(const GenerateOptions& opt) {
   const ModelWeights loaded = load_model_weights(opt.checkpoint);
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt.tokenizer.empty() ? loaded.tokenizer : opt.tokenizer);
   const ModelConfig& cfg = loaded.config;
-  // The context: the model's, or its sliding window, past which anvil's attention (over the whole
-  // causal context) is no longer the window's.
-  const int context = cfg.sliding_window ? std::min(cfg.max_seq_len, cfg.sliding_window) : cfg.max_seq_len;
+  const int context = cfg.max_seq_len;
   const std::unique_ptr<Model> model = make_model(cfg, 1, context);
   std::copy(loaded.params.begin(), loaded.params.end(), model->params());
   if (cfg.has_lora()) model->set_base_weights(loaded.base);
@@ -45,11 +43,6 @@ std::string generate_text(const GenerateOptions& opt) {
   for (int32_t id : ids)
     ANVIL_CHECK(id < cfg.vocab_size, "the prompt has token {} outside the model's vocabulary of {}", id, cfg.vocab_size);
   const size_t prompt_len = ids.size();
-  ANVIL_CHECK(cfg.sliding_window == 0 || prompt_len + opt.max_new_tokens <= static_cast<size_t>(context),
-              "the prompt's {} tokens and {} new ones pass the model's sliding attention window of {} tokens, "
-              "beyond which anvil's attention differs from the window's: ask for at most {} new tokens",
-              prompt_len, opt.max_new_tokens, context,
-              prompt_len < static_cast<size_t>(context) ? context - static_cast<int>(prompt_len) : 0);
   Rng rng(opt.seed, 0);
   std::vector<int> order(cfg.vocab_size);
   std::vector<double> probs(cfg.vocab_size);

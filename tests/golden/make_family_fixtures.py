@@ -49,13 +49,16 @@ def alibi_slopes(n_heads, bias_max):
     return slopes
 
 
-def attention(q, k, v, bias=None):
-    """q (B,NH,T,hs), k and v (B,NH,T,hs): causal softmax attention, scale 1/sqrt(hs)."""
+def attention(q, k, v, bias=None, window=0):
+    """q (B,NH,T,hs), k and v (B,NH,T,hs): causal softmax attention, scale 1/sqrt(hs); with a
+    sliding window, key j is seen from query i when j > i - window (transformers' Mistral mask)."""
     hs = q.shape[-1]
     s = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
     if bias is not None:
         s = s + bias
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    if window:
+        mask &= torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=-(window - 1))
     return s.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
 
 
@@ -110,9 +113,10 @@ def rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
-def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None):
+def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None, window=0):
     """hs: the head size (default C // NH); P's q_bias/k_bias/v_bias (Qwen2) and q_norm/k_norm
-    (Qwen3: an RMSNorm over each head's channels before RoPE) where it has them."""
+    (Qwen3: an RMSNorm over each head's channels before RoPE) where it has them; window: Mistral's
+    sliding window."""
     hs = hs or C // NH
     cos, sin = rope_tables(hs, theta)
     x = P["embed_tokens"][tokens]
@@ -127,7 +131,7 @@ def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None):
         g = NH // NKV
         k = k[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
         v = v[:, :, None].expand(B, NKV, g, T, hs).reshape(B, NH, T, hs)
-        y = attention(q, k, v).transpose(1, 2).reshape(B, T, NH * hs)
+        y = attention(q, k, v, window=window).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + y @ P["o_proj"][l].T
         h = rms_norm(x, P["post_attention_layernorm"][l], eps)
         x = x + (F.silu(h @ P["gate_proj"][l].T) * (h @ P["up_proj"][l].T)) @ P["down_proj"][l].T
@@ -197,6 +201,7 @@ def main():
     write_mpt_qk_ln()
     write_llama("qwen2_tiny.safetensors", 2, True, qkv_bias=True)
     write_llama("qwen3_tiny.safetensors", 2, True, qk_norm=True, hs=16)
+    write_llama("mistral_window_tiny.safetensors", 2, False, window=4)
 
 
 def write_mpt_qk_ln():
@@ -235,9 +240,10 @@ def write_mpt_qk_ln():
               {"Wqkv", "out_proj", "up_proj", "down_proj"})
 
 
-def write_llama(name, NKV, tied, qkv_bias=False, qk_norm=False, hs=None):
+def write_llama(name, NKV, tied, qkv_bias=False, qk_norm=False, hs=None, window=0):
     """qkv_bias: Qwen2 (Qwen2Attention: biases on q, k and v, none on o or the MLP); qk_norm and hs:
-    Qwen3 (q_norm and k_norm over each head, a head size other than C // NH)."""
+    Qwen3 (q_norm and k_norm over each head, a head size other than C // NH); window: Mistral's
+    sliding window, shorter than the sequence."""
     L, NH, C, FF, THETA, EPS_RMS = 2, 4, 32, 40, 10000.0, 1e-5
     hs = hs or C // NH
     shapes = {"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, NH * hs, C),
@@ -265,8 +271,9 @@ def write_llama(name, NKV, tied, qkv_bias=False, qk_norm=False, hs=None):
         return cat(parts + [g("norm")] + ([] if tied else [g("lm_head")]))
 
     write(name, P, llama_flat,
-          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS_RMS, head, hs),
-          f"name: {'qwen3' if qk_norm else 'qwen2' if qkv_bias else 'llama'}\nn_layers: {L}\nn_heads: {NH}\n"
+          lambda P, tokens: llama(P, tokens, L, NH, NKV, C, THETA, EPS_RMS, head, hs, window),
+          f"name: {'mistral' if window else 'qwen3' if qk_norm else 'qwen2' if qkv_bias else 'llama'}\n"
+          f"n_layers: {L}\nn_heads: {NH}\n" + (f"sliding_window: {window}\n" if window else "") +
           f"n_kv_heads: {NKV}\nd_model: {C}\nhead_dim: {hs}\nvocab_size: {V}\n"
           f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS_RMS}\n"
           f"tie_word_embeddings: {'true' if tied else 'false'}\n",

@@ -16,9 +16,12 @@
 #   buffers, a bf16 Llama in 3 shards with rms_norm_eps 1e-6 and rope_theta 5e5, a tied Llama, an
 #   MPT, a Mistral, a Qwen2 with its q/k/v biases, a Qwen3 with its head_dim and per-head q/k
 #   norms, a Llama 3.1 with rope_scaling llama3) import
-#   with anvil eval's loss equal to the reader's, and the imported GPT-2 fine-tunes through
+#   with anvil eval's loss equal to the reader's; a Mistral whose sliding window is shorter than
+#   the sequences evaluates and generates past it as the reader does; the imported GPT-2 fine-tunes through
 #   load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section naming
 #   an exported directory trains from its weights (the eval before training is anvil eval's);
+# - generate --chat: the reply to a chat rendered by the directory's own Jinja template is the
+#   reader's greedy continuation of `tokenize --chat`'s ids;
 # - Llama 3.1's rope_scaling from transformers 5's config.json (rope_parameters) too, and back;
 # - import errors: an unknown rope_scaling, Mistral's rope_scaling, a missing tensor, a tensor of
 #   the wrong shape, an unexpected tensor, a truncated file, an unknown model_type: one line each,
@@ -163,7 +166,7 @@ imported llama-bf16 llama --dtype bf16 --shards 3
 imported llama-tied llama-tied
 imported mpt mpt --dtype fp16
 imported mistral mistral
-# Mistral's sliding window: kept through export, honoured while sequences fit in it, refused past it.
+# Mistral's sliding window: kept through export, and applied in attention.
 round_trips mistral \
   && grep -q '"model_type": "mistral"' "$tmp/hf-mistral/config.json" \
   && grep -q '"sliding_window": 64' "$tmp/hf-mistral/config.json" \
@@ -171,11 +174,20 @@ round_trips mistral \
   || fail "mistral: export round trip: $(cat "$tmp/hf-mistral/config.json" 2>&1 | head -5)"
 cp -r "$tmp/w-mistral" "$tmp/w-mistral-short"
 sed -i 's/"sliding_window": 64/"sliding_window": 16/' "$tmp/w-mistral-short/config.json"
-expect_failure "a sliding window shorter than the data's sequences" \
-  "longer than the model's sliding attention window (model.sliding_window = 16)" \
-  "$anvil" eval "$tmp/w-mistral-short" --data "$tmp/data" --max-samples 4
-expect_failure "generating past the sliding window" "pass the model's sliding attention window of 16 tokens" \
-  "$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 16
+# A window of 16 keys in sequences of 64: anvil's loss is the reader's (which masks as transformers
+# does), and not the loss without the window (the window is not ignored); greedy generation well
+# past the window continues as the reader's does.
+theirs=$("${reader[@]}" loss "$tmp/w-mistral-short" "$tmp/data/val" 16 2>&1)
+ours=$("$anvil" eval "$tmp/w-mistral-short" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)
+whole=$("$anvil" eval "$tmp/w-mistral" --data "$tmp/data" --max-samples 16 2>&1 | tail -1)
+close "$ours" "$theirs" 1e-5 && ! close "$ours" "$whole" 1e-6 \
+  && pass "mistral: a window of 16 in 64-token sequences: eval loss $(field loss "$ours") = the reader's (without the window: $(field loss "$whole"))" \
+  || fail "mistral window 16: anvil '$ours', the reader '$theirs', window 64 '$whole'"
+cont=$("${reader[@]}" greedy "$tmp/w-mistral-short" 30 $ids 2>&1)
+theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
+ours=$("$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 30 --temperature 0 2>/dev/null)
+[ "$theirs" = "$ours" ] && pass "mistral: 30 tokens greedily past a window of 16, as the reader: '$ours'" \
+  || fail "mistral window 16: the reader continues '$theirs', anvil generate '$ours'"
 # Llama 3.1's rope_scaling (rope_type llama3) as transformers 4 writes it, and as transformers 5
 # does (rope_parameters holding rope_theta; dtype for torch_dtype): the reader's loss, the same
 # weights from both, and config.json's rope_scaling kept through export. The scaling matters here:

@@ -371,6 +371,11 @@ AttentionHeads alibi(AttentionHeads a, float bias_max) {
   a.alibi_bias_max = bias_max;
   return a;
 }
+// Mistral's sliding window of w keys.
+AttentionHeads window(AttentionHeads a, int w) {
+  a.window = w;
+  return a;
+}
 // Attention dropout at p, its sequences numbered from 5 in the step's batch.
 AttentionHeads dropout(AttentionHeads a, float p) {
   a.dropout = {dropout_key(11, 3, 2, DropoutKind::kAttention), 5, p};
@@ -382,6 +387,7 @@ std::vector<std::pair<const char*, long>> attention_dims(const AttentionShape& s
       {"B", s.B}, {"T", s.T}, {"NH", a.n_heads}, {"NKV", a.n_kv_heads}, {"HS", a.head_size}};
   if (a.alibi) dims.push_back({"alibi", static_cast<long>(a.alibi_bias_max)});
   if (a.dropout.active()) dims.push_back({"dropout_pct", std::lround(100 * a.dropout.p)});
+  if (a.window) dims.push_back({"window", a.window});
   if (s.packed) dims.push_back({"packed", s.packed});
   return dims;
 }
@@ -391,7 +397,9 @@ void attention_cases(std::vector<OpCase>& cases) {
   // T=1; T below, equal to, and not a multiple of the 64-query blocks; one head; HS from 2 to
   // 256; GPT-2's twelve heads of 64. Grouped-query heads (two groups of three; Llama's four per
   // key/value head) and multi-query; ALiBi with a power-of-two head count, with twelve heads
-  // (MPT-125M's, slopes interleaved from sixteen) and with grouped-query heads.
+  // (MPT-125M's, slopes interleaved from sixteen) and with grouped-query heads. Sliding windows
+  // shorter than a query block, across blocks, of one key, inside packed examples, with ALiBi and
+  // dropout.
   for (Shape s : {Shape{1, 1, mha(1, 4)}, Shape{1, 5, mha(2, 4)}, Shape{2, 33, mha(1, 16)}, Shape{2, 70, mha(3, 8)},
                   Shape{1, 64, mha(4, 8)}, Shape{1, 100, mha(2, 64)}, Shape{2, 130, mha(3, 32)},
                   Shape{1, 129, mha(1, 256)}, Shape{2, 256, mha(12, 64)}, Shape{2, 70, {6, 2, 8}},
@@ -399,7 +407,10 @@ void attention_cases(std::vector<OpCase>& cases) {
                   Shape{2, 70, alibi(mha(4, 8), 8)}, Shape{1, 130, alibi(mha(12, 16), 8)},
                   Shape{2, 33, alibi({6, 3, 8}, 16)}, Shape{2, 70, dropout(mha(3, 8), 0.1f)},
                   Shape{2, 130, dropout(alibi({4, 2, 16}, 8), 0.5f)}, Shape{2, 70, mha(3, 8), 9},
-                  Shape{1, 130, alibi({8, 2, 16}, 8), 20}, Shape{2, 65, dropout({4, 1, 16}, 0.1f), 6}}) {
+                  Shape{1, 130, alibi({8, 2, 16}, 8), 20}, Shape{2, 65, dropout({4, 1, 16}, 0.1f), 6},
+                  Shape{2, 130, window({4, 2, 16}, 17)}, Shape{1, 200, window(mha(2, 64), 100)},
+                  Shape{1, 70, window(mha(2, 8), 1)}, Shape{2, 70, window(mha(3, 8), 5), 9},
+                  Shape{2, 130, dropout(window(alibi({4, 2, 16}, 8), 40), 0.1f)}}) {
     const AttentionHeads& a = s.heads;
     const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;
     const auto qkv = randn(BT * a.qkv_channels(), 1);
@@ -432,7 +443,8 @@ void attention_16bit_cases(std::vector<OpCase>& cases) {
   for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
     for (Shape s : {Shape{1, 1, {1, 1, 16}}, Shape{2, 70, {3, 3, 16}}, Shape{1, 64, {2, 2, 32}},
                     Shape{1, 130, alibi({4, 2, 32}, 8)}, Shape{2, 65, dropout({4, 1, 64}, 0.1f), 6},
-                    Shape{1, 129, {2, 2, 64}, 20}, Shape{1, 100, alibi({2, 1, 128}, 8)}}) {
+                    Shape{1, 129, {2, 2, 64}, 20}, Shape{1, 100, alibi({2, 1, 128}, 8)},
+                    Shape{1, 200, window({4, 2, 64}, 70)}, Shape{2, 130, window({2, 2, 32}, 1)}}) {
       AttentionHeads a = s.heads;
       a.operands = d;
       const size_t BT = static_cast<size_t>(s.B) * s.T, L = static_cast<size_t>(s.B) * a.n_heads * s.T;

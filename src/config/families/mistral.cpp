@@ -1,8 +1,6 @@
 // Mistral (transformers' MistralForCausalLM): Llama's shape (llama_shaped.h) with a sliding
-// attention window in its config (Mistral-7B-v0.1: 4096; v0.2 and later: none). anvil attends
-// over the whole causal context, which is the window's attention exactly while a sequence is no
-// longer than the window: the model refuses longer ones (Model's constructor), so a window is
-// honoured, never ignored.
+// attention window in its config (Mistral-7B-v0.1: 4096; v0.2 and later: none), which the
+// attention kernels apply (kernels/attention.h).
 #include <yaml-cpp/yaml.h>
 
 #include "config/families/hf_fields.h"

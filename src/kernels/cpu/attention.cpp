@@ -114,9 +114,6 @@ float* scratch(std::vector<float>& v, size_t n) {
   return v.data();
 }
 
-// The first key query i of sequence b reaches: the start of its example.
-int first_key(const int32_t* positions, int b, int T, int i) { return i - position_of(positions, b, T, i); }
-
 // Head h's ALiBi slope, 0 without ALiBi.
 float slope_of(const AttentionHeads& a, int h) { return a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0f; }
 
@@ -146,12 +143,12 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
           gemm(GemmPrecision::fp32, rows, keys, HS, {Q, ld, 1}, {K, 1, ld}, S, keys, false);
           float* lse_bh = lse + (static_cast<long>(b) * NH + h) * T;
           for (int i = 0; i < rows; i++)
-            lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, first_key(positions, b, T, q0 + i),
+            lse_bh[q0 + i] = softmax_row(S + static_cast<long>(i) * keys, attention_first_key(positions, b, T, q0 + i, heads.window),
                                          q0 + i + 1, keys, scale, slope);
           if (heads.dropout.active()) {
             const uint64_t stream = dropout_stream(heads.dropout.key, heads.dropout.first_sample + b);
             for (int i = 0; i < rows; i++)
-              dropout_row(S + static_cast<long>(i) * keys, first_key(positions, b, T, q0 + i), q0 + i + 1,
+              dropout_row(S + static_cast<long>(i) * keys, attention_first_key(positions, b, T, q0 + i, heads.window), q0 + i + 1,
                           heads.dropout, stream, h, q0 + i, T);
           }
           // out rows (rows × HS) = P V
@@ -204,7 +201,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
             for (int i = 0; i < rows; i++) {
               float* s_row = S + static_cast<long>(i) * keys;
               float* dp_row = dP + static_cast<long>(i) * keys;
-              const int first = first_key(positions, b, T, q0 + i);
+              const int first = attention_first_key(positions, b, T, q0 + i, heads.window);
               if (heads.dropout.active())
                 softmax_backward_row_dropout(s_row, dp_row, first, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i],
                                              D[q0 + i], heads.dropout, stream, h, T);

@@ -57,7 +57,8 @@ static_assert(kRowWords<16> % 4 == 0 && kRowWords<32> % 4 == 0 && kRowWords<64> 
 struct Window {
   const int32_t* positions;  // this sequence's, or null
   int T;
-  __device__ int first(int i) const { return positions ? i - positions[i] : 0; }
+  int window;  // AttentionHeads::window
+  __device__ int first(int i) const { return attention_first_key(positions, 0, T, i, window); }
   __device__ bool visible(int i, int j) const { return i < T && j <= i && j >= first(i); }
 };
 
@@ -194,7 +195,7 @@ struct QueryBlock {
         row0(q0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16),
         rows{row0 + static_cast<int>(threadIdx.x) % kMmaLanes / 4, row0 + static_cast<int>(threadIdx.x) % kMmaLanes / 4 + 8},
         x(qkv + static_cast<long>(b) * T * heads.qkv_channels()),
-        w{positions ? positions + static_cast<long>(b) * T : nullptr, T},
+        w{positions ? positions + static_cast<long>(b) * T : nullptr, T, heads.window},
         col(heads, h),
         scale2(scale * kLog2e),
         slope2((heads.alibi ? alibi_slope(h, heads.n_heads, heads.alibi_bias_max) : 0.0f) * kLog2e),
@@ -317,7 +318,7 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
   const int j0 = blockIdx.x * kRows, key0 = j0 + static_cast<int>(threadIdx.x) / kMmaLanes * 16;
   const int keys[2] = {key0 + g, key0 + g + 8};
   const float* x = qkv + static_cast<long>(b) * T * ld;
-  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T};
+  const Window w{positions ? positions + static_cast<long>(b) * T : nullptr, T, heads.window};
   const Columns kv_col(heads, kvh * heads.group());
   const DropoutMask drop(heads.dropout, b, T);
 

@@ -410,7 +410,7 @@ __global__ void attention_softmax_kernel(float* S, float* lse, const int32_t* po
   const int lane = threadIdx.x % kWarpSize;
   const int row = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize;
   if (row >= rows) return;
-  const int i = row % T, first = positions ? i - positions[i] : 0;
+  const int i = row % T, first = attention_first_key(positions, 0, T, i, heads.window);
   const float slope = heads.alibi ? alibi_slope(h0 + row / T, heads.n_heads, heads.alibi_bias_max) : 0.0f;
   float* s = S + static_cast<long>(row) * T;
   MaxSum acc;  // lanes without keys keep an empty one
@@ -455,7 +455,7 @@ __global__ void attention_dsoftmax_kernel(float* S, float* dP, const float* lse,
   if (k >= n) return;
   const long row = k / T;
   const int i = static_cast<int>(row % T), j = static_cast<int>(k % T);
-  if (j > i || (positions && j < i - positions[i])) {
+  if (j > i || j < attention_first_key(positions, 0, T, i, heads.window)) {
     S[k] = 0.0f;
     dP[k] = 0.0f;
     return;

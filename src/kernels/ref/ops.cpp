@@ -321,9 +321,10 @@ void score_row(double* s, const float* qkv, const AttentionHeads& a, int b, int 
   }
 }
 
-// Keys before query i's example (j < i - p(b,i)) are out of its reach: their scores become -inf.
-void mask_other_examples(double* s, const int32_t* positions, int b, int T, int i) {
-  for (int j = 0; j < i - position_of(positions, b, T, i); j++) s[j] = -INFINITY;
+// Keys before query i's example (j < i - p(b,i)) or its window are out of its reach: their scores
+// become -inf.
+void mask_unseen_keys(double* s, const int32_t* positions, int b, int T, int i, int window) {
+  for (int j = 0; j < attention_first_key(positions, b, T, i, window); j++) s[j] = -INFINITY;
 }
 
 // p[0..i] = softmax(s[0..i]); returns the log-sum-exp.
@@ -355,7 +356,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
     for (int h = 0; h < heads.n_heads; h++)
       for (int i = 0; i < T; i++) {
         score_row(p.data(), qkv, heads, b, T, h, i);
-        mask_other_examples(p.data(), positions, b, T, i);
+        mask_unseen_keys(p.data(), positions, b, T, i, heads.window);
         lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = static_cast<float>(softmax_in_place(p.data(), i));
         for (int j = 0; j <= i; j++) p[j] *= attention_keep(heads, b, T, h, i, j);
         float* o = out + (static_cast<long>(b) * T + i) * C + h * HS;
@@ -379,7 +380,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int i = 0; i < T; i++) {
         // Rebuild the probability row from the scores, independently of the saved lse.
         score_row(p.data(), qkv, heads, b, T, h, i);
-        mask_other_examples(p.data(), positions, b, T, i);
+        mask_unseen_keys(p.data(), positions, b, T, i, heads.window);
         softmax_in_place(p.data(), i);
         const float* qi = qkv_at(qkv, heads, b, T, i, 0, h);
         const float* doi = dout + (static_cast<long>(b) * T + i) * C + h * HS;

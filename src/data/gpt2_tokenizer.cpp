@@ -198,8 +198,9 @@ Gpt2Tokenizer::Gpt2Tokenizer(TokenizerFiles files) : Tokenizer(std::move(files))
 
 void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) {
   std::string key(piece);
-  auto hit = cache_.find(key);
-  if (hit != cache_.end()) {
+  auto& cache = cache_.local();
+  auto hit = cache.find(key);
+  if (hit != cache.end()) {
     out.insert(out.end(), hit->second.begin(), hit->second.end());
     return;
   }
@@ -237,8 +238,8 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& o
     ids.push_back(it->second);
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  if (cache_.size() > (1u << 20)) cache_.clear();  // bound memory on large corpora
-  cache_.emplace(std::move(key), std::move(ids));
+  if (cache.size() > (1u << 20)) cache.clear();  // bound memory on large corpora
+  cache.emplace(std::move(key), std::move(ids));
 }
 
 std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/per_thread.h"
 #include "data/tokenizer.h"
 
 namespace anvil {
@@ -32,7 +33,7 @@ class Gpt2Tokenizer : public Tokenizer {
   std::unordered_map<std::string, int32_t> encoder_;  // byte-mapped token text -> id
   std::vector<std::string> decoder_;                   // id -> raw bytes
   std::unordered_map<std::string, int> ranks_;         // "first,second" -> merge rank
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  PerThread<std::unordered_map<std::string, std::vector<int32_t>>> cache_;
   int32_t eos_id_ = -1;
 };
 

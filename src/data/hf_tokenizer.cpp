@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/fs.h"
 #include "data/byte_level.h"
+#include "data/per_thread.h"
 
 namespace anvil {
 namespace {
@@ -153,7 +154,11 @@ class Pattern {
     size_t at = 0;
     std::optional<size_t> last_end;
     while (at <= s.size()) {
-      const int rc = onig_search(regex_.get(), str, end, str + at, end, region.get(), ONIG_OPTION_NONE);
+      // The leftmost match is the one at `at` where there is one: anchored matching finds it
+      // without the search's set-up, which the pre-tokenizers' patterns (matching at every
+      // position) would pay once per pre-token.
+      int rc = onig_match(regex_.get(), str, end, str + at, region.get(), ONIG_OPTION_NONE);
+      if (rc == ONIG_MISMATCH) rc = onig_search(regex_.get(), str, end, str + at, end, region.get(), ONIG_OPTION_NONE);
       if (rc == ONIG_MISMATCH) break;
       ANVIL_CHECK(rc >= 0, "{}: the regex search failed (Oniguruma error {}; a pattern that backtracks without "
                   "end on this text?)", where_, rc);
@@ -871,7 +876,7 @@ class HfTokenizer final : public Tokenizer {
   std::string unk_token_;
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  PerThread<std::unordered_map<std::string, std::vector<int32_t>>> cache_;
   int32_t bos_id_ = -1, eos_id_ = -1;
 };
 
@@ -1185,10 +1190,11 @@ void HfTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) {
     out.insert(out.end(), ids.begin(), ids.end());
     return;
   }
-  auto hit = cache_.find(piece);
-  if (hit == cache_.end()) {
-    if (cache_.size() > 200000) cache_.clear();
-    hit = cache_.emplace(piece, merge_word(piece)).first;
+  auto& cache = cache_.local();
+  auto hit = cache.find(piece);
+  if (hit == cache.end()) {
+    if (cache.size() > 200000) cache.clear();
+    hit = cache.emplace(piece, merge_word(piece)).first;
   }
   out.insert(out.end(), hit->second.begin(), hit->second.end());
 }

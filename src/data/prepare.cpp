@@ -94,8 +94,12 @@ PrepareSummary prepare_pass(const PrepareOptions& opt, Tokenizer& tok, const std
   SplitPacker val(tmp + "/val", opt.max_seq_len, opt.mds, record);
   Progress bar(train_tokens < 0 ? "prepare" : "prepare (val by tokens)", total_bytes, "B");
   int64_t done_bytes = 0;
-  auto add_document = [&](std::string_view text) {
-    const std::vector<int32_t> ids = tok.encode_document(text);
+  // Documents are tokenized a batch at a time on every thread, then packed in their order: the
+  // dataset is the same for any number of threads.
+  std::vector<std::string> batch;
+  size_t batch_bytes = 0;
+  std::vector<std::vector<int32_t>> batch_ids;
+  auto pack = [&](const std::vector<int32_t>& ids) {
     if (ids.empty()) return;
     const int64_t d = sum.documents++;
     if (train_tokens >= 0) {
@@ -108,6 +112,28 @@ PrepareSummary prepare_pass(const PrepareOptions& opt, Tokenizer& tok, const std
       (to_val ? val : train).add(ids.begin(), ids.end());
     }
     sum.tokens += static_cast<int64_t>(ids.size());
+  };
+  auto flush = [&] {
+    batch_ids.assign(batch.size(), {});
+    std::string failure;
+#pragma omp parallel for schedule(dynamic)
+    for (size_t d = 0; d < batch.size(); d++) {
+      try {
+        batch_ids[d] = tok.encode_document(batch[d]);
+      } catch (const std::exception& e) {
+#pragma omp critical
+        if (failure.empty()) failure = e.what();
+      }
+    }
+    ANVIL_CHECK(failure.empty(), "{}", failure);
+    for (const auto& ids : batch_ids) pack(ids);
+    batch.clear();
+    batch_bytes = 0;
+  };
+  auto add_document = [&](std::string text) {
+    batch_bytes += text.size();
+    batch.push_back(std::move(text));
+    if (batch_bytes >= (size_t{8} << 20)) flush();
   };
   auto status = [&] { return fmt::format("{} docs, {} samples", sum.documents, train.samples() + val.samples()); };
   for (const std::string& file : files) {
@@ -126,16 +152,17 @@ PrepareSummary prepare_pass(const PrepareOptions& opt, Tokenizer& tok, const std
         }
         ANVIL_CHECK(j.is_object() && j.contains(opt.text_field) && j[opt.text_field].is_string(),
                     "{}:{}: no string field '{}' (choose the field with --text-field)", file, ln, opt.text_field);
-        add_document(j[opt.text_field].get_ref<const std::string&>());
+        add_document(std::move(j[opt.text_field].get_ref<std::string&>()));
         if (ln % 256 == 0) bar.update(done_bytes, status());
       }
     } else {
-      const std::string text = read_file(file, "input file");
+      std::string text = read_file(file, "input file");
       done_bytes += static_cast<int64_t>(text.size());
-      add_document(text);
+      add_document(std::move(text));
     }
     bar.update(done_bytes, status());
   }
+  flush();
   sum.input_bytes = total_bytes;
   sum.train_samples = train.samples();
   sum.val_samples = val.samples();

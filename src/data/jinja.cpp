@@ -130,9 +130,10 @@ std::string string_repr(const std::string& s) {
   return out + q;
 }
 
-void json_string(std::string& out, const std::string& s) {
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size(); i++) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -142,18 +143,36 @@ void json_string(std::string& out, const std::string& s) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += static_cast<char>(c);
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else if (c >= 0x80 && ensure_ascii) {
+          // A code point as \uXXXX, beyond the BMP as a surrogate pair (Python's json).
+          size_t n = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+          if (i + n > s.size()) n = 1;
+          char32_t cp = n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+          for (size_t k = 1; k < n; k++) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+          i += n - 1;
+          if (cp >= 0x10000) {
+            cp -= 0x10000;
+            out += fmt::format("\\u{:04x}\\u{:04x}", static_cast<uint32_t>(0xD800 + (cp >> 10)),
+                               static_cast<uint32_t>(0xDC00 + (cp & 0x3FF)));
+          } else {
+            out += fmt::format("\\u{:04x}", static_cast<uint32_t>(cp));
+          }
+        } else {
+          out += static_cast<char>(c);
+        }
     }
   }
   out += '"';
 }
 
-void json_write(std::string& out, const Value& v, int indent, int depth) {
+void json_write(std::string& out, const Value& v, const JsonStyle& style, int depth) {
   auto newline = [&](int d) {
-    if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent) * d, ' ');
+    if (!style.indent) return;
+    out += "\n";
+    for (int k = 0; k < d; k++) out += *style.indent;
   };
-  const char* item_separator = indent >= 0 ? "," : ", ";
   switch (v.kind()) {
     case Value::Kind::kNone: out += "null"; return;
     case Value::Kind::kBool: out += v.as_bool() ? "true" : "false"; return;
@@ -163,36 +182,42 @@ void json_write(std::string& out, const Value& v, int indent, int depth) {
       out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : float_repr(d);
       return;
     }
-    case Value::Kind::kString: json_string(out, v.str()); return;
+    case Value::Kind::kString: json_string(out, v.str(), style.ensure_ascii); return;
     case Value::Kind::kList: {
+      if (v.is_lazy()) break;
       if (v.list().empty()) { out += "[]"; return; }
       out += '[';
       for (size_t i = 0; i < v.list().size(); i++) {
-        if (i) out += item_separator;
+        if (i) out += style.item_separator;
         newline(depth + 1);
-        json_write(out, v.list()[i], indent, depth + 1);
+        json_write(out, v.list()[i], style, depth + 1);
       }
       newline(depth);
       out += ']';
       return;
     }
     case Value::Kind::kDict: {
+      if (v.is_namespace()) break;
       if (v.dict().empty()) { out += "{}"; return; }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& kv : v.dict()) items.push_back(&kv);
+      if (style.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
       out += '{';
-      for (size_t i = 0; i < v.dict().size(); i++) {
-        if (i) out += item_separator;
+      for (size_t i = 0; i < items.size(); i++) {
+        if (i) out += style.item_separator;
         newline(depth + 1);
-        json_string(out, v.dict()[i].first);
-        out += ": ";
-        json_write(out, v.dict()[i].second, indent, depth + 1);
+        json_string(out, items[i]->first, style.ensure_ascii);
+        out += style.key_separator;
+        json_write(out, items[i]->second, style, depth + 1);
       }
       newline(depth);
       out += '}';
       return;
     }
-    default:
-      ANVIL_FAIL("tojson: an object of type {} is not JSON serializable", v.type_name());
+    default: break;
   }
+  ANVIL_FAIL("tojson: an object of type {} is not JSON serializable", v.type_name());
 }
 
 }  // namespace
@@ -215,6 +240,11 @@ Value::Value(double f) : kind_(Kind::kFloat), f_(f) {}
 Value::Value(std::string s) : kind_(Kind::kString), s_(std::make_shared<const std::string>(std::move(s))) {}
 Value::Value(List l, bool is_tuple)
     : kind_(Kind::kList), tuple_(is_tuple), list_(std::make_shared<const List>(std::move(l))) {}
+Value Value::lazy(List l) {
+  Value v(std::move(l));
+  v.lazy_ = true;
+  return v;
+}
 Value::Value(Dict d, bool is_namespace)
     : kind_(Kind::kDict), namespace_(is_namespace), dict_(std::make_shared<Dict>(std::move(d))) {}
 Value Value::function(std::string name, Function f) {
@@ -229,8 +259,11 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return none();
     case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      // Beyond int64: held as a float (Python's int would be exact; no chat needs such numbers).
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return Value(j.get<double>());
+      return Value(static_cast<int64_t>(j.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
@@ -255,7 +288,7 @@ bool Value::truthy() const {
     case Kind::kInt: return i_ != 0;
     case Kind::kFloat: return f_ != 0;
     case Kind::kString: return !s_->empty();
-    case Kind::kList: return !list_->empty();
+    case Kind::kList: return lazy_ || !list_->empty();
     case Kind::kDict: return namespace_ || !dict_->empty();
     case Kind::kFunction: return true;
   }
@@ -282,6 +315,7 @@ std::string Value::to_string() const {
     case Kind::kFloat: return float_repr(f_);
     case Kind::kString: return *s_;
     case Kind::kList: {
+      if (lazy_) return "<generator object>";
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); i++) out += (i ? ", " : "") + (*list_)[i].repr();
       if (tuple_ && list_->size() == 1) out += ",";
@@ -309,7 +343,7 @@ std::string Value::type_name() const {
     case Kind::kInt: return "int";
     case Kind::kFloat: return "float";
     case Kind::kString: return "str";
-    case Kind::kList: return "list";
+    case Kind::kList: return lazy_ ? "generator" : tuple_ ? "tuple" : "list";
     case Kind::kDict: return namespace_ ? "Namespace" : "dict";
     case Kind::kFunction: return "function";
   }
@@ -341,9 +375,9 @@ void Args::done() const {
     ANVIL_CHECK(i < used_keyword.size() && used_keyword[i], "{} has no argument '{}'", callee, keyword[i].first);
 }
 
-std::string to_json(const Value& v, int indent) {
+std::string to_json(const Value& v, const JsonStyle& style) {
   std::string out;
-  json_write(out, v, indent, 0);
+  json_write(out, v, style, 0);
   return out;
 }
 
@@ -794,7 +828,7 @@ struct Parser {
         if (r.ec != std::errc()) fail(t.line, fmt::format("the integer {} is too large", t.text));
         return literal(Value(v), t.line);
       }
-      case Tok::kFloat: i++; return literal(Value(std::stod(t.text)), t.line);
+      case Tok::kFloat: i++; return literal(Value(std::strtod(t.text.c_str(), nullptr)), t.line);
       case Tok::kOp:
         if (t.text == "(") {
           i++;
@@ -1186,6 +1220,7 @@ bool equals(const Value& a, const Value& b) {
     case Value::Kind::kNone: return true;
     case Value::Kind::kString: return a.str() == b.str();
     case Value::Kind::kList:
+      if (a.is_lazy() || b.is_lazy()) return &a.list() == &b.list();
       if (a.is_tuple() != b.is_tuple() || a.list().size() != b.list().size()) return false;
       for (size_t i = 0; i < a.list().size(); i++) if (!equals(a.list()[i], b.list()[i])) return false;
       return true;
@@ -1238,7 +1273,7 @@ int64_t length(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kUndefined: return 0;
     case Value::Kind::kString: return static_cast<int64_t>(code_points(v.str()).size());
-    case Value::Kind::kList: return static_cast<int64_t>(v.list().size());
+    case Value::Kind::kList: if (!v.is_lazy()) return static_cast<int64_t>(v.list().size()); break;
     case Value::Kind::kDict: if (!v.is_namespace()) return static_cast<int64_t>(v.dict().size()); break;
     default: break;
   }
@@ -1540,21 +1575,34 @@ class Renderer {
   }
 
   Value macro(const Node& n) {
-    // A macro sees the template's top level and its own arguments, not its caller's loop.
-    return Value::function(n.text, [this, &n](Args& a) {
+    // A macro sees the scope it was defined in (a closure, as in Jinja) and its arguments; a
+    // default is evaluated there, after the parameters before it.
+    const std::vector<std::shared_ptr<Frame>> defined_in = frames_;
+    return Value::function(n.text, [this, &n, defined_in](Args& a) {
       a.callee = "macro '" + n.text + "'";
       auto frame = std::make_shared<Frame>();
+      std::vector<std::shared_ptr<Frame>> scope = defined_in;
+      scope.push_back(frame);
       for (size_t k = 0; k < n.targets.size(); k++) {
         const Value missing = Value::undefined(fmt::format("'{}' is undefined", n.targets[k]));
         Value v = a.take(k, n.targets[k], missing);
         const bool given = k < a.positional.size() ||
                            std::any_of(a.keyword.begin(), a.keyword.end(), [&](const auto& kw) { return kw.first == n.targets[k]; });
-        if (!given && n.exprs[k]) v = eval(*n.exprs[k]);
+        if (!given && n.exprs[k]) {
+          std::swap(scope, frames_);
+          try {
+            v = eval(*n.exprs[k]);
+          } catch (...) {
+            std::swap(scope, frames_);
+            throw;
+          }
+          std::swap(scope, frames_);
+        }
         frame->vars[n.targets[k]] = v;
       }
       a.done();
       if (++depth_ > kMaxDepth) fail(n.line, "macros nest deeper than 200 calls");
-      std::vector<std::shared_ptr<Frame>> saved = {frames_[0], frames_[1], frame};
+      std::vector<std::shared_ptr<Frame>> saved = std::move(scope);
       std::swap(saved, frames_);
       std::string out;
       try {
@@ -1693,10 +1741,10 @@ class Renderer {
     const bool ints = a.is_number() && b.is_number() && a.kind() != Value::Kind::kFloat && b.kind() != Value::Kind::kFloat;
     if (op == "+") {
       if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
-      if (a.is_list() && b.is_list()) {
+      if (a.is_list() && b.is_list() && !a.is_lazy() && !b.is_lazy() && a.is_tuple() == b.is_tuple()) {
         List l = a.list();
         l.insert(l.end(), b.list().begin(), b.list().end());
-        return Value(std::move(l));
+        return Value(std::move(l), a.is_tuple());
       }
     }
     if (op == "*" && (a.is_string() || a.is_list() || b.is_string() || b.is_list())) {
@@ -1764,7 +1812,8 @@ class Renderer {
     if (obj.is_dict() && !obj.is_namespace() && key.is_string()) {
       if (const Value* v = obj.find(key.str())) return *v;
     }
-    if ((obj.is_list() || obj.is_string()) && (key.kind() == Value::Kind::kInt || key.kind() == Value::Kind::kBool))
+    if (((obj.is_list() && !obj.is_lazy()) || obj.is_string()) &&
+        (key.kind() == Value::Kind::kInt || key.kind() == Value::Kind::kBool))
       return item_at(obj, key.as_int());
     if (key.is_string()) return getattr(obj, key.str());
     return Value::undefined(fmt::format("'{}' has no item {}", obj.type_name(), key.repr()));
@@ -1956,17 +2005,25 @@ class Renderer {
     else if (t == "string") r = v.is_string();
     else if (t == "mapping") r = v.is_dict() && !v.is_namespace();
     else if (t == "iterable") r = v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()) || v.is_undefined();
-    else if (t == "sequence") r = v.is_string() || v.is_list() || (v.is_dict() && !v.is_namespace()) || v.is_undefined();
+    else if (t == "sequence") r = v.is_string() || (v.is_list() && !v.is_lazy()) || (v.is_dict() && !v.is_namespace()) || v.is_undefined();
     else if (t == "callable") r = v.is_function();
     else if (t == "odd" || t == "even") {
-      ANVIL_CHECK(v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool, "test '{}' needs an integer, not a {}", t, v.type_name());
-      r = (v.as_int() % 2 != 0) == (t == "odd");
+      ANVIL_CHECK(v.is_number(), "test '{}' needs a number, not a {}", t, v.type_name());
+      const Value rest = arithmetic("%", v, Value(int64_t{2}));
+      r = (rest.as_double() != 0) == (t == "odd");
     } else if (t == "divisibleby") {
       const Value d = arg("num");
       ANVIL_CHECK(d.as_int() != 0, "test 'divisibleby' by zero");
       r = v.as_int() % d.as_int() == 0;
     } else if (t == "lower" || t == "upper") {
-      r = v.is_string() && case_map(v.str(), t == "upper") == v.str();
+      // Python's str.islower()/isupper(): some cased character, none of the other case.
+      bool cased = false, other = false;
+      for (char32_t c : code_points(v.to_string())) {
+        const bool lower = u_islower(static_cast<UChar32>(c)), upper = u_isupper(static_cast<UChar32>(c));
+        cased |= lower || upper;
+        other |= t == "lower" ? upper : lower;
+      }
+      r = cased && !other;
     } else if (t == "eq" || t == "equalto" || t == "==") r = equals(v, arg("other"));
     else if (t == "ne" || t == "!=") r = !equals(v, arg("other"));
     else if (t == "lt" || t == "lessthan" || t == "<") r = compare_values(v, arg("other"), "<") < 0;
@@ -2032,11 +2089,23 @@ class Renderer {
       return (v.is_undefined() || (boolean && !v.truthy())) ? fallback : v;
     }
     if (f == "tojson") {
-      const Value indent = a.take(0, "indent");
-      a.take(1, "separators");
-      const Value sort_keys = a.take(2, "sort_keys", Value(false));
-      ANVIL_CHECK(!sort_keys.truthy(), "tojson(sort_keys=true) is not supported");
-      return Value(to_json(v, indent.is_none() ? -1 : static_cast<int>(indent.as_int())));
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False),
+      // which is json.dumps with these.
+      JsonStyle style;
+      style.ensure_ascii = a.take(0, "ensure_ascii", Value(false)).truthy();
+      const Value indent = a.take(1, "indent");
+      if (indent.is_string()) style.indent = indent.str();
+      else if (!indent.is_none()) style.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
+      if (style.indent) style.item_separator = ",";
+      const Value separators = a.take(2, "separators");
+      if (!separators.is_none()) {
+        ANVIL_CHECK(separators.is_list() && separators.list().size() == 2 && separators.list()[0].is_string() &&
+                    separators.list()[1].is_string(), "tojson: separators must be (item_separator, key_separator)");
+        style.item_separator = separators.list()[0].str();
+        style.key_separator = separators.list()[1].str();
+      }
+      style.sort_keys = a.take(3, "sort_keys", Value(false)).truthy();
+      return Value(to_json(v, style));
     }
     if (f == "length" || f == "count") return Value(length(v));
     if (f == "list") return Value(iterate(v));
@@ -2045,7 +2114,20 @@ class Renderer {
     if (f == "trim") return Value(strip(v.to_string(), a.take(0, "chars"), true, true));
     if (f == "upper" || f == "lower") return Value(case_map(v.to_string(), f == "upper"));
     if (f == "capitalize") return Value(title_case(case_map(v.to_string(), false), true));
-    if (f == "title") return Value(title_case(v.to_string(), false));
+    if (f == "title") {
+      // Jinja's: words begin after runs of - ( { [ < and whitespace; each word's first character
+      // upper-cased, the rest lower-cased.
+      const std::u32string cp = code_points(v.to_string());
+      std::string out;
+      bool word_start = true;
+      for (char32_t c : cp) {
+        const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_space(c);
+        const std::string one = utf8(std::u32string(1, c));
+        out += separator ? one : case_map(one, word_start);
+        word_start = separator;
+      }
+      return Value(out);
+    }
     if (f == "replace") {
       const std::string from = a.take(0, "old", Value::none(), true).to_string();
       const std::string to = a.take(1, "new", Value::none(), true).to_string();
@@ -2062,17 +2144,18 @@ class Renderer {
       return Value(out);
     }
     if (f == "items") {
-      if (v.is_undefined()) return Value(List{});
+      if (v.is_undefined()) return Value::lazy(List{});
       ANVIL_CHECK(v.is_dict() && !v.is_namespace(), "filter 'items' needs a mapping, not a {}", v.type_name());
       List l;
       for (const auto& [k, x] : v.dict()) l.emplace_back(List{Value(k), x}, true);
-      return Value(std::move(l));
+      return Value::lazy(std::move(l));
     }
     if (f == "first") {
       const List items = iterate(v);
       return items.empty() ? Value::undefined("'first' of an empty sequence") : items.front();
     }
     if (f == "last") {
+      ANVIL_CHECK(!v.is_lazy(), "filter 'last': a generator cannot be reversed (make it a list first: |list|last)");
       const List items = iterate(v);
       return items.empty() ? Value::undefined("'last' of an empty sequence") : items.back();
     }
@@ -2084,10 +2167,10 @@ class Renderer {
       }
       List items = iterate(v);
       std::reverse(items.begin(), items.end());
-      return Value(std::move(items));
+      return Value::lazy(std::move(items));
     }
-    if (f == "select" || f == "reject") return Value(select(v, a, false, f == "select"));
-    if (f == "selectattr" || f == "rejectattr") return Value(select(v, a, true, f == "selectattr"));
+    if (f == "select" || f == "reject") return Value::lazy(select(v, a, false, f == "select"));
+    if (f == "selectattr" || f == "rejectattr") return Value::lazy(select(v, a, true, f == "selectattr"));
     if (f == "map") {
       List out;
       const Value attr = a.take(99, "attribute");
@@ -2097,7 +2180,7 @@ class Renderer {
           Value x = attribute_path(item, attr.to_string());
           out.push_back(x.is_undefined() && !fallback.is_none() ? fallback : x);
         }
-        return Value(std::move(out));
+        return Value::lazy(std::move(out));
       }
       const std::string name = require_string(a.take(0, "filter", Value::none(), true), "map's filter").str();
       Args inner;
@@ -2108,13 +2191,15 @@ class Renderer {
         Args each = inner;
         out.push_back(filter(name, item, each));
       }
-      return Value(std::move(out));
+      return Value::lazy(std::move(out));
     }
     if (f == "unique") {
+      const bool case_sensitive = a.take(0, "case_sensitive", Value(false)).truthy();
+      auto folded = [&](const Value& x) { return !case_sensitive && x.is_string() ? Value(case_map(x.str(), false)) : x; };
       List out;
       for (const Value& item : iterate(v)) {
         bool seen = false;
-        for (const Value& o : out) seen |= equals(o, item);
+        for (const Value& o : out) seen |= equals(folded(o), folded(item));
         if (!seen) out.push_back(item);
       }
       return Value(std::move(out));
@@ -2160,11 +2245,13 @@ class Renderer {
       return total;
     }
     if (f == "min" || f == "max") {
+      const bool case_sensitive = a.take(0, "case_sensitive", Value(false)).truthy();
+      auto folded = [&](const Value& x) { return !case_sensitive && x.is_string() ? Value(case_map(x.str(), false)) : x; };
       const List items = iterate(v);
       if (items.empty()) return Value::undefined("'" + f + "' of an empty sequence");
       Value best = items[0];
       for (const Value& x : items) {
-        const int c = compare_values(x, best, "<");
+        const int c = compare_values(folded(x), folded(best), "<");
         if (f == "min" ? c < 0 : c > 0) best = x;
       }
       return best;
@@ -2208,6 +2295,7 @@ class Renderer {
       const int64_t precision = a.take(0, "precision", Value(int64_t{0})).as_int();
       const std::string how = a.take(1, "method", Value("common")).to_string();
       ANVIL_CHECK(v.is_number(), "filter 'round' needs a number, not a {}", v.type_name());
+      if (how == "common" && v.kind() != Value::Kind::kFloat) return Value(v.as_int());  // Python's round(int)
       const double scale = std::pow(10.0, static_cast<double>(precision));
       const double x = v.as_double() * scale;
       double r;
@@ -2218,28 +2306,38 @@ class Renderer {
       return Value(r / scale);
     }
     if (f == "indent") {
+      // Jinja 3.1's: the lines (split as str.splitlines splits them, after a newline is added)
+      // after the first get the indent, blank ones only with `blank`; `first` indents the first.
       const Value width_v = a.take(0, "width", Value(int64_t{4}));
       const bool first = a.take(1, "first", Value(false)).truthy();
       const bool blank = a.take(2, "blank", Value(false)).truthy();
+      ANVIL_CHECK(!v.is_undefined(), "{} (given to filter 'indent')", v.name());
       const std::string pad = width_v.is_string() ? width_v.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, width_v.as_int())), ' ');
-      const std::string s = v.to_string();
-      std::string out;
+      const std::string text = v.to_string() + "\n";
+      std::vector<std::string> lines;
       size_t b = 0;
-      bool first_line = true;
-      while (true) {
-        const size_t e = s.find('\n', b);
-        const std::string line = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-        const bool pad_it = first_line ? first : (blank || !strip(line, Value::none(), true, true).empty());
-        out += (pad_it ? pad : "") + line;
-        if (e == std::string::npos) break;
-        out += '\n';
-        b = e + 1;
-        first_line = false;
+      for (size_t k = 0; k < text.size(); k++) {
+        if (text[k] != '\n' && text[k] != '\r') continue;
+        lines.push_back(text.substr(b, k - b));
+        if (text[k] == '\r' && k + 1 < text.size() && text[k + 1] == '\n') k++;
+        b = k + 1;
       }
-      return Value(out);
+      if (b < text.size()) lines.push_back(text.substr(b));
+      std::string out = lines.empty() ? "" : lines[0];
+      for (size_t k = 1; k < lines.size(); k++) out += "\n" + ((blank || !lines[k].empty()) ? pad : "") + lines[k];
+      return Value(first ? pad + out : out);
     }
     if (f == "attr") return getattr(v, a.take(0, "name", Value::none(), true).to_string());
-    if (f == "wordcount") return Value(static_cast<int64_t>(split(v.to_string(), Value::none(), -1, false).list().size()));
+    if (f == "wordcount") {  // runs of \w (letters, digits, underscore)
+      int64_t words = 0;
+      bool in_word = false;
+      for (char32_t c : code_points(v.to_string())) {
+        const bool w = c == '_' || u_isalnum(static_cast<UChar32>(c));
+        words += w && !in_word;
+        in_word = w;
+      }
+      return Value(words);
+    }
     ANVIL_FAIL("the filter '{}' is not supported (anvil's Jinja has the filters chat templates use: default, tojson, "
                "length, list, string, trim, upper, lower, capitalize, title, replace, join, items, first, last, reverse, "
                "select, reject, selectattr, rejectattr, map, unique, sort, dictsort, sum, min, max, int, float, abs, round, "

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,10 @@ class Value {
   bool is_number() const { return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool; }
   bool is_list() const { return kind_ == Kind::kList; }  // a list or a tuple
   bool is_tuple() const { return kind_ == Kind::kList && tuple_; }
+  // What Jinja's select, map, items and reverse filters give: a generator, iterable once, always
+  // true, without a length or an index (anvil keeps the items, so iterating twice repeats them).
+  static Value lazy(List l);
+  bool is_lazy() const { return kind_ == Kind::kList && lazy_; }
   bool is_dict() const { return kind_ == Kind::kDict; }
   bool is_namespace() const { return kind_ == Kind::kDict && namespace_; }
   bool is_function() const { return kind_ == Kind::kFunction; }
@@ -73,7 +78,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
-  bool b_ = false, namespace_ = false, tuple_ = false;
+  bool b_ = false, namespace_ = false, tuple_ = false, lazy_ = false;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;
@@ -95,9 +100,14 @@ struct Args {
   std::vector<bool> used_keyword;
 };
 
-// Python's json.dumps(value, ensure_ascii=False, indent=indent) (indent < 0: none), as
-// transformers' tojson filter writes it.
-std::string to_json(const Value& v, int indent = -1);
+// Python's json.dumps(value, ensure_ascii, indent, separators, sort_keys), which transformers'
+// tojson filter is (ensure_ascii false by default there).
+struct JsonStyle {
+  bool ensure_ascii = false, sort_keys = false;
+  std::optional<std::string> indent;  // none: one line
+  std::string item_separator = ", ", key_separator = ": ";
+};
+std::string to_json(const Value& v, const JsonStyle& style = {});
 
 class Template {
  public:

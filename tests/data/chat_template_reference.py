@@ -18,7 +18,7 @@ messages before it, less the chat through the previous turn; the response the re
 rendering through it) and writes OUT_DIR/RRRR.TT.prompt and .response, one file per text.
 
 transformers' environment (chat_template_utils.py): an ImmutableSandboxedEnvironment with
-trim_blocks, lstrip_blocks and the loop-controls extension; tojson is json.dumps with
+trim_blocks, lstrip_blocks, the loop-controls extension and {% generation %}; tojson is json.dumps with
 ensure_ascii=False; raise_exception and strftime_now are globals; tools and documents are passed
 as None unless given.
 """
@@ -28,7 +28,8 @@ import sys
 from datetime import datetime
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 SPECIAL = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
@@ -65,6 +66,20 @@ def load(path):
         return f.read(), special
 
 
+class Generation(Extension):
+    """transformers' {% generation %}...{% endgeneration %} (its AssistantTracker): marks the
+    assistant's text and renders it unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
 def render(template, special, variables):
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -75,7 +90,7 @@ def render(template, special, variables):
     def strftime_now(format):
         return datetime.now().strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

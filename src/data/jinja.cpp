@@ -1443,6 +1443,13 @@ class Renderer {
     frames_.push_back(std::make_shared<Frame>());  // the template's own assignments
   }
 
+  ~Renderer() {
+    for (const auto& f : closed_over_) f->vars.clear();
+    for (const Value& ns : namespaces_) ns.mutable_dict().clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   std::string run(const Body& body) {
     std::string out;
     render(body, out);
@@ -1452,6 +1459,11 @@ class Renderer {
  private:
   std::string name_;
   std::vector<std::shared_ptr<Frame>> frames_;
+  // What can hold itself: a macro holds the scopes it was defined in, which hold the macro; a
+  // namespace can be set as its own attribute. Emptied when the rendering ends, so that no such
+  // cycle outlives it.
+  std::vector<std::shared_ptr<Frame>> closed_over_;
+  std::vector<Value> namespaces_;
   int depth_ = 0;
   int line_ = 0;
 
@@ -1578,6 +1590,7 @@ class Renderer {
     // A macro sees the scope it was defined in (a closure, as in Jinja) and its arguments; a
     // default is evaluated there, after the parameters before it.
     const std::vector<std::shared_ptr<Frame>> defined_in = frames_;
+    closed_over_.insert(closed_over_.end(), frames_.begin(), frames_.end());
     return Value::function(n.text, [this, &n, defined_in](Args& a) {
       a.callee = "macro '" + n.text + "'";
       auto frame = std::make_shared<Frame>();
@@ -1799,7 +1812,9 @@ class Renderer {
   // Jinja's getattr: the object's attribute (a method), else its item; getitem the other way round.
   Value getattr(const Value& obj, const std::string& attr) {
     ANVIL_CHECK(!obj.is_undefined(), "{} (reading its attribute '{}')", obj.name(), attr);
-    ANVIL_CHECK(attr.empty() || attr[0] != '_', "access to the attribute '{}' is unsafe", attr);
+    // Python's own attributes (__class__, ...) are what the sandbox guards; a dict's item named
+    // with an underscore is an item like any other.
+    ANVIL_CHECK(attr.rfind("__", 0) != 0, "access to the attribute '{}' is unsafe", attr);
     if (Value m = method(obj, attr); !m.is_undefined()) return m;
     if (obj.is_dict()) {
       if (const Value* v = obj.find(attr)) return *v;
@@ -2366,7 +2381,7 @@ class Renderer {
       }
       return Value(std::move(l));
     });
-    g.vars["namespace"] = Value::function("namespace", [](Args& a) {
+    g.vars["namespace"] = Value::function("namespace", [this](Args& a) {
       Dict d;
       for (const Value& x : a.positional) {
         ANVIL_CHECK(x.is_dict(), "namespace() takes a mapping and keyword arguments, not a {}", x.type_name());
@@ -2377,7 +2392,8 @@ class Renderer {
         for (auto& o : d) if (o.first == kv.first) { o.second = kv.second; replaced = true; }
         if (!replaced) d.push_back(kv);
       }
-      return Value(std::move(d), true);
+      namespaces_.push_back(Value(std::move(d), true));
+      return namespaces_.back();
     });
     g.vars["dict"] = Value::function("dict", [](Args& a) {
       Dict d;

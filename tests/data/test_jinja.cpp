@@ -62,6 +62,11 @@ TEST(Jinja, KnownRenderings) {
   EXPECT_EQ(render("{{ 'héllo'[1:3] }}{{ 'abc'[::-1] }}{{ '  x '.strip() }}{{ 'a,b,c'.split(',', 1) }}"),
             "élcbax['a', 'b,c']");
   EXPECT_EQ(render("{% macro m(a, b=a) %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}{{ m(1, b=2) }}"), "1112");
+  // A namespace holding itself, a recursive macro: cycles the renderer breaks when it ends (the
+  // sanitizers' leak check).
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.me = ns %}{% macro f(n) %}{{ n }}{% if n %}{{ f(n - 1) }}"
+                   "{% endif %}{% endmacro %}{{ f(2) }}{{ d._meta }}", {{"d", {{"_meta", 7}}}}),
+            "2107");
 }
 
 TEST(Jinja, ErrorsNameTheLine) {

@@ -18,6 +18,21 @@ void fsync_dir(const std::string& dir);
 // partial one under the final name. `dir` must not exist, or be empty.
 void write_directory_atomic(const std::string& dir, const std::function<void(const std::string& tmp)>& build);
 
+// A whole file mapped read-only: its bytes are read where the page cache holds them, without the
+// copy (and the page faults of fresh memory) that read_file costs a large file.
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, std::string_view what = "file");
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view bytes() const { return {static_cast<const char*>(data_), size_}; }
+
+ private:
+  const void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 // A file built up in pieces and published atomically by commit(); dropped if never committed.
 class AtomicFile {
  public:

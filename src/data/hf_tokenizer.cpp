@@ -33,6 +33,7 @@ namespace {
 
 using json = nlohmann::json;
 using Ranges = std::vector<std::pair<size_t, size_t>>;  // byte ranges [begin, end)
+constexpr std::string_view kSpaceMark = "\u2581";  // SentencePiece's "▁", which stands for a space
 
 // The length of the UTF-8 sequence starting with lead byte c (1 for a stray byte).
 size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 1; }
@@ -326,8 +327,10 @@ std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string&
 // ---- pre-tokenizers -------------------------------------------------------------------------
 
 // A pre-token, and whether it begins where the input began (Metaspace's prepend_scheme "first").
+// A piece of text on its way through the pre-tokenizers: a view into the text of the stage that
+// made it (stages run depth first, so that text outlives the piece).
 struct Piece {
-  std::string text;
+  std::string_view text;
   bool at_start;
 };
 
@@ -345,13 +348,26 @@ Behavior behavior_named(const std::string& name, const std::string& where) {
 
 // Where a pre-tokenizer hands each piece it makes: the next pre-tokenizer, or the model. Pieces
 // go through the stages one at a time (depth first), so that no stage holds a document's pieces.
-using Emit = std::function<void(Piece&&)>;
+// A reference to a callable, not a std::function: it is called once per piece and made once per
+// piece and stage, where std::function's allocation was a tenth of the encoding time.
+class Emit {
+ public:
+  template <class F>
+    requires std::is_invocable_v<const F&, Piece> && (!std::is_same_v<std::remove_cvref_t<F>, Emit>)
+  Emit(const F& f)  // NOLINT: made implicitly from the lambda at each call
+      : object_(&f), call_([](const void* o, Piece p) { (*static_cast<const F*>(o))(p); }) {}
+  void operator()(Piece p) const { call_(object_, p); }
+
+ private:
+  const void* object_;
+  void (*call_)(const void*, Piece);
+};
 
 // Splits a piece at the delimiters `matches` (byte ranges, ascending) as the library's
 // NormalizedString::split does for `behavior`; invert: the matches are what is kept between
 // delimiters. Empty parts are dropped.
-void split_piece(const Piece& piece, const Ranges& matches, Behavior behavior, bool invert, const Emit& emit) {
-  const std::string& s = piece.text;
+void split_piece(Piece piece, const Ranges& matches, Behavior behavior, bool invert, Emit emit) {
+  const std::string_view s = piece.text;
   struct Part {
     size_t b, e;
     bool is_match;
@@ -409,7 +425,7 @@ class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   // Hands the pieces `piece` splits into to emit, in order.
-  virtual void split(Piece&& piece, const Emit& emit) const = 0;
+  virtual void split(Piece piece, Emit emit) const = 0;
 };
 
 class Split final : public PreTokenizer {
@@ -418,7 +434,7 @@ class Split final : public PreTokenizer {
       : pattern_(spec.at("pattern"), where),
         behavior_(behavior_named(spec.at("behavior").get<std::string>(), where)),
         invert_(value_or(spec, "invert", false)) {}
-  void split(Piece&& p, const Emit& emit) const override {
+  void split(Piece p, Emit emit) const override {
     split_piece(p, pattern_.find_all(p.text), behavior_, invert_, emit);
   }
 
@@ -436,22 +452,32 @@ class ByteLevel final : public PreTokenizer {
       gpt2_split_ = std::make_unique<Pattern>(
           json{{"Regex", "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"}}, where);
   }
-  void split(Piece&& p, const Emit& emit) const override {
-    if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) p.text = ' ' + p.text;
+  void split(Piece p, Emit emit) const override {
+    std::string prefixed;
+    if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) {
+      prefixed = ' ' + std::string(p.text);
+      p.text = prefixed;
+    }
     const ByteChars& chars = byte_chars();
-    auto mapped = [&](Piece&& q) {
-      std::string m(2 * q.text.size(), '\0');  // a byte's character is one or two bytes of UTF-8
+    auto mapped = [&](Piece q) {
+      // A byte's character is one or two bytes of UTF-8; most pieces fit the buffer on the stack.
+      char small[256];
+      std::string large;
+      char* m = small;
+      if (2 * q.text.size() > sizeof small) {
+        large.resize(2 * q.text.size());
+        m = large.data();
+      }
       size_t n = 0;
       for (unsigned char c : q.text) {
         const std::string& ch = chars.of_byte[c];
         m[n++] = ch[0];
         if (ch.size() == 2) m[n++] = ch[1];
       }
-      m.resize(n);
-      emit({std::move(m), q.at_start});
+      emit({std::string_view(m, n), q.at_start});
     };
     if (gpt2_split_) split_piece(p, gpt2_split_->find_all(p.text), Behavior::kIsolated, false, mapped);
-    else mapped(std::move(p));
+    else mapped(p);
   }
 
  private:
@@ -486,18 +512,18 @@ class Metaspace final : public PreTokenizer {
       : replacement_(one_character(spec, "replacement", where)),
         scheme_(prepend_scheme_of(spec, where)),
         split_(value_or(spec, "split", true)) {}
-  void split(Piece&& p, const Emit& emit) const override {
+  void split(Piece p, Emit emit) const override {
     std::string replaced;
     for (char c : p.text) {
       if (c == ' ') replaced += replacement_;
       else replaced += c;
     }
-    p.text = std::move(replaced);
-    const bool starts = p.text.rfind(replacement_, 0) == 0;
+    const bool starts = replaced.starts_with(replacement_);
     if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start)))
-      p.text = replacement_ + p.text;
+      replaced.insert(0, replacement_);
+    p.text = replaced;
     if (!split_) {
-      emit(std::move(p));
+      emit(p);
       return;
     }
     Ranges at;
@@ -521,7 +547,7 @@ bool is_numeric(uint32_t cp) {
 class Digits final : public PreTokenizer {
  public:
   explicit Digits(bool individual) : individual_(individual) {}
-  void split(Piece&& p, const Emit& emit) const override {
+  void split(Piece p, Emit emit) const override {
     Ranges digits;
     for (size_t i = 0; i < p.text.size();) {
       const size_t n = utf8_length(static_cast<unsigned char>(p.text[i]));
@@ -535,34 +561,21 @@ class Digits final : public PreTokenizer {
   bool individual_;
 };
 
-class PreTokenizerSequence final : public PreTokenizer {
- public:
-  explicit PreTokenizerSequence(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
-  void split(Piece&& p, const Emit& emit) const override { run(0, std::move(p), emit); }
-
- private:
-  void run(size_t stage, Piece&& p, const Emit& emit) const {
-    if (stage == parts_.size()) return emit(std::move(p));
-    parts_[stage]->split(std::move(p), [&](Piece&& q) { run(stage + 1, std::move(q), emit); });
-  }
-  std::vector<std::unique_ptr<PreTokenizer>> parts_;
-};
-
-std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& spec, const std::string& where) {
-  if (spec.is_null()) return nullptr;
+// The pre-tokenizer's stages in order, a Sequence's parts (nested ones too) flattened: each
+// stage splits the pieces of the one before.
+void add_pre_tokenizers(const json& spec, const std::string& where, std::vector<std::unique_ptr<PreTokenizer>>& stages) {
+  if (spec.is_null()) return;
   const std::string type = type_of(spec, where);
   const std::string at = where + " (" + type + ")";
-  if (type == "Split") return std::make_unique<Split>(spec, at);
-  if (type == "ByteLevel") return std::make_unique<ByteLevel>(spec, at);
-  if (type == "Metaspace") return std::make_unique<Metaspace>(spec, at);
-  if (type == "Digits") return std::make_unique<Digits>(value_or(spec, "individual_digits", false));
-  if (type == "Sequence") {
-    std::vector<std::unique_ptr<PreTokenizer>> parts;
-    for (const json& p : spec.at("pretokenizers")) parts.push_back(make_pre_tokenizer(p, where));
-    return std::make_unique<PreTokenizerSequence>(std::move(parts));
-  }
-  ANVIL_FAIL("{}: pre-tokenizer type '{}' is not supported (anvil reads Split, ByteLevel, Metaspace, Digits and "
-             "Sequence)", where, type);
+  if (type == "Split") stages.push_back(std::make_unique<Split>(spec, at));
+  else if (type == "ByteLevel") stages.push_back(std::make_unique<ByteLevel>(spec, at));
+  else if (type == "Metaspace") stages.push_back(std::make_unique<Metaspace>(spec, at));
+  else if (type == "Digits") stages.push_back(std::make_unique<Digits>(value_or(spec, "individual_digits", false)));
+  else if (type == "Sequence")
+    for (const json& p : spec.at("pretokenizers")) add_pre_tokenizers(p, where, stages);
+  else
+    ANVIL_FAIL("{}: pre-tokenizer type '{}' is not supported (anvil reads Split, ByteLevel, Metaspace, Digits and "
+               "Sequence)", where, type);
 }
 
 // ---- decoders -------------------------------------------------------------------------------
@@ -773,49 +786,57 @@ class TokenTrie {
   bool first_[256] = {};
 };
 
-// Token text -> id in one flat, open-addressed table over one buffer of the tokens' bytes: a
-// lookup, made once per pre-token, touches one slot and the token's bytes (a node-based map's
-// chain of pointers cost a third of the encoding time).
-class TokenIds {
+// Strings -> values in one flat, open-addressed table over one buffer of the strings' bytes: a
+// lookup, made once per word, touches one slot and the string's bytes (a node-based map's chain
+// of pointers cost a third of the encoding time). The vocabulary (token -> id) and each thread's
+// cache of encoded words are such tables.
+template <class V>
+class StringTable {
  public:
   void reserve(size_t n) {
     size_t slots = 16;
     while (slots < 2 * n) slots *= 2;
     slots_.assign(slots, Slot{});
   }
-  // False when the token is there already.
-  bool insert(std::string_view token, int32_t id) {
+  // False when s is there already.
+  bool insert(std::string_view s, V value) {
     if (2 * (count_ + 1) > slots_.size()) grow();
-    const uint64_t h = std::hash<std::string_view>{}(token);
+    const uint64_t h = hash64(s.data(), s.size());
     size_t k = h & (slots_.size() - 1);
     for (; slots_[k].length; k = (k + 1) & (slots_.size() - 1))
-      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == token) return false;
-    ANVIL_CHECK(!token.empty() && token.size() < (1u << 31) && bytes_.size() + token.size() < (1ull << 32),
-                "a vocabulary token of {} bytes cannot be held", token.size());
-    slots_[k] = {static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(bytes_.size()), static_cast<uint32_t>(token.size()), id};
-    bytes_.append(token);
+      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == s) return false;
+    ANVIL_CHECK(!s.empty() && s.size() < (1u << 31) && bytes_.size() + s.size() < (1ull << 32),
+                "a string of {} bytes cannot be held in a tokenizer's table", s.size());
+    slots_[k] = {static_cast<uint32_t>(h >> 32), static_cast<uint32_t>(bytes_.size()), static_cast<uint32_t>(s.size()), value};
+    bytes_.append(s);
     count_++;
     return true;
   }
-  const int32_t* find(std::string_view token) const {
-    if (slots_.empty() || token.empty()) return nullptr;
-    const uint64_t h = std::hash<std::string_view>{}(token);
+  const V* find(std::string_view s) const {
+    if (slots_.empty() || s.empty()) return nullptr;
+    const uint64_t h = hash64(s.data(), s.size());
     for (size_t k = h & (slots_.size() - 1); slots_[k].length; k = (k + 1) & (slots_.size() - 1))
-      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == token) return &slots_[k].id;
+      if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == s) return &slots_[k].value;
     return nullptr;
   }
   template <class F>
   void for_each(F f) const {
     for (const Slot& s : slots_)
-      if (s.length) f(text(s), s.id);
+      if (s.length) f(text(s), s.value);
+  }
+  size_t size() const { return count_; }
+  void clear() {
+    slots_.clear();
+    bytes_.clear();
+    count_ = 0;
   }
 
  private:
-  // A token's slot holds all a lookup needs but its bytes: the hash's upper half (the lower
-  // half chose the slot), where its bytes are, and its id.
+  // A string's slot holds all a lookup needs but its bytes: the hash's upper half (the lower
+  // half chose the slot), where its bytes are, and its value.
   struct Slot {
     uint32_t hash = 0, offset = 0, length = 0;  // length 0: empty
-    int32_t id = 0;
+    V value{};
   };
   std::string_view text(const Slot& s) const { return std::string_view(bytes_).substr(s.offset, s.length); }
   void grow() {
@@ -823,7 +844,7 @@ class TokenIds {
     slots_.assign(std::max<size_t>(16, 2 * old.size()), Slot{});
     for (const Slot& s : old) {
       if (!s.length) continue;
-      size_t k = std::hash<std::string_view>{}(text(s)) & (slots_.size() - 1);
+      size_t k = hash64(bytes_.data() + s.offset, s.length) & (slots_.size() - 1);
       while (slots_[k].length) k = (k + 1) & (slots_.size() - 1);
       slots_[k] = s;
     }
@@ -909,18 +930,23 @@ class HfTokenizer final : public Tokenizer {
     bool at_start;
   };
   void split_added(const TokenTrie& trie, Segment&& in, std::vector<Segment>& out) const;
-  void bpe(const std::string& piece, std::vector<int32_t>& out);
-  std::vector<int32_t> merge_word(const std::string& word) const;
+  // A piece of the first pre-tokenizer stage (a word, mostly) through the later stages and the
+  // model, cached; pre_tokenize: stages [stage, end) and the model; model: BPE on one pre-token.
+  void encode_word(Piece word, std::vector<int32_t>& out);
+  void pre_tokenize(size_t stage, Piece piece, std::vector<int32_t>& out) const;
+  void model(std::string_view piece, std::vector<int32_t>& out) const;
+  void cut_before_spaces(const Segment& s, std::vector<int32_t>& out);
+  std::vector<int32_t> merge_word(std::string_view word) const;
   // A special token's id (an added token's, else the model's); a model token's id.
   int32_t id_of(const std::string& token, const std::string& what) const;
   // Reads files_ (nlohmann's exceptions become the constructor's error, naming the file).
   void load();
-  int32_t vocab_id(const std::string& token, const std::string& what) const;
+  int32_t vocab_id(std::string_view token, const std::string& what) const;
 
   std::unique_ptr<Normalizer> normalizer_;
-  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers_;
   std::unique_ptr<Decoder> decoder_;
-  TokenIds vocab_;
+  StringTable<int32_t> vocab_;
   std::vector<std::string> id_to_token_;
   // (left id, right id) -> (rank, merged id)
   MergeTable merges_;
@@ -932,7 +958,14 @@ class HfTokenizer final : public Tokenizer {
   std::string unk_token_;
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
-  PerThread<std::unordered_map<std::string, std::vector<int32_t>>> cache_;
+  // Each thread's encoded words: a word's ids are ids[value.first, value.first + value.second).
+  struct WordCache {
+    StringTable<std::pair<uint32_t, uint32_t>> words;
+    std::vector<int32_t> ids;
+  };
+  PerThread<WordCache> cache_;
+  // The text is cut before each "▁" that follows another character (see load()).
+  bool cut_before_spaces_ = false;
   int32_t bos_id_ = -1, eos_id_ = -1;
 };
 
@@ -943,6 +976,161 @@ json read_json(const std::string& path, const char* what) {
     ANVIL_FAIL("'{}' is not valid JSON: {}", path, e.what());
   }
 }
+
+// Reads tokenizer.json into nlohmann's tree except model.vocab and model.merges, most of the
+// file's bytes: those are read straight into flat lists, since building them as a tree of maps
+// and strings took most of the load (0.7 s of Llama 3's 9 MB).
+class TokenizerJsonReader final : public nlohmann::json_sax<json> {
+ public:
+  explicit TokenizerJsonReader(const std::string& where) : where_(where) {}
+
+  // Strings laid end to end in one buffer (no allocation per token: the lists are long).
+  struct Strings {
+    std::string bytes;
+    std::vector<uint32_t> ends;
+    void add(std::string_view s) {
+      ANVIL_CHECK(bytes.size() + s.size() < (uint64_t{1} << 32), "a tokenizer.json's tokens beyond 4 GB");
+      bytes.append(s);
+      ends.push_back(static_cast<uint32_t>(bytes.size()));
+    }
+    size_t size() const { return ends.size(); }
+    std::string_view operator[](size_t i) const {
+      const uint32_t b = i ? ends[i - 1] : 0;
+      return std::string_view(bytes).substr(b, ends[i] - b);
+    }
+  };
+
+  json document;
+  bool vocab_read = false;
+  Strings vocab_tokens;  // model.vocab in the file's order: token k has id vocab_ids[k]
+  std::vector<int64_t> vocab_ids;
+  Strings merge_tokens;  // model.merges in rank order: merge k is tokens 2k and 2k + 1
+  size_t merges() const { return merge_tokens.size() / 2; }
+
+  bool null() override { return scalar(json()); }
+  bool boolean(bool v) override { return scalar(json(v)); }
+  bool number_float(double v, const std::string&) override { return scalar(json(v)); }
+  bool number_integer(int64_t v) override { return integer(v, json(v)); }
+  bool number_unsigned(uint64_t v) override {
+    return integer(v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v), json(v));
+  }
+  bool binary(json::binary_t& v) override { return scalar(json(json::binary_t(v))); }
+  bool string(std::string& v) override {
+    switch (region()) {
+      case Region::kMerges: {
+        const size_t space = v.find(' ');
+        ANVIL_CHECK(space != std::string::npos && space > 0 && space + 1 < v.size() &&
+                        v.find(' ', space + 1) == std::string::npos,
+                    "{}: merge {} ('{}') is not two tokens separated by a space", where_, merges(), v);
+        merge_tokens.add(std::string_view(v).substr(0, space));
+        merge_tokens.add(std::string_view(v).substr(space + 1));
+        return true;
+      }
+      case Region::kMergePair: {
+        Frame& f = stack_.back();
+        ANVIL_CHECK(f.items < 2, "{}: merge {} is not two tokens", where_, merge_read());
+        f.items++;
+        merge_tokens.add(v);
+        return true;
+      }
+      default:
+        return scalar(json(std::move(v)));
+    }
+  }
+  bool key(std::string& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool start_object(size_t) override {
+    if (region() == Region::kTree && in_model() && key_ == "vocab") {
+      vocab_read = true;
+      vocab_tokens = {};
+      vocab_ids.clear();
+      stack_.push_back({nullptr, Region::kVocab, ""});
+      return true;
+    }
+    expect_tree("an object");
+    std::string name = stack_.empty() || !stack_.back().value->is_object() ? "" : key_;
+    json* v = put(json::object());
+    stack_.push_back({v, Region::kTree, std::move(name)});
+    return true;
+  }
+  bool start_array(size_t) override {
+    if (region() == Region::kTree && in_model() && key_ == "merges") {
+      merge_tokens = {};
+      stack_.push_back({nullptr, Region::kMerges, ""});
+      return true;
+    }
+    if (region() == Region::kMerges) {
+      stack_.push_back({nullptr, Region::kMergePair, ""});
+      return true;
+    }
+    expect_tree("an array");
+    std::string name = stack_.empty() || !stack_.back().value->is_object() ? "" : key_;
+    json* v = put(json::array());
+    stack_.push_back({v, Region::kTree, std::move(name)});
+    return true;
+  }
+  bool end_object() override {
+    stack_.pop_back();
+    return true;
+  }
+  bool end_array() override {
+    if (region() == Region::kMergePair)
+      ANVIL_CHECK(stack_.back().items == 2, "{}: merge {} is not two tokens", where_, merge_read());
+    stack_.pop_back();
+    return true;
+  }
+  bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    ANVIL_FAIL("'{}' is not valid JSON: {}", where_, e.what());
+  }
+
+ private:
+  enum class Region { kTree, kVocab, kMerges, kMergePair };
+  struct Frame {
+    json* value;  // the tree's object or array (kTree)
+    Region region;
+    std::string name;  // its key in the object holding it
+    int items = 0;     // a merge pair's tokens so far
+  };
+  Region region() const { return stack_.empty() ? Region::kTree : stack_.back().region; }
+  // The rank of the merge being read (for errors).
+  size_t merge_read() const {
+    return region() == Region::kMergePair ? (merge_tokens.size() - stack_.back().items) / 2 : merges();
+  }
+  // Directly inside the top level's "model" object.
+  bool in_model() const { return stack_.size() == 2 && stack_[1].name == "model"; }
+  void expect_tree(const char* what) const {
+    ANVIL_CHECK(region() == Region::kTree, "{}: {}", where_,
+                region() == Region::kVocab ? fmt::format("model.vocab's '{}' must be an integer id, not {}", key_, what)
+                                           : fmt::format("merge {} is not two tokens", merge_read()));
+  }
+  bool scalar(json&& v) {
+    expect_tree(v.is_string() ? "a string" : "a number");
+    put(std::move(v));
+    return true;
+  }
+  bool integer(int64_t i, json&& v) {
+    if (region() != Region::kVocab) return scalar(std::move(v));
+    vocab_tokens.add(key_);
+    vocab_ids.push_back(i);
+    return true;
+  }
+  json* put(json&& v) {
+    if (stack_.empty()) {
+      document = std::move(v);
+      return &document;
+    }
+    json& parent = *stack_.back().value;
+    if (parent.is_object()) return &(parent[key_] = std::move(v));
+    parent.push_back(std::move(v));
+    return &parent.back();
+  }
+
+  std::string where_;
+  std::vector<Frame> stack_;
+  std::string key_;
+};
 
 // tokenizer_config.json's bos_token / eos_token: a string, or transformers' AddedToken object.
 std::string config_token(const json& config, const char* key, const std::string& where) {
@@ -985,7 +1173,13 @@ HfTokenizer::HfTokenizer(const TokenizerFiles& files) : Tokenizer(files) {
 void HfTokenizer::load() {
   const TokenizerFiles& files = files_;
   const std::string where = files.model;
-  const json j = read_json(files.model, "tokenizer.json");
+  TokenizerJsonReader reader(where);
+  {
+    const MappedFile file(files.model, "tokenizer.json");
+    const std::string_view text = file.bytes();
+    json::sax_parse(text.begin(), text.end(), &reader);
+  }
+  const json& j = reader.document;
   ANVIL_CHECK(j.is_object() && j.contains("model"), "'{}' is not a tokenizer.json (no \"model\")", where);
   const json& m = j["model"];
   const std::string type = value_or<std::string>(m, "type", "BPE");
@@ -997,18 +1191,19 @@ void HfTokenizer::load() {
   byte_fallback_ = value_or(m, "byte_fallback", false);
   fuse_unk_ = value_or(m, "fuse_unk", false);
   ignore_merges_ = value_or(m, "ignore_merges", false);
-  ANVIL_CHECK(m.contains("vocab") && m["vocab"].is_object(), "{}: model.vocab must map tokens to ids", where);
+  ANVIL_CHECK(reader.vocab_read, "{}: model.vocab must map tokens to ids", where);
   int32_t largest = -1;
-  vocab_.reserve(m["vocab"].size());
+  vocab_.reserve(reader.vocab_ids.size());
   // Ids index a table: a negative one or one beyond 2^24 (16.7 million) is an error, not an
   // allocation of its size.
-  auto check_id = [&](int64_t id, const std::string& token) {
+  auto check_id = [&](int64_t id, std::string_view token) {
     ANVIL_CHECK(id >= 0 && id < (int64_t{1} << 24), "{}: token '{}' has id {} (expected 0 to 16777215)", where, token,
                 id);
     return static_cast<int32_t>(id);
   };
-  for (const auto& [token, id] : m["vocab"].items()) {
-    const int32_t i = check_id(id.get<int64_t>(), token);
+  for (size_t k = 0; k < reader.vocab_ids.size(); k++) {
+    const std::string_view token = reader.vocab_tokens[k];
+    const int32_t i = check_id(reader.vocab_ids[k], token);
     ANVIL_CHECK(vocab_.insert(token, i), "{}: token '{}' is in model.vocab twice", where, token);
     largest = std::max(largest, i);
   }
@@ -1025,27 +1220,14 @@ void HfTokenizer::load() {
   id_to_token_.assign(static_cast<size_t>(largest) + 1, "");
   vocab_.for_each([&](std::string_view token, int32_t id) { id_to_token_[id] = token; });
   for (size_t k = 0; k < added_.size(); k++) id_to_token_[added_[k].id] = added_[k].content;
-  // Merges: "a b" strings (before tokenizers 0.20) or [a, b] pairs; the merged token is a then b
-  // without its continuing-subword prefix.
-  const json& merges = m.value("merges", json::array());
-  merges_.reserve(merges.size());
-  for (size_t rank = 0; rank < merges.size(); rank++) {
-    std::string a, b;
-    if (merges[rank].is_string()) {
-      const std::string line = merges[rank].get<std::string>();
-      const size_t space = line.find(' ');
-      ANVIL_CHECK(space != std::string::npos && space > 0 && space + 1 < line.size() &&
-                      line.find(' ', space + 1) == std::string::npos,
-                  "{}: merge {} ('{}') is not two tokens separated by a space", where, rank, line);
-      a = line.substr(0, space);
-      b = line.substr(space + 1);
-    } else {
-      ANVIL_CHECK(merges[rank].is_array() && merges[rank].size() == 2, "{}: merge {} is not two tokens", where, rank);
-      a = merges[rank][0].get<std::string>();
-      b = merges[rank][1].get<std::string>();
-    }
-    const std::string merged =
-        a + (!continuing_prefix_.empty() && b.rfind(continuing_prefix_, 0) == 0 ? b.substr(continuing_prefix_.size()) : b);
+  // Merges ("a b" strings before tokenizers 0.20, [a, b] pairs after): the merged token is a then
+  // b without its continuing-subword prefix.
+  merges_.reserve(reader.merges());
+  std::string merged;
+  for (size_t rank = 0; rank < reader.merges(); rank++) {
+    const std::string_view a = reader.merge_tokens[2 * rank], b = reader.merge_tokens[2 * rank + 1];
+    merged.assign(a);
+    merged.append(!continuing_prefix_.empty() && b.starts_with(continuing_prefix_) ? b.substr(continuing_prefix_.size()) : b);
     const int32_t ia = vocab_id(a, "merge's token"), ib = vocab_id(b, "merge's token"),
                   im = vocab_id(merged, "merged token");
     merges_.insert_or_assign(ia, ib, static_cast<int32_t>(rank), im);
@@ -1063,7 +1245,22 @@ void HfTokenizer::load() {
     if (normalizer_) normalizer_->apply(content);
     if (!content.empty()) normalized_tokens_.add(content, static_cast<int>(k));
   }
-  pre_tokenizer_ = make_pre_tokenizer(j.value("pre_tokenizer", json()), where + ": pre_tokenizer");
+  add_pre_tokenizers(j.value("pre_tokenizer", json()), where + ": pre_tokenizer", pre_tokenizers_);
+  // Without a pre-tokenizer the model's word is the whole text (Mistral's, Llama 2's: thousands of
+  // symbols). Where no merge can join a character to a following SentencePiece space "▁" (no
+  // vocabulary token holds one after anything but another "▁", and each merge makes a vocabulary
+  // token), BPE on the text is BPE on its parts cut before each such "▁", which are then cached
+  // as words; the ids are the same.
+  if (pre_tokenizers_.empty() && continuing_prefix_.empty() && end_suffix_.empty() && !ignore_merges_ &&
+      vocab_.find(kSpaceMark)) {
+    bool joined = false;
+    vocab_.for_each([&](std::string_view token, int32_t) {
+      for (size_t at = token.find(kSpaceMark, 1); at != std::string_view::npos && !joined;
+           at = token.find(kSpaceMark, at + 1))
+        joined = !token.substr(0, at).ends_with(kSpaceMark);
+    });
+    cut_before_spaces_ = !joined;
+  }
   decoder_ = make_decoder(j.value("decoder", json()), where + ": decoder");
 
   // BOS and EOS: tokenizer_config.json's, else the post-processor's template for the BOS.
@@ -1086,7 +1283,7 @@ void HfTokenizer::load() {
   eos_id_ = id_of(eos, "EOS token");
 }
 
-int32_t HfTokenizer::vocab_id(const std::string& token, const std::string& what) const {
+int32_t HfTokenizer::vocab_id(std::string_view token, const std::string& what) const {
   const int32_t* id = vocab_.find(token);
   ANVIL_CHECK(id, "{}: {} '{}' is not in model.vocab", files_.model, what, token);
   return *id;
@@ -1146,7 +1343,7 @@ void HfTokenizer::split_added(const TokenTrie& trie, Segment&& in, std::vector<S
   if (start_offset < s.size()) out.push_back({s.substr(start_offset), -1, in.at_start && start_offset == 0});
 }
 
-std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
+std::vector<int32_t> HfTokenizer::merge_word(std::string_view w) const {
   struct Symbol {
     int32_t id;
     int prev, next;
@@ -1159,11 +1356,13 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
     const int n = static_cast<int>(symbols.size());
     symbols.push_back({id, n - 1, n + 1, false});
   };
+  std::string s;
   for (size_t i = 0; i < w.size();) {
     const size_t len = utf8_length(static_cast<unsigned char>(w[i]));
     const bool first = i == 0, last = i + len >= w.size();
-    std::string s = w.substr(i, len);
-    if (!first) s = continuing_prefix_ + s;
+    s.clear();
+    if (!first) s += continuing_prefix_;
+    s += w.substr(i, len);
     if (last) s += end_suffix_;
     i += len;
     if (const int32_t* id = vocab_.find(s)) {
@@ -1227,27 +1426,52 @@ std::vector<int32_t> HfTokenizer::merge_word(const std::string& w) const {
   return ids;
 }
 
-void HfTokenizer::bpe(const std::string& piece, std::vector<int32_t>& out) {
+void HfTokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (ignore_merges_)
     if (const int32_t* id = vocab_.find(piece)) {
       out.push_back(*id);
       return;
     }
-  // Pieces under 256 bytes are cached, as the library caches them; the cache is bounded, since
-  // a corpus's distinct words are many.
-  if (piece.size() >= 256) {
-    const std::vector<int32_t> ids = merge_word(piece);
-    out.insert(out.end(), ids.begin(), ids.end());
-    return;
+  const std::vector<int32_t> ids = merge_word(piece);
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+void HfTokenizer::pre_tokenize(size_t stage, Piece piece, std::vector<int32_t>& out) const {
+  if (stage >= pre_tokenizers_.size()) return model(piece.text, out);
+  pre_tokenizers_[stage]->split(piece, [&](Piece p) { pre_tokenize(stage + 1, p, out); });
+}
+
+void HfTokenizer::encode_word(Piece word, std::vector<int32_t>& out) {
+  // Words are cached as the library caches its words, by what the first stage makes of the text
+  // (the regex split: a hit skips the byte mapping and the vocabulary). Under 256 bytes only, and
+  // bounded, since a corpus's distinct words are many; a piece at the text's start is not cached
+  // (a Metaspace stage may treat it apart).
+  if (word.at_start || word.text.size() >= 256) return pre_tokenize(1, word, out);
+  WordCache& cache = cache_.local();
+  const std::pair<uint32_t, uint32_t>* hit = cache.words.find(word.text);
+  if (!hit) {
+    if (cache.words.size() >= 200000) {
+      cache.words.clear();
+      cache.ids.clear();
+    }
+    const size_t begin = cache.ids.size();
+    pre_tokenize(1, word, cache.ids);
+    cache.words.insert(word.text, {static_cast<uint32_t>(begin), static_cast<uint32_t>(cache.ids.size() - begin)});
+    hit = cache.words.find(word.text);
   }
-  auto& cache = cache_.local();
-  auto hit = cache.find(piece);
-  if (hit == cache.end()) {
-    if (cache.size() > 200000) cache.clear();
-    hit = cache.emplace(piece, merge_word(piece)).first;
+  out.insert(out.end(), cache.ids.begin() + hit->first, cache.ids.begin() + hit->first + hit->second);
+}
+
+void HfTokenizer::cut_before_spaces(const Segment& s, std::vector<int32_t>& out) {
+  const std::string_view text = s.text;
+  size_t begin = 0;
+  for (size_t at = text.find(kSpaceMark, 1); at != std::string_view::npos; at = text.find(kSpaceMark, at + 1)) {
+    if (text.substr(0, at).ends_with(kSpaceMark)) continue;
+    encode_word({text.substr(begin, at - begin), s.at_start && begin == 0}, out);
+    begin = at;
   }
-  out.insert(out.end(), hit->second.begin(), hit->second.end());
+  encode_word({text.substr(begin), s.at_start && begin == 0}, out);
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
@@ -1258,14 +1482,12 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
     split_added(normalized_tokens_, std::move(s), normalized);
   }
   std::vector<int32_t> ids;
-  const Emit to_model = [&](Piece&& p) { bpe(p.text, ids); };
-  for (Segment& s : normalized) {
-    if (s.token >= 0) {
-      ids.push_back(s.token);
-    } else if (!s.text.empty()) {
-      if (pre_tokenizer_) pre_tokenizer_->split({std::move(s.text), s.at_start}, to_model);
-      else bpe(s.text, ids);
-    }
+  for (const Segment& s : normalized) {
+    if (s.token >= 0) ids.push_back(s.token);
+    else if (s.text.empty()) continue;
+    else if (cut_before_spaces_) cut_before_spaces(s, ids);
+    else if (pre_tokenizers_.empty()) encode_word({s.text, s.at_start}, ids);
+    else pre_tokenizers_[0]->split({s.text, s.at_start}, [&](Piece word) { encode_word(word, ids); });
   }
   return ids;
 }

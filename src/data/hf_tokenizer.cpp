@@ -126,20 +126,42 @@ class Pattern {
       OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
       onig_initialize(encodings, 1);
     });
-    OnigErrorInfo info;
-    regex_t* compiled = nullptr;
-    const auto* p = reinterpret_cast<const OnigUChar*>(re.data());
-    const int rc = onig_new(&compiled, p, p + re.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
-    if (rc != ONIG_NORMAL) {
-      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
-      onig_error_code_to_str(message, rc, &info);
-      ANVIL_FAIL("{}: regex '{}' does not compile: {}", where, re, reinterpret_cast<const char*>(message));
-    }
-    regex_.reset(compiled);
+    regex_ = compile(re, re);
+    // Up to 64 matches in one call: the pattern repeated, each repetition atomic (the match a
+    // call at that position finds) and reported by a callout. Oniguruma sets up and copies its
+    // backtracking stack once per call, which cost as much as the matching for a pre-tokenizer's
+    // short matches. Not where a repetition would read differently from a call of its own: \G
+    // (the call's start), back-references (an earlier repetition's groups), callouts.
+    const bool reads_across = re.find("\\G") != std::string::npos || re.find("\\k") != std::string::npos ||
+                              re.find("\\g") != std::string::npos || re.find("(?{") != std::string::npos ||
+                              re.find("(*") != std::string::npos ||
+                              std::any_of(re.begin(), re.end(), [&, i = size_t{0}](char) mutable {
+                                const size_t k = i++;
+                                return re[k] == '\\' && k + 1 < re.size() && re[k + 1] >= '1' && re[k + 1] <= '9';
+                              });
+    if (!reads_across) run_ = compile("(?:(?>" + re + ")(?{+})){0," + std::to_string(kRun) + "}", re);
   }
 
   // The matches in s, left to right, not overlapping (a regex's may be empty).
   Ranges find_all(std::string_view s) const {
+    struct Run {
+      const char* str;
+      size_t ends[kRun];
+      int n = 0;
+    };
+    thread_local std::unique_ptr<OnigMatchParam, void (*)(OnigMatchParam*)> param(
+        [] {
+          OnigMatchParam* mp = onig_new_match_param();
+          onig_initialize_match_param(mp);
+          onig_set_progress_callout_of_match_param(mp, [](OnigCalloutArgs* args, void* data) {
+            Run& run = *static_cast<Run*>(data);
+            if (run.n < kRun)
+              run.ends[run.n++] = reinterpret_cast<const char*>(onig_get_current_by_callout_args(args)) - run.str;
+            return static_cast<int>(ONIG_CALLOUT_SUCCESS);
+          });
+          return mp;
+        }(),
+        onig_free_match_param);
     Ranges out;
     if (!regex_) {
       for (size_t at = s.find(literal_); at != std::string_view::npos; at = s.find(literal_, at + literal_.size()))
@@ -155,6 +177,21 @@ class Pattern {
     size_t at = 0;
     std::optional<size_t> last_end;
     while (at <= s.size()) {
+      if (run_ && at < s.size()) {
+        Run run{s.data(), {}, 0};
+        onig_set_callout_user_data_of_match_param(param.get(), &run);
+        const int rc = onig_match_with_param(run_.get(), str, end, str + at, region.get(), ONIG_OPTION_NONE, param.get());
+        ANVIL_CHECK(rc >= 0 || rc == ONIG_MISMATCH, "{}: the regex search failed (Oniguruma error {})", where_, rc);
+        const size_t first = at;
+        for (int k = 0; k < run.n && run.ends[k] > at; k++) {  // an empty match ends the run
+          out.emplace_back(at, run.ends[k]);
+          at = run.ends[k];
+        }
+        if (at > first) {
+          last_end = at;
+          continue;
+        }
+      }
       // The leftmost match is the one at `at` where there is one: anchored matching finds it
       // without the search's set-up, which the pre-tokenizers' patterns (matching at every
       // position) would pay once per pre-token.
@@ -179,9 +216,22 @@ class Pattern {
   struct Free {
     void operator()(regex_t* r) const { onig_free(r); }
   };
+  static constexpr int kRun = 64;
+  std::unique_ptr<regex_t, Free> compile(const std::string& re, const std::string& as_written) const {
+    OnigErrorInfo info;
+    regex_t* compiled = nullptr;
+    const auto* p = reinterpret_cast<const OnigUChar*>(re.data());
+    const int rc = onig_new(&compiled, p, p + re.size(), ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+    if (rc != ONIG_NORMAL) {
+      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+      onig_error_code_to_str(message, rc, &info);
+      ANVIL_FAIL("{}: regex '{}' does not compile: {}", where_, as_written, reinterpret_cast<const char*>(message));
+    }
+    return std::unique_ptr<regex_t, Free>(compiled);
+  }
   std::string where_;
   std::string literal_;
-  std::unique_ptr<regex_t, Free> regex_;
+  std::unique_ptr<regex_t, Free> regex_, run_;
 };
 
 std::string type_of(const json& spec, const std::string& where) {
@@ -866,13 +916,13 @@ class MergeTable {
   };
   void reserve(size_t n) {
     size_t slots = 16;
-    while (slots < 2 * n) slots *= 2;
+    while (3 * slots < 5 * n) slots *= 2;  // at most 60% full: a smaller table, fewer cache misses
     slots_.assign(slots, Slot{});
     shift_ = 64 - __builtin_ctzll(slots);
   }
   // A repeated pair keeps its last rank, as the library's map does.
   void insert_or_assign(int32_t a, int32_t b, int32_t rank, int32_t id) {
-    if (2 * (count_ + 1) > slots_.size()) grow();
+    if (5 * (count_ + 1) > 3 * slots_.size()) grow();
     const uint64_t key = key_of(a, b);
     size_t k = slot_of(key);
     for (; slots_[k].entry.rank >= 0; k = (k + 1) & (slots_.size() - 1))
@@ -1460,7 +1510,8 @@ void HfTokenizer::encode_word(Piece word, std::vector<int32_t>& out) {
     cache.words.insert(word.text, {static_cast<uint32_t>(begin), static_cast<uint32_t>(cache.ids.size() - begin)});
     hit = cache.words.find(word.text);
   }
-  out.insert(out.end(), cache.ids.begin() + hit->first, cache.ids.begin() + hit->first + hit->second);
+  // A word is a token or a few: appended one by one, not by a copy call sized for long runs.
+  for (uint32_t k = 0; k < hit->second; k++) out.push_back(cache.ids[hit->first + k]);
 }
 
 void HfTokenizer::cut_before_spaces(const Segment& s, std::vector<int32_t>& out) {

@@ -62,6 +62,27 @@ TEST_F(TokenizerJson, WholeTextWordIsCutOnlyWhereNoMergeJoinsASpace) {
   EXPECT_EQ(cut->encode("▁▁▁a▁b"), (std::vector<int32_t>{4, 1, 0, 3}));
 }
 
+// Matches are found up to 64 at a time (the pattern repeated in one call); a pattern whose
+// repetition would read differently (a back-reference to the previous repetition's group) is
+// matched one call at a time, and gives what the library gives: "aa", "bb", then "c" between.
+TEST_F(TokenizerJson, SplitMatchesRunsOfMatchesAndBackReferences) {
+  const json pairs = {{"type", "Split"}, {"pattern", {{"Regex", "(.)\\1"}}}, {"behavior", "Isolated"}, {"invert", false}};
+  auto tok = make({"a", "b", "c", "aa", "bb", "</s>"}, json::array({"a a", "b b"}), {{"pre_tokenizer", pairs}});
+  EXPECT_EQ(tok->encode("aabbcaab"), (std::vector<int32_t>{3, 4, 2, 3, 1}));
+  // 200 words in one piece: runs of 64 matches, and text no match covers ("-": a run ends, the
+  // next match is searched for) every seventh word.
+  const json words = {{"type", "Split"}, {"pattern", {{"Regex", "[a-z]+| "}}}, {"behavior", "Isolated"}, {"invert", false}};
+  auto w = make({"a", "b", " ", "-", "ab", "</s>"}, json::array({"a b"}), {{"pre_tokenizer", words}});
+  std::string text;
+  std::vector<int32_t> expected;
+  for (int i = 0; i < 200; i++) {
+    text += i % 7 == 6 ? "ab -" : "ab ";
+    expected.insert(expected.end(), {4, 2});
+    if (i % 7 == 6) expected.push_back(3);
+  }
+  EXPECT_EQ(w->encode(text), expected);
+}
+
 // Lowercase maps each character on its own: a final capital sigma becomes σ, not ς.
 TEST_F(TokenizerJson, LowercaseHasNoFinalSigma) {
   auto tok = make({"ο", "δ", "σ", "ς", "</s>"}, json::array(), {{"normalizer", {{"type", "Lowercase"}}}});

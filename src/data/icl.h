@@ -1,0 +1,80 @@
+// LLM Foundry's in-context-learning tasks, built as Foundry builds them
+// (llmfoundry/eval/datasets/in_context_learning_evaluation.py): each question's text as the
+// three pieces Foundry tokenizes apart (the prompt and few-shot examples; the question's
+// context; each continuation), then token rows left-truncated to the sequence length, with the
+// span each score reads. docs/eval.md says where each rule comes from.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace anvil {
+
+class Tokenizer;
+
+enum class IclTaskType { kMultipleChoice, kSchema, kLanguageModeling, kGenerationWithAnswers };
+// Foundry's icl_task_type names: multiple_choice, schema, language_modeling,
+// generation_task_with_answers.
+IclTaskType icl_task_type_named(const std::string& name, const std::string& where);
+const char* icl_task_type_name(IclTaskType type);
+
+// One task at one shot count: Foundry's dataset object's settings, with its defaults.
+struct IclTaskSpec {
+  IclTaskType type = IclTaskType::kMultipleChoice;
+  int num_fewshot = 0;
+  std::string prompt_string;
+  std::string example_delimiter = "\n";
+  std::string continuation_delimiter = " ";
+  std::string prelimiter;          // question_prelimiter
+  uint64_t fewshot_random_seed = 1234;
+  bool strip_dataset = true;
+  std::string cot_delimiter;       // generation tasks
+};
+
+// One line of a task's JSON-lines file, in Foundry's fields: multiple_choice query/choices/gold,
+// schema context_options/continuation/gold, language_modeling context/continuation,
+// generation_task_with_answers context/answer/aliases (and chain_of_thought); category where the
+// task has categories.
+struct IclExample {
+  std::string context;                 // query, or context
+  std::vector<std::string> choices;    // choices, or context_options
+  std::string continuation;            // language modeling and schema
+  int64_t gold = 0;
+  std::string answer, chain_of_thought;
+  std::vector<std::string> aliases;    // the answer's other accepted forms
+  bool has_chain_of_thought = false;   // the line has the field (Foundry: the file's column)
+  std::string category;
+};
+
+// A task file's examples; strip: every string field (not a list's strings) stripped of the
+// whitespace Python's str.strip removes, as Foundry's strip_dataset does.
+std::vector<IclExample> read_icl_examples(const std::string& path, IclTaskType type, bool strip,
+                                          bool has_categories = false);
+
+// A question's text in Foundry's three pieces. Rows: one per choice (multiple_choice: the
+// context's continuation is each choice; schema: each option's context before the one
+// continuation), one for language modeling; none for generation (its context is generated from).
+struct IclQuestionText {
+  std::string preamble;               // prompt_string and the few-shot examples
+  std::vector<std::string> contexts;  // per row (one for all but schema)
+  std::vector<std::string> continuations;  // per row (one for all but multiple_choice)
+  int64_t gold = 0;
+  std::vector<std::string> answers;   // generation: the answer and its aliases
+};
+
+// The questions' texts, each with its few-shot examples drawn as Foundry draws them (one
+// generator seeded with fewshot_random_seed for the whole task, question by question).
+// prefix_space: the tokenizer makes " a" one token (GPT-2's byte-level BPE), so a continuation
+// gets a leading space where it has none.
+std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const std::vector<IclExample>& examples,
+                                                bool prefix_space);
+
+// Python's str.strip/rstrip: the whitespace str.isspace names, at the ends.
+std::string python_strip(std::string_view s);
+std::string python_rstrip(std::string_view s);
+
+// Whether the tokenizer makes " a" one token (Foundry's tokenizer_needs_prefix_space).
+bool tokenizer_needs_prefix_space(Tokenizer& tok);
+
+}  // namespace anvil

@@ -1,0 +1,174 @@
+// LLM Foundry's in-context-learning prompts, checked by hand against the rules of
+// llmfoundry/eval/datasets/in_context_learning_evaluation.py (docs/eval.md lists them): where
+// delimiters go, what is stripped, when a continuation gets a leading space, and the few-shot
+// examples in the order Python's set gives them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fs.h"
+#include "data/icl.h"
+#include "data/python_random.h"
+
+namespace anvil {
+namespace {
+
+namespace fs = std::filesystem;
+
+IclExample mc(std::string query, std::vector<std::string> choices, int64_t gold) {
+  IclExample e;
+  e.context = std::move(query);
+  e.choices = std::move(choices);
+  e.gold = gold;
+  return e;
+}
+
+TEST(IclPrompts, MultipleChoiceZeroShot) {
+  IclTaskSpec spec;
+  spec.continuation_delimiter = "\nAnswer: ";
+  const auto q = icl_question_texts(spec, {mc("Which?", {"red", " blue"}, 1)}, true);
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].preamble, "");
+  // The context loses the delimiter's trailing space; each choice gets one unless it has one.
+  EXPECT_EQ(q[0].contexts, (std::vector<std::string>{"Which?\nAnswer:"}));
+  EXPECT_EQ(q[0].continuations, (std::vector<std::string>{" red", " blue"}));
+  EXPECT_EQ(q[0].gold, 1);
+  // A tokenizer without prefix spaces (SentencePiece) gets the choices as they are.
+  EXPECT_EQ(icl_question_texts(spec, {mc("Which?", {"red", " blue"}, 1)}, false)[0].continuations,
+            (std::vector<std::string>{"red", " blue"}));
+}
+
+TEST(IclPrompts, FewShotExamplesInPythonsSetOrderWithDelimiters) {
+  std::vector<IclExample> examples;
+  for (int i = 0; i < 5; i++) examples.push_back(mc("Q" + std::to_string(i), {"a" + std::to_string(i), "b"}, 0));
+  IclTaskSpec spec;
+  spec.num_fewshot = 2;
+  spec.prelimiter = "Question: ";
+  const auto q = icl_question_texts(spec, examples, true);
+  // The draws of one generator seeded 1234, question by question.
+  PythonRandom rng(1234);
+  for (int i = 0; i < 5; i++) {
+    const std::vector<int64_t> shots = fewshot_indices(5, 2, i, rng);
+    ASSERT_EQ(shots.size(), 2u);
+    // No delimiter before the first example (nothing precedes it), one before each later piece.
+    const std::string expected = "Question: Q" + std::to_string(shots[0]) + " a" + std::to_string(shots[0]) +
+                                 "\nQuestion: Q" + std::to_string(shots[1]) + " a" + std::to_string(shots[1]);
+    EXPECT_EQ(q[i].preamble, expected) << "question " << i;
+    EXPECT_EQ(q[i].contexts[0], "\nQuestion: Q" + std::to_string(i)) << "question " << i;
+  }
+  // With a prompt string, the first example follows it after the delimiter.
+  spec.prompt_string = "Quiz.";
+  const auto p = icl_question_texts(spec, examples, true);
+  EXPECT_EQ(p[0].preamble.rfind("Quiz.\nQuestion: Q", 0), 0u) << p[0].preamble;
+}
+
+TEST(IclPrompts, SchemaOptionsAreTheContexts) {
+  IclExample e;
+  e.choices = {"The cup fell because it", "The cup fell because the table"};
+  e.continuation = "was pushed.";
+  e.gold = 0;
+  IclTaskSpec spec;
+  spec.type = IclTaskType::kSchema;
+  // Alone: the option, with no continuation delimiter at all.
+  auto q = icl_question_texts(spec, {e, e}, true);
+  EXPECT_EQ(q[0].contexts, e.choices);
+  EXPECT_EQ(q[0].continuations, (std::vector<std::string>{" was pushed."}));
+  // After few-shot examples: the example delimiter, the option, the delimiter right-stripped; the
+  // few-shot example is its gold option and continuation (the prelimiter before its delimiter).
+  spec.num_fewshot = 1;
+  spec.continuation_delimiter = " => ";
+  spec.prelimiter = "P:";
+  q = icl_question_texts(spec, {e, e}, true);
+  EXPECT_EQ(q[0].preamble, "P:The cup fell because it => was pushed.");
+  EXPECT_EQ(q[0].contexts, (std::vector<std::string>{"P:\nThe cup fell because it =>", "P:\nThe cup fell because the table =>"}));
+}
+
+TEST(IclPrompts, LanguageModelingAndGenerationWithChainOfThought) {
+  IclExample lm;
+  lm.context = "The capital of France is";
+  lm.continuation = "Paris";
+  IclTaskSpec spec;
+  spec.type = IclTaskType::kLanguageModeling;
+  spec.num_fewshot = 1;
+  auto q = icl_question_texts(spec, {lm, lm}, true);
+  EXPECT_EQ(q[0].preamble, "The capital of France is Paris");  // the few-shot answer as written
+  EXPECT_EQ(q[0].contexts[0], "\nThe capital of France is");
+  EXPECT_EQ(q[0].continuations, (std::vector<std::string>{" Paris"}));
+
+  IclExample gen;
+  gen.context = "Q: 2 + 3?";
+  gen.answer = "5";
+  gen.aliases = {" 5", "five"};
+  gen.chain_of_thought = "2 plus 3 is 5.";
+  gen.has_chain_of_thought = true;
+  spec.type = IclTaskType::kGenerationWithAnswers;
+  spec.continuation_delimiter = "\n\nA:";
+  spec.cot_delimiter = " The answer is ";
+  q = icl_question_texts(spec, {gen, gen}, true);
+  EXPECT_EQ(q[0].preamble, "Q: 2 + 3?\n\nA:2 plus 3 is 5. The answer is 5");
+  EXPECT_EQ(q[0].contexts[0], "\nQ: 2 + 3?\n\nA:");
+  EXPECT_TRUE(q[0].continuations.empty());
+  EXPECT_EQ(q[0].answers, (std::vector<std::string>{" 5", "five"}));
+}
+
+TEST(IclPrompts, PythonStripIsUnicodeWhitespace) {
+  EXPECT_EQ(python_strip("\u3000\t a b\u00a0\n\u2029"), "a b");
+  EXPECT_EQ(python_rstrip(" a\u200b "), " a\u200b");  // a zero-width space is not whitespace in Python
+  EXPECT_EQ(python_strip(" \x85x\x85 "), "\x85x\x85");  // a stray byte is not U+0085
+  EXPECT_EQ(python_strip(" \u0085x"), "x");
+}
+
+class IclFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("anvil-icl-test." + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& text) {
+    const std::string path = (dir_ / "task.jsonl").string();
+    write_file_atomic(path, text);
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(IclFiles, ReadsFoundrysFieldsStrippingStringsNotLists) {
+  const auto mcq = read_icl_examples(write("{\"query\": \" Which?\\n\", \"choices\": [\" a \", \"b\"], \"gold\": 1}\n\n"),
+                                     IclTaskType::kMultipleChoice, true);
+  ASSERT_EQ(mcq.size(), 1u);
+  EXPECT_EQ(mcq[0].context, "Which?");
+  EXPECT_EQ(mcq[0].choices, (std::vector<std::string>{" a ", "b"}));
+  const auto gen = read_icl_examples(
+      write("{\"context\": \"Q\", \"answer\": \" Paris \", \"aliases\": [\"paris\", \" Paris \"], \"category\": \"geo\"}\n"),
+      IclTaskType::kGenerationWithAnswers, true, true);
+  EXPECT_EQ(gen[0].answer, "Paris");
+  EXPECT_EQ(gen[0].aliases, (std::vector<std::string>{" Paris ", "paris"}));
+  EXPECT_EQ(gen[0].category, "geo");
+}
+
+TEST_F(IclFiles, BadLinesAreClearErrors) {
+  auto error_of = [&](const std::string& text, IclTaskType type) {
+    try {
+      read_icl_examples(write(text), type, true);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("{\"query\": \"q\", \"choices\": [\"a\"], \"gold\": 3}\n", IclTaskType::kMultipleChoice)
+                .find("task.jsonl:1: gold 3 is not the index of one of its 1 choices"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"context\": \"c\"}\n", IclTaskType::kLanguageModeling).find("task.jsonl:1: no \"continuation\""),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"query\": 1\n", IclTaskType::kMultipleChoice).find("task.jsonl:1: not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error_of("\n", IclTaskType::kSchema).find("holds no examples"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace anvil

@@ -227,4 +227,43 @@ std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const s
   return out;
 }
 
+std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, IclTaskType type,
+                                                Tokenizer& tok, int max_seq_len) {
+  ANVIL_CHECK(type != IclTaskType::kGenerationWithAnswers, "generation_task_with_answers tasks are not evaluated by "
+              "anvil yet (multiple_choice, schema and language_modeling are)");
+  ANVIL_CHECK(max_seq_len > 1, "max_seq_len {} is too short for a question", max_seq_len);
+  std::vector<IclQuestion> out;
+  out.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); i++) {
+    const IclQuestionText& t = texts[i];
+    std::vector<int32_t> preamble;
+    if (tok.bos_id() >= 0) preamble.push_back(tok.bos_id());
+    const std::vector<int32_t> p = tok.encode(t.preamble);
+    preamble.insert(preamble.end(), p.begin(), p.end());
+    IclQuestion q;
+    q.gold = t.gold;
+    const size_t rows = std::max(t.contexts.size(), t.continuations.size());
+    for (size_t r = 0; r < rows; r++) {
+      // Multiple choice shares the context; schema shares the continuation.
+      const std::string& context = t.contexts[t.contexts.size() == 1 ? 0 : r];
+      const std::string& continuation = t.continuations[t.continuations.size() == 1 ? 0 : r];
+      std::vector<int32_t> ids = preamble;
+      const std::vector<int32_t> c = tok.encode(context), cont = tok.encode(continuation);
+      ids.insert(ids.end(), c.begin(), c.end());
+      ANVIL_CHECK(!cont.empty(), "question {}: continuation {} ('{}') has no tokens", i, r, continuation);
+      ANVIL_CHECK(cont.size() < static_cast<size_t>(max_seq_len), "question {}: its continuation alone is {} tokens, "
+                  "and max_seq_len is {}", i, cont.size(), max_seq_len);
+      if (ids.size() + cont.size() > static_cast<size_t>(max_seq_len))
+        ids.erase(ids.begin(), ids.end() - (max_seq_len - static_cast<int64_t>(cont.size())));
+      IclRow row;
+      row.continuation_begin = static_cast<int64_t>(ids.size());
+      row.tokens = std::move(ids);
+      row.tokens.insert(row.tokens.end(), cont.begin(), cont.end());
+      q.rows.push_back(std::move(row));
+    }
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
 }  // namespace anvil

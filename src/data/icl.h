@@ -70,6 +70,26 @@ struct IclQuestionText {
 std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const std::vector<IclExample>& examples,
                                                 bool prefix_space);
 
+// A row the model scores: the context's tokens, then the continuation's, whose log-probabilities
+// (or greedy predictions) are read.
+struct IclRow {
+  std::vector<int32_t> tokens;
+  int64_t continuation_begin = 0;  // the continuation is tokens[continuation_begin, end)
+};
+
+struct IclQuestion {
+  std::vector<IclRow> rows;  // one per choice (multiple_choice, schema), one (language_modeling)
+  int64_t gold = 0;
+};
+
+// The questions as Foundry tokenizes them: the preamble with the tokenizer's special tokens (its
+// BOS, where it adds one: also before an empty preamble), the context and each continuation
+// without any, each piece on its own; where a row is longer than max_seq_len its context loses
+// tokens from the left (the BOS and the few-shot examples first). A continuation of
+// max_seq_len tokens or more, or of none, is an error naming the question.
+std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, IclTaskType type,
+                                                Tokenizer& tok, int max_seq_len);
+
 // Python's str.strip/rstrip: the whitespace str.isspace names, at the ends.
 std::string python_strip(std::string_view s);
 std::string python_rstrip(std::string_view s);

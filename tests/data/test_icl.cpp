@@ -13,6 +13,7 @@
 #include "core/fs.h"
 #include "data/icl.h"
 #include "data/python_random.h"
+#include "data/tokenizer.h"
 
 namespace anvil {
 namespace {
@@ -120,6 +121,34 @@ TEST(IclPrompts, PythonStripIsUnicodeWhitespace) {
   EXPECT_EQ(python_rstrip(" a\u200b "), " a\u200b");  // a zero-width space is not whitespace in Python
   EXPECT_EQ(python_strip(" \x85x\x85 "), "\x85x\x85");  // a stray byte is not U+0085
   EXPECT_EQ(python_strip(" \u0085x"), "x");
+}
+
+// Foundry tokenizes the preamble (with BOS), the context and each continuation apart, and cuts
+// a long row's context from the left.
+TEST(IclTokens, PiecesApartAndLongContextsCutFromTheLeft) {
+  auto tok = load_tokenizer("gpt2");
+  IclQuestionText t;
+  t.preamble = "One two";
+  t.contexts = {" three four five"};
+  t.continuations = {" six", " seven eight"};
+  auto ids = [&](const std::string& s) { return tok->encode(s); };
+  const auto q = tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 64);
+  ASSERT_EQ(q[0].rows.size(), 2u);
+  std::vector<int32_t> expected = ids("One two");
+  for (int32_t id : ids(" three four five")) expected.push_back(id);
+  const int64_t context = static_cast<int64_t>(expected.size());
+  for (int32_t id : ids(" six")) expected.push_back(id);
+  EXPECT_EQ(q[0].rows[0].tokens, expected);
+  EXPECT_EQ(q[0].rows[0].continuation_begin, context);
+  // Five tokens: the second row keeps its two continuation tokens and the context's last three.
+  const auto cut = tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 5);
+  const std::vector<int32_t> c = ids(" three four five"), cont = ids(" seven eight");
+  ASSERT_EQ(c.size(), 3u);
+  ASSERT_EQ(cont.size(), 2u);
+  EXPECT_EQ(cut[0].rows[1].tokens, (std::vector<int32_t>{c[0], c[1], c[2], cont[0], cont[1]}));
+  EXPECT_EQ(cut[0].rows[1].continuation_begin, 3);
+  // A continuation that fills the sequence cannot be scored.
+  EXPECT_THROW(tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 2), Error);
 }
 
 class IclFiles : public ::testing::Test {

@@ -40,6 +40,7 @@
 #include "ckpt/checkpoint.h"
 #include "train/doctor.h"
 #include "train/eval.h"
+#include "train/icl_eval.h"
 #include "train/generate.h"
 #include "train/loss_plot.h"
 #include "train/stop_signal.h"
@@ -259,6 +260,7 @@ examples:
 )";
 
 constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT_OR_HF_DIR --data DIR [--split val] [--max-samples N] [--batch B]
+       anvil eval CHECKPOINT_OR_HF_DIR --icl TASKS.yaml [--json] [--batch B] [--max-seq-len N]
 
 The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, a run
 directory: its latest, or a Hugging Face transformers model directory) on the first N samples of an MDS dataset's split, in the dataset's
@@ -267,14 +269,27 @@ A fine-tuning dataset (`anvil data prepare --format finetuning`) is scored on th
 finetuning loader trains on by default: each example's last response and its EOS.
 The last line is the same figures as JSON, for scripts.
 
+With --icl, LLM Foundry's in-context-learning tasks instead: TASKS.yaml is a Foundry task file
+(an icl_tasks: list of label, dataset_uri, num_fewshot, icl_task_type and the prompt keys; the
+dataset_uri paths relative to the working directory, as Foundry reads them). Each task at each
+shot count prints its accuracy as Foundry's metrics compute it (multiple_choice and schema: the
+choice with the lowest mean loss per continuation token; language_modeling: every continuation
+token the greedy prediction), with the few-shot examples Foundry draws (docs/eval.md). A task
+with categories prints each category and their mean. generation_task_with_answers tasks are not
+evaluated yet (an error).
+
 options:
   --data DIR          the dataset (as `anvil data prepare` writes it)
   --split S           its split (default val)
   --max-samples N     the first N samples (default: the whole split)
   --batch B           sequences per forward pass (default 8; does not change the figure)
+  --icl TASKS.yaml    LLM Foundry's in-context-learning tasks
+  --json              (--icl) one JSON line per task and shot count: {"task": "piqa/0-shot", ...}
+  --max-seq-len N     (--icl) the longest row, its context cut from the left (default: the model's)
 
-example:
+examples:
   anvil eval runs/demo --data data/brown --max-samples 64
+  anvil eval runs/mpt-125m --icl tasks.yaml --json
 )";
 
 constexpr const char* kExportHelp = R"(usage: anvil export CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]
@@ -700,8 +715,30 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_eval(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kEvalHelp, stdout), 0;
-  Args a = parse_args(args, {"--data", "--split", "--max-samples", "--batch"}, {}, kEvalHelp);
+  Args a = parse_args(args, {"--data", "--split", "--max-samples", "--batch", "--icl", "--max-seq-len"}, {"--json"},
+                      kEvalHelp);
   if (a.positional.size() != 1) usage_error("eval needs exactly one checkpoint", kEvalHelp);
+  if (!flag(a, "--icl", "").empty()) {
+    for (const char* f : {"--data", "--split", "--max-samples"})
+      if (!flag(a, f, "").empty()) usage_error(fmt::format("{} is for loss evaluation, not --icl", f), kEvalHelp);
+    IclEvalOptions icl;
+    icl.checkpoint = a.positional[0];
+    icl.tasks = flag(a, "--icl", "");
+    icl.batch = number_flag(a, "--batch", 8, kEvalHelp);
+    icl.max_seq_len = number_flag(a, "--max-seq-len", 0, kEvalHelp);
+    const bool json = has_switch(a, "--json");
+    for (const IclScore& s : evaluate_icl(icl)) {
+      if (json)
+        std::printf("{\"task\": %s, \"metric\": \"%s\", \"accuracy\": %.9g, \"n\": %lld}\n",
+                    nlohmann::json(s.task).dump().c_str(), s.metric.c_str(), s.accuracy, static_cast<long long>(s.questions));
+      else
+        std::printf("%-40s %-40s %8.4f  (%lld questions)\n", s.task.c_str(), s.metric.c_str(), s.accuracy,
+                    static_cast<long long>(s.questions));
+    }
+    return 0;
+  }
+  if (!flag(a, "--max-seq-len", "").empty() || has_switch(a, "--json"))
+    usage_error("--max-seq-len and --json go with --icl", kEvalHelp);
   EvalOptions opt;
   opt.checkpoint = a.positional[0];
   opt.data = flag(a, "--data", "");

@@ -1,0 +1,230 @@
+#include "train/icl_eval.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "config/map_reader.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/targets.h"
+#include "data/tokenizer.h"
+#include "interop/hf_import.h"
+#include "model/model.h"
+
+namespace anvil {
+
+std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    ANVIL_FAIL("cannot read the task file '{}': {}", path, e.what());
+  }
+  ANVIL_CHECK(root.IsMap() && root["icl_tasks"] && root["icl_tasks"].IsSequence(),
+              "'{}' has no icl_tasks list (LLM Foundry's task files hold one at the top level)", path);
+  std::vector<IclTaskEntry> out;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < root["icl_tasks"].size(); i++) {
+    MapReader r(root["icl_tasks"][i], fmt::format("icl_tasks[{}]", i), path);
+    IclTaskEntry t;
+    std::string type;
+    for (const char* key : {"label", "dataset_uri", "icl_task_type"})
+      ANVIL_CHECK(r.has(key), "{}: icl_tasks[{}] has no {}", path, i, key);
+    r.get("label", t.label);
+    r.get("dataset_uri", t.dataset_uri);
+    r.get("icl_task_type", type);
+    const std::string where = fmt::format("{}: icl_tasks[{}] ({})", path, i, t.label);
+    t.spec.type = icl_task_type_named(type, where);
+    ANVIL_CHECK(t.spec.type != IclTaskType::kGenerationWithAnswers, "{}: generation_task_with_answers tasks are not "
+                "evaluated by anvil yet (multiple_choice, schema and language_modeling are)", where);
+    const YAML::Node shots = r.raw("num_fewshot");
+    ANVIL_CHECK(shots && shots.IsSequence() && shots.size() > 0, "{}: num_fewshot must be a list of shot counts, as "
+                "in LLM Foundry's task files (num_fewshot: [0])", where);
+    for (const YAML::Node& n : shots) {
+      int k = -1;
+      try {
+        k = n.as<int>();
+      } catch (const YAML::Exception&) {
+      }
+      ANVIL_CHECK(k >= 0, "{}: num_fewshot holds '{}' (expected counts of 0 or more)", where, n.Scalar());
+      t.num_fewshot.push_back(k);
+    }
+    r.get("prompt_string", t.spec.prompt_string);
+    r.get("example_delimiter", t.spec.example_delimiter);
+    r.get("continuation_delimiter", t.spec.continuation_delimiter);
+    ANVIL_CHECK(!(r.has("prelimiter") && r.has("question_prelimiter")), "{}: give prelimiter or question_prelimiter, "
+                "not both", where);
+    r.get("prelimiter", t.spec.prelimiter);
+    r.get("question_prelimiter", t.spec.prelimiter);
+    r.get("fewshot_random_seed", t.spec.fewshot_random_seed);
+    r.get("strip_dataset", t.spec.strip_dataset);
+    r.get("has_categories", t.has_categories);
+    r.get("batch_size", t.batch_size);
+    r.get("max_seq_len", t.max_seq_len);
+    ANVIL_CHECK(t.batch_size >= 0 && t.max_seq_len >= 0, "{}: batch_size and max_seq_len must be positive", where);
+    if (r.has("metric_names")) {
+      const YAML::Node m = r.raw("metric_names");
+      const std::string expected = t.spec.type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy"
+                                                                                  : "InContextLearningMultipleChoiceAccuracy";
+      ANVIL_CHECK(m.IsSequence() && m.size() == 1 && m[0].Scalar() == expected, "{}: metric_names: anvil computes {} for "
+                  "{} tasks (Foundry's default)", where, expected, type);
+    }
+    r.finish();
+    ANVIL_CHECK(seen.insert(t.label).second, "{}: the label '{}' is given twice", where, t.label);
+    out.push_back(std::move(t));
+  }
+  ANVIL_CHECK(!out.empty(), "'{}': icl_tasks is empty", path);
+  return out;
+}
+
+namespace {
+
+const char* metric_of(IclTaskType type) {
+  return type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy" : "InContextLearningMultipleChoiceAccuracy";
+}
+
+// How many questions the model gets right.
+int64_t score(Model& model, const ModelConfig& cfg, const std::vector<IclQuestion>& questions, IclTaskType type,
+              int batch, int32_t pad, Progress& bar, int64_t& done) {
+  int64_t right = 0;
+  if (type == IclTaskType::kLanguageModeling) {
+    // Greedy predictions need the logits, which the model keeps for one sequence: a row at a time.
+    for (const IclQuestion& q : questions) {
+      const IclRow& row = q.rows[0];
+      const int T = static_cast<int>(row.tokens.size());
+      model.forward(row.tokens.data(), nullptr, 1, T, nullptr);
+      const float* logits = model.logits();
+      bool all = true;
+      for (int64_t t = row.continuation_begin; t < T && all; t++) {
+        const float* l = logits + static_cast<size_t>(t - 1) * cfg.vocab_size;
+        all = std::max_element(l, l + cfg.vocab_size) - l == row.tokens[t];
+      }
+      right += all;
+      bar.update(++done, "");
+    }
+    return right;
+  }
+  // Each row's mean loss over its continuation, rows of several questions per forward pass.
+  struct Ref {
+    size_t question, row;
+  };
+  std::vector<Ref> refs;
+  for (size_t q = 0; q < questions.size(); q++)
+    for (size_t r = 0; r < questions[q].rows.size(); r++) refs.push_back({q, r});
+  std::vector<std::vector<double>> mean_loss(questions.size());
+  for (size_t q = 0; q < questions.size(); q++) mean_loss[q].resize(questions[q].rows.size());
+  for (size_t r0 = 0; r0 < refs.size(); r0 += batch) {
+    const int b = static_cast<int>(std::min<size_t>(batch, refs.size() - r0));
+    int T = 0;
+    for (int k = 0; k < b; k++) T = std::max(T, static_cast<int>(questions[refs[r0 + k].question].rows[refs[r0 + k].row].tokens.size()));
+    std::vector<int32_t> tokens(static_cast<size_t>(b) * T, pad), targets(tokens.size(), kIgnoreIndex);
+    for (int k = 0; k < b; k++) {
+      const IclRow& row = questions[refs[r0 + k].question].rows[refs[r0 + k].row];
+      std::copy(row.tokens.begin(), row.tokens.end(), tokens.begin() + static_cast<size_t>(k) * T);
+      for (size_t t = row.continuation_begin; t < row.tokens.size(); t++)
+        targets[static_cast<size_t>(k) * T + t - 1] = row.tokens[t];
+    }
+    model.forward(tokens.data(), targets.data(), b, T, nullptr);
+    const float* losses = model.losses();
+    for (int k = 0; k < b; k++) {
+      const IclRow& row = questions[refs[r0 + k].question].rows[refs[r0 + k].row];
+      double sum = 0;
+      for (size_t t = row.continuation_begin; t < row.tokens.size(); t++) sum += losses[static_cast<size_t>(k) * T + t - 1];
+      mean_loss[refs[r0 + k].question][refs[r0 + k].row] = sum / static_cast<double>(row.tokens.size() - row.continuation_begin);
+    }
+  }
+  for (size_t q = 0; q < questions.size(); q++) {
+    const auto& m = mean_loss[q];
+    right += std::min_element(m.begin(), m.end()) - m.begin() == questions[q].gold;
+    bar.update(++done, "");
+  }
+  return right;
+}
+
+}  // namespace
+
+std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
+  ANVIL_CHECK(opt.batch > 0, "--batch must be positive");
+  // The task files are read before the model, so that their errors come first.
+  const std::vector<IclTaskEntry> tasks = read_icl_tasks(opt.tasks);
+  std::vector<std::vector<IclExample>> task_examples;
+  for (const IclTaskEntry& t : tasks)
+    task_examples.push_back(read_icl_examples(t.dataset_uri, t.spec.type, t.spec.strip_dataset, t.has_categories));
+  const ModelWeights loaded = load_model_weights(opt.checkpoint);
+  const ModelConfig& cfg = loaded.config;
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(loaded.tokenizer);
+  const bool prefix_space = tokenizer_needs_prefix_space(*tok);
+
+  // Every task's questions first (errors in a task file before any model time).
+  struct Job {
+    std::string task;
+    IclTaskType type;
+    int batch;
+    std::vector<IclQuestion> questions;
+    std::string benchmark;  // "label/N-shot" of a category's job, else ""
+  };
+  std::vector<Job> jobs;
+  int max_len = 1;
+  int max_batch = 1;
+  for (size_t ti = 0; ti < tasks.size(); ti++) {
+    const IclTaskEntry& t = tasks[ti];
+    const int L = t.max_seq_len > 0 ? t.max_seq_len : opt.max_seq_len > 0 ? opt.max_seq_len : cfg.max_seq_len;
+    ANVIL_CHECK(L <= cfg.max_seq_len, "task {}: max_seq_len {} is longer than the model's {}", t.label, L, cfg.max_seq_len);
+    const std::vector<IclExample>& all = task_examples[ti];
+    // Foundry evaluates each category as a dataset of its own: its rows in file order, its own
+    // few-shot pool and generator.
+    std::map<std::string, std::vector<IclExample>> parts;
+    if (t.has_categories)
+      for (const IclExample& e : all) parts[e.category].push_back(e);
+    for (const int shots : t.num_fewshot) {
+      IclTaskSpec spec = t.spec;
+      spec.num_fewshot = shots;
+      const std::string name = fmt::format("{}/{}-shot", t.label, shots);
+      const int batch = t.batch_size > 0 ? t.batch_size : opt.batch;
+      auto add = [&](const std::string& task, const std::vector<IclExample>& examples, const std::string& benchmark) {
+        Job j{task, spec.type, batch,
+              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), spec.type, *tok, L), benchmark};
+        for (const IclQuestion& q : j.questions)
+          for (const IclRow& r : q.rows) max_len = std::max(max_len, static_cast<int>(r.tokens.size()));
+        max_batch = std::max(max_batch, batch);
+        jobs.push_back(std::move(j));
+      };
+      if (!t.has_categories) add(name, all, "");
+      for (const auto& [category, examples] : parts) add(name + "/" + category, examples, name);
+    }
+  }
+  std::unique_ptr<Model> model = make_model(cfg, max_batch, max_len);
+  std::copy(loaded.params.begin(), loaded.params.end(), model->params());
+  if (cfg.has_lora()) model->set_base_weights(loaded.base);
+  int64_t total = 0, done = 0;
+  for (const Job& j : jobs) total += static_cast<int64_t>(j.questions.size());
+  Progress bar("icl eval", total, "questions");
+  std::vector<IclScore> out;
+  std::map<std::string, std::pair<double, int>> category_sums;
+  std::map<std::string, int64_t> category_questions;
+  std::vector<std::string> benchmarks;
+  for (const Job& j : jobs) {
+    const int64_t right = score(*model, cfg, j.questions, j.type, j.batch, tok->eos_id(), bar, done);
+    const int64_t n = static_cast<int64_t>(j.questions.size());
+    out.push_back({j.task, metric_of(j.type), static_cast<double>(right) / static_cast<double>(n), n});
+    if (!j.benchmark.empty()) {
+      if (!category_sums.count(j.benchmark)) benchmarks.push_back(j.benchmark);
+      category_sums[j.benchmark].first += out.back().accuracy;
+      category_sums[j.benchmark].second++;
+      category_questions[j.benchmark] += n;
+    }
+  }
+  bar.finish("");
+  for (const std::string& b : benchmarks) {
+    const auto [sum, count] = category_sums[b];
+    const auto first = std::find_if(out.begin(), out.end(), [&](const IclScore& s) { return s.task.rfind(b + "/", 0) == 0; });
+    out.insert(first, {b, first->metric, sum / count, category_questions[b]});
+  }
+  return out;
+}
+
+}  // namespace anvil

@@ -1,0 +1,160 @@
+#!/usr/bin/python3
+"""An independent scorer of LLM Foundry's in-context-learning tasks, for anvil's ICL tests.
+
+usage: icl_reference.py HF_DIR TASKS.yaml NODE_MODULES_DIR
+
+Prints one JSON line per task, shot count (and category): {"task": "label/N-shot", "accuracy":
+..., "n": ...}, then, for a task with categories, the mean of its categories' accuracies under
+"label/N-shot". The rules are LLM Foundry's (llmfoundry/eval/datasets/in_context_learning_evaluation.py,
+utils.py and eval/metrics/nlp.py), written here from its semantics with Python's own random and
+set (so the few-shot examples are the ones Foundry draws), GPT-2's tokenizer by gpt-3-encoder
+(each of the three pieces Foundry tokenizes apart), and the model by tests/interop/hf_reference.py
+(PyTorch, from the transformers directory). Nothing here comes from anvil."""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+from hf_reference import load_model  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def encode_all(pieces, modules):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(pieces, f)
+    try:
+        out = subprocess.run(["node", os.path.join(HERE, "encode_pieces.js"), modules, f.name], check=True,
+                             capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    return json.loads(out)
+
+
+def fewshot(n, num_fewshot, example_index, rng):
+    k = min(n - 1, num_fewshot)
+    picked = set(rng.sample(range(0, n), k))
+    if example_index in picked:
+        picked.remove(example_index)
+        if len(picked) >= n - 1:
+            return picked
+        r = rng.choice(range(0, n))
+        while r in picked or r == example_index:
+            r = rng.choice(range(0, n))
+        picked.add(r)
+    return picked
+
+
+def questions(task, rows, shots, prefix_space):
+    """Each question as (preamble, [(context, continuation) per row], gold)."""
+    kind = task["icl_task_type"]
+    ed = task.get("example_delimiter", "\n")
+    cd = task.get("continuation_delimiter", " ")
+    pre = task.get("question_prelimiter", task.get("prelimiter", ""))
+    rng = random.Random(task.get("fewshot_random_seed", 1234))
+
+    def spaced(s):
+        return " " + s if prefix_space and not s.startswith(" ") else s
+
+    def solved(r, before):
+        if kind == "schema":
+            c = r["context_options"][r["gold"]]
+            if before:
+                c = ed + c
+            return pre + c + cd + r["continuation"]
+        c = pre + r["query" if kind == "multiple_choice" else "context"]
+        if before:
+            c = ed + c
+        return c + cd + (r["choices"][r["gold"]] if kind == "multiple_choice" else r["continuation"])
+
+    out = []
+    for i, r in enumerate(rows):
+        p = task.get("prompt_string", "")
+        if shots > 0:
+            for k in fewshot(len(rows), shots, i, rng):
+                p += solved(rows[k], p)
+        if kind == "schema":
+            if p:
+                ctxs = [pre + ed + c + cd.rstrip() for c in r["context_options"]]
+            else:
+                ctxs = [pre + c for c in r["context_options"]]
+            out.append((p, [(c, spaced(r["continuation"])) for c in ctxs], r["gold"]))
+            continue
+        c = pre + r["query" if kind == "multiple_choice" else "context"]
+        if p:
+            c = ed + c
+        c = (c + cd).rstrip()
+        conts = [spaced(x) for x in r["choices"]] if kind == "multiple_choice" else [spaced(r["continuation"])]
+        out.append((p, [(c, x) for x in conts], r.get("gold", 0)))
+    return out
+
+
+def main(hf_dir, tasks_path, modules):
+    cfg, forward, W = load_model(hf_dir)
+    max_len = cfg.get("n_positions", cfg.get("max_position_embeddings"))
+    prefix_space = len(encode_all([" a"], modules)[0]) == 1
+    tasks = yaml.safe_load(open(tasks_path))["icl_tasks"]
+    for task in tasks:
+        kind = task["icl_task_type"]
+        rows = [json.loads(line) for line in open(task["dataset_uri"], encoding="utf-8") if line.strip()]
+        for r in rows:  # Foundry's strip_dataset: the string fields, not the lists
+            for k, v in list(r.items()):
+                if isinstance(v, str):
+                    r[k] = v.strip()
+        parts = {"": rows}
+        if task.get("has_categories"):
+            parts = {}
+            for r in rows:
+                parts.setdefault(r["category"], []).append(r)
+        for shots in task["num_fewshot"]:
+            name = f"{task['label']}/{shots}-shot"
+            accuracies = []
+            for category in sorted(parts):
+                qs = questions(task, parts[category], shots, prefix_space)
+                pieces = []
+                for p, pairs, _ in qs:
+                    pieces.append(p)
+                    for c, x in pairs:
+                        pieces += [c, x]
+                ids = iter(encode_all(pieces, modules))
+                right = 0
+                for p, pairs, gold in qs:
+                    pre = next(ids)  # GPT-2's tokenizer adds no BOS
+                    scores = []
+                    for _ in pairs:
+                        ctx, cont = pre + next(ids), next(ids)
+                        limit = task.get("max_seq_len", max_len)
+                        if len(ctx) + len(cont) > limit:  # the context loses tokens from the left
+                            ctx = ctx[-(limit - len(cont)):]
+                        with torch.no_grad():
+                            logits = forward(cfg, W, torch.tensor(ctx + cont))
+                        at = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1)
+                        picked = logits[at]
+                        target = torch.tensor(cont)
+                        if kind == "language_modeling":
+                            scores.append(bool((picked.argmax(-1) == target).all()))
+                        else:
+                            scores.append(float(F.cross_entropy(picked, target)))
+                    if kind == "language_modeling":
+                        right += scores[0]
+                    else:
+                        right += scores.index(min(scores)) == gold
+                accuracies.append(right / len(qs))
+                task_name = name + ("/" + category if category else "")
+                print(json.dumps({"task": task_name, "accuracy": right / len(qs), "n": len(qs)}))
+            if task.get("has_categories"):
+                print(json.dumps({"task": name, "accuracy": sum(accuracies) / len(accuracies),
+                                  "n": sum(len(v) for v in parts.values())}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

@@ -1,0 +1,100 @@
+"""Writes in-context-learning task files in LLM Foundry's formats from the Brown corpus's text,
+and a task YAML naming them as Foundry's task files do.
+
+  make_icl_tasks.py BROWN_TEXT_DIR OUT_DIR
+
+multiple_choice (query/choices/gold): a sentence's first half, its own second half among three
+others'; schema (context_options/continuation/gold): two first halves before one second half;
+language_modeling (context/continuation): a sentence and its last word; and a categorised
+multiple_choice task (each question's category: the Brown file's genre letter)."""
+import json
+import os
+import random
+import sys
+
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+sentences = []
+for name in sorted(os.listdir(src))[::12]:
+    text = open(os.path.join(src, name), encoding="utf-8").read()
+    for s in text.replace("\n", " ").split(". "):
+        words = s.split()
+        if 8 <= len(words) <= 24:
+            sentences.append((name[1], words))
+rng = random.Random(7)
+rng.shuffle(sentences)
+
+
+def halves(words):
+    h = len(words) // 2
+    return " ".join(words[:h]), " ".join(words[h:]) + "."
+
+
+def write(name, rows):
+    with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+mc, cat = [], []
+for i in range(60):
+    genre, words = sentences[i]
+    first, second = halves(words)
+    others = [halves(sentences[(i * 7 + k * 13 + 100) % len(sentences)][1])[1] for k in range(3)]
+    gold = i % 4
+    choices = others[:gold] + [second] + others[gold:]
+    mc.append({"query": first, "choices": choices, "gold": gold})
+    cat.append({"query": first, "choices": choices, "gold": gold, "category": "genre_" + genre})
+schema = []
+for i in range(60, 110):
+    a, b = halves(sentences[i][1]), halves(sentences[i + 100][1])
+    gold = i % 2
+    options = [a[0], b[0]] if gold == 0 else [b[0], a[0]]
+    schema.append({"context_options": options, "continuation": a[1], "gold": gold})
+# Half of the language-modeling questions end "... of" before "the" (what a model learns first),
+# so that the greedy rule meets both right and wrong answers; the rest ask for a sentence's last word.
+lm = []
+for genre, words in sentences:
+    if len(lm) < 30 and "of" in words[2:-1] and words[words.index("of", 2) + 1] == "the":
+        k = words.index("of", 2)
+        lm.append({"context": " ".join(words[:k + 1]), "continuation": "the"})
+for i in range(110, 140):
+    words = sentences[i][1]
+    lm.append({"context": " ".join(words[:-1]), "continuation": words[-1]})
+write("mc.jsonl", mc)
+write("mc_categories.jsonl", cat)
+write("schema.jsonl", schema)
+write("lm.jsonl", lm)
+with open(os.path.join(out, "tasks.yaml"), "w") as f:
+    f.write(f"""icl_tasks:
+-
+  label: brown_mc
+  dataset_uri: {out}/mc.jsonl
+  num_fewshot: [0, 3]
+  icl_task_type: multiple_choice
+  continuation_delimiter: "\\nAnswer: "
+-
+  label: brown_schema
+  dataset_uri: {out}/schema.jsonl
+  num_fewshot: [0, 2]
+  icl_task_type: schema
+-
+  label: brown_lm
+  dataset_uri: {out}/lm.jsonl
+  num_fewshot: [0, 5]
+  icl_task_type: language_modeling
+-
+  label: brown_mc_short
+  dataset_uri: {out}/mc.jsonl
+  num_fewshot: [5]
+  icl_task_type: multiple_choice
+  max_seq_len: 40
+  prompt_string: "Finish each sentence."
+-
+  label: brown_genres
+  dataset_uri: {out}/mc_categories.jsonl
+  num_fewshot: [2]
+  icl_task_type: multiple_choice
+  has_categories: true
+  question_prelimiter: "Text: "
+""")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `anvil eval --icl`: LLM Foundry's in-context-learning tasks (multiple_choice, schema,
+# language_modeling, a task with categories, few-shot examples, contexts cut to a task's
+# max_seq_len) written from the Brown corpus (make_icl_tasks.py) and scored on a small GPT-2 that
+# anvil trains; the accuracies equal, task by task, those of an independent scorer
+# (icl_reference.py: Python's random and set, gpt-3-encoder, PyTorch on the exported model). And
+# what a task file gets wrong is a one-line error naming it.
+# Usage: test_icl.sh ANVIL_BIN SOURCE_DIR
+set -uo pipefail
+anvil="$1" src="$2"
+source "$src/tests/lib.sh"
+start_test
+prepare_brown_news "$anvil" "$src" "$tmp" 64
+train_run tiny-gpt2 run 1 variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 \
+  max_seq_len=64 max_duration=120ba optimizer.lr=1.0e-2 || { cat "$tmp/run.out"; exit 1; }
+"$anvil" export "$tmp/run" "$tmp/hf" > /dev/null 2>&1 || fail "export"
+/usr/bin/python3 "$src/tests/eval/make_icl_tasks.py" "$tmp/brown" "$tmp/tasks"
+"$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --json > "$tmp/anvil.jsonl" 2> "$tmp/eval.err" ||
+  { fail "anvil eval --icl"; cat "$tmp/eval.err"; }
+/usr/bin/python3 "$src/tests/eval/icl_reference.py" "$tmp/hf" "$tmp/tasks/tasks.yaml" "$src/.deps/npm/node_modules" \
+  > "$tmp/reference.jsonl" || fail "the reference scorer"
+/usr/bin/python3 - "$tmp/anvil.jsonl" "$tmp/reference.jsonl" <<'PY' && pass "every task's accuracy equals the reference's" || fail "accuracies differ from the reference's"
+import json, sys
+ours = [json.loads(l) for l in open(sys.argv[1])]
+ref = {r["task"]: r for r in map(json.loads, open(sys.argv[2]))}
+assert len(ours) == len(ref) and len(ours) >= 20, (len(ours), len(ref))
+seen = set()
+for o in ours:
+    r = ref[o["task"]]
+    assert o["n"] == r["n"] and abs(o["accuracy"] - r["accuracy"]) < 1e-8, (o, r)
+    seen.add(o["metric"])
+    print(f'  {o["task"]}: {o["accuracy"]:.4f} of {o["n"]}')
+# The test can tell rules apart only where scores vary: some right and some wrong answers.
+lm = [o for o in ours if o["task"].startswith("brown_lm/")]
+assert any(0 < o["accuracy"] < 1 for o in lm), lm
+assert seen == {"InContextLearningMultipleChoiceAccuracy", "InContextLearningLMAccuracy"}, seen
+PY
+
+bad="$tmp/bad.yaml"
+task_error() {  # NAME PATTERN YAML
+  printf '%s\n' "$3" > "$bad"
+  expect_error "$1" "$2" "$anvil" eval "$tmp/run" --icl "$bad"
+}
+task_error "an unknown task key" "continuation_delimeter" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice, continuation_delimeter: ' '}]"
+task_error "num_fewshot not a list" "num_fewshot must be a list" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: 3, icl_task_type: multiple_choice}]"
+task_error "an unknown task type" "icl_task_type 'question_answering' is not one of" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: question_answering}]"
+printf '{"context": "Q: 2 + 3?", "answer": "5"}\n' > "$tmp/gen.jsonl"
+task_error "a generation task" "generation_task_with_answers tasks are not evaluated by anvil yet" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers}]"
+task_error "a missing data file" "cannot read the task file '$tmp/none.jsonl'" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/none.jsonl, num_fewshot: [0], icl_task_type: schema}]"
+task_error "a file of the wrong type" "no \"query\"" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/lm.jsonl, num_fewshot: [0], icl_task_type: multiple_choice}]"
+task_error "no icl_tasks" "has no icl_tasks list" "tasks: []"
+"$anvil" eval "$tmp/run" --icl "$bad" --data "$tmp/data" > /dev/null 2> "$tmp/usage.err"
+[ $? -eq 2 ] && grep -q -- "--data is for loss evaluation, not --icl" "$tmp/usage.err" &&
+  pass "--icl with --data is a usage error" || fail "--icl with --data: $(head -1 "$tmp/usage.err")"
+exit $((failures > 0))

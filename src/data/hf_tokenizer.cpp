@@ -130,16 +130,22 @@ class Pattern {
     // Up to 64 matches in one call: the pattern repeated, each repetition atomic (the match a
     // call at that position finds) and reported by a callout. Oniguruma sets up and copies its
     // backtracking stack once per call, which cost as much as the matching for a pre-tokenizer's
-    // short matches. Not where a repetition would read differently from a call of its own: \G
-    // (the call's start), back-references (an earlier repetition's groups), callouts.
-    const bool reads_across = re.find("\\G") != std::string::npos || re.find("\\k") != std::string::npos ||
-                              re.find("\\g") != std::string::npos || re.find("(?{") != std::string::npos ||
-                              re.find("(*") != std::string::npos ||
-                              std::any_of(re.begin(), re.end(), [&, i = size_t{0}](char) mutable {
-                                const size_t k = i++;
-                                return re[k] == '\\' && k + 1 < re.size() && re[k + 1] >= '1' && re[k + 1] <= '9';
-                              });
-    if (!reads_across) run_ = compile("(?:(?>" + re + ")(?{+})){0," + std::to_string(kRun) + "}", re);
+    // short matches. Not where a repetition could read differently from a call of its own: \G
+    // (the call's start), back-references and conditionals (an earlier repetition's groups), \K
+    // (a match starting after where it began), callouts, and comments (# would swallow the
+    // wrapping); nor where the wrapped pattern does not compile.
+    bool reads_across = false;
+    for (const char* s : {"\\G", "\\k", "\\g", "\\K", "(?(", "(?{", "(*", "#"})
+      reads_across = reads_across || re.find(s) != std::string::npos;
+    for (size_t k = 0; k + 1 < re.size(); k++)
+      reads_across = reads_across || (re[k] == '\\' && re[k + 1] >= '1' && re[k + 1] <= '9');
+    if (!reads_across) {
+      try {
+        run_ = compile("(?:(?>" + re + ")(?{+})){0," + std::to_string(kRun) + "}", re);
+      } catch (const Error&) {
+        run_.reset();
+      }
+    }
   }
 
   // The matches in s, left to right, not overlapping (a regex's may be empty).
@@ -180,10 +186,10 @@ class Pattern {
       if (run_ && at < s.size()) {
         Run run{s.data(), {}, 0};
         onig_set_callout_user_data_of_match_param(param.get(), &run);
+        // An error (a retry limit reached over 64 matches) leaves the matches to one call each.
         const int rc = onig_match_with_param(run_.get(), str, end, str + at, region.get(), ONIG_OPTION_NONE, param.get());
-        ANVIL_CHECK(rc >= 0 || rc == ONIG_MISMATCH, "{}: the regex search failed (Oniguruma error {})", where_, rc);
         const size_t first = at;
-        for (int k = 0; k < run.n && run.ends[k] > at; k++) {  // an empty match ends the run
+        for (int k = 0; rc >= 0 && k < run.n && run.ends[k] > at; k++) {  // an empty match ends the run
           out.emplace_back(at, run.ends[k]);
           at = run.ends[k];
         }
@@ -376,12 +382,11 @@ std::unique_ptr<Normalizer> make_normalizer(const json& spec, const std::string&
 
 // ---- pre-tokenizers -------------------------------------------------------------------------
 
-// A pre-token, and whether it begins where the input began (Metaspace's prepend_scheme "first").
 // A piece of text on its way through the pre-tokenizers: a view into the text of the stage that
 // made it (stages run depth first, so that text outlives the piece).
 struct Piece {
   std::string_view text;
-  bool at_start;
+  bool at_start;  // it begins where the input began (Metaspace's prepend_scheme "first")
 };
 
 enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -1016,6 +1021,8 @@ class HfTokenizer final : public Tokenizer {
   PerThread<WordCache> cache_;
   // The text is cut before each "▁" that follows another character (see load()).
   bool cut_before_spaces_ = false;
+  // A stage after the first treats a piece at the text's start apart (Metaspace).
+  bool start_matters_ = false;
   int32_t bos_id_ = -1, eos_id_ = -1;
 };
 
@@ -1296,6 +1303,8 @@ void HfTokenizer::load() {
     if (!content.empty()) normalized_tokens_.add(content, static_cast<int>(k));
   }
   add_pre_tokenizers(j.value("pre_tokenizer", json()), where + ": pre_tokenizer", pre_tokenizers_);
+  for (size_t k = 1; k < pre_tokenizers_.size(); k++)
+    start_matters_ = start_matters_ || dynamic_cast<const Metaspace*>(pre_tokenizers_[k].get());
   // Without a pre-tokenizer the model's word is the whole text (Mistral's, Llama 2's: thousands of
   // symbols). Where no merge can join a character to a following SentencePiece space "▁" (no
   // vocabulary token holds one after anything but another "▁", and each merge makes a vocabulary
@@ -1305,10 +1314,10 @@ void HfTokenizer::load() {
       vocab_.find(kSpaceMark)) {
     bool joined = false;
     vocab_.for_each([&](std::string_view token, int32_t) {
-      for (size_t at = token.find(kSpaceMark, 1); at != std::string_view::npos && !joined;
+      for (size_t at = token.find(kSpaceMark, 1); !joined && at != std::string_view::npos;
            at = token.find(kSpaceMark, at + 1))
         joined = !token.substr(0, at).ends_with(kSpaceMark);
-    });
+    });  // (a pass over the vocabulary at load: stopping early would save little)
     cut_before_spaces_ = !joined;
   }
   decoder_ = make_decoder(j.value("decoder", json()), where + ": decoder");
@@ -1496,8 +1505,8 @@ void HfTokenizer::encode_word(Piece word, std::vector<int32_t>& out) {
   // Words are cached as the library caches its words, by what the first stage makes of the text
   // (the regex split: a hit skips the byte mapping and the vocabulary). Under 256 bytes only, and
   // bounded, since a corpus's distinct words are many; a piece at the text's start is not cached
-  // (a Metaspace stage may treat it apart).
-  if (word.at_start || word.text.size() >= 256) return pre_tokenize(1, word, out);
+  // where a later Metaspace stage may treat it apart.
+  if ((word.at_start && start_matters_) || word.text.size() >= 256) return pre_tokenize(1, word, out);
   WordCache& cache = cache_.local();
   const std::pair<uint32_t, uint32_t>* hit = cache.words.find(word.text);
   if (!hit) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/python_random.h"
+#include "data/python_text.h"
 #include "data/tokenizer.h"
 
 namespace anvil {
@@ -33,48 +34,6 @@ const char* icl_task_type_name(IclTaskType type) {
 
 namespace {
 
-// Python's str.isspace.
-bool python_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-         cp == 0x3000;
-}
-
-// The code point at s[i] and its byte length (a byte that starts no UTF-8 sequence: U+FFFD,
-// length 1).
-std::pair<uint32_t, size_t> code_point(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return {c, 1};
-  const size_t n = c >> 5 == 6 ? 2 : c >> 4 == 14 ? 3 : c >> 3 == 30 ? 4 : 1;
-  if (n == 1 || i + n > s.size()) return {0xfffd, 1};
-  uint32_t cp = c & (0x7f >> n);
-  for (size_t k = 1; k < n; k++) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3f);
-  return {cp, n};
-}
-
-size_t leading_space(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto [cp, n] = code_point(s, i);
-    if (!python_space(cp)) break;
-    i += n;
-  }
-  return i;
-}
-
-// Where the trailing whitespace starts.
-size_t trailing_space(std::string_view s) {
-  size_t end = s.size();
-  while (end > 0) {
-    size_t start = end - 1;
-    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80 && end - start < 4) start--;
-    const auto [cp, n] = code_point(s, start);
-    if (start + n != end || !python_space(cp)) break;
-    end = start;
-  }
-  return end;
-}
-
 std::string string_field(const json& row, const char* key, const std::string& where) {
   ANVIL_CHECK(row.contains(key), "{}: no \"{}\" (expected LLM Foundry's fields for this task type)", where, key);
   ANVIL_CHECK(row[key].is_string(), "{}: \"{}\" must be a string", where, key);
@@ -95,13 +54,6 @@ std::vector<std::string> string_list(const json& row, const char* key, const std
 bool starts_with_space(const std::string& s) { return !s.empty() && s[0] == ' '; }
 
 }  // namespace
-
-std::string python_strip(std::string_view s) {
-  const size_t b = leading_space(s);
-  return std::string(s.substr(b, trailing_space(s.substr(b))));
-}
-
-std::string python_rstrip(std::string_view s) { return std::string(s.substr(0, trailing_space(s))); }
 
 bool tokenizer_needs_prefix_space(Tokenizer& tok) { return tok.encode(" a").size() == 1; }
 
@@ -143,26 +95,12 @@ std::vector<IclExample> read_icl_examples(const std::string& path, IclTaskType t
         e.continuation = string_field(row, "continuation", where);
         break;
       case IclTaskType::kGenerationWithAnswers:
-        e.context = string_field(row, "context", where);
-        e.answer = string_field(row, "answer", where);
-        // The accepted answers are the answer and its aliases as written (Foundry makes the set
-        // before stripping).
-        e.aliases = {e.answer};
-        if (row.contains("aliases"))
-          for (const std::string& a : string_list(row, "aliases", where))
-            if (std::find(e.aliases.begin(), e.aliases.end(), a) == e.aliases.end()) e.aliases.push_back(a);
-        if (row.contains("chain_of_thought")) {
-          e.chain_of_thought = string_field(row, "chain_of_thought", where);
-          e.has_chain_of_thought = true;
-        }
-        break;
+        ANVIL_FAIL("{}: generation_task_with_answers tasks are not evaluated by anvil yet", where);
     }
     if (has_categories) e.category = string_field(row, "category", where);
     if (strip) {
       e.context = python_strip(e.context);
       e.continuation = python_strip(e.continuation);
-      e.answer = python_strip(e.answer);
-      e.chain_of_thought = python_strip(e.chain_of_thought);
     }
     out.push_back(std::move(e));
   }
@@ -173,9 +111,6 @@ std::vector<IclExample> read_icl_examples(const std::string& path, IclTaskType t
 std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const std::vector<IclExample>& examples,
                                                 bool prefix_space) {
   const int64_t n = static_cast<int64_t>(examples.size());
-  ANVIL_CHECK(spec.num_fewshot >= 0, "num_fewshot {} must not be negative", spec.num_fewshot);
-  const bool has_cot =
-      std::any_of(examples.begin(), examples.end(), [](const IclExample& e) { return e.has_chain_of_thought; });
   auto with_space = [&](const std::string& s) { return prefix_space && !starts_with_space(s) ? " " + s : s; };
   // A few-shot example, answered, after the text before it.
   auto solved = [&](const IclExample& e, const std::string& before) {
@@ -187,11 +122,7 @@ std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const s
     std::string c = spec.prelimiter + e.context;
     if (!before.empty()) c = spec.example_delimiter + c;
     c += spec.continuation_delimiter;
-    switch (spec.type) {
-      case IclTaskType::kMultipleChoice: return c + e.choices[e.gold];
-      case IclTaskType::kLanguageModeling: return c + e.continuation;
-      default: return c + (has_cot ? e.chain_of_thought + spec.cot_delimiter + e.answer : e.answer);
-    }
+    return c + (spec.type == IclTaskType::kMultipleChoice ? e.choices[e.gold] : e.continuation);
   };
   PythonRandom rng(spec.fewshot_random_seed);
   std::vector<IclQuestionText> out;
@@ -217,21 +148,17 @@ std::vector<IclQuestionText> icl_question_texts(const IclTaskSpec& spec, const s
       q.contexts.push_back(spec.strip_dataset ? python_rstrip(c) : c);
       if (spec.type == IclTaskType::kMultipleChoice)
         for (const std::string& choice : e.choices) q.continuations.push_back(with_space(choice));
-      else if (spec.type == IclTaskType::kLanguageModeling)
-        q.continuations.push_back(with_space(e.continuation));
       else
-        q.answers = e.aliases;
+        q.continuations.push_back(with_space(e.continuation));
     }
     out.push_back(std::move(q));
   }
   return out;
 }
 
-std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, IclTaskType type,
-                                                Tokenizer& tok, int max_seq_len) {
-  ANVIL_CHECK(type != IclTaskType::kGenerationWithAnswers, "generation_task_with_answers tasks are not evaluated by "
-              "anvil yet (multiple_choice, schema and language_modeling are)");
-  ANVIL_CHECK(max_seq_len > 1, "max_seq_len {} is too short for a question", max_seq_len);
+std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, Tokenizer& tok,
+                                                int max_seq_len, const std::string& where) {
+  ANVIL_CHECK(max_seq_len > 1, "{}: max_seq_len {} is too short for a question", where, max_seq_len);
   std::vector<IclQuestion> out;
   out.reserve(texts.size());
   for (size_t i = 0; i < texts.size(); i++) {
@@ -250,9 +177,12 @@ std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionTex
       std::vector<int32_t> ids = preamble;
       const std::vector<int32_t> c = tok.encode(context), cont = tok.encode(continuation);
       ids.insert(ids.end(), c.begin(), c.end());
-      ANVIL_CHECK(!cont.empty(), "question {}: continuation {} ('{}') has no tokens", i, r, continuation);
-      ANVIL_CHECK(cont.size() < static_cast<size_t>(max_seq_len), "question {}: its continuation alone is {} tokens, "
-                  "and max_seq_len is {}", i, cont.size(), max_seq_len);
+      ANVIL_CHECK(!cont.empty(), "{}: question {}: continuation {} ('{}') has no tokens", where, i, r, continuation);
+      ANVIL_CHECK(cont.size() < static_cast<size_t>(max_seq_len), "{}: question {}: its continuation alone is {} "
+                  "tokens, and max_seq_len is {}", where, i, cont.size(), max_seq_len);
+      // The first continuation token is scored by the logits of the token before it.
+      ANVIL_CHECK(!ids.empty(), "{}: question {}: no context before the continuation (an empty query or option, "
+                  "and no BOS or few-shot examples before it)", where, i);
       if (ids.size() + cont.size() > static_cast<size_t>(max_seq_len))
         ids.erase(ids.begin(), ids.end() - (max_seq_len - static_cast<int64_t>(cont.size())));
       IclRow row;

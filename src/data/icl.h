@@ -29,21 +29,17 @@ struct IclTaskSpec {
   std::string prelimiter;          // question_prelimiter
   uint64_t fewshot_random_seed = 1234;
   bool strip_dataset = true;
-  std::string cot_delimiter;       // generation tasks
 };
 
 // One line of a task's JSON-lines file, in Foundry's fields: multiple_choice query/choices/gold,
-// schema context_options/continuation/gold, language_modeling context/continuation,
-// generation_task_with_answers context/answer/aliases (and chain_of_thought); category where the
-// task has categories.
+// schema context_options/continuation/gold, language_modeling context/continuation; category
+// where the task has categories. (generation_task_with_answers is not evaluated yet: its files
+// are refused.)
 struct IclExample {
   std::string context;                 // query, or context
   std::vector<std::string> choices;    // choices, or context_options
   std::string continuation;            // language modeling and schema
   int64_t gold = 0;
-  std::string answer, chain_of_thought;
-  std::vector<std::string> aliases;    // the answer's other accepted forms
-  bool has_chain_of_thought = false;   // the line has the field (Foundry: the file's column)
   std::string category;
 };
 
@@ -54,13 +50,12 @@ std::vector<IclExample> read_icl_examples(const std::string& path, IclTaskType t
 
 // A question's text in Foundry's three pieces. Rows: one per choice (multiple_choice: the
 // context's continuation is each choice; schema: each option's context before the one
-// continuation), one for language modeling; none for generation (its context is generated from).
+// continuation), one for language modeling.
 struct IclQuestionText {
   std::string preamble;               // prompt_string and the few-shot examples
   std::vector<std::string> contexts;  // per row (one for all but schema)
   std::vector<std::string> continuations;  // per row (one for all but multiple_choice)
   int64_t gold = 0;
-  std::vector<std::string> answers;   // generation: the answer and its aliases
 };
 
 // The questions' texts, each with its few-shot examples drawn as Foundry draws them (one
@@ -85,14 +80,11 @@ struct IclQuestion {
 // The questions as Foundry tokenizes them: the preamble with the tokenizer's special tokens (its
 // BOS, where it adds one: also before an empty preamble), the context and each continuation
 // without any, each piece on its own; where a row is longer than max_seq_len its context loses
-// tokens from the left (the BOS and the few-shot examples first). A continuation of
-// max_seq_len tokens or more, or of none, is an error naming the question.
-std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, IclTaskType type,
-                                                Tokenizer& tok, int max_seq_len);
-
-// Python's str.strip/rstrip: the whitespace str.isspace names, at the ends.
-std::string python_strip(std::string_view s);
-std::string python_rstrip(std::string_view s);
+// tokens from the left (the BOS and the few-shot examples first). A row with no context token,
+// a continuation of none or of max_seq_len tokens or more is an error naming `where` and the
+// question.
+std::vector<IclQuestion> tokenize_icl_questions(const std::vector<IclQuestionText>& texts, Tokenizer& tok,
+                                                int max_seq_len, const std::string& where);
 
 // Whether the tokenizer makes " a" one token (Foundry's tokenizer_needs_prefix_space).
 bool tokenizer_needs_prefix_space(Tokenizer& tok);

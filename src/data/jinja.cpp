@@ -16,45 +16,19 @@
 
 #include "core/error.h"
 #include "data/byte_level.h"
+#include "data/python_text.h"
 
 namespace anvil::jinja {
 namespace {
 
 // --- Text as Python sees it: strings index, slice and measure by code point ----------------------
 
-std::u32string code_points(const std::string& s) {
-  std::u32string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-    if (i + n > s.size()) n = 1;
-    char32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
-    for (int k = 1; k < n; k++) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    out.push_back(cp);
-    i += n;
-  }
-  return out;
-}
-
-std::string utf8(const std::u32string& s) {
-  std::string out;
-  for (char32_t c : s) append_utf8(out, c);
-  return out;
-}
-
-// Python's str.isspace().
-bool is_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
 std::string strip(const std::string& s, const Value& chars, bool left, bool right) {
   const std::u32string cp = code_points(s);
   std::u32string set;
   const bool whitespace = chars.is_none() || chars.is_undefined();
   if (!whitespace) set = code_points(chars.to_string());
-  auto strippable = [&](char32_t c) { return whitespace ? is_space(c) : set.find(c) != std::u32string::npos; };
+  auto strippable = [&](char32_t c) { return whitespace ? python_isspace(c) : set.find(c) != std::u32string::npos; };
   size_t b = 0, e = cp.size();
   if (left) while (b < e && strippable(cp[b])) b++;
   if (right) while (e > b && strippable(cp[e - 1])) e--;
@@ -1351,10 +1325,10 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_
     std::u32string cp = code_points(s);
     std::vector<std::pair<size_t, size_t>> words;
     for (size_t i = 0; i < cp.size();) {
-      while (i < cp.size() && is_space(cp[i])) i++;
+      while (i < cp.size() && python_isspace(cp[i])) i++;
       if (i >= cp.size()) break;
       size_t e = i;
-      while (e < cp.size() && !is_space(cp[e])) e++;
+      while (e < cp.size() && !python_isspace(cp[e])) e++;
       words.emplace_back(i, e);
       i = e;
     }
@@ -1362,14 +1336,14 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_
       if (from_right) {
         const size_t keep = words.size() - maxsplit;
         size_t b = 0;
-        while (is_space(cp[b])) b++;
+        while (python_isspace(cp[b])) b++;
         parts.emplace_back(utf8(cp.substr(b, words[keep - 1].second - b)));
         for (size_t k = keep; k < words.size(); k++) parts.emplace_back(utf8(cp.substr(words[k].first, words[k].second - words[k].first)));
         return Value(std::move(parts));
       }
       for (int64_t k = 0; k < maxsplit; k++) parts.emplace_back(utf8(cp.substr(words[k].first, words[k].second - words[k].first)));
       size_t e = cp.size();
-      while (e > 0 && is_space(cp[e - 1])) e--;
+      while (e > 0 && python_isspace(cp[e - 1])) e--;
       parts.emplace_back(utf8(cp.substr(words[maxsplit].first, e - words[maxsplit].first)));
       return Value(std::move(parts));
     }
@@ -1933,7 +1907,7 @@ class Renderer {
             if (m == "isdigit") ok = u_isdigit(c);
             else if (m == "isalpha") ok = u_isalpha(c);
             else if (m == "isalnum") ok = u_isalnum(c);
-            else if (m == "isspace") ok = is_space(c);
+            else if (m == "isspace") ok = python_isspace(c);
             else {
               const bool lower = u_islower(c), upper = u_isupper(c);
               cased |= lower || upper;
@@ -2136,7 +2110,7 @@ class Renderer {
       std::string out;
       bool word_start = true;
       for (char32_t c : cp) {
-        const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || is_space(c);
+        const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || python_isspace(c);
         const std::string one = utf8(std::u32string(1, c));
         out += separator ? one : case_map(one, word_start);
         word_start = separator;

@@ -65,14 +65,20 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     r.get("has_categories", t.has_categories);
     r.get("batch_size", t.batch_size);
     r.get("max_seq_len", t.max_seq_len);
-    ANVIL_CHECK(t.batch_size >= 0 && t.max_seq_len >= 0, "{}: batch_size and max_seq_len must be positive", where);
+    ANVIL_CHECK(t.batch_size >= 0, "{}: batch_size = {} must be positive", where, t.batch_size);
+    ANVIL_CHECK(t.max_seq_len >= 0, "{}: max_seq_len = {} must be positive", where, t.max_seq_len);
     if (r.has("metric_names")) {
       const YAML::Node m = r.raw("metric_names");
       const std::string expected = t.spec.type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy"
                                                                                   : "InContextLearningMultipleChoiceAccuracy";
-      ANVIL_CHECK(m.IsSequence() && m.size() == 1 && m[0].Scalar() == expected, "{}: metric_names: anvil computes {} for "
-                  "{} tasks (Foundry's default)", where, expected, type);
+      ANVIL_CHECK(m.IsSequence() && m.size() == 1 && m[0].Scalar() == expected, "{}: metric_names = {}: anvil computes "
+                  "[{}] for {} tasks (Foundry's default)", where, YAML::Dump(m), expected, type);
     }
+    // Foundry's other keys change what is read or scored in ways anvil does not reproduce yet.
+    for (const char* key : {"context_key", "answer_key", "choices_key", "padding_size", "hf_loading_vars",
+                            "hf_parsing_map", "tokenize_labels", "generation_kwargs", "cot_delimiter",
+                            "early_stopping_criteria", "do_normalization", "pad_tok_id"})
+      ANVIL_CHECK(!root["icl_tasks"][i][key], "{}: {} is LLM Foundry's key, not honoured by anvil yet", where, key);
     r.finish();
     ANVIL_CHECK(seen.insert(t.label).second, "{}: the label '{}' is given twice", where, t.label);
     out.push_back(std::move(t));
@@ -149,6 +155,7 @@ int64_t score(Model& model, const ModelConfig& cfg, const std::vector<IclQuestio
 
 std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   ANVIL_CHECK(opt.batch > 0, "--batch must be positive");
+  ANVIL_CHECK(opt.max_seq_len >= 0, "--max-seq-len must be positive");
   // The task files are read before the model, so that their errors come first.
   const std::vector<IclTaskEntry> tasks = read_icl_tasks(opt.tasks);
   std::vector<std::vector<IclExample>> task_examples;
@@ -173,7 +180,8 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   for (size_t ti = 0; ti < tasks.size(); ti++) {
     const IclTaskEntry& t = tasks[ti];
     const int L = t.max_seq_len > 0 ? t.max_seq_len : opt.max_seq_len > 0 ? opt.max_seq_len : cfg.max_seq_len;
-    ANVIL_CHECK(L <= cfg.max_seq_len, "task {}: max_seq_len {} is longer than the model's {}", t.label, L, cfg.max_seq_len);
+    ANVIL_CHECK(L <= cfg.max_seq_len, "task {}: max_seq_len {} ({}) is longer than the model's {}", t.label, L,
+                t.max_seq_len > 0 ? "the task's" : "--max-seq-len", cfg.max_seq_len);
     const std::vector<IclExample>& all = task_examples[ti];
     // Foundry evaluates each category as a dataset of its own: its rows in file order, its own
     // few-shot pool and generator.
@@ -187,7 +195,9 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
       const int batch = t.batch_size > 0 ? t.batch_size : opt.batch;
       auto add = [&](const std::string& task, const std::vector<IclExample>& examples, const std::string& benchmark) {
         Job j{task, spec.type, batch,
-              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), spec.type, *tok, L), benchmark};
+              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), *tok, L,
+                                     fmt::format("{} ({})", task, t.dataset_uri)),
+              benchmark};
         for (const IclQuestion& q : j.questions)
           for (const IclRow& r : q.rows) max_len = std::max(max_len, static_cast<int>(r.tokens.size()));
         max_batch = std::max(max_batch, batch);

@@ -13,6 +13,7 @@
 #include "core/fs.h"
 #include "data/icl.h"
 #include "data/python_random.h"
+#include "data/python_text.h"
 #include "data/tokenizer.h"
 
 namespace anvil {
@@ -88,7 +89,7 @@ TEST(IclPrompts, SchemaOptionsAreTheContexts) {
   EXPECT_EQ(q[0].contexts, (std::vector<std::string>{"P:\nThe cup fell because it =>", "P:\nThe cup fell because the table =>"}));
 }
 
-TEST(IclPrompts, LanguageModelingAndGenerationWithChainOfThought) {
+TEST(IclPrompts, LanguageModeling) {
   IclExample lm;
   lm.context = "The capital of France is";
   lm.continuation = "Paris";
@@ -99,27 +100,11 @@ TEST(IclPrompts, LanguageModelingAndGenerationWithChainOfThought) {
   EXPECT_EQ(q[0].preamble, "The capital of France is Paris");  // the few-shot answer as written
   EXPECT_EQ(q[0].contexts[0], "\nThe capital of France is");
   EXPECT_EQ(q[0].continuations, (std::vector<std::string>{" Paris"}));
-
-  IclExample gen;
-  gen.context = "Q: 2 + 3?";
-  gen.answer = "5";
-  gen.aliases = {" 5", "five"};
-  gen.chain_of_thought = "2 plus 3 is 5.";
-  gen.has_chain_of_thought = true;
-  spec.type = IclTaskType::kGenerationWithAnswers;
-  spec.continuation_delimiter = "\n\nA:";
-  spec.cot_delimiter = " The answer is ";
-  q = icl_question_texts(spec, {gen, gen}, true);
-  EXPECT_EQ(q[0].preamble, "Q: 2 + 3?\n\nA:2 plus 3 is 5. The answer is 5");
-  EXPECT_EQ(q[0].contexts[0], "\nQ: 2 + 3?\n\nA:");
-  EXPECT_TRUE(q[0].continuations.empty());
-  EXPECT_EQ(q[0].answers, (std::vector<std::string>{" 5", "five"}));
 }
 
 TEST(IclPrompts, PythonStripIsUnicodeWhitespace) {
   EXPECT_EQ(python_strip("\u3000\t a b\u00a0\n\u2029"), "a b");
   EXPECT_EQ(python_rstrip(" a\u200b "), " a\u200b");  // a zero-width space is not whitespace in Python
-  EXPECT_EQ(python_strip(" \x85x\x85 "), "\x85x\x85");  // a stray byte is not U+0085
   EXPECT_EQ(python_strip(" \u0085x"), "x");
 }
 
@@ -132,7 +117,7 @@ TEST(IclTokens, PiecesApartAndLongContextsCutFromTheLeft) {
   t.contexts = {" three four five"};
   t.continuations = {" six", " seven eight"};
   auto ids = [&](const std::string& s) { return tok->encode(s); };
-  const auto q = tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 64);
+  const auto q = tokenize_icl_questions({t}, *tok, 64, "test");
   ASSERT_EQ(q[0].rows.size(), 2u);
   std::vector<int32_t> expected = ids("One two");
   for (int32_t id : ids(" three four five")) expected.push_back(id);
@@ -141,14 +126,19 @@ TEST(IclTokens, PiecesApartAndLongContextsCutFromTheLeft) {
   EXPECT_EQ(q[0].rows[0].tokens, expected);
   EXPECT_EQ(q[0].rows[0].continuation_begin, context);
   // Five tokens: the second row keeps its two continuation tokens and the context's last three.
-  const auto cut = tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 5);
+  const auto cut = tokenize_icl_questions({t}, *tok, 5, "test");
   const std::vector<int32_t> c = ids(" three four five"), cont = ids(" seven eight");
   ASSERT_EQ(c.size(), 3u);
   ASSERT_EQ(cont.size(), 2u);
   EXPECT_EQ(cut[0].rows[1].tokens, (std::vector<int32_t>{c[0], c[1], c[2], cont[0], cont[1]}));
   EXPECT_EQ(cut[0].rows[1].continuation_begin, 3);
   // A continuation that fills the sequence cannot be scored.
-  EXPECT_THROW(tokenize_icl_questions({t}, IclTaskType::kMultipleChoice, *tok, 2), Error);
+  EXPECT_THROW(tokenize_icl_questions({t}, *tok, 2, "test"), Error);
+  // Without BOS, preamble or context, the first continuation token has nothing to be scored by.
+  IclQuestionText bare;
+  bare.contexts = {""};
+  bare.continuations = {" six"};
+  EXPECT_THROW(tokenize_icl_questions({bare}, *tok, 64, "test"), Error);
 }
 
 class IclFiles : public ::testing::Test {
@@ -172,12 +162,12 @@ TEST_F(IclFiles, ReadsFoundrysFieldsStrippingStringsNotLists) {
   ASSERT_EQ(mcq.size(), 1u);
   EXPECT_EQ(mcq[0].context, "Which?");
   EXPECT_EQ(mcq[0].choices, (std::vector<std::string>{" a ", "b"}));
-  const auto gen = read_icl_examples(
-      write("{\"context\": \"Q\", \"answer\": \" Paris \", \"aliases\": [\"paris\", \" Paris \"], \"category\": \"geo\"}\n"),
-      IclTaskType::kGenerationWithAnswers, true, true);
-  EXPECT_EQ(gen[0].answer, "Paris");
-  EXPECT_EQ(gen[0].aliases, (std::vector<std::string>{" Paris ", "paris"}));
-  EXPECT_EQ(gen[0].category, "geo");
+  const auto lm = read_icl_examples(
+      write("{\"context\": \"\u3000Q \", \"continuation\": \" Paris\\n\", \"category\": \"geo\"}\n"),
+      IclTaskType::kLanguageModeling, true, true);
+  EXPECT_EQ(lm[0].context, "Q");
+  EXPECT_EQ(lm[0].continuation, "Paris");
+  EXPECT_EQ(lm[0].category, "geo");
 }
 
 TEST_F(IclFiles, BadLinesAreClearErrors) {

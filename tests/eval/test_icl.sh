@@ -43,6 +43,8 @@ task_error() {  # NAME PATTERN YAML
 }
 task_error "an unknown task key" "continuation_delimeter" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice, continuation_delimeter: ' '}]"
+task_error "a Foundry key anvil does not honour" "context_key is LLM Foundry's key, not honoured by anvil yet" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice, context_key: q}]"
 task_error "num_fewshot not a list" "num_fewshot must be a list" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: 3, icl_task_type: multiple_choice}]"
 task_error "an unknown task type" "icl_task_type 'question_answering' is not one of" \

@@ -1,0 +1,47 @@
+#include "data/python_text.h"
+
+#include "data/byte_level.h"
+
+namespace anvil {
+
+std::u32string code_points(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (i + n > s.size()) n = 1;
+    char32_t cp = n == 1 ? c : n == 2 ? c & 0x1F : n == 3 ? c & 0x0F : c & 0x07;
+    for (int k = 1; k < n; k++) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += n;
+  }
+  return out;
+}
+
+std::string utf8(const std::u32string& s) {
+  std::string out;
+  for (char32_t c : s) append_utf8(out, c);
+  return out;
+}
+
+bool python_isspace(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+namespace {
+std::string stripped(std::string_view s, bool left) {
+  const std::u32string cp = code_points(s);
+  size_t b = 0, e = cp.size();
+  if (left)
+    while (b < e && python_isspace(cp[b])) b++;
+  while (e > b && python_isspace(cp[e - 1])) e--;
+  return utf8(cp.substr(b, e - b));
+}
+}  // namespace
+
+std::string python_strip(std::string_view s) { return stripped(s, true); }
+std::string python_rstrip(std::string_view s) { return stripped(s, false); }
+
+}  // namespace anvil

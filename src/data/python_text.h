@@ -1,0 +1,19 @@
+// Text as Python sees it, for what anvil must compute as a Python tool does (Jinja chat
+// templates, LLM Foundry's evaluation): strings as code points, str.isspace, str.strip.
+// Inputs are valid UTF-8 (JSON and YAML readers check it); a byte that starts no sequence counts
+// as one code point of its own value.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace anvil {
+
+std::u32string code_points(std::string_view s);
+std::string utf8(const std::u32string& s);
+// Python's str.isspace() of one character.
+bool python_isspace(char32_t c);
+// Python's str.strip() and str.rstrip(): whitespace as str.isspace names it.
+std::string python_strip(std::string_view s);
+std::string python_rstrip(std::string_view s);
+
+}  // namespace anvil

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/submit.h"
 #include "config/train_config.h"
@@ -260,7 +261,8 @@ examples:
 )";
 
 constexpr const char* kEvalHelp = R"(usage: anvil eval CHECKPOINT_OR_HF_DIR --data DIR [--split val] [--max-samples N] [--batch B]
-       anvil eval CHECKPOINT_OR_HF_DIR --icl TASKS.yaml [--json] [--batch B] [--max-seq-len N]
+       anvil eval CHECKPOINT_OR_HF_DIR --icl TASKS.yaml [--gauntlet GAUNTLET.yaml] [--json] [--batch B]
+                  [--max-seq-len N]
 
 The mean loss per target token (and its perplexity) of CHECKPOINT (a checkpoint directory, a run
 directory: its latest, or a Hugging Face transformers model directory) on the first N samples of an MDS dataset's split, in the dataset's
@@ -276,7 +278,9 @@ shot count prints its accuracy as Foundry's metrics compute it (multiple_choice 
 choice with the lowest mean loss per continuation token; language_modeling: every continuation
 token the greedy prediction), with the few-shot examples Foundry draws (docs/eval.md). A task
 with categories prints each category and their mean. generation_task_with_answers tasks are not
-evaluated yet (an error).
+evaluated yet (an error). With --gauntlet, then Foundry's eval gauntlet over those scores (its
+eval_gauntlet files as published): each category's score and each average; a category whose
+benchmarks were not all evaluated is left out and named on standard error, as Foundry leaves it.
 
 options:
   --data DIR          the dataset (as `anvil data prepare` writes it)
@@ -284,12 +288,14 @@ options:
   --max-samples N     the first N samples (default: the whole split)
   --batch B           sequences per forward pass (default 8; does not change the figure)
   --icl TASKS.yaml    LLM Foundry's in-context-learning tasks
-  --json              (--icl) one JSON line per task and shot count: {"task": "piqa/0-shot", ...}
+  --gauntlet G.yaml   (--icl) LLM Foundry's eval gauntlet over the tasks' scores
+  --json              (--icl) one JSON line per task and shot count: {"task": "piqa/0-shot", ...},
+                      then per gauntlet category and average: {"gauntlet": "world_knowledge", ...}
   --max-seq-len N     (--icl) the longest row, its context cut from the left (default: the model's)
 
 examples:
   anvil eval runs/demo --data data/brown --max-samples 64
-  anvil eval runs/mpt-125m --icl tasks.yaml --json
+  anvil eval runs/mpt-125m --icl tasks.yaml --gauntlet eval_gauntlet.yaml --json
 )";
 
 constexpr const char* kExportHelp = R"(usage: anvil export CHECKPOINT OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size SIZE]
@@ -715,8 +721,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 
 int cmd_eval(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kEvalHelp, stdout), 0;
-  Args a = parse_args(args, {"--data", "--split", "--max-samples", "--batch", "--icl", "--max-seq-len"}, {"--json"},
-                      kEvalHelp);
+  Args a = parse_args(args, {"--data", "--split", "--max-samples", "--batch", "--icl", "--max-seq-len", "--gauntlet"},
+                      {"--json"}, kEvalHelp);
   if (a.positional.size() != 1) usage_error("eval needs exactly one checkpoint", kEvalHelp);
   if (!flag(a, "--icl", "").empty()) {
     for (const char* f : {"--data", "--split", "--max-samples"})
@@ -727,7 +733,12 @@ int cmd_eval(const std::vector<std::string>& args) {
     icl.batch = number_flag(a, "--batch", 8, kEvalHelp);
     icl.max_seq_len = number_flag(a, "--max-seq-len", 0, kEvalHelp);
     const bool json = has_switch(a, "--json");
-    for (const IclScore& s : evaluate_icl(icl)) {
+    const std::string gauntlet_file = flag(a, "--gauntlet", "");
+    // The gauntlet file is read first: its errors before the model's time.
+    std::optional<GauntletSpec> gauntlet;
+    if (!gauntlet_file.empty()) gauntlet = read_gauntlet(gauntlet_file);
+    const std::vector<IclScore> scores = evaluate_icl(icl);
+    for (const IclScore& s : scores) {
       if (json)
         std::printf("{\"task\": %s, \"metric\": \"%s\", \"accuracy\": %.9g, \"n\": %lld}\n",
                     nlohmann::json(s.task).dump().c_str(), s.metric.c_str(), s.accuracy, static_cast<long long>(s.questions));
@@ -735,10 +746,21 @@ int cmd_eval(const std::vector<std::string>& args) {
         std::printf("%-40s %-40s %8.4f  (%lld questions)\n", s.task.c_str(), s.metric.c_str(), s.accuracy,
                     static_cast<long long>(s.questions));
     }
+    if (gauntlet) {
+      const Gauntlet g = eval_gauntlet(*gauntlet, scores);
+      for (const std::string& d : g.dropped) std::fprintf(stderr, "gauntlet: left out category %s\n", d.c_str());
+      for (const auto* list : {&g.categories, &g.averages})
+        for (const GauntletScore& s : *list) {
+          if (json)
+            std::printf("{\"gauntlet\": %s, \"score\": %.9g}\n", nlohmann::json(s.name).dump().c_str(), s.score);
+          else
+            std::printf("gauntlet %-72s %8.4f\n", s.name.c_str(), s.score);
+        }
+    }
     return 0;
   }
-  if (!flag(a, "--max-seq-len", "").empty() || has_switch(a, "--json"))
-    usage_error("--max-seq-len and --json go with --icl", kEvalHelp);
+  if (!flag(a, "--max-seq-len", "").empty() || has_switch(a, "--json") || !flag(a, "--gauntlet", "").empty())
+    usage_error("--max-seq-len, --gauntlet and --json go with --icl", kEvalHelp);
   EvalOptions opt;
   opt.checkpoint = a.positional[0];
   opt.data = flag(a, "--data", "");

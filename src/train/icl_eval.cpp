@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <set>
@@ -232,9 +233,126 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   for (const std::string& b : benchmarks) {
     const auto [sum, count] = category_sums[b];
     const auto first = std::find_if(out.begin(), out.end(), [&](const IclScore& s) { return s.task.rfind(b + "/", 0) == 0; });
-    out.insert(first, {b, first->metric, sum / count, category_questions[b]});
+    out.insert(first, {b, first->metric, sum / count, category_questions[b], true});
   }
   return out;
+}
+
+GauntletSpec read_gauntlet(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    ANVIL_FAIL("cannot read the gauntlet file '{}': {}", path, e.what());
+  }
+  ANVIL_CHECK(root.IsMap() && root["eval_gauntlet"], "'{}' has no eval_gauntlet section (LLM Foundry's gauntlet files "
+              "hold one at the top level)", path);
+  MapReader r(root["eval_gauntlet"], "eval_gauntlet", path);
+  GauntletSpec g;
+  std::string weighting = "EQUAL";
+  r.get("weighting", weighting);
+  r.get("subtract_random_baseline", g.subtract_random_baseline);
+  r.get("rescale_accuracy", g.rescale_accuracy);
+  if (weighting == "EQUAL") g.weighting = GauntletSpec::Weighting::kEqual;
+  else if (weighting == "SAMPLE_SZ") g.weighting = GauntletSpec::Weighting::kSampleSize;
+  else if (weighting == "LOG_SAMPLE_SZ") g.weighting = GauntletSpec::Weighting::kLogSampleSize;
+  else ANVIL_FAIL("{}: eval_gauntlet.weighting = {} must be EQUAL, SAMPLE_SZ or LOG_SAMPLE_SZ", path, weighting);
+  ANVIL_CHECK(g.subtract_random_baseline || !g.rescale_accuracy, "{}: eval_gauntlet.rescale_accuracy needs "
+              "subtract_random_baseline (as in LLM Foundry)", path);
+  const YAML::Node categories = r.raw("categories");
+  ANVIL_CHECK(categories && categories.IsSequence() && categories.size() > 0, "{}: eval_gauntlet.categories must be "
+              "a list of categories", path);
+  for (size_t c = 0; c < categories.size(); c++) {
+    MapReader cr(categories[c], fmt::format("eval_gauntlet.categories[{}]", c), path);
+    GauntletSpec::Category cat;
+    cr.get("name", cat.name);
+    ANVIL_CHECK(!cat.name.empty(), "{}: eval_gauntlet.categories[{}] has no name", path, c);
+    const YAML::Node benchmarks = cr.raw("benchmarks");
+    ANVIL_CHECK(benchmarks && benchmarks.IsSequence() && benchmarks.size() > 0, "{}: category {}: benchmarks must be "
+                "a list", path, cat.name);
+    for (size_t b = 0; b < benchmarks.size(); b++) {
+      MapReader br(benchmarks[b], fmt::format("eval_gauntlet.categories[{}].benchmarks[{}]", c, b), path);
+      GauntletSpec::Benchmark bench{"", -1, -1};
+      br.get("name", bench.name);
+      br.get("num_fewshot", bench.num_fewshot);
+      br.get("random_baseline", bench.random_baseline);
+      br.finish();
+      ANVIL_CHECK(!bench.name.empty() && bench.num_fewshot >= 0 && bench.random_baseline >= 0 &&
+                      bench.random_baseline < 1,
+                  "{}: category {}, benchmark {}: name, num_fewshot (0 or more) and random_baseline (0 to below 1) are "
+                  "required", path, cat.name, b);
+      cat.benchmarks.push_back(bench);
+    }
+    cr.finish();
+    g.categories.push_back(std::move(cat));
+  }
+  auto is_category = [&](const std::string& n) {
+    return std::any_of(g.categories.begin(), g.categories.end(), [&](const auto& c) { return c.name == n; });
+  };
+  if (r.has("averages")) {
+    const YAML::Node averages = r.raw("averages");
+    ANVIL_CHECK(averages.IsMap(), "{}: eval_gauntlet.averages must map names to lists of categories", path);
+    for (auto it = averages.begin(); it != averages.end(); ++it) {
+      const std::string avg = it->first.as<std::string>();
+      ANVIL_CHECK(!is_category(avg), "{}: the average {} has a category's name", path, avg);
+      ANVIL_CHECK(it->second.IsSequence(), "{}: eval_gauntlet.averages.{} must be a list of categories", path, avg);
+      std::vector<std::string> members;
+      for (const YAML::Node& m : it->second) {
+        ANVIL_CHECK(is_category(m.Scalar()), "{}: eval_gauntlet.averages.{} names '{}', which is not a category", path,
+                    avg, m.Scalar());
+        members.push_back(m.Scalar());
+      }
+      g.averages.emplace_back(avg, std::move(members));
+    }
+  }
+  r.finish();
+  return g;
+}
+
+Gauntlet eval_gauntlet(const GauntletSpec& spec, const std::vector<IclScore>& scores) {
+  Gauntlet g;
+  for (const GauntletSpec::Category& cat : spec.categories) {
+    double sum = 0, weights = 0;
+    std::string missing;
+    for (const GauntletSpec::Benchmark& b : cat.benchmarks) {
+      const std::string key = fmt::format("{}/{}-shot", b.name, b.num_fewshot);
+      // The benchmark's accuracy: its line (a task with categories: their mean's line).
+      const auto it = std::find_if(scores.begin(), scores.end(), [&](const IclScore& s) { return s.task == key; });
+      if (it == scores.end()) {
+        if (missing.empty()) missing = key;
+        continue;
+      }
+      double score = it->accuracy;
+      if (spec.subtract_random_baseline) score -= b.random_baseline;
+      if (spec.rescale_accuracy) score /= 1 - b.random_baseline;
+      // Weighted by the questions of the benchmark's evaluators (its categories', if it has them).
+      int64_t questions = 0;
+      for (const IclScore& s : scores)
+        if (!s.mean_of_categories && (s.task == key || s.task.rfind(key + "/", 0) == 0)) questions += s.questions;
+      const double n = static_cast<double>(questions);
+      const double w = spec.weighting == GauntletSpec::Weighting::kEqual        ? 1.0
+                       : spec.weighting == GauntletSpec::Weighting::kSampleSize ? std::max(n, 1.0)
+                                                                                 : std::max(std::log2(n), 1.0);
+      sum += score * w;
+      weights += w;
+    }
+    if (!missing.empty()) g.dropped.push_back(fmt::format("{}: {} was not evaluated", cat.name, missing));
+    else g.categories.push_back({cat.name, sum / weights});
+  }
+  auto average_of = [&](const std::vector<std::string>& members) {
+    double sum = 0;
+    int count = 0;
+    for (const GauntletScore& c : g.categories)
+      if (std::find(members.begin(), members.end(), c.name) != members.end()) sum += c.score, count++;
+    return count ? sum / count : 0.0;
+  };
+  if (spec.averages.empty()) {
+    std::vector<std::string> all;
+    for (const GauntletSpec::Category& c : spec.categories) all.push_back(c.name);
+    g.averages.push_back({"default_average", average_of(all)});
+  }
+  for (const auto& [name, members] : spec.averages) g.averages.push_back({name, average_of(members)});
+  return g;
 }
 
 }  // namespace anvil

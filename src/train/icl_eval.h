@@ -42,8 +42,43 @@ struct IclScore {
   std::string task, metric;
   double accuracy = 0;
   int64_t questions = 0;
+  bool mean_of_categories = false;  // the line of a task with categories
 };
 
 std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt);
+
+// LLM Foundry's eval gauntlet (its eval_gauntlet YAML files as published: weighting,
+// subtract_random_baseline, rescale_accuracy, averages, categories of benchmarks with
+// num_fewshot and random_baseline) over the scores of evaluate_icl, computed as Foundry's
+// EvalGauntlet callback computes it: each benchmark's accuracy (a task with categories: their
+// mean) less its random baseline and over (1 - baseline), weighted within its category; a
+// category missing any benchmark is left out (and named in `dropped`); each average is the mean
+// of its categories that are present (without `averages`, one `default_average` of them all).
+struct GauntletSpec {
+  enum class Weighting { kEqual, kSampleSize, kLogSampleSize } weighting = Weighting::kEqual;
+  bool subtract_random_baseline = true, rescale_accuracy = true;
+  struct Benchmark {
+    std::string name;
+    int num_fewshot = 0;
+    double random_baseline = 0;
+  };
+  struct Category {
+    std::string name;
+    std::vector<Benchmark> benchmarks;
+  };
+  std::vector<Category> categories;
+  std::vector<std::pair<std::string, std::vector<std::string>>> averages;  // empty: default_average
+};
+GauntletSpec read_gauntlet(const std::string& path);
+
+struct GauntletScore {
+  std::string name;  // a category or an average
+  double score = 0;
+};
+struct Gauntlet {
+  std::vector<GauntletScore> categories, averages;
+  std::vector<std::string> dropped;  // "category: benchmark/N-shot was not evaluated"
+};
+Gauntlet eval_gauntlet(const GauntletSpec& spec, const std::vector<IclScore>& scores);
 
 }  // namespace anvil

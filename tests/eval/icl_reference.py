@@ -1,16 +1,19 @@
 #!/usr/bin/python3
 """An independent scorer of LLM Foundry's in-context-learning tasks, for anvil's ICL tests.
 
-usage: icl_reference.py HF_DIR TASKS.yaml NODE_MODULES_DIR
+usage: icl_reference.py HF_DIR TASKS.yaml NODE_MODULES_DIR [GAUNTLET.yaml]
 
 Prints one JSON line per task, shot count (and category): {"task": "label/N-shot", "accuracy":
 ..., "n": ...}, then, for a task with categories, the mean of its categories' accuracies under
-"label/N-shot". The rules are LLM Foundry's (llmfoundry/eval/datasets/in_context_learning_evaluation.py,
+"label/N-shot"; with a gauntlet file, then {"gauntlet": name, "score": ...} per category present
+and per average, as LLM Foundry's EvalGauntlet callback computes them
+(llmfoundry/callbacks/eval_gauntlet_callback.py). The rules are LLM Foundry's (llmfoundry/eval/datasets/in_context_learning_evaluation.py,
 utils.py and eval/metrics/nlp.py), written here from its semantics with Python's own random and
 set (so the few-shot examples are the ones Foundry draws), GPT-2's tokenizer by gpt-3-encoder
 (each of the three pieces Foundry tokenizes apart), and the model by tests/interop/hf_reference.py
 (PyTorch, from the transformers directory). Nothing here comes from anvil."""
 import json
+import math
 import os
 import random
 import subprocess
@@ -96,11 +99,42 @@ def questions(task, rows, shots, prefix_space):
     return out
 
 
-def main(hf_dir, tasks_path, modules):
+def gauntlet(path, results):
+    """results: {"label/N-shot": (accuracy, [sizes of its evaluators])}."""
+    g = yaml.safe_load(open(path))["eval_gauntlet"]
+    weighting = g.get("weighting", "EQUAL")
+    subtract, rescale = g.get("subtract_random_baseline", True), g.get("rescale_accuracy", True)
+    scores = {}
+    for cat in g["categories"]:
+        total, weights, complete = 0.0, 0.0, True
+        for b in cat["benchmarks"]:
+            key = f"{b['name']}/{b['num_fewshot']}-shot"
+            if key not in results:
+                complete = False
+                continue
+            acc, sizes = results[key]
+            score = acc - b["random_baseline"] if subtract else acc
+            if rescale:
+                score /= 1 - b["random_baseline"]
+            n = sum(sizes)
+            w = 1 if weighting == "EQUAL" else max(n, 1) if weighting == "SAMPLE_SZ" else max(math.log2(n), 1)
+            total, weights = total + score * w, weights + w
+        if complete:
+            scores[cat["name"]] = total / weights
+    for name, score in scores.items():
+        print(json.dumps({"gauntlet": name, "score": score}))
+    averages = g.get("averages") or {"default_average": [c["name"] for c in g["categories"]]}
+    for name, members in averages.items():
+        present = [scores[m] for m in members if m in scores]
+        print(json.dumps({"gauntlet": name, "score": sum(present) / len(present) if present else 0}))
+
+
+def main(hf_dir, tasks_path, modules, gauntlet_path=None):
     cfg, forward, W = load_model(hf_dir)
     max_len = cfg.get("n_positions", cfg.get("max_position_embeddings"))
     prefix_space = len(encode_all([" a"], modules)[0]) == 1
     tasks = yaml.safe_load(open(tasks_path))["icl_tasks"]
+    results = {}
     for task in tasks:
         kind = task["icl_task_type"]
         rows = [json.loads(line) for line in open(task["dataset_uri"], encoding="utf-8") if line.strip()]
@@ -115,7 +149,7 @@ def main(hf_dir, tasks_path, modules):
                 parts.setdefault(r["category"], []).append(r)
         for shots in task["num_fewshot"]:
             name = f"{task['label']}/{shots}-shot"
-            accuracies = []
+            accuracies, sizes = [], []
             for category in sorted(parts):
                 qs = questions(task, parts[category], shots, prefix_space)
                 pieces = []
@@ -147,14 +181,18 @@ def main(hf_dir, tasks_path, modules):
                     else:
                         right += scores.index(min(scores)) == gold
                 accuracies.append(right / len(qs))
+                sizes.append(len(qs))
                 task_name = name + ("/" + category if category else "")
                 print(json.dumps({"task": task_name, "accuracy": right / len(qs), "n": len(qs)}))
+            results[name] = (sum(accuracies) / len(accuracies), sizes)
             if task.get("has_categories"):
                 print(json.dumps({"task": name, "accuracy": sum(accuracies) / len(accuracies),
                                   "n": sum(len(v) for v in parts.values())}))
+    if gauntlet_path:
+        gauntlet(gauntlet_path, results)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
     main(*sys.argv[1:])

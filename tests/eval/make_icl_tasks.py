@@ -6,7 +6,9 @@ and a task YAML naming them as Foundry's task files do.
 multiple_choice (query/choices/gold): a sentence's first half, its own second half among three
 others'; schema (context_options/continuation/gold): two first halves before one second half;
 language_modeling (context/continuation): a sentence and its last word; and a categorised
-multiple_choice task (each question's category: the Brown file's genre letter)."""
+multiple_choice task (each question's category: the Brown file's genre letter); and gauntlet.yaml,
+an eval gauntlet over them in LLM Foundry's format (weighted by sample size, a category whose
+benchmark is not evaluated, two averages)."""
 import json
 import os
 import random
@@ -97,4 +99,27 @@ with open(os.path.join(out, "tasks.yaml"), "w") as f:
   icl_task_type: multiple_choice
   has_categories: true
   question_prelimiter: "Text: "
+""")
+with open(os.path.join(out, "gauntlet.yaml"), "w") as f:
+    f.write("""eval_gauntlet:
+  weighting: SAMPLE_SZ
+  subtract_random_baseline: true
+  rescale_accuracy: true
+  averages:
+    core_average: [sentences, words]
+    nothing_average: [unevaluated]
+  categories:
+  - name: sentences
+    benchmarks:
+    - {name: brown_mc, num_fewshot: 3, random_baseline: 0.25}
+    - {name: brown_schema, num_fewshot: 2, random_baseline: 0.5}
+    - {name: brown_genres, num_fewshot: 2, random_baseline: 0.25}
+  - name: words
+    benchmarks:
+    - {name: brown_lm, num_fewshot: 5, random_baseline: 0}
+    - {name: brown_mc_short, num_fewshot: 5, random_baseline: 0.25}
+  - name: unevaluated
+    benchmarks:
+    - {name: brown_lm, num_fewshot: 0, random_baseline: 0}
+    - {name: brown_mc, num_fewshot: 1, random_baseline: 0.25}
 """)

@@ -3,8 +3,9 @@
 # language_modeling, a task with categories, few-shot examples, contexts cut to a task's
 # max_seq_len) written from the Brown corpus (make_icl_tasks.py) and scored on a small GPT-2 that
 # anvil trains; the accuracies equal, task by task, those of an independent scorer
-# (icl_reference.py: Python's random and set, gpt-3-encoder, PyTorch on the exported model). And
-# what a task file gets wrong is a one-line error naming it.
+# (icl_reference.py: Python's random and set, gpt-3-encoder, PyTorch on the exported model), and
+# so do the eval gauntlet's category and average scores. LLM Foundry's published task and gauntlet
+# files are read as published. And what a task file gets wrong is a one-line error naming it.
 # Usage: test_icl.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -15,15 +16,24 @@ train_run tiny-gpt2 run 1 variables.data="$tmp/data" variables.tokenizer=gpt2 mo
   max_seq_len=64 max_duration=120ba optimizer.lr=1.0e-2 || { cat "$tmp/run.out"; exit 1; }
 "$anvil" export "$tmp/run" "$tmp/hf" > /dev/null 2>&1 || fail "export"
 /usr/bin/python3 "$src/tests/eval/make_icl_tasks.py" "$tmp/brown" "$tmp/tasks"
-"$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --json > "$tmp/anvil.jsonl" 2> "$tmp/eval.err" ||
-  { fail "anvil eval --icl"; cat "$tmp/eval.err"; }
+"$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --gauntlet "$tmp/tasks/gauntlet.yaml" --json \
+  > "$tmp/anvil.jsonl" 2> "$tmp/eval.err" || { fail "anvil eval --icl"; cat "$tmp/eval.err"; }
+grep -q "gauntlet: left out category unevaluated: brown_mc/1-shot was not evaluated" "$tmp/eval.err" &&
+  pass "a gauntlet category with a benchmark not evaluated is left out, and said" ||
+  fail "the left-out gauntlet category is not on stderr: $(cat "$tmp/eval.err")"
 /usr/bin/python3 "$src/tests/eval/icl_reference.py" "$tmp/hf" "$tmp/tasks/tasks.yaml" "$src/.deps/npm/node_modules" \
-  > "$tmp/reference.jsonl" || fail "the reference scorer"
+  "$tmp/tasks/gauntlet.yaml" > "$tmp/reference.jsonl" || fail "the reference scorer"
 /usr/bin/python3 - "$tmp/anvil.jsonl" "$tmp/reference.jsonl" <<'PY' && pass "every task's accuracy equals the reference's" || fail "accuracies differ from the reference's"
 import json, sys
-ours = [json.loads(l) for l in open(sys.argv[1])]
-ref = {r["task"]: r for r in map(json.loads, open(sys.argv[2]))}
+lines = [json.loads(l) for l in open(sys.argv[1])]
+ref_lines = [json.loads(l) for l in open(sys.argv[2])]
+ours = [o for o in lines if "task" in o]
+ref = {r["task"]: r for r in ref_lines if "task" in r}
 assert len(ours) == len(ref) and len(ours) >= 20, (len(ours), len(ref))
+gauntlet = [(o["gauntlet"], round(o["score"], 8)) for o in lines if "gauntlet" in o]
+assert gauntlet == [(r["gauntlet"], round(r["score"], 8)) for r in ref_lines if "gauntlet" in r], gauntlet
+assert [g for g, _ in gauntlet] == ["sentences", "words", "core_average", "nothing_average"], gauntlet
+print("  gauntlet:", gauntlet)
 seen = set()
 for o in ours:
     r = ref[o["task"]]
@@ -35,6 +45,20 @@ lm = [o for o in ours if o["task"].startswith("brown_lm/")]
 assert any(0 < o["accuracy"] < 1 for o in lm), lm
 assert seen == {"InContextLearningMultipleChoiceAccuracy", "InContextLearningLMAccuracy"}, seen
 PY
+
+# LLM Foundry's files as published: its gauntlet reads (none of its benchmarks were run here:
+# every category is left out, and core_average is 0, as Foundry gives it); its light task list
+# reads up to its data (Foundry's relative paths, from Foundry's scripts/ directory); v0.3's first
+# task is a generation task.
+published="$src/tests/config/published/llm-foundry"
+"$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --gauntlet "$published/eval_gauntlet_v0.3.yaml" --json \
+  > "$tmp/published.jsonl" 2> "$tmp/published.err"
+[ "$(grep -c 'left out category' "$tmp/published.err")" = 5 ] && grep -q '{"gauntlet": "core_average", "score": 0}' "$tmp/published.jsonl" &&
+  pass "LLM Foundry's eval_gauntlet_v0.3.yaml reads as published" || fail "eval_gauntlet_v0.3.yaml: $(tail -2 "$tmp/published.err")"
+expect_error "LLM Foundry's tasks_light.yaml reads up to its data" \
+  "cannot read the task file 'eval/local_data/world_knowledge/jeopardy_all.jsonl'" "$anvil" eval "$tmp/run" --icl "$published/tasks_light.yaml"
+expect_error "LLM Foundry's tasks_v0.3.yaml: its generation tasks" "(gsm8k): generation_task_with_answers tasks are not evaluated" \
+  "$anvil" eval "$tmp/run" --icl "$published/tasks_v0.3.yaml"
 
 bad="$tmp/bad.yaml"
 task_error() {  # NAME PATTERN YAML
@@ -57,6 +81,9 @@ task_error "a missing data file" "cannot read the task file '$tmp/none.jsonl'" \
 task_error "a file of the wrong type" "no \"query\"" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/lm.jsonl, num_fewshot: [0], icl_task_type: multiple_choice}]"
 task_error "no icl_tasks" "has no icl_tasks list" "tasks: []"
+printf 'eval_gauntlet: {weighting: MEAN, categories: [{name: c, benchmarks: [{name: brown_mc, num_fewshot: 0, random_baseline: 0.25}]}]}\n' > "$tmp/g.yaml"
+expect_error "a gauntlet's unknown weighting" "eval_gauntlet.weighting = MEAN must be EQUAL, SAMPLE_SZ or LOG_SAMPLE_SZ" \
+  "$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --gauntlet "$tmp/g.yaml"
 "$anvil" eval "$tmp/run" --icl "$bad" --data "$tmp/data" > /dev/null 2> "$tmp/usage.err"
 [ $? -eq 2 ] && grep -q -- "--data is for loss evaluation, not --icl" "$tmp/usage.err" &&
   pass "--icl with --data is a usage error" || fail "--icl with --data: $(head -1 "$tmp/usage.err")"

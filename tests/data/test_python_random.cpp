@@ -22,7 +22,8 @@ json golden() {
 }
 
 TEST(PythonRandom, DrawsAsCPython) {
-  for (const json& d : golden()["draws"]) {
+  const json g = golden();  // held: a range-for over golden()["draws"] would outlive the temporary
+  for (const json& d : g["draws"]) {
     PythonRandom rng(d["seed"].get<uint64_t>());
     std::vector<uint32_t> bits;
     for (size_t i = 0; i < d["bits32"].size(); i++) bits.push_back(rng.bits(32));  // past one 624-word refill
@@ -33,7 +34,8 @@ TEST(PythonRandom, DrawsAsCPython) {
 }
 
 TEST(PythonRandom, FewshotIndicesAreFoundrysInSetOrder) {
-  for (const json& c : golden()["cases"]) {
+  const json g = golden();
+  for (const json& c : g["cases"]) {
     const int64_t n = c["n"], shots = c["shots"];
     PythonRandom rng(c["seed"].get<uint64_t>());
     for (size_t i = 0; i < c["fewshot"].size(); i++)

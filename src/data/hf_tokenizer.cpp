@@ -1107,10 +1107,7 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
       return true;
     }
     expect_tree("an object");
-    std::string name = stack_.empty() || !stack_.back().value->is_object() ? "" : key_;
-    json* v = put(json::object());
-    stack_.push_back({v, Region::kTree, std::move(name)});
-    return true;
+    return open_tree(json::object());
   }
   bool start_array(size_t) override {
     if (region() == Region::kTree && in_model() && key_ == "merges") {
@@ -1123,10 +1120,7 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
       return true;
     }
     expect_tree("an array");
-    std::string name = stack_.empty() || !stack_.back().value->is_object() ? "" : key_;
-    json* v = put(json::array());
-    stack_.push_back({v, Region::kTree, std::move(name)});
-    return true;
+    return open_tree(json::array());
   }
   bool end_object() override {
     stack_.pop_back();
@@ -1171,6 +1165,13 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
     if (region() != Region::kVocab) return scalar(std::move(v));
     vocab_tokens.add(key_);
     vocab_ids.push_back(i);
+    return true;
+  }
+  // An object or array of the tree begins: put in its parent, it takes the values that follow.
+  bool open_tree(json&& container) {
+    std::string name = stack_.empty() || !stack_.back().value->is_object() ? "" : key_;
+    json* v = put(std::move(container));
+    stack_.push_back({v, Region::kTree, std::move(name)});
     return true;
   }
   json* put(json&& v) {

@@ -22,16 +22,6 @@ IclTaskType icl_task_type_named(const std::string& name, const std::string& wher
              "generation_task_with_answers)", where, name);
 }
 
-const char* icl_task_type_name(IclTaskType type) {
-  switch (type) {
-    case IclTaskType::kMultipleChoice: return "multiple_choice";
-    case IclTaskType::kSchema: return "schema";
-    case IclTaskType::kLanguageModeling: return "language_modeling";
-    case IclTaskType::kGenerationWithAnswers: return "generation_task_with_answers";
-  }
-  return "?";
-}
-
 namespace {
 
 std::string string_field(const json& row, const char* key, const std::string& where) {

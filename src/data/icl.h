@@ -17,7 +17,6 @@ enum class IclTaskType { kMultipleChoice, kSchema, kLanguageModeling, kGeneratio
 // Foundry's icl_task_type names: multiple_choice, schema, language_modeling,
 // generation_task_with_answers.
 IclTaskType icl_task_type_named(const std::string& name, const std::string& where);
-const char* icl_task_type_name(IclTaskType type);
 
 // One task at one shot count: Foundry's dataset object's settings, with its defaults.
 struct IclTaskSpec {

@@ -18,6 +18,15 @@
 
 namespace anvil {
 
+namespace {
+
+// Foundry's metric for a task type (its default metric_names).
+const char* metric_of(IclTaskType type) {
+  return type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy" : "InContextLearningMultipleChoiceAccuracy";
+}
+
+}  // namespace
+
 std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
   YAML::Node root;
   try {
@@ -70,8 +79,7 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     ANVIL_CHECK(t.max_seq_len >= 0, "{}: max_seq_len = {} must be positive", where, t.max_seq_len);
     if (r.has("metric_names")) {
       const YAML::Node m = r.raw("metric_names");
-      const std::string expected = t.spec.type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy"
-                                                                                  : "InContextLearningMultipleChoiceAccuracy";
+      const std::string expected = metric_of(t.spec.type);
       ANVIL_CHECK(m.IsSequence() && m.size() == 1 && m[0].Scalar() == expected, "{}: metric_names = {}: anvil computes "
                   "[{}] for {} tasks (Foundry's default)", where, YAML::Dump(m), expected, type);
     }
@@ -89,10 +97,6 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
 }
 
 namespace {
-
-const char* metric_of(IclTaskType type) {
-  return type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy" : "InContextLearningMultipleChoiceAccuracy";
-}
 
 // How many questions the model gets right.
 int64_t score(Model& model, const ModelConfig& cfg, const std::vector<IclQuestion>& questions, IclTaskType type,

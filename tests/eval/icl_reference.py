@@ -25,7 +25,9 @@ import torch.nn.functional as F
 import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
 from hf_reference import load_model  # noqa: E402
+from fewshot_golden import fewshot  # noqa: E402  (LLM Foundry's draw, with Python's random and set)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,20 +41,6 @@ def encode_all(pieces, modules):
     finally:
         os.unlink(f.name)
     return json.loads(out)
-
-
-def fewshot(n, num_fewshot, example_index, rng):
-    k = min(n - 1, num_fewshot)
-    picked = set(rng.sample(range(0, n), k))
-    if example_index in picked:
-        picked.remove(example_index)
-        if len(picked) >= n - 1:
-            return picked
-        r = rng.choice(range(0, n))
-        while r in picked or r == example_index:
-            r = rng.choice(range(0, n))
-        picked.add(r)
-    return picked
 
 
 def questions(task, rows, shots, prefix_space):

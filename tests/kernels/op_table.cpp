@@ -206,19 +206,21 @@ void matmul_cases(std::vector<OpCase>& cases) {
     }});
   // A held weight (the tied LM head: MatmulContext::hold_weight), in the products of both passes
   // with the whole of it, as the GPU's head runs them; the CPU's bf16 products use their packed
-  // copy, the GPU's 16-bit products their 16-bit copy.
+  // copy, the GPU's 16-bit products their 16-bit copy (an odd vocabulary: padded to 8 rows).
   for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
-    cases.push_back({case_name("matmul_held_weight", {{"N", N}, {"C", C}, {"OC", OC}}, dtype_name(d)), [=](OpRun& r) {
-      MatmulContext ctx(d);
-      const float *inp = r.in("inp", rounded(randn(N * C, 1), d)), *w = r.in("weight", rounded(randn(OC * C, 2, 0.1f), d)),
-                  *dout = r.in("dout", rounded(randn(N * OC, 4), d));
-      float* out = r.out("out", N * OC, norm(kFp32RelNorm));
-      float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
-      ctx.hold_weight(w, OC, C);
-      ANVIL_RUN_OP(r, matmul_forward, ctx, out, inp, w, nullptr, N, C, OC);
-      ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, dout, OC, inp, w, N, C, OC, false);
-      ctx.release_weight();
-    }});
+    for (int V : {OC, OC + 1})
+      cases.push_back({case_name("matmul_held_weight", {{"N", N}, {"C", C}, {"OC", V}}, dtype_name(d)), [=](OpRun& r) {
+        MatmulContext ctx(d);
+        const float *inp = r.in("inp", rounded(randn(N * C, 1), d)),
+                    *w = r.in("weight", rounded(randn(V * C, 2, 0.1f), d)),
+                    *dout = r.in("dout", rounded(randn(N * V, 4), d));
+        float* out = r.out("out", N * V, norm(kFp32RelNorm));
+        float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+        ctx.hold_weight(w, V, C);
+        ANVIL_RUN_OP(r, matmul_forward, ctx, out, inp, w, nullptr, N, C, V);
+        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, dout, V, inp, w, N, C, V, false);
+        ctx.release_weight();
+      }});
   // A frozen weight (LoRA's base): no weight gradient, the input gradient added to one there.
   cases.push_back({case_name("matmul_backward", {{"N", 37}, {"C", 48}, {"OC", 80}}, "frozen_weight"), [=](OpRun& r) {
     MatmulContext ctx;
@@ -351,6 +353,12 @@ void elementwise_cases(std::vector<OpCase>& cases) {
     cases.push_back({case_name("round_to_dtype", {{"N", static_cast<long>(x.size())}}, dtype_name(d)), [=](OpRun& r) {
       ANVIL_RUN_OP(r, round_to_dtype, r.inout("x", x, exact()), static_cast<long>(x.size()), d);
     }});
+  // From an element off 16 bytes, over a length no multiple of 4: the GPU's single accesses.
+  cases.push_back({case_name("round_to_dtype", {{"N", static_cast<long>(x.size()) - 3}}, "bf16_unaligned"),
+                   [=](OpRun& r) {
+                     float* all = r.inout("x", x, exact());
+                     ANVIL_RUN_OP(r, round_to_dtype, all + 1, static_cast<long>(x.size()) - 3, ComputeDtype::kBf16);
+                   }});
   // Widening every bf16 bit pattern (NaNs, infinities and subnormals included) is exact.
   std::vector<uint16_t> bf16(1 << 16);
   for (size_t i = 0; i < bf16.size(); i++) bf16[i] = static_cast<uint16_t>(i);

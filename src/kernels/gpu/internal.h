@@ -10,9 +10,12 @@ namespace anvil::gpu {
 void column_sums_accumulate(float* out, const float* x, long ld, int N, int C);
 
 // `vectors` runs of len floats, ld >= len apart, as 16-bit values of dtype d (bf16 or fp16;
-// rounded to nearest even as round_to_dtype rounds, so exact for values of d), runs ld_out >= len
-// apart: the matrix products' operands (matmul.cpp).
-void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, ComputeDtype d);
+// rounded to nearest even as round_to_dtype rounds, so exact for values of d) into vectors_out >=
+// vectors runs ld_out >= len apart (a multiple of 4; out 8-byte aligned), the values past each
+// run's len and the runs past `vectors` zero: the matrix products' operands, padded for the
+// library's aligned kernels (matmul.cpp).
+void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long vectors_out,
+                  ComputeDtype d);
 
 // Column-major GEMMs, fp32 in, out and compute (no tensor-core mode): count
 // products D_i = alpha·op(A_i)·op(B_i) + beta·D_i, the i-th operands stride_* floats apart.

@@ -114,27 +114,33 @@ gpublasDataType_t data_type(ComputeDtype d) {
   return d == ComputeDtype::kBf16 ? GPU_R_16BF : d == ComputeDtype::kFp16 ? GPU_R_16F : GPU_R_32F;
 }
 
-// The libraries pick their fast kernels only for matrices whose columns start on 16 bytes: a
-// leading dimension of 8 16-bit or 4 fp32 values. GPT-2's 50257-wide head otherwise got Turing's
-// one-element-aligned kernels on an H100: 114 TFLOP/s, against 545 for the blocks' products.
+// The libraries pick their fast kernels only for matrices whose columns start on 16 bytes and
+// whose contiguous extent is a multiple of 8 16-bit or 4 fp32 values. GPT-2's 50257-wide head
+// otherwise gets Turing's one-element-aligned kernels on Hopper (94 TFLOP/s on an H200, against
+// about 550 for the blocks' products): under amp its vocabulary is padded to a multiple of 8 with
+// zero rows of the weight and zero columns of the gradient, which add exact zeros to every sum.
 int aligned_ld(int len, int values) { return (len + values - 1) / values * values; }
 
 // The operands of one product in the operand dtype: an fp32 array as it is, else narrowed to 16
-// bits into scratch (len values per vector, vectors aligned_ld apart). Scratch for a product's
-// A, B and aligned output; requests are in stream order, so the next product's narrowing waits
-// for this one's reads.
-GpuScratch scratch_a, scratch_b, scratch_out;
+// bits into scratch: len values per vector, vectors aligned_ld apart, vectors_out vectors of
+// which those past `vectors` are zero. Scratch for a product's A, B, aligned output and padded
+// bias; requests are in stream order, so the next product's narrowing waits for this one's reads.
+GpuScratch scratch_a, scratch_b, scratch_out, scratch_bias;
 
-Operand operand(GpuScratch& scratch, ComputeDtype d, const float* x, long vectors, int len, long ld) {
+Operand operand(GpuScratch& scratch, ComputeDtype d, const float* x, long vectors, int len, long ld,
+                long vectors_out) {
   if (d == ComputeDtype::kFp32) return {x, static_cast<int>(ld), 0};
   const int ld_out = aligned_ld(len, 8);
-  auto* narrow = static_cast<uint16_t*>(scratch.get(static_cast<size_t>(vectors) * ld_out * sizeof(uint16_t)));
-  narrow_to_16(narrow, ld_out, x, ld, vectors, len, d);
+  auto* narrow = static_cast<uint16_t*>(scratch.get(static_cast<size_t>(vectors_out) * ld_out * sizeof(uint16_t)));
+  narrow_to_16(narrow, ld_out, x, ld, vectors, len, vectors_out, d);
   return {narrow, ld_out, 0};
 }
 
-// A weight (OC,C) as an operand: the held weight's 16-bit copy, made on its first use in a hold
-// (MatmulContext::hold_weight), or narrowed like any operand.
+// The output width of a product with OC outputs, padded under amp (aligned_ld says why).
+int padded_outputs(ComputeDtype d, int OC) { return d == ComputeDtype::kFp32 ? OC : aligned_ld(OC, 8); }
+
+// A weight (OC,C) as an operand of padded_outputs(OC) rows: the held weight's 16-bit copy, made
+// on its first use in a hold (MatmulContext::hold_weight), or narrowed like any operand.
 struct HeldCopy {
   uint64_t hold = 0;
   GpuScratch copy;
@@ -143,12 +149,13 @@ struct HeldCopy {
 Operand weight_operand(MatmulContext& ctx, GpuScratch& scratch, const float* w, int OC, int C) {
   const ComputeDtype d = ctx.operand_dtype();
   const MatmulContext::HeldWeight h = ctx.held_weight();
+  const int rows = padded_outputs(d, OC);
   if (d == ComputeDtype::kFp32 || h.weight != w || h.OC != OC || h.C != C)
-    return operand(scratch, d, w, OC, C, C);
+    return operand(scratch, d, w, OC, C, C, rows);
   const int ld = aligned_ld(C, 8);
-  auto* copy = static_cast<uint16_t*>(held_copy.copy.get(static_cast<size_t>(OC) * ld * sizeof(uint16_t)));
+  auto* copy = static_cast<uint16_t*>(held_copy.copy.get(static_cast<size_t>(rows) * ld * sizeof(uint16_t)));
   if (held_copy.hold != h.hold) {
-    narrow_to_16(copy, ld, w, C, OC, C, d);
+    narrow_to_16(copy, ld, w, C, OC, C, rows, d);
     held_copy.hold = h.hold;
   }
   return {copy, ld, 0};
@@ -185,7 +192,7 @@ double matmul_peak_gflops(ComputeDtype d) {
   auto* values = static_cast<float*>(gpu_alloc(count * sizeof(float)));
   auto* z = static_cast<float*>(gpu_alloc(count * sizeof(float)));
   gpu_copy_to_device(values, host.data(), count * sizeof(float));
-  const Operand x = operand(scratch_a, d, values, n, n, n), y = operand(scratch_b, d, values, n, n, n);
+  const Operand x = operand(scratch_a, d, values, n, n, n, n), y = operand(scratch_b, d, values, n, n, n, n);
   const auto product = [&] { gemm(data_type(d), true, false, n, n, n, 1.0f, x, y, 0.0f, z, n, 0, 1, nullptr); };
   product();
   gpu_synchronize();
@@ -217,30 +224,38 @@ std::string matmul_backend_description() {
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
   const ComputeDtype d = ctx.operand_dtype();
-  const Operand w = weight_operand(ctx, scratch_a, weight, OC, C), x = operand(scratch_b, d, inp, N, C, C);
-  // Rows of out that would not start on 16 bytes (an odd vocabulary): the product into aligned
-  // rows in scratch, then one pass to copy them (aligned_ld says why).
-  const int ld = aligned_ld(OC, 4);
-  if (d == ComputeDtype::kFp32 || ld == OC)
-    return gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, 0.0f, out, OC, 0, 1, bias);
-  auto* aligned = static_cast<float*>(scratch_out.get(static_cast<size_t>(N) * ld * sizeof(float)));
-  gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, 0.0f, aligned, ld, 0, 1, bias);
-  copy_columns(out, OC, aligned, ld, N, OC);
+  const Operand w = weight_operand(ctx, scratch_a, weight, OC, C), x = operand(scratch_b, d, inp, N, C, C, N);
+  const int M = padded_outputs(d, OC);
+  if (M == OC) return gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, 0.0f, out, OC, 0, 1, bias);
+  // Padded outputs: the product into rows of M in scratch (the bias padded with zeros), then one
+  // pass to copy the OC that are the output.
+  const float* bias_m = nullptr;
+  if (bias) {
+    auto* padded = static_cast<float*>(scratch_bias.get(static_cast<size_t>(M) * sizeof(float)));
+    gpu_copy_on_device(padded, bias, static_cast<size_t>(OC) * sizeof(float));
+    gpu_zero(padded + OC, static_cast<size_t>(M - OC) * sizeof(float));
+    bias_m = padded;
+  }
+  auto* aligned = static_cast<float*>(scratch_out.get(static_cast<size_t>(N) * M * sizeof(float)));
+  gemm(data_type(d), true, false, M, N, C, 1.0f, w, x, 0.0f, aligned, M, 0, 1, bias_m);
+  copy_columns(out, OC, aligned, M, N, OC);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   const ComputeDtype d = ctx.operand_dtype();
-  // dout in the operand dtype once, for both products: in scratch_b while dinp's product uses
-  // scratch_a for the weight, then dweight's product narrows inp into scratch_a.
-  const Operand g = operand(scratch_b, d, dout, N, OC, ld_dout);
-  // dinp^T (C,N) = (or +=) W^T (C,OC) · dout^T (OC,N)
+  // dout in the operand dtype once, for both products, its columns padded to K with zeros: in
+  // scratch_b while dinp's product uses scratch_a for the weight (K rows, the padding zero), then
+  // dweight's product narrows inp into scratch_a.
+  const int K = padded_outputs(d, OC);
+  const Operand g = operand(scratch_b, d, dout, N, OC, ld_dout, N);
+  // dinp^T (C,N) = (or +=) W^T (C,K) · dout^T (K,N)
   if (dinp)
-    gemm(data_type(d), false, false, C, N, OC, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), g,
+    gemm(data_type(d), false, false, C, N, K, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), g,
          accumulate_dinp ? 1.0f : 0.0f, dinp, C, 0, 1, nullptr);
   // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
   if (dweight)
-    gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C), g, 1.0f, dweight, C, 0, 1,
+    gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C, N), g, 1.0f, dweight, C, 0, 1,
          nullptr);
   if (dbias) column_sums_accumulate(dbias, dout, ld_dout, N, OC);
 }

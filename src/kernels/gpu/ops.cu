@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/error.h"
 #include "core/targets.h"
 #include "device/arch.h"
 #include "device/device.h"
@@ -374,28 +375,47 @@ __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
   if (i < N) out[i] = __uint_as_float(static_cast<uint32_t>(in[i]) << 16);
 }
 
-// vectors of len floats, ld apart, as 16-bit values, ld_out apart: thread k writes element k,
-// or with four elements a thread (narrow4: 16-byte loads, 8-byte stores) the k-th quad.
-template <ComputeDtype D>
-__global__ void narrow_kernel(uint16_t* out, long ld_out, const float* x, long ld, long total, int len) {
-  const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k < total) out[(k / len) * ld_out + k % len] = static_cast<uint16_t>(bits16<D>(x[(k / len) * ld + k % len]));
-}
-template <ComputeDtype D>
-__global__ void narrow4_kernel(uint16_t* out, long ld_out, const float* x, long ld, long quads, int quads_per_vector) {
+// `vectors` runs of len floats, ld apart, as 16-bit values into vectors_out runs ld_out apart
+// (ld_out a multiple of 4), every value past a run's len or past `vectors` zero: thread k writes
+// the k-th quad (an 8-byte store), from one 16-byte load where the quad lies inside a run whose
+// floats are 16-byte aligned (kVectorLoads), else from up to four.
+template <ComputeDtype D, bool kVectorLoads>
+__global__ void narrow_kernel(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long quads) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= quads) return;
-  const long v = k / quads_per_vector, at = 4 * (k % quads_per_vector);
-  const float4 f = *reinterpret_cast<const float4*>(x + v * ld + at);
+  const long v = k / (ld_out / 4);
+  const int at = static_cast<int>(4 * (k % (ld_out / 4)));
+  float4 f = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (v < vectors) {
+    const float* run = x + v * ld + at;
+    if (kVectorLoads && at + 4 <= len) {
+      f = *reinterpret_cast<const float4*>(run);
+    } else {
+      f.x = at < len ? run[0] : 0.0f;
+      f.y = at + 1 < len ? run[1] : 0.0f;
+      f.z = at + 2 < len ? run[2] : 0.0f;
+      f.w = at + 3 < len ? run[3] : 0.0f;
+    }
+  }
   uint2 pairs;
   pairs.x = bits16<D>(f.x) | (bits16<D>(f.y) << 16);
   pairs.y = bits16<D>(f.z) | (bits16<D>(f.w) << 16);
   *reinterpret_cast<uint2*>(out + v * ld_out + at) = pairs;
 }
 
+// Thread k rounds the k-th quad: one 16-byte load and store where the quad is whole and x starts
+// on 16 bytes (kQuads), else up to four single ones. A memory-bound pass: the wide accesses took
+// 5.9 ms of an H200's 62 ms GPT-2 step as single ones.
+template <bool kQuads>
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) x[i] = round_value(x[i], d);
+  const long i = 4 * (static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (kQuads && i + 4 <= N) {
+    float4 v = *reinterpret_cast<float4*>(x + i);
+    v = {round_value(v.x, d), round_value(v.y, d), round_value(v.z, d), round_value(v.w, d)};
+    *reinterpret_cast<float4*>(x + i) = v;
+    return;
+  }
+  for (long k = i; k < i + 4 && k < N; k++) x[k] = round_value(x[k], d);
 }
 
 // ---- attention's element-wise parts (the products are GEMMs: attention.cpp). Scores of one
@@ -712,29 +732,37 @@ void widen_bf16(float* out, const uint16_t* in, long N) {
 
 namespace {
 template <ComputeDtype D>
-void narrow_launch(uint16_t* out, long ld_out, const float* x, long ld, long total, int len, bool quads) {
-  if (quads)
-    GPU_LAUNCH(narrow4_kernel<D>, blocks_for(total / 4), kThreads)(out, ld_out, x, ld, total / 4, len / 4);
+void narrow_launch(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long quads,
+                   bool vector_loads) {
+  if (vector_loads)
+    GPU_LAUNCH((narrow_kernel<D, true>), blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
   else
-    GPU_LAUNCH(narrow_kernel<D>, blocks_for(total), kThreads)(out, ld_out, x, ld, total, len);
+    GPU_LAUNCH((narrow_kernel<D, false>), blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
 }
 }  // namespace
 
-void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, ComputeDtype d) {
-  const long total = vectors * len;
-  if (total == 0) return;
-  const bool quads = len % 4 == 0 && ld % 4 == 0 && ld_out % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(out) % 8 == 0;
+void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long vectors_out,
+                  ComputeDtype d) {
+  ANVIL_CHECK(ld_out % 4 == 0 && ld_out >= len && vectors_out >= vectors && reinterpret_cast<uintptr_t>(out) % 8 == 0,
+              "internal: narrow_to_16's output ({} runs {} apart for {} of {}) is not in aligned quads", vectors_out,
+              ld_out, vectors, len);
+  const long quads = vectors_out * (ld_out / 4);
+  if (quads == 0) return;
+  const bool vector_loads = ld % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (d == ComputeDtype::kBf16)
-    narrow_launch<ComputeDtype::kBf16>(out, ld_out, x, ld, total, len, quads);
+    narrow_launch<ComputeDtype::kBf16>(out, ld_out, x, ld, vectors, len, quads, vector_loads);
   else
-    narrow_launch<ComputeDtype::kFp16>(out, ld_out, x, ld, total, len, quads);
+    narrow_launch<ComputeDtype::kFp16>(out, ld_out, x, ld, vectors, len, quads, vector_loads);
   GPU_CHECK_LAUNCH();
 }
 
 void round_to_dtype(float* x, long N, ComputeDtype d) {
   if (d == ComputeDtype::kFp32 || N == 0) return;
-  GPU_LAUNCH(round_kernel, blocks_for(N), kThreads)(x, N, d);
+  const long quads = (N + 3) / 4;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    GPU_LAUNCH(round_kernel<true>, blocks_for(quads), kThreads)(x, N, d);
+  else
+    GPU_LAUNCH(round_kernel<false>, blocks_for(quads), kThreads)(x, N, d);
   GPU_CHECK_LAUNCH();
 }
 

@@ -282,9 +282,11 @@ void elementwise_cases(std::vector<OpCase>& cases) {
     }});
   }
   // Columns [5, 5 + cols) of rows of ld_src copied out to rows of their own, and back into rows of
-  // ld_dst; whole rows too.
-  for (auto [N, cols, ld] : {std::tuple{1, 1, 1}, std::tuple{37, 8, 24}, std::tuple{129, 768, 1536}}) {
-    const int col0 = cols == ld ? 0 : 5;
+  // ld_dst; whole rows too; and an odd width from the start of aligned rows (the GPU's padded LM
+  // head output).
+  for (auto [N, cols, ld] : {std::tuple{1, 1, 1}, std::tuple{37, 8, 24}, std::tuple{129, 768, 1536},
+                             std::tuple{9, 13, 16}}) {
+    const int col0 = cols == ld || cols % 4 != 0 ? 0 : 5;
     const auto dims = {std::pair<const char*, long>{"N", N}, {"cols", cols}, {"ld", ld}};
     cases.push_back({case_name("copy_columns_out", dims), [=](OpRun& r) {
       float* dst = r.out("dst", static_cast<size_t>(N) * cols, exact());

@@ -32,9 +32,39 @@ constexpr int kThreads = 256;
 constexpr long kMaxGridY = 65535;  // a grid's y extent
 inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
+// Element-wise kernels take four consecutive values a thread (blocks_for(quads(N))): one 16-byte
+// access where the quad is whole and starts on 16 bytes, else single ones. These passes are
+// memory-bound, and single accesses left a third of an H200's bandwidth unused.
+inline long quads(long n) { return (n + 3) / 4; }
+__device__ inline long quad_start() { return 4 * (static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x); }
+__device__ inline float4 load_quad(const float* p, long i, long n) {
+  if (i + 4 <= n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) return *reinterpret_cast<const float4*>(p + i);
+  return {p[i], i + 1 < n ? p[i + 1] : 0.0f, i + 2 < n ? p[i + 2] : 0.0f, i + 3 < n ? p[i + 3] : 0.0f};
+}
+__device__ inline void store_quad(float* p, long i, long n, float4 q) {
+  if (i + 4 <= n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) {
+    *reinterpret_cast<float4*>(p + i) = q;
+    return;
+  }
+  p[i] = q.x;
+  if (i + 1 < n) p[i + 1] = q.y;
+  if (i + 2 < n) p[i + 2] = q.z;
+  if (i + 3 < n) p[i + 3] = q.w;
+}
+template <class F>
+__device__ inline float4 map_quad(float4 a, F f) {
+  return {f(a.x), f(a.y), f(a.z), f(a.w)};
+}
+template <class F>
+__device__ inline float4 map_quads(float4 a, float4 b, F f) {
+  return {f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w)};
+}
+
 // The partial sums of the column reductions.
 GpuScratch partials;
 double* scratch(size_t doubles) { return static_cast<double*>(partials.get(doubles * sizeof(double))); }
+// The token embedding gradient's chains (encoder_backward).
+GpuScratch token_chains;
 
 // A running (max, sum of exp(x - max)) over values seen one at a time, merged in a fixed order:
 // the log-sum-exp of a row without a second pass. An empty one is (-inf, 0) and merges as nothing.
@@ -68,23 +98,31 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   out[i] = wpe ? e + wpe[static_cast<long>(t) * C + c] : e;
 }
 
-// A block per position n (blockIdx.y) and block of channels: the block of a token's first
-// position owns its row, and adds the gradients of every position holding that token into it in
-// position order, as the reference does; the blocks of later positions have nothing to do. No two
-// blocks write one row, so no atomics, and the rows are summed in parallel (a thread per channel
-// walking all positions in turn left the GPU nearly idle).
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, long N,
-                                            long n0) {
+// The token embedding's gradient: each token's row gathers the gradients of the positions that
+// hold it, in position order, as the reference does, with no atomics. First each position's next
+// position of the same token (N for none) and whether it is a later one (some position's next):
+// a thread per position, scanning forward. The next positions are distinct, so no two threads
+// mark one position.
+__global__ void token_chains_kernel(int32_t* next, int32_t* later, const int32_t* tokens, long N) {
+  const long n = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int32_t token = tokens[n];
+  long m = n + 1;
+  while (m < N && tokens[m] != token) m++;
+  next[n] = static_cast<int32_t>(m);
+  if (m < N) later[m] = 1;
+}
+
+// Then a block per position (blockIdx.y) and block of channels: the block of a token's first
+// position owns its row and follows the chain; the blocks of later positions have nothing to do.
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens,
+                                            const int32_t* next, const int32_t* later, int C, long N, long n0) {
   const long n = n0 + blockIdx.y;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int32_t token = tokens[n];
-  for (long m = 0; m < n; m++)
-    if (tokens[m] == token) return;  // not its first position: that block owns the row
-  if (c >= C) return;
-  float* row = dwte + static_cast<long>(token) * C + c;
+  if (later[n] || c >= C) return;
+  float* row = dwte + static_cast<long>(tokens[n]) * C + c;
   float s = *row;
-  for (long m = n; m < N; m++)
-    if (tokens[m] == token) s += dout[m * C + c];
+  for (long m = n; m < N; m = next[m]) s += dout[m * C + c];
   *row = s;
 }
 
@@ -218,14 +256,24 @@ __global__ void column_partials_kernel(double* partial, const float* x, long ld,
   partial[chunk * static_cast<long>(C) + c] = s;
 }
 
-// out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs.
+// out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs: a block per 16 columns
+// (threadIdx.x) and output (blockIdx.y), whose 16 groups (threadIdx.y) sum every 16th chunk, the
+// groups then added in order; a fixed order, the same on every run. (A thread per column summing
+// every chunk ran 3 to 6 blocks: 22 us a call on an H200.)
+constexpr int kPartialColumns = 16, kPartialGroups = 16;
 __global__ void sum_partials_kernel(float* out0, float* out1, const double* partial, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
-  if (c >= C) return;
+  __shared__ double group_sums[kPartialGroups][kPartialColumns];
+  const int c = blockIdx.x * kPartialColumns + threadIdx.x, k = blockIdx.y;
   double s = 0;
-  for (int j = 0; j < chunks; j++) s += partial[(static_cast<long>(k) * chunks + j) * C + c];
+  if (c < C)
+    for (int j = threadIdx.y; j < chunks; j += kPartialGroups) s += partial[(static_cast<long>(k) * chunks + j) * C + c];
+  group_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  double all = 0;
+  for (int g = 0; g < kPartialGroups; g++) all += group_sums[g][threadIdx.x];
   float* out = k == 0 ? out0 : out1;
-  out[c] = static_cast<float>(out[c] + s);
+  out[c] = static_cast<float>(out[c] + all);
 }
 
 // The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
@@ -269,22 +317,27 @@ __device__ inline Sigmoid2 sigmoid2(float u) {
 constexpr float kSqrtHalf = 0.7071067811865476f, kInvSqrt2Pi = 0.3989422804014327f;
 
 __global__ void gelu_erf_forward_kernel(float* out, const float* inp, long N, ComputeDtype d) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) out[i] = round_value(0.5f * inp[i] * (1.0f + erff(inp[i] * kSqrtHalf)), d);
+  const long i = quad_start();
+  if (i >= N) return;
+  store_quad(out, i, N, map_quad(load_quad(inp, i, N), [d](float x) {
+    return round_value(0.5f * x * (1.0f + erff(x * kSqrtHalf)), d);
+  }));
 }
 
 __global__ void gelu_erf_backward_kernel(float* dinp, const float* inp, const float* dout, long N, ComputeDtype d) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long i = quad_start();
   if (i >= N) return;
-  const float x = inp[i];
-  dinp[i] = round_value((0.5f * (1.0f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi) * dout[i], d);
+  store_quad(dinp, i, N, map_quads(load_quad(inp, i, N), load_quad(dout, i, N), [d](float x, float g) {
+    return round_value((0.5f * (1.0f + erff(x * kSqrtHalf)) + x * expf(-0.5f * x * x) * kInvSqrt2Pi) * g, d);
+  }));
 }
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, long N, ComputeDtype d) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long i = quad_start();
   if (i >= N) return;
-  const float x = inp[i];
-  out[i] = round_value(x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s, d);
+  store_quad(out, i, N, map_quad(load_quad(inp, i, N), [d](float x) {
+    return round_value(x * sigmoid2(kGeluScale * (x + 0.044715f * x * x * x)).s, d);
+  }));
 }
 
 // ---- RoPE: one thread per (row, head, pair); inv_freq from rope_inv_freq, the host's definition.
@@ -325,12 +378,13 @@ __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const floa
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, long N, ComputeDtype d) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long i = quad_start();
   if (i >= N) return;
-  const float x = inp[i];
-  const Sigmoid2 g = sigmoid2(kGeluScale * (x + 0.044715f * x * x * x));
-  const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-  dinp[i] = round_value((g.s + 2.0f * x * g.s * g.one_minus_s * du) * dout[i], d);
+  store_quad(dinp, i, N, map_quads(load_quad(inp, i, N), load_quad(dout, i, N), [d](float x, float dy) {
+    const Sigmoid2 g = sigmoid2(kGeluScale * (x + 0.044715f * x * x * x));
+    const float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    return round_value((g.s + 2.0f * x * g.s * g.one_minus_s * du) * dy, d);
+  }));
 }
 
 __global__ void dropout_apply_kernel(float* out, const float* x, long n, long total, DropoutSite site, float scale,
@@ -342,8 +396,9 @@ __global__ void dropout_apply_kernel(float* out, const float* x, long n, long to
 }
 
 __global__ void residual_forward_kernel(float* out, const float* a, const float* b, long N) {
-  const long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < N) out[i] = a[i] + b[i];
+  const long i = quad_start();
+  if (i >= N) return;
+  store_quad(out, i, N, map_quads(load_quad(a, i, N), load_quad(b, i, N), [](float x, float y) { return x + y; }));
 }
 
 __global__ void residual_backward_kernel(float* da, float* db, const float* dout, long N) {
@@ -365,9 +420,14 @@ __global__ void lora_delta_backward_kernel(float* ddelta, const float* dout, lon
   if (k < total) ddelta[k] = scale * dout[(k / cols) * ld + k % cols];
 }
 
-__global__ void copy_columns_kernel(float* dst, long ld_dst, const float* src, long ld_src, long total, int cols) {
+// Thread k copies the k-th quad of the rows' cols values (quads_per_row a row).
+__global__ void copy_columns_kernel(float* dst, long ld_dst, const float* src, long ld_src, long total,
+                                    int quads_per_row, int cols) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k < total) dst[(k / cols) * ld_dst + k % cols] = src[(k / cols) * ld_src + k % cols];
+  if (k >= total) return;
+  const long row = k / quads_per_row;
+  const int at = 4 * static_cast<int>(k % quads_per_row);
+  store_quad(dst + row * ld_dst, at, cols, load_quad(src + row * ld_src, at, cols));
 }
 
 __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
@@ -403,19 +463,10 @@ __global__ void narrow_kernel(uint16_t* out, long ld_out, const float* x, long l
   *reinterpret_cast<uint2*>(out + v * ld_out + at) = pairs;
 }
 
-// Thread k rounds the k-th quad: one 16-byte load and store where the quad is whole and x starts
-// on 16 bytes (kQuads), else up to four single ones. A memory-bound pass: the wide accesses took
-// 5.9 ms of an H200's 62 ms GPT-2 step as single ones.
-template <bool kQuads>
 __global__ void round_kernel(float* x, long N, ComputeDtype d) {
-  const long i = 4 * (static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x);
-  if (kQuads && i + 4 <= N) {
-    float4 v = *reinterpret_cast<float4*>(x + i);
-    v = {round_value(v.x, d), round_value(v.y, d), round_value(v.z, d), round_value(v.w, d)};
-    *reinterpret_cast<float4*>(x + i) = v;
-    return;
-  }
-  for (long k = i; k < i + 4 && k < N; k++) x[k] = round_value(x[k], d);
+  const long i = quad_start();
+  if (i >= N) return;
+  store_quad(x, i, N, map_quad(load_quad(x, i, N), [d](float v) { return round_value(v, d); }));
 }
 
 // ---- attention's element-wise parts (the products are GEMMs: attention.cpp). Scores of one
@@ -566,9 +617,15 @@ void encoder_forward(float* out, const int32_t* tokens, const int32_t* positions
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* positions,
                       int B, int T, int C) {
   const long N = static_cast<long>(B) * T;
+  if (N == 0) return;
+  auto* next = static_cast<int32_t*>(token_chains.get(2 * static_cast<size_t>(N) * sizeof(int32_t)));
+  int32_t* later = next + N;
+  gpu_zero(later, static_cast<size_t>(N) * sizeof(int32_t));
+  GPU_LAUNCH(token_chains_kernel, blocks_for(N, 128), 128)(next, later, tokens, N);
+  GPU_CHECK_LAUNCH();
   for (long n0 = 0; n0 < N; n0 += kMaxGridY) {
     const dim3 grid(blocks_for(C, 128), static_cast<unsigned>(std::min<long>(N - n0, kMaxGridY)));
-    GPU_LAUNCH(encoder_backward_wte_kernel, grid, 128)(dwte, dout, tokens, C, N, n0);
+    GPU_LAUNCH(encoder_backward_wte_kernel, grid, 128)(dwte, dout, tokens, next, later, C, N, n0);
   }
   GPU_CHECK_LAUNCH();
   if (!dwpe) return;
@@ -606,7 +663,8 @@ void norm_param_grads(float* dweight, float* dbias, const float* dout, const flo
   GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
       partial, dout, inp, mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), dbias ? 2 : 1), kThreads)(dweight, dbias, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), dbias ? 2 : 1),
+             dim3(kPartialColumns, kPartialGroups))(dweight, dbias, partial, chunks, C);
   GPU_CHECK_LAUNCH();
 }
 }  // namespace
@@ -640,7 +698,8 @@ void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
   double* partial = scratch(static_cast<size_t>(chunks) * C);
   GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(partial, x, ld, N, C);
   GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C), 1), kThreads)(out, nullptr, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), 1), dim3(kPartialColumns, kPartialGroups))(
+      out, nullptr, partial, chunks, C);
   GPU_CHECK_LAUNCH();
 }
 
@@ -673,17 +732,17 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, in
 
 void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d) {
   if (form == GeluForm::kErf)
-    GPU_LAUNCH(gelu_erf_forward_kernel, blocks_for(N), kThreads)(out, inp, N, d);
+    GPU_LAUNCH(gelu_erf_forward_kernel, blocks_for(quads(N)), kThreads)(out, inp, N, d);
   else
-    GPU_LAUNCH(gelu_forward_kernel, blocks_for(N), kThreads)(out, inp, N, d);
+    GPU_LAUNCH(gelu_forward_kernel, blocks_for(quads(N)), kThreads)(out, inp, N, d);
   GPU_CHECK_LAUNCH();
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d) {
   if (form == GeluForm::kErf)
-    GPU_LAUNCH(gelu_erf_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N, d);
+    GPU_LAUNCH(gelu_erf_backward_kernel, blocks_for(quads(N)), kThreads)(dinp, inp, dout, N, d);
   else
-    GPU_LAUNCH(gelu_backward_kernel, blocks_for(N), kThreads)(dinp, inp, dout, N, d);
+    GPU_LAUNCH(gelu_backward_kernel, blocks_for(quads(N)), kThreads)(dinp, inp, dout, N, d);
   GPU_CHECK_LAUNCH();
 }
 
@@ -694,7 +753,7 @@ void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site) 
 }
 
 void residual_forward(float* out, const float* a, const float* b, long N) {
-  GPU_LAUNCH(residual_forward_kernel, blocks_for(N), kThreads)(out, a, b, N);
+  GPU_LAUNCH(residual_forward_kernel, blocks_for(quads(N)), kThreads)(out, a, b, N);
   GPU_CHECK_LAUNCH();
 }
 
@@ -718,9 +777,10 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
 }
 
 void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
-  const long total = static_cast<long>(N) * cols;
+  const int quads_per_row = static_cast<int>(quads(cols));
+  const long total = static_cast<long>(N) * quads_per_row;
   if (total == 0) return;
-  GPU_LAUNCH(copy_columns_kernel, blocks_for(total), kThreads)(dst, ld_dst, src, ld_src, total, cols);
+  GPU_LAUNCH(copy_columns_kernel, blocks_for(total), kThreads)(dst, ld_dst, src, ld_src, total, quads_per_row, cols);
   GPU_CHECK_LAUNCH();
 }
 
@@ -758,11 +818,7 @@ void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vect
 
 void round_to_dtype(float* x, long N, ComputeDtype d) {
   if (d == ComputeDtype::kFp32 || N == 0) return;
-  const long quads = (N + 3) / 4;
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-    GPU_LAUNCH(round_kernel<true>, blocks_for(quads), kThreads)(x, N, d);
-  else
-    GPU_LAUNCH(round_kernel<false>, blocks_for(quads), kThreads)(x, N, d);
+  GPU_LAUNCH(round_kernel, blocks_for(quads(N)), kThreads)(x, N, d);
   GPU_CHECK_LAUNCH();
 }
 

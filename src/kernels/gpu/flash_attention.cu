@@ -24,6 +24,7 @@ void flash_attention_backward(float*, const float*, const float*, const float*, 
 }  // namespace anvil::gpu
 #else
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.h"
 #include "device/device.h"
@@ -60,7 +61,22 @@ struct Window {
   int window;  // AttentionHeads::window
   __device__ int first(int i) const { return attention_first_key(positions, 0, T, i, window); }
   __device__ bool visible(int i, int j) const { return i < T && j <= i && j >= first(i); }
+  // Whether keys [k0, k1] are all visible to queries [i0, i1]: a tile that needs no mask. first(i)
+  // never decreases with i (an example's start, or the window's), so the last query's is the
+  // largest.
+  __device__ bool all_visible(int i0, int i1, int k0, int k1) const { return k1 <= i0 && i1 < T && k0 >= first(i1); }
 };
+
+// Calls f(std::true_type) for a tile that needs the mask, f(std::false_type) for one whose every
+// score is visible: the element-wise steps then test nothing, and they bound these kernels' speed
+// as much as the products do (see kLog2e). The choice is the same across a 32-lane group.
+template <class F>
+__device__ inline void with_mask(bool masked, const F& f) {
+  if (masked)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
 
 // rows (N, HS) of src, rows ld apart, as 16-bit pairs into dst (kRowWords<HS> per row); rows at or
 // past n are zero. Four values a thread in one 16-byte load: src and ld are multiples of 4 floats
@@ -234,14 +250,17 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
     float s[8][4];
     product_with_tile_rows<HS, kTile, D>(s, q, keys);
     float tile_max[2] = {-INFINITY, -INFINITY};
-    ANVIL_UNROLL
-    for (int n = 0; n < 8; n++)
+    with_mask(!w.all_visible(row0, row0 + 15, j0, j0 + kTile - 1), [&](auto masked) {
       ANVIL_UNROLL
-      for (int e = 0; e < 4; e++) {
-        const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
-        s[n][e] = w.visible(i, j) ? s[n][e] * scale2 + slope2 * static_cast<float>(j - i) : -INFINITY;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
-      }
+      for (int n = 0; n < 8; n++)
+        ANVIL_UNROLL
+        for (int e = 0; e < 4; e++) {
+          const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
+          const bool visible = !decltype(masked)::value || w.visible(i, j);
+          s[n][e] = visible ? s[n][e] * scale2 + slope2 * static_cast<float>(j - i) : -INFINITY;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+        }
+    });
     float base[2];
     ANVIL_UNROLL
     for (int r = 0; r < 2; r++) {
@@ -288,13 +307,15 @@ __global__ void flash_forward_kernel(float* out, float* lse, const float* qkv, c
 // Probability and score gradient at (i, j) from the recomputed raw score s and dP = dout·vᵀ:
 // p·m and scale·p·(m·dP - D), m the dropout factor (1 without dropout); 0 where j is hidden.
 // lse2_i is the row's log-sum-exp times log2(e); scale2 and slope2 are scale and slope times it.
+// Without kMasked, (i, j) is known to be visible.
 struct Gradients {
   float pm, ds;
 };
+template <bool kMasked>
 __device__ inline Gradients score_gradients(float s, float dp, int h, int i, int j, float lse2_i, float d_i,
                                             const Window& w, float scale, float scale2, float slope2,
                                             const AttentionHeads& heads, const DropoutMask& drop) {
-  if (!w.visible(i, j)) return {0.0f, 0.0f};
+  if (kMasked && !w.visible(i, j)) return {0.0f, 0.0f};
   const float p = exp2f(s * scale2 - (lse2_i - slope2 * static_cast<float>(j - i)));
   const float m = heads.dropout.active() ? drop.factor(h, i, j) : 1.0f;
   return {p * m, scale * p * (dp * m - d_i)};
@@ -344,16 +365,19 @@ __global__ void flash_backward_kv_kernel(float* dqkv, const float* dout, const f
       float s[kQ / 8][4], dp[kQ / 8][4];
       product_with_tile_rows<HS, kQ, D>(s, k, queries);
       product_with_tile_rows<HS, kQ, D>(dp, v, grads);
-      ANVIL_UNROLL
-      for (int n = 0; n < kQ / 8; n++)
+      const float *lse2 = tile_lse, *d = tile_delta;
+      with_mask(!w.all_visible(i0, i0 + kQ - 1, key0, key0 + 15), [&](auto masked) {
         ANVIL_UNROLL
-        for (int e = 0; e < 4; e++) {
-          const int r = 8 * n + 2 * t + (e & 1), i = i0 + r, j = keys[e / 2];
-          const Gradients gr = score_gradients(s[n][e], dp[n][e], h, i, j, tile_lse[r], tile_delta[r], w, scale,
-                                               scale2, slope2, heads, drop);
-          s[n][e] = gr.pm;
-          dp[n][e] = gr.ds;
-        }
+        for (int n = 0; n < kQ / 8; n++)
+          ANVIL_UNROLL
+          for (int e = 0; e < 4; e++) {
+            const int r = 8 * n + 2 * t + (e & 1), i = i0 + r, j = keys[e / 2];
+            const Gradients gr = score_gradients<decltype(masked)::value>(
+                s[n][e], dp[n][e], h, i, j, lse2[r], d[r], w, scale, scale2, slope2, heads, drop);
+            s[n][e] = gr.pm;
+            dp[n][e] = gr.ds;
+          }
+      });
       // dV += Pᵀ dO and dK += dSᵀ Q, the tiles' rows being the products' k.
       accumulate_product<HS, kQ, D>(dv, s, grads);
       accumulate_product<HS, kQ, D>(dk, dp, queries);
@@ -414,15 +438,17 @@ __global__ void flash_backward_q_kernel(float* dqkv, const float* dout, const fl
     float s[8][4], dp[8][4];
     product_with_tile_rows<HS, kTile, D>(s, q, keys);
     product_with_tile_rows<HS, kTile, D>(dp, go, values);
-    ANVIL_UNROLL
-    for (int n = 0; n < 8; n++)
+    with_mask(!w.all_visible(row0, row0 + 15, j0, j0 + kTile - 1), [&](auto masked) {
       ANVIL_UNROLL
-      for (int e = 0; e < 4; e++) {
-        const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
-        dp[n][e] = score_gradients(s[n][e], dp[n][e], h, i, j, row_lse[e / 2], row_delta[e / 2], w, scale, scale2,
-                                   slope2, heads, drop)
-                       .ds;
-      }
+      for (int n = 0; n < 8; n++)
+        ANVIL_UNROLL
+        for (int e = 0; e < 4; e++) {
+          const int i = rows[e / 2], j = j0 + 8 * n + 2 * t + (e & 1);
+          dp[n][e] = score_gradients<decltype(masked)::value>(s[n][e], dp[n][e], h, i, j, row_lse[e / 2],
+                                                              row_delta[e / 2], w, scale, scale2, slope2, heads, drop)
+                         .ds;
+        }
+    });
     // dQ += dS K.
     accumulate_product<HS, kTile, D>(dq, dp, keys);
   }

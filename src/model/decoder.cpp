@@ -354,9 +354,12 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   op_copy_from_host(tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
   packed_ = positions != nullptr;
   if (packed_) {
+    // Positions count from each example's start (kernels/positions.h), which the attention
+    // kernels rely on: a query's first key never comes before the previous query's.
     for (int i = 0; i < N; i++)
-      ANVIL_CHECK(positions[i] >= 0 && positions[i] <= i % T, "position {} of token {} of its sequence is not within "
-                  "it", positions[i], i % T);
+      ANVIL_CHECK(positions[i] == 0 || (i % T > 0 && positions[i] == positions[i - 1] + 1), "position {} of token {} "
+                  "of its sequence is neither 0 (an example's start) nor one more than the position before it",
+                  positions[i], i % T);
     op_copy_from_host(positions_op_.data(), positions, static_cast<size_t>(N) * sizeof(int32_t));
   }
   B_ = B;

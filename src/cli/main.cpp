@@ -276,9 +276,10 @@ With --icl, LLM Foundry's in-context-learning tasks instead: TASKS.yaml is a Fou
 dataset_uri paths relative to the working directory, as Foundry reads them). Each task at each
 shot count prints its accuracy as Foundry's metrics compute it (multiple_choice and schema: the
 choice with the lowest mean loss per continuation token; language_modeling: every continuation
-token the greedy prediction), with the few-shot examples Foundry draws (docs/eval.md). A task
-with categories prints each category and their mean. generation_task_with_answers tasks are not
-evaluated yet (an error). With --gauntlet, then Foundry's eval gauntlet over those scores (its
+token the greedy prediction; generation_task_with_answers: the greedy generation, cut at the
+stop strings and after the chain of thought's delimiter, starting with an answer), with the
+few-shot examples Foundry draws (docs/eval.md). A task with categories prints each category and
+their mean. With --gauntlet, then Foundry's eval gauntlet over those scores (its
 eval_gauntlet files as published): each category's score and each average; a category whose
 benchmarks were not all evaluated is left out and named on standard error, as Foundry leaves it.
 

@@ -10,8 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unicode/uchar.h>
-#include <unicode/unistr.h>
-#include <unicode/locid.h>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -35,13 +33,7 @@ std::string strip(const std::string& s, const Value& chars, bool left, bool righ
   return utf8(cp.substr(b, e - b));
 }
 
-std::string case_map(const std::string& s, bool upper) {
-  icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
-  if (upper) u.toUpper(icu::Locale::getRoot()); else u.toLower(icu::Locale::getRoot());
-  std::string out;
-  u.toUTF8String(out);
-  return out;
-}
+std::string case_map(const std::string& s, bool upper) { return upper ? python_upper(s) : python_lower(s); }
 
 // Python's str.title() and str.capitalize().
 std::string title_case(const std::string& s, bool only_first) {

@@ -1,5 +1,8 @@
 #include "data/python_text.h"
 
+#include <unicode/locid.h>
+#include <unicode/unistr.h>
+
 #include "data/byte_level.h"
 
 namespace anvil {
@@ -43,5 +46,21 @@ std::string stripped(std::string_view s, bool left) {
 
 std::string python_strip(std::string_view s) { return stripped(s, true); }
 std::string python_rstrip(std::string_view s) { return stripped(s, false); }
+
+namespace {
+std::string case_mapped(std::string_view s, bool upper) {
+  icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
+  if (upper)
+    u.toUpper(icu::Locale::getRoot());
+  else
+    u.toLower(icu::Locale::getRoot());
+  std::string out;
+  u.toUTF8String(out);
+  return out;
+}
+}  // namespace
+
+std::string python_lower(std::string_view s) { return case_mapped(s, false); }
+std::string python_upper(std::string_view s) { return case_mapped(s, true); }
 
 }  // namespace anvil

@@ -15,5 +15,8 @@ bool python_isspace(char32_t c);
 // Python's str.strip() and str.rstrip(): whitespace as str.isspace names it.
 std::string python_strip(std::string_view s);
 std::string python_rstrip(std::string_view s);
+// Python's str.lower() and str.upper(): Unicode's full case mappings (ICU's root locale).
+std::string python_lower(std::string_view s);
+std::string python_upper(std::string_view s);
 
 }  // namespace anvil

@@ -22,7 +22,11 @@ namespace {
 
 // Foundry's metric for a task type (its default metric_names).
 const char* metric_of(IclTaskType type) {
-  return type == IclTaskType::kLanguageModeling ? "InContextLearningLMAccuracy" : "InContextLearningMultipleChoiceAccuracy";
+  switch (type) {
+    case IclTaskType::kLanguageModeling: return "InContextLearningLMAccuracy";
+    case IclTaskType::kGenerationWithAnswers: return "InContextLearningGenerationExactMatchAccuracy";
+    default: return "InContextLearningMultipleChoiceAccuracy";
+  }
 }
 
 }  // namespace
@@ -49,8 +53,6 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     r.get("icl_task_type", type);
     const std::string where = fmt::format("{}: icl_tasks[{}] ({})", path, i, t.label);
     t.spec.type = icl_task_type_named(type, where);
-    ANVIL_CHECK(t.spec.type != IclTaskType::kGenerationWithAnswers, "{}: generation_task_with_answers tasks are not "
-                "evaluated by anvil yet (multiple_choice, schema and language_modeling are)", where);
     const YAML::Node shots = r.raw("num_fewshot");
     ANVIL_CHECK(shots && shots.IsSequence() && shots.size() > 0, "{}: num_fewshot must be a list of shot counts, as "
                 "in LLM Foundry's task files (num_fewshot: [0])", where);
@@ -73,6 +75,21 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     r.get("fewshot_random_seed", t.spec.fewshot_random_seed);
     r.get("strip_dataset", t.spec.strip_dataset);
     r.get("has_categories", t.has_categories);
+    // Keys of generation tasks alone, as Foundry's other task types take no such argument.
+    for (const char* key : {"cot_delimiter", "early_stopping_criteria", "do_normalization"})
+      ANVIL_CHECK(t.spec.type == IclTaskType::kGenerationWithAnswers || !r.has(key), "{}: {} is a key of "
+                  "generation_task_with_answers tasks, not of {} ones", where, key, type);
+    r.get("cot_delimiter", t.spec.cot_delimiter);
+    r.get("do_normalization", t.spec.do_normalization);
+    if (r.has("early_stopping_criteria")) {
+      const YAML::Node stops = r.raw("early_stopping_criteria");
+      ANVIL_CHECK(stops.IsSequence(), "{}: early_stopping_criteria must be a list of strings", where);
+      for (const YAML::Node& stop : stops) {
+        ANVIL_CHECK(stop.IsScalar(), "{}: early_stopping_criteria must be a list of strings", where);
+        t.spec.early_stopping_criteria.push_back(stop.Scalar());
+      }
+      check_icl_stop_strings(t.spec, where);
+    }
     r.get("batch_size", t.batch_size);
     r.get("max_seq_len", t.max_seq_len);
     ANVIL_CHECK(t.batch_size >= 0, "{}: batch_size = {} must be positive", where, t.batch_size);
@@ -85,8 +102,7 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     }
     // Foundry's other keys change what is read or scored in ways anvil does not reproduce yet.
     for (const char* key : {"context_key", "answer_key", "choices_key", "padding_size", "hf_loading_vars",
-                            "hf_parsing_map", "tokenize_labels", "generation_kwargs", "cot_delimiter",
-                            "early_stopping_criteria", "do_normalization", "pad_tok_id"})
+                            "hf_parsing_map", "tokenize_labels", "generation_kwargs", "pad_tok_id"})
       ANVIL_CHECK(!root["icl_tasks"][i][key], "{}: {} is LLM Foundry's key, not honoured by anvil yet", where, key);
     r.finish();
     ANVIL_CHECK(seen.insert(t.label).second, "{}: the label '{}' is given twice", where, t.label);
@@ -98,10 +114,71 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
 
 namespace {
 
+// One evaluator's questions, as the model is to score them.
+struct Job {
+  std::string task;
+  IclTaskSpec spec;
+  int batch;
+  std::vector<IclQuestion> questions;
+  std::string benchmark;   // "label/N-shot" of a category's job, else ""
+  int max_new_tokens = 0;  // generation
+};
+
+// Greedy generation after a prompt, as transformers' generate runs it for one question under
+// Foundry's stopping criteria: to the tokenizer's EOS, max_new_tokens, or the step where a stop
+// string shows in the decoded text of the sequence's last tokens (as many as the stop string's
+// tokens that decode to something, and one more: the prompt's end too, at the first steps).
+std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok, const IclRow& prompt,
+                            const std::vector<std::string>& stops, const std::vector<size_t>& windows,
+                            int max_new_tokens) {
+  std::vector<int32_t> ids = prompt.tokens;
+  const size_t begin = ids.size();
+  for (int n = 0; n < max_new_tokens; n++) {
+    const int T = static_cast<int>(ids.size());
+    model.forward(ids.data(), nullptr, 1, T, nullptr);
+    const float* l = model.logits() + static_cast<size_t>(T - 1) * cfg.vocab_size;
+    const int32_t next = static_cast<int32_t>(std::max_element(l, l + cfg.vocab_size) - l);
+    if (next == tok.eos_id()) break;
+    ids.push_back(next);
+    bool stop = false;
+    for (size_t k = 0; k < stops.size() && !stop; k++) {
+      const size_t w = std::min(windows[k], ids.size());
+      stop = tok.decode(std::vector<int32_t>(ids.end() - static_cast<long>(w), ids.end())).find(stops[k]) !=
+             std::string::npos;
+    }
+    if (stop) break;
+  }
+  // The generated text; a BOS dropped as transformers' skip_special_tokens drops it (an EOS
+  // ended the generation before it was kept).
+  std::vector<int32_t> generated;
+  for (size_t i = begin; i < ids.size(); i++)
+    if (ids[i] != tok.bos_id()) generated.push_back(ids[i]);
+  return tok.decode(generated);
+}
+
 // How many questions the model gets right.
-int64_t score(Model& model, const ModelConfig& cfg, const std::vector<IclQuestion>& questions, IclTaskType type,
-              int batch, int32_t pad, Progress& bar, int64_t& done) {
+int64_t score(Model& model, const ModelConfig& cfg, Tokenizer& tok, const Job& job, Progress& bar, int64_t& done) {
+  const std::vector<IclQuestion>& questions = job.questions;
+  const IclTaskType type = job.spec.type;
+  const int batch = job.batch;
+  const int32_t pad = tok.eos_id();
   int64_t right = 0;
+  if (type == IclTaskType::kGenerationWithAnswers) {
+    // Each stop string's window: its tokens that decode to some text, and one more.
+    std::vector<size_t> windows;
+    for (const std::string& stop : job.spec.early_stopping_criteria) {
+      size_t n = 1;
+      for (const int32_t id : tok.encode(stop)) n += !tok.decode({id}).empty();
+      windows.push_back(n);
+    }
+    for (const IclQuestion& q : questions) {
+      const std::string answer = generate_answer(model, cfg, tok, q.rows[0], job.spec.early_stopping_criteria, windows,
+                                                 job.max_new_tokens);
+      right += icl_generation_correct(job.spec, answer, q.answers);
+      bar.update(++done, "");
+    }
+    return right;
+  }
   if (type == IclTaskType::kLanguageModeling) {
     // Greedy predictions need the logits, which the model keeps for one sequence: a row at a time.
     for (const IclQuestion& q : questions) {
@@ -172,13 +249,6 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   const bool prefix_space = tokenizer_needs_prefix_space(*tok);
 
   // Every task's questions first (errors in a task file before any model time).
-  struct Job {
-    std::string task;
-    IclTaskType type;
-    int batch;
-    std::vector<IclQuestion> questions;
-    std::string benchmark;  // "label/N-shot" of a category's job, else ""
-  };
   std::vector<Job> jobs;
   int max_len = 1;
   int max_batch = 1;
@@ -199,12 +269,21 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
       const std::string name = fmt::format("{}/{}-shot", t.label, shots);
       const int batch = t.batch_size > 0 ? t.batch_size : opt.batch;
       auto add = [&](const std::string& task, const std::vector<IclExample>& examples, const std::string& benchmark) {
-        Job j{task, spec.type, batch,
-              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), *tok, L,
-                                     fmt::format("{} ({})", task, t.dataset_uri)),
-              benchmark};
+        const std::string where = fmt::format("{} ({})", task, t.dataset_uri);
+        // A generation's prompt leaves room for the longest answer (Foundry's padding_size).
+        int prompt_len = L, answer_len = 0;
+        if (spec.type == IclTaskType::kGenerationWithAnswers) {
+          answer_len = std::max(icl_answer_tokens(spec, examples, *tok), 1);
+          prompt_len = L - answer_len;
+          ANVIL_CHECK(prompt_len > 0, "{}: answers of up to {} tokens leave no room for a prompt in max_seq_len {}",
+                      where, answer_len, L);
+        }
+        Job j{task, spec, batch,
+              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), *tok, prompt_len, where),
+              benchmark, answer_len};
         for (const IclQuestion& q : j.questions)
-          for (const IclRow& r : q.rows) max_len = std::max(max_len, static_cast<int>(r.tokens.size()));
+          for (const IclRow& r : q.rows)
+            max_len = std::max(max_len, static_cast<int>(r.tokens.size()) + answer_len);
         max_batch = std::max(max_batch, batch);
         jobs.push_back(std::move(j));
       };
@@ -223,9 +302,9 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   std::map<std::string, int64_t> category_questions;
   std::vector<std::string> benchmarks;
   for (const Job& j : jobs) {
-    const int64_t right = score(*model, cfg, j.questions, j.type, j.batch, tok->eos_id(), bar, done);
+    const int64_t right = score(*model, cfg, *tok, j, bar, done);
     const int64_t n = static_cast<int64_t>(j.questions.size());
-    out.push_back({j.task, metric_of(j.type), static_cast<double>(right) / static_cast<double>(n), n});
+    out.push_back({j.task, metric_of(j.spec.type), static_cast<double>(right) / static_cast<double>(n), n});
     if (!j.benchmark.empty()) {
       if (!category_sums.count(j.benchmark)) benchmarks.push_back(j.benchmark);
       category_sums[j.benchmark].first += out.back().accuracy;

@@ -3,7 +3,9 @@
 // prompt keys) scored as Foundry's metrics score them. multiple_choice and schema: a question is
 // right when its gold choice's continuation has the lowest mean negative log-probability per
 // token (the first such choice on ties); language_modeling: when every continuation token is
-// the model's greedy prediction. docs/eval.md says where each rule comes from.
+// the model's greedy prediction; generation_task_with_answers: when the greedy generation, cut
+// as Foundry cuts it, starts with one of the answers. docs/eval.md says where each rule comes
+// from.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -141,6 +142,88 @@ TEST(IclTokens, PiecesApartAndLongContextsCutFromTheLeft) {
   EXPECT_THROW(tokenize_icl_questions({bare}, *tok, 64, "test"), Error);
 }
 
+// generation_task_with_answers, as svamp's task in Foundry's tasks_v0.3.yaml: the few-shot
+// answer is the chain of thought, the delimiter and the answer, with no space between them.
+TEST(IclPrompts, GenerationWithChainOfThought) {
+  IclTaskSpec spec;
+  spec.type = IclTaskType::kGenerationWithAnswers;
+  spec.num_fewshot = 1;
+  spec.prelimiter = "Question: ";
+  spec.continuation_delimiter = "\n\nA:";
+  spec.cot_delimiter = "The answer is ";
+  IclExample e;
+  e.context = "What is 52 + 535?";
+  e.answer = "587";
+  e.chain_of_thought = "( 52.0 + 535.0 )";
+  e.answers = {"587", " 587.0"};
+  e.has_chain_of_thought = true;
+  const auto q = icl_question_texts(spec, {e, e}, true);
+  EXPECT_EQ(q[0].preamble, "Question: What is 52 + 535?\n\nA:( 52.0 + 535.0 )The answer is 587");
+  EXPECT_EQ(q[0].contexts, (std::vector<std::string>{"\nQuestion: What is 52 + 535?\n\nA:"}));
+  EXPECT_TRUE(q[0].continuations.empty());
+  EXPECT_EQ(q[0].answers, e.answers);
+  // The prompt alone, its tokens cut from the left to the room left for the answer.
+  auto tok = load_tokenizer("gpt2");
+  const std::vector<int32_t> all = tok->encode(q[0].preamble + q[0].contexts[0]);
+  const auto t = tokenize_icl_questions(q, *tok, 5, "test");
+  ASSERT_EQ(t[0].rows.size(), 1u);
+  EXPECT_EQ(t[0].rows[0].tokens, std::vector<int32_t>(all.end() - 5, all.end()));
+  EXPECT_EQ(t[0].answers, e.answers);
+  IclQuestionText bare;
+  bare.contexts = {""};
+  EXPECT_THROW(tokenize_icl_questions({bare}, *tok, 64, "test"), Error);
+  // The generation's length: the longest answer after the chain of thought as read, and 10.
+  IclExample raw = e;
+  raw.chain_of_thought_as_read = " ( 52.0 + 535.0 ) ";
+  size_t longest = 0;
+  for (const std::string& a : raw.answers)
+    longest = std::max(longest, tok->encode(raw.chain_of_thought_as_read + spec.cot_delimiter + a).size());
+  EXPECT_EQ(icl_answer_tokens(spec, {raw}, *tok), static_cast<int>(longest) + 10);
+  spec.cot_delimiter.clear();
+  raw.has_chain_of_thought = false;
+  EXPECT_EQ(icl_answer_tokens(spec, {raw}, *tok), static_cast<int>(tok->encode(" 587.0").size()));
+}
+
+// Foundry's normalize_answer and exact-match rule; each expectation is what Python gives for
+// llmfoundry/eval/metrics/nlp.py's code on the same input.
+TEST(IclGeneration, NormalizedAsPythonDoes) {
+  EXPECT_EQ(icl_normalize_answer("The Quick_brown fox's tale!"), "quick brown fox s tale");
+  EXPECT_EQ(icl_normalize_answer("  An apple, a day  "), "apple day");
+  EXPECT_EQ(icl_normalize_answer("theater and the\u00a0end"), "theater and end");
+  EXPECT_EQ(icl_normalize_answer("\u00c9COLE \u2014 the \u2018Best\u2019 `one`"), "\u00e9cole \u2014 best one");
+  EXPECT_EQ(icl_normalize_answer("A"), "");
+  EXPECT_EQ(icl_normalize_answer("an_a the.the"), "");
+  EXPECT_EQ(icl_normalize_answer("Stra\u00dfe \u0130stanbul"), "stra\u00dfe i\u0307stanbul");
+  // Letter numbers and other numbers are word characters for \b: no article there.
+  EXPECT_EQ(icl_normalize_answer("x\u2160a y\u00b2an"), "x\u2170a y\u00b2an");
+}
+
+TEST(IclGeneration, JudgedAsFoundryJudges) {
+  auto judged = [](const std::string& out, const std::vector<std::string>& answers, std::vector<std::string> stops,
+                   const std::string& cot, bool normalize) {
+    IclTaskSpec spec;
+    spec.type = IclTaskType::kGenerationWithAnswers;
+    spec.early_stopping_criteria = std::move(stops);
+    spec.cot_delimiter = cot;
+    spec.do_normalization = normalize;
+    return icl_generation_correct(spec, out, answers);
+  };
+  const std::vector<std::string> v03 = {"\n\n", "Question:"};
+  EXPECT_TRUE(judged(" 18. Next question", {"18"}, v03, "The answer is ", false));
+  EXPECT_TRUE(judged(" We add 5 and 13. The answer is 18.\n\nQuestion: what", {"18"}, v03, "The answer is ", false));
+  EXPECT_TRUE(judged(" The answer is 1The answer is 9", {"9"}, {}, "The answer is ", false));
+  EXPECT_FALSE(judged(" The answer is 1The answer is 9", {"1"}, {}, "The answer is ", false));
+  EXPECT_TRUE(judged("aaa", {"a"}, {}, "aa", false));  // split from the left: "", "a"
+  EXPECT_TRUE(judged(" The Eiffel tower, in Paris", {"eiffel tower"}, {}, "", true));
+  EXPECT_TRUE(judged(" onions are", {"Onion"}, {}, "", true));  // a prefix
+  EXPECT_TRUE(judged(" nothing", {"The"}, {}, "", true));       // normalised to "": matches anything
+  EXPECT_FALSE(judged(" Paris\nFrance", {" paris "}, {"\n"}, "", false));
+  EXPECT_FALSE(judged(" Paris", {"paris"}, {}, "", false));
+  EXPECT_TRUE(judged("x1y", {"x"}, {"[0-9]"}, "", false));  // stop strings are a regular expression
+  EXPECT_FALSE(judged("abc", {"zz"}, {""}, "", false));
+  EXPECT_THROW(judged("abc", {"a"}, {"("}, "", false), Error);
+}
+
 class IclFiles : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -168,6 +251,28 @@ TEST_F(IclFiles, ReadsFoundrysFieldsStrippingStringsNotLists) {
   EXPECT_EQ(lm[0].context, "Q");
   EXPECT_EQ(lm[0].continuation, "Paris");
   EXPECT_EQ(lm[0].category, "geo");
+}
+
+TEST_F(IclFiles, GenerationAnswersAsReadChainOfThoughtOnEveryLineOrNone) {
+  const auto gen = read_icl_examples(
+      write("{\"context\": \" Q \", \"answer\": \" A \", \"aliases\": [\" A \", \"a\", \"a\"], "
+            "\"chain_of_thought\": \" because \"}\n"),
+      IclTaskType::kGenerationWithAnswers, true);
+  ASSERT_EQ(gen.size(), 1u);
+  EXPECT_EQ(gen[0].context, "Q");
+  EXPECT_EQ(gen[0].answer, "A");
+  EXPECT_EQ(gen[0].answers, (std::vector<std::string>{" A ", "a"}));  // a set, as the file has them
+  EXPECT_EQ(gen[0].chain_of_thought, "because");
+  EXPECT_EQ(gen[0].chain_of_thought_as_read, " because ");
+  EXPECT_TRUE(gen[0].has_chain_of_thought);
+  try {
+    read_icl_examples(write("{\"context\": \"Q\", \"answer\": \"A\", \"chain_of_thought\": \"c\"}\n"
+                            "{\"context\": \"Q\", \"answer\": \"A\"}\n"),
+                      IclTaskType::kGenerationWithAnswers, true);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("task.jsonl:2: has no \"chain_of_thought\""), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(IclFiles, BadLinesAreClearErrors) {

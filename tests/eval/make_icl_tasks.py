@@ -5,8 +5,9 @@ and a task YAML naming them as Foundry's task files do.
 
 multiple_choice (query/choices/gold): a sentence's first half, its own second half among three
 others'; schema (context_options/continuation/gold): two first halves before one second half;
-language_modeling (context/continuation): a sentence and its last word; and a categorised
-multiple_choice task (each question's category: the Brown file's genre letter); and gauntlet.yaml,
+language_modeling (context/continuation): a sentence and its last word; a categorised
+multiple_choice task (each question's category: the Brown file's genre letter);
+generation_task_with_answers (context/answer/aliases, and chain_of_thought); and gauntlet.yaml,
 an eval gauntlet over them in LLM Foundry's format (weighted by sample size, a category whose
 benchmark is not evaluated, two averages)."""
 import json
@@ -63,7 +64,31 @@ for genre, words in sentences:
 for i in range(110, 140):
     words = sentences[i][1]
     lm.append({"context": " ".join(words[:-1]), "continuation": words[-1]})
+# generation_task_with_answers (context/answer/aliases): after "... of", the answer "the" (what a
+# small model generates first; its aliases as files give them, spaced and capitalised: without
+# normalisation the generation must start with one, with it "the" is emptied and matches
+# anything); a sentence's first words before its next one; a few aliases that Foundry's
+# normalisation empties. And a chain-of-thought task shaped like Foundry's svamp: a
+# sentence's start, the next three words as the reasoning, then the answer.
+gen = []
+for genre, words in sentences[140:]:
+    if len(gen) < 16 and "of" in words[2:-1] and words[words.index("of", 2) + 1] == "the":
+        k = words.index("of", 2)
+        gen.append({"context": " ".join(words[:k + 1]), "answer": "the", "aliases": [" The ", "the"]})
+for i in range(200, 224):
+    words = sentences[i][1]
+    gen.append({"context": " ".join(words[:4]), "answer": words[4],
+                "aliases": ["An"] if i % 6 == 0 else [words[4] + "s"] if i % 3 == 0 else []})
+gen_cot = []
+for i in range(230, 254):
+    words = sentences[i][1]
+    row = {"context": " ".join(words[:4]), "chain_of_thought": " ".join(words[4:7]), "answer": words[7]}
+    if i % 4 == 0:
+        row["aliases"] = [" "]
+    gen_cot.append(row)
 write("mc.jsonl", mc)
+write("gen.jsonl", gen)
+write("gen_cot.jsonl", gen_cot)
 write("mc_categories.jsonl", cat)
 write("schema.jsonl", schema)
 write("lm.jsonl", lm)
@@ -99,6 +124,29 @@ with open(os.path.join(out, "tasks.yaml"), "w") as f:
   icl_task_type: multiple_choice
   has_categories: true
   question_prelimiter: "Text: "
+-
+  label: brown_gen
+  dataset_uri: {out}/gen.jsonl
+  num_fewshot: [0, 3]
+  icl_task_type: generation_task_with_answers
+  early_stopping_criteria: ["\\n\\n", "[.!?]"]
+-
+  label: brown_gen_exact
+  dataset_uri: {out}/gen.jsonl
+  num_fewshot: [1]
+  icl_task_type: generation_task_with_answers
+  do_normalization: false
+-
+  label: brown_gen_cot
+  dataset_uri: {out}/gen_cot.jsonl
+  num_fewshot: [2]
+  icl_task_type: generation_task_with_answers
+  cot_delimiter: "The answer is "
+  continuation_delimiter: "\\n\\nA:"
+  question_prelimiter: "Question: "
+  do_normalization: false
+  early_stopping_criteria: ["\\n\\n", "Question:"]
+  max_seq_len: 48
 """)
 with open(os.path.join(out, "gauntlet.yaml"), "w") as f:
     f.write("""eval_gauntlet:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `anvil eval --icl`: LLM Foundry's in-context-learning tasks (multiple_choice, schema,
-# language_modeling, a task with categories, few-shot examples, contexts cut to a task's
-# max_seq_len) written from the Brown corpus (make_icl_tasks.py) and scored on a small GPT-2 that
+# language_modeling, generation_task_with_answers with and without a chain of thought, a task with
+# categories, few-shot examples, contexts cut to a task's max_seq_len) written from the Brown
+# corpus (make_icl_tasks.py) and scored on a small GPT-2 that
 # anvil trains; the accuracies equal, task by task, those of an independent scorer
 # (icl_reference.py: Python's random and set, gpt-3-encoder, PyTorch on the exported model), and
 # so do the eval gauntlet's category and average scores. LLM Foundry's published task and gauntlet
@@ -41,15 +42,17 @@ for o in ours:
     seen.add(o["metric"])
     print(f'  {o["task"]}: {o["accuracy"]:.4f} of {o["n"]}')
 # The test can tell rules apart only where scores vary: some right and some wrong answers.
-lm = [o for o in ours if o["task"].startswith("brown_lm/")]
-assert any(0 < o["accuracy"] < 1 for o in lm), lm
-assert seen == {"InContextLearningMultipleChoiceAccuracy", "InContextLearningLMAccuracy"}, seen
+for task in ("brown_lm/", "brown_gen/", "brown_gen_exact/", "brown_gen_cot/"):
+    scored = [o for o in ours if o["task"].startswith(task)]
+    assert any(0 < o["accuracy"] < 1 for o in scored), scored
+assert seen == {"InContextLearningMultipleChoiceAccuracy", "InContextLearningLMAccuracy",
+                "InContextLearningGenerationExactMatchAccuracy"}, seen
 PY
 
 # LLM Foundry's files as published: its gauntlet reads (none of its benchmarks were run here:
 # every category is left out, and core_average is 0, as Foundry gives it); its light task list
-# reads up to its data (Foundry's relative paths, from Foundry's scripts/ directory); v0.3's first
-# task is a generation task.
+# reads up to its data (Foundry's relative paths, from Foundry's scripts/ directory); so does
+# v0.3's, whose first task is a generation task.
 published="$src/tests/config/published/llm-foundry"
 "$anvil" eval "$tmp/run" --icl "$tmp/tasks/tasks.yaml" --gauntlet "$published/eval_gauntlet_v0.3.yaml" --json \
   > "$tmp/published.jsonl" 2> "$tmp/published.err"
@@ -57,7 +60,8 @@ published="$src/tests/config/published/llm-foundry"
   pass "LLM Foundry's eval_gauntlet_v0.3.yaml reads as published" || fail "eval_gauntlet_v0.3.yaml: $(tail -2 "$tmp/published.err")"
 expect_error "LLM Foundry's tasks_light.yaml reads up to its data" \
   "cannot read the task file 'eval/local_data/world_knowledge/jeopardy_all.jsonl'" "$anvil" eval "$tmp/run" --icl "$published/tasks_light.yaml"
-expect_error "LLM Foundry's tasks_v0.3.yaml: its generation tasks" "(gsm8k): generation_task_with_answers tasks are not evaluated" \
+expect_error "LLM Foundry's tasks_v0.3.yaml reads up to its data" \
+  "cannot read the task file 'eval/local_data/symbolic_problem_solving/gsm8k_prepended_8shot.jsonl'" \
   "$anvil" eval "$tmp/run" --icl "$published/tasks_v0.3.yaml"
 
 bad="$tmp/bad.yaml"
@@ -73,9 +77,15 @@ task_error "num_fewshot not a list" "num_fewshot must be a list" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: 3, icl_task_type: multiple_choice}]"
 task_error "an unknown task type" "icl_task_type 'question_answering' is not one of" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: question_answering}]"
-printf '{"context": "Q: 2 + 3?", "answer": "5"}\n' > "$tmp/gen.jsonl"
-task_error "a generation task" "generation_task_with_answers tasks are not evaluated by anvil yet" \
-  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers}]"
+task_error "a generation task's key on another task" "cot_delimiter is a key of generation_task_with_answers tasks, not of multiple_choice ones" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/tasks/mc.jsonl, num_fewshot: [0], icl_task_type: multiple_choice, cot_delimiter: x}]"
+printf '{"context": "Q: 2 + 3?", "answer": "five hundred and five thousand"}\n' > "$tmp/gen.jsonl"
+printf 'icl_tasks: [{label: t, dataset_uri: %s, num_fewshot: [0], icl_task_type: generation_task_with_answers, max_seq_len: 5}]\n' \
+  "$tmp/gen.jsonl" > "$bad"
+expect_failure "answers as long as a task's sequence" "answers of up to 5 tokens leave no room for a prompt in max_seq_len 5" \
+  "$anvil" eval "$tmp/run" --icl "$bad"
+task_error "a stop string that is no regular expression" "early_stopping_criteria: '(' is not a regular expression" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, early_stopping_criteria: ['(']}]"
 task_error "a missing data file" "cannot read the task file '$tmp/none.jsonl'" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/none.jsonl, num_fewshot: [0], icl_task_type: schema}]"
 task_error "a file of the wrong type" "no \"query\"" \

@@ -95,7 +95,14 @@ std::vector<IclExample> read_icl_examples(const std::string& path, IclTaskType t
         e.context = string_field(row, "context", where);
         e.answer = string_field(row, "answer", where);
         e.answers.push_back(e.answer);
-        if (row.contains("aliases")) {
+        // Foundry's reader (a table of the file's columns) gives a line without a column the
+        // others have a null, on which its generation task fails: aliases and chain_of_thought
+        // are on every line or on none.
+        e.has_aliases = row.contains("aliases");
+        ANVIL_CHECK(out.empty() || e.has_aliases == out.front().has_aliases, "{}: {} \"aliases\" where the file's first "
+                    "example {} (give them on every line, or on none)", where, e.has_aliases ? "has" : "has no",
+                    e.has_aliases ? "has none" : "has them");
+        if (e.has_aliases) {
           ANVIL_CHECK(row["aliases"].is_array(), "{}: \"aliases\" must be a list of strings", where);
           for (const json& a : row["aliases"]) {
             ANVIL_CHECK(a.is_string(), "{}: \"aliases\" must be a list of strings", where);

@@ -48,12 +48,12 @@ struct IclExample {
   std::string category;
   // generation_task_with_answers: the answer and chain of thought a few-shot example shows
   // (stripped with the rest); the answer and its aliases as the file has them, each once (what a
-  // generation is judged against); the chain of thought as the file has it, and whether the file
-  // gives one (all its lines, or none).
+  // generation is judged against); the chain of thought as the file has it; whether the file
+  // gives chains of thought and aliases (each on all its lines, or on none).
   std::string answer, chain_of_thought;
   std::vector<std::string> answers;
   std::string chain_of_thought_as_read;
-  bool has_chain_of_thought = false;
+  bool has_chain_of_thought = false, has_aliases = false;
 };
 
 // A task file's examples; strip: every string field (not a list's strings) stripped of the

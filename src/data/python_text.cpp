@@ -47,6 +47,39 @@ std::string stripped(std::string_view s, bool left) {
 std::string python_strip(std::string_view s) { return stripped(s, true); }
 std::string python_rstrip(std::string_view s) { return stripped(s, false); }
 
+std::string python_utf8_replace(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  for (size_t i = 0; i < bytes.size();) {
+    const unsigned char b = byte(i);
+    if (b < 0x80) {
+      out += static_cast<char>(b);
+      i++;
+      continue;
+    }
+    // A lead byte's length and its second byte's range (Unicode's table of well-formed UTF-8).
+    int n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) n = 2;
+    else if (b >= 0xE0 && b <= 0xEF) n = 3, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+    else if (b >= 0xF0 && b <= 0xF4) n = 4, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+    size_t k = 1;  // the bytes of a well-formed prefix
+    while (n > 0 && static_cast<int>(k) < n && i + k < bytes.size()) {
+      const unsigned char c = byte(i + k);
+      if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) break;
+      k++;
+    }
+    if (n > 0 && static_cast<int>(k) == n) {
+      out.append(bytes.substr(i, k));
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD for the maximal subpart
+    }
+    i += n > 0 ? k : 1;
+  }
+  return out;
+}
+
 namespace {
 std::string case_mapped(std::string_view s, bool upper) {
   icu::UnicodeString u = icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/targets.h"
+#include "data/python_text.h"
 #include "data/tokenizer.h"
 #include "interop/hf_import.h"
 #include "model/model.h"
@@ -131,6 +132,8 @@ struct Job {
 std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok, const IclRow& prompt,
                             const std::vector<std::string>& stops, const std::vector<size_t>& windows,
                             int max_new_tokens) {
+  // Text as transformers decodes it: bytes that end inside a character as U+FFFD.
+  const auto text_of = [&](const std::vector<int32_t>& ids) { return python_utf8_replace(tok.decode(ids)); };
   std::vector<int32_t> ids = prompt.tokens;
   const size_t begin = ids.size();
   for (int n = 0; n < max_new_tokens; n++) {
@@ -143,17 +146,20 @@ std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok
     bool stop = false;
     for (size_t k = 0; k < stops.size() && !stop; k++) {
       const size_t w = std::min(windows[k], ids.size());
-      stop = tok.decode(std::vector<int32_t>(ids.end() - static_cast<long>(w), ids.end())).find(stops[k]) !=
+      stop = text_of(std::vector<int32_t>(ids.end() - static_cast<long>(w), ids.end())).find(stops[k]) !=
              std::string::npos;
     }
     if (stop) break;
   }
   // The generated text; a BOS dropped as transformers' skip_special_tokens drops it (an EOS
-  // ended the generation before it was kept).
+  // ended the generation before it was kept), and a space before it where the tokenizer marks
+  // word starts itself (SentencePiece's), as Composer's eval_forward adds one.
   std::vector<int32_t> generated;
   for (size_t i = begin; i < ids.size(); i++)
     if (ids[i] != tok.bos_id()) generated.push_back(ids[i]);
-  return tok.decode(generated);
+  std::string text = text_of(generated);
+  if (!tokenizer_needs_prefix_space(tok)) text.insert(text.begin(), ' ');
+  return text;
 }
 
 // How many questions the model gets right.
@@ -273,17 +279,23 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
         // A generation's prompt leaves room for the longest answer (Foundry's padding_size).
         int prompt_len = L, answer_len = 0;
         if (spec.type == IclTaskType::kGenerationWithAnswers) {
-          answer_len = std::max(icl_answer_tokens(spec, examples, *tok), 1);
+          answer_len = icl_answer_tokens(spec, examples, *tok);
           prompt_len = L - answer_len;
           ANVIL_CHECK(prompt_len > 0, "{}: answers of up to {} tokens leave no room for a prompt in max_seq_len {}",
                       where, answer_len, L);
         }
+        // Foundry generates at least one token.
+        const int new_tokens = spec.type == IclTaskType::kGenerationWithAnswers ? std::max(answer_len, 1) : 0;
         Job j{task, spec, batch,
               tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), *tok, prompt_len, where),
-              benchmark, answer_len};
+              benchmark, new_tokens};
         for (const IclQuestion& q : j.questions)
-          for (const IclRow& r : q.rows)
-            max_len = std::max(max_len, static_cast<int>(r.tokens.size()) + answer_len);
+          for (const IclRow& r : q.rows) {
+            const int len = static_cast<int>(r.tokens.size()) + new_tokens;
+            ANVIL_CHECK(len <= cfg.max_seq_len, "{}: a prompt of {} tokens and a generated one are longer than the "
+                        "model's {} (answers of no tokens)", where, r.tokens.size(), cfg.max_seq_len);
+            max_len = std::max(max_len, len);
+          }
         max_batch = std::max(max_batch, batch);
         jobs.push_back(std::move(j));
       };

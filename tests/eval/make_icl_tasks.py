@@ -82,10 +82,8 @@ for i in range(200, 224):
 gen_cot = []
 for i in range(230, 254):
     words = sentences[i][1]
-    row = {"context": " ".join(words[:4]), "chain_of_thought": " ".join(words[4:7]), "answer": words[7]}
-    if i % 4 == 0:
-        row["aliases"] = [" "]
-    gen_cot.append(row)
+    gen_cot.append({"context": " ".join(words[:4]), "chain_of_thought": " ".join(words[4:7]), "answer": words[7],
+                    "aliases": [" "] if i % 4 == 0 else []})
 write("mc.jsonl", mc)
 write("gen.jsonl", gen)
 write("gen_cot.jsonl", gen_cot)

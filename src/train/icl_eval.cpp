@@ -131,7 +131,7 @@ struct Job {
 // tokens that decode to something, and one more: the prompt's end too, at the first steps).
 std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok, const IclRow& prompt,
                             const std::vector<std::string>& stops, const std::vector<size_t>& windows,
-                            int max_new_tokens) {
+                            int max_new_tokens, bool prefix_space) {
   // Text as transformers decodes it: bytes that end inside a character as U+FFFD.
   const auto text_of = [&](const std::vector<int32_t>& ids) { return python_utf8_replace(tok.decode(ids)); };
   std::vector<int32_t> ids = prompt.tokens;
@@ -158,12 +158,14 @@ std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok
   for (size_t i = begin; i < ids.size(); i++)
     if (ids[i] != tok.bos_id()) generated.push_back(ids[i]);
   std::string text = text_of(generated);
-  if (!tokenizer_needs_prefix_space(tok)) text.insert(text.begin(), ' ');
+  if (!prefix_space) text.insert(text.begin(), ' ');
   return text;
 }
 
 // How many questions the model gets right.
-int64_t score(Model& model, const ModelConfig& cfg, Tokenizer& tok, const Job& job, Progress& bar, int64_t& done) {
+// prefix_space: tokenizer_needs_prefix_space.
+int64_t score(Model& model, const ModelConfig& cfg, Tokenizer& tok, bool prefix_space, const Job& job, Progress& bar,
+              int64_t& done) {
   const std::vector<IclQuestion>& questions = job.questions;
   const IclTaskType type = job.spec.type;
   const int batch = job.batch;
@@ -179,7 +181,7 @@ int64_t score(Model& model, const ModelConfig& cfg, Tokenizer& tok, const Job& j
     }
     for (const IclQuestion& q : questions) {
       const std::string answer = generate_answer(model, cfg, tok, q.rows[0], job.spec.early_stopping_criteria, windows,
-                                                 job.max_new_tokens);
+                                                 job.max_new_tokens, prefix_space);
       right += icl_generation_correct(job.spec, answer, q.answers);
       bar.update(++done, "");
     }
@@ -314,7 +316,7 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   std::map<std::string, int64_t> category_questions;
   std::vector<std::string> benchmarks;
   for (const Job& j : jobs) {
-    const int64_t right = score(*model, cfg, *tok, j, bar, done);
+    const int64_t right = score(*model, cfg, *tok, prefix_space, j, bar, done);
     const int64_t n = static_cast<int64_t>(j.questions.size());
     out.push_back({j.task, metric_of(j.spec.type), static_cast<double>(right) / static_cast<double>(n), n});
     if (!j.benchmark.empty()) {

@@ -437,26 +437,14 @@ __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
 
 // `vectors` runs of len floats, ld apart, as 16-bit values into vectors_out runs ld_out apart
 // (ld_out a multiple of 4), every value past a run's len or past `vectors` zero: thread k writes
-// the k-th quad (an 8-byte store), from one 16-byte load where the quad lies inside a run whose
-// floats are 16-byte aligned (kVectorLoads), else from up to four.
-template <ComputeDtype D, bool kVectorLoads>
+// the k-th quad (an 8-byte store) from load_quad's.
+template <ComputeDtype D>
 __global__ void narrow_kernel(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long quads) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= quads) return;
   const long v = k / (ld_out / 4);
   const int at = static_cast<int>(4 * (k % (ld_out / 4)));
-  float4 f = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (v < vectors) {
-    const float* run = x + v * ld + at;
-    if (kVectorLoads && at + 4 <= len) {
-      f = *reinterpret_cast<const float4*>(run);
-    } else {
-      f.x = at < len ? run[0] : 0.0f;
-      f.y = at + 1 < len ? run[1] : 0.0f;
-      f.z = at + 2 < len ? run[2] : 0.0f;
-      f.w = at + 3 < len ? run[3] : 0.0f;
-    }
-  }
+  const float4 f = v < vectors && at < len ? load_quad(x + v * ld, at, len) : float4{0.0f, 0.0f, 0.0f, 0.0f};
   uint2 pairs;
   pairs.x = bits16<D>(f.x) | (bits16<D>(f.y) << 16);
   pairs.y = bits16<D>(f.z) | (bits16<D>(f.w) << 16);
@@ -790,17 +778,6 @@ void widen_bf16(float* out, const uint16_t* in, long N) {
   GPU_CHECK_LAUNCH();
 }
 
-namespace {
-template <ComputeDtype D>
-void narrow_launch(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long quads,
-                   bool vector_loads) {
-  if (vector_loads)
-    GPU_LAUNCH((narrow_kernel<D, true>), blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
-  else
-    GPU_LAUNCH((narrow_kernel<D, false>), blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
-}
-}  // namespace
-
 void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vectors, int len, long vectors_out,
                   ComputeDtype d) {
   ANVIL_CHECK(ld_out % 4 == 0 && ld_out >= len && vectors_out >= vectors && reinterpret_cast<uintptr_t>(out) % 8 == 0,
@@ -808,11 +785,10 @@ void narrow_to_16(uint16_t* out, long ld_out, const float* x, long ld, long vect
               ld_out, vectors, len);
   const long quads = vectors_out * (ld_out / 4);
   if (quads == 0) return;
-  const bool vector_loads = ld % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (d == ComputeDtype::kBf16)
-    narrow_launch<ComputeDtype::kBf16>(out, ld_out, x, ld, vectors, len, quads, vector_loads);
+    GPU_LAUNCH(narrow_kernel<ComputeDtype::kBf16>, blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
   else
-    narrow_launch<ComputeDtype::kFp16>(out, ld_out, x, ld, vectors, len, quads, vector_loads);
+    GPU_LAUNCH(narrow_kernel<ComputeDtype::kFp16>, blocks_for(quads), kThreads)(out, ld_out, x, ld, vectors, len, quads);
   GPU_CHECK_LAUNCH();
 }
 

@@ -95,6 +95,14 @@ struct TrainConfig {
   bool tensorboard = false;      // loggers.tensorboard: event files of the run's scalars
   std::string tensorboard_dir;   // loggers.tensorboard.log_dir; "": RUN_DIR/tensorboard
   int eval_subset_num_batches = -1;  // -1: the whole eval split
+  // LLM Foundry's in-context-learning evaluation, run at each evaluation with or without an
+  // eval_loader: icl_tasks and eval_gauntlet as YAML text, each a file's path or the list / section
+  // inline, as Foundry's train.py takes either ("": none); train/icl_eval.h reads them.
+  // icl_seq_len: the tasks' sequence length (0: max_seq_len); icl_subset_num_batches: the
+  // batches of device_eval_batch_size questions a task without categories is cut to (-1: all).
+  std::string icl_tasks, eval_gauntlet;
+  int icl_seq_len = 0;
+  int icl_subset_num_batches = -1;
   // DeepSpeed's batch rule when gradient_accumulation_steps is given or the global batch is not:
   // global = microbatch x accumulation steps x ranks, any two giving the third (train/microbatch.h: resolve_batch_sizes, once the ranks are known).
   int global_train_batch_size = 0;

@@ -66,6 +66,26 @@ void check_repeated_max_seq_len(MapReader& r, const char* key, int max_seq_len) 
               r.full(key), repeated, max_seq_len);
 }
 
+// A setting LLM Foundry takes as a file's path or inline (icl_tasks: a list; eval_gauntlet: a
+// section), kept as YAML text for the reader that knows its contents (train/icl_eval.h).
+Field<TrainConfig, TopContext> yaml_setting(const std::string& key, std::string TrainConfig::*member,
+                                            YAML::NodeType::value inline_type, std::string meaning) {
+  const char* inline_kind = inline_type == YAML::NodeType::Sequence ? "list" : "section";
+  return Top::custom(
+      key, "none", std::move(meaning),
+      [key, member, inline_type, inline_kind](MapReader& r, TrainConfig& c, const TopContext&) {
+        if (!r.has(key)) return;
+        const YAML::Node n = r.raw(key);
+        if (n.IsNull()) return;
+        ANVIL_CHECK((n.IsScalar() && !n.Scalar().empty()) || n.Type() == inline_type, "{}: {} must be a file's path "
+                    "or the {} itself, as in LLM Foundry", r.source(key), r.full(key), inline_kind);
+        c.*member = YAML::Dump(n);
+      },
+      [key, member](YAML::Emitter& e, const TrainConfig& c) {
+        if (!(c.*member).empty()) e << YAML::Key << key << YAML::Value << YAML::Load(c.*member);
+      });
+}
+
 template <class T>
 Check<T> in_unit_interval() {
   return {[](const T& v) { return v >= 0 && v < 1; }, "be in [0, 1)"};
@@ -847,6 +867,20 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
       Top::value("eval_first", &TrainConfig::eval_first, "evaluate before the first step"),
       Top::value("eval_subset_num_batches", &TrainConfig::eval_subset_num_batches, "eval batches per evaluation",
                  minus_one_or_positive<int>("all"))
+          .defaults("-1 (all)"),
+      yaml_setting("icl_tasks", &TrainConfig::icl_tasks, YAML::NodeType::Sequence,
+                   "LLM Foundry's in-context-learning tasks, evaluated at each evaluation (with or without "
+                   "`eval_loader`) and logged as `metrics/<label>/<N>-shot/<metric>`: a task file's path "
+                   "(Foundry's `tasks_v0.3.yaml` as published) or the `icl_tasks` list itself ([eval.md](eval.md))"),
+      yaml_setting("eval_gauntlet", &TrainConfig::eval_gauntlet, YAML::NodeType::Map,
+                   "LLM Foundry's eval gauntlet over the `icl_tasks` scores, logged as "
+                   "`icl/metrics/eval_gauntlet/<category or average>`: a gauntlet file's path or the section itself"),
+      Top::value("icl_seq_len", &TrainConfig::icl_seq_len, "the ICL tasks' sequence length (a task's own "
+                 "`max_seq_len` wins), at most `max_seq_len`", not_negative<int>())
+          .defaults("`max_seq_len`"),
+      Top::value("icl_subset_num_batches", &TrainConfig::icl_subset_num_batches, "each ICL task without "
+                 "categories cut to its first N batches of `device_eval_batch_size` questions (Foundry's "
+                 "rule; counted over all ranks)", minus_one_or_positive<int>("all"))
           .defaults("-1 (all)"),
       Top::custom(
           "global_train_batch_size", "required, unless the next two give it", "sequences per optimizer step",

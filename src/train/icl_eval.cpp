@@ -15,6 +15,7 @@
 #include "data/python_text.h"
 #include "data/tokenizer.h"
 #include "interop/hf_import.h"
+#include "kernels/buffer.h"
 #include "model/model.h"
 
 namespace anvil {
@@ -32,19 +33,14 @@ const char* metric_of(IclTaskType type) {
 
 }  // namespace
 
-std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    ANVIL_FAIL("cannot read the task file '{}': {}", path, e.what());
-  }
-  ANVIL_CHECK(root.IsMap() && root["icl_tasks"] && root["icl_tasks"].IsSequence(),
-              "'{}' has no icl_tasks list (LLM Foundry's task files hold one at the top level)", path);
+namespace {
+
+// The entries of an icl_tasks list; path: the file that holds it, for messages.
+std::vector<IclTaskEntry> read_task_list(const YAML::Node& list, const std::string& path) {
   std::vector<IclTaskEntry> out;
   std::set<std::string> seen;
-  for (size_t i = 0; i < root["icl_tasks"].size(); i++) {
-    MapReader r(root["icl_tasks"][i], fmt::format("icl_tasks[{}]", i), path);
+  for (size_t i = 0; i < list.size(); i++) {
+    MapReader r(list[i], fmt::format("icl_tasks[{}]", i), path);
     IclTaskEntry t;
     std::string type;
     for (const char* key : {"label", "dataset_uri", "icl_task_type"})
@@ -104,7 +100,7 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
     // Foundry's other keys change what is read or scored in ways anvil does not reproduce yet.
     for (const char* key : {"context_key", "answer_key", "choices_key", "padding_size", "hf_loading_vars",
                             "hf_parsing_map", "tokenize_labels", "generation_kwargs", "pad_tok_id"})
-      ANVIL_CHECK(!root["icl_tasks"][i][key], "{}: {} is LLM Foundry's key, not honoured by anvil yet", where, key);
+      ANVIL_CHECK(!list[i][key], "{}: {} is LLM Foundry's key, not honoured by anvil yet", where, key);
     r.finish();
     ANVIL_CHECK(seen.insert(t.label).second, "{}: the label '{}' is given twice", where, t.label);
     out.push_back(std::move(t));
@@ -113,158 +109,72 @@ std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
   return out;
 }
 
-namespace {
-
-// One evaluator's questions, as the model is to score them.
-struct Job {
-  std::string task;
-  IclTaskSpec spec;
-  int batch;
-  std::vector<IclQuestion> questions;
-  std::string benchmark;   // "label/N-shot" of a category's job, else ""
-  int max_new_tokens = 0;  // generation
-};
-
-// Greedy generation after a prompt, as transformers' generate runs it for one question under
-// Foundry's stopping criteria: to the tokenizer's EOS, max_new_tokens, or the step where a stop
-// string shows in the decoded text of the sequence's last tokens (as many as the stop string's
-// tokens that decode to something, and one more: the prompt's end too, at the first steps).
-std::string generate_answer(Model& model, const ModelConfig& cfg, Tokenizer& tok, const IclRow& prompt,
-                            const std::vector<std::string>& stops, const std::vector<size_t>& windows,
-                            int max_new_tokens, bool prefix_space) {
-  // Text as transformers decodes it: bytes that end inside a character as U+FFFD.
-  const auto text_of = [&](const std::vector<int32_t>& ids) { return python_utf8_replace(tok.decode(ids)); };
-  std::vector<int32_t> ids = prompt.tokens;
-  const size_t begin = ids.size();
-  for (int n = 0; n < max_new_tokens; n++) {
-    const int T = static_cast<int>(ids.size());
-    model.forward(ids.data(), nullptr, 1, T, nullptr);
-    const float* l = model.logits() + static_cast<size_t>(T - 1) * cfg.vocab_size;
-    const int32_t next = static_cast<int32_t>(std::max_element(l, l + cfg.vocab_size) - l);
-    if (next == tok.eos_id()) break;
-    ids.push_back(next);
-    bool stop = false;
-    for (size_t k = 0; k < stops.size() && !stop; k++) {
-      const size_t w = std::min(windows[k], ids.size());
-      stop = text_of(std::vector<int32_t>(ids.end() - static_cast<long>(w), ids.end())).find(stops[k]) !=
-             std::string::npos;
-    }
-    if (stop) break;
+YAML::Node load_yaml_file(const std::string& path, const char* what) {
+  try {
+    return YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    ANVIL_FAIL("cannot read the {} file '{}': {}", what, path, e.what());
   }
-  // The generated text; a BOS dropped as transformers' skip_special_tokens drops it (an EOS
-  // ended the generation before it was kept), and a space before it where the tokenizer marks
-  // word starts itself (SentencePiece's), as Composer's eval_forward adds one.
-  std::vector<int32_t> generated;
-  for (size_t i = begin; i < ids.size(); i++)
-    if (ids[i] != tok.bos_id()) generated.push_back(ids[i]);
-  std::string text = text_of(generated);
-  if (!prefix_space) text.insert(text.begin(), ' ');
-  return text;
-}
-
-// How many questions the model gets right.
-// prefix_space: tokenizer_needs_prefix_space.
-int64_t score(Model& model, const ModelConfig& cfg, Tokenizer& tok, bool prefix_space, const Job& job, Progress& bar,
-              int64_t& done) {
-  const std::vector<IclQuestion>& questions = job.questions;
-  const IclTaskType type = job.spec.type;
-  const int batch = job.batch;
-  const int32_t pad = tok.eos_id();
-  int64_t right = 0;
-  if (type == IclTaskType::kGenerationWithAnswers) {
-    // Each stop string's window: its tokens that decode to some text, and one more.
-    std::vector<size_t> windows;
-    for (const std::string& stop : job.spec.early_stopping_criteria) {
-      size_t n = 1;
-      for (const int32_t id : tok.encode(stop)) n += !tok.decode({id}).empty();
-      windows.push_back(n);
-    }
-    for (const IclQuestion& q : questions) {
-      const std::string answer = generate_answer(model, cfg, tok, q.rows[0], job.spec.early_stopping_criteria, windows,
-                                                 job.max_new_tokens, prefix_space);
-      right += icl_generation_correct(job.spec, answer, q.answers);
-      bar.update(++done, "");
-    }
-    return right;
-  }
-  if (type == IclTaskType::kLanguageModeling) {
-    // Greedy predictions need the logits, which the model keeps for one sequence: a row at a time.
-    for (const IclQuestion& q : questions) {
-      const IclRow& row = q.rows[0];
-      const int T = static_cast<int>(row.tokens.size());
-      model.forward(row.tokens.data(), nullptr, 1, T, nullptr);
-      const float* logits = model.logits();
-      bool all = true;
-      for (int64_t t = row.continuation_begin; t < T && all; t++) {
-        const float* l = logits + static_cast<size_t>(t - 1) * cfg.vocab_size;
-        all = std::max_element(l, l + cfg.vocab_size) - l == row.tokens[t];
-      }
-      right += all;
-      bar.update(++done, "");
-    }
-    return right;
-  }
-  // Each row's mean loss over its continuation, rows of several questions per forward pass.
-  struct Ref {
-    size_t question, row;
-  };
-  std::vector<Ref> refs;
-  for (size_t q = 0; q < questions.size(); q++)
-    for (size_t r = 0; r < questions[q].rows.size(); r++) refs.push_back({q, r});
-  std::vector<std::vector<double>> mean_loss(questions.size());
-  for (size_t q = 0; q < questions.size(); q++) mean_loss[q].resize(questions[q].rows.size());
-  for (size_t r0 = 0; r0 < refs.size(); r0 += batch) {
-    const int b = static_cast<int>(std::min<size_t>(batch, refs.size() - r0));
-    int T = 0;
-    for (int k = 0; k < b; k++) T = std::max(T, static_cast<int>(questions[refs[r0 + k].question].rows[refs[r0 + k].row].tokens.size()));
-    std::vector<int32_t> tokens(static_cast<size_t>(b) * T, pad), targets(tokens.size(), kIgnoreIndex);
-    for (int k = 0; k < b; k++) {
-      const IclRow& row = questions[refs[r0 + k].question].rows[refs[r0 + k].row];
-      std::copy(row.tokens.begin(), row.tokens.end(), tokens.begin() + static_cast<size_t>(k) * T);
-      for (size_t t = row.continuation_begin; t < row.tokens.size(); t++)
-        targets[static_cast<size_t>(k) * T + t - 1] = row.tokens[t];
-    }
-    model.forward(tokens.data(), targets.data(), b, T, nullptr);
-    const float* losses = model.losses();
-    for (int k = 0; k < b; k++) {
-      const IclRow& row = questions[refs[r0 + k].question].rows[refs[r0 + k].row];
-      double sum = 0;
-      for (size_t t = row.continuation_begin; t < row.tokens.size(); t++) sum += losses[static_cast<size_t>(k) * T + t - 1];
-      mean_loss[refs[r0 + k].question][refs[r0 + k].row] = sum / static_cast<double>(row.tokens.size() - row.continuation_begin);
-    }
-  }
-  for (size_t q = 0; q < questions.size(); q++) {
-    const auto& m = mean_loss[q];
-    right += std::min_element(m.begin(), m.end()) - m.begin() == questions[q].gold;
-    bar.update(++done, "");
-  }
-  return right;
 }
 
 }  // namespace
 
-std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
-  ANVIL_CHECK(opt.batch > 0, "--batch must be positive");
-  ANVIL_CHECK(opt.max_seq_len >= 0, "--max-seq-len must be positive");
-  // The task files are read before the model, so that their errors come first.
-  const std::vector<IclTaskEntry> tasks = read_icl_tasks(opt.tasks);
-  std::vector<std::vector<IclExample>> task_examples;
-  for (const IclTaskEntry& t : tasks)
-    task_examples.push_back(read_icl_examples(t.dataset_uri, t.spec.type, t.spec.strip_dataset, t.has_categories));
-  const ModelWeights loaded = load_model_weights(opt.checkpoint);
-  const ModelConfig& cfg = loaded.config;
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(loaded.tokenizer);
-  const bool prefix_space = tokenizer_needs_prefix_space(*tok);
+std::vector<IclTaskEntry> read_icl_tasks(const std::string& path) {
+  const YAML::Node root = load_yaml_file(path, "task");
+  ANVIL_CHECK(root.IsMap() && root["icl_tasks"] && root["icl_tasks"].IsSequence(),
+              "'{}' has no icl_tasks list (LLM Foundry's task files hold one at the top level)", path);
+  return read_task_list(root["icl_tasks"], path);
+}
 
-  // Every task's questions first (errors in a task file before any model time).
-  std::vector<Job> jobs;
-  int max_len = 1;
-  int max_batch = 1;
+std::vector<IclTaskEntry> read_icl_tasks_setting(const std::string& yaml, const std::string& where) {
+  const YAML::Node n = YAML::Load(yaml);
+  return n.IsScalar() ? read_icl_tasks(n.Scalar()) : read_task_list(n, where);
+}
+
+// One evaluator's questions, as the model is to score them.
+struct IclSuite::Job {
+  std::string task;
+  IclTaskSpec spec;
+  int batch;  // questions per batch, as the task counts them (icl_subset_num_batches)
+  std::vector<IclQuestion> questions;
+  std::string benchmark;   // "label/N-shot" of a category's job, else ""
+  int max_new_tokens = 0;  // generation
+  // generation: each stop string's window, its tokens that decode to some text and one more.
+  std::vector<size_t> stop_windows;
+};
+
+namespace {
+
+// How many of n questions rank takes (i % world == rank).
+int64_t share_of(int64_t n, const IclShare& share) {
+  return n > share.rank ? (n - share.rank + share.world - 1) / share.world : 0;
+}
+
+// The model's greedy prediction after position t of the last forward pass's last sequence.
+int32_t greedy_token(const Model& model, int t, int vocab_size, std::vector<float>& row) {
+  row.resize(static_cast<size_t>(vocab_size));
+  op_copy_to_host(row.data(), model.logits() + static_cast<size_t>(t) * vocab_size, row.size() * sizeof(float));
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+}  // namespace
+
+std::vector<std::vector<IclExample>> read_icl_task_examples(const std::vector<IclTaskEntry>& tasks) {
+  std::vector<std::vector<IclExample>> out;
+  for (const IclTaskEntry& t : tasks)
+    out.push_back(read_icl_examples(t.dataset_uri, t.spec.type, t.spec.strip_dataset, t.has_categories));
+  return out;
+}
+
+IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std::vector<IclExample>>& task_examples,
+                   Tokenizer& tok, int vocab_size, const IclSuiteOptions& opt)
+    : tok_(tok), vocab_size_(vocab_size), prefix_space_(tokenizer_needs_prefix_space(tok)) {
+  ANVIL_CHECK(task_examples.size() == tasks.size(), "ICL: {} tasks and {} example lists", tasks.size(),
+              task_examples.size());
   for (size_t ti = 0; ti < tasks.size(); ti++) {
     const IclTaskEntry& t = tasks[ti];
-    const int L = t.max_seq_len > 0 ? t.max_seq_len : opt.max_seq_len > 0 ? opt.max_seq_len : cfg.max_seq_len;
-    ANVIL_CHECK(L <= cfg.max_seq_len, "task {}: max_seq_len {} ({}) is longer than the model's {}", t.label, L,
-                t.max_seq_len > 0 ? "the task's" : "--max-seq-len", cfg.max_seq_len);
+    const int L = t.max_seq_len > 0 ? t.max_seq_len : opt.max_seq_len;
+    ANVIL_CHECK(L <= opt.longest, "task {}: max_seq_len {} is longer than the model's {}", t.label, L, opt.longest);
     const std::vector<IclExample>& all = task_examples[ti];
     // Foundry evaluates each category as a dataset of its own: its rows in file order, its own
     // few-shot pool and generator.
@@ -281,44 +191,195 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
         // A generation's prompt leaves room for the longest answer (Foundry's padding_size).
         int prompt_len = L, answer_len = 0;
         if (spec.type == IclTaskType::kGenerationWithAnswers) {
-          answer_len = icl_answer_tokens(spec, examples, *tok);
+          answer_len = icl_answer_tokens(spec, examples, tok);
           prompt_len = L - answer_len;
           ANVIL_CHECK(prompt_len > 0, "{}: answers of up to {} tokens leave no room for a prompt in max_seq_len {}",
                       where, answer_len, L);
         }
-        // Foundry generates at least one token.
-        const int new_tokens = spec.type == IclTaskType::kGenerationWithAnswers ? std::max(answer_len, 1) : 0;
-        Job j{task, spec, batch,
-              tokenize_icl_questions(icl_question_texts(spec, examples, prefix_space), *tok, prompt_len, where),
-              benchmark, new_tokens};
+        std::vector<IclQuestionText> texts = icl_question_texts(spec, examples, prefix_space_);
+        // Foundry's subset is the evaluator's first batches (a task with categories is whole).
+        if (opt.subset_batches > 0 && benchmark.empty())
+          texts.resize(std::min(texts.size(), static_cast<size_t>(opt.subset_batches) * static_cast<size_t>(batch)));
+        Job j{task, spec, batch, tokenize_icl_questions(texts, tok, prompt_len, where), benchmark, 0, {}};
+        if (spec.type == IclTaskType::kGenerationWithAnswers) {
+          j.max_new_tokens = std::max(answer_len, 1);  // Foundry generates at least one token
+          for (const std::string& stop : spec.early_stopping_criteria) {
+            size_t n = 1;
+            for (const int32_t id : tok.encode(stop)) n += !tok.decode({id}).empty();
+            j.stop_windows.push_back(n);
+          }
+        }
         for (const IclQuestion& q : j.questions)
           for (const IclRow& r : q.rows) {
-            const int len = static_cast<int>(r.tokens.size()) + new_tokens;
-            ANVIL_CHECK(len <= cfg.max_seq_len, "{}: a prompt of {} tokens and a generated one are longer than the "
-                        "model's {} (answers of no tokens)", where, r.tokens.size(), cfg.max_seq_len);
-            max_len = std::max(max_len, len);
+            const int len = static_cast<int>(r.tokens.size()) + j.max_new_tokens;
+            ANVIL_CHECK(len <= opt.longest, "{}: a prompt of {} tokens and a generated one are longer than the "
+                        "model's {} (answers of no tokens)", where, r.tokens.size(), opt.longest);
+            max_len_ = std::max(max_len_, len);
           }
-        max_batch = std::max(max_batch, batch);
-        jobs.push_back(std::move(j));
+        max_batch_ = std::max(max_batch_, batch);
+        jobs_.push_back(std::move(j));
       };
       if (!t.has_categories) add(name, all, "");
       for (const auto& [category, examples] : parts) add(name + "/" + category, examples, name);
     }
   }
-  std::unique_ptr<Model> model = make_model(cfg, max_batch, max_len);
-  std::copy(loaded.params.begin(), loaded.params.end(), model->params());
-  if (cfg.has_lora()) model->set_base_weights(loaded.base);
-  int64_t total = 0, done = 0;
-  for (const Job& j : jobs) total += static_cast<int64_t>(j.questions.size());
-  Progress bar("icl eval", total, "questions");
+}
+
+IclSuite::~IclSuite() = default;
+
+int64_t IclSuite::questions(const IclShare& share) const {
+  int64_t n = 0;
+  for (const Job& j : jobs_) n += share_of(static_cast<int64_t>(j.questions.size()), share);
+  return n;
+}
+
+std::string IclSuite::generate(Model& model, const Job& job, const IclRow& prompt, bool lockstep) const {
+  // Text as transformers decodes it: bytes that end inside a character as U+FFFD.
+  const auto text_of = [&](const std::vector<int32_t>& ids) { return python_utf8_replace(tok_.decode(ids)); };
+  const std::vector<std::string>& stops = job.spec.early_stopping_criteria;
+  std::vector<int32_t> ids = prompt.tokens;
+  std::vector<float> row;
+  const size_t begin = ids.size();
+  bool done = false;
+  for (int n = 0; n < job.max_new_tokens && (!done || lockstep); n++) {
+    model.forward(ids.data(), nullptr, 1, static_cast<int>(ids.size()), nullptr);
+    if (done) continue;  // a pass the other ranks' generations need
+    const int32_t next = greedy_token(model, static_cast<int>(ids.size()) - 1, vocab_size_, row);
+    if (next == tok_.eos_id()) {
+      done = true;
+      continue;
+    }
+    ids.push_back(next);
+    for (size_t k = 0; k < stops.size() && !done; k++) {
+      const size_t w = std::min(job.stop_windows[k], ids.size());
+      done = text_of(std::vector<int32_t>(ids.end() - static_cast<long>(w), ids.end())).find(stops[k]) !=
+             std::string::npos;
+    }
+  }
+  // The generated text; a BOS dropped as transformers' skip_special_tokens drops it (an EOS
+  // ended the generation before it was kept), and a space before it where the tokenizer marks
+  // word starts itself (SentencePiece's), as Composer's eval_forward adds one.
+  std::vector<int32_t> generated;
+  for (size_t i = begin; i < ids.size(); i++)
+    if (ids[i] != tok_.bos_id()) generated.push_back(ids[i]);
+  std::string text = text_of(generated);
+  if (!prefix_space_) text.insert(text.begin(), ' ');
+  return text;
+}
+
+int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int max_rows, Progress* bar,
+                        int64_t& done) const {
+  const std::vector<IclQuestion>& questions = job.questions;
+  const int64_t n = static_cast<int64_t>(questions.size());
+  std::vector<size_t> mine;  // this rank's questions
+  for (int64_t q = share.rank; q < n; q += share.world) mine.push_back(static_cast<size_t>(q));
+  // Under lockstep, the passes of the rank with the most questions (or rows).
+  int64_t most = static_cast<int64_t>(mine.size());
+  if (share.lockstep) most = share_of(n, {0, share.world, true});
+  const auto tick = [&] {
+    if (bar) bar->update(++done, "");
+  };
+  int64_t right = 0;
+  std::vector<float> row;
+  if (job.spec.type == IclTaskType::kGenerationWithAnswers) {
+    for (int64_t k = 0; k < most; k++) {
+      if (k >= static_cast<int64_t>(mine.size())) {
+        generate(model, job, questions[0].rows[0], true);  // discarded
+        continue;
+      }
+      const IclQuestion& q = questions[mine[k]];
+      right += icl_generation_correct(job.spec, generate(model, job, q.rows[0], share.lockstep), q.answers);
+      tick();
+    }
+    return right;
+  }
+  if (job.spec.type == IclTaskType::kLanguageModeling) {
+    // Greedy predictions need the logits, which the model keeps for one sequence: a row at a time.
+    for (int64_t k = 0; k < most; k++) {
+      const bool real = k < static_cast<int64_t>(mine.size());
+      const IclRow& r = questions[real ? mine[k] : 0].rows[0];
+      const int T = static_cast<int>(r.tokens.size());
+      model.forward(r.tokens.data(), nullptr, 1, T, nullptr);
+      if (!real) continue;
+      bool all = true;
+      for (int64_t t = r.continuation_begin; t < T && all; t++)
+        all = greedy_token(model, static_cast<int>(t) - 1, vocab_size_, row) == r.tokens[t];
+      right += all;
+      tick();
+    }
+    return right;
+  }
+  // Each row's mean loss over its continuation, rows of several questions per forward pass.
+  const int batch = std::min(job.batch, max_rows);
+  struct Ref {
+    size_t question, row;
+  };
+  std::vector<Ref> refs;
+  for (const size_t q : mine)
+    for (size_t r = 0; r < questions[q].rows.size(); r++) refs.push_back({q, r});
+  int64_t passes = (static_cast<int64_t>(refs.size()) + batch - 1) / batch;
+  if (share.lockstep)
+    for (int rank = 0; rank < share.world; rank++) {
+      int64_t rows = 0;
+      for (int64_t q = rank; q < n; q += share.world) rows += static_cast<int64_t>(questions[q].rows.size());
+      passes = std::max(passes, (rows + batch - 1) / batch);
+    }
+  const int32_t pad = tok_.eos_id();
+  std::map<size_t, std::vector<double>> mean_loss;
+  for (const size_t q : mine) mean_loss[q].resize(questions[q].rows.size());
+  for (int64_t p = 0; p < passes; p++) {
+    const size_t r0 = static_cast<size_t>(p) * batch;
+    if (r0 >= refs.size()) {  // a pass the other ranks need
+      const IclRow& r = questions[0].rows[0];
+      model.forward(r.tokens.data(), nullptr, 1, static_cast<int>(r.tokens.size()), nullptr);
+      continue;
+    }
+    const int b = static_cast<int>(std::min<size_t>(batch, refs.size() - r0));
+    const auto row_of = [&](int k) -> const IclRow& { return questions[refs[r0 + k].question].rows[refs[r0 + k].row]; };
+    int T = 0;
+    for (int k = 0; k < b; k++) T = std::max(T, static_cast<int>(row_of(k).tokens.size()));
+    std::vector<int32_t> tokens(static_cast<size_t>(b) * T, pad), targets(tokens.size(), kIgnoreIndex);
+    for (int k = 0; k < b; k++) {
+      const IclRow& r = row_of(k);
+      std::copy(r.tokens.begin(), r.tokens.end(), tokens.begin() + static_cast<size_t>(k) * T);
+      for (size_t t = r.continuation_begin; t < r.tokens.size(); t++)
+        targets[static_cast<size_t>(k) * T + t - 1] = r.tokens[t];
+    }
+    model.forward(tokens.data(), targets.data(), b, T, nullptr);
+    const float* losses = model.losses();
+    for (int k = 0; k < b; k++) {
+      const IclRow& r = row_of(k);
+      double sum = 0;
+      for (size_t t = r.continuation_begin; t < r.tokens.size(); t++) sum += losses[static_cast<size_t>(k) * T + t - 1];
+      mean_loss[refs[r0 + k].question][refs[r0 + k].row] = sum / static_cast<double>(r.tokens.size() - r.continuation_begin);
+    }
+  }
+  for (const size_t q : mine) {
+    const std::vector<double>& m = mean_loss[q];
+    right += std::min_element(m.begin(), m.end()) - m.begin() == questions[q].gold;
+    tick();
+  }
+  return right;
+}
+
+std::vector<int64_t> IclSuite::right_answers(Model& model, const IclShare& share, int max_rows, Progress* bar) const {
+  ANVIL_CHECK(max_rows > 0, "an ICL forward pass needs room for a row");
+  std::vector<int64_t> right;
+  int64_t done = 0;
+  for (const Job& j : jobs_) right.push_back(score(model, j, share, max_rows, bar, done));
+  return right;
+}
+
+std::vector<IclScore> IclSuite::scores(const std::vector<int64_t>& right) const {
+  ANVIL_CHECK(right.size() == jobs_.size(), "ICL scores: {} counts for {} evaluators", right.size(), jobs_.size());
   std::vector<IclScore> out;
   std::map<std::string, std::pair<double, int>> category_sums;
   std::map<std::string, int64_t> category_questions;
   std::vector<std::string> benchmarks;
-  for (const Job& j : jobs) {
-    const int64_t right = score(*model, cfg, *tok, prefix_space, j, bar, done);
+  for (size_t i = 0; i < jobs_.size(); i++) {
+    const Job& j = jobs_[i];
     const int64_t n = static_cast<int64_t>(j.questions.size());
-    out.push_back({j.task, metric_of(j.spec.type), static_cast<double>(right) / static_cast<double>(n), n});
+    out.push_back({j.task, metric_of(j.spec.type), static_cast<double>(right[i]) / static_cast<double>(n), n});
     if (!j.benchmark.empty()) {
       if (!category_sums.count(j.benchmark)) benchmarks.push_back(j.benchmark);
       category_sums[j.benchmark].first += out.back().accuracy;
@@ -326,7 +387,6 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
       category_questions[j.benchmark] += n;
     }
   }
-  bar.finish("");
   for (const std::string& b : benchmarks) {
     const auto [sum, count] = category_sums[b];
     const auto first = std::find_if(out.begin(), out.end(), [&](const IclScore& s) { return s.task.rfind(b + "/", 0) == 0; });
@@ -335,16 +395,36 @@ std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
   return out;
 }
 
-GauntletSpec read_gauntlet(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    ANVIL_FAIL("cannot read the gauntlet file '{}': {}", path, e.what());
-  }
-  ANVIL_CHECK(root.IsMap() && root["eval_gauntlet"], "'{}' has no eval_gauntlet section (LLM Foundry's gauntlet files "
-              "hold one at the top level)", path);
-  MapReader r(root["eval_gauntlet"], "eval_gauntlet", path);
+std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt) {
+  ANVIL_CHECK(opt.batch > 0, "--batch must be positive");
+  ANVIL_CHECK(opt.max_seq_len >= 0, "--max-seq-len must be positive");
+  // The task files are read before the model, so that their errors come first.
+  const std::vector<IclTaskEntry> tasks = read_icl_tasks(opt.tasks);
+  const std::vector<std::vector<IclExample>> examples = read_icl_task_examples(tasks);
+  const ModelWeights loaded = load_model_weights(opt.checkpoint);
+  const ModelConfig& cfg = loaded.config;
+  ANVIL_CHECK(opt.max_seq_len <= cfg.max_seq_len, "--max-seq-len {} is longer than the model's {}", opt.max_seq_len,
+              cfg.max_seq_len);
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(loaded.tokenizer);
+  IclSuiteOptions so;
+  so.batch = opt.batch;
+  so.max_seq_len = opt.max_seq_len > 0 ? opt.max_seq_len : cfg.max_seq_len;
+  so.longest = cfg.max_seq_len;
+  const IclSuite suite(tasks, examples, *tok, cfg.vocab_size, so);
+  std::unique_ptr<Model> model = make_model(cfg, suite.max_batch(), suite.max_len());
+  std::copy(loaded.params.begin(), loaded.params.end(), model->params());
+  if (cfg.has_lora()) model->set_base_weights(loaded.base);
+  Progress bar("icl eval", suite.questions({}), "questions");
+  const std::vector<int64_t> right = suite.right_answers(*model, {}, suite.max_batch(), &bar);
+  bar.finish("");
+  return suite.scores(right);
+}
+
+namespace {
+
+// An eval_gauntlet section; path: the file that holds it, for messages.
+GauntletSpec read_gauntlet_section(const YAML::Node& section, const std::string& path) {
+  MapReader r(section, "eval_gauntlet", path);
   GauntletSpec g;
   std::string weighting = "EQUAL";
   r.get("weighting", weighting);
@@ -404,6 +484,20 @@ GauntletSpec read_gauntlet(const std::string& path) {
   }
   r.finish();
   return g;
+}
+
+}  // namespace
+
+GauntletSpec read_gauntlet(const std::string& path) {
+  const YAML::Node root = load_yaml_file(path, "gauntlet");
+  ANVIL_CHECK(root.IsMap() && root["eval_gauntlet"], "'{}' has no eval_gauntlet section (LLM Foundry's gauntlet files "
+              "hold one at the top level)", path);
+  return read_gauntlet_section(root["eval_gauntlet"], path);
+}
+
+GauntletSpec read_gauntlet_setting(const std::string& yaml, const std::string& where) {
+  const YAML::Node n = YAML::Load(yaml);
+  return n.IsScalar() ? read_gauntlet(n.Scalar()) : read_gauntlet_section(n, where);
 }
 
 Gauntlet eval_gauntlet(const GauntletSpec& spec, const std::vector<IclScore>& scores) {

@@ -28,6 +28,9 @@ struct IclTaskEntry {
 // The icl_tasks of a YAML file (Foundry's task files: a top-level `icl_tasks:` list). A key
 // Foundry does not know, or one anvil does not honour yet, is an error naming it.
 std::vector<IclTaskEntry> read_icl_tasks(const std::string& path);
+// A training config's icl_tasks (config/train_config.h: YAML text, a task file's path or the list
+// itself, as Foundry's train.py takes either); `where` names the setting in errors.
+std::vector<IclTaskEntry> read_icl_tasks_setting(const std::string& yaml, const std::string& where);
 
 struct IclEvalOptions {
   std::string checkpoint;  // a checkpoint or run directory, or a transformers directory
@@ -45,6 +48,68 @@ struct IclScore {
   double accuracy = 0;
   int64_t questions = 0;
   bool mean_of_categories = false;  // the line of a task with categories
+};
+
+// Which questions one rank scores: question i of each evaluator where i % world == rank, so that
+// the right answers summed over ranks are the same for any world size (a question's score does
+// not depend on the rows it shares a forward pass with). lockstep: every rank runs the same
+// forward passes, in number (ZeRO-3 gathers each pass's parameters with every rank): a rank with
+// fewer rows repeats one and discards it, and a generation runs its whole length.
+struct IclShare {
+  int rank = 0, world = 1;
+  bool lockstep = false;
+};
+
+class Model;
+class Progress;
+
+struct IclSuiteOptions {
+  int batch = 8;           // a task's batch_size where it gives none (Foundry's device_eval_batch_size)
+  int max_seq_len = 0;     // a task's max_seq_len where it gives none (Foundry's icl_seq_len)
+  int longest = 0;         // the most tokens a row may take: the model's context
+  int subset_batches = 0;  // > 0: Foundry's icl_subset_num_batches
+};
+
+// Each task's examples (read_icl_examples), in the tasks' order.
+std::vector<std::vector<IclExample>> read_icl_task_examples(const std::vector<IclTaskEntry>& tasks);
+
+// Every evaluator of a list of tasks (each task at each shot count, each category apart), its
+// questions tokenized as Foundry tokenizes them, ready for any model of the vocabulary. A task's
+// batch_size and max_seq_len where it gives them, else the options'; subset_batches: a task
+// without categories takes its first subset_batches × batch questions (counted over all ranks).
+// The tokenizer must outlive the suite.
+class IclSuite {
+ public:
+  IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std::vector<IclExample>>& examples,
+           Tokenizer& tok, int vocab_size, const IclSuiteOptions& opt);
+  ~IclSuite();
+  // The longest row a forward pass takes (a generation's whole length), and the most rows.
+  int max_len() const { return max_len_; }
+  int max_batch() const { return max_batch_; }
+  int64_t questions(const IclShare& share) const;
+  // This rank's right answers, per evaluator; max_rows caps the rows of a forward pass (the
+  // model's batch). bar (may be null) counts this rank's questions.
+  std::vector<int64_t> right_answers(Model& model, const IclShare& share, int max_rows, Progress* bar) const;
+  // The scores of right answers summed over the ranks.
+  std::vector<IclScore> scores(const std::vector<int64_t>& right) const;
+
+ private:
+  struct Job;
+  // Greedy generation after a prompt, as transformers' generate runs it for one question under
+  // Foundry's stopping criteria: to the tokenizer's EOS, max_new_tokens, or the step where a stop
+  // string shows in the decoded text of the sequence's last tokens (as many as the stop string's
+  // tokens that decode to something, and one more: the prompt's end too, at the first steps).
+  // lockstep: every pass of max_new_tokens run, those after the stop discarded.
+  std::string generate(Model& model, const Job& job, const IclRow& prompt, bool lockstep) const;
+  // How many of the job's questions in this rank's share the model gets right.
+  int64_t score(Model& model, const Job& job, const IclShare& share, int max_rows, Progress* bar,
+                int64_t& done) const;
+
+  std::vector<Job> jobs_;
+  Tokenizer& tok_;
+  int vocab_size_ = 0;
+  bool prefix_space_ = false;
+  int max_len_ = 1, max_batch_ = 1;
 };
 
 std::vector<IclScore> evaluate_icl(const IclEvalOptions& opt);
@@ -72,6 +137,8 @@ struct GauntletSpec {
   std::vector<std::pair<std::string, std::vector<std::string>>> averages;  // empty: default_average
 };
 GauntletSpec read_gauntlet(const std::string& path);
+// A training config's eval_gauntlet (YAML text: a gauntlet file's path, or the section itself).
+GauntletSpec read_gauntlet_setting(const std::string& yaml, const std::string& where);
 
 struct GauntletScore {
   std::string name;  // a category or an average

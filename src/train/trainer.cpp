@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/targets.h"
+#include "data/tokenizer.h"
 #include "config/families/family.h"
 #include "parallel/collectives.h"
 #include "parallel/data_parallel.h"
@@ -25,6 +26,7 @@
 #include "kernels/matmul.h"
 #include "train/checkpoint_writer.h"
 #include "train/data_pipeline.h"
+#include "train/icl_eval.h"
 #include "train/loss_plot.h"
 #include "train/microbatch.h"
 #include "train/stack.h"
@@ -306,6 +308,8 @@ class TrainingRun {
   void build_model();
   void write_metrics(const nlohmann::json& row);
   void evaluate_at(int64_t at_step);
+  // LLM Foundry's ICL tasks and gauntlet at an evaluation: their metrics go into row.
+  void evaluate_icl_at(int64_t at_step, nlohmann::json& row, std::vector<std::pair<std::string, double>>& scalars);
   void save(int64_t at_step);
   void report_first_batch() const;
   // The step's sequence length: max_seq_len, or shorter where allow_pad_trimming cuts every
@@ -319,6 +323,12 @@ class TrainingRun {
   bool writer_;
   std::vector<std::string> data_notes_;  // logged once the run directory holds the log
   DataPipeline train_data_, eval_data_;
+  // icl_tasks: read with the run's data, tokenized once the eval batch is known.
+  std::vector<IclTaskEntry> icl_tasks_;
+  std::vector<std::vector<IclExample>> icl_examples_;
+  std::optional<GauntletSpec> gauntlet_;
+  std::unique_ptr<Tokenizer> icl_tokenizer_;
+  std::unique_ptr<IclSuite> icl_;
   std::unique_ptr<TokenLoader> loader_;
   int64_t n_samples_ = 0, batches_per_epoch_ = 0, total_steps_ = 0, eval_every_ = 0, log_every_ = 0, save_every_ = 0;
   std::unique_ptr<LrSchedule> schedule_;
@@ -395,6 +405,16 @@ void TrainingRun::open_datasets() {
                                     comm_, data_notes_);
     check_data_tokenizer(*eval_data_.data, tokenizer, cfg_.model.vocab_size);
   }
+  if (!cfg_.icl_tasks.empty()) {
+    icl_tasks_ = read_icl_tasks_setting(cfg_.icl_tasks, "icl_tasks");
+    icl_examples_ = read_icl_task_examples(icl_tasks_);
+    ANVIL_CHECK(cfg_.icl_seq_len <= T_, "icl_seq_len {} is longer than max_seq_len {}, the longest sequence the "
+                "model's buffers hold", cfg_.icl_seq_len, T_);
+  }
+  if (!cfg_.eval_gauntlet.empty()) {
+    ANVIL_CHECK(!icl_tasks_.empty(), "eval_gauntlet scores the icl_tasks: give icl_tasks too");
+    gauntlet_ = read_gauntlet_setting(cfg_.eval_gauntlet, "eval_gauntlet");
+  }
   auto batches = [&](const Duration& d, int64_t whole, const char* key) {
     return duration_to_batches(d, batches_per_epoch_, GB_, T_, whole, key);
   };
@@ -434,6 +454,16 @@ void TrainingRun::build_model() {
     resume_.reset();  // the state now lives in the model and optimizer
   } else {
     dp_->init_weights(cfg_.seed);
+  }
+  if (!icl_tasks_.empty()) {
+    icl_tokenizer_ = load_tokenizer(resolve_tokenizer(cfg_.tokenizer_name));
+    IclSuiteOptions so;
+    so.batch = cfg_.device_eval_batch_size;
+    so.max_seq_len = cfg_.icl_seq_len > 0 ? cfg_.icl_seq_len : T_;
+    so.longest = T_;
+    so.subset_batches = std::max(cfg_.icl_subset_num_batches, 0);
+    icl_ = std::make_unique<IclSuite>(icl_tasks_, icl_examples_, *icl_tokenizer_, cfg_.model.vocab_size, so);
+    icl_examples_.clear();
   }
   step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, *schedule_);
   if (step_->loss_scaler().enabled() && !loss_scaler.empty())
@@ -501,16 +531,63 @@ void TrainingRun::write_metrics(const nlohmann::json& row) {
 }
 
 void TrainingRun::evaluate_at(int64_t at_step) {
-  if (!eval_data_.data) return;
-  auto t0 = std::chrono::steady_clock::now();
-  const double loss = evaluate(*model_, *dp_, eval_data_, cfg_, tokens_, targets_);
-  if (at_step == 0) summary_.first_eval_loss = loss;
-  summary_.last_eval_loss = loss;
+  if (!eval_data_.data && !icl_) return;
+  nlohmann::json row = {{"step", at_step}};
+  std::vector<std::pair<std::string, double>> scalars;
+  if (eval_data_.data) {
+    auto t0 = std::chrono::steady_clock::now();
+    const double loss = evaluate(*model_, *dp_, eval_data_, cfg_, tokens_, targets_);
+    if (at_step == 0) summary_.first_eval_loss = loss;
+    summary_.last_eval_loss = loss;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps_, loss, std::exp(loss),
+             secs);
+    row["eval_loss"] = loss;
+    scalars.emplace_back("loss/eval", loss);
+  }
+  if (icl_) evaluate_icl_at(at_step, row, scalars);
+  write_metrics(row);
+  if (tensorboard_) tensorboard_->scalars(at_step, scalars);
+}
+
+// Each rank scores its share of every evaluator's questions (icl_eval.h: IclShare) and the right
+// answers are summed exactly: the same accuracies for any world size. Logged under Composer's and
+// Foundry's names: metrics/<label>/<N>-shot[/<category>]/<metric> and
+// icl/metrics/eval_gauntlet/<category or average>.
+void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
+                                  std::vector<std::pair<std::string, double>>& scalars) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const IclShare share{rank_, W_, dp_->zero_stage() == 3};
+  std::unique_ptr<Progress> bar;
+  if (writer_) bar = std::make_unique<Progress>("icl eval", icl_->questions(share), "questions", cfg_.progress_bar);
+  const int max_rows = std::max(cfg_.device_train_microbatch_size, cfg_.device_eval_batch_size);
+  std::vector<int64_t> right = icl_->right_answers(*model_, share, max_rows, bar.get());
+  dp_->quiesce();
+  for (int64_t& r : right) r = sum_exact(comm_, r);
+  if (bar) bar->finish("");
+  const std::vector<IclScore> scores = icl_->scores(right);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log_info("step {}/{}: eval loss {:.4f} (perplexity {:.1f}, {:.1f}s)", at_step, total_steps_, loss, std::exp(loss),
-           secs);
-  write_metrics({{"step", at_step}, {"eval_loss", loss}});
-  if (tensorboard_) tensorboard_->scalars(at_step, {{"loss/eval", loss}});
+  for (const IclScore& s : scores) {
+    log_info("step {}/{}: icl {} {:.4f} ({} questions{})", at_step, total_steps_, s.task, s.accuracy, s.questions,
+             s.mean_of_categories ? ", the mean of its categories" : "");
+    if (s.mean_of_categories) continue;  // Foundry logs the categories' evaluators alone
+    const std::string key = fmt::format("metrics/{}/{}", s.task, s.metric);
+    row[key] = s.accuracy;
+    scalars.emplace_back(key, s.accuracy);
+  }
+  if (gauntlet_) {
+    const Gauntlet g = eval_gauntlet(*gauntlet_, scores);
+    for (const std::string& d : g.dropped) log_info("step {}/{}: eval gauntlet: left out category {}", at_step,
+                                                    total_steps_, d);
+    for (const auto* list : {&g.categories, &g.averages})
+      for (const GauntletScore& s : *list) {
+        log_info("step {}/{}: eval gauntlet {} {:.4f}", at_step, total_steps_, s.name, s.score);
+        const std::string key = "icl/metrics/eval_gauntlet/" + s.name;
+        row[key] = s.score;
+        scalars.emplace_back(key, s.score);
+      }
+  }
+  log_info("step {}/{}: icl evaluation took {:.1f}s", at_step, total_steps_, secs);
 }
 
 void TrainingRun::save(int64_t at_step) {

@@ -201,6 +201,7 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "train_loader.timeout", "eval_loader.pin_memory", "eval_loader.persistent_workers",
       "eval_loader.prefetch_factor", "eval_loader.timeout",
       "loggers.tensorboard",  // written only when on (TensorBoardLoggerAsComposerSpellsIt)
+      "icl_tasks", "eval_gauntlet",  // written only when given (IclTasksAsFoundryTakesThem)
       "model.peft_config",    // written only under LoRA (FamilyConfigTest.LoraPeftConfig)
       "loggers.wandb", "loggers.mlflow", "loggers.comet_ml", "loggers.neptune"};  // refused with a reason
   size_t checked = 0;
@@ -241,6 +242,34 @@ TEST_F(ConfigTest, TensorBoardLoggerAsComposerSpellsIt) {
   EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {wandb: {project: x}}\n").find("loggers.wandb is not supported"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(kMinimal) + "loggers: {tensorboard: {rank_zero_only: false}}\n").find("rank_zero_only"),
+            std::string::npos);
+}
+
+// icl_tasks and eval_gauntlet as Foundry's train.py takes them: a file's path or the list / section
+// inline, kept as YAML for train/icl_eval.h and written back as given.
+TEST_F(ConfigTest, IclTasksAsFoundryTakesThem) {
+  TrainConfig c = load_train_config(write(std::string(kMinimal) + "icl_tasks: eval/yamls/tasks_v0.3.yaml\n"
+                                          "eval_gauntlet: eval/yamls/eval_gauntlet_v0.3.yaml\nicl_seq_len: 64\n"), {});
+  EXPECT_EQ(YAML::Load(c.icl_tasks).Scalar(), "eval/yamls/tasks_v0.3.yaml");
+  EXPECT_EQ(YAML::Load(c.eval_gauntlet).Scalar(), "eval/yamls/eval_gauntlet_v0.3.yaml");
+  EXPECT_EQ(c.icl_seq_len, 64);
+  EXPECT_EQ(to_yaml(load_train_config(write(to_yaml(c)), {})), to_yaml(c));
+  c = load_train_config(write(std::string(kMinimal) + "icl_tasks:\n- {label: piqa, dataset_uri: p.jsonl, "
+                              "num_fewshot: [0, 5], icl_task_type: multiple_choice}\n"
+                              "eval_gauntlet: {weighting: EQUAL, categories: [{name: c, benchmarks: []}]}\n"), {});
+  const YAML::Node tasks = YAML::Load(c.icl_tasks);
+  ASSERT_TRUE(tasks.IsSequence());
+  EXPECT_EQ(tasks[0]["num_fewshot"][1].as<int>(), 5);
+  EXPECT_EQ(YAML::Load(c.eval_gauntlet)["weighting"].Scalar(), "EQUAL");
+  const TrainConfig again = load_train_config(write(to_yaml(c)), {});
+  EXPECT_EQ(again.icl_tasks, c.icl_tasks);
+  EXPECT_EQ(again.eval_gauntlet, c.eval_gauntlet);
+  EXPECT_TRUE(load_train_config(write(kMinimal), {}).icl_tasks.empty());
+  EXPECT_NE(error_of(std::string(kMinimal) + "icl_tasks: {label: piqa}\n")
+                .find("icl_tasks must be a file's path or the list itself"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "eval_gauntlet: [a]\n")
+                .find("eval_gauntlet must be a file's path or the section itself"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"icl_subset_num_batches=0"}).find("icl_subset_num_batches = 0 must be -1 (all) or positive"),
             std::string::npos);
 }
 

@@ -49,6 +49,81 @@ assert seen == {"InContextLearningMultipleChoiceAccuracy", "InContextLearningLMA
                 "InContextLearningGenerationExactMatchAccuracy"}, seen
 PY
 
+# icl_tasks and eval_gauntlet in a training YAML, as Foundry's train.py takes them (a file's path or
+# the list / section inline): evaluated at each eval_interval and after the last step, each rank
+# scoring its share, logged to metrics.jsonl under Foundry's names; the final evaluation equals
+# `anvil eval --icl` on the run's checkpoint, and two ranks under ZeRO-3 (every rank's forward
+# passes in lockstep) log the same numbers as one. The tasks here skip the slow generation ones
+# but for brown_gen's 0-shot.
+sed -n '1,/label: brown_gen$/p' "$tmp/tasks/tasks.yaml" | head -n -2 > "$tmp/tasks/train_tasks.yaml"
+printf -- '-\n  label: brown_gen\n  dataset_uri: %s\n  num_fewshot: [0]\n  icl_task_type: generation_task_with_answers\n  early_stopping_criteria: ["\\n\\n", "[.!?]"]\n' \
+  "$tmp/tasks/gen.jsonl" >> "$tmp/tasks/train_tasks.yaml"
+icl_train=(variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 max_seq_len=64
+           load_path="$tmp/run" load_weights_only=true max_duration=2ba eval_interval=1ba eval_loader=null)
+train_run tiny-gpt2 icl1 1 "${icl_train[@]}" icl_tasks="$tmp/tasks/train_tasks.yaml" \
+  eval_gauntlet="$tmp/tasks/gauntlet.yaml" || { fail "training with icl_tasks"; tail -5 "$tmp/icl1.out"; }
+"$anvil" eval "$tmp/icl1" --icl "$tmp/tasks/train_tasks.yaml" --gauntlet "$tmp/tasks/gauntlet.yaml" --json \
+  > "$tmp/icl1.eval.jsonl" 2> /dev/null || fail "anvil eval --icl on the run"
+icl_rows() {  # RUN_DIR: the metrics rows that hold ICL metrics, one JSON object per line, keys sorted
+  /usr/bin/python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    row = json.loads(line)
+    if any(k.startswith(("metrics/", "icl/")) for k in row):
+        print(json.dumps(row, sort_keys=True))' "$1/metrics.jsonl"
+}
+icl_rows "$tmp/icl1" > "$tmp/icl1.rows"
+/usr/bin/python3 - "$tmp/icl1.rows" "$tmp/icl1.eval.jsonl" <<'PY' && pass "icl_tasks in training: logged at each evaluation under Foundry's names, the last equal to anvil eval --icl" || fail "training's ICL metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 2], [r["step"] for r in rows]
+final = rows[-1]
+evals = [json.loads(l) for l in open(sys.argv[2])]
+tasks = [e["task"] for e in evals if "task" in e]
+expected = {}
+for e in evals:
+    if "gauntlet" in e:
+        expected[f'icl/metrics/eval_gauntlet/{e["gauntlet"]}'] = e["score"]
+    elif not any(t.startswith(e["task"] + "/") for t in tasks):  # not a mean of categories
+        expected[f'metrics/{e["task"]}/{e["metric"]}'] = e["accuracy"]
+got = {k: v for k, v in final.items() if k.startswith(("metrics/", "icl/"))}
+assert set(got) == set(expected), sorted(set(got) ^ set(expected))
+for k, v in expected.items():
+    assert abs(got[k] - v) < 1e-8, (k, got[k], v)
+assert "metrics/brown_genres/2-shot/genre_a/InContextLearningMultipleChoiceAccuracy" in got, sorted(got)
+assert "icl/metrics/eval_gauntlet/core_average" in got, sorted(got)
+print(f"  {len(got)} metrics at step 2, e.g. brown_mc/3-shot {got['metrics/brown_mc/3-shot/InContextLearningMultipleChoiceAccuracy']:.4f}")
+PY
+if have_mpirun; then
+  # The same tasks inline, as a training YAML may give them, on two ranks under ZeRO-3.
+  cat "$src/tests/configs/tiny-gpt2.yaml" "$tmp/tasks/train_tasks.yaml" "$tmp/tasks/gauntlet.yaml" > "$tmp/icl-inline.yaml"
+  mpirun_anvil 2 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl2" "${icl_train[@]}" distributed.zero_stage=3 \
+    > "$tmp/icl2.out" 2>&1 || { fail "training with inline icl_tasks on 2 ranks"; tail -5 "$tmp/icl2.out"; }
+  icl_rows "$tmp/icl2" > "$tmp/icl2.rows"
+  cmp -s "$tmp/icl1.rows" "$tmp/icl2.rows" && pass "two ranks under ZeRO-3, the tasks inline: the same ICL metrics as one rank" ||
+    fail "ICL metrics differ between 1 and 2 ranks: $(diff "$tmp/icl1.rows" "$tmp/icl2.rows" | head -4)"
+else
+  skip "ICL evaluation on two ranks (no mpirun)"
+fi
+# icl_subset_num_batches: a task without categories cut to its first batches of
+# device_eval_batch_size questions; one with categories whole, as in Foundry.
+train_run tiny-gpt2 icl_subset 1 "${icl_train[@]}" max_duration=1ba icl_tasks="$tmp/tasks/train_tasks.yaml" \
+  icl_subset_num_batches=2 device_eval_batch_size=3 || fail "training with icl_subset_num_batches"
+/usr/bin/python3 - "$tmp/icl_subset/train.log" "$tmp/tasks/mc_categories.jsonl" <<'PY' && pass "icl_subset_num_batches cuts tasks without categories to N batches, not those with" || fail "icl_subset_num_batches"
+import collections, json, re, sys
+counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"icl (\S+) [0-9.]+ \((\d+) questions\)", open(sys.argv[1]).read())}
+genres = collections.Counter(json.loads(l)["category"] for l in open(sys.argv[2]))
+assert counts["brown_mc/0-shot"] == 6 and counts["brown_lm/5-shot"] == 6 and counts["brown_gen/0-shot"] == 6, counts
+for genre, n in genres.items():
+    assert counts[f"brown_genres/2-shot/{genre}"] == n, (genre, n, counts)
+PY
+expect_error "icl_seq_len longer than max_seq_len" "icl_seq_len 128 is longer than max_seq_len 64" \
+  "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" run_dir="$tmp/bad_icl" "${icl_train[@]}" \
+  icl_tasks="$tmp/tasks/train_tasks.yaml" icl_seq_len=128
+expect_error "eval_gauntlet without icl_tasks" "eval_gauntlet scores the icl_tasks: give icl_tasks too" \
+  "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" run_dir="$tmp/bad_icl" "${icl_train[@]}" \
+  eval_gauntlet="$tmp/tasks/gauntlet.yaml"
+
 # LLM Foundry's files as published: its gauntlet reads (none of its benchmarks were run here:
 # every category is left out, and core_average is 0, as Foundry gives it); its light task list
 # reads up to its data (Foundry's relative paths, from Foundry's scripts/ directory); so does

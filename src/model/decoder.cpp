@@ -355,8 +355,9 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   packed_ = positions != nullptr;
   if (packed_) {
     // Positions count from each example's start (kernels/positions.h), which the attention
-    // kernels rely on: a query's first key never comes before the previous query's.
-    for (int i = 0; i < N; i++)
+    // kernels rely on: a query's first key never comes before the previous query's. (After a
+    // kept prefix they count on from it, and attention sees whole sequences: attend().)
+    for (int i = 0; i < N && !prefix_.after; i++)
       ANVIL_CHECK(positions[i] == 0 || (i % T > 0 && positions[i] == positions[i - 1] + 1), "position {} of token {} "
                   "of its sequence is neither 0 (an example's start) nor one more than the position before it",
                   positions[i], i % T);
@@ -378,6 +379,10 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
     const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
     const float* adapters = acquire_adapters(l, l + 1 < L ? l + 1 : -1);
     block_forward(l, p, adapters, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
+    if (prefix_.keeping) {
+      const size_t rows = static_cast<size_t>(T) * Widths(cfg_).qkv;
+      op_copy(prefix_.qkv.data() + l * rows, block_acts(l).qkv, rows * sizeof(float));
+    }
     release_adapters(l);
     release_base(1 + l);
   }
@@ -407,7 +412,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
                  cfg_.rope);
     round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
   }
-  attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B, T, attention_heads(l, 0));
+  attend(l, x);
   round_to_dtype(x.atty, static_cast<long>(N) * w.q, dtype());
   linear_forward(l, linear(p, BlockProduct::kAttnOut), scratch, x.atty, adapters);
   // Residual dropout on each branch's output, before it joins the stream.
@@ -610,6 +615,75 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
   matmul_.release_weight();
   release_base(head_unit());
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
+}
+
+void Decoder::keep_prefix(const int32_t* tokens, int P) {
+  ANVIL_CHECK(P >= 1 && P < max_seq_, "a kept prefix of {} tokens: expected 1 to {}", P, max_seq_ - 1);
+  const Widths w(cfg_);
+  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
+  if (prefix_.joined_qkv.size() < BT * w.qkv) {  // first use, or a larger batch since
+    for (OpArray<float>* a : {&prefix_.qkv, &prefix_.joined_qkv, &prefix_.joined_atty, &prefix_.joined_lse}) a->reset();
+    prefix_.qkv.assign_zeros(static_cast<size_t>(cfg_.n_layers) * max_seq_ * w.qkv);
+    prefix_.joined_qkv.assign_zeros(BT * w.qkv);
+    prefix_.joined_atty.assign_zeros(BT * w.q);
+    prefix_.joined_lse.assign_zeros(BT * cfg_.n_heads);
+  }
+  training_ = false;
+  prefix_.keeping = true;
+  try {
+    forward_to_lnf(tokens, nullptr, 1, P);
+  } catch (...) {
+    prefix_.keeping = false;
+    prefix_.length = 0;
+    throw;
+  }
+  prefix_.keeping = false;
+  prefix_.length = P;
+  // Every pass takes each unit in the same order (under ZeRO-3 each is gathered with every rank):
+  // the head's too, unused here.
+  acquire_base(head_unit(), -1);
+  release_base(head_unit());
+}
+
+double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
+                                     int64_t* n_targets) {
+  const int P = prefix_.length;
+  ANVIL_CHECK(P > 0, "forward_after_prefix needs keep_prefix first");
+  ANVIL_CHECK(P + T <= max_seq_, "a kept prefix of {} tokens and {} more exceed the model's {}", P, T, max_seq_);
+  std::vector<int32_t> positions(static_cast<size_t>(B) * T);
+  for (size_t i = 0; i < positions.size(); i++) positions[i] = P + static_cast<int32_t>(i % T);
+  prefix_.after = true;
+  double loss = 0;
+  try {
+    loss = forward(tokens, targets, B, T, n_targets, positions.data());
+  } catch (...) {
+    prefix_.after = false;
+    throw;
+  }
+  prefix_.after = false;
+  return loss;
+}
+
+void Decoder::attend(int l, const BlockActs& x) {
+  if (!prefix_.after) return attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l, 0));
+  // Each sequence after the prefix's rows, attention over the whole (every query: the prefix's
+  // give what they gave in keep_prefix, unused), and the sequences' own rows of its output.
+  const Widths w(cfg_);
+  const int P = prefix_.length, J = P + T_;
+  const float* kept = prefix_.qkv.data() + static_cast<size_t>(l) * P * w.qkv;
+  float* joined = prefix_.joined_qkv.data();
+  for (int b = 0; b < B_; b++) {
+    float* row = joined + static_cast<size_t>(b) * J * w.qkv;
+    op_copy(row, kept, static_cast<size_t>(P) * w.qkv * sizeof(float));
+    op_copy(row + static_cast<size_t>(P) * w.qkv, x.qkv + static_cast<size_t>(b) * T_ * w.qkv,
+            static_cast<size_t>(T_) * w.qkv * sizeof(float));
+  }
+  attention_forward(prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J,
+                    attention_heads(l, 0));
+  for (int b = 0; b < B_; b++)
+    op_copy(x.atty + static_cast<size_t>(b) * T_ * w.q,
+            prefix_.joined_atty.data() + (static_cast<size_t>(b) * J + P) * w.q,
+            static_cast<size_t>(T_) * w.q * sizeof(float));
 }
 
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,

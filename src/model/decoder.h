@@ -45,6 +45,9 @@ class Decoder final : public Model {
                  const int32_t* positions = nullptr) override;
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets, const int32_t* positions = nullptr) override;
+  void keep_prefix(const int32_t* tokens, int P) override;
+  double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
+                              int64_t* n_targets) override;
   // The LM head's fp32 products (under amp, of 16-bit operands; the loss reads them rounded:
   // crossentropy.h).
   const float* logits() const override { return acts_.logits; }
@@ -176,6 +179,19 @@ class Decoder final : public Model {
   }
   // Block l over the microbatch: its activations in block_acts(l), its output in residual3 of l.
   void block_forward(int l, const Block& p, const float* adapters, const float* residual);
+  // Block l's attention over the microbatch, x.qkv to x.atty; after a kept prefix, each sequence's
+  // queries attend to the prefix's keys and values too.
+  void attend(int l, const BlockActs& x);
+  // keep_prefix's tokens as each layer's attention saw them: the prefix's qkv rows per layer
+  // (length of them), and room for a microbatch's sequences with the prefix before each (their
+  // qkv, attention outputs and log-sum-exps). keeping: keep_prefix's pass is on; after: a
+  // forward_after_prefix pass is.
+  struct Prefix {
+    OpArray<float> qkv, joined_qkv, joined_atty, joined_lse;
+    int length = 0;
+    bool keeping = false, after = false;
+  };
+  Prefix prefix_;
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;

@@ -175,6 +175,17 @@ class Model {
   // which its position embedding and attention see; null: token t is at position t.
   virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                          const int32_t* positions = nullptr) = 0;
+  // Evaluation of several sequences that begin alike, the shared tokens' work done once:
+  // keep_prefix runs tokens (P of them, one sequence) through the blocks and keeps what each
+  // layer's attention needs of them (its queries, keys and values); forward_after_prefix then runs
+  // tokens (B,T) as if each sequence followed those P tokens (at positions P.., attending to
+  // them), as forward() does otherwise: losses and logits of the B·T positions after the prefix.
+  // Where the matrix products' rows are independent (the CPU), each position's values are the
+  // bits forward() gives the whole sequence. The prefix holds until the next keep_prefix;
+  // P + T must fit the model's sequence length.
+  virtual void keep_prefix(const int32_t* tokens, int P) = 0;
+  virtual double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
+                                      int64_t* n_targets) = 0;
   // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
   // gradient of the sum of the per-token losses). Returns that sum, as forward() does. With
   // dropout in the config, its masks are those of set_dropout_position's step and sequences.

@@ -240,11 +240,18 @@ std::string IclSuite::generate(Model& model, const Job& job, const IclRow& promp
   std::vector<int32_t> ids = prompt.tokens;
   std::vector<float> row;
   const size_t begin = ids.size();
+  // The prompt but its last token runs once (Model::keep_prefix); each step runs the tokens after
+  // it, on the CPU with the bits of the whole sequence.
+  const int P = static_cast<int>(begin) - 1;
+  if (P > 0) model.keep_prefix(ids.data(), P);
+  else if (lockstep) model.forward(ids.data(), nullptr, 1, 1, nullptr);  // the pass a prefix takes elsewhere
   bool done = false;
   for (int n = 0; n < job.max_new_tokens && (!done || lockstep); n++) {
-    model.forward(ids.data(), nullptr, 1, static_cast<int>(ids.size()), nullptr);
+    const int T = static_cast<int>(ids.size()) - std::max(P, 0);
+    if (P > 0) model.forward_after_prefix(ids.data() + P, nullptr, 1, T, nullptr);
+    else model.forward(ids.data(), nullptr, 1, T, nullptr);
     if (done) continue;  // a pass the other ranks' generations need
-    const int32_t next = greedy_token(model, static_cast<int>(ids.size()) - 1, vocab_size_, row);
+    const int32_t next = greedy_token(model, T - 1, vocab_size_, row);
     if (next == tok_.eos_id()) {
       done = true;
       continue;
@@ -309,55 +316,68 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     }
     return right;
   }
-  // Each row's mean loss over its continuation, rows of several questions per forward pass.
+  // Each row's mean loss over its continuation. A question's rows begin alike (multiple_choice:
+  // the whole context; schema: the prompt and few-shot examples): those tokens run once
+  // (Model::keep_prefix), then `batch` rows' rest a pass, which on the CPU gives the bits of the
+  // whole rows.
   const int batch = std::min(job.batch, max_rows);
-  struct Ref {
-    size_t question, row;
+  const auto shared_tokens = [&](const IclQuestion& q) {
+    // No further than the first continuation's: a row's scores read the position before it.
+    size_t shared = q.rows[0].tokens.size();
+    for (const IclRow& r : q.rows) {
+      shared = std::min(shared, static_cast<size_t>(r.continuation_begin) - 1);
+      size_t k = 0;
+      while (k < shared && r.tokens[k] == q.rows[0].tokens[k]) k++;
+      shared = k;
+    }
+    return static_cast<int>(shared);
   };
-  std::vector<Ref> refs;
-  for (const size_t q : mine)
-    for (size_t r = 0; r < questions[q].rows.size(); r++) refs.push_back({q, r});
-  int64_t passes = (static_cast<int64_t>(refs.size()) + batch - 1) / batch;
+  const auto passes_of = [&](const IclQuestion& q) {
+    return (shared_tokens(q) > 0) + (static_cast<int64_t>(q.rows.size()) + batch - 1) / batch;
+  };
+  int64_t passes = 0;
+  for (const size_t q : mine) passes += passes_of(questions[q]);
   if (share.lockstep)
     for (int rank = 0; rank < share.world; rank++) {
-      int64_t rows = 0;
-      for (int64_t q = rank; q < n; q += share.world) rows += static_cast<int64_t>(questions[q].rows.size());
-      passes = std::max(passes, (rows + batch - 1) / batch);
+      int64_t theirs = 0;
+      for (int64_t q = rank; q < n; q += share.world) theirs += passes_of(questions[q]);
+      passes = std::max(passes, theirs);
     }
   const int32_t pad = tok_.eos_id();
-  std::map<size_t, std::vector<double>> mean_loss;
-  for (const size_t q : mine) mean_loss[q].resize(questions[q].rows.size());
-  for (int64_t p = 0; p < passes; p++) {
-    const size_t r0 = static_cast<size_t>(p) * batch;
-    if (r0 >= refs.size()) {  // a pass the other ranks need
-      const IclRow& r = questions[0].rows[0];
-      model.forward(r.tokens.data(), nullptr, 1, static_cast<int>(r.tokens.size()), nullptr);
-      continue;
+  for (const size_t qi : mine) {
+    const IclQuestion& q = questions[qi];
+    const int P = shared_tokens(q);
+    if (P > 0) model.keep_prefix(q.rows[0].tokens.data(), P);
+    std::vector<double> mean_loss(q.rows.size());
+    for (size_t r0 = 0; r0 < q.rows.size(); r0 += batch) {
+      const int b = static_cast<int>(std::min<size_t>(batch, q.rows.size() - r0));
+      int T = 0;
+      for (int k = 0; k < b; k++) T = std::max(T, static_cast<int>(q.rows[r0 + k].tokens.size()) - P);
+      std::vector<int32_t> tokens(static_cast<size_t>(b) * T, pad), targets(tokens.size(), kIgnoreIndex);
+      for (int k = 0; k < b; k++) {
+        const IclRow& r = q.rows[r0 + k];
+        std::copy(r.tokens.begin() + P, r.tokens.end(), tokens.begin() + static_cast<size_t>(k) * T);
+        for (size_t t = r.continuation_begin; t < r.tokens.size(); t++)
+          targets[static_cast<size_t>(k) * T + t - 1 - P] = r.tokens[t];
+      }
+      if (P > 0) model.forward_after_prefix(tokens.data(), targets.data(), b, T, nullptr);
+      else model.forward(tokens.data(), targets.data(), b, T, nullptr);
+      const float* losses = model.losses();
+      for (int k = 0; k < b; k++) {
+        const IclRow& r = q.rows[r0 + k];
+        double sum = 0;
+        for (size_t t = r.continuation_begin; t < r.tokens.size(); t++)
+          sum += losses[static_cast<size_t>(k) * T + t - 1 - P];
+        mean_loss[r0 + k] = sum / static_cast<double>(r.tokens.size() - r.continuation_begin);
+      }
     }
-    const int b = static_cast<int>(std::min<size_t>(batch, refs.size() - r0));
-    const auto row_of = [&](int k) -> const IclRow& { return questions[refs[r0 + k].question].rows[refs[r0 + k].row]; };
-    int T = 0;
-    for (int k = 0; k < b; k++) T = std::max(T, static_cast<int>(row_of(k).tokens.size()));
-    std::vector<int32_t> tokens(static_cast<size_t>(b) * T, pad), targets(tokens.size(), kIgnoreIndex);
-    for (int k = 0; k < b; k++) {
-      const IclRow& r = row_of(k);
-      std::copy(r.tokens.begin(), r.tokens.end(), tokens.begin() + static_cast<size_t>(k) * T);
-      for (size_t t = r.continuation_begin; t < r.tokens.size(); t++)
-        targets[static_cast<size_t>(k) * T + t - 1] = r.tokens[t];
-    }
-    model.forward(tokens.data(), targets.data(), b, T, nullptr);
-    const float* losses = model.losses();
-    for (int k = 0; k < b; k++) {
-      const IclRow& r = row_of(k);
-      double sum = 0;
-      for (size_t t = r.continuation_begin; t < r.tokens.size(); t++) sum += losses[static_cast<size_t>(k) * T + t - 1];
-      mean_loss[refs[r0 + k].question][refs[r0 + k].row] = sum / static_cast<double>(r.tokens.size() - r.continuation_begin);
-    }
-  }
-  for (const size_t q : mine) {
-    const std::vector<double>& m = mean_loss[q];
-    right += std::min_element(m.begin(), m.end()) - m.begin() == questions[q].gold;
+    passes -= passes_of(q);
+    right += std::min_element(mean_loss.begin(), mean_loss.end()) - mean_loss.begin() == q.gold;
     tick();
+  }
+  for (; passes > 0; passes--) {  // passes the other ranks need
+    const IclRow& r = questions[0].rows[0];
+    model.forward(r.tokens.data(), nullptr, 1, static_cast<int>(r.tokens.size()), nullptr);
   }
   return right;
 }

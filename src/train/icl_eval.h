@@ -99,6 +99,7 @@ class IclSuite {
   // Foundry's stopping criteria: to the tokenizer's EOS, max_new_tokens, or the step where a stop
   // string shows in the decoded text of the sequence's last tokens (as many as the stop string's
   // tokens that decode to something, and one more: the prompt's end too, at the first steps).
+  // The prompt but its last token runs once (Model::keep_prefix), each step the tokens after it.
   // lockstep: every pass of max_new_tokens run, those after the stop discarded.
   std::string generate(Model& model, const Job& job, const IclRow& prompt, bool lockstep) const;
   // How many of the job's questions in this rank's share the model gets right.

@@ -250,13 +250,17 @@ namespace {
 void rope_rotate(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
                  const RopeFrequencies& freqs, float sign) {
   const int half = HS / 2;
+  // A row per position up to the largest (past T after a kept prefix: Model::keep_prefix).
+  int P = T;
+  if (positions)
+    for (long i = 0; i < static_cast<long>(B) * T; i++) P = std::max(P, positions[i] + 1);
   // Kept between calls: a step does not allocate once the longest sequence has been seen.
   thread_local std::vector<float> table;
-  if (table.size() < 2 * static_cast<size_t>(T) * half) table.resize(2 * static_cast<size_t>(T) * half);
+  if (table.size() < 2 * static_cast<size_t>(P) * half) table.resize(2 * static_cast<size_t>(P) * half);
   float* cos_t = table.data();
-  float* sin_t = cos_t + static_cast<size_t>(T) * half;
+  float* sin_t = cos_t + static_cast<size_t>(P) * half;
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < P; t++)
     for (int i = 0; i < half; i++) {
       const double angle = static_cast<float>(t) * rope_inv_freq(freqs, i, HS);
       cos_t[t * half + i] = static_cast<float>(std::cos(angle));

@@ -617,17 +617,19 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
 
+namespace {
+// a holds at least n floats (grown, its contents not kept).
+void grow(OpArray<float>& a, size_t n) {
+  if (a.size() >= n) return;
+  a.reset();
+  a.assign_zeros(n);
+}
+}  // namespace
+
 void Decoder::keep_prefix(const int32_t* tokens, int P) {
   ANVIL_CHECK(P >= 1 && P < max_seq_, "a kept prefix of {} tokens: expected 1 to {}", P, max_seq_ - 1);
-  const Widths w(cfg_);
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
-  if (prefix_.joined_qkv.size() < BT * w.qkv) {  // first use, or a larger batch since
-    for (OpArray<float>* a : {&prefix_.qkv, &prefix_.joined_qkv, &prefix_.joined_atty, &prefix_.joined_lse}) a->reset();
-    prefix_.qkv.assign_zeros(static_cast<size_t>(cfg_.n_layers) * max_seq_ * w.qkv);
-    prefix_.joined_qkv.assign_zeros(BT * w.qkv);
-    prefix_.joined_atty.assign_zeros(BT * w.q);
-    prefix_.joined_lse.assign_zeros(BT * cfg_.n_heads);
-  }
+  prefix_.length = 0;
+  grow(prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
   training_ = false;
   prefix_.keeping = true;
   try {
@@ -650,6 +652,11 @@ double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targe
   const int P = prefix_.length;
   ANVIL_CHECK(P > 0, "forward_after_prefix needs keep_prefix first");
   ANVIL_CHECK(P + T <= max_seq_, "a kept prefix of {} tokens and {} more exceed the model's {}", P, T, max_seq_);
+  const Widths w(cfg_);
+  const size_t joined_rows = static_cast<size_t>(B) * (P + T);
+  grow(prefix_.joined_qkv, joined_rows * w.qkv);
+  grow(prefix_.joined_atty, joined_rows * w.q);
+  grow(prefix_.joined_lse, joined_rows * cfg_.n_heads);
   std::vector<int32_t> positions(static_cast<size_t>(B) * T);
   for (size_t i = 0; i < positions.size(); i++) positions[i] = P + static_cast<int32_t>(i % T);
   prefix_.after = true;
@@ -662,6 +669,11 @@ double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targe
   }
   prefix_.after = false;
   return loss;
+}
+
+void Decoder::drop_prefix() {
+  for (OpArray<float>* a : {&prefix_.qkv, &prefix_.joined_qkv, &prefix_.joined_atty, &prefix_.joined_lse}) a->reset();
+  prefix_.length = 0;
 }
 
 void Decoder::attend(int l, const BlockActs& x) {

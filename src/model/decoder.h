@@ -48,6 +48,7 @@ class Decoder final : public Model {
   void keep_prefix(const int32_t* tokens, int P) override;
   double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
                               int64_t* n_targets) override;
+  void drop_prefix() override;
   // The LM head's fp32 products (under amp, of 16-bit operands; the loss reads them rounded:
   // crossentropy.h).
   const float* logits() const override { return acts_.logits; }
@@ -183,9 +184,9 @@ class Decoder final : public Model {
   // queries attend to the prefix's keys and values too.
   void attend(int l, const BlockActs& x);
   // keep_prefix's tokens as each layer's attention saw them: the prefix's qkv rows per layer
-  // (length of them), and room for a microbatch's sequences with the prefix before each (their
-  // qkv, attention outputs and log-sum-exps). keeping: keep_prefix's pass is on; after: a
-  // forward_after_prefix pass is.
+  // (length of them), and the last forward_after_prefix's sequences with the prefix before each
+  // (their qkv, attention outputs and log-sum-exps); each grown as needed, freed by
+  // drop_prefix. keeping: keep_prefix's pass is on; after: a forward_after_prefix pass is.
   struct Prefix {
     OpArray<float> qkv, joined_qkv, joined_atty, joined_lse;
     int length = 0;

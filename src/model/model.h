@@ -182,10 +182,13 @@ class Model {
   // them), as forward() does otherwise: losses and logits of the B·T positions after the prefix.
   // Where the matrix products' rows are independent (the CPU), each position's values are the
   // bits forward() gives the whole sequence. The prefix holds until the next keep_prefix;
-  // P + T must fit the model's sequence length.
+  // P + T must fit the model's sequence length. What they keep (each layer's qkv of the prefix,
+  // and the joined rows of the last pass) is memory beyond the activations, held until
+  // drop_prefix.
   virtual void keep_prefix(const int32_t* tokens, int P) = 0;
   virtual double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
                                       int64_t* n_targets) = 0;
+  virtual void drop_prefix() = 0;
   // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
   // gradient of the sum of the per-token losses). Returns that sum, as forward() does. With
   // dropout in the config, its masks are those of set_dropout_position's step and sequences.

@@ -171,6 +171,8 @@ IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std
     : tok_(tok), vocab_size_(vocab_size), prefix_space_(tokenizer_needs_prefix_space(tok)) {
   ANVIL_CHECK(task_examples.size() == tasks.size(), "ICL: {} tasks and {} example lists", tasks.size(),
               task_examples.size());
+  ANVIL_CHECK(tok.eos_id() >= 0 && tok.eos_id() < vocab_size, "the tokenizer's EOS id {} (the ICL rows' padding) "
+              "is outside the model's vocab_size {}", tok.eos_id(), vocab_size);
   for (size_t ti = 0; ti < tasks.size(); ti++) {
     const IclTaskEntry& t = tasks[ti];
     const int L = t.max_seq_len > 0 ? t.max_seq_len : opt.max_seq_len;
@@ -211,6 +213,10 @@ IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std
         }
         for (const IclQuestion& q : j.questions)
           for (const IclRow& r : q.rows) {
+            // Every rank learns of a bad id here, not one rank in the middle of an evaluation.
+            for (const int32_t id : r.tokens)
+              ANVIL_CHECK(id >= 0 && id < vocab_size, "{}: the tokenizer gives id {}, outside the model's vocab_size "
+                          "{}", where, id, vocab_size);
             const int len = static_cast<int>(r.tokens.size()) + j.max_new_tokens;
             ANVIL_CHECK(len <= opt.longest, "{}: a prompt of {} tokens and a generated one are longer than the "
                         "model's {} (answers of no tokens)", where, r.tokens.size(), opt.longest);
@@ -387,6 +393,7 @@ std::vector<int64_t> IclSuite::right_answers(Model& model, const IclShare& share
   std::vector<int64_t> right;
   int64_t done = 0;
   for (const Job& j : jobs_) right.push_back(score(model, j, share, max_rows, bar, done));
+  model.drop_prefix();  // the memory goes back to training
   return right;
 }
 

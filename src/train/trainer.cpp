@@ -411,6 +411,8 @@ void TrainingRun::open_datasets() {
     ANVIL_CHECK(cfg_.icl_seq_len <= T_, "icl_seq_len {} is longer than max_seq_len {}, the longest sequence the "
                 "model's buffers hold", cfg_.icl_seq_len, T_);
   }
+  ANVIL_CHECK(!icl_tasks_.empty() || (cfg_.icl_seq_len == 0 && cfg_.icl_subset_num_batches == -1),
+              "icl_seq_len and icl_subset_num_batches shape the icl_tasks: give icl_tasks too");
   if (!cfg_.eval_gauntlet.empty()) {
     ANVIL_CHECK(!icl_tasks_.empty(), "eval_gauntlet scores the icl_tasks: give icl_tasks too");
     gauntlet_ = read_gauntlet_setting(cfg_.eval_gauntlet, "eval_gauntlet");

@@ -120,6 +120,8 @@ PY
 expect_error "icl_seq_len longer than max_seq_len" "icl_seq_len 128 is longer than max_seq_len 64" \
   "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" run_dir="$tmp/bad_icl" "${icl_train[@]}" \
   icl_tasks="$tmp/tasks/train_tasks.yaml" icl_seq_len=128
+expect_error "icl_subset_num_batches without icl_tasks" "icl_seq_len and icl_subset_num_batches shape the icl_tasks: give icl_tasks too" \
+  "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" run_dir="$tmp/bad_icl" "${icl_train[@]}" icl_subset_num_batches=2
 expect_error "eval_gauntlet without icl_tasks" "eval_gauntlet scores the icl_tasks: give icl_tasks too" \
   "$anvil" train "$src/tests/configs/tiny-gpt2.yaml" run_dir="$tmp/bad_icl" "${icl_train[@]}" \
   eval_gauntlet="$tmp/tasks/gauntlet.yaml"

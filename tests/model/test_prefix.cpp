@@ -102,8 +102,10 @@ TEST_P(Prefix, GivesTheWholeSequencesLossesAndLogits) {
     for (size_t i = 0; i < whole_logits.size(); i++)
       ASSERT_EQ(kept.logits()[i], whole_logits[i]) << "prefix " << P << ", logit " << i;
   }
-  std::vector<int32_t> long_rest(40, 1);
+  std::vector<int32_t> long_rest(41, 1);
   EXPECT_THROW(kept.forward_after_prefix(long_rest.data(), nullptr, 1, 41, nullptr), Error);  // 8 + 41 > 48
+  kept.drop_prefix();
+  EXPECT_THROW(kept.forward_after_prefix(long_rest.data(), nullptr, 1, 1, nullptr), Error);  // dropped
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Prefix,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU builds, checked on a machine without a GPU (CI's): the cuda-release preset is built
-# (nvcc, cuBLASLt; sm_80 and sm_90a) and its GPU tests run (op tests, anvil doctor, training; they
-# skip, saying why, without a GPU);
-# then every GPU kernel source, and the device layer, is compiled for AMD: gfx90a and gfx940 with
+# The GPU builds, checked on a machine without a GPU (CI's), by the CPU build's test gpu_builds:
+# anvil over the CUDA backend (nvcc, cuBLASLt, NCCL; sm_80 and sm_90a), which the CPU build links to
+# the modules it has built once (cmake/backends.cmake), carries code for both architectures, and its
+# GPU checks run (anvil doctor, training; they skip, saying why, without a GPU; test_gpu_ops is a
+# test of its own); then every GPU kernel source, and the device layer, is compiled for AMD: gfx90a and gfx940 with
 # Debian's hipcc (HIP 5.2), gfx942 with clang-19 over the same HIP headers. Debian has no
 # hipBLASLt, so the GEMM wrapper (src/kernels/gpu/matmul.cpp) is compiled for CUDA only here; the
 # flash attention kernels are NVIDIA's alone (AMD keeps the GEMM path: docs/gpu.md).
@@ -10,21 +11,16 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-echo "== CUDA: cuda-release (sm_80, sm_90a)"
-[ -x /usr/local/cuda/bin/nvcc ] || { echo "nvcc not found in /usr/local/cuda/bin: the CUDA toolkit is needed" >&2; exit 1; }
-cmake --preset cuda-release > build-cuda-configure.log 2>&1 || { cat build-cuda-configure.log; exit 1; }
-rm -f build-cuda-configure.log
-cmake --build build/cuda-release -j"$(nproc)" --target anvil test_gpu_ops 2>&1 | grep -E "error|warning: [^W]" || true
-[ -x build/cuda-release/bin/anvil ] && [ -x build/cuda-release/bin/test_gpu_ops ] || {
-  echo "the cuda-release build failed: run 'cmake --build build/cuda-release' to see why" >&2; exit 1; }
+# Usage: check-gpu-builds.sh ANVIL_CUDA_BIN
+anvil_cuda="$1"
+echo "== CUDA: anvil over the CUDA backend (sm_80, sm_90a)"
 # The embedded device code records the architecture it was assembled for.
-embedded=$(strings build/cuda-release/bin/test_gpu_ops)
+embedded=$(strings "$anvil_cuda")
 for arch in sm_80 sm_90a; do
-  grep -q -- "-arch $arch " <<< "$embedded" || { echo "no $arch code in the build" >&2; exit 1; }
+  grep -q -- "-arch $arch " <<< "$embedded" || { echo "no $arch code in $anvil_cuda" >&2; exit 1; }
 done
-build/cuda-release/bin/test_gpu_ops
-build/cuda-release/bin/anvil doctor
-tests/gpu/test_gpu_training.sh build/cuda-release/bin/anvil "$root"
+"$anvil_cuda" doctor
+tests/gpu/test_gpu_training.sh "$anvil_cuda" "$root"
 
 echo "== HIP: gfx90a and gfx940 (hipcc), gfx942 (clang-19)"
 sources=(src/kernels/gpu/ops.cu src/kernels/gpu/optimizer.cu src/kernels/gpu/fixed_point.cu src/device/device.cpp)

@@ -1,7 +1,7 @@
 // The one header that maps anvil's GPU vocabulary to the vendor's: CUDA runtime, cuBLASLt and
 // NCCL on NVIDIA; HIP, hipBLASLt and RCCL on AMD. Kernel and host sources write gpuX and never
 // name a vendor; the build defines ANVIL_HIP for AMD, and ANVIL_GPU_EMULATION where the GPU code
-// runs on the CPU (device/emulated/emulation.h: the emulated op tests and the gpu-emulated preset).
+// runs on the CPU (device/emulated/emulation.h: the emulated backend of the CPU build's tests).
 #pragma once
 
 #if defined(ANVIL_GPU_EMULATION)

@@ -1,7 +1,7 @@
 // The GPU runtime and kernel language emulated on the CPU, so that the kernel sources' logic is
 // tested on machines without a GPU: runtime.h includes this instead of the vendor's headers when
-// the build defines ANVIL_GPU_EMULATION (the CPU build's emulated op tests, and anvil built by the
-// gpu-emulated preset; never a release binary).
+// the build defines ANVIL_GPU_EMULATION (the emulated backend of the CPU build's tests: the
+// emulated op tests and anvil_gpu_emulated; never a release binary).
 //
 // A launch runs its blocks one after another on the calling thread. Each GPU thread of a block
 // that meets a barrier (__syncthreads, a warp shuffle or sync) runs as a fiber of its own, switched

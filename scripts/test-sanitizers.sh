@@ -9,4 +9,4 @@ scripts/setup.sh
 cmake --preset cpu-asan > /dev/null
 cmake --build build/cpu-asan -j"$(nproc)" --target unit_tests 2>&1 | grep -E "error:|warning:" || true
 cd build/cpu-asan
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 OMP_NUM_THREADS=2 ctest -L unit --output-on-failure "$@"
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 OMP_NUM_THREADS=2 ctest -L unit -j"$(nproc)" --output-on-failure "$@"

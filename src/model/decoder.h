@@ -38,6 +38,7 @@ class Decoder final : public Model {
     return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float);
   }
   void set_max_batch(int max_batch) override;
+  int max_batch() const override { return max_batch_; }
   void set_compute_dtype(ComputeDtype dtype) override;
   void set_base_weights(const std::vector<float>& base, bool held_in_bf16 = false) override;
   size_t base_bytes() const override;

@@ -160,6 +160,8 @@ class Model {
   virtual size_t activation_bytes() const = 0;
   // Reallocates the activations for microbatches of up to max_batch sequences.
   virtual void set_max_batch(int max_batch) = 0;
+  // The most sequences a pass may hold.
+  virtual int max_batch() const = 0;
 
   // What matrix products compute in. Under bf16 / fp16 every matrix product's operands (weights
   // and biases, activations, the gradients flowing back) and its outputs are rounded to that

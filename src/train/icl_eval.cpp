@@ -141,9 +141,24 @@ struct IclSuite::Job {
   int max_new_tokens = 0;  // generation
   // generation: each stop string's window, its tokens that decode to some text and one more.
   std::vector<size_t> stop_windows;
+  // multiple_choice, schema: per question, the leading tokens its rows share, which run once
+  // (Model::keep_prefix); no further than the first continuation's, as a row's scores read the
+  // position before it.
+  std::vector<int> shared;
 };
 
 namespace {
+
+int shared_prefix(const IclQuestion& q) {
+  size_t shared = q.rows[0].tokens.size();
+  for (const IclRow& r : q.rows) {
+    shared = std::min(shared, static_cast<size_t>(r.continuation_begin) - 1);
+    size_t k = 0;
+    while (k < shared && r.tokens[k] == q.rows[0].tokens[k]) k++;
+    shared = k;
+  }
+  return static_cast<int>(shared);
+}
 
 // How many of n questions rank takes (i % world == rank).
 int64_t share_of(int64_t n, const IclShare& share) {
@@ -202,7 +217,7 @@ IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std
         // Foundry's subset is the evaluator's first batches (a task with categories is whole).
         if (opt.subset_batches > 0 && benchmark.empty())
           texts.resize(std::min(texts.size(), static_cast<size_t>(opt.subset_batches) * static_cast<size_t>(batch)));
-        Job j{task, spec, batch, tokenize_icl_questions(texts, tok, prompt_len, where), benchmark, 0, {}};
+        Job j{task, spec, batch, tokenize_icl_questions(texts, tok, prompt_len, where), benchmark, 0, {}, {}};
         if (spec.type == IclTaskType::kGenerationWithAnswers) {
           j.max_new_tokens = std::max(answer_len, 1);  // Foundry generates at least one token
           for (const std::string& stop : spec.early_stopping_criteria) {
@@ -211,6 +226,8 @@ IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std
             j.stop_windows.push_back(n);
           }
         }
+        if (spec.type == IclTaskType::kMultipleChoice || spec.type == IclTaskType::kSchema)
+          for (const IclQuestion& q : j.questions) j.shared.push_back(shared_prefix(q));
         for (const IclQuestion& q : j.questions)
           for (const IclRow& r : q.rows) {
             // Every rank learns of a bad id here, not one rank in the middle of an evaluation.
@@ -327,32 +344,21 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
   // (Model::keep_prefix), then `batch` rows' rest a pass, which on the CPU gives the bits of the
   // whole rows.
   const int batch = std::min(job.batch, max_rows);
-  const auto shared_tokens = [&](const IclQuestion& q) {
-    // No further than the first continuation's: a row's scores read the position before it.
-    size_t shared = q.rows[0].tokens.size();
-    for (const IclRow& r : q.rows) {
-      shared = std::min(shared, static_cast<size_t>(r.continuation_begin) - 1);
-      size_t k = 0;
-      while (k < shared && r.tokens[k] == q.rows[0].tokens[k]) k++;
-      shared = k;
-    }
-    return static_cast<int>(shared);
-  };
-  const auto passes_of = [&](const IclQuestion& q) {
-    return (shared_tokens(q) > 0) + (static_cast<int64_t>(q.rows.size()) + batch - 1) / batch;
+  const auto passes_of = [&](size_t q) {
+    return (job.shared[q] > 0) + (static_cast<int64_t>(questions[q].rows.size()) + batch - 1) / batch;
   };
   int64_t passes = 0;
-  for (const size_t q : mine) passes += passes_of(questions[q]);
+  for (const size_t q : mine) passes += passes_of(q);
   if (share.lockstep)
     for (int rank = 0; rank < share.world; rank++) {
       int64_t theirs = 0;
-      for (int64_t q = rank; q < n; q += share.world) theirs += passes_of(questions[q]);
+      for (int64_t q = rank; q < n; q += share.world) theirs += passes_of(static_cast<size_t>(q));
       passes = std::max(passes, theirs);
     }
   const int32_t pad = tok_.eos_id();
   for (const size_t qi : mine) {
     const IclQuestion& q = questions[qi];
-    const int P = shared_tokens(q);
+    const int P = job.shared[qi];
     if (P > 0) model.keep_prefix(q.rows[0].tokens.data(), P);
     std::vector<double> mean_loss(q.rows.size());
     for (size_t r0 = 0; r0 < q.rows.size(); r0 += batch) {
@@ -377,7 +383,7 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
         mean_loss[r0 + k] = sum / static_cast<double>(r.tokens.size() - r.continuation_begin);
       }
     }
-    passes -= passes_of(q);
+    passes -= passes_of(qi);
     right += std::min_element(mean_loss.begin(), mean_loss.end()) - mean_loss.begin() == q.gold;
     tick();
   }

@@ -437,7 +437,6 @@ void TrainingRun::build_model() {
   dp_ = std::move(stack.dp);
   plan_ = stack.plan;
   Model& model = *model_;
-  const int max_batch = std::max(cfg_.device_train_microbatch_size, cfg_.device_eval_batch_size);
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {
@@ -473,7 +472,7 @@ void TrainingRun::build_model() {
   flops_per_token_ = model_train_flops_per_token(cfg_.model, T_);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
   peak_ = sum_in_rank_order(comm_, matmul_peak_gflops(cfg_.precision));
-  tokens_.resize(static_cast<size_t>(std::max(local_batch_, max_batch)) * T_);
+  tokens_.resize(static_cast<size_t>(std::max(local_batch_, model.max_batch())) * T_);
   targets_.resize(tokens_.size());
   positions_.resize(loader_->packing() ? tokens_.size() : 0);
 }
@@ -562,8 +561,7 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
   const IclShare share{rank_, W_, dp_->zero_stage() == 3};
   std::unique_ptr<Progress> bar;
   if (writer_) bar = std::make_unique<Progress>("icl eval", icl_->questions(share), "questions", cfg_.progress_bar);
-  const int max_rows = std::max(cfg_.device_train_microbatch_size, cfg_.device_eval_batch_size);
-  std::vector<int64_t> right = icl_->right_answers(*model_, share, max_rows, bar.get());
+  std::vector<int64_t> right = icl_->right_answers(*model_, share, model_->max_batch(), bar.get());
   dp_->quiesce();
   for (int64_t& r : right) r = sum_exact(comm_, r);
   if (bar) bar->finish("");

@@ -34,6 +34,11 @@ struct IclTaskSpec {
   std::string cot_delimiter;
   std::vector<std::string> early_stopping_criteria;
   bool do_normalization = true;
+  // generation_kwargs, the arguments Foundry passes to transformers' generate() over its own:
+  // max_new_tokens (0: Foundry's, the longest answer's tokens) and the tokens that end a
+  // generation (eos_token_id; empty: the tokenizer's EOS).
+  int max_new_tokens = 0;
+  std::vector<int32_t> eos_ids;
 };
 
 // One line of a task's JSON-lines file, in Foundry's fields: multiple_choice query/choices/gold,

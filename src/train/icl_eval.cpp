@@ -35,6 +35,50 @@ const char* metric_of(IclTaskType type) {
 
 namespace {
 
+// A task's generation_kwargs. Foundry generates greedily, and so does anvil: it takes the keys
+// that change what greedy decoding gives (max_new_tokens, eos_token_id), and those that leave it
+// as it is (do_sample: false, num_beams: 1, use_cache, and pad_token_id, which a batch of one
+// sequence never reads); anything else is an error naming it.
+void read_generation_kwargs(MapReader& task, IclTaskSpec& spec, const std::string& where) {
+  if (!task.has("generation_kwargs")) return;
+  ANVIL_CHECK(task.raw("generation_kwargs").IsMap(), "{}: generation_kwargs must be a mapping of arguments to "
+              "transformers' generate()", where);
+  MapReader g = task.sub("generation_kwargs");
+  for (const char* key : {"temperature", "top_k", "top_p", "typical_p", "num_beam_groups", "penalty_alpha"})
+    ANVIL_CHECK(!g.has(key), "{}: generation_kwargs.{}: anvil's ICL evaluation decodes greedily (do_sample: false, "
+                "num_beams: 1), as Foundry's defaults do", where, key);
+  bool do_sample = false, use_cache = true;
+  int num_beams = 1, pad_token_id = 0;
+  g.get("do_sample", do_sample);
+  g.get("num_beams", num_beams);
+  g.get("use_cache", use_cache);
+  g.get("pad_token_id", pad_token_id);
+  ANVIL_CHECK(!do_sample && num_beams == 1, "{}: generation_kwargs: anvil's ICL evaluation decodes greedily "
+              "(do_sample: false, num_beams: 1), as Foundry's defaults do", where);
+  g.get("max_new_tokens", spec.max_new_tokens);
+  ANVIL_CHECK(!g.has("max_new_tokens") || spec.max_new_tokens > 0, "{}: generation_kwargs.max_new_tokens = {} "
+              "must be positive", where, spec.max_new_tokens);
+  if (g.has("eos_token_id")) {
+    const YAML::Node eos = g.raw("eos_token_id");
+    const std::string expected = fmt::format("{}: generation_kwargs.eos_token_id must be a token id or a list of "
+                                             "them", where);
+    ANVIL_CHECK(eos.IsScalar() || (eos.IsSequence() && eos.size() > 0), "{}", expected);
+    std::vector<YAML::Node> ids;
+    if (eos.IsScalar()) ids.push_back(eos);
+    else for (const YAML::Node& n : eos) ids.push_back(n);
+    for (const YAML::Node& n : ids) {
+      int64_t id = -1;
+      try {
+        id = n.as<int64_t>();
+      } catch (const YAML::Exception&) {
+      }
+      ANVIL_CHECK(n.IsScalar() && id >= 0 && id <= INT32_MAX, "{}", expected);
+      spec.eos_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  g.finish();
+}
+
 // The entries of an icl_tasks list; path: the file that holds it, for messages.
 std::vector<IclTaskEntry> read_task_list(const YAML::Node& list, const std::string& path) {
   std::vector<IclTaskEntry> out;
@@ -87,6 +131,7 @@ std::vector<IclTaskEntry> read_task_list(const YAML::Node& list, const std::stri
       }
       check_icl_stop_strings(t.spec, where);
     }
+    read_generation_kwargs(r, t.spec, where);
     r.get("batch_size", t.batch_size);
     r.get("max_seq_len", t.max_seq_len);
     ANVIL_CHECK(t.batch_size >= 0, "{}: batch_size = {} must be positive", where, t.batch_size);
@@ -99,7 +144,7 @@ std::vector<IclTaskEntry> read_task_list(const YAML::Node& list, const std::stri
     }
     // Foundry's other keys change what is read or scored in ways anvil does not reproduce yet.
     for (const char* key : {"context_key", "answer_key", "choices_key", "padding_size", "hf_loading_vars",
-                            "hf_parsing_map", "tokenize_labels", "generation_kwargs", "pad_tok_id"})
+                            "hf_parsing_map", "tokenize_labels", "pad_tok_id"})
       ANVIL_CHECK(!list[i][key], "{}: {} is LLM Foundry's key, not honoured by anvil yet", where, key);
     r.finish();
     ANVIL_CHECK(seen.insert(t.label).second, "{}: the label '{}' is given twice", where, t.label);
@@ -219,7 +264,11 @@ IclSuite::IclSuite(const std::vector<IclTaskEntry>& tasks, const std::vector<std
           texts.resize(std::min(texts.size(), static_cast<size_t>(opt.subset_batches) * static_cast<size_t>(batch)));
         Job j{task, spec, batch, tokenize_icl_questions(texts, tok, prompt_len, where), benchmark, 0, {}, {}};
         if (spec.type == IclTaskType::kGenerationWithAnswers) {
-          j.max_new_tokens = std::max(answer_len, 1);  // Foundry generates at least one token
+          // Foundry generates at least one token, or generation_kwargs' max_new_tokens.
+          j.max_new_tokens = spec.max_new_tokens > 0 ? spec.max_new_tokens : std::max(answer_len, 1);
+          for (const int32_t id : spec.eos_ids)
+            ANVIL_CHECK(id < vocab_size, "{}: generation_kwargs.eos_token_id {} is outside the model's vocab_size {}",
+                        where, id, vocab_size);
           for (const std::string& stop : spec.early_stopping_criteria) {
             size_t n = 1;
             for (const int32_t id : tok.encode(stop)) n += !tok.decode({id}).empty();
@@ -275,7 +324,11 @@ std::string IclSuite::generate(Model& model, const Job& job, const IclRow& promp
     else model.forward(ids.data(), nullptr, 1, T, nullptr);
     if (done) continue;  // a pass the other ranks' generations need
     const int32_t next = greedy_token(model, T - 1, vocab_size_, row);
-    if (next == tok_.eos_id()) {
+    const std::vector<int32_t>& eos = job.spec.eos_ids;
+    if (eos.empty() ? next == tok_.eos_id() : std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      // transformers keeps the token it stopped at, and decoding skips it where it is the
+      // tokenizer's own EOS (a special token).
+      if (next != tok_.eos_id()) ids.push_back(next);
       done = true;
       continue;
     }

@@ -135,14 +135,18 @@ def generation_right(task, output, answers):
     return any(output.startswith(a) for a in answers)
 
 
-def generate(cfg, forward, W, prompt, max_new, stop_windows, decode, eos=50256):
+def generate(cfg, forward, W, prompt, max_new, stop_windows, decode, eos=(50256,)):
     """Greedy generation as transformers' generate runs it for one row under Foundry's
-    MultiTokenEOSCriteria: to EOS, max_new tokens, or a stop string in the decoded last tokens."""
+    MultiTokenEOSCriteria: to an EOS token, max_new tokens, or a stop string in the decoded last
+    tokens. The EOS token stopped at stays in the output, which decoding with skip_special_tokens
+    drops where it is GPT-2's <|endoftext|>."""
     ids = list(prompt)
     for _ in range(max_new):
         with torch.no_grad():
             nxt = int(forward(cfg, W, torch.tensor(ids))[-1].argmax())
-        if nxt == eos:
+        if nxt in eos:
+            if nxt != 50256:
+                ids.append(nxt)
             break
         ids.append(nxt)
         if any(stop in decode(ids[-n:]) for stop, n in stop_windows):
@@ -230,7 +234,10 @@ def main(hf_dir, tasks_path, modules, gauntlet_path=None):
                     for (p, pairs, _), r in zip(qs, parts[category]):
                         prompt = next(ids) + next(ids)
                         next(ids)
-                        out = generate(cfg, forward, W, prompt[-room:], max(max_new, 1), windows, decode)
+                        kwargs = task.get("generation_kwargs", {})
+                        eos = kwargs.get("eos_token_id", 50256)
+                        out = generate(cfg, forward, W, prompt[-room:], kwargs.get("max_new_tokens", max(max_new, 1)),
+                                       windows, decode, eos if isinstance(eos, list) else [eos])
                         right += generation_right(task, out, r["answers"])
                     accuracies.append(right / len(qs))
                     sizes.append(len(qs))

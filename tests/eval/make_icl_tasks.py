@@ -135,6 +135,12 @@ with open(os.path.join(out, "tasks.yaml"), "w") as f:
   icl_task_type: generation_task_with_answers
   do_normalization: false
 -
+  label: brown_gen_kwargs
+  dataset_uri: {out}/gen.jsonl
+  num_fewshot: [1]
+  icl_task_type: generation_task_with_answers
+  generation_kwargs: {{max_new_tokens: 2, eos_token_id: [50256, 13, 11], do_sample: false, num_beams: 1, use_cache: true}}
+-
   label: brown_gen_cot
   dataset_uri: {out}/gen_cot.jsonl
   num_fewshot: [2]

@@ -163,6 +163,18 @@ expect_failure "answers as long as a task's sequence" "answers of up to 5 tokens
   "$anvil" eval "$tmp/run" --icl "$bad"
 task_error "a stop string that is no regular expression" "early_stopping_criteria: '(' is not a regular expression" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, early_stopping_criteria: ['(']}]"
+task_error "sampling in generation_kwargs" "generation_kwargs: anvil's ICL evaluation decodes greedily (do_sample: false, num_beams: 1)" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, generation_kwargs: {do_sample: true}}]"
+task_error "a temperature in generation_kwargs" "generation_kwargs.temperature: anvil's ICL evaluation decodes greedily" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, generation_kwargs: {temperature: 0.7}}]"
+task_error "an unknown key in generation_kwargs" "generation_kwargs.max_length' (expected one of: do_sample, eos_token_id" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, generation_kwargs: {max_length: 9}}]"
+task_error "an EOS id that is no id" "generation_kwargs.eos_token_id must be a token id or a list of them" \
+  "icl_tasks: [{label: t, dataset_uri: $tmp/gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers, generation_kwargs: {eos_token_id: [x]}}]"
+printf 'icl_tasks: [{label: t, dataset_uri: %s, num_fewshot: [0], icl_task_type: generation_task_with_answers, generation_kwargs: {eos_token_id: 60000}}]\n' \
+  "$tmp/gen.jsonl" > "$bad"
+expect_failure "an EOS id outside the vocabulary" "generation_kwargs.eos_token_id 60000 is outside the model's vocab_size 50257" \
+  "$anvil" eval "$tmp/run" --icl "$bad"
 task_error "a missing data file" "cannot read the task file '$tmp/none.jsonl'" \
   "icl_tasks: [{label: t, dataset_uri: $tmp/none.jsonl, num_fewshot: [0], icl_task_type: schema}]"
 task_error "a file of the wrong type" "no \"query\"" \

@@ -900,8 +900,8 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
   if (rounds < 1 || !(seconds > 0)) usage_error("bench gemm needs --rounds >= 1 and --seconds > 0", kBenchHelp);
   const std::vector<BenchGemmRow> rows = bench_gemm(rounds, seconds);
   const CpuInfo& cpu = cpu_info();
-  std::printf("CPU matrix products, %d threads: %s beside %s\n", cpu.threads, matmul_backend_description().c_str(),
-              blas_description().c_str());
+  std::printf("CPU matrix products, %d threads: %s beside %s\n", cpu.threads,
+              matmul_backend_description(KernelImpl::kCpu).c_str(), blas_description().c_str());
   std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each\n", rounds, seconds);
   std::printf("%-46s %6s %6s %6s  %8s %8s %8s  %6s %6s\n", "product", "M", "N", "K", "OpenBLAS", "anvil", "bf16",
               "ratio", "bf16");

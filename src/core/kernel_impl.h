@@ -1,6 +1,7 @@
 // Which implementation the ops run: the scalar reference (the executable specification), the
-// fast CPU kernels, or the GPU kernels. The kernels choose by it (kernels/impl.h) and the config
-// names it (`kernels:`, config/choices.h); like ComputeDtype, it lives below both.
+// fast CPU kernels, or the GPU kernels. Every op takes it (kernels/op.h), whoever owns the arrays
+// passes it (a model: ModelStorage::kernels), and the config names it (`kernels:`,
+// config/choices.h); like ComputeDtype, it lives below all of them.
 #pragma once
 
 namespace anvil {

@@ -67,12 +67,12 @@ ANVIL_HOST_DEVICE inline uint64_t attention_dropout_index(int h, int i, int j, i
 // out (B,T,q_channels) = softmax(q kᵀ/√HS [+ ALiBi] + causal mask) v per query head, from qkv
 // (B,T,qkv_channels). lse (B,n_heads,T) = the log-sum-exp of each score row, saved so the backward
 // pass can rebuild probabilities without storing T×T.
-void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
-                       AttentionHeads heads);
+void attention_forward(KernelImpl impl, float* out, float* lse, const float* qkv, const int32_t* positions, int B,
+                       int T, AttentionHeads heads);
 // dqkv (B,T,qkv_channels) = the gradient wrt qkv, given dout (B,T,q_channels), the forward's qkv,
 // out and lse. A key/value head's gradient sums its query heads' contributions in head order.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        const int32_t* positions, int B, int T, AttentionHeads heads);
+void attention_backward(KernelImpl impl, float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, const int32_t* positions, int B, int T, AttentionHeads heads);
 
 // ref: forms the full T×T score matrix per head; cpu: query blocks of sgemms; never forms T×T.
 ANVIL_OP_IMPLEMENTATIONS(attention_forward)

@@ -1,4 +1,4 @@
-// Op memory on the host or the GPU, following the kernel implementation.
+// Op memory on the host or the GPU, as the kernel implementation says.
 #include "kernels/buffer.h"
 
 #include <cstdlib>
@@ -6,11 +6,10 @@
 #include <new>
 
 #include "device/device.h"
-#include "kernels/impl.h"
 
 namespace anvil {
 namespace {
-bool on_gpu() { return kernel_impl() == KernelImpl::kGpu; }
+bool on_gpu(KernelImpl impl) { return impl == KernelImpl::kGpu; }
 }  // namespace
 
 OpMemory& OpMemory::operator=(OpMemory&& o) noexcept {
@@ -25,10 +24,10 @@ OpMemory& OpMemory::operator=(OpMemory&& o) noexcept {
   return *this;
 }
 
-void OpMemory::allocate_zeroed(size_t bytes) {
+void OpMemory::allocate_zeroed(KernelImpl impl, size_t bytes) {
   reset();
   if (bytes == 0) return;
-  gpu_ = on_gpu();
+  gpu_ = on_gpu(impl);
   if (gpu_) {
     p_ = gpu_alloc(bytes);
     gpu_zero(p_, bytes);
@@ -49,29 +48,29 @@ void OpMemory::reset() {
   bytes_ = 0;
 }
 
-void op_copy_from_host(void* dst, const void* src, size_t bytes) {
-  if (on_gpu())
+void op_copy_from_host(KernelImpl impl, void* dst, const void* src, size_t bytes) {
+  if (on_gpu(impl))
     gpu_copy_to_device(dst, src, bytes);
   else if (bytes)
     std::memcpy(dst, src, bytes);
 }
 
-void op_copy_to_host(void* dst, const void* src, size_t bytes) {
-  if (on_gpu())
+void op_copy_to_host(KernelImpl impl, void* dst, const void* src, size_t bytes) {
+  if (on_gpu(impl))
     gpu_copy_to_host(dst, src, bytes);
   else if (bytes)
     std::memcpy(dst, src, bytes);
 }
 
-void op_copy(void* dst, const void* src, size_t bytes) {
-  if (on_gpu())
+void op_copy(KernelImpl impl, void* dst, const void* src, size_t bytes) {
+  if (on_gpu(impl))
     gpu_copy_on_device(dst, src, bytes);
   else if (bytes)
     std::memmove(dst, src, bytes);
 }
 
-void op_zero(void* dst, size_t bytes) {
-  if (on_gpu())
+void op_zero(KernelImpl impl, void* dst, size_t bytes) {
+  if (on_gpu(impl))
     gpu_zero(dst, bytes);
   else if (bytes)
     std::memset(dst, 0, bytes);

@@ -1,10 +1,12 @@
-// Arrays the ops work on. They live where the kernel implementation runs: host memory under the
-// ref and cpu kernels, GPU memory under gpu (chosen when the array is allocated). Code written
-// against the ops moves data in and out of them only through the copies below, so the same model
-// code runs on either.
+// Arrays the ops work on. They live where their kernel implementation runs: host memory under the
+// ref and cpu kernels, GPU memory under gpu (named when the array is allocated). Code written
+// against the ops moves data in and out of them only through the copies below, which name the
+// implementation too, so the same model code runs on either.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+
+#include "core/kernel_impl.h"
 
 namespace anvil {
 
@@ -16,8 +18,8 @@ class OpMemory {
   OpMemory& operator=(const OpMemory&) = delete;
   OpMemory(OpMemory&& o) noexcept { *this = static_cast<OpMemory&&>(o); }
   OpMemory& operator=(OpMemory&& o) noexcept;
-  // bytes of zeros, where the ops run now; the old contents are freed first.
-  void allocate_zeroed(size_t bytes);
+  // bytes of zeros, where impl's ops run; the old contents are freed first.
+  void allocate_zeroed(KernelImpl impl, size_t bytes);
   void reset();
   void* get() const { return p_; }
   size_t bytes() const { return bytes_; }
@@ -31,8 +33,8 @@ class OpMemory {
 template <class T>
 class OpArray {
  public:
-  void assign_zeros(size_t n) {
-    mem_.allocate_zeroed(n * sizeof(T));
+  void assign_zeros(KernelImpl impl, size_t n) {
+    mem_.allocate_zeroed(impl, n * sizeof(T));
     n_ = n;
   }
   void reset() {
@@ -50,9 +52,9 @@ class OpArray {
 };
 
 // Copies between op memory and the host, and within op memory (plain memcpy / memset on the CPU).
-void op_copy_from_host(void* dst, const void* host_src, size_t bytes);
-void op_copy_to_host(void* host_dst, const void* src, size_t bytes);  // returns when done
-void op_copy(void* dst, const void* src, size_t bytes);
-void op_zero(void* dst, size_t bytes);
+void op_copy_from_host(KernelImpl impl, void* dst, const void* host_src, size_t bytes);
+void op_copy_to_host(KernelImpl impl, void* host_dst, const void* src, size_t bytes);  // returns when done
+void op_copy(KernelImpl impl, void* dst, const void* src, size_t bytes);
+void op_zero(KernelImpl impl, void* dst, size_t bytes);
 
 }  // namespace anvil

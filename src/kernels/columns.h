@@ -6,7 +6,7 @@
 namespace anvil {
 
 // dst[n·ld_dst + c] = src[n·ld_src + c], for n < N, c < cols (cols <= both strides).
-void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols);
+void copy_columns(KernelImpl impl, float* dst, long ld_dst, const float* src, long ld_src, int N, int cols);
 
 ANVIL_OP_IMPLEMENTATIONS(copy_columns)
 

@@ -15,12 +15,12 @@ namespace anvil {
 // In both, x = the logits (N,V) rounded to dtype d (round_to_dtype; kFp32: as they are).
 // losses (N) = lse - x[target] per row (0 where target == kIgnoreIndex); lse (N) = the
 // log-sum-exp of each row of x. Targets must be in [0, V) or kIgnoreIndex.
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int32_t* targets,
+void crossentropy_forward(KernelImpl impl, float* losses, float* lse, const float* logits, const int32_t* targets,
                           int N, int V, ComputeDtype d);
 // Training: losses (N) = as crossentropy_forward, and dlogits (N,V) = dloss · (softmax(x) -
 // onehot(target)) rounded to d, rows with an ignored target = 0. dloss is the weight of each
 // row's loss in the objective (1 / target tokens in the global batch). dlogits may alias logits.
-void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+void crossentropy_forward_backward(KernelImpl impl, float* losses, float* dlogits, const float* logits,
                                    const int32_t* targets, float dloss, int N, int V, ComputeDtype d);
 
 // cpu: one exp per logit in the training form.

@@ -60,7 +60,7 @@ ANVIL_HOST_DEVICE inline bool dropout_keep(uint64_t stream, uint64_t i, uint32_t
 
 // x (B, n): element i of sequence b scaled by 1/(1-p) if kept under (site, first_sample + b),
 // zeroed if dropped; out may alias x. The same op is its own backward, on the gradient.
-void dropout_apply(float* out, const float* x, int B, long n, DropoutSite site);
+void dropout_apply(KernelImpl impl, float* out, const float* x, int B, long n, DropoutSite site);
 
 ANVIL_OP_IMPLEMENTATIONS(dropout_apply)
 

@@ -12,7 +12,7 @@
 // detected after the backward pass and run again at the scale its own maxima give, so the
 // retry always fits; the first step assumes values below 1.
 //
-// The array functions are ops (kernels/impl.h): their arrays, the maxima and sums included, are
+// The array functions are ops (kernels/op.h): their arrays, the maxima and sums included, are
 // op memory, host or GPU.
 #pragma once
 #include <cstddef>
@@ -43,20 +43,20 @@ bool fixed_point_fits(float max_abs, int s, int64_t samples);
 // becomes the larger of itself and every |x[i]| as it was (infinity when an x[i] is NaN, so that
 // a non-finite gradient is never lost in the maximum). Exact while |x[i]| · 2^s < 2^51; callers
 // check the maximum against fixed_point_fits before trusting acc.
-void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs);
+void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, int s, float* max_abs);
 // The same for the embedding rows one sequence touched, held compact: row r of x (offset
 // r · row_len) goes to row rows[r] of acc (offset rows[r] · row_len), for r < n_rows. The rows
 // must be distinct.
-void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
-                                 float* max_abs);
+void fixed_point_accumulate_rows(KernelImpl impl, int64_t* acc, float* x, const int32_t* rows, size_t n_rows,
+                                 size_t row_len, int s, float* max_abs);
 // *squares = Σ floor(acc[i]² / 2^kSquareShift) over i < n, exact in 128-bit integers: sums of
 // squares split over shards add up to the same bits. At scale s the squared norm is
 // squares · 2^(kSquareShift - 2s). (Entries below 2^-26 of the largest drop out of the norm: their
 // squares are under 2^-52 of it.) The gradient's floats are read from acc by AdamW itself
 // (kernels/optimizer.h, adamw_update_fixed).
-void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares);
+void fixed_point_squares(KernelImpl impl, const int64_t* acc, size_t n, unsigned __int128* squares);
 // acc[i] += x[i] (wrapping, as fixed_point_add).
-void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n);
+void fixed_point_add_arrays(KernelImpl impl, int64_t* acc, const int64_t* x, size_t n);
 
 ANVIL_OP_IMPLEMENTATIONS(fixed_point_accumulate)
 ANVIL_OP_IMPLEMENTATIONS(fixed_point_accumulate_rows)

@@ -11,9 +11,10 @@ enum class GeluForm { kTanh, kErf };
 
 // out (N) = gelu(inp (N)), rounded to d as it is written (amp's rounding of a matrix product's
 // input, docs/precision.md, without a pass of its own; kFp32: as computed). out may alias inp.
-void gelu_forward(float* out, const float* inp, long N, GeluForm form, ComputeDtype d);
+void gelu_forward(KernelImpl impl, float* out, const float* inp, long N, GeluForm form, ComputeDtype d);
 // dinp (N) = gelu'(inp) · dout, rounded to d as it is written. dinp may alias dout.
-void gelu_backward(float* dinp, const float* inp, const float* dout, long N, GeluForm form, ComputeDtype d);
+void gelu_backward(KernelImpl impl, float* dinp, const float* inp, const float* dout, long N, GeluForm form,
+                   ComputeDtype d);
 
 ANVIL_OP_IMPLEMENTATIONS(gelu_forward)
 ANVIL_OP_IMPLEMENTATIONS(gelu_backward)

@@ -8,12 +8,11 @@ constexpr float kLayerNormEps = 1e-5f;
 
 // out (N,C) = (inp - mean) * rstd * weight + bias; mean (N) = and rstd (N) = are saved for backward.
 // bias may be null (MPT's no_bias: none added), and then so is dbias.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+void layernorm_forward(KernelImpl impl, float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
 // dinp (N,C) +=, dweight (C) +=, dbias (C) +=, given dout (N,C) and the forward's inputs and saves.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+void layernorm_backward(KernelImpl impl, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
 
 ANVIL_OP_IMPLEMENTATIONS(layernorm_forward)
 ANVIL_OP_IMPLEMENTATIONS(layernorm_backward)

@@ -7,9 +7,9 @@
 namespace anvil {
 
 // out[n·ld + c] += scale · delta[n·cols + c], for n < N, c < cols (cols <= ld).
-void lora_delta_forward(float* out, long ld, const float* delta, int N, int cols, float scale);
+void lora_delta_forward(KernelImpl impl, float* out, long ld, const float* delta, int N, int cols, float scale);
 // ddelta[n·cols + c] = scale · dout[n·ld + c].
-void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int cols, float scale);
+void lora_delta_backward(KernelImpl impl, float* ddelta, const float* dout, long ld, int N, int cols, float scale);
 
 ANVIL_OP_IMPLEMENTATIONS(lora_delta_forward)
 ANVIL_OP_IMPLEMENTATIONS(lora_delta_backward)

@@ -9,12 +9,14 @@
 
 namespace anvil {
 
-// How one model's matrix products run: the dtype their operands hold (amp rounds them so) and a
-// weight held for reuse. The model owns it and passes it to every product, so that two models
-// in one process (an eval model beside a training one, a base and its adapter) share nothing.
+// How one model's matrix products run: the kernel implementation, the dtype their operands hold
+// (amp rounds them so) and a weight held for reuse. The model owns it and passes it to every
+// product, so that two models in one process (an eval model beside a training one, a base and its
+// adapter) share nothing.
 class MatmulContext {
  public:
-  explicit MatmulContext(ComputeDtype operand_dtype = ComputeDtype::kFp32);
+  explicit MatmulContext(KernelImpl impl, ComputeDtype operand_dtype = ComputeDtype::kFp32);
+  KernelImpl impl() const { return impl_; }
   ~MatmulContext();
   MatmulContext(const MatmulContext&) = delete;
   MatmulContext& operator=(const MatmulContext&) = delete;
@@ -53,6 +55,7 @@ class MatmulContext {
   Held& held() { return *held_; }
 
  private:
+  KernelImpl impl_;
   ComputeDtype dtype_;
   std::unique_ptr<Held> held_;
 };
@@ -77,26 +80,26 @@ constexpr int kMatmulSumBlock = 256;
 // the call: true of the CPU's GEMM (kernels/cpu/gemm.h), which lets the model run a whole
 // microbatch in one product; GPU BLAS libraries choose algorithms by shape, so there it goes a
 // sequence at a time.
-bool matmul_rows_independent();
+bool matmul_rows_independent(KernelImpl impl);
 
 // How many of a product's `columns` output columns a caller that splits it into column blocks (the
 // LM head's backward) gives each block: on the CPU `preferred`, whose gradient rows stay in cache
 // while they are accumulated; on a GPU all of them, since each product is a launch that must fill
 // the device on its own (GPT-2's head in blocks of 2048 is 48 output tiles a product).
-int matmul_column_block(int columns, int preferred);
+int matmul_column_block(KernelImpl impl, int columns, int preferred);
 
 // The measured rate of large matrix products with operands of dtype d, in GFLOP/s (the MFU
 // denominator), cached per dtype: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h)
 // and anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.
-double matmul_peak_gflops(ComputeDtype d);
+double matmul_peak_gflops(KernelImpl impl, ComputeDtype d);
 // What runs the matrix products: "anvil GEMM (avx2 kernels, 2 threads)" or the GPU's BLAS,
 // device and runtime.
-std::string matmul_backend_description();
+std::string matmul_backend_description(KernelImpl impl);
 
 // ref: in double, ignoring ctx; cpu: anvil's GEMM (kernels/cpu/gemm.h), using and filling ctx's
 // held weight; gpu: cuBLASLt / hipBLASLt, on operands narrowed to ctx's operand dtype.
-ANVIL_OP_IMPLEMENTATIONS(matmul_forward)
-ANVIL_OP_IMPLEMENTATIONS(matmul_backward)
+ANVIL_CONTEXT_OP_IMPLEMENTATIONS(matmul_forward)
+ANVIL_CONTEXT_OP_IMPLEMENTATIONS(matmul_backward)
 
 // The backend queries behind matmul_peak_gflops and matmul_backend_description.
 namespace cpu {

@@ -27,19 +27,19 @@ struct AdamWTensor {
 // p (n) =, m (n) =, v (n) = updated in place from g (n), which is left as it was, every tensor of
 // tensors (n_tensors, op memory: in order of offset, disjoint, within [0, n)) at once: one launch
 // on the GPU, however many tensors. Elements outside every tensor are left alone.
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors, int n_tensors,
-                  const AdamWStep& s);
+void adamw_update(KernelImpl impl, float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors,
+                  int n_tensors, const AdamWStep& s);
 // The same, with g_in read from a fixed-point gradient (kernels/fixed_point.h), tensor by tensor
 // at its exponent e: g_in[i] = (float)((double)acc[i] · 2^-e), the float that the accumulator
 // stands for. So the deterministic mode needs no fp32 copy of the gradient.
-void adamw_update_fixed(float* p, const int64_t* acc, float* m, float* v, size_t n, const AdamWTensor* tensors,
-                        int n_tensors, const AdamWStep& s);
+void adamw_update_fixed(KernelImpl impl, float* p, const int64_t* acc, float* m, float* v, size_t n,
+                        const AdamWTensor* tensors, int n_tensors, const AdamWStep& s);
 
 // Σ x² over x (n), in double: fixed 64K-element chunks, each summed in double, added in chunk
 // order, so the value does not depend on the thread count.
-double sum_of_squares(const float* x, size_t n);
+double sum_of_squares(KernelImpl impl, const float* x, size_t n);
 // x (n) *= coef; returns whether every result is finite.
-bool scale_values_check_finite(float* x, size_t n, float coef);
+bool scale_values_check_finite(KernelImpl impl, float* x, size_t n, float coef);
 
 ANVIL_OP_IMPLEMENTATIONS(adamw_update)
 ANVIL_OP_IMPLEMENTATIONS(adamw_update_fixed)

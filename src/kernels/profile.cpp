@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "device/device.h"
-#include "kernels/impl.h"
 
 namespace anvil {
 namespace {
@@ -40,14 +39,14 @@ void add(const char* op, double ms) {
 
 }  // namespace
 
-void OpProfileScope::begin(const char* op) {
+void OpProfileScope::begin(const char* op, KernelImpl impl) {
   State& s = state();
   if (std::this_thread::get_id() != s.owner) return;
   counted_ = true;
   if (s.depth++ > 0) return;
   active_ = true;
   op_ = op;
-  if (kernel_impl() == KernelImpl::kGpu)
+  if (impl == KernelImpl::kGpu)
     start_ = gpu_timestamp();
   else
     t0_ = now_s();

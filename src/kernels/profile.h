@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/kernel_impl.h"
+
 namespace anvil {
 
 void op_profile_start();  // clears what was recorded and turns timing on
@@ -24,8 +26,8 @@ std::vector<OpTime> op_profile_stop();
 // Times the enclosing op call while profiling is on (the dispatcher puts one in every op).
 class OpProfileScope {
  public:
-  explicit OpProfileScope(const char* op) {
-    if (enabled_.load(std::memory_order_relaxed)) begin(op);
+  OpProfileScope(const char* op, KernelImpl impl) {
+    if (enabled_.load(std::memory_order_relaxed)) begin(op, impl);
   }
   ~OpProfileScope() {
     if (counted_) end();
@@ -34,7 +36,7 @@ class OpProfileScope {
   OpProfileScope& operator=(const OpProfileScope&) = delete;
 
  private:
-  void begin(const char* op);
+  void begin(const char* op, KernelImpl impl);
   void end();
   static inline std::atomic<bool> enabled_ = false;
   friend void op_profile_start();

@@ -15,11 +15,11 @@ namespace anvil {
 // the first n_heads heads of HS channels in each (the query heads and then the key heads of a
 // fused qkv row) are rotated in place: x[i] = x[i]·cos - x[i + HS/2]·sin and x[i + HS/2] =
 // x[i + HS/2]·cos + x[i]·sin, for i < HS/2 (HS even). The rest of each row is left as it is.
-void rope_forward(float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                  const RopeFrequencies& freqs);
+void rope_forward(KernelImpl impl, float* x, const int32_t* positions, int B, int T, int row_stride, int n_heads,
+                  int HS, const RopeFrequencies& freqs);
 // The gradient through it, in place on dx laid out as x: the rotation by the opposite angle.
-void rope_backward(float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads, int HS,
-                   const RopeFrequencies& freqs);
+void rope_backward(KernelImpl impl, float* dx, const int32_t* positions, int B, int T, int row_stride, int n_heads,
+                   int HS, const RopeFrequencies& freqs);
 
 ANVIL_OP_IMPLEMENTATIONS(rope_forward)
 ANVIL_OP_IMPLEMENTATIONS(rope_backward)

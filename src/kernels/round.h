@@ -11,10 +11,10 @@ namespace anvil {
 // x (N) = the nearest value of dtype d (ties to even), in place: bf16 keeps 8 significant bits;
 // fp16 keeps 11, flushes |x| >= 65520 to infinity and rounds below 2^-14 to multiples of 2^-24.
 // NaN stays NaN. kFp32 leaves x alone.
-void round_to_dtype(float* x, long N, ComputeDtype d);
+void round_to_dtype(KernelImpl impl, float* x, long N, ComputeDtype d);
 // out (N) = in (N), bf16 values (their 16 bits) as fp32: exact. Weights held in bf16 (a LoRA
 // model's frozen base under amp_bf16) are widened so before a product reads them.
-void widen_bf16(float* out, const uint16_t* in, long N);
+void widen_bf16(KernelImpl impl, float* out, const uint16_t* in, long N);
 
 ANVIL_OP_IMPLEMENTATIONS(round_to_dtype)
 ANVIL_OP_IMPLEMENTATIONS(widen_bf16)

@@ -65,14 +65,13 @@ const float* Decoder::branch_grad(const float* dres, int layer, DropoutKind kind
   const long n = static_cast<long>(n_seq) * T_ * cfg_.d_model;
   const DropoutSite site = dropout_site(layer, kind, cfg_.resid_pdrop, b0);
   if (!site.active()) return rounded(dres, n);
-  dropout_apply(rounded_dres_.data(), dres, n_seq, static_cast<long>(T_) * cfg_.d_model, site);
-  round_to_dtype(rounded_dres_.data(), n, dtype());
+  dropout_apply(kernels(), rounded_dres_.data(), dres, n_seq, static_cast<long>(T_) * cfg_.d_model, site);
+  round_to_dtype(kernels(), rounded_dres_.data(), n, dtype());
   return rounded_dres_.data();
 }
 
-
 Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage)
-    : Model(cfg, max_seq, storage), max_batch_(max_batch) {
+    : Model(cfg, max_seq, storage), max_batch_(max_batch), matmul_(storage.kernels) {
   const std::vector<BlockTensor> block = block_tensors(cfg);
   for (size_t i = 0; i < block_sizes_.size(); i++) block_sizes_[i] = numel_of(block[i].shape);
   base_units_ = model_units(model_param_layout(cfg.base()));
@@ -83,7 +82,7 @@ Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const Model
       lora_offset_.push_back(offset);
       offset += static_cast<size_t>(cfg.lora.r) * (m.in + m.rows);
     }
-    frozen_dnorm_.assign_zeros(norm_params(std::max(cfg_.d_model, cfg_.q_width())));
+    frozen_dnorm_.assign_zeros(kernels(), norm_params(std::max(cfg_.d_model, cfg_.q_width())));
   }
   set_max_batch(max_batch);
 }
@@ -95,7 +94,7 @@ void Decoder::set_max_batch(int max_batch) {
   // Freed first, so that growing never holds the old and the new buffers at once.
   act_memory_.reset();
   grad_act_memory_.reset();
-  act_memory_.assign_zeros(sizes.total() - sizes.grads);
+  act_memory_.assign_zeros(kernels(), sizes.total() - sizes.grads);
   float* cursor = act_memory_.data();
   float** block = &acts_.block.ln1;
   for (size_t i = 0; i < std::size(sizes.block); i++) {
@@ -113,15 +112,15 @@ void Decoder::set_max_batch(int max_batch) {
     cursor += sizes.lora[i];
   }
   const size_t BT = static_cast<size_t>(max_batch) * max_seq_, T = max_seq_, C = cfg_.d_model;
-  grad_act_memory_.assign_zeros(sizes.grads);
-  tokens_op_.assign_zeros(BT);
-  targets_op_.assign_zeros(BT);
+  grad_act_memory_.assign_zeros(kernels(), sizes.grads);
+  tokens_op_.assign_zeros(kernels(), BT);
+  targets_op_.assign_zeros(kernels(), BT);
   touched_rows_.reserve(BT);
   touched_offsets_.reserve(static_cast<size_t>(max_batch) + 1);
   compact_tokens_.resize(BT);
-  compact_tokens_op_.assign_zeros(BT);
-  touched_rows_op_.assign_zeros(BT);
-  positions_op_.assign_zeros(BT);
+  compact_tokens_op_.assign_zeros(kernels(), BT);
+  touched_rows_op_.assign_zeros(kernels(), BT);
+  positions_op_.assign_zeros(kernels(), BT);
   losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
   dsmall_ = dresidual_ + BT * C;
@@ -144,7 +143,8 @@ size_t Decoder::largest_grads_span(int unit) const {
     for (const LoraModule& m : lora_) largest = std::max(largest, static_cast<size_t>(cfg_.lora.r) * (m.in + m.rows));
     return largest;
   }
-  const size_t C = cfg_.d_model, head_chunk = static_cast<size_t>(matmul_column_block(cfg_.vocab_size, kVocabChunk)) * C;
+  const size_t C = cfg_.d_model,
+               head_chunk = static_cast<size_t>(matmul_column_block(kernels(), cfg_.vocab_size, kVocabChunk)) * C;
   const bool learned = cfg_.positions == PositionKind::kLearned;
   if (unit == 0)
     return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
@@ -170,8 +170,8 @@ void Decoder::set_compute_dtype(ComputeDtype dtype) {
   // Room for a block's rounded copy, and for the LM head's unless the hold rounds it.
   size_t largest = lm_head_held_rounded_ ? 0 : static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
   for (int l = 0; l < cfg_.n_layers; l++) largest = std::max(largest, base_units_[1 + l].numel);
-  compute_params_.assign_zeros(dtype == ComputeDtype::kFp32 ? 0 : largest);
-  adapters_rounded_.assign_zeros(dtype == ComputeDtype::kFp32 || !frozen() ? 0 : units()[0].numel);
+  compute_params_.assign_zeros(kernels(), dtype == ComputeDtype::kFp32 ? 0 : largest);
+  adapters_rounded_.assign_zeros(kernels(), dtype == ComputeDtype::kFp32 || !frozen() ? 0 : units()[0].numel);
   allocate_rounded_dres();
 }
 
@@ -182,8 +182,8 @@ void Decoder::set_base_weights(const std::vector<float>& base, bool held_in_bf16
   for (OpArray<float>* a : {&base_, &base_norms_, &base_block_}) a->reset();
   base_bf16_.reset();
   if (!held_in_bf16) {
-    base_.assign_zeros(n);
-    op_copy_from_host(base_.data(), base.data(), n * sizeof(float));
+    base_.assign_zeros(kernels(), n);
+    op_copy_from_host(kernels(), base_.data(), base.data(), n * sizeof(float));
     return;
   }
   const int L = cfg_.n_layers;
@@ -200,13 +200,13 @@ void Decoder::set_base_weights(const std::vector<float>& base, bool held_in_bf16
     norms.insert(norms.end(), b.ln2w, b.fcw);
     largest = std::max(largest, base_units_[1 + l].numel);
   }
-  base_.assign_zeros(outside.size());
-  op_copy_from_host(base_.data(), outside.data(), outside.size() * sizeof(float));
-  base_bf16_.assign_zeros(blocks.size());
-  op_copy_from_host(base_bf16_.data(), blocks.data(), blocks.size() * sizeof(uint16_t));
-  base_norms_.assign_zeros(norms.size());
-  op_copy_from_host(base_norms_.data(), norms.data(), norms.size() * sizeof(float));
-  base_block_.assign_zeros(largest);
+  base_.assign_zeros(kernels(), outside.size());
+  op_copy_from_host(kernels(), base_.data(), outside.data(), outside.size() * sizeof(float));
+  base_bf16_.assign_zeros(kernels(), blocks.size());
+  op_copy_from_host(kernels(), base_bf16_.data(), blocks.data(), blocks.size() * sizeof(uint16_t));
+  base_norms_.assign_zeros(kernels(), norms.size());
+  op_copy_from_host(kernels(), base_norms_.data(), norms.data(), norms.size() * sizeof(float));
+  base_block_.assign_zeros(kernels(), largest);
 }
 
 size_t Decoder::base_bytes() const {
@@ -223,13 +223,14 @@ const float* Decoder::acquire_base(int unit, int next_unit) {
   if (unit == 0) return base_.data();
   if (unit == L + 1) return base_.data() + base_units_[0].numel;  // after the embeddings
   const ParamUnit& u = base_units_[unit];
-  widen_bf16(base_block_.data(), base_bf16_.data() + (u.offset - base_units_[1].offset), static_cast<long>(u.numel));
+  widen_bf16(kernels(), base_block_.data(), base_bf16_.data() + (u.offset - base_units_[1].offset),
+             static_cast<long>(u.numel));
   // A block's norms: those before qkv (ln1's, and the QK norms'), then ln2's.
   const Block b = bind_block(base_block_.data());
   const size_t first = b.qkvw - b.ln1w, second = b.fcw - b.ln2w;
   const float* norms = base_norms_.data() + static_cast<size_t>(unit - 1) * (first + second);
-  op_copy(b.ln1w, norms, first * sizeof(float));
-  op_copy(b.ln2w, norms + first, second * sizeof(float));
+  op_copy(kernels(), b.ln1w, norms, first * sizeof(float));
+  op_copy(kernels(), b.ln2w, norms + first, second * sizeof(float));
   return base_block_.data();
 }
 
@@ -243,8 +244,8 @@ const float* Decoder::acquire_adapters(int l, int next_l) {
   if (dtype() == ComputeDtype::kFp32) return p;
   // Every adapter tensor is a matrix operand.
   const size_t n = units()[l].numel;
-  op_copy(adapters_rounded_.data(), p, n * sizeof(float));
-  round_to_dtype(adapters_rounded_.data(), static_cast<long>(n), dtype());
+  op_copy(kernels(), adapters_rounded_.data(), p, n * sizeof(float));
+  round_to_dtype(kernels(), adapters_rounded_.data(), static_cast<long>(n), dtype());
   return adapters_rounded_.data();
 }
 
@@ -266,13 +267,13 @@ void Decoder::allocate_rounded_dres() {
   // The gradient of the residual stream, rounded (or masked by residual dropout) for the
   // projections' backward, needs its own grain-sized buffer.
   const size_t n = static_cast<size_t>(grain_sequences()) * max_seq_ * cfg_.d_model;
-  rounded_dres_.assign_zeros(dtype() == ComputeDtype::kFp32 && cfg_.resid_pdrop == 0 ? 0 : n);
+  rounded_dres_.assign_zeros(kernels(), dtype() == ComputeDtype::kFp32 && cfg_.resid_pdrop == 0 ? 0 : n);
 }
 
 const float* Decoder::rounded(const float* x, long n) {
   if (dtype() == ComputeDtype::kFp32) return x;
-  op_copy(rounded_dres_.data(), x, n * sizeof(float));
-  round_to_dtype(rounded_dres_.data(), n, dtype());
+  op_copy(kernels(), rounded_dres_.data(), x, n * sizeof(float));
+  round_to_dtype(kernels(), rounded_dres_.data(), n, dtype());
   return rounded_dres_.data();
 }
 
@@ -285,8 +286,8 @@ const float* Decoder::hold_lm_head(const float* p) {
   }
   ANVIL_CHECK(!lm_head_held_rounded_, "the kernels changed after the model's compute dtype was set");
   float* out = compute_params_.data();
-  op_copy(out, p, static_cast<size_t>(V) * C * sizeof(float));
-  round_to_dtype(out, static_cast<long>(V) * C, dtype());
+  op_copy(kernels(), out, p, static_cast<size_t>(V) * C * sizeof(float));
+  round_to_dtype(kernels(), out, static_cast<long>(V) * C, dtype());
   matmul_.hold_weight(out, V, C);
   return out;
 }
@@ -295,39 +296,40 @@ const float* Decoder::compute_params(int unit, const float* p) {
   if (dtype() == ComputeDtype::kFp32) return p;
   float* out = compute_params_.data();
   const size_t n = base_units_[unit].numel;
-  op_copy(out, p, n * sizeof(float));
+  op_copy(kernels(), out, p, n * sizeof(float));
   // A block holds ln1 | qkv, attproj | ln2 | fc, fcproj (each with its bias, if any): the norms
   // stay fp32.
   const Block b = bind_block(out);
-  round_to_dtype(b.qkvw, b.ln2w - b.qkvw, dtype());
-  round_to_dtype(b.fcw, (out + n) - b.fcw, dtype());
+  round_to_dtype(kernels(), b.qkvw, b.ln2w - b.qkvw, dtype());
+  round_to_dtype(kernels(), b.fcw, (out + n) - b.fcw, dtype());
   return out;
 }
 
 void Decoder::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                            int N, int width) {
-  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_forward(out, rstd, inp, w, cfg_.norm_eps, N, width);
-  layernorm_forward(out, mean, rstd, inp, w, b, N, width);
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_forward(kernels(), out, rstd, inp, w, cfg_.norm_eps, N, width);
+  layernorm_forward(kernels(), out, mean, rstd, inp, w, b, N, width);
 }
 
 void Decoder::norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                             const float* mean, const float* rstd, int N, int width) {
-  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, width);
-  layernorm_backward(dinp, dw, has_norm_bias(cfg_) ? dw + width : nullptr, dout, inp, w, mean, rstd, N, width);
+  if (cfg_.norm == NormKind::kRmsNorm) return rmsnorm_backward(kernels(), dinp, dw, dout, inp, w, rstd, N, width);
+  layernorm_backward(kernels(), dinp, dw, has_norm_bias(cfg_) ? dw + width : nullptr, dout, inp, w, mean, rstd, N,
+                     width);
 }
 
 void Decoder::mlp_activation(float* out, const float* fch, int N) {
   const int F = cfg_.mlp_width();
-  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_forward(out, fch, N, F, dtype());
-  gelu_forward(out, fch, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh,
-               dtype());
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_forward(kernels(), out, fch, N, F, dtype());
+  gelu_forward(kernels(), out, fch, static_cast<long>(N) * F,
+               cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh, dtype());
 }
 
 void Decoder::mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N) {
   const int F = cfg_.mlp_width();
-  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_backward(dfc, fch, dout, N, F, dtype());
-  gelu_backward(dfc, fch, dout, static_cast<long>(N) * F, cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh,
-                dtype());
+  if (cfg_.mlp == MlpKind::kSwiglu) return swiglu_backward(kernels(), dfc, fch, dout, N, F, dtype());
+  gelu_backward(kernels(), dfc, fch, dout, static_cast<long>(N) * F,
+                cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh, dtype());
 }
 
 namespace {
@@ -337,7 +339,8 @@ namespace {
 // (see UnitAccess).
 void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
                               const float* bias, int B, int T, int C, int OC) {
-  if (!invariant || matmul_rows_independent()) return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
+  if (!invariant || matmul_rows_independent(ctx.impl()))
+    return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
   const size_t rows = static_cast<size_t>(T);
   for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
 }
@@ -351,7 +354,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   for (int i = 0; i < N; i++)
     ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
   tokens_ = tokens;
-  op_copy_from_host(tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  op_copy_from_host(kernels(), tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
   packed_ = positions != nullptr;
   if (packed_) {
     // Positions count from each example's start (kernels/positions.h), which the attention
@@ -361,7 +364,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
       ANVIL_CHECK(positions[i] == 0 || (i % T > 0 && positions[i] == positions[i - 1] + 1), "position {} of token {} "
                   "of its sequence is neither 0 (an example's start) nor one more than the position before it",
                   positions[i], i % T);
-    op_copy_from_host(positions_op_.data(), positions, static_cast<size_t>(N) * sizeof(int32_t));
+    op_copy_from_host(kernels(), positions_op_.data(), positions, static_cast<size_t>(N) * sizeof(int32_t));
   }
   B_ = B;
   T_ = T;
@@ -371,17 +374,18 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
   const float* emb = acquire_base(0, 1);
-  encoder_forward(a.encoded, tokens_op_.data(), positions_op(0), emb, learned ? emb + wpe_offset : nullptr, B, T, C);
+  encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb, learned ? emb + wpe_offset : nullptr,
+                  B, T, C);
   release_base(0);
   const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
-  if (emb_drop.active()) dropout_apply(a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
+  if (emb_drop.active()) dropout_apply(kernels(), a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
   for (int l = 0; l < L; l++) {
     const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
     const float* adapters = acquire_adapters(l, l + 1 < L ? l + 1 : -1);
     block_forward(l, p, adapters, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
     if (prefix_.keeping) {
       const size_t rows = static_cast<size_t>(T) * Widths(cfg_).qkv;
-      op_copy(prefix_.qkv.data() + l * rows, block_acts(l).qkv, rows * sizeof(float));
+      op_copy(kernels(), prefix_.qkv.data() + l * rows, block_acts(l).qkv, rows * sizeof(float));
     }
     release_adapters(l);
     release_base(1 + l);
@@ -389,7 +393,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   const float* lnf = acquire_base(L + 1, head_unit());
   norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf,
                has_norm_bias(cfg_) ? lnf + C : nullptr, N, C);
-  round_to_dtype(a.lnf, static_cast<long>(N) * C, dtype());
+  round_to_dtype(kernels(), a.lnf, static_cast<long>(N) * C, dtype());
   release_base(L + 1);
 }
 
@@ -403,30 +407,30 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   // fp32); the residual stream and the norms stay fp32.
   const long NC = static_cast<long>(N) * C;
   norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
-  round_to_dtype(x.ln1, NC, dtype());
+  round_to_dtype(kernels(), x.ln1, NC, dtype());
   linear_forward(l, linear(p, BlockProduct::kQkv), x.qkv, x.ln1, adapters);
   if (cfg_.qk_norm != QkNorm::kNone) qk_norm_forward(x, p);
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
-    rope_forward(x.qkv, positions_op(0), B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(),
+    rope_forward(kernels(), x.qkv, positions_op(0), B, T, w.qkv, cfg_.n_heads + cfg_.kv_heads(), cfg_.head_size(),
                  cfg_.rope);
-    round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+    round_to_dtype(kernels(), x.qkv, static_cast<long>(N) * w.qkv, dtype());
   }
   attend(l, x);
-  round_to_dtype(x.atty, static_cast<long>(N) * w.q, dtype());
+  round_to_dtype(kernels(), x.atty, static_cast<long>(N) * w.q, dtype());
   linear_forward(l, linear(p, BlockProduct::kAttnOut), scratch, x.atty, adapters);
   // Residual dropout on each branch's output, before it joins the stream.
   const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
-  if (att_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, att_drop);
-  residual_forward(x.residual2, residual, scratch, NC);
+  if (att_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, att_drop);
+  residual_forward(kernels(), x.residual2, residual, scratch, NC);
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
-  round_to_dtype(x.ln2, NC, dtype());
+  round_to_dtype(kernels(), x.ln2, NC, dtype());
   linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
   mlp_activation(acts_.fch_gelu, x.fch, N);
   linear_forward(l, linear(p, BlockProduct::kFcProj), scratch, acts_.fch_gelu, adapters);
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
-  if (mlp_drop.active()) dropout_apply(scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
-  residual_forward(residual3, x.residual2, scratch, NC);
+  if (mlp_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
+  residual_forward(kernels(), residual3, x.residual2, scratch, NC);
 }
 
 // The queries' and the keys' columns of a qkv row, each normed as `per_position` rows of `norm`
@@ -448,12 +452,12 @@ void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
   for (const bool keys : {false, true}) {
     const QkNormPart q = qk_norm_part(keys);
     float *raw = x.qk_raw + q.raw, *mean = x.qk_mean + q.save, *rstd = x.qk_rstd + q.save;
-    copy_columns(raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
+    copy_columns(kernels(), raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
     norm_forward(acts_.scratch, mean, rstd, raw, keys ? p.klnw : p.qlnw, keys ? p.klnb : p.qlnb,
                  N * q.per_position, q.norm);
-    copy_columns(x.qkv + q.col0, w.qkv, acts_.scratch, q.width, N, q.width);
+    copy_columns(kernels(), x.qkv + q.col0, w.qkv, acts_.scratch, q.width, N, q.width);
   }
-  round_to_dtype(x.qkv, static_cast<long>(N) * w.qkv, dtype());
+  round_to_dtype(kernels(), x.qkv, static_cast<long>(N) * w.qkv, dtype());
 }
 
 void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n) {
@@ -466,15 +470,15 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const float* weight = keys ? p.klnw : p.qlnw;
     const size_t span = norm_params(q.norm), at = static_cast<size_t>(weight - p.ln1w);
     const size_t saves = q.save + r * q.per_position;
-    copy_columns(dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
-    op_zero(dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
+    copy_columns(kernels(), dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
+    op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
     norm_backward(dqk_, dw, dnormed, x.qk_raw + q.raw + r * q.width, weight, x.qk_mean + saves, x.qk_rstd + saves,
                   N * q.per_position, q.norm);
     if (!frozen()) access().grain_done(1 + l, at, span);
-    copy_columns(dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
+    copy_columns(kernels(), dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
   }
-  round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+  round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
 }
 
 Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
@@ -495,7 +499,7 @@ Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
 void Decoder::linear_forward(int l, const Linear& f, float* out, const float* inp, const float* adapters) {
   matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
   lora_forward(l, f.product, out, f.out, inp, adapters);
-  round_to_dtype(out, static_cast<long>(B_) * T_ * f.out, dtype());
+  round_to_dtype(kernels(), out, static_cast<long>(B_) * T_ * f.out, dtype());
 }
 
 void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* dout, const float* inp,
@@ -510,7 +514,7 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
                     f.in, f.out, false);
     access().grain_done(1 + l, f.offset, f.span());
   }
-  round_to_dtype(dinp, static_cast<long>(N) * f.in, dtype());
+  round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
@@ -524,16 +528,16 @@ void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, c
     const float* x = inp;
     const DropoutSite drop = lora_dropout_site(l, static_cast<int>(k), 0);
     if (drop.active()) {
-      dropout_apply(lora_x_, inp, B, static_cast<long>(T) * m.in, drop);
-      round_to_dtype(lora_x_, static_cast<long>(N) * m.in, dtype());
+      dropout_apply(kernels(), lora_x_, inp, B, static_cast<long>(T) * m.in, drop);
+      round_to_dtype(kernels(), lora_x_, static_cast<long>(N) * m.in, dtype());
       x = lora_x_;
     }
     float* u = lora_u(l, static_cast<int>(k));
     matmul_forward_sequences(matmul_, microbatch_invariant(), u, x, A, nullptr, B, T, m.in, r);
-    round_to_dtype(u, static_cast<long>(N) * r, dtype());
+    round_to_dtype(kernels(), u, static_cast<long>(N) * r, dtype());
     matmul_forward_sequences(matmul_, microbatch_invariant(), lora_v_, u, Bm, nullptr, B, T, r, m.rows);
-    round_to_dtype(lora_v_, static_cast<long>(N) * m.rows, dtype());
-    lora_delta_forward(out + m.row0, width, lora_v_, N, m.rows, cfg_.lora.scaling());
+    round_to_dtype(kernels(), lora_v_, static_cast<long>(N) * m.rows, dtype());
+    lora_delta_forward(kernels(), out + m.row0, width, lora_v_, N, m.rows, cfg_.lora.scaling());
   }
 }
 
@@ -547,23 +551,23 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
     const size_t a_numel = static_cast<size_t>(r) * m.in, span = a_numel + static_cast<size_t>(m.rows) * r;
     const float* Bm = A + a_numel;
     // The branch's output gradient, scaled; through B (its gradient, and u's); through A.
-    lora_delta_backward(lora_v_, dout + m.row0, width, N, m.rows, cfg_.lora.scaling());
-    round_to_dtype(lora_v_, static_cast<long>(N) * m.rows, dtype());
+    lora_delta_backward(kernels(), lora_v_, dout + m.row0, width, N, m.rows, cfg_.lora.scaling());
+    round_to_dtype(kernels(), lora_v_, static_cast<long>(N) * m.rows, dtype());
     float* dA = access().grads(l, lora_offset_[k], span);
     const float* u = lora_u(l, static_cast<int>(k)) + static_cast<size_t>(b) * T * r;
     matmul_backward(matmul_, lora_du_, dA + a_numel, nullptr, lora_v_, m.rows, u, Bm, N, r, m.rows, false);
-    round_to_dtype(lora_du_, static_cast<long>(N) * r, dtype());
+    round_to_dtype(kernels(), lora_du_, static_cast<long>(N) * r, dtype());
     const DropoutSite drop = lora_dropout_site(l, static_cast<int>(k), b);
     if (!drop.active()) {
       matmul_backward(matmul_, dinp, dA, nullptr, lora_du_, r, inp, A, N, m.in, r, true);
     } else {
       // The dropped input again (the same mask), and the gradient through the mask.
       const long n_in = static_cast<long>(T) * m.in;
-      dropout_apply(lora_x_, inp, n, n_in, drop);
-      round_to_dtype(lora_x_, N * static_cast<long>(m.in), dtype());
+      dropout_apply(kernels(), lora_x_, inp, n, n_in, drop);
+      round_to_dtype(kernels(), lora_x_, N * static_cast<long>(m.in), dtype());
       matmul_backward(matmul_, lora_dx_, dA, nullptr, lora_du_, r, lora_x_, A, N, m.in, r, false);
-      dropout_apply(lora_dx_, lora_dx_, n, n_in, drop);
-      residual_forward(dinp, dinp, lora_dx_, N * static_cast<long>(m.in));
+      dropout_apply(kernels(), lora_dx_, lora_dx_, n, n_in, drop);
+      residual_forward(kernels(), dinp, dinp, lora_dx_, N * static_cast<long>(m.in));
     }
     access().grain_done(l, lora_offset_[k], span);
   }
@@ -582,12 +586,12 @@ void Decoder::check_targets(const int32_t* targets, int N) const {
 }
 
 const int32_t* Decoder::upload_targets(const int32_t* targets, int N) {
-  op_copy_from_host(targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
+  op_copy_from_host(kernels(), targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
   return targets_op_.data();
 }
 
 double Decoder::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
-  op_copy_to_host(losses_host_.data(), acts_.losses, static_cast<size_t>(N) * sizeof(float));
+  op_copy_to_host(kernels(), losses_host_.data(), acts_.losses, static_cast<size_t>(N) * sizeof(float));
   double sum = 0;
   int64_t count = 0;
   for (int i = 0; i < N; i++) {
@@ -610,7 +614,8 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
     if (targets)
-      crossentropy_forward(acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size, dtype());
+      crossentropy_forward(kernels(), acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size,
+                           dtype());
   }
   matmul_.release_weight();
   release_base(head_unit());
@@ -619,17 +624,17 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
 
 namespace {
 // a holds at least n floats (grown, its contents not kept).
-void grow(OpArray<float>& a, size_t n) {
+void grow(KernelImpl impl, OpArray<float>& a, size_t n) {
   if (a.size() >= n) return;
   a.reset();
-  a.assign_zeros(n);
+  a.assign_zeros(impl, n);
 }
 }  // namespace
 
 void Decoder::keep_prefix(const int32_t* tokens, int P) {
   ANVIL_CHECK(P >= 1 && P < max_seq_, "a kept prefix of {} tokens: expected 1 to {}", P, max_seq_ - 1);
   prefix_.length = 0;
-  grow(prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
+  grow(kernels(), prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
   training_ = false;
   prefix_.keeping = true;
   try {
@@ -654,9 +659,9 @@ double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targe
   ANVIL_CHECK(P + T <= max_seq_, "a kept prefix of {} tokens and {} more exceed the model's {}", P, T, max_seq_);
   const Widths w(cfg_);
   const size_t joined_rows = static_cast<size_t>(B) * (P + T);
-  grow(prefix_.joined_qkv, joined_rows * w.qkv);
-  grow(prefix_.joined_atty, joined_rows * w.q);
-  grow(prefix_.joined_lse, joined_rows * cfg_.n_heads);
+  grow(kernels(), prefix_.joined_qkv, joined_rows * w.qkv);
+  grow(kernels(), prefix_.joined_atty, joined_rows * w.q);
+  grow(kernels(), prefix_.joined_lse, joined_rows * cfg_.n_heads);
   std::vector<int32_t> positions(static_cast<size_t>(B) * T);
   for (size_t i = 0; i < positions.size(); i++) positions[i] = P + static_cast<int32_t>(i % T);
   prefix_.after = true;
@@ -677,7 +682,8 @@ void Decoder::drop_prefix() {
 }
 
 void Decoder::attend(int l, const BlockActs& x) {
-  if (!prefix_.after) return attention_forward(x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l, 0));
+  if (!prefix_.after)
+    return attention_forward(kernels(), x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l, 0));
   // Each sequence after the prefix's rows, attention over the whole (every query: the prefix's
   // give what they gave in keep_prefix, unused), and the sequences' own rows of its output.
   const Widths w(cfg_);
@@ -686,14 +692,14 @@ void Decoder::attend(int l, const BlockActs& x) {
   float* joined = prefix_.joined_qkv.data();
   for (int b = 0; b < B_; b++) {
     float* row = joined + static_cast<size_t>(b) * J * w.qkv;
-    op_copy(row, kept, static_cast<size_t>(P) * w.qkv * sizeof(float));
-    op_copy(row + static_cast<size_t>(P) * w.qkv, x.qkv + static_cast<size_t>(b) * T_ * w.qkv,
+    op_copy(kernels(), row, kept, static_cast<size_t>(P) * w.qkv * sizeof(float));
+    op_copy(kernels(), row + static_cast<size_t>(P) * w.qkv, x.qkv + static_cast<size_t>(b) * T_ * w.qkv,
             static_cast<size_t>(T_) * w.qkv * sizeof(float));
   }
-  attention_forward(prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J,
+  attention_forward(kernels(), prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J,
                     attention_heads(l, 0));
   for (int b = 0; b < B_; b++)
-    op_copy(x.atty + static_cast<size_t>(b) * T_ * w.q,
+    op_copy(kernels(), x.atty + static_cast<size_t>(b) * T_ * w.q,
             prefix_.joined_atty.data() + (static_cast<size_t>(b) * J + P) * w.q,
             static_cast<size_t>(T_) * w.q * sizeof(float));
 }
@@ -736,14 +742,14 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   const float* head_unit_params = acquire_base(hu, hu == 0 ? L + 1 : L);
   const float* emb = hold_lm_head(head_unit_params + h0);
   const long TC = static_cast<long>(T) * C;
-  const int chunk = matmul_column_block(V, kVocabChunk);
+  const int chunk = matmul_column_block(kernels(), V, kVocabChunk);
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     lm_head(emb, b);
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
-    crossentropy_forward_backward(a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
+    crossentropy_forward_backward(kernels(), a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
@@ -751,11 +757,11 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
                       a.logits + v0, V, a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
       if (!frozen()) access().grain_done(hu, at, count);
     }
-    round_to_dtype(dsmall_ + r * C, TC, dtype());
+    round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
   }
   matmul_.release_weight();
   if (hu != L + 1) release_base(hu);
-  op_zero(dresidual_, sizeof(float) * B * rows * C);
+  op_zero(kernels(), dresidual_, sizeof(float) * B * rows * C);
   const float* last = a.residual3 + (L - 1) * BT * C;
   const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);
   float* dlnf = frozen() ? frozen_dnorm_.data() : access().grads(L + 1, 0, norm_params());
@@ -810,12 +816,12 @@ void Decoder::block_backward(int l) {
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * w.q, adapters, b, n);
-    attention_backward(dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * w.q, x.att_lse + r * NH, positions_op(b), n, T,
-                       attention_heads(l, b));
-    round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+    attention_backward(kernels(), dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * w.q, x.att_lse + r * NH,
+                       positions_op(b), n, T, attention_heads(l, b));
+    round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
     if (cfg_.positions == PositionKind::kRope) {
-      rope_backward(dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);
-      round_to_dtype(dqkv_, static_cast<long>(N) * w.qkv, dtype());
+      rope_backward(kernels(), dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);
+      round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
     if (cfg_.qk_norm != QkNorm::kNone) qk_norm_backward(l, x, p, b, n);
     linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, x.ln1 + r * C, adapters, b, n);
@@ -849,21 +855,22 @@ void Decoder::embedding_backward() {
           static_cast<int32_t>(std::lower_bound(seq_rows, touched_rows_.end(), tokens[t]) - seq_rows);
     touched_offsets_.push_back(touched_rows_.size());
   }
-  op_copy_from_host(compact_tokens_op_.data(), compact_tokens_.data(), B * rows * sizeof(int32_t));
-  op_copy_from_host(touched_rows_op_.data(), touched_rows_.data(), touched_rows_.size() * sizeof(int32_t));
+  op_copy_from_host(kernels(), compact_tokens_op_.data(), compact_tokens_.data(), B * rows * sizeof(int32_t));
+  op_copy_from_host(kernels(), touched_rows_op_.data(), touched_rows_.data(), touched_rows_.size() * sizeof(int32_t));
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     const size_t n_touched = touched_offsets_[b + 1] - touched_offsets_[b];
-    op_zero(demb_rows_, n_touched * C * sizeof(float));
+    op_zero(kernels(), demb_rows_, n_touched * C * sizeof(float));
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
     if (emb_drop.active())
-      dropout_apply(dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
+      dropout_apply(kernels(), dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
-      encoder_backward(demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+      encoder_backward(kernels(), demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
                        compact_tokens_op_.data() + r, positions_op(b), 1, T, C);
       access().grain_done(0, wpe_offset, rows * C);
     } else {
-      encoder_backward(demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data() + r, nullptr, 1, T, C);
+      encoder_backward(kernels(), demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data() + r, nullptr, 1, T,
+                       C);
     }
     access().grain_rows(0, 0, demb_rows_, touched_rows_.data() + touched_offsets_[b],
                         touched_rows_op_.data() + touched_offsets_[b], n_touched, C);

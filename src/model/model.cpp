@@ -168,7 +168,7 @@ class Model::OwnArrays : public UnitAccess {
   void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
   void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
-    add_rows(grads(unit, offset, 0), x, rows_op, n_rows, row_len);
+    add_rows(m_.kernels(), grads(unit, offset, 0), x, rows_op, n_rows, row_len);
   }
   float* grads(int unit, size_t offset, size_t) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
@@ -189,8 +189,8 @@ Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
   layout_ = model_param_layout(cfg);
   units_ = model_units(layout_);
   num_params_ = layout_.back().offset + layout_.back().numel;
-  if (storage.params) params_.assign_zeros(num_params_);
-  if (storage.grads) grads_.assign_zeros(num_params_);
+  if (storage.params) params_.assign_zeros(kernels(), num_params_);
+  if (storage.grads) grads_.assign_zeros(kernels(), num_params_);
   own_access_ = std::make_unique<OwnArrays>(*this);
   access_ = own_access_.get();
 }
@@ -203,9 +203,9 @@ void Model::init_weights(uint64_t seed) {
   ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
   std::vector<float> host(num_params_);
   model_init_params(cfg_, seed, 0, num_params_, host.data());
-  op_copy_from_host(params_.data(), host.data(), num_params_ * sizeof(float));
+  op_copy_from_host(kernels(), params_.data(), host.data(), num_params_ * sizeof(float));
 }
 
-void Model::zero_grad() { op_zero(grads_.data(), grads_.size() * sizeof(float)); }
+void Model::zero_grad() { op_zero(kernels(), grads_.data(), grads_.size() * sizeof(float)); }
 
 }  // namespace anvil

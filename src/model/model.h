@@ -85,6 +85,8 @@ class UnitAccess {
 // Which full arrays the model allocates for itself, and how it works. A sharded run leaves out
 // what it shards.
 struct ModelStorage {
+  // Which kernels run the model's ops, and so where its arrays live (kernels/buffer.h).
+  KernelImpl kernels = KernelImpl::kCpu;
   bool params = true;
   bool grads = true;
   // Activation checkpointing: keep only each block's input and recompute the block's activations
@@ -138,6 +140,7 @@ class Model {
   const std::vector<ParamUnit>& units() const { return units_; }
   size_t num_params() const { return num_params_; }
   bool microbatch_invariant() const { return storage_.microbatch_invariant; }
+  KernelImpl kernels() const { return storage_.kernels; }
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
   // The model's own full arrays (op memory): null when ModelStorage left them out.

@@ -10,14 +10,14 @@
 
 namespace anvil {
 
-AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params)
-    : AdamW(cfg, layout, 0, num_params) {}
+AdamW::AdamW(KernelImpl impl, const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params)
+    : AdamW(impl, cfg, layout, 0, num_params) {}
 
-AdamW::AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi)
-    : cfg_(cfg), layout_(layout), lo_(lo), hi_(hi) {
+AdamW::AdamW(KernelImpl impl, const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi)
+    : impl_(impl), cfg_(cfg), layout_(layout), lo_(lo), hi_(hi) {
   ANVIL_CHECK(lo <= hi, "optimizer range [{}, {}) is empty the wrong way round", lo, hi);
-  m_.assign_zeros(hi - lo);
-  v_.assign_zeros(hi - lo);
+  m_.assign_zeros(impl_, hi - lo);
+  v_.assign_zeros(impl_, hi - lo);
 }
 
 AdamWStep AdamW::begin_step(double lr, float grad_scale, const std::vector<int>* exponents) {
@@ -38,15 +38,15 @@ AdamWStep AdamW::begin_step(double lr, float grad_scale, const std::vector<int>*
     const float keep = t.weight_decay ? static_cast<float>(1.0 - decay_rate) : 1.0f;
     tensors_host_.push_back({a - lo_, b - a, keep, exponents ? (*exponents)[k] : 0});
   }
-  if (tensors_.size() < tensors_host_.size()) tensors_.assign_zeros(tensors_host_.size());
-  op_copy_from_host(tensors_.data(), tensors_host_.data(), tensors_host_.size() * sizeof(AdamWTensor));
+  if (tensors_.size() < tensors_host_.size()) tensors_.assign_zeros(impl_, tensors_host_.size());
+  op_copy_from_host(impl_, tensors_.data(), tensors_host_.data(), tensors_host_.size() * sizeof(AdamWTensor));
   return AdamWStep{beta1, beta2, eps, step_size, bc2_sqrt, grad_scale};
 }
 
 void AdamW::step(float* params, const float* grads, double lr, float grad_scale) {
   const AdamWStep s = begin_step(lr, grad_scale, nullptr);
-  adamw_update(params, grads, m_.data(), v_.data(), hi_ - lo_, tensors_.data(), static_cast<int>(tensors_host_.size()),
-               s);
+  adamw_update(impl_, params, grads, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
+               static_cast<int>(tensors_host_.size()), s);
 }
 
 void AdamW::step(float* params, const int64_t* fixed, const std::vector<int>& exponents, double lr,
@@ -54,7 +54,7 @@ void AdamW::step(float* params, const int64_t* fixed, const std::vector<int>& ex
   ANVIL_CHECK(exponents.size() == layout_.size(), "{} fixed-point exponents for {} tensors", exponents.size(),
               layout_.size());
   const AdamWStep s = begin_step(lr, grad_scale, &exponents);
-  adamw_update_fixed(params, fixed, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
+  adamw_update_fixed(impl_, params, fixed, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
                      static_cast<int>(tensors_host_.size()), s);
 }
 
@@ -62,6 +62,6 @@ float clip_coefficient(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
-double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
+double grad_norm(KernelImpl impl, const float* grads, size_t n) { return std::sqrt(sum_of_squares(impl, grads, n)); }
 
 }  // namespace anvil

@@ -14,9 +14,9 @@ namespace anvil {
 class AdamW {
  public:
   // The optimizer of the flat parameter range [lo, hi) (a ZeRO shard; the whole model by
-  // default). Its moments cover that range only.
-  AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params);
-  AdamW(const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi);
+  // default). Its moments cover that range only, in impl's memory; impl's kernels update them.
+  AdamW(KernelImpl impl, const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t num_params);
+  AdamW(KernelImpl impl, const OptimizerConfig& cfg, const std::vector<ParamTensor>& layout, size_t lo, size_t hi);
   // One update with this step's learning rate (the schedule already applied), on the gradient
   // times grad_scale (the clipping coefficient; the gradient itself is not modified). params and
   // grads point at element lo of their flat arrays (op memory).
@@ -35,6 +35,7 @@ class AdamW {
   // overlaps [lo, hi) (offsets from lo; its decay, and its exponent when given); returns the
   // step's shared factors.
   AdamWStep begin_step(double lr, float grad_scale, const std::vector<int>* exponents);
+  KernelImpl impl_;
   OptimizerConfig cfg_;
   std::vector<ParamTensor> layout_;
   size_t lo_ = 0, hi_ = 0;
@@ -46,7 +47,7 @@ class AdamW {
 
 // The L2 norm of a gradient in op memory (kernels/optimizer.h's sum_of_squares: a fixed order
 // whatever the thread count).
-double grad_norm(const float* grads, size_t n);
+double grad_norm(KernelImpl impl, const float* grads, size_t n);
 // Clipping by global norm as PyTorch's clip_grad_norm_ does: when max_norm > 0 and the norm
 // exceeds it, the gradient is scaled by max_norm / (norm + 1e-6); 1 otherwise. AdamW::step
 // applies it as it reads the gradient.

@@ -1,11 +1,9 @@
 // CommThread: see comm_thread.h.
 #include "parallel/comm_thread.h"
 
-#include "kernels/impl.h"
-
 namespace anvil {
 
-CommThread::CommThread() : thread_([this] { run(); }) {}
+CommThread::CommThread(KernelImpl impl) : gpu_(impl == KernelImpl::kGpu), thread_([this] { run(); }) {}
 
 CommThread::~CommThread() {
   {
@@ -17,7 +15,7 @@ CommThread::~CommThread() {
 }
 
 uint64_t CommThread::submit(std::function<void()> job) {
-  const GpuMark after = kernel_impl() == KernelImpl::kGpu ? gpu_mark_op_stream() : GpuMark{};
+  const GpuMark after = gpu_ ? gpu_mark_op_stream() : GpuMark{};
   std::lock_guard<std::mutex> lock(mu_);
   jobs_.push_back({++submitted_, std::move(job), after});
   cv_.notify_all();
@@ -40,9 +38,8 @@ void CommThread::wait_all() {
 }
 
 void CommThread::run() {
-  const bool gpu = kernel_impl() == KernelImpl::kGpu;
   try {
-    if (gpu) gpu_use_comm_stream();
+    if (gpu_) gpu_use_comm_stream();
   } catch (...) {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = std::current_exception();
@@ -62,9 +59,9 @@ void CommThread::run() {
       failed = error_ != nullptr;
     }
     try {
-      if (gpu) gpu_wait_mark(job.after);
+      if (gpu_) gpu_wait_mark(job.after);
       if (!failed) job.run();  // after an error, later jobs are skipped: their inputs are wrong
-      if (gpu) gpu_synchronize();
+      if (gpu_) gpu_synchronize();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();

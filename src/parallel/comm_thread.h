@@ -9,17 +9,19 @@
 #include <mutex>
 #include <thread>
 
+#include "core/kernel_impl.h"
 #include "device/device.h"
 
 namespace anvil {
 
-// Runs jobs on one thread, first in, first out. Under kernels=gpu the thread launches on the
+// Runs jobs on one thread, first in, first out. For a model on the GPU the thread launches on the
 // communication stream (device/device.h): a job starts after the ops launched before it was
 // submitted (they produced the data it reads and finished with the buffers it fills), and is
 // done when its stream work is, so that waiting for its ticket orders what follows.
 class CommThread {
  public:
-  CommThread();
+  // impl: the kernels of the arrays the jobs move (kGpu: on the communication stream).
+  explicit CommThread(KernelImpl impl);
   ~CommThread();
   uint64_t submit(std::function<void()> job);
   void wait(uint64_t ticket);  // rethrows a job's error
@@ -27,12 +29,13 @@ class CommThread {
 
  private:
   void run();
+  const bool gpu_;
   std::mutex mu_;
   std::condition_variable cv_;
   struct Job {
     uint64_t ticket;
     std::function<void()> run;
-    GpuMark after;  // under kernels=gpu
+    GpuMark after;  // on the GPU
   };
   std::deque<Job> jobs_;
   uint64_t submitted_ = 0, finished_ = 0;

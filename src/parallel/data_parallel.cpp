@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/impl.h"
 
 namespace anvil {
 
@@ -38,7 +37,7 @@ const DataParallelOptions& checked(const DataParallelOptions& o, Model& model) {
   ANVIL_CHECK(!o.bf16_compression || !o.deterministic, "gradient compression (bf16) rounds gradients on the "
               "wire, so it needs deterministic_mode: false");
   ANVIL_CHECK(o.global_batch >= 1, "global batch {} must be at least one sequence", o.global_batch);
-  ANVIL_CHECK(!o.bf16_compression || kernel_impl() != KernelImpl::kGpu,
+  ANVIL_CHECK(!o.bf16_compression || model.kernels() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
   const ModelStorage want = model_storage_for(o);
   ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads &&
@@ -52,11 +51,16 @@ const DataParallelOptions& checked(const DataParallelOptions& o, Model& model) {
 
 DataParallel::DataParallel(Communicator& comm, Model& model, const OptimizerConfig& optimizer,
                            DataParallelOptions options)
-    : comm_(comm), model_(model), opt_(checked(options, model)),
+    : comm_(comm),
+      model_(model),
+      opt_(checked(options, model)),
       shards_(model, comm.size(), comm.rank(), opt_.zero_stage),
-      optimizer_(optimizer, model.tensors(), shards_.lo, shards_.hi),
-      collectives_(comm, largest_collective_bytes(model.units()), opt_.gpu_collectives),
-      ctx_{comm_, model_, opt_, shards_, thread_, collectives_}, params_(ctx_), grads_(ctx_) {
+      optimizer_(model.kernels(), optimizer, model.tensors(), shards_.lo, shards_.hi),
+      collectives_(comm, model.kernels(), largest_collective_bytes(model.units()), opt_.gpu_collectives),
+      ctx_{comm_, model_, opt_, shards_, thread_, collectives_},
+      params_(ctx_),
+      grads_(ctx_),
+      thread_(model.kernels()) {
   model_.set_unit_access(this);
 }
 
@@ -110,8 +114,8 @@ void DataParallel::copy_shard(size_t& lo, size_t& hi, std::vector<float>& params
   exp_avg_sq.resize(hi - lo);
   params_.copy_to_host(lo, hi, params.data());
   // The optimizer's moments cover [shards_.lo, shards_.hi): the shard, or everything under ZeRO-0.
-  op_copy_to_host(exp_avg.data(), optimizer_.exp_avg() + (lo - shards_.lo), bytes);
-  op_copy_to_host(exp_avg_sq.data(), optimizer_.exp_avg_sq() + (lo - shards_.lo), bytes);
+  op_copy_to_host(model_.kernels(), exp_avg.data(), optimizer_.exp_avg() + (lo - shards_.lo), bytes);
+  op_copy_to_host(model_.kernels(), exp_avg_sq.data(), optimizer_.exp_avg_sq() + (lo - shards_.lo), bytes);
 }
 
 void DataParallel::load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,
@@ -121,8 +125,8 @@ void DataParallel::load_full_state(const std::vector<float>& params, const std::
               "training state of {} parameters for a model of {}", params.size(), n);
   quiesce();
   params_.load(params.data());
-  op_copy_from_host(optimizer_.exp_avg(), exp_avg.data() + lo, (hi - lo) * sizeof(float));
-  op_copy_from_host(optimizer_.exp_avg_sq(), exp_avg_sq.data() + lo, (hi - lo) * sizeof(float));
+  op_copy_from_host(model_.kernels(), optimizer_.exp_avg(), exp_avg.data() + lo, (hi - lo) * sizeof(float));
+  op_copy_from_host(model_.kernels(), optimizer_.exp_avg_sq(), exp_avg_sq.data() + lo, (hi - lo) * sizeof(float));
   optimizer_.set_steps_taken(optimizer_steps);
 }
 

@@ -14,33 +14,33 @@
 namespace anvil {
 
 GradientReduction::GradientReduction(const DataParallelContext& ctx)
-    : ctx_(ctx), units_(ctx.model.units()), tensors_(ctx.model.tensors()) {
+    : ctx_(ctx), impl_(ctx.model.kernels()), units_(ctx.model.units()), tensors_(ctx.model.tensors()) {
   const DataParallelOptions& opt = ctx_.options;
   const size_t shard = ctx_.shards.hi - ctx_.shards.lo;
   size_t largest_block = 0;
   for (size_t u = 1; u < units_.size(); u++) largest_block = std::max(largest_block, units_[u].numel);
   if (opt.zero_stage >= 2) {
     if (opt.deterministic) {
-      fixed_shard_.assign_zeros(shard);
-      emb_slot_.fixed.assign_zeros(units_[0].numel);
-      for (Slot& s : block_slots_) s.fixed.assign_zeros(largest_block);
+      fixed_shard_.assign_zeros(impl_, shard);
+      emb_slot_.fixed.assign_zeros(impl_, units_[0].numel);
+      for (Slot& s : block_slots_) s.fixed.assign_zeros(impl_, largest_block);
     } else {
-      grad_shard_.assign_zeros(shard);
-      emb_slot_.buf.assign_zeros(units_[0].numel);
-      for (Slot& s : block_slots_) s.buf.assign_zeros(largest_block);
+      grad_shard_.assign_zeros(impl_, shard);
+      emb_slot_.buf.assign_zeros(impl_, units_[0].numel);
+      for (Slot& s : block_slots_) s.buf.assign_zeros(impl_, largest_block);
     }
   }
   if (opt.deterministic) {
-    if (opt.zero_stage < 2) fixed_.assign_zeros(ctx_.shards.n);
-    emb_scratch_.buf.assign_zeros(ctx_.model.largest_grads_span(0));
+    if (opt.zero_stage < 2) fixed_.assign_zeros(impl_, ctx_.shards.n);
+    emb_scratch_.buf.assign_zeros(impl_, ctx_.model.largest_grads_span(0));
     size_t largest_span = 0;
     for (size_t u = 1; u < units_.size(); u++)
       largest_span = std::max(largest_span, ctx_.model.largest_grads_span(static_cast<int>(u)));
-    block_scratch_.buf.assign_zeros(largest_span);
+    block_scratch_.buf.assign_zeros(impl_, largest_span);
     fixed_dest_.assign(units_.size(), nullptr);
     scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt.global_batch));
-    sample_max_.assign_zeros(tensors_.size());
-    owned_squares_.assign_zeros(tensors_.size());
+    sample_max_.assign_zeros(impl_, tensors_.size());
+    owned_squares_.assign_zeros(impl_, tensors_.size());
     // Space for the per-step exchanges, so that a step allocates nothing.
     const size_t K = tensors_.size(), W = static_cast<size_t>(ctx_.comm.size());
     next_scale_.resize(K);
@@ -81,11 +81,11 @@ void GradientReduction::set_scales(const std::vector<int>& scales) {
 
 void GradientReduction::begin_step() {
   if (ctx_.options.deterministic) {
-    op_zero(fixed_.data(), fixed_.size() * sizeof(int64_t));
-    op_zero(fixed_shard_.data(), fixed_shard_.size() * sizeof(int64_t));
-    op_zero(sample_max_.data(), sample_max_.size() * sizeof(float));
+    op_zero(impl_, fixed_.data(), fixed_.size() * sizeof(int64_t));
+    op_zero(impl_, fixed_shard_.data(), fixed_shard_.size() * sizeof(int64_t));
+    op_zero(impl_, sample_max_.data(), sample_max_.size() * sizeof(float));
   } else if (ctx_.options.zero_stage >= 2) {
-    op_zero(grad_shard_.data(), grad_shard_.size() * sizeof(float));
+    op_zero(impl_, grad_shard_.data(), grad_shard_.size() * sizeof(float));
   } else {
     ctx_.model.zero_grad();
   }
@@ -101,7 +101,7 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
     // and agree on whether any of it is not finite.
     float* g = opt.zero_stage == 0 ? ctx_.model.grads() : owned_grads();
     const size_t n = opt.zero_stage == 0 ? ctx_.shards.n : ctx_.shards.hi - ctx_.shards.lo;
-    const int bad = !scale_values_check_finite(g, n, static_cast<float>(1.0 / loss_scale_));
+    const int bad = !scale_values_check_finite(impl_, g, n, static_cast<float>(1.0 / loss_scale_));
     return sum_exact(comm, bad) > 0 ? Backward::kOverflow : Backward::kDone;
   }
   // Every rank's per-tensor maxima: the overflow verdict and the next scales are then the same
@@ -110,7 +110,7 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
   const size_t K = tensors_.size();
   std::vector<float>& all = all_max_;
   float* mine = all.data() + K * comm.rank();
-  op_copy_to_host(mine, sample_max_.data(), K * sizeof(float));
+  op_copy_to_host(impl_, mine, sample_max_.data(), K * sizeof(float));
   for (size_t k = 0; k < K; k++) mine[k] = std::ldexp(mine[k], -loss_scale_log2_);
   all_gather_blocks(comm, all.data(), K * sizeof(float));
   bool fits = true;
@@ -144,9 +144,9 @@ void GradientReduction::sum_owned_squares() {
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     // An empty range sums to zero.
     const size_t at = a < b ? a - lo : 0, count = a < b ? b - a : 0;
-    fixed_point_squares(fixed + at, count, owned_squares_.data() + k);
+    fixed_point_squares(impl_, fixed + at, count, owned_squares_.data() + k);
   }
-  op_copy_to_host(host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
+  op_copy_to_host(impl_, host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
 }
 
 double GradientReduction::global_norm() {
@@ -171,8 +171,8 @@ double GradientReduction::global_norm() {
     for (size_t k = 0; k < K; k++) sq += std::ldexp(static_cast<double>(squares[k]), kSquareShift - 2 * step_scale_[k]);
     return std::sqrt(sq);
   }
-  if (opt.zero_stage == 0) return grad_norm(ctx_.model.grads(), ctx_.shards.n);  // every rank holds it all
-  return std::sqrt(sum_in_rank_order(comm, sum_of_squares(owned_grads(), ctx_.shards.hi - ctx_.shards.lo)));
+  if (opt.zero_stage == 0) return grad_norm(impl_, ctx_.model.grads(), ctx_.shards.n);  // every rank holds it all
+  return std::sqrt(sum_in_rank_order(comm, sum_of_squares(impl_, owned_grads(), ctx_.shards.hi - ctx_.shards.lo)));
 }
 
 GradientReduction::Slot* GradientReduction::find_open_slot(int unit) {
@@ -195,9 +195,9 @@ GradientReduction::Slot* GradientReduction::open_slot(int unit) {
   if (!(s->in_use && s->unit == unit)) {
     ctx_.thread.wait(s->ticket);  // the reduce-scatter still reading its last contents
     if (ctx_.options.deterministic)
-      op_zero(s->fixed.data(), units_[unit].numel * sizeof(int64_t));
+      op_zero(impl_, s->fixed.data(), units_[unit].numel * sizeof(int64_t));
     else
-      op_zero(s->buf.data(), units_[unit].numel * sizeof(float));
+      op_zero(impl_, s->buf.data(), units_[unit].numel * sizeof(float));
     s->unit = unit;
     s->in_use = true;
   }
@@ -241,8 +241,8 @@ void GradientReduction::grain_done(int unit, size_t offset, size_t count) {
     if (a >= b) continue;
     // The loss scale 2^e comes off exactly here (and off the maxima in finish_backward): the
     // accumulators and so the fixed-point scales are those of the unscaled gradients.
-    fixed_point_accumulate(dest + (a - base), scratch + (a - base - s.origin), b - a, scale_[k] - loss_scale_log2_,
-                           sample_max_.data() + k);
+    fixed_point_accumulate(impl_, dest + (a - base), scratch + (a - base - s.origin), b - a,
+                           scale_[k] - loss_scale_log2_, sample_max_.data() + k);
   }
 }
 
@@ -264,13 +264,13 @@ void GradientReduction::grain_rows(int unit, size_t offset, float* x, const int3
                                     t.offset + t.numel,
                 "row {} lies outside tensor '{}'", rows[r], t.name);
   if (!ctx_.options.deterministic) {
-    add_rows(grads(unit, offset, 0), x, rows_op, n_rows, row_len);
+    add_rows(impl_, grads(unit, offset, 0), x, rows_op, n_rows, row_len);
     return;
   }
   // Rows may be a unit's first contribution in a microbatch (an untied model's token embedding
   // without a position table), so they open it as grads() does.
   int64_t* dest = open_fixed(unit);
-  fixed_point_accumulate_rows(dest + offset, x, rows_op, n_rows, row_len, scale_[k] - loss_scale_log2_,
+  fixed_point_accumulate_rows(impl_, dest + offset, x, rows_op, n_rows, row_len, scale_[k] - loss_scale_log2_,
                               sample_max_.data() + k);
 }
 
@@ -312,17 +312,18 @@ void GradientReduction::grads_done(int unit) {
   if (opt.deterministic) {
     int64_t* buf = s->fixed.data();
     int64_t* shard = fixed_shard_.data();
-    s->ticket = thread.submit([collectives, buf, shard, a, b, lo, u, counts, algo] {
+    s->ticket = thread.submit([collectives, impl = impl_, buf, shard, a, b, lo, u, counts, algo] {
       collectives->reduce_scatter(buf, *counts, algo);
-      if (b > a) fixed_point_add_arrays(shard + (a - lo), buf + (a - u.offset), b - a);
+      if (b > a) fixed_point_add_arrays(impl, shard + (a - lo), buf + (a - u.offset), b - a);
     });
     return;
   }
   float* buf = s->buf.data();
   float* shard = grad_shard_.data();
-  s->ticket = thread.submit([collectives, buf, shard, a, b, lo, u, counts, algo] {
+  s->ticket = thread.submit([collectives, impl = impl_, buf, shard, a, b, lo, u, counts, algo] {
     collectives->reduce_scatter(buf, *counts, algo);
-    if (b > a) residual_forward(shard + (a - lo), shard + (a - lo), buf + (a - u.offset), static_cast<long>(b - a));
+    if (b > a)
+      residual_forward(impl, shard + (a - lo), shard + (a - lo), buf + (a - u.offset), static_cast<long>(b - a));
   });
 }
 

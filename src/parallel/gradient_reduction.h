@@ -71,6 +71,7 @@ class GradientReduction {
   int tensor_at(int unit, size_t offset) const;  // the tensor holding the unit's element at offset
 
   DataParallelContext ctx_;
+  const KernelImpl impl_;  // the model's: where its arrays live and what runs on them
   const std::vector<ParamUnit>& units_;
   const std::vector<ParamTensor>& tensors_;
   bool last_microbatch_ = true;

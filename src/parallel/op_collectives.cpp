@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/buffer.h"
-#include "kernels/impl.h"
 
 namespace anvil {
 
@@ -26,8 +25,9 @@ GpuSharing gpu_sharing(Communicator& comm) {
   return out;
 }
 
-OpCollectives::OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice) : comm_(comm) {
-  if (kernel_impl() != KernelImpl::kGpu) return;  // kHost
+OpCollectives::OpCollectives(Communicator& comm, KernelImpl impl, size_t largest_bytes, GpuCollectivesChoice choice)
+    : comm_(comm) {
+  if (impl != KernelImpl::kGpu) return;  // kHost
   sharing_ = gpu_sharing(comm);
   const bool own_gpus = !sharing_.any;
   ANVIL_CHECK(choice != GpuCollectivesChoice::kNccl || own_gpus, "distributed.gpu_collectives: nccl needs a GPU per "
@@ -68,9 +68,9 @@ void OpCollectives::on_host(T* data, size_t n, F collective) {
   ANVIL_CHECK(bytes <= stage_.size(), "a collective of {} bytes exceeds the {} bytes staged for it", bytes,
               stage_.size());
   T* host = reinterpret_cast<T*>(stage_.data());
-  op_copy_to_host(host, data, bytes);
+  op_copy_to_host(KernelImpl::kGpu, host, data, bytes);  // every path but kHost holds GPU arrays
   collective(host);
-  op_copy_from_host(data, host, bytes);
+  op_copy_from_host(KernelImpl::kGpu, data, host, bytes);
 }
 
 void OpCollectives::all_reduce(float* data, size_t n, AllReduceAlgo algo) {

@@ -31,12 +31,13 @@ GpuSharing gpu_sharing(Communicator& comm);
 
 class OpCollectives {
  public:
-  // largest_bytes: the largest array any call below will be given. Collective over comm's ranks.
-  OpCollectives(Communicator& comm, size_t largest_bytes, GpuCollectivesChoice choice);
+  // impl: the kernels of the arrays given (their memory). largest_bytes: the largest array any call
+  // below will be given. Collective over comm's ranks.
+  OpCollectives(Communicator& comm, KernelImpl impl, size_t largest_bytes, GpuCollectivesChoice choice);
   ~OpCollectives();
   // "anvil's (host memory)", "NCCL 2.28.3", "anvil's, through host memory".
   std::string description() const;
-  // Under kernels=gpu, which ranks share a GPU (found once, at construction); {1, false} otherwise.
+  // For arrays on the GPU, which ranks share a GPU (found once, at construction); {1, false} otherwise.
   const GpuSharing& sharing() const { return sharing_; }
 
   void all_reduce(float* data, size_t n, AllReduceAlgo algo);

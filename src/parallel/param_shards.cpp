@@ -7,13 +7,14 @@
 
 namespace anvil {
 
-ParamShards::ParamShards(const DataParallelContext& ctx) : ctx_(ctx), units_(ctx.model.units()) {
+ParamShards::ParamShards(const DataParallelContext& ctx)
+    : ctx_(ctx), impl_(ctx.model.kernels()), units_(ctx.model.units()) {
   if (ctx_.options.zero_stage == 3) {
     size_t largest_block = 0;
     for (size_t u = 1; u < units_.size(); u++) largest_block = std::max(largest_block, units_[u].numel);
-    shard_.assign_zeros(ctx_.shards.hi - ctx_.shards.lo);
-    emb_slot_.buf.assign_zeros(units_[0].numel);
-    for (Slot& s : block_slots_) s.buf.assign_zeros(largest_block);
+    shard_.assign_zeros(impl_, ctx_.shards.hi - ctx_.shards.lo);
+    emb_slot_.buf.assign_zeros(impl_, units_[0].numel);
+    for (Slot& s : block_slots_) s.buf.assign_zeros(impl_, largest_block);
   }
 }
 
@@ -36,7 +37,7 @@ void ParamShards::init(uint64_t seed) {
   if (ctx_.options.zero_stage == 3) {
     std::vector<float> host(ctx_.shards.hi - ctx_.shards.lo);
     model_init_params(ctx_.model.config(), seed, ctx_.shards.lo, ctx_.shards.hi, host.data());
-    op_copy_from_host(shard_.data(), host.data(), host.size() * sizeof(float));
+    op_copy_from_host(impl_, shard_.data(), host.data(), host.size() * sizeof(float));
     mark_stale();
   } else {
     ctx_.model.init_weights(seed);
@@ -58,15 +59,15 @@ void ParamShards::copy_to_host(size_t lo, size_t hi, float* out) {
   ANVIL_CHECK(lo >= ctx_.shards.shard_lo && hi <= ctx_.shards.shard_hi, "internal: [{}, {}) is outside the rank's "
               "shard", lo, hi);
   const float* p = ctx_.options.zero_stage == 3 ? shard_.data() + (lo - ctx_.shards.lo) : ctx_.model.params() + lo;
-  op_copy_to_host(out, p, (hi - lo) * sizeof(float));
+  op_copy_to_host(impl_, out, p, (hi - lo) * sizeof(float));
 }
 
 void ParamShards::load(const float* params) {
   if (ctx_.options.zero_stage == 3) {
-    op_copy_from_host(shard_.data(), params + ctx_.shards.lo, (ctx_.shards.hi - ctx_.shards.lo) * sizeof(float));
+    op_copy_from_host(impl_, shard_.data(), params + ctx_.shards.lo, (ctx_.shards.hi - ctx_.shards.lo) * sizeof(float));
     mark_stale();
   } else {
-    op_copy_from_host(ctx_.model.params(), params, ctx_.shards.n * sizeof(float));
+    op_copy_from_host(impl_, ctx_.model.params(), params, ctx_.shards.n * sizeof(float));
   }
 }
 
@@ -95,8 +96,8 @@ void ParamShards::start_gather(Slot& slot, int unit) {
   const float* shard = shard_.data();
   const std::vector<size_t>* counts = &ctx_.shards.unit_counts[unit];
   OpCollectives* collectives = &ctx_.collectives;
-  slot.ticket = ctx_.thread.submit([collectives, buf, a, b, shard, lo, u, counts] {
-    if (b > a) op_copy(buf + (a - u.offset), shard + (a - lo), (b - a) * sizeof(float));
+  slot.ticket = ctx_.thread.submit([collectives, impl = impl_, buf, a, b, shard, lo, u, counts] {
+    if (b > a) op_copy(impl, buf + (a - u.offset), shard + (a - lo), (b - a) * sizeof(float));
     collectives->all_gather(buf, *counts);
   });
 }

@@ -48,6 +48,7 @@ class ParamShards {
   void mark_stale();
 
   DataParallelContext ctx_;
+  const KernelImpl impl_;  // the model's: where its arrays live and what runs on them
   const std::vector<ParamUnit>& units_;
   OpArray<float> shard_;  // ZeRO-3
   Slot emb_slot_, block_slots_[2];

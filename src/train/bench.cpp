@@ -31,7 +31,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   TrainConfig cfg = config;  // with the batch sizes and microbatch resolved
   resolve_batch_sizes(cfg, 1);
   cfg.device_eval_batch_size = 0;  // no evaluation here: activations for the microbatch alone
-  select_kernel_impl(cfg.kernels, 0);
+  prepare_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
@@ -54,8 +54,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   std::vector<int32_t> tokens(stream.begin(), stream.end() - 1), targets(stream.begin() + 1, stream.end());
 
   BenchTrainResult r;
-  r.peak_gflops = matmul_peak_gflops(cfg.precision);
-  r.peak_source = matmul_backend_description();
+  r.peak_gflops = matmul_peak_gflops(cfg.kernels, cfg.precision);
+  r.peak_source = matmul_backend_description(cfg.kernels);
   r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
   r.model_states_mib = static_cast<double>(mem.model_states()) / (1 << 20);
   r.frozen_base_mib = static_cast<double>(model.base_bytes()) / (1 << 20);
@@ -68,7 +68,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   if (profile) op_profile_start();
   // The timed steps alone are what a GPU profiler started with collection off records
   // (bench/gpu_kernel_times.sh).
-  const bool gpu = kernel_impl() == KernelImpl::kGpu;
+  const bool gpu = cfg.kernels == KernelImpl::kGpu;
   if (gpu) gpu_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;

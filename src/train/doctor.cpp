@@ -21,7 +21,6 @@
 #include "kernels/attention.h"
 #include "kernels/buffer.h"
 #include "kernels/crossentropy.h"
-#include "kernels/impl.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
 #include "train/loss_plot.h"
@@ -45,20 +44,22 @@ double rel_norm_error(const std::vector<float>& got, const std::vector<float>& w
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-// Inputs and outputs of one op, run under the current kernel implementation: host vectors in,
-// host vectors out, whatever memory the ops use.
+// Inputs and outputs of one op, run under a kernel implementation: host vectors in, host vectors
+// out, whatever memory its ops use.
 struct OpRun {
+  explicit OpRun(KernelImpl k) : impl(k) {}
+  KernelImpl impl;
   std::vector<OpArray<float>> arrays;
   float* put(const std::vector<float>& host) {
     arrays.emplace_back();
-    arrays.back().assign_zeros(host.size());
-    op_copy_from_host(arrays.back().data(), host.data(), host.size() * sizeof(float));
+    arrays.back().assign_zeros(impl, host.size());
+    op_copy_from_host(impl, arrays.back().data(), host.data(), host.size() * sizeof(float));
     return arrays.back().data();
   }
   float* zeros(size_t n) { return put(std::vector<float>(n, 0.0f)); }
-  static std::vector<float> get(const float* p, size_t n) {
+  std::vector<float> get(const float* p, size_t n) const {
     std::vector<float> host(n);
-    op_copy_to_host(host.data(), p, n * sizeof(float));
+    op_copy_to_host(impl, host.data(), p, n * sizeof(float));
     return host;
   }
 };
@@ -75,54 +76,51 @@ std::vector<ParityResult> op_parity(KernelImpl impl) {
   auto qkv = random_values(2 * T * 3 * C, 4), logits = random_values(N * V, 5);
   std::vector<int32_t> targets(N);
   for (int i = 0; i < N; i++) targets[i] = (i * 37) % V;
-  // Each op: the outputs of the current implementation, flattened.
-  const std::vector<std::pair<std::string, std::function<std::vector<float>()>>> ops = {
-      {"matmul", [&] {
-         OpRun r;
+  // Each op: the outputs of an implementation, flattened.
+  const std::vector<std::pair<std::string, std::function<std::vector<float>(KernelImpl)>>> ops = {
+      {"matmul",
+       [&](KernelImpl k) {
+         OpRun r(k);
          float* out = r.zeros(N * OC);
-         MatmulContext ctx;
+         MatmulContext ctx(k);
          matmul_forward(ctx, out, r.put(x), r.put(w), r.put(b), N, C, OC);
-         return OpRun::get(out, N * OC);
+         return r.get(out, N * OC);
        }},
-      {"layernorm", [&] {
-         OpRun r;
+      {"layernorm",
+       [&](KernelImpl k) {
+         OpRun r(k);
          float *out = r.zeros(N * C), *m = r.zeros(N), *s = r.zeros(N);
-         layernorm_forward(out, m, s, r.put(x), r.put(std::vector<float>(w.begin(), w.begin() + C)),
+         layernorm_forward(k, out, m, s, r.put(x), r.put(std::vector<float>(w.begin(), w.begin() + C)),
                            r.put(std::vector<float>(b.begin(), b.begin() + C)), N, C);
-         return OpRun::get(out, N * C);
+         return r.get(out, N * C);
        }},
-      {"attention", [&] {
-         OpRun r;
+      {"attention",
+       [&](KernelImpl k) {
+         OpRun r(k);
          float *out = r.zeros(2 * T * C), *lse = r.zeros(2 * NH * T), *dqkv = r.zeros(qkv.size());
          float* in = r.put(qkv);
-         attention_forward(out, lse, in, nullptr, 2, T, {NH, NH, C / NH});
+         attention_forward(k, out, lse, in, nullptr, 2, T, {NH, NH, C / NH});
          float* dout = r.put(random_values(2 * T * C, 6));
-         attention_backward(dqkv, dout, in, out, lse, nullptr, 2, T, {NH, NH, C / NH});
-         std::vector<float> all = OpRun::get(out, 2 * T * C), d = OpRun::get(dqkv, qkv.size());
+         attention_backward(k, dqkv, dout, in, out, lse, nullptr, 2, T, {NH, NH, C / NH});
+         std::vector<float> all = r.get(out, 2 * T * C), d = r.get(dqkv, qkv.size());
          all.insert(all.end(), d.begin(), d.end());
          return all;
        }},
-      {"cross-entropy", [&] {
-         OpRun r;
+      {"cross-entropy",
+       [&](KernelImpl k) {
+         OpRun r(k);
          OpArray<int32_t> t;
-         t.assign_zeros(N);
-         op_copy_from_host(t.data(), targets.data(), N * sizeof(int32_t));
+         t.assign_zeros(k, N);
+         op_copy_from_host(k, t.data(), targets.data(), N * sizeof(int32_t));
          float *losses = r.zeros(N), *d = r.put(logits);
-         crossentropy_forward_backward(losses, d, d, t.data(), 0.5f, N, V, ComputeDtype::kFp32);
-         std::vector<float> all = OpRun::get(losses, N), g = OpRun::get(d, logits.size());
+         crossentropy_forward_backward(k, losses, d, d, t.data(), 0.5f, N, V, ComputeDtype::kFp32);
+         std::vector<float> all = r.get(losses, N), g = r.get(d, logits.size());
          all.insert(all.end(), g.begin(), g.end());
          return all;
        }},
   };
   std::vector<ParityResult> results;
-  const KernelImpl before = kernel_impl();
-  for (const auto& [name, run] : ops) {
-    set_kernel_impl(KernelImpl::kRef);
-    const std::vector<float> want = run();
-    set_kernel_impl(impl);
-    results.push_back({name, rel_norm_error(run(), want)});
-  }
-  set_kernel_impl(before);
+  for (const auto& [name, run] : ops) results.push_back({name, rel_norm_error(run(impl), run(KernelImpl::kRef))});
   return results;
 }
 
@@ -168,7 +166,7 @@ int run_doctor() {
     const CpuInfo& cpu = cpu_info();
     std::printf("cpu: %s, %d threads, %s; %s\n", cpu.model.c_str(), cpu.threads,
                 cpu.avx512 ? (cpu.avx512bf16 ? "AVX-512 with BF16" : "AVX-512") : (cpu.avx2 ? "AVX2" : "no AVX2"),
-                matmul_backend_description().c_str());
+                matmul_backend_description(KernelImpl::kCpu).c_str());
     std::printf("gpu backend: %s\n", gpu_backend_description().c_str());
     if (gpus.empty()) std::printf("gpus: none visible\n");
     for (const GpuInfo& g : gpus)

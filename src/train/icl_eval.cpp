@@ -213,7 +213,8 @@ int64_t share_of(int64_t n, const IclShare& share) {
 // The model's greedy prediction after position t of the last forward pass's last sequence.
 int32_t greedy_token(const Model& model, int t, int vocab_size, std::vector<float>& row) {
   row.resize(static_cast<size_t>(vocab_size));
-  op_copy_to_host(row.data(), model.logits() + static_cast<size_t>(t) * vocab_size, row.size() * sizeof(float));
+  op_copy_to_host(model.kernels(), row.data(), model.logits() + static_cast<size_t>(t) * vocab_size,
+                  row.size() * sizeof(float));
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 

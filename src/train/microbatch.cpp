@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "device/device.h"
-#include "kernels/impl.h"
 #include "model/model.h"
 #include "train/step.h"
 
@@ -43,7 +42,7 @@ void resolve_batch_sizes(TrainConfig& c, int world) {
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;
-  const bool gpu = kernel_impl() == KernelImpl::kGpu;
+  const bool gpu = cfg.kernels == KernelImpl::kGpu;
   // On the GPU, attention's scratch (scores and their gradient, one sequence's) and the GEMM
   // workspace come on top of the activations.
   const size_t gpu_scratch =

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/impl.h"
 #include "parallel/collectives.h"
 #include "train/step.h"
 
@@ -18,7 +17,7 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   s.dp = std::make_unique<DataParallel>(comm, model, cfg.optimizer, data_parallel_options(cfg));
   const MemoryReport mem = s.dp->memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
-  const int sharing = kernel_impl() == KernelImpl::kGpu ? s.dp->gpu_sharing().on_my_gpu : comm.local_size();
+  const int sharing = model.kernels() == KernelImpl::kGpu ? s.dp->gpu_sharing().on_my_gpu : comm.local_size();
   s.plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing);
   int microbatch = s.plan.microbatch;
   if (cfg.microbatch_auto && comm.size() > 1)

@@ -33,6 +33,7 @@ DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
 
 ModelStorage model_storage_for(const TrainConfig& cfg) {
   ModelStorage s = model_storage_for(data_parallel_options(cfg));
+  s.kernels = cfg.kernels;
   s.activation_checkpointing = cfg.activation_checkpointing;
   return s;
 }

@@ -352,7 +352,7 @@ class TrainingRun {
 
 TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
     : cfg_(config), comm_(comm), checkpoints_(comm) {
-  select_kernel_impl(cfg_.kernels, comm.local_rank());
+  prepare_kernel_impl(cfg_.kernels, comm.local_rank());
   resolve_batch_sizes(cfg_, comm.size());
   T_ = cfg_.max_seq_len;
   GB_ = cfg_.global_train_batch_size;
@@ -471,7 +471,7 @@ void TrainingRun::build_model() {
     step_->loss_scaler().restore(loss_scaler, loaded_dir + "/manifest.json");
   flops_per_token_ = model_train_flops_per_token(cfg_.model, T_);
   // The job's peak: every rank's measured GEMM rate, for MFU over the global tokens/s.
-  peak_ = sum_in_rank_order(comm_, matmul_peak_gflops(cfg_.precision));
+  peak_ = sum_in_rank_order(comm_, matmul_peak_gflops(cfg_.kernels, cfg_.precision));
   tokens_.resize(static_cast<size_t>(std::max(local_batch_, model.max_batch())) * T_);
   targets_.resize(tokens_.size());
   positions_.resize(loader_->packing() ? tokens_.size() : 0);
@@ -488,8 +488,8 @@ void TrainingRun::describe() {
            cfg_.device_train_microbatch_size,
            cfg_.microbatch_auto ? fmt::format(", chosen by auto for a limit of {}", mib(plan_.limit)) : "",
            total_steps_);
-  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg_.kernels), matmul_backend_description(),
-           peak_, W_ > 1 ? fmt::format(" over {} ranks", W_) : "");
+  log_info("kernels: {}, {}; measured peak {:.0f} GFLOP/s{}", choice_name(cfg_.kernels),
+           matmul_backend_description(cfg_.kernels), peak_, W_ > 1 ? fmt::format(" over {} ranks", W_) : "");
   if (W_ > 1) {
     const LaunchInfo li = detect_launch();
     log_info("distributed: {} ranks ({} on this host) via {}{}; ZeRO stage {}, all-reduce {}{}, collectives {}, "

@@ -9,7 +9,6 @@
 
 #include "compare.h"
 #include "device/device.h"
-#include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "kernels/round.h"
 
@@ -25,15 +24,13 @@ std::vector<float> bf16_values(size_t n, uint64_t stream) {
 TEST(GpuMatmul, HeldWeightFollowsEachHold) {
   if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
   gpu_select(0);
-  const KernelImpl before = kernel_impl();
-  set_kernel_impl(KernelImpl::kGpu);
   const int N = 16, C = 32, OC = 48;
   const size_t w_bytes = sizeof(float) * OC * C, x_bytes = sizeof(float) * N * C, y_bytes = sizeof(float) * N * OC;
   auto* w = static_cast<float*>(gpu_alloc(w_bytes));
   auto* x = static_cast<float*>(gpu_alloc(x_bytes));
   auto* y = static_cast<float*>(gpu_alloc(y_bytes));
   gpu_copy_to_device(x, bf16_values(static_cast<size_t>(N) * C, 1).data(), x_bytes);
-  MatmulContext ctx(ComputeDtype::kBf16);
+  MatmulContext ctx(KernelImpl::kGpu, ComputeDtype::kBf16);
   // The forward product with weight values `values`, held or not.
   const auto product = [&](const std::vector<float>& values, bool held) {
     gpu_copy_to_device(w, values.data(), w_bytes);
@@ -53,7 +50,6 @@ TEST(GpuMatmul, HeldWeightFollowsEachHold) {
   gpu_release(w);
   gpu_release(x);
   gpu_release(y);
-  set_kernel_impl(before);
 }
 
 }  // namespace

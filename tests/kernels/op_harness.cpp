@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "device/device.h"
-#include "kernels/impl.h"
 #include "kernels/round.h"
 
 namespace anvil::testing {
@@ -58,12 +57,8 @@ struct Ran {
 };
 
 Ran run_once(const OpCase& c, Backend b, std::vector<OpRun::Array>* arrays, std::vector<OpRun::Result>* results) {
-  // What the ops ask of the process's implementation (MatmulContext's hold) answers for b.
-  const KernelImpl before = kernel_impl();
-  set_kernel_impl(b == Backend::kGpu ? KernelImpl::kGpu : b == Backend::kCpu ? KernelImpl::kCpu : KernelImpl::kRef);
   OpRun r(b);
   c.body(r);
-  set_kernel_impl(before);
   Ran ran;
   for (const OpRun::Array& a : r.arrays()) ran.arrays.push_back(r.read(a));
   for (const OpRun::Result& x : r.results()) ran.results.push_back(x.value);

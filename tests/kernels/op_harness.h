@@ -21,6 +21,7 @@
 
 #include "compare.h"
 #include "core/dtype.h"
+#include "core/kernel_impl.h"
 
 namespace anvil::testing {
 
@@ -49,6 +50,12 @@ class OpRun {
   OpRun(const OpRun&) = delete;
   OpRun& operator=(const OpRun&) = delete;
   Backend backend() const { return backend_; }
+  // The kernels the backend names, for what an op's context carries (MatmulContext).
+  KernelImpl impl() const {
+    return backend_ == Backend::kGpu   ? KernelImpl::kGpu
+           : backend_ == Backend::kCpu ? KernelImpl::kCpu
+                                       : KernelImpl::kRef;
+  }
 
   // An input: a copy of host in this backend's memory, which the op must leave as it is.
   template <class T>

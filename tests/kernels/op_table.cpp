@@ -171,64 +171,67 @@ void matmul_cases(std::vector<OpCase>& cases) {
                    NO = static_cast<size_t>(s.N) * s.OC;
       const std::string name_dims = dtype_name(d) + std::string(s.bias ? "_bias" : "");
       cases.push_back({case_name("matmul_forward", {{"N", s.N}, {"C", s.C}, {"OC", s.OC}}, name_dims), [=](OpRun& r) {
-        MatmulContext ctx(d);
-        float* out = r.out("out", NO, norm(kFp32RelNorm));
-        ANVIL_RUN_OP(r, matmul_forward, ctx, out, r.in("inp", rounded(randn(NC, 1), d)),
-                     r.in("weight", rounded(randn(W, 2, 0.1f), d)),
-                     s.bias ? r.in("bias", rounded(randn(s.OC, 3), d)) : nullptr, s.N, s.C, s.OC);
-      }});
+                         MatmulContext ctx(r.impl(), d);
+                         float* out = r.out("out", NO, norm(kFp32RelNorm));
+                         ANVIL_RUN_OP(r, matmul_forward, ctx, out, r.in("inp", rounded(randn(NC, 1), d)),
+                                      r.in("weight", rounded(randn(W, 2, 0.1f), d)),
+                                      s.bias ? r.in("bias", rounded(randn(s.OC, 3), d)) : nullptr, s.N, s.C, s.OC);
+                       }});
       cases.push_back({case_name("matmul_backward", {{"N", s.N}, {"C", s.C}, {"OC", s.OC}}, name_dims), [=](OpRun& r) {
-        MatmulContext ctx(d);
-        float* dinp = r.out("dinp", NC, norm(kFp32RelNorm));
-        float* dw = r.inout("dweight", randn(W, 5), norm(kFp32RelNorm));  // +=
-        float* db = s.bias ? r.inout("dbias", randn(s.OC, 6), close(kFp32Reduction)) : nullptr;
-        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw, db, r.in("dout", rounded(randn(NO, 4), d)), s.OC,
-                     r.in("inp", rounded(randn(NC, 1), d)), r.in("weight", rounded(randn(W, 2, 0.1f), d)), s.N, s.C,
-                     s.OC, false);
-      }});
+                         MatmulContext ctx(r.impl(), d);
+                         float* dinp = r.out("dinp", NC, norm(kFp32RelNorm));
+                         float* dw = r.inout("dweight", randn(W, 5), norm(kFp32RelNorm));  // +=
+                         float* db = s.bias ? r.inout("dbias", randn(s.OC, 6), close(kFp32Reduction)) : nullptr;
+                         ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw, db, r.in("dout", rounded(randn(NO, 4), d)),
+                                      s.OC, r.in("inp", rounded(randn(NC, 1), d)),
+                                      r.in("weight", rounded(randn(W, 2, 0.1f), d)), s.N, s.C, s.OC, false);
+                       }});
     }
   // The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
   // logits' gradient (rows ld_dout apart), the input gradient accumulated over the chunks.
   const int N = 64, C = 96, OC = 1001, chunk = 256;  // the last chunk of 233: padded on the GPU
   for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16})
-    cases.push_back({case_name("matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}}, std::string("column_blocks_") + dtype_name(d)),
-                     [=](OpRun& r) {
-      MatmulContext ctx(d);
-      float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
-      float* dw = r.inout("dweight", std::vector<float>(OC * C, 0.0f), norm(kFp32RelNorm));
-      float* db = r.inout("dbias", std::vector<float>(OC, 0.0f), close(kFp32Reduction));
-      const float *inp = r.in("inp", rounded(randn(N * C, 1), d)), *w = r.in("weight", rounded(randn(OC * C, 2, 0.1f), d)),
-                  *dout = r.in("dout", rounded(randn(N * OC, 4), d));
-      for (int o0 = 0; o0 < OC; o0 += chunk) {
-        const size_t rows = static_cast<size_t>(o0) * C;
-        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw + rows, db + o0, dout + o0, OC, inp, w + rows, N, C,
-                     std::min(chunk, OC - o0), o0 > 0);
-      }
-    }});
+    cases.push_back(
+        {case_name("matmul_backward", {{"N", N}, {"C", C}, {"OC", OC}}, std::string("column_blocks_") + dtype_name(d)),
+         [=](OpRun& r) {
+           MatmulContext ctx(r.impl(), d);
+           float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+           float* dw = r.inout("dweight", std::vector<float>(OC * C, 0.0f), norm(kFp32RelNorm));
+           float* db = r.inout("dbias", std::vector<float>(OC, 0.0f), close(kFp32Reduction));
+           const float *inp = r.in("inp", rounded(randn(N * C, 1), d)),
+                       *w = r.in("weight", rounded(randn(OC * C, 2, 0.1f), d)),
+                       *dout = r.in("dout", rounded(randn(N * OC, 4), d));
+           for (int o0 = 0; o0 < OC; o0 += chunk) {
+             const size_t rows = static_cast<size_t>(o0) * C;
+             ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, dw + rows, db + o0, dout + o0, OC, inp, w + rows, N, C,
+                          std::min(chunk, OC - o0), o0 > 0);
+           }
+         }});
   // A held weight (the tied LM head: MatmulContext::hold_weight), in the products of both passes
   // with the whole of it, as the GPU's head runs them; the CPU's bf16 products use their packed
   // copy, the GPU's 16-bit products their 16-bit copy (an odd vocabulary: padded to a multiple of 8 rows).
   for (ComputeDtype d : {ComputeDtype::kBf16, ComputeDtype::kFp16})
     for (int V : {OC - 1, OC})
       cases.push_back({case_name("matmul_held_weight", {{"N", N}, {"C", C}, {"OC", V}}, dtype_name(d)), [=](OpRun& r) {
-        MatmulContext ctx(d);
-        const float *inp = r.in("inp", rounded(randn(N * C, 1), d)),
-                    *w = r.in("weight", rounded(randn(V * C, 2, 0.1f), d)),
-                    *dout = r.in("dout", rounded(randn(N * V, 4), d));
-        float* out = r.out("out", N * V, norm(kFp32RelNorm));
-        float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
-        ctx.hold_weight(w, V, C);
-        ANVIL_RUN_OP(r, matmul_forward, ctx, out, inp, w, nullptr, N, C, V);
-        ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, dout, V, inp, w, N, C, V, false);
-        ctx.release_weight();
-      }});
+                         MatmulContext ctx(r.impl(), d);
+                         const float *inp = r.in("inp", rounded(randn(N * C, 1), d)),
+                                     *w = r.in("weight", rounded(randn(V * C, 2, 0.1f), d)),
+                                     *dout = r.in("dout", rounded(randn(N * V, 4), d));
+                         float* out = r.out("out", N * V, norm(kFp32RelNorm));
+                         float* dinp = r.out("dinp", N * C, norm(kFp32RelNorm));
+                         ctx.hold_weight(w, V, C);
+                         ANVIL_RUN_OP(r, matmul_forward, ctx, out, inp, w, nullptr, N, C, V);
+                         ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, dout, V, inp, w, N, C, V, false);
+                         ctx.release_weight();
+                       }});
   // A frozen weight (LoRA's base): no weight gradient, the input gradient added to one there.
   cases.push_back({case_name("matmul_backward", {{"N", 37}, {"C", 48}, {"OC", 80}}, "frozen_weight"), [=](OpRun& r) {
-    MatmulContext ctx;
-    float* dinp = r.inout("dinp", randn(37 * 48, 7), norm(kFp32RelNorm));
-    ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, r.in("dout", randn(37 * 80, 4)), 80,
-                 r.in("inp", randn(37 * 48, 1)), r.in("weight", randn(80 * 48, 2, 0.1f)), 37, 48, 80, true);
-  }});
+                     MatmulContext ctx(r.impl());
+                     float* dinp = r.inout("dinp", randn(37 * 48, 7), norm(kFp32RelNorm));
+                     ANVIL_RUN_OP(r, matmul_backward, ctx, dinp, nullptr, nullptr, r.in("dout", randn(37 * 80, 4)), 80,
+                                  r.in("inp", randn(37 * 48, 1)), r.in("weight", randn(80 * 48, 2, 0.1f)), 37, 48, 80,
+                                  true);
+                   }});
 }
 
 void elementwise_cases(std::vector<OpCase>& cases) {

@@ -14,7 +14,6 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
-#include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "kernels/rope.h"
 #include "kernels/round.h"
@@ -39,22 +38,20 @@ TEST(Encoder, CompactRowsAddUpToTheDirectGradient) {
   for (int t = 0; t < T; t++) compact[t] = std::lower_bound(rows.begin(), rows.end(), tokens[t]) - rows.begin();
   const auto dout = randn(T * C, 8);
   for (auto impl : {KernelImpl::kRef, KernelImpl::kCpu}) {
-    set_kernel_impl(impl);
     std::vector<float> direct(V * C, 0.0f), dwpe(T * C, 0.0f), table(V * C, 0.0f), dwpe2(T * C, 0.0f);
-    encoder_backward(direct.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, 1, T, C);
+    encoder_backward(impl, direct.data(), dwpe.data(), dout.data(), tokens.data(), nullptr, 1, T, C);
     std::vector<float> x(rows.size() * C, 0.0f);
-    encoder_backward(x.data(), dwpe2.data(), dout.data(), compact.data(), nullptr, 1, T, C);
-    add_rows(table.data(), x.data(), rows.data(), rows.size(), C);
+    encoder_backward(impl, x.data(), dwpe2.data(), dout.data(), compact.data(), nullptr, 1, T, C);
+    add_rows(impl, table.data(), x.data(), rows.data(), rows.size(), C);
     EXPECT_EQ(table, direct);
     EXPECT_EQ(dwpe2, dwpe);
     // Onto a table that holds values: row rows[r] gains row r, the other rows keep theirs.
     std::vector<float> held = randn(V * C, 9), want = held;
     for (size_t r = 0; r < rows.size(); r++)
       for (int c = 0; c < C; c++) want[rows[r] * C + c] += x[r * C + c];
-    add_rows(held.data(), x.data(), rows.data(), rows.size(), C);
+    add_rows(impl, held.data(), x.data(), rows.data(), rows.size(), C);
     EXPECT_EQ(held, want);
   }
-  set_kernel_impl(KernelImpl::kCpu);
 }
 
 // The LM head's backward a vocabulary chunk at a time: dout a block of columns of the wider
@@ -63,7 +60,7 @@ TEST(Encoder, CompactRowsAddUpToTheDirectGradient) {
 TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   const int N = 64, C = 96, OC = 1000;  // chunks of 256: three whole and one of 232
   auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
-  MatmulContext ctx;
+  MatmulContext ctx(KernelImpl::kCpu);
   std::vector<float> dinp_whole(N * C), dw_whole(w.size(), 0.0f), db_whole(OC, 0.0f);
   cpu::matmul_backward(ctx, dinp_whole.data(), dw_whole.data(), db_whole.data(), dout.data(), OC, inp.data(), w.data(),
                        N, C, OC, false);
@@ -87,7 +84,7 @@ TEST(Matmul, HeldWeightGivesTheSameBits) {
   auto inp = randn(N * C, 1), w = randn(OC * C, 2, 0.1f), dout = randn(N * OC, 4);
   for (ComputeDtype dtype : {ComputeDtype::kBf16, ComputeDtype::kFp32}) {
     SCOPED_TRACE(dtype == ComputeDtype::kBf16 ? "bf16 operands" : "fp32");
-    MatmulContext ctx(dtype);
+    MatmulContext ctx(KernelImpl::kCpu, dtype);
     std::vector<float> out[2], dinp[2], dw[2];
     for (int held = 0; held < 2; held++) {
       if (held) ctx.hold_weight(w.data(), OC, C);
@@ -109,7 +106,7 @@ TEST(Matmul, HeldWeightGivesTheSameBits) {
   }
   // Held, the products read the copy packed at their first use (hence "unchanged"): a change to
   // the weight after that is not seen until the weight is released.
-  MatmulContext ctx(ComputeDtype::kBf16);
+  MatmulContext ctx(KernelImpl::kCpu, ComputeDtype::kBf16);
   std::vector<float> before(N * OC), after(N * OC), dinp_before(N * C), dinp_after(N * C), dw(w.size(), 0.0f);
   auto products = [&](std::vector<float>& out, std::vector<float>& di) {
     cpu::matmul_forward(ctx, out.data(), inp.data(), w.data(), nullptr, N, C, OC);
@@ -133,7 +130,7 @@ TEST(Matmul, ThreadCountDoesNotChangeABit) {
     SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
     auto inp = randn(s.N * s.C, 1), w = randn(s.OC * s.C, 2, 0.1f), b = randn(s.OC, 3), dout = randn(s.N * s.OC, 4);
     std::vector<float> out[3], dinp[3], dw[3], db[3];
-    MatmulContext ctx;
+    MatmulContext ctx(KernelImpl::kCpu);
     const int saved = omp_get_max_threads();
     for (int k = 0; k < 3; k++) {
       omp_set_num_threads(k + 1);

@@ -31,7 +31,7 @@ TEST(FixedPoint, RoundsToNearestEvenAndClearsTheInput) {
   std::vector<float> x = {0.5f, 1.5f, 2.5f, -1.5f, -0.75f, 3.25f, 1e6f, -7.0f};
   std::vector<int64_t> acc(x.size(), 10);
   float m = 0.0f;
-  fixed_point_accumulate(acc.data(), x.data(), x.size(), 0, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 0, &m);
   EXPECT_EQ(m, 1e6f);
   const std::vector<int64_t> want = {10, 12, 12, 8, 9, 13, 1000010, 3};
   EXPECT_EQ(acc, want);
@@ -44,7 +44,7 @@ TEST(FixedPoint, MatchesLlrintAtLargeScales) {
   std::vector<int64_t> acc(x.size(), 0);
   const int s = fixed_point_scale(3.0f, 8);
   float m = 0.0f;
-  fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), s, &m);
   for (size_t i = 0; i < x.size(); i++) EXPECT_EQ(acc[i], std::llrint(std::ldexp(static_cast<double>(copy[i]), s)));
 }
 
@@ -55,10 +55,10 @@ TEST(FixedPoint, LargeArraysGiveTheSameResult) {
   std::vector<int64_t> whole(n, 0), pieces(n, 0);
   const int s = fixed_point_scale(1e-3f, 64);
   float m1 = 0.0f, m2 = 0.0f;
-  fixed_point_accumulate(whole.data(), a.data(), n, s, &m1);
+  fixed_point_accumulate(KernelImpl::kCpu, whole.data(), a.data(), n, s, &m1);
   for (size_t lo = 0; lo < n; lo += 1000) {
     const size_t len = std::min<size_t>(1000, n - lo);
-    fixed_point_accumulate(pieces.data() + lo, b.data() + lo, len, s, &m2);
+    fixed_point_accumulate(KernelImpl::kCpu, pieces.data() + lo, b.data() + lo, len, s, &m2);
   }
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(whole, pieces);
@@ -78,7 +78,7 @@ TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
       for (size_t k : group) {
         std::vector<float> x = g[k];
         float m = 0.0f;
-        fixed_point_accumulate(part.data(), x.data(), n, s, &m);
+        fixed_point_accumulate(KernelImpl::kCpu, part.data(), x.data(), n, s, &m);
       }
       for (size_t i = 0; i < n; i++) total[i] += part[i];
     }
@@ -101,11 +101,11 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   double direct = 0;
   for (float v : x) direct += static_cast<double>(v) * v;
   float m = 0.0f;
-  fixed_point_accumulate(acc.data(), x.data(), x.size(), s, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), s, &m);
   unsigned __int128 whole = 0, head = 0, tail = 0;
-  fixed_point_squares(acc.data(), acc.size(), &whole);
-  fixed_point_squares(acc.data(), 1234, &head);
-  fixed_point_squares(acc.data() + 1234, acc.size() - 1234, &tail);
+  fixed_point_squares(KernelImpl::kCpu, acc.data(), acc.size(), &whole);
+  fixed_point_squares(KernelImpl::kCpu, acc.data(), 1234, &head);
+  fixed_point_squares(KernelImpl::kCpu, acc.data() + 1234, acc.size() - 1234, &tail);
   EXPECT_TRUE(whole == head + tail);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
@@ -148,7 +148,8 @@ TEST(FixedPoint, RowsFormAddsEachCompactRowIntoItsRow) {
   std::vector<int64_t> acc(n, 0);
   std::vector<float> x = x0;
   float max_abs = 0.0f;
-  fixed_point_accumulate_rows(acc.data(), x.data(), touched.data(), touched.size(), row_len, s, &max_abs);
+  fixed_point_accumulate_rows(KernelImpl::kCpu, acc.data(), x.data(), touched.data(), touched.size(), row_len, s,
+                              &max_abs);
   for (size_t r = 0; r < rows; r++) EXPECT_EQ(x[r * row_len], r < touched.size() ? 0.0f : x0[r * row_len]) << r;
   for (size_t r = 0; r < touched.size(); r++)
     EXPECT_EQ(acc[touched[r] * row_len + 3], std::llrint(std::ldexp(static_cast<double>(x0[r * row_len + 3]), s)));
@@ -161,7 +162,7 @@ TEST(FixedPoint, RowsFormAddsEachCompactRowIntoItsRow) {
   EXPECT_EQ(max_abs, biggest_touched);
   x = x0;
   max_abs = 0.0f;
-  fixed_point_accumulate(acc.data(), x.data(), n, s, &max_abs);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), n, s, &max_abs);
   EXPECT_EQ(max_abs, biggest);
 }
 

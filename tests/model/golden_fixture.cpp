@@ -76,7 +76,7 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
   sc.name = SchedulerKind::kCosineWithWarmup;
   sc.alpha_f = meta("alpha_f");
   const LrSchedule sched(sc, static_cast<int64_t>(meta("t_warmup")), steps, steps);
-  AdamW opt(oc, model.tensors(), model.num_params());
+  AdamW opt(model.kernels(), oc, model.tensors(), model.num_params());
 
   const int32_t* positions = positions_of(f);
   std::vector<float> losses, norms;
@@ -86,7 +86,7 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
     model.zero_grad();
     const double sum = model.forward_backward(f.at("tokens").i32(), f.at("targets").i32(), B, T,
                                               1.0f / static_cast<float>(n), nullptr, positions);
-    const double norm = grad_norm(model.grads(), model.num_params());
+    const double norm = grad_norm(model.kernels(), model.grads(), model.num_params());
     norms.push_back(static_cast<float>(norm));
     losses.push_back(static_cast<float>(sum / n));
     opt.step(model.params(), model.grads(), sched.lr(step, step, oc.lr), clip_coefficient(norm, meta("clip")));

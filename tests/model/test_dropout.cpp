@@ -12,7 +12,6 @@
 
 #include "compare.h"
 #include "kernels/dropout.h"
-#include "kernels/impl.h"
 #include "model/decoder.h"
 #include "tiny_models.h"
 
@@ -47,11 +46,7 @@ struct Site {
   float emb, attn, resid;
 };
 
-class DropoutGradient : public ::testing::TestWithParam<std::tuple<ModelFamily, Site, KernelImpl>> {
- protected:
-  void SetUp() override { set_kernel_impl(std::get<2>(GetParam())); }
-  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
-};
+class DropoutGradient : public ::testing::TestWithParam<std::tuple<ModelFamily, Site, KernelImpl>> {};
 
 // d/dε L(θ + ε·u) at 0, from the gradient and from central differences: a mask the backward pass
 // did not share with the forward would leave them O(1) apart; fp32 central differences agree to
@@ -62,7 +57,7 @@ TEST_P(DropoutGradient, BackwardIsTheDerivativeOfTheDroppedOutLoss) {
   cfg.emb_pdrop = site.emb;
   cfg.attn_pdrop = site.attn;
   cfg.resid_pdrop = site.resid;
-  Decoder m(cfg, kB, kT);
+  Decoder m(cfg, kB, kT, testing::storage_on(impl));
   m.init_weights(3);
   const Batch b = batch();
   const size_t n = m.num_params();
@@ -90,7 +85,7 @@ TEST_P(DropoutGradient, BackwardIsTheDerivativeOfTheDroppedOutLoss) {
   // as the same weights without dropout.
   for (size_t i = 0; i < n; i++) m.params()[i] = theta[i];
   ModelConfig plain = testing::tiny_model(family, kT);
-  Decoder p(plain, kB, kT);
+  Decoder p(plain, kB, kT, testing::storage_on(impl));
   std::copy(theta.begin(), theta.end(), p.params());
   EXPECT_NE(loss, train_loss(p, b));
   EXPECT_EQ(m.forward(b.tokens.data(), b.targets.data(), kB, kT, nullptr),
@@ -139,7 +134,7 @@ TEST(Dropout, KeepsOneMinusPScaled) {
   for (float p : {0.1f, 0.5f}) {
     const DropoutSite site{dropout_key(1, 2, 3, DropoutKind::kAttentionOutput), 4, p};
     std::vector<float> x(2 * n, 1.5f), out(2 * n);
-    dropout_apply(out.data(), x.data(), 2, n, site);
+    dropout_apply(KernelImpl::kCpu, out.data(), x.data(), 2, n, site);
     long kept = 0, same = 0;
     for (long i = 0; i < 2 * n; i++) {
       ASSERT_TRUE(out[i] == 0.0f || out[i] == 1.5f * site.scale()) << i;

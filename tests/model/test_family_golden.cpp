@@ -19,8 +19,8 @@
 #include "config/model_section.h"
 #include "core/error.h"
 #include "golden_fixture.h"
-#include "kernels/impl.h"
 #include "model/decoder.h"
+#include "tiny_models.h"
 
 namespace anvil {
 namespace {
@@ -39,23 +39,19 @@ struct Family {
   KernelImpl impl;
 };
 
-class FamilyGolden : public ::testing::TestWithParam<Family> {
- protected:
-  void SetUp() override { set_kernel_impl(GetParam().impl); }
-  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
-};
+class FamilyGolden : public ::testing::TestWithParam<Family> {};
 
 TEST_P(FamilyGolden, LogitsLossAndGradientsMatchPyTorch) {
   SafeTensorsFile f = testing::load_golden(GetParam().fixture);
   const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
-  Decoder model(config_of(f), B, T);
+  Decoder model(config_of(f), B, T, testing::storage_on(GetParam().impl));
   expect_matches_fixture(model, f, B, T);
 }
 
 TEST_P(FamilyGolden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   SafeTensorsFile f = testing::load_golden(GetParam().fixture);
   const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
-  Decoder model(config_of(f), B, T);
+  Decoder model(config_of(f), B, T, testing::storage_on(GetParam().impl));
   testing::expect_adamw_steps_match(model, f, B, T);
 }
 
@@ -91,11 +87,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
 // rsLoRA scaling; an MPT with all-linear.
 class LoraGolden : public FamilyGolden {};
 
-std::unique_ptr<Decoder> lora_model(const SafeTensorsFile& f) {
+std::unique_ptr<Decoder> lora_model(const SafeTensorsFile& f, KernelImpl impl) {
   const int B = std::stoi(f.metadata.at("batch")), T = std::stoi(f.metadata.at("seq_len"));
   const ModelConfig cfg = config_of(f);
   EXPECT_TRUE(cfg.has_lora());
-  auto model = std::make_unique<Decoder>(cfg, B, T);
+  auto model = std::make_unique<Decoder>(cfg, B, T, testing::storage_on(impl));
   const SafeTensor& base = f.at("base");
   model->set_base_weights(std::vector<float>(base.f32(), base.f32() + base.numel()));
   return model;
@@ -103,12 +99,13 @@ std::unique_ptr<Decoder> lora_model(const SafeTensorsFile& f) {
 
 TEST_P(LoraGolden, LogitsLossAndAdapterGradientsMatchPyTorch) {
   SafeTensorsFile f = testing::load_golden(GetParam().fixture);
-  expect_matches_fixture(*lora_model(f), f, std::stoi(f.metadata.at("batch")), std::stoi(f.metadata.at("seq_len")));
+  expect_matches_fixture(*lora_model(f, GetParam().impl), f, std::stoi(f.metadata.at("batch")),
+                         std::stoi(f.metadata.at("seq_len")));
 }
 
 TEST_P(LoraGolden, TenAdamWStepsOfTheAdaptersMatchPyTorch) {
   SafeTensorsFile f = testing::load_golden(GetParam().fixture);
-  testing::expect_adamw_steps_match(*lora_model(f), f, std::stoi(f.metadata.at("batch")),
+  testing::expect_adamw_steps_match(*lora_model(f, GetParam().impl), f, std::stoi(f.metadata.at("batch")),
                                     std::stoi(f.metadata.at("seq_len")));
 }
 

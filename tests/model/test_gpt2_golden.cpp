@@ -8,8 +8,8 @@
 #include "ckpt/safetensors.h"
 #include "compare.h"
 #include "golden_fixture.h"
-#include "kernels/impl.h"
 #include "model/decoder.h"
+#include "tiny_models.h"
 
 namespace anvil {
 namespace {
@@ -33,16 +33,12 @@ void expect_params_close(const Decoder& model, const float* got, const float* wa
   }
 }
 
-class Gpt2Golden : public ::testing::TestWithParam<KernelImpl> {
- protected:
-  void SetUp() override { set_kernel_impl(GetParam()); }
-  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
-};
+class Gpt2Golden : public ::testing::TestWithParam<KernelImpl> {};
 
 TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
   SafeTensorsFile f = load_fixture();
   const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
-  Decoder model(fixture_config(f), B, T);
+  Decoder model(fixture_config(f), B, T, testing::storage_on(GetParam()));
   ASSERT_EQ(model.num_params(), f.at("params_init").numel());
   std::copy_n(f.at("params_init").f32(), model.num_params(), model.params());
 
@@ -52,7 +48,7 @@ TEST_P(Gpt2Golden, LogitsLossAndGradientsMatchPyTorch) {
 TEST_P(Gpt2Golden, TenAdamWStepsWithScheduleAndClippingMatchPyTorch) {
   SafeTensorsFile f = load_fixture();
   const int B = meta_int(f, "batch"), T = meta_int(f, "seq_len");
-  Decoder model(fixture_config(f), B, T);
+  Decoder model(fixture_config(f), B, T, testing::storage_on(GetParam()));
   testing::expect_adamw_steps_match(model, f, B, T);
 }
 

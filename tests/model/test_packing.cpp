@@ -12,7 +12,6 @@
 
 #include "compare.h"
 #include "core/targets.h"
-#include "kernels/impl.h"
 #include "model/decoder.h"
 #include "tiny_models.h"
 
@@ -36,14 +35,11 @@ std::vector<Example> examples() {
   return out;
 }
 
-class Packing : public ::testing::TestWithParam<std::tuple<ModelFamily, KernelImpl>> {
- protected:
-  void SetUp() override { set_kernel_impl(std::get<1>(GetParam())); }
-  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
-};
+class Packing : public ::testing::TestWithParam<std::tuple<ModelFamily, KernelImpl>> {};
 
 TEST_P(Packing, ChangesNoExamplesLossOrGradient) {
   const ModelConfig cfg = testing::tiny_model(std::get<0>(GetParam()), 64);
+  const ModelStorage storage = testing::storage_on(std::get<1>(GetParam()));
   constexpr int T = 64;  // the four examples (52 tokens), then padding
   const std::vector<Example> ex = examples();
   std::vector<int32_t> tokens(T, 0), targets(T, kIgnoreIndex), positions(T);
@@ -59,14 +55,14 @@ TEST_P(Packing, ChangesNoExamplesLossOrGradient) {
   }
   for (int t = at; t < T; t++) positions[t] = t - at;  // padding: a last "example" of its own
 
-  Decoder packed(cfg, 1, T);
+  Decoder packed(cfg, 1, T, storage);
   packed.init_weights(5);
   packed.zero_grad();
   packed.forward_backward(tokens.data(), targets.data(), 1, T, 1.0f, nullptr, positions.data());
   const std::vector<float> losses(packed.losses(), packed.losses() + T);
   const std::vector<float> packed_grad(packed.grads(), packed.grads() + packed.num_params());
 
-  Decoder alone(cfg, 1, T);
+  Decoder alone(cfg, 1, T, storage);
   std::copy(packed.params(), packed.params() + packed.num_params(), alone.params());
   alone.zero_grad();
   for (size_t k = 0; k < ex.size(); k++) {
@@ -82,7 +78,7 @@ TEST_P(Packing, ChangesNoExamplesLossOrGradient) {
   EXPECT_TRUE(testing::rel_norm_close(packed_grad.data(), alone.grads(), packed.num_params(), testing::kFp32RelNorm));
 
   // Without the positions the examples would see each other: the loss differs.
-  Decoder mixed(cfg, 1, T);
+  Decoder mixed(cfg, 1, T, storage);
   std::copy(packed.params(), packed.params() + packed.num_params(), mixed.params());
   int64_t n = 0;
   const double with = packed.forward(tokens.data(), targets.data(), 1, T, &n, positions.data());

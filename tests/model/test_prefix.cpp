@@ -14,7 +14,6 @@
 
 #include "core/error.h"
 #include "core/targets.h"
-#include "kernels/impl.h"
 #include "kernels/matmul.h"
 #include "model/decoder.h"
 #include "tiny_models.h"
@@ -51,11 +50,7 @@ std::string shape_name(Shape s) {
   return "";
 }
 
-class Prefix : public ::testing::TestWithParam<std::tuple<Shape, KernelImpl, ComputeDtype>> {
- protected:
-  void SetUp() override { set_kernel_impl(std::get<1>(GetParam())); }
-  void TearDown() override { set_kernel_impl(KernelImpl::kCpu); }
-};
+class Prefix : public ::testing::TestWithParam<std::tuple<Shape, KernelImpl, ComputeDtype>> {};
 
 TEST_P(Prefix, GivesTheWholeSequencesLossesAndLogits) {
   const ModelConfig cfg = shape_config(std::get<0>(GetParam()));
@@ -64,9 +59,11 @@ TEST_P(Prefix, GivesTheWholeSequencesLossesAndLogits) {
   constexpr int B = 3, V = 97;
   const std::vector<int> rest = {5, 9, 7};  // each sequence's tokens after the prefix
   const int T = 9;                          // the longest rest; shorter ones padded with 0
-  ModelStorage storage;  // one block's activations at a time: the prefix kept as each block runs
+  const KernelImpl impl = std::get<1>(GetParam());
+  ModelStorage storage = testing::storage_on(impl);
+  // one block's activations at a time: the prefix kept as each block runs
   storage.activation_checkpointing = std::get<0>(GetParam()) == Shape::kLlamaCheckpointed;
-  Decoder whole(cfg, B, 48), kept(cfg, B, 48, storage);
+  Decoder whole(cfg, B, 48, testing::storage_on(impl)), kept(cfg, B, 48, storage);
   whole.init_weights(3);
   std::copy(whole.params(), whole.params() + whole.num_params(), kept.params());
   whole.set_compute_dtype(std::get<2>(GetParam()));
@@ -93,7 +90,7 @@ TEST_P(Prefix, GivesTheWholeSequencesLossesAndLogits) {
     kept.keep_prefix(prefix.data(), P);
     const double sum_kept = kept.forward_after_prefix(after.data(), after_targets.data(), B, T, &n_kept);
     EXPECT_EQ(n_whole, n_kept);
-    ASSERT_TRUE(matmul_rows_independent());
+    ASSERT_TRUE(matmul_rows_independent(impl));
     for (int b = 0; b < B; b++)
       for (int t = 0; t < T; t++)
         ASSERT_EQ(kept.losses()[b * T + t], whole.losses()[static_cast<size_t>(b) * L + P + t])

@@ -3,6 +3,7 @@
 // Llama with RoPE, SwiGLU, 2 key/value heads and its own LM head).
 #pragma once
 #include "config/model_config.h"
+#include "model/model.h"
 
 namespace anvil::testing {
 
@@ -21,6 +22,13 @@ inline ModelConfig tiny_model(ModelFamily family, int max_seq_len) {
     c.linear_bias = c.norm_bias = c.tied_embeddings = false;
   }
   return c;
+}
+
+// A model's own storage, its ops run by impl's kernels.
+inline ModelStorage storage_on(KernelImpl impl) {
+  ModelStorage s;
+  s.kernels = impl;
+  return s;
 }
 
 }  // namespace anvil::testing

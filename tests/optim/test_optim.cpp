@@ -110,7 +110,7 @@ TEST(AdamW, DecoupledDecayIsPyTorchDecayScaledByInitialLr) {
   OptimizerConfig torch{OptimizerKind::kAdamW, 1e-2, 0.9, 0.95, 1e-8, 1e-4 / 1e-2};
   std::vector<float> p1 = {0.5f, -1.0f, 2.0f, 0.25f, 0.1f, -0.2f}, p2 = p1;
   const std::vector<float> g = {0.1f, 0.2f, -0.3f, 0.05f, 0.4f, -0.1f};
-  AdamW a(composer, two_tensors(), 6), b(torch, two_tensors(), 6);
+  AdamW a(KernelImpl::kCpu, composer, two_tensors(), 6), b(KernelImpl::kCpu, torch, two_tensors(), 6);
   for (int step = 0; step < 3; step++) {
     a.step(p1.data(), g.data(), 5e-3, 1.0f);
     b.step(p2.data(), g.data(), 5e-3, 1.0f);
@@ -125,19 +125,19 @@ TEST(AdamW, FirstStepMovesEachWeightByLr) {
   OptimizerConfig c{OptimizerKind::kAdamW, 1e-3, 0.9, 0.999, 1e-12, 0.0};
   std::vector<float> p = {1, 1, 1, 1, 1, 1};
   const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
-  AdamW opt(c, two_tensors(), 6);
+  AdamW opt(KernelImpl::kCpu, c, two_tensors(), 6);
   opt.step(p.data(), g.data(), 1e-3, 1.0f);
   for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0f - 1e-3f * (g[i] > 0 ? 1 : -1), 1e-6) << i;
 }
 
 TEST(ClipGradNorm, ScalesOnlyAboveTheThreshold) {
   const std::vector<float> g = {3, 4};  // norm 5
-  EXPECT_DOUBLE_EQ(grad_norm(g.data(), 2), 5.0);
+  EXPECT_DOUBLE_EQ(grad_norm(KernelImpl::kCpu, g.data(), 2), 5.0);
   EXPECT_EQ(clip_coefficient(5.0, 10.0), 1.0f);
   EXPECT_EQ(clip_coefficient(5.0, 0.0), 1.0f);  // 0: no clipping
   EXPECT_NEAR(5.0 * clip_coefficient(5.0, 1.0), 1.0, 1e-6);
   std::vector<float> big(300000, 1e-3f);  // several chunks
-  EXPECT_NEAR(grad_norm(big.data(), big.size()), std::sqrt(300000.0) * 1e-3, 1e-6);
+  EXPECT_NEAR(grad_norm(KernelImpl::kCpu, big.data(), big.size()), std::sqrt(300000.0) * 1e-3, 1e-6);
 }
 
 // Clipping folded into the update is the update of the clipped gradient, bit for bit, and leaves

@@ -14,7 +14,6 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "kernels/blas.h"
-#include "kernels/impl.h"
 #include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/matmul.h"
@@ -66,7 +65,8 @@ struct MatmulContext::Held {
   cpu::GemmPackedB backward;  // B = weight (OC × C), for the input gradient
 };
 
-MatmulContext::MatmulContext(ComputeDtype operand_dtype) : dtype_(operand_dtype), held_(std::make_unique<Held>()) {}
+MatmulContext::MatmulContext(KernelImpl impl, ComputeDtype operand_dtype)
+    : impl_(impl), dtype_(operand_dtype), held_(std::make_unique<Held>()) {}
 MatmulContext::~MatmulContext() = default;
 
 void MatmulContext::set_operand_dtype(ComputeDtype d) {
@@ -77,7 +77,7 @@ void MatmulContext::set_operand_dtype(ComputeDtype d) {
 void MatmulContext::hold_weight(const float* weight, int OC, int C) {
   static std::atomic<uint64_t> holds = 0;
   release_weight();
-  const bool gpu_16bit = dtype_ != ComputeDtype::kFp32 && kernel_impl() == KernelImpl::kGpu;
+  const bool gpu_16bit = dtype_ != ComputeDtype::kFp32 && impl_ == KernelImpl::kGpu;
   if (!hold_rounds_weight() && !gpu_16bit) return;
   held_->weight = weight, held_->OC = OC, held_->C = C, held_->hold = ++holds;
 }
@@ -94,9 +94,7 @@ void MatmulContext::release_weight() {
 
 // Packing for VDPBF16PS, or for the fp32 kernel's bf16 emulation, rounds every value to bf16;
 // only the CPU's products hold a weight.
-bool MatmulContext::hold_rounds_weight() const {
-  return dtype_ == ComputeDtype::kBf16 && kernel_impl() == KernelImpl::kCpu;
-}
+bool MatmulContext::hold_rounds_weight() const { return dtype_ == ComputeDtype::kBf16 && impl_ == KernelImpl::kCpu; }
 
 namespace cpu {
 namespace {
@@ -136,7 +134,7 @@ double matmul_peak_gflops(ComputeDtype d) {
   if (p == 0) {
     const int n = kPeakN;
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
-    MatmulContext ctx(d);
+    MatmulContext ctx(KernelImpl::kCpu, d);
     p = std::max(openblas_peak_gflops(), best_gflops(kPeakFlops, 1.0, 3, [&] {
                    cpu::matmul_forward(ctx, c.data(), a.data(), b.data(), nullptr, n, n, n);
                  }));

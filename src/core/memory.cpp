@@ -1,6 +1,10 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -36,6 +40,27 @@ size_t available_memory_bytes() {
   const long long max = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
   if (max > 0 && used >= 0) bytes = std::min(bytes, static_cast<size_t>(std::max(0LL, max - used)));
   return bytes;
+}
+
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+}  // namespace
+
+void* allocate_table_bytes(size_t bytes) {
+  if (bytes < kHugePage) return ::operator new(bytes);
+  const size_t whole_pages = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, whole_pages);
+  if (!p) throw std::bad_alloc();
+  // Advice only: where the kernel has no transparent huge pages the memory is as any other.
+  madvise(p, whole_pages, MADV_HUGEPAGE);
+  return p;
+}
+
+void release_table_bytes(void* p, size_t bytes) {
+  if (bytes < kHugePage)
+    ::operator delete(p);
+  else
+    std::free(p);
 }
 
 }  // namespace anvil

@@ -7,10 +7,14 @@
 // Oniguruma's UChar macro would rename ICU's UChar.
 #define ONIG_ESCAPE_UCHAR_COLLISION
 #include <oniguruma.h>
+#include <unicode/bytestream.h>
 #include <unicode/locid.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 #include <unicode/unistr.h>
+// XXH3 compiled into the tables' lookups (one per word) rather than called in the library.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include <fmt/format.h>
 
@@ -25,6 +29,7 @@
 
 #include "core/error.h"
 #include "core/fs.h"
+#include "core/memory.h"
 #include "data/byte_level.h"
 #include "data/per_thread.h"
 
@@ -33,6 +38,8 @@ namespace {
 
 using json = nlohmann::json;
 using Ranges = std::vector<std::pair<size_t, size_t>>;  // byte ranges [begin, end)
+// The bytes of a large table's strings (core/memory.h).
+using TableString = std::basic_string<char, std::char_traits<char>, TableAllocator<char>>;
 constexpr std::string_view kSpaceMark = "\u2581";  // SentencePiece's "▁", which stands for a space
 
 // The length of the UTF-8 sequence starting with lead byte c (1 for a stray byte).
@@ -269,14 +276,17 @@ class UnicodeForm final : public Normalizer {
     ANVIL_CHECK(U_SUCCESS(status), "ICU's {} normalizer is not available: {}", form, u_errorName(status));
   }
   void apply(std::string& s) const override {
+    // ASCII is in each of the four forms (no ASCII character decomposes or composes): most of a
+    // corpus skips ICU. The rest is checked and normalized as UTF-8, without a UTF-16 copy.
+    if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return;
     UErrorCode status = U_ZERO_ERROR;
-    const icu::UnicodeString in = icu::UnicodeString::fromUTF8(s);
-    if (n_->isNormalized(in, status) && U_SUCCESS(status)) return;
+    if (n_->isNormalizedUTF8(s, status) && U_SUCCESS(status)) return;
     status = U_ZERO_ERROR;
-    const icu::UnicodeString out = n_->normalize(in, status);
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(s.size()));
+    n_->normalizeUTF8(0, s, sink, nullptr, status);
     ANVIL_CHECK(U_SUCCESS(status), "Unicode normalization failed: {}", u_errorName(status));
-    s.clear();
-    out.toUTF8String(s);
+    s = std::move(out);
   }
 
  private:
@@ -423,6 +433,23 @@ class Emit {
 // delimiters. Empty parts are dropped.
 void split_piece(Piece piece, const Ranges& matches, Behavior behavior, bool invert, Emit emit) {
   const std::string_view s = piece.text;
+  const auto emit_part = [&](size_t b, size_t e) {
+    if (e > b) emit({s.substr(b, e - b), piece.at_start && b == 0});
+  };
+  // The behaviours that keep or drop parts as they are (the published pre-tokenizers' Split is
+  // Isolated) emit them as they come: a document's worth of parts is never stored.
+  if (behavior == Behavior::kIsolated || behavior == Behavior::kRemoved) {
+    const bool keep_matches = behavior == Behavior::kIsolated || invert;
+    const bool keep_gaps = behavior == Behavior::kIsolated || !invert;
+    size_t prev = 0;
+    for (const auto& [b, e] : matches) {
+      if (keep_gaps) emit_part(prev, b);
+      if (keep_matches) emit_part(b, e);
+      prev = e;
+    }
+    if (keep_gaps) emit_part(prev, s.size());
+    return;
+  }
   struct Part {
     size_t b, e;
     bool is_match;
@@ -443,12 +470,8 @@ void split_piece(Piece piece, const Ranges& matches, Behavior behavior, bool inv
   bool previous_match = false;
   switch (behavior) {
     case Behavior::kRemoved:
-      for (const Part& p : parts)
-        if (!p.is_match) kept.emplace_back(p.b, p.e);
-      break;
     case Behavior::kIsolated:
-      for (const Part& p : parts) kept.emplace_back(p.b, p.e);
-      break;
+      break;  // above
     case Behavior::kMergedWithPrevious:
       for (const Part& p : parts) {
         if (p.is_match && !previous_match && !kept.empty()) kept.back().second = p.e;
@@ -472,8 +495,7 @@ void split_piece(Piece piece, const Ranges& matches, Behavior behavior, bool inv
       }
       break;
   }
-  for (const auto& [b, e] : kept)
-    if (e > b) emit({s.substr(b, e - b), piece.at_start && b == 0});
+  for (const auto& [b, e] : kept) emit_part(b, e);
 }
 
 class PreTokenizer {
@@ -856,7 +878,7 @@ class StringTable {
   // False when s is there already.
   bool insert(std::string_view s, V value) {
     if (2 * (count_ + 1) > slots_.size()) grow();
-    const uint64_t h = hash64(s.data(), s.size());
+    const uint64_t h = XXH3_64bits(s.data(), s.size());
     size_t k = h & (slots_.size() - 1);
     for (; slots_[k].length; k = (k + 1) & (slots_.size() - 1))
       if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == s) return false;
@@ -867,9 +889,13 @@ class StringTable {
     count_++;
     return true;
   }
+  // Starts loading the slot where a lookup of s begins.
+  void prefetch(std::string_view s) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[XXH3_64bits(s.data(), s.size()) & (slots_.size() - 1)]);
+  }
   const V* find(std::string_view s) const {
     if (slots_.empty() || s.empty()) return nullptr;
-    const uint64_t h = hash64(s.data(), s.size());
+    const uint64_t h = XXH3_64bits(s.data(), s.size());
     for (size_t k = h & (slots_.size() - 1); slots_[k].length; k = (k + 1) & (slots_.size() - 1))
       if (slots_[k].hash == static_cast<uint32_t>(h >> 32) && text(slots_[k]) == s) return &slots_[k].value;
     return nullptr;
@@ -895,17 +921,17 @@ class StringTable {
   };
   std::string_view text(const Slot& s) const { return std::string_view(bytes_).substr(s.offset, s.length); }
   void grow() {
-    std::vector<Slot> old = std::move(slots_);
+    std::vector<Slot, TableAllocator<Slot>> old = std::move(slots_);
     slots_.assign(std::max<size_t>(16, 2 * old.size()), Slot{});
     for (const Slot& s : old) {
       if (!s.length) continue;
-      size_t k = hash64(bytes_.data() + s.offset, s.length) & (slots_.size() - 1);
+      size_t k = XXH3_64bits(bytes_.data() + s.offset, s.length) & (slots_.size() - 1);
       while (slots_[k].length) k = (k + 1) & (slots_.size() - 1);
       slots_[k] = s;
     }
   }
-  std::vector<Slot> slots_;
-  std::string bytes_;
+  std::vector<Slot, TableAllocator<Slot>> slots_;
+  TableString bytes_;
   size_t count_ = 0;
 };
 
@@ -935,6 +961,10 @@ class MergeTable {
     if (slots_[k].entry.rank < 0) count_++;
     slots_[k] = {key, {rank, id}};
   }
+  // Starts loading the slot where the pair's insert or lookup begins.
+  void prefetch(int32_t a, int32_t b) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[slot_of(key_of(a, b))]);
+  }
   // The pair's rank and merged id, or nullptr where a and b do not merge.
   const Entry* find(int32_t a, int32_t b) const {
     if (slots_.empty()) return nullptr;
@@ -954,7 +984,7 @@ class MergeTable {
   }
   size_t slot_of(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_); }
   void grow() {
-    std::vector<Slot> old = std::move(slots_);
+    std::vector<Slot, TableAllocator<Slot>> old = std::move(slots_);
     reserve(std::max<size_t>(16, old.size()));
     count_ = 0;
     for (const Slot& s : old)
@@ -962,7 +992,7 @@ class MergeTable {
         insert_or_assign(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu), s.entry.rank,
                          s.entry.id);
   }
-  std::vector<Slot> slots_;
+  std::vector<Slot, TableAllocator<Slot>> slots_;
   size_t count_ = 0;
   int shift_ = 60;
 };
@@ -987,10 +1017,11 @@ class HfTokenizer final : public Tokenizer {
   void split_added(const TokenTrie& trie, Segment&& in, std::vector<Segment>& out) const;
   // A piece of the first pre-tokenizer stage (a word, mostly) through the later stages and the
   // model, cached; pre_tokenize: stages [stage, end) and the model; model: BPE on one pre-token.
-  void encode_word(Piece word, std::vector<int32_t>& out);
+  struct WordCache;
+  void encode_word(WordCache& cache, Piece word, std::vector<int32_t>& out);
   void pre_tokenize(size_t stage, Piece piece, std::vector<int32_t>& out) const;
   void model(std::string_view piece, std::vector<int32_t>& out) const;
-  void cut_before_spaces(const Segment& s, std::vector<int32_t>& out);
+  void cut_before_spaces(WordCache& cache, const Segment& s, std::vector<int32_t>& out);
   std::vector<int32_t> merge_word(std::string_view word) const;
   // A special token's id (an added token's, else the model's); a model token's id.
   int32_t id_of(const std::string& token, const std::string& what) const;
@@ -1043,8 +1074,8 @@ class TokenizerJsonReader final : public nlohmann::json_sax<json> {
 
   // Strings laid end to end in one buffer (no allocation per token: the lists are long).
   struct Strings {
-    std::string bytes;
-    std::vector<uint32_t> ends;
+    TableString bytes;
+    std::vector<uint32_t, TableAllocator<uint32_t>> ends;
     void add(std::string_view s) {
       ANVIL_CHECK(bytes.size() + s.size() < (uint64_t{1} << 32), "a tokenizer.json's tokens beyond 4 GB");
       bytes.append(s);
@@ -1280,15 +1311,35 @@ void HfTokenizer::load() {
   for (size_t k = 0; k < added_.size(); k++) id_to_token_[added_[k].id] = added_[k].content;
   // Merges ("a b" strings before tokenizers 0.20, [a, b] pairs after): the merged token is a then
   // b without its continuing-subword prefix.
-  merges_.reserve(reader.merges());
-  std::string merged;
-  for (size_t rank = 0; rank < reader.merges(); rank++) {
+  // A merge is three lookups and an insert at random places in tables of megabytes; those of the
+  // merges a few ranks ahead are prefetched, so that their cache misses overlap.
+  constexpr size_t kAhead = 8;
+  const size_t n_merges = reader.merges();
+  const auto merged_of = [&](size_t rank, std::string& merged) {
     const std::string_view a = reader.merge_tokens[2 * rank], b = reader.merge_tokens[2 * rank + 1];
     merged.assign(a);
     merged.append(!continuing_prefix_.empty() && b.starts_with(continuing_prefix_) ? b.substr(continuing_prefix_.size()) : b);
-    const int32_t ia = vocab_id(a, "merge's token"), ib = vocab_id(b, "merge's token"),
-                  im = vocab_id(merged, "merged token");
-    merges_.insert_or_assign(ia, ib, static_cast<int32_t>(rank), im);
+  };
+  struct MergeIds {
+    int32_t a, b, merged;
+  };
+  std::vector<MergeIds> ids(n_merges);
+  std::string merged, ahead;
+  for (size_t rank = 0; rank < n_merges; rank++) {
+    if (rank + kAhead < n_merges) {
+      merged_of(rank + kAhead, ahead);
+      vocab_.prefetch(reader.merge_tokens[2 * (rank + kAhead)]);
+      vocab_.prefetch(reader.merge_tokens[2 * (rank + kAhead) + 1]);
+      vocab_.prefetch(ahead);
+    }
+    merged_of(rank, merged);
+    ids[rank] = {vocab_id(reader.merge_tokens[2 * rank], "merge's token"),
+                 vocab_id(reader.merge_tokens[2 * rank + 1], "merge's token"), vocab_id(merged, "merged token")};
+  }
+  merges_.reserve(n_merges);
+  for (size_t rank = 0; rank < n_merges; rank++) {
+    if (rank + kAhead < n_merges) merges_.prefetch(ids[rank + kAhead].a, ids[rank + kAhead].b);
+    merges_.insert_or_assign(ids[rank].a, ids[rank].b, static_cast<int32_t>(rank), ids[rank].merged);
   }
   unk_token_ = value_or<std::string>(m, "unk_token", "");
   if (const int32_t* unk = vocab_.find(unk_token_)) unk_id_ = *unk;
@@ -1410,20 +1461,26 @@ std::vector<int32_t> HfTokenizer::merge_word(std::string_view w) const {
     bool gone;
   };
   std::vector<Symbol> symbols;
+  symbols.reserve(w.size());
   const int32_t unk_id = unk_id_;
   bool pending_unk = false;
   auto add = [&](int32_t id) {
     const int n = static_cast<int>(symbols.size());
     symbols.push_back({id, n - 1, n + 1, false});
   };
-  std::string s;
+  const bool affixes = !continuing_prefix_.empty() || !end_suffix_.empty();
+  std::string with_affixes;
   for (size_t i = 0; i < w.size();) {
     const size_t len = utf8_length(static_cast<unsigned char>(w[i]));
     const bool first = i == 0, last = i + len >= w.size();
-    s.clear();
-    if (!first) s += continuing_prefix_;
-    s += w.substr(i, len);
-    if (last) s += end_suffix_;
+    std::string_view s = w.substr(i, len);
+    if (affixes) {
+      with_affixes.clear();
+      if (!first) with_affixes += continuing_prefix_;
+      with_affixes += s;
+      if (last) with_affixes += end_suffix_;
+      s = with_affixes;
+    }
     i += len;
     if (const int32_t* id = vocab_.find(s)) {
       if (pending_unk) add(unk_id);
@@ -1502,13 +1559,12 @@ void HfTokenizer::pre_tokenize(size_t stage, Piece piece, std::vector<int32_t>& 
   pre_tokenizers_[stage]->split(piece, [&](Piece p) { pre_tokenize(stage + 1, p, out); });
 }
 
-void HfTokenizer::encode_word(Piece word, std::vector<int32_t>& out) {
+void HfTokenizer::encode_word(WordCache& cache, Piece word, std::vector<int32_t>& out) {
   // Words are cached as the library caches its words, by what the first stage makes of the text
   // (the regex split: a hit skips the byte mapping and the vocabulary). Under 256 bytes only, and
   // bounded, since a corpus's distinct words are many; a piece at the text's start is not cached
   // where a later Metaspace stage may treat it apart.
   if ((word.at_start && start_matters_) || word.text.size() >= 256) return pre_tokenize(1, word, out);
-  WordCache& cache = cache_.local();
   const std::pair<uint32_t, uint32_t>* hit = cache.words.find(word.text);
   if (!hit) {
     if (cache.words.size() >= 200000) {
@@ -1524,15 +1580,15 @@ void HfTokenizer::encode_word(Piece word, std::vector<int32_t>& out) {
   for (uint32_t k = 0; k < hit->second; k++) out.push_back(cache.ids[hit->first + k]);
 }
 
-void HfTokenizer::cut_before_spaces(const Segment& s, std::vector<int32_t>& out) {
+void HfTokenizer::cut_before_spaces(WordCache& cache, const Segment& s, std::vector<int32_t>& out) {
   const std::string_view text = s.text;
   size_t begin = 0;
   for (size_t at = text.find(kSpaceMark, 1); at != std::string_view::npos; at = text.find(kSpaceMark, at + 1)) {
     if (text.substr(0, at).ends_with(kSpaceMark)) continue;
-    encode_word({text.substr(begin, at - begin), s.at_start && begin == 0}, out);
+    encode_word(cache, {text.substr(begin, at - begin), s.at_start && begin == 0}, out);
     begin = at;
   }
-  encode_word({text.substr(begin), s.at_start && begin == 0}, out);
+  encode_word(cache, {text.substr(begin), s.at_start && begin == 0}, out);
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
@@ -1543,12 +1599,13 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view raw) {
     split_added(normalized_tokens_, std::move(s), normalized);
   }
   std::vector<int32_t> ids;
+  WordCache& cache = cache_.local();
   for (const Segment& s : normalized) {
     if (s.token >= 0) ids.push_back(s.token);
     else if (s.text.empty()) continue;
-    else if (cut_before_spaces_) cut_before_spaces(s, ids);
-    else if (pre_tokenizers_.empty()) encode_word({s.text, s.at_start}, ids);
-    else pre_tokenizers_[0]->split({s.text, s.at_start}, [&](Piece word) { encode_word(word, ids); });
+    else if (cut_before_spaces_) cut_before_spaces(cache, s, ids);
+    else if (pre_tokenizers_.empty()) encode_word(cache, {s.text, s.at_start}, ids);
+    else pre_tokenizers_[0]->split({s.text, s.at_start}, [&](Piece word) { encode_word(cache, word, ids); });
   }
   return ids;
 }

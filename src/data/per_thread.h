@@ -17,11 +17,16 @@ class PerThread {
   T& local() {
     const size_t t = static_cast<size_t>(omp_get_thread_num());
     ANVIL_CHECK(t < values_.size(), "thread {} of more than the {} this was made for", t, values_.size());
-    return values_[t];
+    return values_[t].value;
   }
 
  private:
-  std::vector<T> values_;
+  // Each thread's value on cache lines of its own: a value written by one thread (a cache's
+  // counts and ends) must not evict what the others read.
+  struct alignas(64) Padded {
+    T value;
+  };
+  std::vector<Padded> values_;
 };
 
 }  // namespace anvil

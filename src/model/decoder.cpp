@@ -677,8 +677,32 @@ double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targe
 }
 
 void Decoder::drop_prefix() {
-  for (OpArray<float>* a : {&prefix_.qkv, &prefix_.joined_qkv, &prefix_.joined_atty, &prefix_.joined_lse}) a->reset();
+  for (OpArray<float>* a : {&prefix_.qkv, &prefix_.joined_qkv, &prefix_.joined_atty, &prefix_.joined_lse, &picked_rows_})
+    a->reset();
   prefix_.length = 0;
+}
+
+void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) {
+  for (const int64_t r : rows)
+    ANVIL_CHECK(r >= 0 && r < int64_t{B} * T, "forward_logits: row {} is outside the {} x {} tokens", r, B, T);
+  training_ = false;
+  forward_to_lnf(tokens, nullptr, B, T);
+  const size_t C = cfg_.d_model, V = cfg_.vocab_size;
+  const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
+  // A sequence's worth of rows a product at most: the logits buffer holds one sequence's.
+  const size_t chunk = static_cast<size_t>(T);
+  grow(kernels(), picked_rows_, std::min(rows.size(), chunk) * C);
+  for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
+    const size_t n = std::min(rows.size() - r0, chunk);
+    for (size_t k = 0; k < n; k++)
+      op_copy(kernels(), picked_rows_.data() + k * C, acts_.lnf + static_cast<size_t>(rows[r0 + k]) * C,
+              C * sizeof(float));
+    matmul_forward(matmul_, acts_.logits, picked_rows_.data(), emb, nullptr, static_cast<int>(n), static_cast<int>(C),
+                   static_cast<int>(V));
+    op_copy_to_host(kernels(), out + r0 * V, acts_.logits, n * V * sizeof(float));
+  }
+  matmul_.release_weight();
+  release_base(head_unit());
 }
 
 void Decoder::attend(int l, const BlockActs& x) {

@@ -44,6 +44,7 @@ class Decoder final : public Model {
   size_t base_bytes() const override;
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                  const int32_t* positions = nullptr) override;
+  void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) override;
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets, const int32_t* positions = nullptr) override;
   void keep_prefix(const int32_t* tokens, int P) override;
@@ -194,6 +195,8 @@ class Decoder final : public Model {
     bool keeping = false, after = false;
   };
   Prefix prefix_;
+  // forward_logits' rows of the final norm's output, gathered for the LM head; freed by drop_prefix.
+  OpArray<float> picked_rows_;
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;

@@ -180,6 +180,13 @@ class Model {
   // which its position embedding and attention see; null: token t is at position t.
   virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                          const int32_t* positions = nullptr) = 0;
+  // Evaluation that needs the predictions at a few positions (a language-modelling question's
+  // continuation), not every position's logits: runs tokens (B,T) as forward() does and writes to
+  // out (host, rows.size() x vocab_size) the fp32 logits of the positions listed in rows (each
+  // b·T + t). Only those rows go through the LM head. Where the matrix products' rows are
+  // independent (the CPU), each is the bits forward() gives that position. Its scratch (a
+  // sequence's rows of the final norm's output) is held until drop_prefix.
+  virtual void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) = 0;
   // Evaluation of several sequences that begin alike, the shared tokens' work done once:
   // keep_prefix runs tokens (P of them, one sequence) through the blocks and keeps what each
   // layer's attention needs of them (its queries, keys and values); forward_after_prefix then runs

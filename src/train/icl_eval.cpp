@@ -364,7 +364,6 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     if (bar) bar->update(++done, "");
   };
   int64_t right = 0;
-  std::vector<float> row;
   if (job.spec.type == IclTaskType::kGenerationWithAnswers) {
     for (int64_t k = 0; k < most; k++) {
       if (k >= static_cast<int64_t>(mine.size())) {
@@ -378,18 +377,41 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     return right;
   }
   if (job.spec.type == IclTaskType::kLanguageModeling) {
-    // Greedy predictions need the logits, which the model keeps for one sequence: a row at a time.
-    for (int64_t k = 0; k < most; k++) {
-      const bool real = k < static_cast<int64_t>(mine.size());
-      const IclRow& r = questions[real ? mine[k] : 0].rows[0];
-      const int T = static_cast<int>(r.tokens.size());
-      model.forward(r.tokens.data(), nullptr, 1, T, nullptr);
+    // A question is right when each continuation token is the model's most likely next token
+    // (the first of equal maxima, as torch.argmax). `batch` questions a pass, padded at the end,
+    // the logits formed only at the positions that predict a continuation token.
+    const int batch = std::min(job.batch, max_rows);
+    const int32_t pad = tok_.eos_id();
+    const size_t V = static_cast<size_t>(vocab_size_);
+    std::vector<float> logits;
+    for (int64_t k0 = 0; k0 < most; k0 += batch) {
+      std::vector<const IclRow*> rows;
+      for (int64_t k = k0; k < std::min<int64_t>(k0 + batch, static_cast<int64_t>(mine.size())); k++)
+        rows.push_back(&questions[mine[k]].rows[0]);
+      const bool real = !rows.empty();
+      if (!real) rows.push_back(&questions[0].rows[0]);  // a pass the other ranks need
+      int T = 0;
+      for (const IclRow* r : rows) T = std::max(T, static_cast<int>(r->tokens.size()));
+      std::vector<int32_t> tokens(rows.size() * static_cast<size_t>(T), pad);
+      std::vector<int64_t> wanted;
+      for (size_t k = 0; k < rows.size(); k++) {
+        std::copy(rows[k]->tokens.begin(), rows[k]->tokens.end(), tokens.begin() + static_cast<int64_t>(k) * T);
+        for (size_t t = rows[k]->continuation_begin; t < rows[k]->tokens.size(); t++)
+          wanted.push_back(static_cast<int64_t>(k) * T + static_cast<int64_t>(t) - 1);
+      }
+      logits.resize(wanted.size() * V);
+      model.forward_logits(tokens.data(), static_cast<int>(rows.size()), T, wanted, logits.data());
       if (!real) continue;
-      bool all = true;
-      for (int64_t t = r.continuation_begin; t < T && all; t++)
-        all = greedy_token(model, static_cast<int>(t) - 1, vocab_size_, row) == r.tokens[t];
-      right += all;
-      tick();
+      size_t at = 0;
+      for (const IclRow* r : rows) {
+        bool all = true;
+        for (size_t t = r->continuation_begin; t < r->tokens.size(); t++, at++) {
+          const float* l = logits.data() + at * V;
+          all = all && std::max_element(l, l + V) - l == r->tokens[t];
+        }
+        right += all;
+        tick();
+      }
     }
     return right;
   }

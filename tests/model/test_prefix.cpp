@@ -105,6 +105,33 @@ TEST_P(Prefix, GivesTheWholeSequencesLossesAndLogits) {
   EXPECT_THROW(kept.forward_after_prefix(long_rest.data(), nullptr, 1, 1, nullptr), Error);  // dropped
 }
 
+// forward_logits' rows, picked across a padded batch, are the logits forward() gives each
+// sequence alone at those positions, bit for bit.
+TEST_P(Prefix, PickedRowsAreTheWholeSequencesLogits) {
+  const ModelConfig cfg = shape_config(std::get<0>(GetParam()));
+  const KernelImpl impl = std::get<1>(GetParam());
+  constexpr int B = 3, T = 11, V = 97;
+  Decoder batched(cfg, B, 48, testing::storage_on(impl)), alone(cfg, 1, 48, testing::storage_on(impl));
+  batched.init_weights(4);
+  std::copy(batched.params(), batched.params() + batched.num_params(), alone.params());
+  batched.set_compute_dtype(std::get<2>(GetParam()));
+  alone.set_compute_dtype(std::get<2>(GetParam()));
+  std::mt19937 rng(6);
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % V);
+  // More rows than one sequence holds (the head runs in chunks of T), out of order, repeated.
+  std::vector<int64_t> rows = {32, 0, 5, 10, 11, 21, 13, 14, 15, 16, 17, 18, 19, 20, 22, 5};
+  std::vector<float> picked(rows.size() * V);
+  batched.forward_logits(tokens.data(), B, T, rows, picked.data());
+  for (size_t k = 0; k < rows.size(); k++) {
+    const int b = static_cast<int>(rows[k] / T), t = static_cast<int>(rows[k] % T);
+    alone.forward(tokens.data() + static_cast<size_t>(b) * T, nullptr, 1, T, nullptr);
+    for (int v = 0; v < V; v++)
+      ASSERT_EQ(picked[k * V + v], alone.logits()[static_cast<size_t>(t) * V + v]) << "row " << rows[k] << ", logit " << v;
+  }
+  EXPECT_THROW(batched.forward_logits(tokens.data(), B, T, {int64_t{B} * T}, picked.data()), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Prefix,
                          ::testing::Combine(::testing::Values(Shape::kGpt2, Shape::kMpt, Shape::kLlama,
                                                               Shape::kWindowQkNorm, Shape::kLlamaCheckpointed),

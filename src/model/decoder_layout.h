@@ -73,5 +73,6 @@ std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);
 // products, 12·L·C·T. Under LoRA a frozen weight costs 4 (no weight gradient), an adapter 6.
 double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+size_t decoder_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 
 }  // namespace anvil

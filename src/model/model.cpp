@@ -118,6 +118,10 @@ size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq
   return decoder_activation_bytes(cfg, max_batch, max_seq, storage);
 }
 
+size_t model_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
+  return decoder_evaluation_bytes(cfg, max_batch, max_seq);
+}
+
 double model_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   return decoder_train_flops_per_token(cfg, seq_len);
 }

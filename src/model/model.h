@@ -124,6 +124,10 @@ std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector
 // Bytes of activations (and their gradients) a model built with storage holds for microbatches
 // of up to max_batch sequences of max_seq tokens: what activation_bytes() will report.
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+// Bytes an evaluation that keeps prefixes and picks rows (keep_prefix, forward_after_prefix,
+// forward_logits: the ICL tasks) takes at most beyond the activations, in passes of up to
+// max_batch sequences of up to max_seq tokens; freed by drop_prefix.
+size_t model_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq);
 // Training FLOPs per token (forward + backward), the MFU numerator.
 double model_train_flops_per_token(const ModelConfig& cfg, int seq_len);
 // The architecture in one line, as the train and bench logs print it: "Llama, 12 layers, 12 heads

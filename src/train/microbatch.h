@@ -20,7 +20,8 @@ struct MicrobatchPlan {
   int eval_batch = 0;           // sequences per eval forward
   size_t limit = 0;             // bytes this rank may hold (0: no limit given, and none needed)
   size_t activation_bytes = 0;  // what the model will allocate for max(microbatch, eval_batch), and
-                                // under kernels=gpu the ops' scratch
+                                // under kernels=gpu the ops' scratch; with icl_tasks, what their
+                                // evaluation keeps besides (model_evaluation_bytes)
 };
 
 // local_batch: this rank's sequences per step; model_bytes: what the rank holds besides

@@ -164,6 +164,14 @@ TEST(Microbatch, AutoPicksTheLargestThatFits) {
   c.memory_limit = -1;
   c.microbatch_auto = true;
   EXPECT_GE(plan_microbatch(c, 8, model_bytes, 1).microbatch, 1);
+  // ICL tasks during training: what their evaluation keeps beside the activations is counted.
+  c.memory_limit = static_cast<int64_t>(model_bytes + five + (one / 4));
+  c.icl_tasks = "tasks.yaml";
+  plan = plan_microbatch(c, 8, model_bytes, 1);
+  EXPECT_LT(plan.microbatch, 5);
+  EXPECT_EQ(plan.activation_bytes,
+            model_activation_bytes(c.model, plan.microbatch, c.max_seq_len, model_storage_for(c)) +
+                model_evaluation_bytes(c.model, plan.microbatch, c.max_seq_len));
 }
 
 // Fixed-point gradients: the grouping of sequences into microbatches cannot change a bit.

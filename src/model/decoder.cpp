@@ -284,7 +284,6 @@ const float* Decoder::hold_lm_head(const float* p) {
     matmul_.hold_weight(p, V, C);
     return p;
   }
-  ANVIL_CHECK(!lm_head_held_rounded_, "the kernels changed after the model's compute dtype was set");
   float* out = compute_params_.data();
   op_copy(kernels(), out, p, static_cast<size_t>(V) * C * sizeof(float));
   round_to_dtype(kernels(), out, static_cast<long>(V) * C, dtype());
@@ -682,16 +681,17 @@ void Decoder::drop_prefix() {
   prefix_.length = 0;
 }
 
-void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) {
+void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows,
+                             const std::function<void(size_t first, size_t n, const float* logits)>& take) {
   for (const int64_t r : rows)
     ANVIL_CHECK(r >= 0 && r < int64_t{B} * T, "forward_logits: row {} is outside the {} x {} tokens", r, B, T);
   training_ = false;
   forward_to_lnf(tokens, nullptr, B, T);
   const size_t C = cfg_.d_model, V = cfg_.vocab_size;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
-  // A sequence's worth of rows a product at most: the logits buffer holds one sequence's.
-  const size_t chunk = static_cast<size_t>(T);
+  const size_t chunk = std::min<size_t>(kLogitsChunk, T);  // the logits buffer holds a sequence's
   grow(kernels(), picked_rows_, std::min(rows.size(), chunk) * C);
+  std::vector<float> host(std::min(rows.size(), chunk) * V);
   for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
     const size_t n = std::min(rows.size() - r0, chunk);
     for (size_t k = 0; k < n; k++)
@@ -699,7 +699,8 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
               C * sizeof(float));
     matmul_forward(matmul_, acts_.logits, picked_rows_.data(), emb, nullptr, static_cast<int>(n), static_cast<int>(C),
                    static_cast<int>(V));
-    op_copy_to_host(kernels(), out + r0 * V, acts_.logits, n * V * sizeof(float));
+    op_copy_to_host(kernels(), host.data(), acts_.logits, n * V * sizeof(float));
+    take(r0, n, host.data());
   }
   matmul_.release_weight();
   release_base(head_unit());

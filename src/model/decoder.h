@@ -44,7 +44,8 @@ class Decoder final : public Model {
   size_t base_bytes() const override;
   double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                  const int32_t* positions = nullptr) override;
-  void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) override;
+  void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows,
+                      const std::function<void(size_t first, size_t n, const float* logits)>& take) override;
   double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                           int64_t* n_targets, const int32_t* positions = nullptr) override;
   void keep_prefix(const int32_t* tokens, int P) override;

@@ -174,15 +174,17 @@ size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_s
   return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
 }
 
-// Decoder's Prefix and picked rows at their largest: each layer's qkv of a prefix of up to
-// max_seq - 1 tokens, the joined rows of a pass (max_batch sequences of up to max_seq tokens with
-// the prefix: their qkv, attention outputs and log-sum-exps), and a sequence's rows of the final
-// norm's output.
+// Decoder's Prefix and forward_logits' chunk at their largest: each layer's qkv of a prefix of up
+// to max_seq - 1 tokens, the joined rows of a pass (max_batch sequences of up to max_seq tokens
+// with the prefix: their qkv, attention outputs and log-sum-exps), and a chunk's rows of the final
+// norm's output and their logits on the host.
 size_t decoder_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
   const Widths w(cfg);
   const size_t S = static_cast<size_t>(max_seq), B = static_cast<size_t>(max_batch);
+  const size_t chunk = std::min<size_t>(Model::kLogitsChunk, S);
   const size_t floats = static_cast<size_t>(cfg.n_layers) * (S - 1) * w.qkv +
-                        B * S * (static_cast<size_t>(w.qkv) + w.q + cfg.n_heads) + S * cfg.d_model;
+                        B * S * (static_cast<size_t>(w.qkv) + w.q + cfg.n_heads) +
+                        chunk * (static_cast<size_t>(cfg.d_model) + cfg.vocab_size);
   return floats * sizeof(float);
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -185,12 +186,15 @@ class Model {
   virtual double forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                          const int32_t* positions = nullptr) = 0;
   // Evaluation that needs the predictions at a few positions (a language-modelling question's
-  // continuation), not every position's logits: runs tokens (B,T) as forward() does and writes to
-  // out (host, rows.size() x vocab_size) the fp32 logits of the positions listed in rows (each
-  // b·T + t). Only those rows go through the LM head. Where the matrix products' rows are
-  // independent (the CPU), each is the bits forward() gives that position. Its scratch (a
-  // sequence's rows of the final norm's output) is held until drop_prefix.
-  virtual void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows, float* out) = 0;
+  // continuation), not every position's logits: runs tokens (B,T) as forward() does and hands
+  // the fp32 logits of the positions listed in rows (each b·T + t) to take, kLogitsChunk rows
+  // at most a call, in order: rows [first, first + n), host memory (n x vocab_size) valid during
+  // the call. Only those rows go through the LM head. Where the matrix products' rows are
+  // independent (the CPU), each is the bits forward() gives that position. Its scratch on the
+  // ops' side (a chunk's rows of the final norm's output) is held until drop_prefix.
+  static constexpr int kLogitsChunk = 64;
+  virtual void forward_logits(const int32_t* tokens, int B, int T, const std::vector<int64_t>& rows,
+                              const std::function<void(size_t first, size_t n, const float* logits)>& take) = 0;
   // Evaluation of several sequences that begin alike, the shared tokens' work done once:
   // keep_prefix runs tokens (P of them, one sequence) through the blocks and keeps what each
   // layer's attention needs of them (its queries, keys and values); forward_after_prefix then runs

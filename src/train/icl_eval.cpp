@@ -383,7 +383,7 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     const int batch = std::min(job.batch, max_rows);
     const int32_t pad = tok_.eos_id();
     const size_t V = static_cast<size_t>(vocab_size_);
-    std::vector<float> logits;
+    std::vector<int32_t> greedy;
     for (int64_t k0 = 0; k0 < most; k0 += batch) {
       std::vector<const IclRow*> rows;
       for (int64_t k = k0; k < std::min<int64_t>(k0 + batch, static_cast<int64_t>(mine.size())); k++)
@@ -399,16 +399,19 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
         for (size_t t = rows[k]->continuation_begin; t < rows[k]->tokens.size(); t++)
           wanted.push_back(static_cast<int64_t>(k) * T + static_cast<int64_t>(t) - 1);
       }
-      logits.resize(wanted.size() * V);
-      model.forward_logits(tokens.data(), static_cast<int>(rows.size()), T, wanted, logits.data());
+      greedy.resize(wanted.size());
+      model.forward_logits(tokens.data(), static_cast<int>(rows.size()), T, wanted,
+                           [&](size_t first, size_t count, const float* logits) {
+                             for (size_t i = 0; i < count; i++) {
+                               const float* l = logits + i * V;
+                               greedy[first + i] = static_cast<int32_t>(std::max_element(l, l + V) - l);
+                             }
+                           });
       if (!real) continue;
       size_t at = 0;
       for (const IclRow* r : rows) {
         bool all = true;
-        for (size_t t = r->continuation_begin; t < r->tokens.size(); t++, at++) {
-          const float* l = logits.data() + at * V;
-          all = all && std::max_element(l, l + V) - l == r->tokens[t];
-        }
+        for (size_t t = r->continuation_begin; t < r->tokens.size(); t++, at++) all = all && greedy[at] == r->tokens[t];
         right += all;
         tick();
       }

@@ -35,7 +35,7 @@ std::vector<IclTaskEntry> read_icl_tasks_setting(const std::string& yaml, const 
 struct IclEvalOptions {
   std::string checkpoint;  // a checkpoint or run directory, or a transformers directory
   std::string tasks;       // the YAML file of icl_tasks
-  int batch = 8;           // rows per forward pass (does not change a score)
+  int batch = 8;           // rows per forward pass (on the CPU it does not change a score)
   int max_seq_len = 0;     // 0: the model's
 };
 

@@ -47,12 +47,12 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
   // workspace come on top of the activations.
   const size_t gpu_scratch =
       gpu ? 2 * sizeof(float) * static_cast<size_t>(cfg.model.n_heads) * T * T + (size_t{32} << 20) : 0;
-  // The ICL tasks' evaluation (icl_tasks) keeps prefixes beside the activations while it runs.
-  const int icl_len = cfg.icl_seq_len > 0 ? cfg.icl_seq_len : T;
+  // The ICL tasks' evaluation (icl_tasks) keeps prefixes beside the activations while it runs,
+  // of up to max_seq_len tokens (a task's own max_seq_len may exceed icl_seq_len).
   auto activations = [&](int microbatch, int eval_batch) {
     const int rows = std::max(microbatch, eval_batch);
     return gpu_scratch + model_activation_bytes(cfg.model, rows, T, model_storage_for(cfg)) +
-           (cfg.icl_tasks.empty() ? 0 : model_evaluation_bytes(cfg.model, rows, icl_len));
+           (cfg.icl_tasks.empty() ? 0 : model_evaluation_bytes(cfg.model, rows, T));
   };
   const bool given = cfg.memory_limit > 0;
   plan.microbatch = std::min(cfg.device_train_microbatch_size, local_batch);

@@ -119,17 +119,26 @@ TEST_P(Prefix, PickedRowsAreTheWholeSequencesLogits) {
   std::mt19937 rng(6);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % V);
-  // More rows than one sequence holds (the head runs in chunks of T), out of order, repeated.
+  // More rows than one sequence holds (the head runs in chunks of at most T), out of order,
+  // repeated; the chunks come in order.
   std::vector<int64_t> rows = {32, 0, 5, 10, 11, 21, 13, 14, 15, 16, 17, 18, 19, 20, 22, 5};
   std::vector<float> picked(rows.size() * V);
-  batched.forward_logits(tokens.data(), B, T, rows, picked.data());
+  size_t next = 0;
+  batched.forward_logits(tokens.data(), B, T, rows, [&](size_t first, size_t n, const float* logits) {
+    ASSERT_EQ(first, next);
+    ASSERT_LE(n, static_cast<size_t>(T));
+    std::copy(logits, logits + n * V, picked.begin() + static_cast<std::ptrdiff_t>(first * V));
+    next = first + n;
+  });
+  ASSERT_EQ(next, rows.size());
   for (size_t k = 0; k < rows.size(); k++) {
     const int b = static_cast<int>(rows[k] / T), t = static_cast<int>(rows[k] % T);
     alone.forward(tokens.data() + static_cast<size_t>(b) * T, nullptr, 1, T, nullptr);
     for (int v = 0; v < V; v++)
       ASSERT_EQ(picked[k * V + v], alone.logits()[static_cast<size_t>(t) * V + v]) << "row " << rows[k] << ", logit " << v;
   }
-  EXPECT_THROW(batched.forward_logits(tokens.data(), B, T, {int64_t{B} * T}, picked.data()), Error);
+  EXPECT_THROW(batched.forward_logits(tokens.data(), B, T, {int64_t{B} * T}, [](size_t, size_t, const float*) {}),
+               Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Prefix,

@@ -210,12 +210,18 @@ int64_t share_of(int64_t n, const IclShare& share) {
   return n > share.rank ? (n - share.rank + share.world - 1) / share.world : 0;
 }
 
+// A greedy prediction: the index of the largest of n logits, the first of equal maxima (as
+// torch.argmax).
+int32_t first_max(const float* logits, size_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
 // The model's greedy prediction after position t of the last forward pass's last sequence.
 int32_t greedy_token(const Model& model, int t, int vocab_size, std::vector<float>& row) {
   row.resize(static_cast<size_t>(vocab_size));
   op_copy_to_host(model.kernels(), row.data(), model.logits() + static_cast<size_t>(t) * vocab_size,
                   row.size() * sizeof(float));
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  return first_max(row.data(), row.size());
 }
 
 }  // namespace
@@ -377,8 +383,8 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     return right;
   }
   if (job.spec.type == IclTaskType::kLanguageModeling) {
-    // A question is right when each continuation token is the model's most likely next token
-    // (the first of equal maxima, as torch.argmax). `batch` questions a pass, padded at the end,
+    // A question is right when each continuation token is the model's greedy prediction.
+    // `batch` questions a pass, padded at the end,
     // the logits formed only at the positions that predict a continuation token.
     const int batch = std::min(job.batch, max_rows);
     const int32_t pad = tok_.eos_id();
@@ -402,10 +408,7 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
       greedy.resize(wanted.size());
       model.forward_logits(tokens.data(), static_cast<int>(rows.size()), T, wanted,
                            [&](size_t first, size_t count, const float* logits) {
-                             for (size_t i = 0; i < count; i++) {
-                               const float* l = logits + i * V;
-                               greedy[first + i] = static_cast<int32_t>(std::max_element(l, l + V) - l);
-                             }
+                             for (size_t i = 0; i < count; i++) greedy[first + i] = first_max(logits + i * V, V);
                            });
       if (!real) continue;
       size_t at = 0;

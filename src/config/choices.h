@@ -42,6 +42,8 @@ enum class AllReduceAlgo { kAuto, kRing, kRecursiveDoubling, kRankOrdered };
 enum class GradCompression { kNone, kBf16 };
 // Under kernels=gpu: NCCL/RCCL, or host copies around anvil's collectives (parallel/op_collectives.h).
 enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
+// Where ZeRO-Offload keeps the optimizer states or the parameters (DeepSpeed's offload device).
+enum class OffloadDevice { kNone, kCpu };
 
 // Choices<E>::names: every value of E with the name configs spell it.
 template <class E>
@@ -126,6 +128,11 @@ struct Choices<GpuCollectivesChoice> {
   static constexpr std::pair<GpuCollectivesChoice, const char*> names[] = {{GpuCollectivesChoice::kAuto, "auto"},
                                                                            {GpuCollectivesChoice::kNccl, "nccl"},
                                                                            {GpuCollectivesChoice::kHost, "host"}};
+};
+template <>
+struct Choices<OffloadDevice> {
+  static constexpr std::pair<OffloadDevice, const char*> names[] = {{OffloadDevice::kNone, "none"},
+                                                                    {OffloadDevice::kCpu, "cpu"}};
 };
 
 template <class E>

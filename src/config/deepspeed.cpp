@@ -236,21 +236,22 @@ void read_zero(MapReader& ds, Layer& out) {
                         "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
                         "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
     z.has(k);
-  bool legacy_offload = false;  // DeepSpeed's older spelling of offload_optimizer
-  if (const auto v = given(z, "cpu_offload")) legacy_offload = as<bool>(z, "cpu_offload", *v, "true or false");
-  ANVIL_CHECK(!legacy_offload, "{}: {}: true is not supported: anvil does not offload (give false)", out.where(),
-              z.full("cpu_offload"));
+  // ZeRO-Offload: where the optimizer states and the parameters live (distributed.offload_*).
+  if (const auto v = given(z, "cpu_offload"); v && as<bool>(z, "cpu_offload", *v, "true or false"))
+    out.set_value("distributed.offload_optimizer", std::string("cpu"), "zero_optimization.cpu_offload");
   for (const char* k : {"offload_optimizer", "offload_param"}) {
     if (!z.has(k)) continue;
     MapReader o = z.sub(k);
     std::string device = "none";
     o.get("device", device);
-    for (const char* ignored : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio",
-                                "fast_init", "pipeline_read", "pipeline_write"})
-      o.has(ignored);
+    ANVIL_CHECK(device == "none" || device == "cpu", "{}: {}.device '{}' is not supported: anvil offloads to `cpu` "
+                "(ZeRO-Infinity's nvme is not built); give cpu or none", out.where(), z.full(k), device);
+    // How DeepSpeed stages the copies (pinned buffers, NVMe's pipeline): anvil's own.
+    for (const char* tuning : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio",
+                               "fast_init", "pipeline_read", "pipeline_write"})
+      o.has(tuning);
     o.finish();
-    ANVIL_CHECK(device == "none", "{}: {}.device '{}' is not supported: anvil does not offload (give device: "
-                "none)", out.where(), z.full(k), device);
+    if (device == "cpu") out.set_value(std::string("distributed.") + k, device, std::string("zero_optimization.") + k + ".device");
   }
   z.finish();
 }

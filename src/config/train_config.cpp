@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <tuple>
 
 #include "config/deepspeed.h"
 #include "config/map_reader.h"
@@ -118,6 +119,20 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
               blame.source("distributed.grad_compression"));
+  // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
+  // keeps them anyway.
+  const std::tuple<const char*, OffloadDevice, const char*> offloads[] = {
+      {"offload_optimizer", c.distributed.offload_optimizer, "the optimizer states in host memory and steps there"},
+      {"offload_param", c.distributed.offload_param, "the parameters in host memory"}};
+  for (const auto& [key, device, what] : offloads) {
+    if (device == OffloadDevice::kNone) continue;
+    const std::string field = std::string("distributed.") + key;
+    ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: {} cpu under kernels=gpu is not supported yet (a GPU run keeps "
+                "its optimizer states and parameters in GPU memory): give {} none, or train with kernels=cpu",
+                blame.source(field), field, field);
+    c.config_notes.push_back(
+        fmt::format("{} cpu: honoured as it stands: a run with kernels={} keeps {}", field, choice_name(c.kernels), what));
+  }
 }
 
 }  // namespace

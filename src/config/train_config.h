@@ -62,6 +62,8 @@ struct DistributedConfig {
   AllReduceAlgo all_reduce = AllReduceAlgo::kAuto;
   GradCompression grad_compression = GradCompression::kNone;  // bf16: zero_stage 0
   GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // kernels=gpu
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;  // DeepSpeed's zero_optimization.offload_optimizer
+  OffloadDevice offload_param = OffloadDevice::kNone;      // and offload_param
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is

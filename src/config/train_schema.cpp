@@ -32,7 +32,7 @@ struct StreamContext {
 };
 // What fsdp_config's keys must agree with: whether the config also set the keys they spell.
 struct FsdpContext {
-  bool zero_stage_given, activation_checkpointing_given;
+  bool zero_stage_given, activation_checkpointing_given, offload_given;
 };
 
 using Top = Fields<TrainConfig, TopContext>;
@@ -719,6 +719,12 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
                "memory), `host` (copies through host memory around anvil's collectives; ranks may share a GPU), "
                "`auto` (`nccl` when built with it and no two ranks share a GPU, else `host`); the same bits either "
                "way in deterministic mode"),
+      D::value("offload_optimizer", &DistributedConfig::offload_optimizer, "DeepSpeed's ZeRO-Offload: `cpu` keeps the "
+               "optimizer states in host memory and runs the optimizer step there. A CPU run (`kernels: cpu` or "
+               "`ref`) does so already: accepted, and said in the log. Under `kernels: gpu` an error (not yet "
+               "built)"),
+      D::value("offload_param", &DistributedConfig::offload_param, "`cpu` keeps the parameters in host memory between "
+               "uses; as `offload_optimizer`"),
   };
   return table;
 }
@@ -786,6 +792,21 @@ const std::vector<Field<TrainConfig, FsdpContext>>& fsdp_fields() {
       Fsdp::accepted("backward_prefetch", std::string("BACKWARD_POST"), "accepted: when FSDP gathers the next "
                      "parameters in the backward pass; anvil's communication thread gathers the next unit ahead",
                      one_of({"BACKWARD_PRE", "BACKWARD_POST", "NONE"})),
+      Fsdp::custom(
+          "cpu_offload", "", "Composer's FSDP key: `true` means `distributed.offload_param` and `offload_optimizer` "
+          "`cpu` (FSDP's CPUOffload keeps the parameters, their gradients and so the optimizer step on the CPU); "
+          "giving it and different `distributed` offload keys is an error",
+          [](MapReader& f, TrainConfig& c, const FsdpContext& ctx) {
+            if (!f.has("cpu_offload")) return;
+            bool on = false;
+            f.get("cpu_offload", on);
+            const OffloadDevice device = on ? OffloadDevice::kCpu : OffloadDevice::kNone;
+            ANVIL_CHECK(!ctx.offload_given ||
+                            (c.distributed.offload_param == device && c.distributed.offload_optimizer == device),
+                        "{}: {} {} and distributed.offload_param/offload_optimizer differ: give one of them",
+                        f.source("cpu_offload"), f.full("cpu_offload"), on);
+            c.distributed.offload_param = c.distributed.offload_optimizer = device;
+          }),
       Fsdp::accepted("activation_cpu_offload", false, "`true` is an error",
                      only(false, "activations stay where the model runs; activation_checkpointing saves their "
                           "memory")),
@@ -992,7 +1013,9 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
       [] {
         Field<TrainConfig, TopContext> f = Top::custom("fsdp_config", "", "", [](MapReader& r, TrainConfig& c,
                                                                                  const TopContext&) {
-          const FsdpContext given{r.sub("distributed").has("zero_stage"), r.has("activation_checkpointing")};
+          MapReader d = r.sub("distributed");
+          const FsdpContext given{d.has("zero_stage"), r.has("activation_checkpointing"),
+                                  d.has("offload_optimizer") || d.has("offload_param")};
           MapReader f = r.sub("fsdp_config");
           read_fields(f, fsdp_fields(), c, given);
           f.finish();

@@ -177,8 +177,9 @@ TEST_F(ConfigTest, EveryKeyReadIsWrittenBack) {
       "variables",                      // ${variables.x} is replaced as the config is read
       "deepspeed_config",               // mapped onto anvil's keys before they are read
       "fsdp_config",                    // sharding_strategy -> distributed.zero_stage, and
-      "fsdp_config.sharding_strategy",  // activation_checkpointing -> the top-level key
-      "fsdp_config.activation_checkpointing",
+      "fsdp_config.sharding_strategy",  // activation_checkpointing -> the top-level key,
+      "fsdp_config.activation_checkpointing",  // cpu_offload -> distributed.offload_*
+      "fsdp_config.cpu_offload",
       // Accepted from Foundry's files, with nothing to record: FSDP's dtypes and hints, PyTorch's
       // allocator option, console logging (always on), and Composer's monitors of what anvil
       // reports anyway.
@@ -434,6 +435,43 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   std::filesystem::remove(json);
 }
 
+// ZeRO-Offload's keys (DeepSpeed's, the older cpu_offload, Composer's FSDP cpu_offload) are honoured
+// on a CPU run, where the states live in host memory already, and the log says so.
+TEST_F(ConfigTest, OffloadToTheCpuIsHonouredOnACpuRun) {
+  auto notes_of = [](const TrainConfig& c) {
+    std::string all;
+    for (const std::string& n : c.config_notes) all += n + "\n";
+    return all;
+  };
+  TrainConfig c = load_train_config(write(std::string(kMinimal) + R"(deepspeed_config:
+  zero_optimization: {stage: 2, offload_optimizer: {device: cpu, pin_memory: true}}
+)"), {});
+  EXPECT_EQ(c.distributed.offload_optimizer, OffloadDevice::kCpu);
+  EXPECT_EQ(c.distributed.offload_param, OffloadDevice::kNone);
+  EXPECT_NE(notes_of(c).find("distributed.offload_optimizer cpu: honoured as it stands: a run with kernels=cpu keeps "
+                             "the optimizer states in host memory"), std::string::npos) << notes_of(c);
+  EXPECT_NE(to_yaml(c).find("offload_optimizer: cpu"), std::string::npos);
+  c = load_train_config(write(std::string(kMinimal) + "deepspeed_config: {zero_optimization: {cpu_offload: true}}\n"),
+                        {});
+  EXPECT_EQ(c.distributed.offload_optimizer, OffloadDevice::kCpu);
+  c = load_train_config(write(std::string(kMinimal) + "fsdp_config: {cpu_offload: true}\n"), {"kernels=ref"});
+  EXPECT_EQ(c.distributed.offload_optimizer, OffloadDevice::kCpu);
+  EXPECT_EQ(c.distributed.offload_param, OffloadDevice::kCpu);
+  EXPECT_NE(notes_of(c).find("distributed.offload_param cpu: honoured as it stands: a run with kernels=ref keeps the "
+                             "parameters in host memory"), std::string::npos) << notes_of(c);
+  c = load_train_config(write(std::string(kMinimal) + "fsdp_config: {cpu_offload: false}\n"), {});
+  EXPECT_EQ(c.distributed.offload_param, OffloadDevice::kNone);
+  EXPECT_TRUE(c.config_notes.empty());
+  EXPECT_NE(error_of(std::string(kMinimal) + "distributed: {offload_param: cpu}\nfsdp_config: {cpu_offload: false}\n")
+                .find("fsdp_config.cpu_offload false and distributed.offload_param/offload_optimizer differ"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "distributed: {offload_optimizer: disk}\n").find("offload_optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "fsdp_config: {cpu_offload: true}\n", {"kernels=gpu"})
+                .find("distributed.offload_optimizer cpu under kernels=gpu is not supported yet"),
+            std::string::npos);
+}
+
 TEST_F(ConfigTest, DeepSpeedConfigErrorsNameTheKey) {
   auto ds = [&](const std::string& body, const std::vector<std::string>& overrides = {}) {
     return error_of(std::string(kMinimal) + "deepspeed_config: " + body + "\n", overrides);
@@ -446,7 +484,11 @@ TEST_F(ConfigTest, DeepSpeedConfigErrorsNameTheKey) {
   EXPECT_NE(ds("{fp16: {enabled: true, min_loss_scale: 3}}").find("powers of two"), std::string::npos);
   EXPECT_NE(ds("{fp16: {enabled: true, fp16_master_weights: true}}").find("unknown key "
             "'deepspeed_config.fp16.fp16_master_weights'"), std::string::npos);
-  EXPECT_NE(ds("{zero_optimization: {stage: 3, offload_param: {device: cpu}}}").find("does not offload"),
+  EXPECT_NE(ds("{zero_optimization: {stage: 3, offload_param: {device: nvme, nvme_path: /nvme}}}")
+                .find("offload_param.device 'nvme' is not supported: anvil offloads to `cpu`"),
+            std::string::npos);
+  EXPECT_NE(ds("{zero_optimization: {offload_optimizer: {device: cpu}}}", {"kernels=gpu"})
+                .find("distributed.offload_optimizer cpu under kernels=gpu is not supported yet"),
             std::string::npos);
   EXPECT_NE(ds("{optimizer: {type: Lamb}}").find("optimizer type 'Lamb' is not supported"), std::string::npos);
   EXPECT_NE(ds("{optimizer: {type: Adam, params: {adam_w_mode: false, weight_decay: 0.1}}}")
@@ -462,7 +504,6 @@ TEST_F(ConfigTest, DeepSpeedConfigErrorsNameTheKey) {
   EXPECT_NE(ds("{scheduler: {type: WarmupLR, params: {warmup_num_steps: auto}}}").find("\"auto\" has nothing"),
             std::string::npos);
   EXPECT_NE(ds("{zero_optimization: {stage: 5}}").find("stage 5 must be 0, 1, 2 or 3"), std::string::npos);
-  EXPECT_NE(ds("{zero_optimization: {cpu_offload: true}}").find("anvil does not offload"), std::string::npos);
   EXPECT_NE(ds("{wandb: {enabled: true}}").find("wandb.enabled: true is not supported"), std::string::npos);
   EXPECT_NE(ds("{activation_checkpointing: {cpu_checkpointing: true}}").find("cpu_checkpointing: true is not"),
             std::string::npos);

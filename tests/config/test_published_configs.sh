@@ -188,9 +188,29 @@ fi
 ds="$pub/deepspeed/imagenet-ds_fp16_config.json"
 expect_error "imagenet's ds_config" "$ds: unknown key 'deepspeed_config.cuda_visible_devices'" \
   "$anvil" train "$tmp/small.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-bad"
-ds="$pub/deepspeed/transformers-ds_config_zero2.json"
-expect_error "transformers' ds_config_zero2" "$ds: deepspeed_config.zero_optimization.offload_optimizer.device 'cpu' is not supported" \
-  "$anvil" train "$tmp/small.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-bad"
 [ ! -e "$tmp/ds-bad" ] && pass "no run directory after a ds_config error" || fail "a ds_config error left a run behind"
+
+# transformers' ds_config_zero2 offloads the optimizer to the CPU: a CPU run keeps it there already,
+# honours the key as it stands and says so, and its weights are those of the same file with the
+# offload off (its "auto" values from the YAML, whose scheduler's warmup gives WarmupLR's).
+ds="$pub/deepspeed/transformers-ds_config_zero2.json"
+{ cat "$tmp/small.yaml"; echo "scheduler: {name: cosine_with_warmup, t_warmup: 2ba}"; } > "$tmp/warmup.yaml"
+/usr/bin/python3 - "$ds" "$tmp/zero2-no-offload.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["zero_optimization"]["offload_optimizer"]["device"] = "none"
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$anvil" train "$tmp/warmup.yaml" deepspeed_config="$tmp/zero2-no-offload.json" \
+  run_dir="$tmp/ds-no-offload" > "$tmp/ds-no-offload.out" 2>&1 || { fail "ds_config_zero2 without offload"; tail -3 "$tmp/ds-no-offload.out"; }
+if "$anvil" train "$tmp/warmup.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-offload" \
+     > "$tmp/ds-offload.out" 2>&1 \
+   && grep -q "distributed.offload_optimizer cpu: honoured as it stands" "$tmp/ds-offload/train.log" \
+   && [ "$(value distributed.offload_optimizer "$tmp/ds-offload/config.yaml")" = cpu ] \
+   && [ "$("$anvil" inspect "$tmp/ds-offload" | grep "weights sha256")" = "$("$anvil" inspect "$tmp/ds-no-offload" | grep "weights sha256")" ]; then
+  pass "transformers' ds_config_zero2 (offload_optimizer cpu) runs on the CPU, says so, the same weights as without it"
+else
+  fail "transformers' ds_config_zero2"; tail -3 "$tmp/ds-offload.out"
+fi
 
 exit $((failures > 0))

@@ -251,7 +251,8 @@ void read_zero(MapReader& ds, Layer& out) {
                                "fast_init", "pipeline_read", "pipeline_write"})
       o.has(tuning);
     o.finish();
-    if (device == "cpu") out.set_value(std::string("distributed.") + k, device, std::string("zero_optimization.") + k + ".device");
+    if (device == "cpu")
+      out.set_value(std::string("distributed.") + k, device, std::string("zero_optimization.") + k + ".device");
   }
   z.finish();
 }

@@ -130,8 +130,8 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
     ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: {} cpu under kernels=gpu is not supported yet (a GPU run keeps "
                 "its optimizer states and parameters in GPU memory): give {} none, or train with kernels=cpu",
                 blame.source(field), field, field);
-    c.config_notes.push_back(
-        fmt::format("{} cpu: honoured as it stands: a run with kernels={} keeps {}", field, choice_name(c.kernels), what));
+    c.config_notes.push_back(fmt::format("{} cpu: honoured as it stands: a run with kernels={} keeps {}", field,
+                                         choice_name(c.kernels), what));
   }
 }
 

@@ -202,12 +202,14 @@ j["zero_optimization"]["offload_optimizer"]["device"] = "none"
 json.dump(j, open(sys.argv[2], "w"))
 PY
 "$anvil" train "$tmp/warmup.yaml" deepspeed_config="$tmp/zero2-no-offload.json" \
-  run_dir="$tmp/ds-no-offload" > "$tmp/ds-no-offload.out" 2>&1 || { fail "ds_config_zero2 without offload"; tail -3 "$tmp/ds-no-offload.out"; }
+  run_dir="$tmp/ds-no-offload" > "$tmp/ds-no-offload.out" 2>&1 \
+  || { fail "ds_config_zero2 without offload"; tail -3 "$tmp/ds-no-offload.out"; }
 if "$anvil" train "$tmp/warmup.yaml" deepspeed_config="$ds" run_dir="$tmp/ds-offload" \
      > "$tmp/ds-offload.out" 2>&1 \
    && grep -q "distributed.offload_optimizer cpu: honoured as it stands" "$tmp/ds-offload/train.log" \
    && [ "$(value distributed.offload_optimizer "$tmp/ds-offload/config.yaml")" = cpu ] \
-   && [ "$("$anvil" inspect "$tmp/ds-offload" | grep "weights sha256")" = "$("$anvil" inspect "$tmp/ds-no-offload" | grep "weights sha256")" ]; then
+   && [ "$("$anvil" inspect "$tmp/ds-offload" | grep "weights sha256")" = \
+        "$("$anvil" inspect "$tmp/ds-no-offload" | grep "weights sha256")" ]; then
   pass "transformers' ds_config_zero2 (offload_optimizer cpu) runs on the CPU, says so, the same weights as without it"
 else
   fail "transformers' ds_config_zero2"; tail -3 "$tmp/ds-offload.out"

@@ -35,6 +35,11 @@ struct AttentionHeads {
   int window = 0;
   DropoutSite dropout{};
   ComputeDtype operands = ComputeDtype::kFp32;
+  // The forward pass's first query row: the rows of out and lse before it may be left unwritten
+  // (the keys and values of every row are read). An evaluation that kept a prefix's keys and
+  // values (Model::keep_prefix) asks only for the rows after it. A row that is computed has the
+  // bits it has with first_query 0. The backward pass takes 0 only.
+  int first_query = 0;
 
   ANVIL_HOST_DEVICE int group() const { return n_heads / n_kv_heads; }
   ANVIL_HOST_DEVICE int q_channels() const { return n_heads * head_size; }

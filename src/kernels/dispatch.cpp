@@ -155,10 +155,14 @@ void copy_columns(KernelImpl impl, float* dst, long ld_dst, const float* src, lo
 }
 void attention_forward(KernelImpl impl, float* out, float* lse, const float* qkv, const int32_t* positions, int B,
                        int T, AttentionHeads heads) {
+  ANVIL_CHECK(heads.first_query >= 0 && heads.first_query < T, "attention_forward: first_query {} is outside the "
+              "sequence's {} rows", heads.first_query, T);
   ANVIL_DISPATCH(impl, attention_forward, out, lse, qkv, positions, B, T, heads);
 }
 void attention_backward(KernelImpl impl, float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* positions, int B, int T, AttentionHeads heads) {
+  ANVIL_CHECK(heads.first_query == 0, "attention_backward: first_query is the forward pass's alone (given {})",
+              heads.first_query);
   ANVIL_DISPATCH(impl, attention_backward, dqkv, dout, qkv, out, lse, positions, B, T, heads);
 }
 void crossentropy_forward(KernelImpl impl, float* losses, float* lse, const float* logits, const int32_t* targets,

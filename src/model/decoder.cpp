@@ -709,8 +709,8 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
 void Decoder::attend(int l, const BlockActs& x) {
   if (!prefix_.after)
     return attention_forward(kernels(), x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l, 0));
-  // Each sequence after the prefix's rows, attention over the whole (every query: the prefix's
-  // give what they gave in keep_prefix, unused), and the sequences' own rows of its output.
+  // Each sequence after the prefix's rows, attention over the whole for the queries after the
+  // prefix (those of the prefix gave their outputs in keep_prefix), and those rows of its output.
   const Widths w(cfg_);
   const int P = prefix_.length, J = P + T_;
   const float* kept = prefix_.qkv.data() + static_cast<size_t>(l) * P * w.qkv;
@@ -721,8 +721,9 @@ void Decoder::attend(int l, const BlockActs& x) {
     op_copy(kernels(), row + static_cast<size_t>(P) * w.qkv, x.qkv + static_cast<size_t>(b) * T_ * w.qkv,
             static_cast<size_t>(T_) * w.qkv * sizeof(float));
   }
-  attention_forward(kernels(), prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J,
-                    attention_heads(l, 0));
+  AttentionHeads heads = attention_heads(l, 0);
+  heads.first_query = P;
+  attention_forward(kernels(), prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J, heads);
   for (int b = 0; b < B_; b++)
     op_copy(kernels(), x.atty + static_cast<size_t>(b) * T_ * w.q,
             prefix_.joined_atty.data() + (static_cast<size_t>(b) * J + P) * w.q,

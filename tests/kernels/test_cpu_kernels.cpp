@@ -181,6 +181,42 @@ TEST(Attention, ThreadCountDoesNotChangeABit) {
   }
 }
 
+// first_query: the rows from it on are the bits of the whole computation, for the CPU kernel
+// (whose query blocks keep their places) and the reference; a first_query inside a block, on a
+// block's start and on the last row; a window, ALiBi and grouped-query heads.
+TEST(Attention, FirstQueryGivesTheWholeComputationsRows) {
+  const int B = 2, T = 150;
+  AttentionHeads grouped{6, 2, 16};
+  grouped.alibi = true;
+  AttentionHeads windowed{3, 3, 32};
+  windowed.window = 40;
+  for (const AttentionHeads& a : {AttentionHeads{3, 3, 32}, grouped, windowed})
+    for (const KernelImpl impl : {KernelImpl::kCpu, KernelImpl::kRef}) {
+      const size_t BT = static_cast<size_t>(B) * T, C = a.q_channels();
+      const auto qkv = randn(BT * a.qkv_channels(), 1);
+      std::vector<float> out(BT * C), lse(BT * a.n_heads);
+      attention_forward(impl, out.data(), lse.data(), qkv.data(), nullptr, B, T, a);
+      for (const int first : {1, 37, 64, 100, T - 1}) {
+        AttentionHeads after = a;
+        after.first_query = first;
+        std::vector<float> part_out(out.size(), NAN), part_lse(lse.size(), NAN);
+        attention_forward(impl, part_out.data(), part_lse.data(), qkv.data(), nullptr, B, T, after);
+        bool same = true;
+        for (int b = 0; b < B; b++)
+          for (int t = first; t < T; t++) {
+            const size_t row = static_cast<size_t>(b) * T + t;
+            same = same && std::equal(out.begin() + row * C, out.begin() + (row + 1) * C, part_out.begin() + row * C);
+            for (int h = 0; h < a.n_heads; h++) {
+              const size_t l = (static_cast<size_t>(b) * a.n_heads + h) * T + t;
+              same = same && lse[l] == part_lse[l];
+            }
+          }
+        EXPECT_TRUE(same) << "first_query " << first << ", " << a.n_kv_heads << " kv heads, window " << a.window
+                          << (impl == KernelImpl::kCpu ? ", cpu" : ", ref");
+      }
+    }
+}
+
 // ALiBi's slopes as LLM Foundry's gen_slopes and Hugging Face's MPT give them: 1/2^(8k/n) for a
 // power-of-two head count; for twelve heads, the slopes of sixteen taken even k first
 // (k = 2, 4, ..., 16) and then odd (k = 1, 3, 5, 7).

@@ -123,7 +123,10 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
                        AttentionHeads heads) {
   const int HS = heads.head_size, NH = heads.n_heads, C = heads.q_channels();
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int blocks = (T + kQueryBlock - 1) / kQueryBlock;
+  // The query blocks keep their places whatever first_query is (those wholly before it are
+  // skipped), so that a row's products have the same shapes, and so bits, either way.
+  const int first_block = heads.first_query / kQueryBlock;
+  const int blocks = (T + kQueryBlock - 1) / kQueryBlock - first_block;
   const int ld = heads.qkv_channels();
 #pragma omp parallel
   {
@@ -133,7 +136,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
     for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++)
         for (int qb = 0; qb < blocks; qb++) {
-          const int q0 = qb * kQueryBlock, rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
+          const int q0 = (first_block + qb) * kQueryBlock, rows = std::min(kQueryBlock, T - q0), keys = q0 + rows;
           const float* seq = qkv + static_cast<long>(b) * T * ld;
           const float* Q = seq + static_cast<long>(q0) * ld + h * HS;
           const float* K = seq + C + (h / heads.group()) * HS;

@@ -46,6 +46,7 @@ void scores_forward(float* S, const float* x, const Batches& t, int c, int T) {
 
 }  // namespace
 
+// Every query row is computed, whatever heads.first_query asks (its contract allows it).
 void attention_forward(float* out, float* lse, const float* qkv, const int32_t* positions, int B, int T,
                        AttentionHeads heads) {
   if (flash_attention_supported(heads)) return flash_attention_forward(out, lse, qkv, positions, B, T, heads);

@@ -354,7 +354,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
   std::vector<double> p(T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < heads.n_heads; h++)
-      for (int i = 0; i < T; i++) {
+      for (int i = heads.first_query; i < T; i++) {
         score_row(p.data(), qkv, heads, b, T, h, i);
         mask_unseen_keys(p.data(), positions, b, T, i, heads.window);
         lse[(static_cast<long>(b) * heads.n_heads + h) * T + i] = static_cast<float>(softmax_in_place(p.data(), i));

@@ -3,8 +3,9 @@
 # LLM Foundry's pretraining YAMLs train a few steps, changing only what the command line
 # overrides (data paths, the tokenizer and model directory where the file names a hub one, and for
 # the larger models their sizes), and DeepSpeed's ds_config files layered over a small anvil YAML give the settings
-# DeepSpeed would use, train, and keep the determinism contract; the files anvil cannot honour
-# are one-line errors naming the file and the key.
+# DeepSpeed would use, train, and keep the determinism contract (transformers' ds_config_zero2,
+# which offloads the optimizer to the CPU, among them); the files anvil cannot honour are
+# one-line errors naming the file and the key.
 # Usage: test_published_configs.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"

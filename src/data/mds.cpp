@@ -78,10 +78,19 @@ std::string python_json(const json& v) {
   return out;
 }
 
-json file_info_json(const std::string& basename, std::string_view data, const std::vector<std::string>& hashes) {
+// A file's index entry, the file given as its parts in order (joined only to be hashed).
+json file_info_json(const std::string& basename, std::initializer_list<std::string_view> parts,
+                    const std::vector<std::string>& hashes) {
+  size_t bytes = 0;
+  for (const std::string_view part : parts) bytes += part.size();
   json h = json::object();
-  for (const std::string& algo : hashes) h[algo] = mds_hash(algo, data.data(), data.size());
-  return json{{"basename", basename}, {"bytes", data.size()}, {"hashes", h}};
+  if (!hashes.empty()) {
+    std::string whole;
+    whole.reserve(bytes);
+    for (const std::string_view part : parts) whole += part;
+    for (const std::string& algo : hashes) h[algo] = mds_hash(algo, whole.data(), whole.size());
+  }
+  return json{{"basename", basename}, {"bytes", bytes}, {"hashes", h}};
 }
 
 uint32_t load_u32(const uint8_t* p) {
@@ -432,66 +441,79 @@ void MdsWriter::write_tokens(const int32_t* tokens, int64_t n) {
   // [ndim<<2 | shape type][shape][int32 values]
   const int shape_code = n < (1 << 8) ? 0 : n < (1 << 16) ? 1 : n < (int64_t{1} << 32) ? 2 : 3;
   const size_t shape_bytes = size_t{1} << shape_code;
-  std::string column(1 + shape_bytes + 4 * static_cast<size_t>(n), '\0');
-  column[0] = static_cast<char>((1 << 2) | shape_code);
+  char head[9];
+  head[0] = static_cast<char>((1 << 2) | shape_code);
   const uint64_t dim = static_cast<uint64_t>(n);
-  std::memcpy(column.data() + 1, &dim, shape_bytes);  // little-endian: the low bytes of the dimension
-  std::memcpy(column.data() + 1 + shape_bytes, tokens, static_cast<size_t>(n) * 4);
-  append(column);
+  std::memcpy(head + 1, &dim, shape_bytes);  // little-endian: the low bytes of the dimension
+  append({std::string_view(head, 1 + shape_bytes),
+          std::string_view(reinterpret_cast<const char*>(tokens), static_cast<size_t>(n) * 4)});
 }
 
 void MdsWriter::write_json(const json& sample) {
   ANVIL_CHECK(kind_ == MdsSampleKind::kTurns, "internal: json written to a token dataset");
-  append(python_json(sample));  // streaming's json encoding: json.dumps's spacing
+  append({python_json(sample)});  // streaming's json encoding: json.dumps's spacing
 }
 
-// One sample: [u32 column size][column bytes].
-void MdsWriter::append(std::string_view column) {
-  ANVIL_CHECK(column.size() < (size_t{1} << 31), "an MDS sample of {} bytes is too large", column.size());
-  const uint32_t column_bytes = static_cast<uint32_t>(column.size());
+// One sample: [u32 column size][column bytes], the column given in parts (copied once, into the
+// shard's buffer).
+void MdsWriter::append(std::initializer_list<std::string_view> column) {
+  size_t size = 0;
+  for (const std::string_view part : column) size += part.size();
+  ANVIL_CHECK(size < (size_t{1} << 31), "an MDS sample of {} bytes is too large", size);
+  const uint32_t column_bytes = static_cast<uint32_t>(size);
   const int64_t sample_bytes = 4 + column_bytes;
   if (shard_size_ + sample_bytes + 4 > opt_.size_limit && !sample_sizes_.empty()) flush_shard();
+  // A shard's worth at once (up to 256 MiB; pages are touched only as written): growing by
+  // doubling copied the first shard again.
+  const size_t shard_bytes = static_cast<size_t>(std::min(opt_.size_limit, int64_t{1} << 28));
+  if (samples_.capacity() < shard_bytes) samples_.reserve(shard_bytes);
   samples_.append(reinterpret_cast<const char*>(&column_bytes), 4);
-  samples_.append(column);
+  for (const std::string_view part : column) samples_.append(part);
   sample_sizes_.push_back(static_cast<uint32_t>(sample_bytes));
   shard_size_ += sample_bytes + 4;
 }
 
 void MdsWriter::flush_shard() {
   const uint32_t n = static_cast<uint32_t>(sample_sizes_.size());
-  std::string raw;
-  raw.reserve(4 + 4 * (n + 1) + config_json_.size() + samples_.size());
-  raw.append(reinterpret_cast<const char*>(&n), 4);
+  // The shard is this header ([u32 n][n + 1 u32 offsets][config]) and then the samples.
+  std::string header;
+  header.reserve(4 + 4 * (n + 1) + config_json_.size());
+  header.append(reinterpret_cast<const char*>(&n), 4);
   uint32_t off = 4 + 4 * (n + 1) + static_cast<uint32_t>(config_json_.size());
-  raw.append(reinterpret_cast<const char*>(&off), 4);
+  header.append(reinterpret_cast<const char*>(&off), 4);
   for (uint32_t s : sample_sizes_) {
     off += s;
-    raw.append(reinterpret_cast<const char*>(&off), 4);
+    header.append(reinterpret_cast<const char*>(&off), 4);
   }
-  raw += config_json_;
-  raw += samples_;
+  header += config_json_;
   const std::string raw_name = fmt::format("shard.{:05d}.mds", shards_.size());
-  json entry = {{"samples", n}, {"raw_data", file_info_json(raw_name, raw, opt_.hashes)}, {"zip_data", nullptr},
+  json entry = {{"samples", n}, {"raw_data", file_info_json(raw_name, {header, samples_}, opt_.hashes)},
+                {"zip_data", nullptr},
                 {"version", 2}, {"format", "mds"},
                 {"compression", opt_.compression.empty() ? json(nullptr) : json(opt_.compression)},
                 {"hashes", opt_.hashes}, {"size_limit", opt_.size_limit}, {"column_names", column_names(kind_)},
                 {"column_encodings", column_encodings(kind_)}, {"column_sizes", {nullptr}}};
-  std::string stored = std::move(raw), stored_name = raw_name;
+  // The file: the shard's two parts as they are, or the zstd frame of the whole.
+  std::vector<std::string_view> stored = {header, samples_};
+  std::string stored_name = raw_name, zip;
   if (!opt_.compression.empty()) {
     const size_t colon = opt_.compression.find(':');
     const int level = colon == std::string::npos ? 3 : std::stoi(opt_.compression.substr(colon + 1));
-    std::string zip(ZSTD_compressBound(stored.size()), '\0');
-    const size_t zn = ZSTD_compress(zip.data(), zip.size(), stored.data(), stored.size(), level);
+    const std::string raw = header + samples_;
+    zip.resize(ZSTD_compressBound(raw.size()));
+    const size_t zn = ZSTD_compress(zip.data(), zip.size(), raw.data(), raw.size(), level);
     ANVIL_CHECK(!ZSTD_isError(zn), "zstd compression failed: {}", ZSTD_getErrorName(zn));
     zip.resize(zn);
     stored_name = raw_name + ".zstd";
-    entry["zip_data"] = file_info_json(stored_name, zip, opt_.hashes);
-    stored = std::move(zip);
+    entry["zip_data"] = file_info_json(stored_name, {zip}, opt_.hashes);
+    stored = {zip};
   }
   AtomicFile f(dir_ + "/" + stored_name);
-  f.write(stored.data(), stored.size());
+  for (const std::string_view part : stored) {
+    f.write(part.data(), part.size());
+    bytes_written_ += static_cast<int64_t>(part.size());
+  }
   f.commit();
-  bytes_written_ += static_cast<int64_t>(stored.size());
   shards_.push_back(python_json(entry));
   samples_.clear();
   sample_sizes_.clear();

@@ -7,6 +7,7 @@
 // "tokens" column is an integer ndarray, or whose "turns" column is json.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string>
@@ -116,7 +117,7 @@ class MdsWriter {
   int64_t finish();
 
  private:
-  void append(std::string_view column);
+  void append(std::initializer_list<std::string_view> column);
   void flush_shard();
   std::string dir_;
   MdsWriterOptions opt_;

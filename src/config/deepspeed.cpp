@@ -273,8 +273,6 @@ void read_optimizer(MapReader& ds, Layer& out) {
   if (const auto v = given(p, "torch_adam")) torch_adam = as<bool>(p, "torch_adam", *v, "true or false");
   if (const auto v = given(p, "bias_correction")) bias_correction = as<bool>(p, "bias_correction", *v, "true or false");
   if (const auto v = given(p, "amsgrad")) amsgrad = as<bool>(p, "amsgrad", *v, "true or false");
-  ANVIL_CHECK(bias_correction, "{}: {}: false is not supported (anvil's Adam corrects the moments' bias)",
-              out.where(), p.full("bias_correction"));
   ANVIL_CHECK(!amsgrad, "{}: {}: true is not supported", out.where(), p.full("amsgrad"));
   // The ds_config's optimizer is the whole optimizer: what it leaves out takes DeepSpeed's
   // defaults (FusedAdam's; torch.optim.AdamW's weight decay 0.01 under torch_adam).
@@ -285,6 +283,8 @@ void read_optimizer(MapReader& ds, Layer& out) {
               "weight_decay {} is Adam with L2 regularisation, which anvil does not have: use AdamW (adam_w_mode "
               "true), or weight_decay 0", out.where(), decay);
   out.set_value("optimizer.name", std::string("adamw"), "optimizer.type " + type);  // PyTorch's decay: p -= lr·wd·p
+  out.set_value("optimizer.bias_correction", bias_correction,
+                p.has("bias_correction") ? "optimizer.params.bias_correction" : "DeepSpeed's default");
   const std::tuple<const char*, YAML::Node> params[] = {
       {"lr", YAML::Node(0.001)},
       {"betas", YAML::Load("[0.9, 0.999]")},

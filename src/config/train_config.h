@@ -21,6 +21,7 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool bias_correction = true;  // false: DeepSpeed's Adam without bias correction (bias_correction: false)
 };
 
 struct StreamConfig {

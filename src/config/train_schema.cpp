@@ -481,6 +481,9 @@ const std::vector<Field<OptimizerConfig>>& optimizer_fields() {
       O::value("eps", &OptimizerConfig::eps, "", positive<double>()).defaults("1e-8"),
       O::value("weight_decay", &OptimizerConfig::weight_decay, "applied to matmul weights only, never to biases, "
                "norms or embeddings", not_negative<double>()),
+      O::value("bias_correction", &OptimizerConfig::bias_correction, "divide the moments by 1 - beta^t as Adam does; "
+               "false is DeepSpeed's Adam with `bias_correction: false` (the moments uncorrected: the first step "
+               "moves a weight by lr·(1-beta1)/√(1-beta2), not lr)"),
   };
   return table;
 }

@@ -24,8 +24,8 @@ AdamWStep AdamW::begin_step(double lr, float grad_scale, const std::vector<int>*
   t_++;
   const float beta1 = static_cast<float>(cfg_.beta1), beta2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
+  const double bc1 = cfg_.bias_correction ? 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_)) : 1.0;
+  const double bc2 = cfg_.bias_correction ? 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_)) : 1.0;
   const float step_size = static_cast<float>(lr / bc1);
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const double decay_rate = cfg_.name == OptimizerKind::kAdamW ? lr * cfg_.weight_decay

@@ -130,6 +130,23 @@ TEST(AdamW, FirstStepMovesEachWeightByLr) {
   for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0f - 1e-3f * (g[i] > 0 ? 1 : -1), 1e-6) << i;
 }
 
+TEST(AdamW, FirstStepWithoutBiasCorrection) {
+  // DeepSpeed's bias_correction false: m = (1-β1)·g and √v = √(1-β2)·|g| uncorrected, so the first
+  // step moves each weight by lr·(1-β1)/√(1-β2) (about 3.16·lr here), decay aside.
+  OptimizerConfig c{OptimizerKind::kAdamW, 1e-3, 0.9, 0.999, 1e-12, 0.0};
+  c.bias_correction = false;
+  std::vector<float> p = {1, 1, 1, 1, 1, 1};
+  const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
+  AdamW opt(KernelImpl::kCpu, c, two_tensors(), 6);
+  opt.step(p.data(), g.data(), 1e-3, 1.0f);
+  const double move = 1e-3 * 0.1 / std::sqrt(0.001);
+  for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0 - move * (g[i] > 0 ? 1 : -1), 1e-6) << i;
+  // The second step's moments are uncorrected too: m = 0.19·g, √v = √0.001999·|g|.
+  opt.step(p.data(), g.data(), 1e-3, 1.0f);
+  const double move2 = 1e-3 * 0.19 / std::sqrt(0.001999);
+  for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0 - (move + move2) * (g[i] > 0 ? 1 : -1), 2e-6) << i;
+}
+
 TEST(ClipGradNorm, ScalesOnlyAboveTheThreshold) {
   const std::vector<float> g = {3, 4};  // norm 5
   EXPECT_DOUBLE_EQ(grad_norm(KernelImpl::kCpu, g.data(), 2), 5.0);

@@ -18,7 +18,8 @@
 #   with NCCL/RCCL; the emulated GPU has none); and the run follows the deterministic CPU run;
 # - LoRA (every product adapted, lora_dropout 0.1) on the deterministic run's weights: the GPU
 #   follows the CPU within 1e-5, microbatch 4 and 1 and 2 ranks under ZeRO-3 give the same bits,
-#   and amp_bf16 (the base held in bf16) follows the CPU's within 1e-2.
+#   and amp_bf16 (the base held in bf16) follows the CPU's within 1e-2;
+# - LLM Foundry's ICL tasks during training: the GPU's accuracies are the CPU's.
 # The model is GPT-2 with a 1024-token cut of its vocabulary (tests/lib.sh, small_gpt2_vocab).
 # Usage: test_gpu_training.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -100,6 +101,40 @@ for family in mpt llama qwen3; do
   compare "${family}_cpu" "${family}_gpu" 1e-5 && pass "$family: kernels=gpu follows kernels=cpu" \
     || fail "$family: kernels=gpu against kernels=cpu"
 done
+
+# LLM Foundry's ICL tasks during training (tests/eval/make_icl_tasks.py's, a few questions of each
+# type): the GPU scores them as the CPU does, through the passes after a question's kept prefix.
+/usr/bin/python3 "$src/tests/eval/make_icl_tasks.py" "$tmp/brown" "$tmp/icl" > /dev/null
+# Eight questions of each, their answers cut to four words and the generation task's contexts to
+# six: room in 32 tokens.
+/usr/bin/python3 - "$tmp/icl" <<'PY'
+import json, sys
+cut = lambda a: " ".join(a.split()[:4])
+for t in ("mc", "schema", "lm", "gen"):
+    qs = [json.loads(l) for l in open(f"{sys.argv[1]}/{t}.jsonl")][:8]
+    for q in qs:
+        if "choices" in q: q["choices"] = [cut(c) for c in q["choices"]]
+        if "continuation" in q: q["continuation"] = cut(q["continuation"])
+        if "answer" in q: q["context"] = " ".join(q["context"].split()[-6:])  # generation: room for 8 tokens
+    open(f"{sys.argv[1]}/few_{t}.jsonl", "w").writelines(json.dumps(q) + "\n" for q in qs)
+PY
+cat > "$tmp/icl/tasks.yaml" <<YAML
+icl_tasks:
+- {label: mc, dataset_uri: $tmp/icl/few_mc.jsonl, num_fewshot: [0, 2], icl_task_type: multiple_choice}
+- {label: schema, dataset_uri: $tmp/icl/few_schema.jsonl, num_fewshot: [1], icl_task_type: schema}
+- {label: lm, dataset_uri: $tmp/icl/few_lm.jsonl, num_fewshot: [0], icl_task_type: language_modeling}
+- {label: gen, dataset_uri: $tmp/icl/few_gen.jsonl, num_fewshot: [0], icl_task_type: generation_task_with_answers,
+   early_stopping_criteria: ["\\n\\n", "[.!?]"], generation_kwargs: {max_new_tokens: 8}}
+YAML
+icl=(max_duration=3ba eval_interval=3ba eval_subset_num_batches=1 icl_tasks="$tmp/icl/tasks.yaml")
+run icl_cpu kernels=cpu "${icl[@]}"
+run icl_gpu kernels=gpu "${icl[@]}"
+scores() { grep -o '"metrics/[^,}]*' "$tmp/$1/metrics.jsonl" | sort; }
+if [ "$(scores icl_cpu | wc -l)" -ge 5 ] && [ "$(scores icl_cpu)" = "$(scores icl_gpu)" ]; then
+  pass "ICL tasks during training: the GPU's accuracies are the CPU's: $(scores icl_gpu | tr '\n' ' ')"
+else
+  fail "ICL tasks: the CPU's '$(scores icl_cpu | tr '\n' ' ')', the GPU's '$(scores icl_gpu | tr '\n' ' ')'"
+fi
 
 run gpu_auto kernels=gpu device_train_microbatch_size=auto
 if grep -q '"microbatch":8' "$tmp/gpu_auto/metrics.jsonl" && compare gpu gpu_auto 1e-5; then

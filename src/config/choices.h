@@ -44,6 +44,9 @@ enum class GradCompression { kNone, kBf16 };
 enum class GpuCollectivesChoice { kAuto, kNccl, kHost };
 // Where ZeRO-Offload keeps the optimizer states or the parameters (DeepSpeed's offload device).
 enum class OffloadDevice { kNone, kCpu };
+// The values the optimizer keeps (master weights, moments): fp32, or rounded to bf16 after every step
+// as DeepSpeed's bf16_master_weights_and_grads / bf16_optimizer_states keep them.
+enum class StateDtype { kFp32, kBf16 };
 
 // Choices<E>::names: every value of E with the name configs spell it.
 template <class E>
@@ -133,6 +136,12 @@ template <>
 struct Choices<OffloadDevice> {
   static constexpr std::pair<OffloadDevice, const char*> names[] = {{OffloadDevice::kNone, "none"},
                                                                     {OffloadDevice::kCpu, "cpu"}};
+};
+
+template <>
+struct Choices<StateDtype> {
+  static constexpr std::pair<StateDtype, const char*> names[] = {{StateDtype::kFp32, "fp32"},
+                                                                 {StateDtype::kBf16, "bf16"}};
 };
 
 template <class E>

@@ -208,6 +208,23 @@ void read_precision(MapReader& ds, Layer& out) {
     MapReader b = ds.sub(name);
     if (const auto v = given(b, "enabled")) bf16 = bf16.value_or(false) || as<bool>(b, "enabled", *v, "true or false");
     b.has("immediate_grad_update");  // anvil accumulates gradients in fp32 in every precision
+    b.has("check_grad_overflow");    // a non-finite gradient stops an anvil run with its step
+    // DeepSpeed's bf16 master weights (and gradients) and bf16 Adam moments: fp32 arithmetic, the
+    // results rounded to nearest even. anvil's gradient stays its fp32 (or exact) sum.
+    bool master = false, states = false;
+    if (const auto v = given(b, "bf16_master_weights_and_grads"))
+      master = as<bool>(b, "bf16_master_weights_and_grads", *v, "true or false");
+    if (const auto v = given(b, "bf16_optimizer_states"))
+      states = as<bool>(b, "bf16_optimizer_states", *v, "true or false");
+    ANVIL_CHECK(!states || master, "{}: {}: true needs bf16_master_weights_and_grads: true, as DeepSpeed requires",
+                out.where(), b.full("bf16_optimizer_states"));
+    if (master) {
+      const std::string from = std::string(name) + ".bf16_master_weights_and_grads";
+      out.set_value("optimizer.master_weights_dtype", std::string("bf16"), from);
+      out.note(from + ": the gradient stays anvil's fp32 sum (DeepSpeed rounds it to bf16)");
+    }
+    if (states)
+      out.set_value("optimizer.states_dtype", std::string("bf16"), std::string(name) + ".bf16_optimizer_states");
     b.finish();
   }
   ANVIL_CHECK(!(fp16.value_or(false) && bf16.value_or(false)), "{}: deepspeed_config enables both fp16 and bf16: "
@@ -226,19 +243,39 @@ void read_zero(MapReader& ds, Layer& out) {
     out.set("distributed.zero_stage", *v, "zero_optimization.stage");
     out.remove("fsdp_config.sharding_strategy", "the ds_config's zero_optimization.stage sets the sharding");
   }
-  // Bucketing and overlap are anvil's own (a unit's gradients reduce while the backward pass goes
-  // on, in every stage), so these tuning knobs have no effect.
+  // Bucketing, overlap, prefetching and how the shards are grouped are anvil's own (a unit's
+  // gradients reduce while the backward pass goes on, in every stage; the shards never change the
+  // bits), so these tuning knobs have no effect. Both the stage3_ names and the plain ones.
   for (const char* k : {"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
-                        "allgather_partitions", "allgather_bucket_size", "round_robin_gradients",
-                        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-                        "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size",
-                        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                        "allgather_partitions", "allgather_bucket_size", "round_robin_gradients", "sub_group_size",
                         "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
-                        "use_multi_rank_bucket_allreduce", "memory_efficient_linear"})
+                        "use_multi_rank_bucket_allreduce", "memory_efficient_linear", "zero_hpz_partition_size",
+                        "mics_shard_size", "mics_hierarchical_params_gather", "pipeline_loading_checkpoint",
+                        "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+                        "save_muon_momentum_buffer_in_memory", "leaf_module", "cpu_offload_use_pin_memory",
+                        "stage3_gather_fp16_weights_on_model_save"})
     z.has(k);
+  for (const std::string k : {"prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+                              "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                              "module_granularity_threshold", "use_all_reduce_for_fetch_params",
+                              "allgather_sequential"}) {
+    z.has(k);
+    z.has("stage3_" + k);
+  }
+  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+                        "legacy_stage1"}) {
+    const auto v = given(z, k);
+    ANVIL_CHECK(!v || text(*v) == "false", "{}: {} {} is not supported: anvil's ZeRO moves fp32 values", out.where(),
+                z.full(k), text(*v));
+  }
+  for (const char* k : {"zeropp_loco_param", "zenflow"})
+    ANVIL_CHECK(!z.has(k), "{}: {} is not supported: anvil's ZeRO moves fp32 values and steps every parameter each "
+                "step", out.where(), z.full(k));
   // ZeRO-Offload: where the optimizer states and the parameters live (distributed.offload_*).
   if (const auto v = given(z, "cpu_offload"); v && as<bool>(z, "cpu_offload", *v, "true or false"))
     out.set_value("distributed.offload_optimizer", std::string("cpu"), "zero_optimization.cpu_offload");
+  if (const auto v = given(z, "cpu_offload_param"); v && as<bool>(z, "cpu_offload_param", *v, "true or false"))
+    out.set_value("distributed.offload_param", std::string("cpu"), "zero_optimization.cpu_offload_param");
   for (const char* k : {"offload_optimizer", "offload_param"}) {
     if (!z.has(k)) continue;
     MapReader o = z.sub(k);
@@ -248,7 +285,7 @@ void read_zero(MapReader& ds, Layer& out) {
                 "(ZeRO-Infinity's nvme is not built); give cpu or none", out.where(), z.full(k), device);
     // How DeepSpeed stages the copies (pinned buffers, NVMe's pipeline): anvil's own.
     for (const char* tuning : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio",
-                               "fast_init", "pipeline_read", "pipeline_write"})
+                               "fast_init", "pipeline_read", "pipeline_write", "super_offload", "cpuadam_cores_perc"})
       o.has(tuning);
     o.finish();
     if (device == "cpu")
@@ -257,11 +294,12 @@ void read_zero(MapReader& ds, Layer& out) {
   z.finish();
 }
 
-void read_optimizer(MapReader& ds, Layer& out) {
+void read_optimizer(MapReader& ds, Layer& out, UnknownKeys& ignored) {
   if (!ds.has("optimizer")) return;
   MapReader o = ds.sub("optimizer");
   std::string type;
   o.get("type", type);
+  o.has("legacy_fusion");  // how DeepSpeed fuses its own Adam kernels
   std::string lower = type;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
   ANVIL_CHECK(lower == "adamw" || lower == "adam", "{}: deepspeed_config.optimizer type '{}' is not supported: "
@@ -296,8 +334,8 @@ void read_optimizer(MapReader& ds, Layer& out) {
     out.set(std::string("optimizer.") + key, v ? *v : ds_default,
             v ? std::string("optimizer.params.") + key : std::string("DeepSpeed's default"));
   }
-  p.finish();
-  o.finish();
+  p.finish();  // DeepSpeed passes the params to the optimizer's constructor: an unknown one is an error there too
+  o.finish(&ignored);
 }
 
 void read_scheduler(MapReader& ds, Layer& out) {
@@ -340,7 +378,7 @@ void read_scheduler(MapReader& ds, Layer& out) {
   s.finish();
 }
 
-void read_monitors(MapReader& ds, Layer& out) {
+void read_monitors(MapReader& ds, Layer& out, UnknownKeys& ignored) {
   if (ds.has("tensorboard")) {
     MapReader t = ds.sub("tensorboard");
     bool enabled = false;
@@ -369,15 +407,17 @@ void read_monitors(MapReader& ds, Layer& out) {
     MapReader f = ds.sub("flops_profiler");
     bool enabled = false;
     f.get("enabled", enabled);
-    for (const char* k : {"profile_step", "module_depth", "top_modules", "detailed", "output_file"}) f.has(k);
-    f.finish();
+    for (const char* k : {"recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed",
+                          "output_file"})
+      f.has(k);
+    f.finish(&ignored);
     ANVIL_CHECK(!enabled, "{}: deepspeed_config.flops_profiler.enabled: true is not supported: anvil logs the "
                 "model FLOPs and MFU of every step; `anvil bench train CONFIG --profile` times each op",
                 out.where());
   }
 }
 
-void read_switches(MapReader& ds, Layer& out) {
+void read_switches(MapReader& ds, Layer& out, UnknownKeys& ignored) {
   // Settings whose only choice in anvil is the one given; anything else is refused.
   auto must_be = [&](const char* key, const std::string& allowed, const char* why) {
     const auto v = given(ds, key);
@@ -398,7 +438,8 @@ void read_switches(MapReader& ds, Layer& out) {
     MapReader d = ds.sub("data_types");
     std::string accumulate = "fp32";
     d.get("grad_accum_dtype", accumulate);
-    d.finish();
+    for (const char* k : {"param_dtype", "buffer_dtype"}) d.has(k);  // anvil's dtypes follow `precision`
+    d.finish(&ignored);
     ANVIL_CHECK(accumulate == "fp32", "{}: deepspeed_config.data_types.grad_accum_dtype {} is not supported: anvil "
                 "accumulates gradients in fp32", out.where(), accumulate);
   }
@@ -411,7 +452,7 @@ void read_switches(MapReader& ds, Layer& out) {
       a.has(k);
     bool to_cpu = false;
     a.get("cpu_checkpointing", to_cpu);
-    a.finish();
+    a.finish(&ignored);
     ANVIL_CHECK(!to_cpu, "{}: deepspeed_config.activation_checkpointing.cpu_checkpointing: true is not supported "
                 "(activations stay where the model runs; activation_checkpointing: true saves their memory)",
                 out.where());
@@ -421,6 +462,81 @@ void read_switches(MapReader& ds, Layer& out) {
   // stage (zero_allow_untested_optimizer, zero_force_ds_cpu_optimizer).
   for (const char* k : {"wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
                         "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"})
+    ds.has(k);
+}
+
+// The first `enabled: true` at or under node (its dotted path), or "".
+std::string enabled_within(const YAML::Node& node, const std::string& path) {
+  if (!node.IsMap()) return "";
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string key = it->first.as<std::string>(), at = path + "." + key;
+    if (key == "enabled" && it->second.IsScalar() && (it->second.Scalar() == "true" || it->second.Scalar() == "True"))
+      return at;
+    if (const std::string found = enabled_within(it->second, at); !found.empty()) return found;
+  }
+  return "";
+}
+
+// DeepSpeed's other keys. Published files often carry its features switched off, which anvil
+// accepts; a feature switched on is an error naming it. What only tunes DeepSpeed's own machinery
+// (its checkpoint writer, async I/O, log level, timers) means nothing here and is accepted.
+void read_features_off(MapReader& ds, Layer& out) {
+  const std::string where = out.where();
+  // Sections that a feature's `enabled: true` (at any depth) turns on; off by default.
+  const std::pair<const char*, const char*> switched[] = {
+      {"comms_logger", "anvil's collectives are its own (train.log times the step)"},
+      {"hybrid_engine", "anvil has no RLHF inference engine"},
+      {"progressive_layer_drop", "anvil trains every layer on every step"},
+      {"curriculum_learning", "anvil's sequences keep max_seq_len"},
+      {"data_efficiency", "anvil's loaders follow LLM Foundry's and MosaicML streaming's order"},
+      {"compression_training", "anvil trains unquantized, unpruned weights"},
+      {"quantize_training", "anvil trains unquantized weights"},
+      {"elasticity", "anvil's batch is global_train_batch_size on any number of ranks (the same bits)"},
+      {"autotuning", "anvil chooses its microbatch itself: device_train_microbatch_size: auto"},
+      {"nebula", "anvil writes its own checkpoints (save_folder)"},
+      {"torch_autocast", "anvil's amp is `precision` (the ds_config's bf16 or fp16)"}};
+  for (const auto& [key, why] : switched) {
+    if (!ds.has(key)) continue;
+    const std::string on = enabled_within(ds.raw(key), ds.full(key));
+    ANVIL_CHECK(on.empty(), "{}: {}: true is not supported: {}", where, on, why);
+  }
+  // Present means on.
+  const std::pair<const char*, const char*> present[] = {
+      {"sparse_attention", "anvil's attention is dense (flash attention on the CPU and GPU)"},
+      {"pipeline", "pipeline parallelism is not built yet; anvil trains data-parallel with ZeRO"},
+      {"weight_quantization", "anvil trains unquantized weights"},
+      {"datastates_ckpt", "anvil writes its own checkpoints (save_folder)"},
+      {"expert_parallel", "mixture-of-experts models are not built yet"}};
+  for (const auto& [key, why] : present)
+    ANVIL_CHECK(!ds.has(key), "{}: {} is not supported: {}", where, ds.full(key), why);
+  // Values that only DeepSpeed's default leaves as anvil trains.
+  auto must_be = [&](const char* key, const char* allowed, const char* why) {
+    const auto v = given(ds, key);
+    ANVIL_CHECK(!v || text(*v) == allowed, "{}: {} {} is not supported: {}", where, ds.full(key), text(*v), why);
+  };
+  must_be("managed_gradient_accumulation", "true", "anvil accumulates a step's microbatches itself");
+  must_be("disable_allgather", "false", "anvil's ZeRO stages gather the parameters they shard");
+  must_be("gradient_allreduce_op", "mean", "anvil averages gradients over the global batch");
+  must_be("graph_harvesting", "false", "anvil's GPU runs do not capture CUDA graphs yet");
+  must_be("sequence_parallel_size", "1", "sequence parallelism is not built yet");
+  if (ds.has("tensor_parallel")) {
+    const YAML::Node tp = ds.raw("tensor_parallel");
+    const YAML::Node size = tp.IsMap() ? tp["autotp_size"] : YAML::Node();
+    ANVIL_CHECK(!size || text(size) == "0" || text(size) == "1", "{}: {}.autotp_size {} is not supported: tensor "
+                "parallelism is not built yet", where, ds.full("tensor_parallel"), text(size));
+  }
+  if (ds.has("compile")) {
+    const YAML::Node c = ds.raw("compile");
+    const YAML::Node deep = c.IsMap() ? c["deepcompile"] : YAML::Node();
+    ANVIL_CHECK(!deep || text(deep) == "false", "{}: {}.deepcompile {} is not supported: anvil's kernels are "
+                "compiled ahead", where, ds.full("compile"), text(deep));
+  }
+  // DeepSpeed's own machinery: its checkpoint files, NVMe I/O, logging and timers, the data-parallel
+  // size it infers, its dataloader (anvil's drops a partial last batch always), the layout of MoE
+  // parameter groups and sequence parallelism's all-to-all dtype.
+  for (const char* k : {"checkpoint", "aio", "log_level", "timers", "vocabulary_size", "data_parallel_size",
+                        "dataloader_drop_last", "use_data_before_expert_parallelism",
+                        "seq_parallel_communication_data_type"})
     ds.has(k);
 }
 
@@ -445,11 +561,16 @@ std::vector<std::string> apply_deepspeed_config(YAML::Node root, const std::stri
   }
   read_precision(ds, out);
   read_zero(ds, out);
-  read_optimizer(ds, out);
+  UnknownKeys ignored;  // keys DeepSpeed reads nowhere, where it ignores what it does not read
+  read_optimizer(ds, out, ignored);
   read_scheduler(ds, out);
-  read_monitors(ds, out);
-  read_switches(ds, out);
-  ds.finish();
+  read_monitors(ds, out, ignored);
+  read_switches(ds, out, ignored);
+  read_features_off(ds, out);
+  ds.finish(&ignored);
+  for (const UnknownKeys::Key& k : ignored.found())
+    out.note(fmt::format("warning: {} is not a key DeepSpeed reads: ignored, as DeepSpeed ignores it{}", k.key,
+                         k.nearest.empty() ? "" : " (did you mean " + k.nearest + "?)"));
   std::vector<std::string> notes = out.notes();
   for (std::string& n : notes) n = fmt::format("deepspeed_config {}: {}", where, n);
   return notes;

@@ -25,20 +25,31 @@ namespace anvil {
 // been read, so that a user learns all of them in one run.
 class UnknownKeys {
  public:
-  void add(std::string message) { found_.push_back(std::move(message)); }
+  struct Key {
+    std::string source;   // the file (or what set it) that gives the key
+    std::string key;      // its full dotted name
+    std::string nearest;  // the full name of the nearest valid key, or ""
+    std::vector<std::string> allowed;  // the valid keys where it stands
+  };
+  void add(Key key) { found_.push_back(std::move(key)); }
+  const std::vector<Key>& found() const { return found_; }
   // Throws every unknown key found, followed by `stopped_by` (the error that ended the reading,
   // if any); returns when there is nothing to report.
   void raise(const std::string& stopped_by = "") const {
     if (found_.empty()) return;
-    if (found_.size() == 1 && stopped_by.empty()) ANVIL_FAIL("{}", found_[0]);
+    if (found_.size() == 1 && stopped_by.empty()) ANVIL_FAIL("{}", message(found_[0]));
     std::string msg = fmt::format("{} unknown key{}:", found_.size(), found_.size() == 1 ? "" : "s");
-    for (const std::string& f : found_) msg += "\n  " + f;
+    for (const Key& k : found_) msg += "\n  " + message(k);
     if (!stopped_by.empty()) msg += "\nthen: " + stopped_by;
     ANVIL_FAIL("{}", msg);
   }
 
  private:
-  std::vector<std::string> found_;
+  static std::string message(const Key& k) {
+    return fmt::format("{}: unknown key '{}'{} (expected one of: {})", k.source, k.key,
+                       k.nearest.empty() ? "" : " (did you mean '" + k.nearest + "'?)", fmt::join(k.allowed, ", "));
+  }
+  std::vector<Key> found_;
 };
 
 class MapReader {
@@ -103,18 +114,20 @@ class MapReader {
     return node_[key];
   }
 
-  void finish() {
+  // Rejects the keys of this mapping that no get/has/sub/raw asked for: into `into` when given
+  // (a reader whose unknown keys mean something else, such as a ds_config's that DeepSpeed
+  // ignores), else into the reader's collector, else at once.
+  void finish(UnknownKeys* into = nullptr) {
     std::set<std::string> seen;
     UnknownKeys here;
-    UnknownKeys& out = unknown_ ? *unknown_ : here;
+    UnknownKeys& out = into ? *into : unknown_ ? *unknown_ : here;
     const std::vector<std::string> allowed(allowed_.begin(), allowed_.end());
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       const std::string key = it->first.as<std::string>();
       ANVIL_CHECK(seen.insert(key).second, "{}: key '{}' is given twice", file_, full(key));
       if (allowed_.count(key)) continue;
       const std::string near = nearest_name(key, allowed);
-      out.add(fmt::format("{}: unknown key '{}'{} (expected one of: {})", source(key), full(key),
-                          near.empty() ? "" : " (did you mean '" + full(near) + "'?)", fmt::join(allowed, ", ")));
+      out.add({source(key), full(key), near.empty() ? "" : full(near), allowed});
     }
     here.raise();
   }

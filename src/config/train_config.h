@@ -22,6 +22,8 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool bias_correction = true;  // false: DeepSpeed's Adam without bias correction (bias_correction: false)
+  StateDtype master_weights_dtype = StateDtype::kFp32;
+  StateDtype states_dtype = StateDtype::kFp32;
 };
 
 struct StreamConfig {

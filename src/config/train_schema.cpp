@@ -484,6 +484,12 @@ const std::vector<Field<OptimizerConfig>>& optimizer_fields() {
       O::value("bias_correction", &OptimizerConfig::bias_correction, "divide the moments by 1 - beta^t as Adam does; "
                "false is DeepSpeed's Adam with `bias_correction: false` (the moments uncorrected: the first step "
                "moves a weight by lr·(1-beta1)/√(1-beta2), not lr)"),
+      O::value("master_weights_dtype", &OptimizerConfig::master_weights_dtype, "`bf16`: the weights the optimizer "
+               "updates hold bf16 values (rounded to nearest even at the start and after each step's fp32 "
+               "arithmetic), as DeepSpeed's `bf16_master_weights_and_grads` keeps them; fp32 storage "
+               "(docs/precision.md)"),
+      O::value("states_dtype", &OptimizerConfig::states_dtype, "`bf16`: Adam's moments rounded to bf16 after "
+               "each step, as DeepSpeed's `bf16_optimizer_states` keeps them; fp32 storage (docs/precision.md)"),
   };
   return table;
 }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/optimizer.h"
+#include "kernels/round.h"
 
 namespace anvil {
 
@@ -47,6 +48,7 @@ void AdamW::step(float* params, const float* grads, double lr, float grad_scale)
   const AdamWStep s = begin_step(lr, grad_scale, nullptr);
   adamw_update(impl_, params, grads, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
                static_cast<int>(tensors_host_.size()), s);
+  hold(params);
 }
 
 void AdamW::step(float* params, const int64_t* fixed, const std::vector<int>& exponents, double lr,
@@ -56,6 +58,21 @@ void AdamW::step(float* params, const int64_t* fixed, const std::vector<int>& ex
   const AdamWStep s = begin_step(lr, grad_scale, &exponents);
   adamw_update_fixed(impl_, params, fixed, m_.data(), v_.data(), hi_ - lo_, tensors_.data(),
                      static_cast<int>(tensors_host_.size()), s);
+  hold(params);
+}
+
+bool AdamW::hold(float* params) {
+  // DeepSpeed's bf16 master weights and optimizer states: the step's arithmetic in fp32, each
+  // result rounded to the nearest bf16 (ties to even) as it is stored.
+  if (cfg_.master_weights_dtype == StateDtype::kBf16)
+    for (const ParamTensor& t : layout_) {
+      const size_t a = std::max(lo_, t.offset), b = std::min(hi_, t.offset + t.numel);
+      if (a < b) round_to_dtype(impl_, params + (a - lo_), static_cast<long>(b - a), ComputeDtype::kBf16);
+    }
+  if (cfg_.states_dtype == StateDtype::kBf16)
+    for (OpArray<float>* moments : {&m_, &v_})
+      round_to_dtype(impl_, moments->data(), static_cast<long>(hi_ - lo_), ComputeDtype::kBf16);
+  return cfg_.master_weights_dtype == StateDtype::kBf16;
 }
 
 float clip_coefficient(double norm, double max_norm) {

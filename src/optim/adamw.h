@@ -24,6 +24,11 @@ class AdamW {
   // The same update reading the gradient from int64 fixed-point accumulators (kernels/
   // fixed_point.h; element lo of the flat array), tensor k of the layout at exponent exponents[k].
   void step(float* params, const int64_t* fixed, const std::vector<int>& exponents, double lr, float grad_scale);
+  // Rounds what the optimizer keeps to the dtypes its config names (master_weights_dtype: the
+  // weights of the layout's tensors in [lo, hi), params at element lo; states_dtype: the moments).
+  // step() ends with it; a run calls it once the weights are initialized or loaded. Returns
+  // whether it rounded the weights.
+  bool hold(float* params);
   int64_t steps_taken() const { return t_; }
   // The moments over [lo, hi), op memory.
   float* exp_avg() { return m_.data(); }

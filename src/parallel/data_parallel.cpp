@@ -76,7 +76,14 @@ MemoryReport DataParallel::memory() const {
 
 void DataParallel::set_grad_scales(const std::vector<int>& scales) { grads_.set_scales(scales); }
 
-void DataParallel::init_weights(uint64_t seed) { params_.init(seed); }
+void DataParallel::init_weights(uint64_t seed) {
+  params_.init(seed);
+  hold_optimizer_dtypes();
+}
+
+void DataParallel::hold_optimizer_dtypes() {
+  if (optimizer_.hold(params_.owned())) params_.share_update();
+}
 
 void DataParallel::begin_step() { grads_.begin_step(); }
 
@@ -128,6 +135,7 @@ void DataParallel::load_full_state(const std::vector<float>& params, const std::
   op_copy_from_host(model_.kernels(), optimizer_.exp_avg(), exp_avg.data() + lo, (hi - lo) * sizeof(float));
   op_copy_from_host(model_.kernels(), optimizer_.exp_avg_sq(), exp_avg_sq.data() + lo, (hi - lo) * sizeof(float));
   optimizer_.set_steps_taken(optimizer_steps);
+  hold_optimizer_dtypes();
 }
 
 }  // namespace anvil

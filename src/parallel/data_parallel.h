@@ -134,6 +134,9 @@ class DataParallel : public UnitAccess {
   void grads_done(int unit) override { grads_.grads_done(unit); }
 
  private:
+  // The optimizer's dtypes on freshly initialized or loaded weights and moments (AdamW::hold), the
+  // rounded weights shared with the ranks that do not own them.
+  void hold_optimizer_dtypes();
   Communicator& comm_;
   Model& model_;
   const DataParallelOptions opt_;

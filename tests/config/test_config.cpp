@@ -333,7 +333,7 @@ TEST_F(ConfigTest, EveryUnknownKeyIsReportedAtOnce) {
   EXPECT_EQ(all.rfind("4 unknown keys:\n", 0), 0u) << all;
   for (const char* want : {"unknown key 'model.n_layer' (did you mean 'model.n_layers'?)",
                            "unknown key 'optimizer.learning_rate' (expected one of: betas, bias_correction, eps, lr, "
-                           "name, weight_decay)",
+                           "master_weights_dtype, name, states_dtype, weight_decay)",
                            "unknown key 'callbacks.speed_monitr' (did you mean 'callbacks.speed_monitor'?)",
                            "unknown key 'sede' (did you mean 'seed'?)"})
     EXPECT_NE(all.find(want), std::string::npos) << want << " not in: " << all;
@@ -341,9 +341,12 @@ TEST_F(ConfigTest, EveryUnknownKeyIsReportedAtOnce) {
   EXPECT_NE(then.find("1 unknown key:\n  "), std::string::npos) << then;
   EXPECT_NE(then.find("\nthen: "), std::string::npos) << then;
   EXPECT_NE(then.find("global_train_batch_size = 'abc' is not an integer"), std::string::npos) << then;
-  const std::string ds = error_of(std::string(kMinimal) + "deepspeed_config: {steps_per_prin: 5}\nmodle: {}\n");
-  EXPECT_NE(ds.find("unknown key 'deepspeed_config.steps_per_prin' (did you mean 'deepspeed_config.steps_per_print'?)"),
-            std::string::npos) << ds;
+  // In a ds_config section that DeepSpeed checks (its pydantic models), an unknown key is an error
+  // there too.
+  const std::string ds = error_of(std::string(kMinimal) + "deepspeed_config: {zero_optimization: {stag: 1}}\n"
+                                  "modle: {}\n");
+  EXPECT_NE(ds.find("unknown key 'deepspeed_config.zero_optimization.stag' (did you mean "
+                    "'deepspeed_config.zero_optimization.stage'?)"), std::string::npos) << ds;
   EXPECT_NE(ds.find("unknown key 'modle' (did you mean 'model'?)"), std::string::npos) << ds;
 }
 
@@ -435,6 +438,57 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   const std::string both = error_of(std::string(kMinimal) + "deepspeed_config: " + json.string() + "\n");
   EXPECT_NE(both.find(json.string() + ": deepspeed_config enables both fp16 and bf16"), std::string::npos) << both;
   std::filesystem::remove(json);
+}
+
+// What DeepSpeed itself ignores (a key it reads nowhere, at the top level or in a section it reads
+// by hand) is a warning in the run log with the nearest real key; its features switched off are
+// accepted, switched on an error naming them.
+TEST_F(ConfigTest, DeepSpeedKeysItIgnoresAreWarnings) {
+  TrainConfig c = load_train_config(write(std::string(kMinimal) + R"(deepspeed_config:
+  train_batch_size: 4
+  steps_per_prin: 5
+  cuda_visible_devices: 0
+  optimizer: {type: AdamW, legacy_fusion: false, parms: {lr: 0.1}}
+  flops_profiler: {enabled: false, profile_stp: 3}
+  comms_logger: {enabled: false, verbose: true}
+  elasticity: {enabled: false, max_train_batch_size: 8}
+  compression_training: {weight_quantization: {shared_parameters: {enabled: false}}}
+  checkpoint: {tag_validation: Warn, load_universal: false}
+  managed_gradient_accumulation: true
+  tensor_parallel: {autotp_size: 1}
+  zero_optimization: {stage: 2, stage3_max_live_parameters: 1e9, max_reuse_distance: 1e9, mics_shard_size: -1}
+)"), {});
+  std::string notes;
+  for (const std::string& n : c.config_notes) notes += n + "\n";
+  for (const char* want : {"warning: deepspeed_config.steps_per_prin is not a key DeepSpeed reads: ignored, as "
+                           "DeepSpeed ignores it (did you mean deepspeed_config.steps_per_print?)",
+                           "warning: deepspeed_config.cuda_visible_devices is not a key DeepSpeed reads",
+                           "warning: deepspeed_config.optimizer.parms is not a key DeepSpeed reads: ignored, as "
+                           "DeepSpeed ignores it (did you mean deepspeed_config.optimizer.params?)",
+                           "warning: deepspeed_config.flops_profiler.profile_stp"})
+    EXPECT_NE(notes.find(want), std::string::npos) << want << " not in: " << notes;
+  EXPECT_EQ(c.distributed.zero_stage, 2);
+  auto ds = [&](const std::string& body) {
+    return error_of(std::string(kMinimal) + "deepspeed_config: " + body + "\n");
+  };
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {"{elasticity: {enabled: true}}", "deepspeed_config.elasticity.enabled: true is not supported"},
+           {"{compression_training: {weight_quantization: {shared_parameters: {enabled: true}}}}",
+            "deepspeed_config.compression_training.weight_quantization.shared_parameters.enabled: true is not "
+            "supported: anvil trains unquantized"},
+           {"{sparse_attention: {mode: fixed}}", "deepspeed_config.sparse_attention is not supported"},
+           {"{pipeline: {stages: 2}}", "deepspeed_config.pipeline is not supported"},
+           {"{tensor_parallel: {autotp_size: 2}}", "deepspeed_config.tensor_parallel.autotp_size 2 is not supported"},
+           {"{gradient_allreduce_op: sum}", "deepspeed_config.gradient_allreduce_op sum is not supported"},
+           {"{zero_optimization: {zero_quantized_weights: true}}",
+            "deepspeed_config.zero_optimization.zero_quantized_weights true is not supported"},
+           {"{bf16: {enabled: true, bf16_optimizer_states: true}}",
+            "deepspeed_config.bf16.bf16_optimizer_states: true needs bf16_master_weights_and_grads: true"},
+           {"{fp16: {enabled: true, fp16_master_weight: true}}",
+            "unknown key 'deepspeed_config.fp16.fp16_master_weight'"},
+           {"{optimizer: {type: AdamW, params: {learning_rate: 0.1}}}",
+            "unknown key 'deepspeed_config.optimizer.params.learning_rate'"}})
+    EXPECT_NE(ds(body).find(want), std::string::npos) << body << ": " << ds(body);
 }
 
 // ZeRO-Offload's keys (DeepSpeed's, the older cpu_offload, Composer's FSDP cpu_offload) are honoured

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/optimizer.h"
@@ -145,6 +146,44 @@ TEST(AdamW, FirstStepWithoutBiasCorrection) {
   opt.step(p.data(), g.data(), 1e-3, 1.0f);
   const double move2 = 1e-3 * 0.19 / std::sqrt(0.001999);
   for (int i = 0; i < 6; i++) EXPECT_NEAR(p[i], 1.0 - (move + move2) * (g[i] > 0 ? 1 : -1), 2e-6) << i;
+}
+
+// DeepSpeed's bf16 master weights and optimizer states: each step is the fp32 step from the held
+// values, its weights and moments then rounded to the nearest bf16; weights a run starts from are
+// rounded when held.
+TEST(AdamW, Bf16MasterWeightsAndStatesRoundEachStepsFp32Result) {
+  OptimizerConfig fp32{OptimizerKind::kAdamW, 1e-2, 0.9, 0.95, 1e-8, 0.1};
+  OptimizerConfig bf16 = fp32;
+  bf16.master_weights_dtype = StateDtype::kBf16;
+  bf16.states_dtype = StateDtype::kBf16;
+  auto rne = [](float x) { return bf16_to_float(float_to_bf16(x)); };
+  const std::vector<float> g = {0.5f, -2.0f, 1e-3f, -1e-3f, 3.0f, -0.25f};
+  const std::vector<float> start = {0.3f, -1.1f, 2.05f, 0.27f, 0.1f, -0.2f};
+  std::vector<float> p = start;
+  AdamW b(KernelImpl::kCpu, bf16, two_tensors(), 6);
+  EXPECT_TRUE(b.hold(p.data()));
+  for (int i = 0; i < 6; i++) EXPECT_EQ(p[i], rne(start[i])) << i;
+  int rounded = 0;
+  for (int step = 1; step <= 3; step++) {
+    AdamW a(KernelImpl::kCpu, fp32, two_tensors(), 6);
+    std::copy(b.exp_avg(), b.exp_avg() + 6, a.exp_avg());
+    std::copy(b.exp_avg_sq(), b.exp_avg_sq() + 6, a.exp_avg_sq());
+    a.set_steps_taken(step - 1);
+    std::vector<float> pa = p;
+    a.step(pa.data(), g.data(), 1e-2, 1.0f);
+    b.step(p.data(), g.data(), 1e-2, 1.0f);
+    for (int i = 0; i < 6; i++) {
+      EXPECT_EQ(p[i], rne(pa[i])) << step << " " << i;
+      EXPECT_EQ(b.exp_avg()[i], rne(a.exp_avg()[i])) << step << " " << i;
+      EXPECT_EQ(b.exp_avg_sq()[i], rne(a.exp_avg_sq()[i])) << step << " " << i;
+      rounded += p[i] != pa[i];
+    }
+  }
+  EXPECT_GT(rounded, 0);  // the fp32 results were not all bf16 values already
+  AdamW plain(KernelImpl::kCpu, fp32, two_tensors(), 6);
+  std::vector<float> q = start;
+  EXPECT_FALSE(plain.hold(q.data()));
+  EXPECT_EQ(q, start);
 }
 
 TEST(ClipGradNorm, ScalesOnlyAboveTheThreshold) {

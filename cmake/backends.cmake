@@ -25,8 +25,11 @@ function(anvil_backend name)
   endif()
   target_compile_definitions(${target} PUBLIC ${B_DEFINITIONS})
   # The kernels' own flags (src/kernels/CMakeLists.txt says why); nvcc without fast math.
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O3 -fno-trapping-math -fno-math-errno>
-                                           $<$<COMPILE_LANGUAGE:CUDA>:-O3 -Xcompiler=-Wall>)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fno-trapping-math -fno-math-errno>
+                                           $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
+  if(ANVIL_OPTIMIZE)
+    target_compile_options(${target} PRIVATE -O3)
+  endif()
   target_link_libraries(${target} PUBLIC anvil_parallel anvil_kernels anvil_device anvil_core ${B_LIBS})
 endfunction()
 

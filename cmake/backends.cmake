@@ -20,6 +20,8 @@ function(anvil_backend name)
   cmake_parse_arguments(B "" "LANGUAGE" "SOURCES;DEFINITIONS;LIBS" ${ARGN})
   set(target anvil_backend_${name})
   add_library(${target} OBJECT ${PROJECT_SOURCE_DIR}/src/kernels/dispatch.cpp ${B_SOURCES})
+  # Each GPU source has its own file-local constants and helpers: never joined in a unity build.
+  set_target_properties(${target} PROPERTIES UNITY_BUILD OFF)
   if(B_LANGUAGE)
     set_source_files_properties(${anvil_gpu_kernel_sources} PROPERTIES LANGUAGE ${B_LANGUAGE})
   endif()

@@ -29,4 +29,4 @@ perl -e '
       print $o "$line\n";
     }
     close($o) or die "brown_to_text: $out/$name.txt: $!\n";
-  }' "$out" "${files[@]}"
+  }' -- "$out" "${files[@]}"

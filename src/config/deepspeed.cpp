@@ -208,7 +208,7 @@ void read_precision(MapReader& ds, Layer& out) {
     MapReader b = ds.sub(name);
     if (const auto v = given(b, "enabled")) bf16 = bf16.value_or(false) || as<bool>(b, "enabled", *v, "true or false");
     b.has("immediate_grad_update");  // anvil accumulates gradients in fp32 in every precision
-    b.has("check_grad_overflow");    // a non-finite gradient stops an anvil run with its step
+    b.has("check_grad_overflow");    // anvil skips steps under fp16 alone; a run whose loss turns non-finite stops
     // DeepSpeed's bf16 master weights (and gradients) and bf16 Adam moments: fp32 arithmetic, the
     // results rounded to nearest even. anvil's gradient stays its fp32 (or exact) sum.
     bool master = false, states = false;
@@ -262,12 +262,14 @@ void read_zero(MapReader& ds, Layer& out) {
     z.has(k);
     z.has("stage3_" + k);
   }
-  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
-                        "legacy_stage1"}) {
+  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"}) {
     const auto v = given(z, k);
     ANVIL_CHECK(!v || text(*v) == "false", "{}: {} {} is not supported: anvil's ZeRO moves fp32 values", out.where(),
                 z.full(k), text(*v));
   }
+  if (const auto v = given(z, "legacy_stage1"))
+    ANVIL_CHECK(text(*v) == "false", "{}: {} {} is not supported: DeepSpeed's engine refuses it too (its old stage-1 "
+                "code is gone)", out.where(), z.full("legacy_stage1"), text(*v));
   for (const char* k : {"zeropp_loco_param", "zenflow"})
     ANVIL_CHECK(!z.has(k), "{}: {} is not supported: anvil's ZeRO moves fp32 values and steps every parameter each "
                 "step", out.where(), z.full(k));
@@ -283,10 +285,15 @@ void read_zero(MapReader& ds, Layer& out) {
     o.get("device", device);
     ANVIL_CHECK(device == "none" || device == "cpu", "{}: {}.device '{}' is not supported: anvil offloads to `cpu` "
                 "(ZeRO-Infinity's nvme is not built); give cpu or none", out.where(), z.full(k), device);
-    // How DeepSpeed stages the copies (pinned buffers, NVMe's pipeline): anvil's own.
-    for (const char* tuning : {"pin_memory", "buffer_count", "buffer_size", "max_in_cpu", "nvme_path", "ratio",
-                               "fast_init", "pipeline_read", "pipeline_write", "super_offload", "cpuadam_cores_perc"})
-      o.has(tuning);
+    // How DeepSpeed stages the copies (pinned buffers, NVMe's pipeline, its CPU Adam's cores): anvil's
+    // own. Each section's own keys, as DeepSpeed's models accept them.
+    for (const char* tuning : {"pin_memory", "buffer_count", "nvme_path"}) o.has(tuning);
+    if (std::string(k) == "offload_param")
+      for (const char* tuning : {"buffer_size", "max_in_cpu"}) o.has(tuning);
+    else
+      for (const char* tuning : {"ratio", "fast_init", "pipeline_read", "pipeline_write", "super_offload",
+                                 "cpuadam_cores_perc"})
+        o.has(tuning);
     o.finish();
     if (device == "cpu")
       out.set_value(std::string("distributed.") + k, device, std::string("zero_optimization.") + k + ".device");
@@ -338,7 +345,7 @@ void read_optimizer(MapReader& ds, Layer& out, UnknownKeys& ignored) {
   o.finish(&ignored);
 }
 
-void read_scheduler(MapReader& ds, Layer& out) {
+void read_scheduler(MapReader& ds, Layer& out, UnknownKeys& ignored) {
   if (!ds.has("scheduler")) {
     out.set_default("scheduler.name", std::string("constant"));  // DeepSpeed keeps the optimizer's rate
     return;
@@ -375,7 +382,7 @@ void read_scheduler(MapReader& ds, Layer& out) {
   for (const char* momentum : {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"})
     if (kind == SchedulerKind::kOneCycle) p.has(momentum);  // used only when the momentum cycles, which anvil refuses
   p.finish();
-  s.finish();
+  s.finish(&ignored);  // DeepSpeed reads type and params by hand; params go to the constructor
 }
 
 void read_monitors(MapReader& ds, Layer& out, UnknownKeys& ignored) {
@@ -494,7 +501,8 @@ void read_features_off(MapReader& ds, Layer& out) {
       {"elasticity", "anvil's batch is global_train_batch_size on any number of ranks (the same bits)"},
       {"autotuning", "anvil chooses its microbatch itself: device_train_microbatch_size: auto"},
       {"nebula", "anvil writes its own checkpoints (save_folder)"},
-      {"torch_autocast", "anvil's amp is `precision` (the ds_config's bf16 or fp16)"}};
+      {"torch_autocast", "anvil's amp is `precision` (the ds_config's bf16 or fp16)"},
+      {"expert_parallel", "mixture-of-experts models are not built yet"}};
   for (const auto& [key, why] : switched) {
     if (!ds.has(key)) continue;
     const std::string on = enabled_within(ds.raw(key), ds.full(key));
@@ -505,10 +513,10 @@ void read_features_off(MapReader& ds, Layer& out) {
       {"sparse_attention", "anvil's attention is dense (flash attention on the CPU and GPU)"},
       {"pipeline", "pipeline parallelism is not built yet; anvil trains data-parallel with ZeRO"},
       {"weight_quantization", "anvil trains unquantized weights"},
-      {"datastates_ckpt", "anvil writes its own checkpoints (save_folder)"},
-      {"expert_parallel", "mixture-of-experts models are not built yet"}};
+      {"datastates_ckpt", "anvil writes its own checkpoints (save_folder)"}};
   for (const auto& [key, why] : present)
-    ANVIL_CHECK(!ds.has(key), "{}: {} is not supported: {}", where, ds.full(key), why);
+    ANVIL_CHECK(!ds.has(key) || text(ds.raw(key)) == "false", "{}: {} is not supported: {}", where, ds.full(key),
+                why);
   // Values that only DeepSpeed's default leaves as anvil trains.
   auto must_be = [&](const char* key, const char* allowed, const char* why) {
     const auto v = given(ds, key);
@@ -516,7 +524,12 @@ void read_features_off(MapReader& ds, Layer& out) {
   };
   must_be("managed_gradient_accumulation", "true", "anvil accumulates a step's microbatches itself");
   must_be("disable_allgather", "false", "anvil's ZeRO stages gather the parameters they shard");
-  must_be("gradient_allreduce_op", "mean", "anvil averages gradients over the global batch");
+  if (const auto v = given(ds, "gradient_allreduce_op")) {
+    std::string op = text(*v);
+    std::transform(op.begin(), op.end(), op.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    ANVIL_CHECK(op == "mean", "{}: {} {} is not supported: anvil averages gradients over the global batch", where,
+                ds.full("gradient_allreduce_op"), text(*v));
+  }
   must_be("graph_harvesting", "false", "anvil's GPU runs do not capture CUDA graphs yet");
   must_be("sequence_parallel_size", "1", "sequence parallelism is not built yet");
   if (ds.has("tensor_parallel")) {
@@ -563,7 +576,7 @@ std::vector<std::string> apply_deepspeed_config(YAML::Node root, const std::stri
   read_zero(ds, out);
   UnknownKeys ignored;  // keys DeepSpeed reads nowhere, where it ignores what it does not read
   read_optimizer(ds, out, ignored);
-  read_scheduler(ds, out);
+  read_scheduler(ds, out, ignored);
   read_monitors(ds, out, ignored);
   read_switches(ds, out, ignored);
   read_features_off(ds, out);

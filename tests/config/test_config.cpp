@@ -455,6 +455,10 @@ TEST_F(ConfigTest, DeepSpeedKeysItIgnoresAreWarnings) {
   compression_training: {weight_quantization: {shared_parameters: {enabled: false}}}
   checkpoint: {tag_validation: Warn, load_universal: false}
   managed_gradient_accumulation: true
+  gradient_allreduce_op: MEAN
+  expert_parallel: {enabled: false}
+  datastates_ckpt: false
+  scheduler: {type: WarmupLR, param: {warmup_num_steps: 3}}
   tensor_parallel: {autotp_size: 1}
   zero_optimization: {stage: 2, stage3_max_live_parameters: 1e9, max_reuse_distance: 1e9, mics_shard_size: -1}
 )"), {});
@@ -465,7 +469,8 @@ TEST_F(ConfigTest, DeepSpeedKeysItIgnoresAreWarnings) {
                            "warning: deepspeed_config.cuda_visible_devices is not a key DeepSpeed reads",
                            "warning: deepspeed_config.optimizer.parms is not a key DeepSpeed reads: ignored, as "
                            "DeepSpeed ignores it (did you mean deepspeed_config.optimizer.params?)",
-                           "warning: deepspeed_config.flops_profiler.profile_stp"})
+                           "warning: deepspeed_config.flops_profiler.profile_stp",
+                           "warning: deepspeed_config.scheduler.param is not a key DeepSpeed reads"})
     EXPECT_NE(notes.find(want), std::string::npos) << want << " not in: " << notes;
   EXPECT_EQ(c.distributed.zero_stage, 2);
   auto ds = [&](const std::string& body) {
@@ -477,6 +482,10 @@ TEST_F(ConfigTest, DeepSpeedKeysItIgnoresAreWarnings) {
             "deepspeed_config.compression_training.weight_quantization.shared_parameters.enabled: true is not "
             "supported: anvil trains unquantized"},
            {"{sparse_attention: {mode: fixed}}", "deepspeed_config.sparse_attention is not supported"},
+           {"{expert_parallel: {enabled: true}}", "deepspeed_config.expert_parallel.enabled: true is not supported"},
+           {"{zero_optimization: {legacy_stage1: true}}", "legacy_stage1 true is not supported: DeepSpeed's engine"},
+           {"{zero_optimization: {offload_param: {device: cpu, ratio: 0.5}}}",
+            "unknown key 'deepspeed_config.zero_optimization.offload_param.ratio'"},
            {"{pipeline: {stages: 2}}", "deepspeed_config.pipeline is not supported"},
            {"{tensor_parallel: {autotp_size: 2}}", "deepspeed_config.tensor_parallel.autotp_size 2 is not supported"},
            {"{gradient_allreduce_op: sum}", "deepspeed_config.gradient_allreduce_op sum is not supported"},

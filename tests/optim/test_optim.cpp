@@ -180,6 +180,11 @@ TEST(AdamW, Bf16MasterWeightsAndStatesRoundEachStepsFp32Result) {
     }
   }
   EXPECT_GT(rounded, 0);  // the fp32 results were not all bf16 values already
+  // A ZeRO shard [3, 6) that starts inside the first tensor: params points at element 3.
+  AdamW shard(KernelImpl::kCpu, bf16, two_tensors(), 3, 6);
+  std::vector<float> tail(start.begin() + 3, start.end());
+  EXPECT_TRUE(shard.hold(tail.data()));
+  for (int i = 0; i < 3; i++) EXPECT_EQ(tail[i], rne(start[3 + i])) << i;
   AdamW plain(KernelImpl::kCpu, fp32, two_tensors(), 6);
   std::vector<float> q = start;
   EXPECT_FALSE(plain.hold(q.data()));

@@ -10,7 +10,8 @@ if ! command -v mpicc.mpich > /dev/null || ! command -v mpiexec.mpich > /dev/nul
   echo "FAIL: MPICH is not installed (scripts/setup.sh installs mpich and libmpich-dev)"; exit 1
 fi
 build=$(mktemp -d); trap 'rm -rf "$build"' EXIT
-cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE= -DANVIL_OPTIMIZE=OFF -DMPI_C_COMPILER=/usr/bin/mpicc.mpich > "$build/configure.log" 2>&1 \
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE= -DANVIL_OPTIMIZE=OFF -DMPI_C_COMPILER=/usr/bin/mpicc.mpich \
+  > "$build/configure.log" 2>&1 \
   || { echo "FAIL: configure against MPICH"; tail -20 "$build/configure.log"; exit 1; }
 grep -q "Found MPI_C: .*mpich" "$build/configure.log" || { echo "FAIL: CMake did not pick MPICH"; grep MPI "$build/configure.log"; exit 1; }
 cmake --build "$build" --target test_collectives -j "$(nproc)" > "$build/build.log" 2>&1 \

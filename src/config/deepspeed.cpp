@@ -143,6 +143,13 @@ T as(MapReader& r, const std::string& key, const YAML::Node& v, const char* what
   }
 }
 
+// A DeepSpeed setting whose only value in anvil is `allowed`: another is an error saying why.
+void require_value(MapReader& r, const Layer& out, const std::string& key, const std::string& allowed,
+                   const char* why) {
+  const auto v = given(r, key);
+  ANVIL_CHECK(!v || text(*v) == allowed, "{}: {} {} is not supported: {}", out.where(), r.full(key), text(*v), why);
+}
+
 void read_batch(MapReader& ds, Layer& out) {
   // DeepSpeed's rule: train_batch_size = micro batch x accumulation steps x ranks; any two give
   // the third (checked when the number of ranks is known), one alone takes 1 accumulation step.
@@ -262,14 +269,9 @@ void read_zero(MapReader& ds, Layer& out) {
     z.has(k);
     z.has("stage3_" + k);
   }
-  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"}) {
-    const auto v = given(z, k);
-    ANVIL_CHECK(!v || text(*v) == "false", "{}: {} {} is not supported: anvil's ZeRO moves fp32 values", out.where(),
-                z.full(k), text(*v));
-  }
-  if (const auto v = given(z, "legacy_stage1"))
-    ANVIL_CHECK(text(*v) == "false", "{}: {} {} is not supported: DeepSpeed's engine refuses it too (its old stage-1 "
-                "code is gone)", out.where(), z.full("legacy_stage1"), text(*v));
+  for (const char* k : {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"})
+    require_value(z, out, k, "false", "anvil's ZeRO moves fp32 values");
+  require_value(z, out, "legacy_stage1", "false", "DeepSpeed's engine refuses it too (its old stage-1 code is gone)");
   for (const char* k : {"zeropp_loco_param", "zenflow"})
     ANVIL_CHECK(!z.has(k), "{}: {} is not supported: anvil's ZeRO moves fp32 values and steps every parameter each "
                 "step", out.where(), z.full(k));
@@ -425,14 +427,9 @@ void read_monitors(MapReader& ds, Layer& out, UnknownKeys& ignored) {
 }
 
 void read_switches(MapReader& ds, Layer& out, UnknownKeys& ignored) {
-  // Settings whose only choice in anvil is the one given; anything else is refused.
-  auto must_be = [&](const char* key, const std::string& allowed, const char* why) {
-    const auto v = given(ds, key);
-    ANVIL_CHECK(!v || text(*v) == allowed, "{}: {} {} is not supported: {}", out.where(), ds.full(key), text(*v),
-                why);
-  };
-  must_be("sparse_gradients", "false", "anvil's gradients are dense");
-  must_be("communication_data_type", "fp32", "anvil reduces gradients in fp32 (or exactly, in fixed point)");
+  require_value(ds, out, "sparse_gradients", "false", "anvil's gradients are dense");
+  require_value(ds, out, "communication_data_type", "fp32", "anvil reduces gradients in fp32 (or exactly, in fixed "
+                "point)");
   if (ds.has("amp")) {
     MapReader a = ds.sub("amp");
     bool enabled = false;
@@ -518,20 +515,16 @@ void read_features_off(MapReader& ds, Layer& out) {
     ANVIL_CHECK(!ds.has(key) || text(ds.raw(key)) == "false", "{}: {} is not supported: {}", where, ds.full(key),
                 why);
   // Values that only DeepSpeed's default leaves as anvil trains.
-  auto must_be = [&](const char* key, const char* allowed, const char* why) {
-    const auto v = given(ds, key);
-    ANVIL_CHECK(!v || text(*v) == allowed, "{}: {} {} is not supported: {}", where, ds.full(key), text(*v), why);
-  };
-  must_be("managed_gradient_accumulation", "true", "anvil accumulates a step's microbatches itself");
-  must_be("disable_allgather", "false", "anvil's ZeRO stages gather the parameters they shard");
+  require_value(ds, out, "managed_gradient_accumulation", "true", "anvil accumulates a step's microbatches itself");
+  require_value(ds, out, "disable_allgather", "false", "anvil's ZeRO stages gather the parameters they shard");
   if (const auto v = given(ds, "gradient_allreduce_op")) {
     std::string op = text(*v);
     std::transform(op.begin(), op.end(), op.begin(), [](unsigned char ch) { return std::tolower(ch); });
     ANVIL_CHECK(op == "mean", "{}: {} {} is not supported: anvil averages gradients over the global batch", where,
                 ds.full("gradient_allreduce_op"), text(*v));
   }
-  must_be("graph_harvesting", "false", "anvil's GPU runs do not capture CUDA graphs yet");
-  must_be("sequence_parallel_size", "1", "sequence parallelism is not built yet");
+  require_value(ds, out, "graph_harvesting", "false", "anvil's GPU runs do not capture CUDA graphs yet");
+  require_value(ds, out, "sequence_parallel_size", "1", "sequence parallelism is not built yet");
   if (ds.has("tensor_parallel")) {
     const YAML::Node tp = ds.raw("tensor_parallel");
     const YAML::Node size = tp.IsMap() ? tp["autotp_size"] : YAML::Node();

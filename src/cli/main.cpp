@@ -410,9 +410,11 @@ MPI's busbw. Each row is also printed as JSON.
 
 gemm: times the CPU's matrix products of training (bench-16m's and GPT-2 124M's linear layers,
 their forward, input-gradient and weight-gradient products, and a 2048 square) with anvil's GEMM
-on all threads, in fp32 and in the bf16 mode of amp_bf16 (AVX512-BF16 where the CPU has it), and
-with OpenBLAS's sgemm, alternating, and prints GFLOP/s and the ratios to OpenBLAS. Each row is
-also printed as JSON.
+on all threads, in fp32 and in the bf16 mode of amp_bf16, and with OpenBLAS's sgemm, alternating,
+and prints GFLOP/s and the ratios to OpenBLAS. bf16 is timed on each instruction set this CPU
+runs it on (fp32 FMAs on rounded operands; VDPBF16PS with AVX512-BF16; AMX tiles), all giving the
+same bits; * marks the one training uses (the fastest, timed once when a run starts). Each row
+is also printed as JSON.
   --rounds N    alternating rounds; each side's best is kept (default 3)
   --seconds S   time each product at least S seconds per round (default 0.3)
 
@@ -902,16 +904,32 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
   const CpuInfo& cpu = cpu_info();
   std::printf("CPU matrix products, %d threads: %s beside %s\n", cpu.threads,
               matmul_backend_description(KernelImpl::kCpu).c_str(), blas_description().c_str());
-  std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each\n", rounds, seconds);
-  std::printf("%-46s %6s %6s %6s  %8s %8s %8s  %6s %6s\n", "product", "M", "N", "K", "OpenBLAS", "anvil", "bf16",
-              "ratio", "bf16");
-  for (const BenchGemmRow& r : rows)
-    std::printf("%-46s %6d %6d %6d  %8.1f %8.1f %8.1f  %6.2f %6.2f\n", r.name.c_str(), r.M, r.N, r.K, r.openblas,
-                r.anvil_fp32, r.anvil_bf16, r.anvil_fp32 / r.openblas, r.anvil_bf16 / r.openblas);
-  for (const BenchGemmRow& r : rows)
+  const std::string training = bench_gemm_bf16_training_isa();
+  std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each; bf16 on each instruction set that "
+              "can run it (the same bits on each), * the one training uses\n", rounds, seconds);
+  std::printf("%-46s %6s %6s %6s  %8s %8s ", "product", "M", "N", "K", "OpenBLAS", "anvil");
+  std::vector<std::string> path_names;
+  for (const BenchGemmPath& p : rows.front().bf16_paths) {
+    path_names.push_back("bf16 " + p.isa + (p.isa == training ? "*" : ""));
+    std::printf(" %*s", std::max(8, static_cast<int>(path_names.back().size())), path_names.back().c_str());
+  }
+  std::printf("  %6s %6s\n", "ratio", "bf16");
+  for (const BenchGemmRow& r : rows) {
+    std::printf("%-46s %6d %6d %6d  %8.1f %8.1f ", r.name.c_str(), r.M, r.N, r.K, r.openblas, r.anvil_fp32);
+    for (size_t p = 0; p < r.bf16_paths.size(); p++)
+      std::printf(" %*.1f", std::max(8, static_cast<int>(path_names[p].size())), r.bf16_paths[p].gflops);
+    std::printf("  %6.2f %6.2f\n", r.anvil_fp32 / r.openblas, r.anvil_bf16 / r.openblas);
+  }
+  for (const BenchGemmRow& r : rows) {
+    std::string paths;
+    for (const BenchGemmPath& p : r.bf16_paths)
+      paths += fmt::format("{}\"{}\": {:.2f}", paths.empty() ? "" : ", ", p.isa, p.gflops);
     std::printf("{\"product\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"openblas_gflops\": %.2f, "
-                "\"anvil_fp32_gflops\": %.2f, \"anvil_bf16_gflops\": %.2f}\n", r.name.c_str(), r.M, r.N, r.K,
-                r.openblas, r.anvil_fp32, r.anvil_bf16);
+                "\"anvil_fp32_gflops\": %.2f, \"anvil_bf16_gflops\": %.2f, \"anvil_bf16_isa\": \"%s\", "
+                "\"bf16_gflops_by_isa\": {%s}}\n",
+                r.name.c_str(), r.M, r.N, r.K, r.openblas, r.anvil_fp32, r.anvil_bf16, training.c_str(),
+                paths.c_str());
+  }
   return 0;
 }
 

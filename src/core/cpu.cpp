@@ -1,5 +1,5 @@
 // CPU feature detection: compiler builtins for the ISA, /proc/cpuinfo for the model name and
-// the flags the builtins do not know (avx512_bf16).
+// the flags the builtins do not know (avx512_bf16, AMX).
 #include "core/cpu.h"
 
 #include <omp.h>
@@ -21,7 +21,10 @@ const CpuInfo& cpu_info() {
     while (std::getline(in, line)) {
       if (c.model.empty() && line.rfind("model name", 0) == 0) c.model = line.substr(line.find(':') + 2);
       if (line.rfind("flags", 0) == 0) {
-        c.avx512bf16 = line.find(" avx512_bf16") != std::string::npos;
+        const std::string flags = line + " ";
+        const auto has = [&](const std::string& flag) { return flags.find(" " + flag + " ") != std::string::npos; };
+        c.avx512bf16 = has("avx512_bf16");
+        c.amx_bf16 = has("amx_tile") && has("amx_bf16");
         break;
       }
     }

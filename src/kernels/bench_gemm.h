@@ -1,18 +1,29 @@
 // `anvil bench gemm`: the CPU's matrix products as training runs them (anvil's GEMM on all
-// threads, kernels/cpu/gemm.h) beside OpenBLAS's sgemm on the same shapes, alternating in one run.
+// threads, kernels/cpu/gemm.h) beside OpenBLAS's sgemm on the same shapes, alternating in one
+// run; bf16 products on each instruction set this CPU has for them.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace anvil {
 
+// A bf16 product on one instruction set (kernels/cpu/gemm.h: every one gives the same bits).
+struct BenchGemmPath {
+  std::string isa;  // "avx512" (fp32 FMAs on rounded operands), "avx512_bf16" (VDPBF16PS), "amx"
+  double gflops = 0;
+};
+
 struct BenchGemmRow {
   std::string name;       // e.g. "bench-16m LM head, forward"
   int M = 0, N = 0, K = 0;
   double anvil_fp32 = 0;  // GFLOP/s, best of the rounds
-  double anvil_bf16 = 0;  // the bf16 mode (amp_bf16's products)
+  double anvil_bf16 = 0;  // the bf16 mode (amp_bf16's products) on the path training takes
+  std::vector<BenchGemmPath> bf16_paths;  // each path this CPU has, training's among them
   double openblas = 0;    // sgemm, fp32
 };
+
+// The instruction set amp_bf16's products take in training (the fastest path, timed once).
+std::string bench_gemm_bf16_training_isa();
 
 // Each of `rounds` alternating rounds times every product for at least min_seconds; a row keeps
 // each side's best.

@@ -92,7 +92,7 @@ int matmul_column_block(KernelImpl impl, int columns, int preferred);
 // denominator), cached per dtype: on the CPU the faster of OpenBLAS's sgemm (kernels/blas.h)
 // and anvil's GEMM, on all threads; cuBLASLt / hipBLASLt on the GPU.
 double matmul_peak_gflops(KernelImpl impl, ComputeDtype d);
-// What runs the matrix products: "anvil GEMM (avx2 kernels, 2 threads)" or the GPU's BLAS,
+// What runs the matrix products: "anvil GEMM (avx2 kernels, bf16 on avx2, 2 threads)" or the GPU's BLAS,
 // device and runtime.
 std::string matmul_backend_description(KernelImpl impl);
 

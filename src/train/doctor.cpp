@@ -165,7 +165,11 @@ int run_doctor() {
     std::printf("anvil doctor\n");
     const CpuInfo& cpu = cpu_info();
     std::printf("cpu: %s, %d threads, %s; %s\n", cpu.model.c_str(), cpu.threads,
-                cpu.avx512 ? (cpu.avx512bf16 ? "AVX-512 with BF16" : "AVX-512") : (cpu.avx2 ? "AVX2" : "no AVX2"),
+                cpu.amx_bf16     ? "AVX-512 with BF16 and AMX"
+                : cpu.avx512bf16 ? "AVX-512 with BF16"
+                : cpu.avx512     ? "AVX-512"
+                : cpu.avx2       ? "AVX2"
+                                 : "no AVX2",
                 matmul_backend_description(KernelImpl::kCpu).c_str());
     std::printf("gpu backend: %s\n", gpu_backend_description().c_str());
     if (gpus.empty()) std::printf("gpus: none visible\n");

@@ -78,10 +78,13 @@ else
   fail "bench train --profile: $(cat "$tmp/profile.out")"
 fi
 
-# bench gemm: every product timed on both sides, in fp32 and bf16, each row also as JSON.
+# bench gemm: every product timed on both sides, in fp32 and bf16 (on each instruction set that
+# runs bf16, training's among them), each row also as JSON.
 "$anvil" bench gemm --rounds 1 --seconds 0.01 > "$tmp/gemm.out" 2>&1
+isa=$(grep -o '"anvil_bf16_isa": "[a-z0-9_]*"' "$tmp/gemm.out" | head -1 | cut -d'"' -f4)
 if [ "$(grep -c '"anvil_bf16_gflops"' "$tmp/gemm.out")" -ge 9 ] && grep -q '^square 2048 ' "$tmp/gemm.out" \
-    && ! grep -q '": 0.00' "$tmp/gemm.out"; then
+    && [ -n "$isa" ] && grep -q "\"bf16_gflops_by_isa\": {.*\"$isa\": " "$tmp/gemm.out" \
+    && grep -q " bf16 $isa\*" "$tmp/gemm.out" && ! grep -q '": 0.00' "$tmp/gemm.out"; then
   pass "bench gemm: $(grep '^square 2048 ' "$tmp/gemm.out" | tr -s ' ')"
 else
   fail "bench gemm: $(cat "$tmp/gemm.out")"

@@ -20,13 +20,14 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_blocked.h"
 #include "kernels/cpu/gemm_portable.h"
+#include "kernels/cpu/gemm_tiles.h"
 
 namespace anvil::cpu {
 namespace {
 
 std::vector<GemmIsa> supported_isas() {
   std::vector<GemmIsa> isas;
-  for (GemmIsa isa : {GemmIsa::portable, GemmIsa::avx2, GemmIsa::avx512, GemmIsa::avx512bf16})
+  for (GemmIsa isa : {GemmIsa::portable, GemmIsa::avx2, GemmIsa::avx512, GemmIsa::avx512bf16, GemmIsa::amx})
     if (gemm_isa_supported(isa)) isas.push_back(isa);
   return isas;
 }
@@ -191,6 +192,45 @@ TEST(Gemm, Avx512BlockingMatchesTheSpecification) {
 TEST(Gemm, Vdpbf16psBlockingMatchesTheSpecification) {
   check_against_reference(GemmPrecision::bf16, {lanes("12x32 pairs", blocked_pairs<Lanes16Pairs, 12, 2>, false, 1),
                                                 lanes("12x32 pairs team", blocked_pairs<Lanes16Pairs, 12, 2>, false, 2)});
+}
+
+// AMX's tiles as the instruction set reference describes them: eight tiles of 16 rows × 64
+// bytes, and TDPBF16PS adding to each fp32 element of C, for each pair of k in order, the
+// product of the low halves of A's and B's words and then that of the high halves, each sum
+// rounded to fp32 once with subnormals read and written as zero.
+struct EmulatedTiles {
+  static inline thread_local uint32_t tile[8][16][16];
+  static void configure() {}
+  static void zero() { std::memset(tile, 0, 4 * sizeof tile[0]); }
+  static void load(int t, const uint32_t* p, long stride) {
+    for (int r = 0; r < 16; r++) std::memcpy(tile[t][r], p + r * stride, sizeof tile[t][r]);
+  }
+  static void dot(int c, int a, int b) {
+    for (int m = 0; m < 16; m++)
+      for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 16; n++) {
+          const uint32_t x = tile[a][m][k], y = tile[b][k][n];
+          float acc = std::bit_cast<float>(tile[c][m][n]);
+          acc = flush(std::fma(flush(Lanes16Pairs::low(x)), flush(Lanes16Pairs::low(y)), acc));
+          acc = flush(std::fma(flush(Lanes16Pairs::high(x)), flush(Lanes16Pairs::high(y)), acc));
+          tile[c][m][n] = std::bit_cast<uint32_t>(acc);
+        }
+  }
+  static void step(const uint32_t* a, long a_stride, const uint32_t* b, long b_stride) {
+    load(4, a, a_stride), load(5, a + 16 * a_stride, a_stride), load(6, b, b_stride), load(7, b + 16, b_stride);
+    dot(0, 4, 6), dot(1, 4, 7), dot(2, 5, 6), dot(3, 5, 7);
+  }
+  static void store(float* c, long ldc) {
+    for (int t = 0; t < 4; t++)
+      for (int r = 0; r < 16; r++)
+        std::memcpy(c + (t / 2 * 16 + r) * ldc + t % 2 * 16, tile[t][r], sizeof tile[t][r]);
+  }
+};
+
+TEST(Gemm, AmxTileBlockingMatchesTheSpecification) {
+  check_against_reference(GemmPrecision::bf16,
+                          {lanes("32x32 tiles", blocked_tiles<EmulatedTiles, Lanes16>, false, 1),
+                           lanes("32x32 tiles team", blocked_tiles<EmulatedTiles, Lanes16>, false, 2)});
 }
 
 // A sub-block of the output (another M, N, leading dimension) holds the same bits as the whole.

@@ -38,6 +38,8 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
       {"GPT-2 124M LM head, weight gradient", Product::kWeightGrad, 64, 768, 50257},
       {"square 2048", Product::kForward, 2048, 2048, 2048},
   };
+  const std::vector<cpu::GemmIsa> isas = cpu::gemm_bf16_isas();
+  const cpu::GemmIsa training = cpu::gemm_isa(cpu::GemmPrecision::bf16);
   std::vector<BenchGemmRow> rows;
   for (const Shape& s : shapes) {
     const int R = s.rows, I = s.in, O = s.out;
@@ -48,6 +50,7 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
     std::vector<float> out(std::max(inp.size(), std::max(w.size(), dout.size())));
     BenchGemmRow row;
     row.name = s.name;
+    for (cpu::GemmIsa isa : isas) row.bf16_paths.push_back({cpu::gemm_isa_name(isa), 0});
     // M × N × K (output rows and columns, summed dimension), anvil's operands and OpenBLAS's call.
     cpu::GemmOperand a{}, b{};
     bool accumulate = false;
@@ -81,13 +84,19 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
       row.anvil_fp32 = std::max(row.anvil_fp32, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cpu::parallel_gemm(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
       }));
-      row.anvil_bf16 = std::max(row.anvil_bf16, cpu::best_gflops(flops, min_seconds, 2, [&] {
-        cpu::parallel_gemm(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
-      }));
+      for (size_t p = 0; p < isas.size(); p++)
+        row.bf16_paths[p].gflops = std::max(row.bf16_paths[p].gflops, cpu::best_gflops(flops, min_seconds, 2, [&] {
+          cpu::parallel_gemm(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate,
+                             isas[p]);
+        }));
     }
+    for (size_t p = 0; p < isas.size(); p++)
+      if (isas[p] == training) row.anvil_bf16 = row.bf16_paths[p].gflops;
     rows.push_back(row);
   }
   return rows;
 }
+
+std::string bench_gemm_bf16_training_isa() { return cpu::gemm_isa_name(cpu::gemm_isa(cpu::GemmPrecision::bf16)); }
 
 }  // namespace anvil

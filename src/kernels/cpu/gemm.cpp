@@ -4,13 +4,17 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include "core/cpu.h"
 #include "core/error.h"
+#include "kernels/cpu/best_rate.h"
 
 namespace anvil::cpu {
 namespace {
@@ -31,6 +35,7 @@ PackBuffers& pack_buffers() {
 
 const GemmKernels& kernels_for(GemmIsa isa) {
   switch (isa) {
+    case GemmIsa::amx: return gemm_kernels_amx();
     case GemmIsa::avx512bf16: return gemm_kernels_avx512bf16();
     case GemmIsa::avx512: return gemm_kernels_avx512();
     case GemmIsa::avx2: return gemm_kernels_avx2();
@@ -132,11 +137,31 @@ void* team_b_buffer() {
   return buffer.get();
 }
 
+// Linux gives a process AMX's tile state (8 KB more per thread's saved context) only when the
+// process asks for it; without it the first tile instruction is a fault.
+bool tile_state_granted() {
+  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // <asm/prctl.h>, the kernel's xstate
+  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
+// The bf16 product's rate on isa: one thread, a block of a sequence's rows into a model's width.
+double bf16_rate(GemmIsa isa) {
+  constexpr int M = 192, N = 512, K = 512;
+  std::vector<float> a(static_cast<size_t>(M) * K), b(static_cast<size_t>(K) * N), c(static_cast<size_t>(M) * N);
+  for (size_t i = 0; i < a.size(); i++) a[i] = static_cast<float>(i % 97) * 0.01f;
+  for (size_t i = 0; i < b.size(); i++) b[i] = static_cast<float>(i % 89) * 0.01f;
+  return best_gflops(2.0 * M * N * K, 0.005, 3, [&] {
+    gemm(GemmPrecision::bf16, M, N, K, {a.data(), K, 1}, {b.data(), N, 1}, c.data(), N, false, isa);
+  });
+}
+
 }  // namespace
 
 bool gemm_isa_supported(GemmIsa isa) {
   const CpuInfo& cpu = cpu_info();
   switch (isa) {
+    case GemmIsa::amx: return cpu.avx512 && cpu.fma && cpu.amx_bf16 && tile_state_granted();
     case GemmIsa::avx512bf16: return cpu.avx512 && cpu.avx512bf16 && cpu.fma;
     case GemmIsa::avx512: return cpu.avx512 && cpu.fma;
     case GemmIsa::avx2: return cpu.avx2 && cpu.fma;
@@ -145,17 +170,33 @@ bool gemm_isa_supported(GemmIsa isa) {
   return false;
 }
 
-GemmIsa gemm_best_isa() {
-  static const GemmIsa best = [] {
-    for (GemmIsa isa : {GemmIsa::avx512bf16, GemmIsa::avx512, GemmIsa::avx2})
+GemmIsa gemm_isa(GemmPrecision precision) {
+  static const GemmIsa fp32 = [] {
+    for (GemmIsa isa : {GemmIsa::avx512, GemmIsa::avx2})
       if (gemm_isa_supported(isa)) return isa;
     return GemmIsa::portable;
   }();
-  return best;
+  if (precision == GemmPrecision::fp32) return fp32;
+  static const GemmIsa bf16 = [] {
+    GemmIsa best = fp32;
+    double best_rate = 0;
+    for (GemmIsa isa : gemm_bf16_isas())
+      if (const double rate = bf16_rate(isa); rate > best_rate) best = isa, best_rate = rate;
+    return best;
+  }();
+  return bf16;
+}
+
+std::vector<GemmIsa> gemm_bf16_isas() {
+  std::vector<GemmIsa> isas{gemm_isa(GemmPrecision::fp32)};
+  for (GemmIsa isa : {GemmIsa::avx512bf16, GemmIsa::amx})
+    if (gemm_isa_supported(isa)) isas.push_back(isa);
+  return isas;
 }
 
 std::string gemm_isa_name(GemmIsa isa) {
   switch (isa) {
+    case GemmIsa::amx: return "amx";
     case GemmIsa::avx512bf16: return "avx512_bf16";
     case GemmIsa::avx512: return "avx512";
     case GemmIsa::avx2: return "avx2";
@@ -178,8 +219,19 @@ void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOpera
                         buffers.b.get(), 0, 1, nullptr, 0});
 }
 
+void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+          bool accumulate) {
+  gemm(precision, M, N, K, a, b, c, ldc, accumulate, gemm_isa(precision));
+}
+
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
                    bool accumulate) {
+  parallel_gemm(precision, M, N, K, a, b, c, ldc, accumulate, gemm_isa(precision));
+}
+
+void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+                   bool accumulate, GemmIsa isa) {
+  ANVIL_CHECK(gemm_isa_supported(isa), "this CPU cannot run the {} GEMM kernels", gemm_isa_name(isa));
   // A long sum into a small output (the LM head's input gradient: 256 × 256 from 50257 terms)
   // would have every block pack most of both operands; there the threads work as one team on
   // one product, sharing the packed B. Not where B is read in place anyway (few rows, B's rows
@@ -188,7 +240,6 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
   const bool b_in_place = precision == GemmPrecision::fp32 && b.col_stride == 1 && M <= kGemmMc;
   if (threads > 1 && K > 2 * std::max(M, N) && N <= kGemmTeamMaxN && !b_in_place && !omp_in_parallel()) {
     void* shared_b = team_b_buffer();
-    const GemmIsa isa = gemm_best_isa();
 #pragma omp parallel
     {
       const GemmCall call{M, N, K, a, {b.data, b.col_stride, b.row_stride}, c, ldc, accumulate, false,
@@ -202,12 +253,12 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
     // Several bands of rows would each pack all of B: pack it once (the weight gradients'
     // inputs, the microbatch's forward products).
     thread_local GemmPackedB packed;
-    packed.pack(precision, K, N, b);
+    packed.pack(precision, K, N, b, isa);
     return parallel_gemm(precision, M, N, K, a, packed, 0, 0, c, ldc, accumulate);
   }
   for_each_block(M, N, grid, [&](int i0, int rows, int j0, int cols) {
     gemm(precision, rows, cols, K, {a.data + i0 * a.row_stride, a.row_stride, a.col_stride},
-         {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate);
+         {b.data + j0 * b.col_stride, b.row_stride, b.col_stride}, c + i0 * ldc + j0, ldc, accumulate, isa);
   });
 }
 

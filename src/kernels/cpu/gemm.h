@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace anvil::cpu {
 
@@ -17,14 +18,23 @@ namespace anvil::cpu {
 //   s = fma(a[2p+1], b[2p+1], s); s = fma(a[2p], b[2p], s)   for the block's pairs p in order,
 // with bf16 subnormal inputs read as zero and subnormal results (the adds to C included) flushed
 // to zero; an odd K is padded with a zero pair member. This is exactly what AVX512-BF16's
-// VDPBF16PS computes, so the native instruction and the emulation on other CPUs agree.
+// VDPBF16PS computes, and what AMX's TDPBF16PS computes with each pair's members swapped, so
+// the native instructions and the emulation on other CPUs agree.
 enum class GemmPrecision { fp32, bf16 };
 
-// The instruction sets the microkernels are built for, best last.
-enum class GemmIsa { portable, avx2, avx512, avx512bf16 };
-GemmIsa gemm_best_isa();                 // the best this CPU runs
-bool gemm_isa_supported(GemmIsa isa);    // whether this CPU runs it
+// The instruction sets the microkernels are built for. bf16 products run on VDPBF16PS under
+// avx512bf16, on AMX tiles under amx (whose fp32 products are avx512's), and elsewhere on the
+// fp32 kernel with the operands rounded.
+enum class GemmIsa { portable, avx2, avx512, avx512bf16, amx };
+bool gemm_isa_supported(GemmIsa isa);    // whether this CPU runs it (for amx: Linux grants the tiles)
 std::string gemm_isa_name(GemmIsa isa);  // "avx2", ...
+// The instruction set training's products of a precision run on: for fp32 the widest vectors;
+// for bf16 the fastest of the paths this CPU has, timed once on a product of training's size
+// (every path gives the same bits, so the choice changes only the speed).
+GemmIsa gemm_isa(GemmPrecision precision);
+// The instruction sets bf16 products can run on here: fp32's, then avx512bf16 and amx where
+// supported.
+std::vector<GemmIsa> gemm_bf16_isas();
 
 // A matrix operand: element (r, c) is at data[r * row_stride + c * col_stride].
 struct GemmOperand {
@@ -35,11 +45,15 @@ struct GemmOperand {
 // C (M×N, row stride ldc) = A (M×K) · B (K×N), or C += A · B when accumulate. Single-threaded;
 // uses thread-local packing buffers sized once.
 void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
-          bool accumulate, GemmIsa isa = gemm_best_isa());
+          bool accumulate, GemmIsa isa);
+void gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+          bool accumulate);  // on gemm_isa(precision)
 // gemm() on all OpenMP threads, the output cut into blocks (each one gemm() call): the same bits
 // as a single call, whatever the thread count.
 void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
-                   bool accumulate);
+                   bool accumulate, GemmIsa isa);
+void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c, long ldc,
+                   bool accumulate);  // on gemm_isa(precision)
 
 // B packed ahead, for a weight that many products in a row multiply by (the tied LM head: every
 // sequence of a step): the panels each product would otherwise pack (and, in bf16, convert)
@@ -48,7 +62,8 @@ class GemmPackedB {
  public:
   // Packs B (K × N) for isa's kernels in precision's mode, on all threads. The storage is kept
   // and reused by later packs of the same or a smaller size.
-  void pack(GemmPrecision precision, int K, int N, GemmOperand b, GemmIsa isa = gemm_best_isa());
+  void pack(GemmPrecision precision, int K, int N, GemmOperand b, GemmIsa isa);
+  void pack(GemmPrecision precision, int K, int N, GemmOperand b) { pack(precision, K, N, b, gemm_isa(precision)); }
   void clear() { K_ = N_ = 0; }
   bool empty() const { return K_ == 0; }
 
@@ -77,7 +92,7 @@ void parallel_gemm(GemmPrecision precision, int M, int N, int K, GemmOperand a, 
 // Internals: one blocked implementation per instruction set (gemm_kernels_*.cpp, from the
 // templates of gemm_blocked.h), which gemm() chooses from.
 constexpr int kGemmKc = 256;   // k values per block (even: bf16 pairs never straddle blocks)
-constexpr int kGemmMc = 96;    // rows of A per packed block: a multiple of every MR (4, 6, 12)
+constexpr int kGemmMc = 96;    // rows of A per packed block: a multiple of every MR (4, 6, 12, 32)
 constexpr int kGemmNc = 2048;  // columns of B per packed block: a multiple of every NR (8, 16, 32)
 constexpr int kGemmTeamBlocks = 8;    // k blocks of B a thread team packs per barrier pair
 constexpr int kGemmTeamMaxN = 512;    // the widest output a team computes (its B buffer's width)
@@ -99,7 +114,7 @@ struct GemmCall {
 // block's size; packed_b points at the product's first block and panel.
 struct GemmKernels {
   void (*fp32)(const GemmCall&);   // fp32 products, and bf16 ones when bf16_operands
-  void (*pairs)(const GemmCall&);  // bf16 on VDPBF16PS; null without AVX512-BF16
+  void (*pairs)(const GemmCall&);  // bf16 on VDPBF16PS or AMX tiles; null on instruction sets without
   // Pack all of a call's B (bt, K, N, bf16_operands) into dst, on the calling team's threads.
   void (*fp32_pack_b)(const GemmCall&, void* dst);
   void (*pairs_pack_b)(const GemmCall&, void* dst);
@@ -109,5 +124,6 @@ const GemmKernels& gemm_kernels_portable();
 const GemmKernels& gemm_kernels_avx2();
 const GemmKernels& gemm_kernels_avx512();
 const GemmKernels& gemm_kernels_avx512bf16();
+const GemmKernels& gemm_kernels_amx();
 
 }  // namespace anvil::cpu

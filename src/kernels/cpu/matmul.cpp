@@ -143,7 +143,8 @@ double matmul_peak_gflops(ComputeDtype d) {
 }
 
 std::string matmul_backend_description() {
-  return fmt::format("anvil GEMM ({} kernels, {} threads)", gemm_isa_name(gemm_best_isa()), cpu_info().threads);
+  return fmt::format("anvil GEMM ({} kernels, bf16 on {}, {} threads)", gemm_isa_name(gemm_isa(GemmPrecision::fp32)),
+                     gemm_isa_name(gemm_isa(GemmPrecision::bf16)), cpu_info().threads);
 }
 
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,

@@ -413,8 +413,9 @@ their forward, input-gradient and weight-gradient products, and a 2048 square) w
 on all threads, in fp32 and in the bf16 mode of amp_bf16, and with OpenBLAS's sgemm, alternating,
 and prints GFLOP/s and the ratios to OpenBLAS. bf16 is timed on each instruction set this CPU
 runs it on (fp32 FMAs on rounded operands; VDPBF16PS with AVX512-BF16; AMX tiles), all giving the
-same bits; * marks the one training uses (the fastest, timed once when a run starts). Each row
-is also printed as JSON.
+same bits; * marks the one training uses (the fastest, timed once when a run starts). Where
+libdnnl.so.2 is installed, oneDNN's matmul (what PyTorch's CPU autocast uses) is timed too, in
+fp32 and on bf16 operands rounded beforehand. Each row is also printed as JSON.
   --rounds N    alternating rounds; each side's best is kept (default 3)
   --seconds S   time each product at least S seconds per round (default 0.3)
 
@@ -904,7 +905,9 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
   const CpuInfo& cpu = cpu_info();
   std::printf("CPU matrix products, %d threads: %s beside %s\n", cpu.threads,
               matmul_backend_description(KernelImpl::kCpu).c_str(), blas_description().c_str());
-  const std::string training = bench_gemm_bf16_training_isa();
+  const std::string training = bench_gemm_bf16_training_isa(), onednn_missing = bench_gemm_onednn_missing();
+  const bool onednn = onednn_missing.empty();
+  if (!onednn) std::printf("oneDNN not timed: %s\n", onednn_missing.c_str());
   std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each; bf16 on each instruction set that "
               "can run it (the same bits on each), * the one training uses\n", rounds, seconds);
   std::printf("%-46s %6s %6s %6s  %8s %8s ", "product", "M", "N", "K", "OpenBLAS", "anvil");
@@ -913,11 +916,13 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
     path_names.push_back("bf16 " + p.isa + (p.isa == training ? "*" : ""));
     std::printf(" %*s", std::max(8, static_cast<int>(path_names.back().size())), path_names.back().c_str());
   }
+  if (onednn) std::printf("  %8s %11s", "oneDNN", "oneDNN bf16");
   std::printf("  %6s %6s\n", "ratio", "bf16");
   for (const BenchGemmRow& r : rows) {
     std::printf("%-46s %6d %6d %6d  %8.1f %8.1f ", r.name.c_str(), r.M, r.N, r.K, r.openblas, r.anvil_fp32);
     for (size_t p = 0; p < r.bf16_paths.size(); p++)
       std::printf(" %*.1f", std::max(8, static_cast<int>(path_names[p].size())), r.bf16_paths[p].gflops);
+    if (onednn) std::printf("  %8.1f %11.1f", r.onednn_fp32, r.onednn_bf16);
     std::printf("  %6.2f %6.2f\n", r.anvil_fp32 / r.openblas, r.anvil_bf16 / r.openblas);
   }
   for (const BenchGemmRow& r : rows) {
@@ -926,9 +931,13 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
       paths += fmt::format("{}\"{}\": {:.2f}", paths.empty() ? "" : ", ", p.isa, p.gflops);
     std::printf("{\"product\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"openblas_gflops\": %.2f, "
                 "\"anvil_fp32_gflops\": %.2f, \"anvil_bf16_gflops\": %.2f, \"anvil_bf16_isa\": \"%s\", "
-                "\"bf16_gflops_by_isa\": {%s}}\n",
+                "\"bf16_gflops_by_isa\": {%s}%s}\n",
                 r.name.c_str(), r.M, r.N, r.K, r.openblas, r.anvil_fp32, r.anvil_bf16, training.c_str(),
-                paths.c_str());
+                paths.c_str(),
+                onednn ? fmt::format(", \"onednn_fp32_gflops\": {:.2f}, \"onednn_bf16_gflops\": {:.2f}, "
+                                     "\"onednn_bf16_kernel\": \"{}\"", r.onednn_fp32, r.onednn_bf16,
+                                     r.onednn_bf16_kernel).c_str()
+                       : "");
   }
   return 0;
 }

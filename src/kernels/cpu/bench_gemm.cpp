@@ -5,9 +5,11 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/onednn_matmul.h"
 
 namespace anvil {
 namespace {
@@ -76,6 +78,14 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
         break;
     }
     const double flops = 2.0 * row.M * row.N * row.K;
+    std::unique_ptr<cpu::OneDnnMatmul> onednn_fp32, onednn_bf16;
+    if (cpu::onednn_available(nullptr)) {
+      onednn_fp32 = std::make_unique<cpu::OneDnnMatmul>(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b,
+                                                        out.data(), accumulate);
+      onednn_bf16 = std::make_unique<cpu::OneDnnMatmul>(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b,
+                                                        out.data(), accumulate);
+      row.onednn_bf16_kernel = onednn_bf16->implementation();
+    }
     for (int round = 0; round < rounds; round++) {
       row.openblas = std::max(row.openblas, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cblas_sgemm(CblasRowMajor, ta, tb, row.M, row.N, row.K, 1.0f, pa, lda, pb, ldb, accumulate ? 1.0f : 0.0f,
@@ -84,6 +94,10 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
       row.anvil_fp32 = std::max(row.anvil_fp32, cpu::best_gflops(flops, min_seconds, 2, [&] {
         cpu::parallel_gemm(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
       }));
+      if (onednn_fp32) {
+        row.onednn_fp32 = std::max(row.onednn_fp32, cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_fp32->run(); }));
+        row.onednn_bf16 = std::max(row.onednn_bf16, cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_bf16->run(); }));
+      }
       for (size_t p = 0; p < isas.size(); p++)
         row.bf16_paths[p].gflops = std::max(row.bf16_paths[p].gflops, cpu::best_gflops(flops, min_seconds, 2, [&] {
           cpu::parallel_gemm(cpu::GemmPrecision::bf16, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate,
@@ -98,5 +112,11 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
 }
 
 std::string bench_gemm_bf16_training_isa() { return cpu::gemm_isa_name(cpu::gemm_isa(cpu::GemmPrecision::bf16)); }
+
+std::string bench_gemm_onednn_missing() {
+  std::string why;
+  cpu::onednn_available(&why);
+  return why;
+}
 
 }  // namespace anvil

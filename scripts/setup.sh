@@ -14,7 +14,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 debs=(build-essential cmake pkg-config libopenblas-openmp-dev libyaml-cpp-dev nlohmann-json3-dev
-      libfmt-dev libxxhash-dev libgtest-dev libdnnl-dev libzstd-dev libonig-dev libcurl4-openssl-dev libssl-dev nginx-light
+      libfmt-dev libxxhash-dev libgtest-dev libdnnl-dev libzstd-dev libonig-dev libcurl4-openssl-dev libssl-dev
+      nginx-light
       python3-xxhash python3-numpy python3-torch python3-yaml python3-jinja2 libsentencepiece-dev sentencepiece python3-sentencepiece
       libplplot-dev plplot-driver-cairo
       openmpi-bin libopenmpi-dev mpich libmpich-dev slurmctld slurmd slurm-client munge

@@ -95,8 +95,9 @@ std::vector<BenchGemmRow> bench_gemm(int rounds, double min_seconds) {
         cpu::parallel_gemm(cpu::GemmPrecision::fp32, row.M, row.N, row.K, a, b, out.data(), row.N, accumulate);
       }));
       if (onednn_fp32) {
-        row.onednn_fp32 = std::max(row.onednn_fp32, cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_fp32->run(); }));
-        row.onednn_bf16 = std::max(row.onednn_bf16, cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_bf16->run(); }));
+        const double fp32 = cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_fp32->run(); });
+        const double bf16 = cpu::best_gflops(flops, min_seconds, 2, [&] { onednn_bf16->run(); });
+        row.onednn_fp32 = std::max(row.onednn_fp32, fp32), row.onednn_bf16 = std::max(row.onednn_bf16, bf16);
       }
       for (size_t p = 0; p < isas.size(); p++)
         row.bf16_paths[p].gflops = std::max(row.bf16_paths[p].gflops, cpu::best_gflops(flops, min_seconds, 2, [&] {

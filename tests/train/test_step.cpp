@@ -65,8 +65,10 @@ struct Batch {
 // Final parameters after `steps` optimizer steps on the fixed batch.
 // forced_scale: start every tensor's fixed-point scale there (a huge one overflows at once).
 std::vector<float> train_steps(int microbatch, int steps, bool deterministic = true, int forced_scale = 0,
-                               ComputeDtype precision = ComputeDtype::kFp32, bool activation_checkpointing = false) {
+                               ComputeDtype precision = ComputeDtype::kFp32, bool activation_checkpointing = false,
+                               const ModelConfig* model_config = nullptr) {
   TrainConfig c = small_config(microbatch);
+  if (model_config) c.model = *model_config;
   c.deterministic_mode = deterministic;
   c.precision = precision;
   c.activation_checkpointing = activation_checkpointing;
@@ -121,10 +123,14 @@ TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
   const size_t recomputed = model_activation_bytes(m, 4, 16, storage);
   EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), recomputed);
   EXPECT_LT(recomputed, stored);
-  // Not microbatch-invariant: the blocks' backward holds a microbatch's gradients, not a sequence's.
+  // The CPU's blocks' backward holds a microbatch's gradients in either mode; where each sequence
+  // goes through it alone (deterministic training on a GPU), one sequence's.
   storage.microbatch_invariant = false;
   EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), model_activation_bytes(m, 4, 16, storage));
-  EXPECT_GT(model_activation_bytes(m, 4, 16, storage), recomputed);
+  EXPECT_EQ(model_activation_bytes(m, 4, 16, storage), recomputed);
+  storage.microbatch_invariant = true;
+  storage.kernels = KernelImpl::kGpu;
+  EXPECT_LT(model_activation_bytes(m, 4, 16, storage), recomputed);
 }
 
 // device_train_microbatch_size: auto picks the largest microbatch whose activations fit in what
@@ -178,6 +184,28 @@ TEST(Microbatch, AutoPicksTheLargestThatFits) {
 TEST(TrainStep, MicrobatchSizeDoesNotChangeABit) {
   const std::vector<float> whole = train_steps(4, 3);
   for (int mb : {2, 1, 3}) EXPECT_TRUE(train_steps(mb, 3) == whole) << "microbatch " << mb;  // 3: a last one of 1
+}
+
+// The same where a block's backward has every kind of op that sums over rows into a parameter
+// gradient (which the CPU runs a sequence at a time inside a microbatch-wide pass): RMSNorm,
+// SwiGLU, rotary positions, grouped key/value heads, per-head query and key norms (Qwen3's) and a
+// bias on the qkv product alone (Qwen2's), in fp32 and amp_bf16.
+TEST(TrainStep, MicrobatchSizeDoesNotChangeABitWithQkNormsAndBiases) {
+  ModelConfig m = small_config(1).model;
+  m.name = ModelFamily::kLlama;
+  m.norm = NormKind::kRmsNorm;
+  m.positions = PositionKind::kRope;
+  m.mlp = MlpKind::kSwiglu;
+  m.n_kv_heads = 1;
+  m.qk_norm = QkNorm::kPerHead;
+  m.linear_bias = m.norm_bias = m.tied_embeddings = false;
+  m.qkv_bias = true;
+  for (ComputeDtype precision : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
+    const std::vector<float> whole = train_steps(4, 3, true, 0, precision, false, &m);
+    for (int mb : {1, 3})
+      EXPECT_TRUE(train_steps(mb, 3, true, 0, precision, false, &m) == whole)
+          << "microbatch " << mb << ", " << choice_name(precision);
+  }
 }
 
 // Gradients far beyond the fixed-point range on the first step: the step is detected, run again

@@ -139,8 +139,8 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
 }
 
 int backward_grain_sequences(const ModelConfig& cfg, const ModelStorage& storage, int max_batch) {
-  const bool by_sequence = storage.microbatch_invariant && (!matmul_rows_independent(storage.kernels) || cfg.has_lora());
-  return by_sequence ? 1 : max_batch;
+  const bool alone = !matmul_rows_independent(storage.kernels) || cfg.has_lora();
+  return storage.microbatch_invariant && alone ? 1 : max_batch;
 }
 
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {

@@ -471,15 +471,10 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const size_t saves = q.save + r * q.per_position;
     copy_columns(kernels(), dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
     op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
-    const int per_call = param_grad_sequences(n);
-    for (int s = 0; s < n; s += per_call) {
-      const size_t o = static_cast<size_t>(s) * T_;  // the call's first position within the grain
-      float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
-      norm_backward(dqk_ + o * q.width, dw, dnormed + o * q.width, x.qk_raw + q.raw + (r + o) * q.width, weight,
-                    x.qk_mean + saves + o * q.per_position, x.qk_rstd + saves + o * q.per_position,
-                    per_call * T_ * q.per_position, q.norm);
-      if (!frozen()) access().grain_done(1 + l, at, span);
-    }
+    float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
+    norm_backward(dqk_, dw, dnormed, x.qk_raw + q.raw + r * q.width, weight, x.qk_mean + saves, x.qk_rstd + saves,
+                  N * q.per_position, q.norm);
+    if (!frozen()) access().grain_done(1 + l, at, span);
     copy_columns(kernels(), dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
   }
   round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
@@ -512,46 +507,13 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
   if (frozen()) {
     matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
     lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
-  } else if (param_grad_sequences(n) == n) {
+  } else {
     float* dw = access().grads(1 + l, f.offset, f.span());
     matmul_backward(matmul_, dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out, inp, f.weight, N,
                     f.in, f.out, false);
     access().grain_done(1 + l, f.offset, f.span());
-  } else {
-    // The input gradient in one product (each row's bits are its own), the parameters' a
-    // sequence at a time.
-    matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
-    linear_param_grads_by_sequence(l, f, dout, inp, n);
   }
   round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
-}
-
-void Decoder::linear_param_grads_by_sequence(int l, const Linear& f, const float* dout, const float* inp, int n) {
-  // A block of the weight's gradient rows takes every sequence's sum while its fixed-point
-  // accumulators (8 bytes a value) stay in cache: they are read and written from memory once per
-  // microbatch, not once per sequence. A block of an output's rows is the same bits as the whole
-  // product's (kernels/cpu/gemm.h). Measured on GPT-2 124M (Zen 5): blocks of 2^19 values ran
-  // faster than 2^17 (more, narrower products) and 2^21.
-  constexpr size_t kBlockValues = size_t{1} << 19;  // 4 MiB of accumulators
-  const int T = T_, block_rows = std::max(1, static_cast<int>(kBlockValues / static_cast<size_t>(f.in)));
-  for (int o0 = 0; o0 < f.out; o0 += block_rows) {
-    const int rows = std::min(block_rows, f.out - o0);
-    const size_t at = f.offset + static_cast<size_t>(o0) * f.in, count = static_cast<size_t>(rows) * f.in;
-    for (int s = 0; s < n; s++) {
-      const size_t r = static_cast<size_t>(s) * T;
-      matmul_backward(matmul_, nullptr, access().grads(1 + l, at, count), nullptr, dout + r * f.out + o0, f.out,
-                      inp + r * f.in, f.weight + static_cast<size_t>(o0) * f.in, T, f.in, rows, false);
-      access().grain_done(1 + l, at, count);
-    }
-  }
-  if (!f.bias) return;
-  const size_t at = f.offset + static_cast<size_t>(f.bias - f.weight);
-  for (int s = 0; s < n; s++) {
-    const size_t r = static_cast<size_t>(s) * T;
-    matmul_backward(matmul_, nullptr, nullptr, access().grads(1 + l, at, f.out), dout + r * f.out, f.out,
-                    inp + r * f.in, f.weight, T, f.in, f.out, false);
-    access().grain_done(1 + l, at, f.out);
-  }
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
@@ -862,14 +824,9 @@ void Decoder::block_backward(int l) {
     const size_t r = b * rows;
     auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                          const float* rstd) {
-      const int per_call = param_grad_sequences(n);
-      for (int s = 0; s < n; s += per_call) {
-        const size_t o = static_cast<size_t>(s) * T;  // the call's first row within the grain
-        float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
-        norm_backward(dinp + o * C, dw, dout + o * C, inp + o * C, w, mean ? mean + o : nullptr, rstd + o,
-                      per_call * T, C);
-        if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
-      }
+      float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
+      norm_backward(dinp, dw, dout, inp, w, mean, rstd, N, C);
+      if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
     };
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * w.dsmall;

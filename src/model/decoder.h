@@ -101,10 +101,6 @@ class Decoder final : public Model {
   // base frozen) the adapters'.
   void linear_backward(int l, const Linear& f, float* dinp, const float* dout, const float* inp,
                        const float* adapters, int b, int n);
-  // The weight's and bias's gradients of n sequences (n > 1, deterministic training), a sequence
-  // at a time, the weight's in blocks of rows whose fixed-point sums stay in cache over the
-  // sequences.
-  void linear_param_grads_by_sequence(int l, const Linear& f, const float* dout, const float* inp, int n);
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
   // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }
@@ -173,11 +169,8 @@ class Decoder final : public Model {
   // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   ComputeDtype dtype() const { return matmul_.operand_dtype(); }
-  // Sequences per grain of the backward pass (backward_grain_sequences).
-  int grain_sequences() const { return backward_grain_sequences(cfg_, storage_, max_batch_); }
-  // Sequences per call of an op that sums over rows into parameter gradients, within a grain of
-  // n: one in deterministic training (each sequence's sum rounded into fixed point on its own).
-  int param_grad_sequences(int n) const { return microbatch_invariant() ? 1 : n; }
+  // Sequences per grain of the backward pass: 1, or the whole microbatch when not invariant.
+  int grain_sequences() const { return storage_.microbatch_invariant ? 1 : max_batch_; }
   // rounded_dres_ for the compute dtype and the grain.
   void allocate_rounded_dres();
   // Layer l's activations (slot 0 for every layer under activation checkpointing).

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "config/lora_config.h"
-#include "kernels/matmul.h"
 
 namespace anvil {
 
@@ -138,15 +137,9 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   return 4.0 * matmul_params + 6.0 * L * adapters + attention;
 }
 
-int backward_grain_sequences(const ModelConfig& cfg, const ModelStorage& storage, int max_batch) {
-  const bool alone = !matmul_rows_independent(storage.kernels) || cfg.has_lora();
-  return storage.microbatch_invariant && alone ? 1 : max_batch;
-}
-
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
   const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads,
-               GT = static_cast<size_t>(backward_grain_sequences(cfg, storage, max_batch)) * T;
+               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
   const Widths w(cfg);
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean

@@ -66,15 +66,6 @@ struct ActivationSizes {
 };
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 
-// Sequences per grain of the backward pass through a block (Decoder::block_backward): the
-// microbatch, unless deterministic training needs each sequence to go through the whole chain
-// on its own. The parameter gradients are per-sequence sums there (each rounded into fixed point
-// on its own), which the ops that sum over rows (weights, biases, norms) take a sequence at a
-// time within a grain; but a GPU's products give bits that depend on the rows in the call
-// (matmul_rows_independent), and LoRA's adapter gradients are summed inside the chain, so those
-// go a sequence at a time.
-int backward_grain_sequences(const ModelConfig& cfg, const ModelStorage& storage, int max_batch);
-
 // What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
 // sizes are filled in there.
 std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg);

@@ -123,14 +123,10 @@ TEST(TrainStep, ActivationCheckpointingDoesNotChangeABit) {
   const size_t recomputed = model_activation_bytes(m, 4, 16, storage);
   EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), recomputed);
   EXPECT_LT(recomputed, stored);
-  // The CPU's blocks' backward holds a microbatch's gradients in either mode; where each sequence
-  // goes through it alone (deterministic training on a GPU), one sequence's.
+  // Not microbatch-invariant: the blocks' backward holds a microbatch's gradients, not a sequence's.
   storage.microbatch_invariant = false;
   EXPECT_EQ(make_model(m, 4, 16, storage)->activation_bytes(), model_activation_bytes(m, 4, 16, storage));
-  EXPECT_EQ(model_activation_bytes(m, 4, 16, storage), recomputed);
-  storage.microbatch_invariant = true;
-  storage.kernels = KernelImpl::kGpu;
-  EXPECT_LT(model_activation_bytes(m, 4, 16, storage), recomputed);
+  EXPECT_GT(model_activation_bytes(m, 4, 16, storage), recomputed);
 }
 
 // device_train_microbatch_size: auto picks the largest microbatch whose activations fit in what
@@ -187,9 +183,8 @@ TEST(TrainStep, MicrobatchSizeDoesNotChangeABit) {
 }
 
 // The same where a block's backward has every kind of op that sums over rows into a parameter
-// gradient (which the CPU runs a sequence at a time inside a microbatch-wide pass): RMSNorm,
-// SwiGLU, rotary positions, grouped key/value heads, per-head query and key norms (Qwen3's) and a
-// bias on the qkv product alone (Qwen2's), in fp32 and amp_bf16.
+// gradient: RMSNorm, SwiGLU, rotary positions, grouped key/value heads, per-head query and key
+// norms (Qwen3's) and a bias on the qkv product alone (Qwen2's), in fp32 and amp_bf16.
 TEST(TrainStep, MicrobatchSizeDoesNotChangeABitWithQkNormsAndBiases) {
   ModelConfig m = small_config(1).model;
   m.name = ModelFamily::kLlama;

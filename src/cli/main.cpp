@@ -412,8 +412,9 @@ gemm: times the CPU's matrix products of training (bench-16m's and GPT-2 124M's 
 their forward, input-gradient and weight-gradient products, and a 2048 square) with anvil's GEMM
 on all threads, in fp32 and in the bf16 mode of amp_bf16, and with OpenBLAS's sgemm, alternating,
 and prints GFLOP/s and the ratios to OpenBLAS. bf16 is timed on each instruction set this CPU
-runs it on (fp32 FMAs on rounded operands; VDPBF16PS with AVX512-BF16; AMX tiles), all giving the
-same bits; * marks the one training uses (the fastest, timed once when a run starts). Where
+runs it on: fp32 FMAs on rounded operands and VDPBF16PS (AVX512-BF16), which give the same bits,
+and AMX tiles, whose bits are their own; * marks the one training uses (AMX where the CPU has it,
+else the faster of the other two, timed once when a run starts). Where
 libdnnl.so.2 is installed, oneDNN's matmul (what PyTorch's CPU autocast uses) is timed too, in
 fp32 and on bf16 operands rounded beforehand. Each row is also printed as JSON.
   --rounds N    alternating rounds; each side's best is kept (default 3)
@@ -909,7 +910,7 @@ int cmd_bench_gemm(const std::vector<std::string>& rest) {
   const bool onednn = onednn_missing.empty();
   if (!onednn) std::printf("oneDNN not timed: %s\n", onednn_missing.c_str());
   std::printf("GFLOP/s, best of %d alternating rounds of at least %.2f s each; bf16 on each instruction set that "
-              "can run it (the same bits on each), * the one training uses\n", rounds, seconds);
+              "can run it, * the one training uses\n", rounds, seconds);
   std::printf("%-46s %6s %6s %6s  %8s %8s ", "product", "M", "N", "K", "OpenBLAS", "anvil");
   std::vector<std::string> path_names;
   for (const BenchGemmPath& p : rows.front().bf16_paths) {

@@ -8,7 +8,7 @@
 
 namespace anvil {
 
-// A bf16 product on one instruction set (kernels/cpu/gemm.h: every one gives the same bits).
+// A bf16 product on one instruction set (kernels/cpu/gemm.h: the same bits on each but AMX).
 struct BenchGemmPath {
   std::string isa;  // "avx512" (fp32 FMAs on rounded operands), "avx512_bf16" (VDPBF16PS), "amx"
   double gflops = 0;
@@ -25,7 +25,7 @@ struct BenchGemmRow {
   std::string onednn_bf16_kernel;           // the implementation oneDNN chose for bf16
 };
 
-// The instruction set amp_bf16's products take in training (the fastest path, timed once).
+// The instruction set amp_bf16's products take in training (gemm_isa).
 std::string bench_gemm_bf16_training_isa();
 // Empty where oneDNN is timed too; otherwise why it is not (libdnnl.so.2 missing).
 std::string bench_gemm_onednn_missing();

@@ -37,21 +37,30 @@ float flush(float f) {  // a subnormal to a zero of its sign, as VDPBF16PS does
 }
 float bf16(float f) { return flush(bf16_to_float(float_to_bf16(f))); }
 
-// The specification of gemm.h, one element at a time.
+// The specification of gemm.h, one element at a time: fp32, bf16's pair chain, or (tiles) bf16
+// in AMX's order.
 float reference_element(GemmPrecision precision, int i, int j, int K, const GemmOperand& a, const GemmOperand& b,
-                        bool accumulate, float init) {
-  auto A = [&](int k) { return a.data[i * a.row_stride + k * a.col_stride]; };
-  auto B = [&](int k) { return b.data[k * b.row_stride + j * b.col_stride]; };
+                        bool accumulate, float init, bool tiles = false) {
+  auto A = [&](int k) { return k < K ? a.data[i * a.row_stride + k * a.col_stride] : 0.0f; };  // zero pads
+  auto B = [&](int k) { return k < K ? b.data[k * b.row_stride + j * b.col_stride] : 0.0f; };
   float c = init;
   for (int k0 = 0; k0 < K; k0 += kGemmKc) {
     const int k1 = std::min(K, k0 + kGemmKc);
     float s = 0.0f;
     if (precision == GemmPrecision::fp32) {
       for (int k = k0; k < k1; k++) s = std::fma(A(k), B(k), s);
+    } else if (tiles) {
+      for (int chunk = k0; chunk < k1; chunk += 32) {  // 16 pairs, zero-padded
+        float even = 0.0f, odd = 0.0f;
+        for (int k = chunk; k < chunk + 32; k += 2) {
+          even = flush(std::fma(bf16(A(k)), bf16(B(k)), even));
+          odd = flush(std::fma(bf16(A(k + 1)), bf16(B(k + 1)), odd));
+        }
+        s = flush(s + flush(even + odd));
+      }
     } else {
       for (int k = k0; k < k1; k += 2) {
-        if (k + 1 < K) s = flush(std::fma(bf16(A(k + 1)), bf16(B(k + 1)), s));
-        else s = flush(std::fma(0.0f, 0.0f, s));  // the zero pad of an odd K
+        s = flush(std::fma(bf16(A(k + 1)), bf16(B(k + 1)), s));  // k + 1 = K: the zero pad of an odd K
         s = flush(std::fma(bf16(A(k)), bf16(B(k)), s));
       }
     }
@@ -67,21 +76,22 @@ struct Shape {
   int M, N, K;
 };
 
-// One way of computing C = A·B (+ C), under test.
+// One way of computing C = A·B (+ C), under test; tiles: its bf16 is AMX's order.
 struct Implementation {
   std::string name;
   std::function<void(GemmPrecision, int M, int N, int K, const GemmOperand& a, const GemmOperand& b, float* c,
                      bool accumulate)>
       run;
+  bool tiles = false;
 };
 
 std::vector<Implementation> instruction_sets() {
   std::vector<Implementation> out;
   for (GemmIsa isa : supported_isas())
-    out.push_back({gemm_isa_name(isa), [isa](GemmPrecision precision, int M, int N, int K, const GemmOperand& a,
-                                             const GemmOperand& b, float* c, bool accumulate) {
-                     gemm(precision, M, N, K, a, b, c, N, accumulate, isa);
-                   }});
+    out.push_back({gemm_isa_name(isa),
+                   [isa](GemmPrecision precision, int M, int N, int K, const GemmOperand& a, const GemmOperand& b,
+                         float* c, bool accumulate) { gemm(precision, M, N, K, a, b, c, N, accumulate, isa); },
+                   isa == GemmIsa::amx});
   return out;
 }
 
@@ -100,14 +110,18 @@ void check_against_reference(GemmPrecision precision, const std::vector<Implemen
           // A stored row-major (M×K) or column-major; likewise B (K×N).
           const GemmOperand a = a_rows ? GemmOperand{av.data(), s.K, 1} : GemmOperand{av.data(), 1, s.M};
           const GemmOperand b = b_rows ? GemmOperand{bv.data(), s.N, 1} : GemmOperand{bv.data(), 1, s.K};
-          std::vector<float> want(init.size());
+          std::vector<float> want(init.size()), want_tiles(init.size());
           for (int i = 0; i < s.M; i++)
-            for (int j = 0; j < s.N; j++)
+            for (int j = 0; j < s.N; j++) {
               want[i * s.N + j] = reference_element(precision, i, j, s.K, a, b, accumulate, init[i * s.N + j]);
+              want_tiles[i * s.N + j] =
+                  reference_element(precision, i, j, s.K, a, b, accumulate, init[i * s.N + j], true);
+            }
           for (const Implementation& impl : implementations) {
             std::vector<float> c = init;
             impl.run(precision, s.M, s.N, s.K, a, b, c.data(), accumulate);
-            ASSERT_EQ(0, std::memcmp(c.data(), want.data(), sizeof(float) * c.size()))
+            const std::vector<float>& wanted = impl.tiles && precision == GemmPrecision::bf16 ? want_tiles : want;
+            ASSERT_EQ(0, std::memcmp(c.data(), wanted.data(), sizeof(float) * c.size()))
                 << impl.name << " M=" << s.M << " N=" << s.N << " K=" << s.K << " a_rows=" << a_rows
                 << " b_rows=" << b_rows << " accumulate=" << accumulate;
             checked++;
@@ -195,26 +209,29 @@ TEST(Gemm, Vdpbf16psBlockingMatchesTheSpecification) {
 }
 
 // AMX's tiles as the instruction set reference describes them: eight tiles of 16 rows × 64
-// bytes, and TDPBF16PS adding to each fp32 element of C, for each pair of k in order, the
-// product of the low halves of A's and B's words and then that of the high halves, each sum
-// rounded to fp32 once with subnormals read and written as zero.
+// bytes, and TDPBF16PS, for each element of C, summing the low halves' products of A's row and
+// B's column in one chain from zero and the high halves' in another (each a fused multiply-add,
+// subnormals read and written as zero), then adding the two sums, then that to the element.
 struct EmulatedTiles {
   static inline thread_local uint32_t tile[8][16][16];
-  static void configure() {}
+  static void configure() { std::memset(tile, 0, sizeof tile); }
+  static void release() {}
   static void zero() { std::memset(tile, 0, 4 * sizeof tile[0]); }
   static void load(int t, const uint32_t* p, long stride) {
     for (int r = 0; r < 16; r++) std::memcpy(tile[t][r], p + r * stride, sizeof tile[t][r]);
   }
   static void dot(int c, int a, int b) {
     for (int m = 0; m < 16; m++)
-      for (int k = 0; k < 16; k++)
-        for (int n = 0; n < 16; n++) {
+      for (int n = 0; n < 16; n++) {
+        float low = 0.0f, high = 0.0f;
+        for (int k = 0; k < 16; k++) {
           const uint32_t x = tile[a][m][k], y = tile[b][k][n];
-          float acc = std::bit_cast<float>(tile[c][m][n]);
-          acc = flush(std::fma(flush(Lanes16Pairs::low(x)), flush(Lanes16Pairs::low(y)), acc));
-          acc = flush(std::fma(flush(Lanes16Pairs::high(x)), flush(Lanes16Pairs::high(y)), acc));
-          tile[c][m][n] = std::bit_cast<uint32_t>(acc);
+          low = flush(std::fma(flush(Lanes16Pairs::low(x)), flush(Lanes16Pairs::low(y)), low));
+          high = flush(std::fma(flush(Lanes16Pairs::high(x)), flush(Lanes16Pairs::high(y)), high));
         }
+        const float sum = flush(low + high);
+        tile[c][m][n] = std::bit_cast<uint32_t>(flush(std::bit_cast<float>(tile[c][m][n]) + sum));
+      }
   }
   static void step(const uint32_t* a, long a_stride, const uint32_t* b, long b_stride) {
     load(4, a, a_stride), load(5, a + 16 * a_stride, a_stride), load(6, b, b_stride), load(7, b + 16, b_stride);
@@ -228,9 +245,34 @@ struct EmulatedTiles {
 };
 
 TEST(Gemm, AmxTileBlockingMatchesTheSpecification) {
-  check_against_reference(GemmPrecision::bf16,
-                          {lanes("32x32 tiles", blocked_tiles<EmulatedTiles, Lanes16>, false, 1),
-                           lanes("32x32 tiles team", blocked_tiles<EmulatedTiles, Lanes16>, false, 2)});
+  std::vector<Implementation> tiles = {lanes("32x32 tiles", blocked_tiles<EmulatedTiles, Lanes16>, false, 1),
+                                       lanes("32x32 tiles team", blocked_tiles<EmulatedTiles, Lanes16>, false, 2)};
+  for (Implementation& impl : tiles) impl.tiles = true;
+  check_against_reference(GemmPrecision::bf16, tiles);
+}
+
+// B packed ahead for the tiles (GemmPackedB's layout: pack_b_pairs with the tiles' panel width)
+// gives the bits of B packed by the product itself.
+TEST(Gemm, AmxTilesPackedBGivesTheBitsOfB) {
+  const int M = 40, K = kGemmKc + 75, N = 70;  // an odd K and a last chunk of 6 pairs; edge tiles
+  const std::vector<float> av = testing::randn(M * K, 12), bv = testing::randn(K * N, 13);
+  const GemmOperand a{av.data(), K, 1}, b{bv.data(), N, 1};
+  const GemmKernels kernels = with_tiles<EmulatedTiles, Lanes16>(gemm_kernels_portable());
+  const int panels = (N + kTileNR - 1) / kTileNR, blocks = (K + 1 + kGemmKc - 1) / kGemmKc;
+  std::vector<uint32_t> packed(static_cast<size_t>(blocks) * panels * (kGemmKc / 2) * kTileNR);
+  std::vector<float> a_buffer(static_cast<size_t>(kGemmMc) * kGemmKc), b_buffer(static_cast<size_t>(kGemmNc) * kGemmKc);
+  const unsigned control = _mm_getcsr();
+  _mm_setcsr(control | 0x8040u);
+  const GemmCall pack{0, N, K, {}, {b.data, b.col_stride, b.row_stride}, nullptr, 0, false, false, nullptr, nullptr,
+                      0, 1, nullptr, 0};
+  kernels.pairs_pack_b(pack, packed.data());
+  std::vector<float> want = testing::randn(M * N, 14), got = want;
+  kernels.pairs({M, N, K, a, {b.data, b.col_stride, b.row_stride}, want.data(), N, true, false, a_buffer.data(),
+                 b_buffer.data(), 0, 1, nullptr, 0});
+  kernels.pairs({M, N, K, a, {}, got.data(), N, true, false, a_buffer.data(), b_buffer.data(), 0, 1, packed.data(),
+                 panels});
+  _mm_setcsr(control);
+  EXPECT_TRUE(got == want);
 }
 
 // A sub-block of the output (another M, N, leading dimension) holds the same bits as the whole.

@@ -107,8 +107,8 @@ void for_each_block(int rows, int cols, BlockGrid grid, const Block& block) {
 // With B packed ahead, what a block adds to its products is packing its rows of A, once per
 // kGemmNc columns whatever the block's width: so blocks span kGemmNc columns (or all of a
 // narrower output), and rows are cut into as many bands as give each thread the same number
-// of blocks, up to four of at least 256 rows each (whole 12-row tiles: 12 is a multiple of
-// every MR).
+// of blocks, up to four of at least 256 rows each (whole 12-row tiles: 12 is a multiple of the
+// vector kernels' MR; AMX's 32-row tiles get an edge tile in a band).
 BlockGrid packed_block_grid(int rows, int cols) {
   const int threads = std::max(1, omp_get_max_threads());
   const int width = std::min(cols, kGemmNc), col_blocks = (cols + width - 1) / width;
@@ -178,11 +178,9 @@ GemmIsa gemm_isa(GemmPrecision precision) {
   }();
   if (precision == GemmPrecision::fp32) return fp32;
   static const GemmIsa bf16 = [] {
-    GemmIsa best = fp32;
-    double best_rate = 0;
-    for (GemmIsa isa : gemm_bf16_isas())
-      if (const double rate = bf16_rate(isa); rate > best_rate) best = isa, best_rate = rate;
-    return best;
+    if (gemm_isa_supported(GemmIsa::amx)) return GemmIsa::amx;
+    if (!gemm_isa_supported(GemmIsa::avx512bf16)) return fp32;
+    return bf16_rate(GemmIsa::avx512bf16) >= bf16_rate(fp32) ? GemmIsa::avx512bf16 : fp32;
   }();
   return bf16;
 }

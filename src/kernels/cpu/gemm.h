@@ -18,8 +18,15 @@ namespace anvil::cpu {
 //   s = fma(a[2p+1], b[2p+1], s); s = fma(a[2p], b[2p], s)   for the block's pairs p in order,
 // with bf16 subnormal inputs read as zero and subnormal results (the adds to C included) flushed
 // to zero; an odd K is padded with a zero pair member. This is exactly what AVX512-BF16's
-// VDPBF16PS computes, and what AMX's TDPBF16PS computes with each pair's members swapped, so
-// the native instructions and the emulation on other CPUs agree.
+// VDPBF16PS computes, so the native instruction and the emulation on other CPUs agree.
+// bf16 on AMX tiles (GemmIsa::amx) has its own order, the one TDPBF16PS computes: a block's k
+// go in chunks of 16 pairs (the last zero-padded), each chunk's even products summed in one fma
+// chain from zero and its odd products in another, the two sums added, and that added to s:
+//   e = fma(a[2p], b[2p], e); o = fma(a[2p+1], b[2p+1], o)   for the chunk's pairs p in order,
+//   s = s + (e + o)
+// with the same rounding to bf16 and flushing of subnormals. No ordering of the pair chain can
+// reproduce that, so AMX's products have bits of their own (still fixed per element, whatever
+// M, N, the blocking or the threads).
 enum class GemmPrecision { fp32, bf16 };
 
 // The instruction sets the microkernels are built for. bf16 products run on VDPBF16PS under
@@ -29,11 +36,12 @@ enum class GemmIsa { portable, avx2, avx512, avx512bf16, amx };
 bool gemm_isa_supported(GemmIsa isa);    // whether this CPU runs it (for amx: Linux grants the tiles)
 std::string gemm_isa_name(GemmIsa isa);  // "avx2", ...
 // The instruction set training's products of a precision run on: for fp32 the widest vectors;
-// for bf16 the fastest of the paths this CPU has, timed once on a product of training's size
-// (every path gives the same bits, so the choice changes only the speed).
+// for bf16 AMX where the CPU has it (always: a run's bits must not depend on a timing), else the
+// faster of the pair chain's paths, timed once on a product of training's size (those give the
+// same bits, so the choice changes only the speed).
 GemmIsa gemm_isa(GemmPrecision precision);
 // The instruction sets bf16 products can run on here: fp32's, then avx512bf16 and amx where
-// supported.
+// supported (`anvil bench gemm` times each).
 std::vector<GemmIsa> gemm_bf16_isas();
 
 // A matrix operand: element (r, c) is at data[r * row_stride + c * col_stride].

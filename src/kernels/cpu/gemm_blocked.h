@@ -204,31 +204,21 @@ inline void round_and_swap_pairs(float* panels, long values, int width) {
     }
 }
 
-// Where a pair of k sits in its 32-bit word. The chain takes a pair's odd k first (gemm.h), and
-// that member must be the one the instruction multiplies first: VDPBF16PS takes the high half
-// first, so its words hold the even k low; TDPBF16PS (AMX) takes the low half first, so its
-// words hold the odd k low.
-enum class PairOrder { kEvenLow, kOddLow };
-
-template <PairOrder Order>
-inline uint32_t pair_word(uint32_t even, uint32_t odd) {
-  return Order == PairOrder::kEvenLow ? even | odd << 16 : odd | even << 16;
-}
+// A pair of k as one 32-bit word of bf16 halves, the even k low.
+inline uint32_t pair_word(uint32_t even, uint32_t odd) { return even | odd << 16; }
 
 // Pair (k, k + 1) of a row as a word, k < K; k + 1 = K pads with zero.
-template <PairOrder Order>
 inline uint32_t row_pair(const float* row, long stride, int k, int K) {
-  return pair_word<Order>(bf16_bits(row[k * stride]), k + 1 < K ? bf16_bits(row[(k + 1) * stride]) : 0u);
+  return pair_word(bf16_bits(row[k * stride]), k + 1 < K ? bf16_bits(row[(k + 1) * stride]) : 0u);
 }
 
-// Packing for the pair instructions: pairs of k in one 32-bit word, as Order places them; k = K
-// pads with zero. Panels of Width rows, k-major, as pack_panels; each layout is read in address
-// order and the full panels go through loops the compiler vectorises (packing otherwise costs as
-// much as the products: a bf16 operand is converted on every call).
-template <int Width, PairOrder Order = PairOrder::kEvenLow>
+// Packing for the pair instructions: pairs of k in one 32-bit word (pair_word); k = K pads with
+// zero. Panels of Width rows, k-major, as pack_panels; each layout is read in address order and
+// the full panels go through loops the compiler vectorises (packing otherwise costs as much as
+// the products: a bf16 operand is converted on every call).
+template <int Width>
 void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, uint32_t* dst) {
   constexpr int kWhole8 = Width / 8 * 8;  // rows of a panel that go through transpose_8x8
-  constexpr int kSwap = Order == PairOrder::kOddLow ? 1 : 0;  // a row's k run read into swapped halves
   const int pairs = (kc + 1) / 2;
   const long rs = m.row_stride, cs = m.col_stride;
   for (int p = 0; p < rows; p += Width, dst += static_cast<long>(pairs) * Width) {
@@ -242,7 +232,7 @@ void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int
         __builtin_prefetch(lo + kPackAhead);  // the panels after this one, on the same lines
         __builtin_prefetch(hi + kPackAhead);
         uint32_t* out = dst + q * Width;
-        for (int r = 0; r < Width; r++) out[r] = pair_word<Order>(bf16_bits(lo[r]), bf16_bits(hi[r]));
+        for (int r = 0; r < Width; r++) out[r] = pair_word(bf16_bits(lo[r]), bf16_bits(hi[r]));
       }
     } else if (valid == Width && cs == 1) {  // each row a contiguous run of k: 8 pairs at a time
       for (; q + 8 <= pairs && k0 + 2 * q + 16 <= K; q += 8) {
@@ -251,7 +241,7 @@ void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int
         for (int r = 0; r < Width; r++) {
           const float* src = panel + r * rs + k0 + 2 * q;
           uint16_t halves[16];
-          for (int j = 0; j < 16; j++) halves[j ^ kSwap] = static_cast<uint16_t>(bf16_bits(src[j]));
+          for (int j = 0; j < 16; j++) halves[j] = static_cast<uint16_t>(bf16_bits(src[j]));
           std::memcpy(words[r], halves, sizeof words[r]);
         }
         for (int r = 0; r < kWhole8; r += 8) transpose_8x8(&words[r][0], 8, dst + q * Width + r, Width);
@@ -261,7 +251,7 @@ void pack_pair_panels(const GemmOperand& m, int K, int i0, int rows, int k0, int
     }
     for (; q < pairs; q++)
       for (int r = 0; r < Width; r++)
-        dst[q * Width + r] = r < valid ? row_pair<Order>(panel + r * rs, cs, k0 + 2 * q, K) : 0;
+        dst[q * Width + r] = r < valid ? row_pair(panel + r * rs, cs, k0 + 2 * q, K) : 0;
   }
 }
 

@@ -11,13 +11,12 @@ namespace {
 
 // Tiles 0-3 accumulate C (0: rows 0-15 × columns 0-15, 1: rows 0-15 × columns 16-31, 2 and 3
 // the same for rows 16-31), 4 and 5 hold A's two row halves, 6 and 7 B's two column halves; all
-// 16 rows of 64 bytes. The loads and stores are written out rather than taken from
-// <immintrin.h>, whose tile macros tell the compiler of no memory access (so stores into the
-// packed panels could be moved past a load of them).
+// 16 rows of 64 bytes, configured at the start of each product and released at its end. The
+// loads and stores are written out rather than taken from <immintrin.h>, whose tile macros tell
+// the compiler of no memory access (so stores into the packed panels could be moved past a load
+// of them).
 struct AmxTiles {
   static void configure() {
-    thread_local bool configured = false;  // the configuration is per thread, kept until released
-    if (configured) return;
     struct alignas(64) TileConfig {
       uint8_t palette, start_row, reserved[14];
       uint16_t bytes_per_row[16];
@@ -26,8 +25,8 @@ struct AmxTiles {
     config.palette = 1;
     for (int t = 0; t < 8; t++) config.bytes_per_row[t] = 64, config.rows[t] = 16;
     asm volatile("ldtilecfg %0" ::"m"(config));
-    configured = true;
   }
+  static void release() { asm volatile("tilerelease" ::); }
   static void zero() { asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::); }
   static void step(const uint32_t* a, long a_stride, const uint32_t* b, long b_stride) {
     asm volatile(

@@ -1,15 +1,14 @@
 // The bf16 GEMM on tile instructions (AMX's TDPBF16PS), as templates over the tile operations:
-// gemm_kernels_amx.cpp gives them the instructions, and test_gemm an emulation of their
-// semantics, so that the packing and the loops are checked on any CPU.
+// gemm_kernels_amx.cpp gives them the instructions, and test_gemm an emulation of them as the
+// instruction set reference describes them, so that the packing and the loops are checked on
+// any CPU.
 //
 // A 32 × 32 tile of C is four 16 × 16 fp32 accumulator tiles, fed by two tiles of A (16 rows ×
-// 16 pairs of k) and two of B (16 pairs of k × 16 columns). TDPBF16PS adds to each element, pair
-// of k by pair in order, the product of the words' low halves and then that of their high halves,
-// each rounded to fp32, subnormals flushed. With a pair's odd k in the low halves
-// (PairOrder::kOddLow) that is the chain gemm.h specifies, so the tiles give the bits of
-// VDPBF16PS and of the fp32 kernel's emulation. The pairs of a k block past its last whole 16
-// (only a product's last block has them) continue the same chains on fp32 FMAs: padding them
-// with zero pairs instead would turn a flushed -0 into +0.
+// 16 pairs of k) and two of B (16 pairs of k × 16 columns). TDPBF16PS does not compute gemm.h's
+// pair chain: for each element it sums a chunk's 16 even products and its 16 odd products in two
+// separate chains from zero, then adds the two sums and adds that to the accumulator (gemm.h,
+// GemmPrecision, states it as the tiles' own order). A k block's pairs past its last whole 16
+// (only a product's last block has them) are taken as one more chunk padded with zero pairs.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -23,21 +22,8 @@ namespace {
 constexpr int kTilePairs = 16;             // pairs of k in an A tile's row and in a B tile
 constexpr int kTileMR = 32, kTileNR = 32;  // the C tile: 2 × 2 accumulator tiles
 
-inline float low_half(uint32_t w) {
-  const uint32_t bits = w << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float high_half(uint32_t w) {
-  const uint32_t bits = w & 0xFFFF0000u;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 // A as the tiles read it: panels of kTileMR rows (zero past the operand's last), each row's
-// pairs of the k block in one run (tiles load rows at a stride of the block's pairs), odd k low.
+// pairs of the k block in one run (tiles load rows at a stride of the block's pairs).
 inline void pack_tile_rows(const GemmOperand& m, int K, int i0, int rows, int k0, int kc, uint32_t* dst) {
   const int pairs = (kc + 1) / 2, k_end = K - k0;  // k_end: the operand's end, from k0
   const long rs = m.row_stride, cs = m.col_stride;
@@ -49,7 +35,7 @@ inline void pack_tile_rows(const GemmOperand& m, int K, int i0, int rows, int k0
         const float* even = panel + 2 * q * cs;
         const float* odd = 2 * q + 1 < k_end ? even + cs : nullptr;
         for (int r = 0; r < kTileMR; r++)
-          dst[r * pairs + q] = pair_word<PairOrder::kOddLow>(bf16_bits(even[r]), odd ? bf16_bits(odd[r]) : 0u);
+          dst[r * pairs + q] = pair_word(bf16_bits(even[r]), odd ? bf16_bits(odd[r]) : 0u);
       }
       continue;
     }
@@ -63,37 +49,34 @@ inline void pack_tile_rows(const GemmOperand& m, int K, int i0, int rows, int k0
       int q = 0;
       if (cs == 1)  // the row a contiguous run of k
         for (; q < pairs && 2 * q + 1 < k_end; q++)
-          out[q] = pair_word<PairOrder::kOddLow>(bf16_bits(row[2 * q]), bf16_bits(row[2 * q + 1]));
-      for (; q < pairs; q++) out[q] = row_pair<PairOrder::kOddLow>(row, cs, 2 * q, k_end);
+          out[q] = pair_word(bf16_bits(row[2 * q]), bf16_bits(row[2 * q + 1]));
+      for (; q < pairs; q++) out[q] = row_pair(row, cs, 2 * q, k_end);
     }
   }
 }
 
-// T provides the tile operations: configure() readies this thread's tiles (once), zero() clears
-// the four accumulators, step(a, a_stride, b, b_stride) loads and multiplies 16 pairs of k (A's
-// 32 rows from a, a_stride words apart; B's 16 pair rows of 32 columns from b, b_stride words
-// apart), store(c, ldc) writes the 32 × 32 accumulators to c. V is the fp32 vector type of the
-// tail's FMAs (gemm_blocked.h).
+// T provides the tile operations: configure() readies this thread's tiles and release() frees
+// them (around each call, so that a library using the tiles between anvil's calls, oneDNN,
+// finds them as it left them), zero() clears the four accumulators, step(a, a_stride, b,
+// b_stride) loads and multiplies 16 pairs of k (A's 32 rows from a, a_stride words apart; B's 16
+// pair rows of 32 columns from b, b_stride words apart), store(c, ldc) writes the 32 × 32
+// accumulators to c. V is an fp32 vector type (gemm_blocked.h), for adding them to C.
 template <class T, class V>
 void micro_tiles(int steps, const uint32_t* a, const uint32_t* b, long ldb, float* c, long ldc, int m, int n,
                  bool add_to_c) {
   const int whole = steps / kTilePairs * kTilePairs;
   T::zero();
   for (int q = 0; q < whole; q += kTilePairs) T::step(a + q, steps, b + q * ldb, ldb);
+  if (whole < steps) {  // the last chunk, zero-padded to 16 pairs
+    alignas(64) uint32_t a_tail[kTileMR * kTilePairs] = {}, b_tail[kTilePairs * kTileNR] = {};
+    for (int r = 0; r < kTileMR; r++)
+      std::copy(a + r * steps + whole, a + r * steps + steps, a_tail + r * kTilePairs);
+    for (int q = whole; q < steps; q++)
+      std::copy(b + q * ldb, b + q * ldb + kTileNR, b_tail + (q - whole) * kTileNR);
+    T::step(a_tail, kTilePairs, b_tail, kTileNR);
+  }
   alignas(64) float acc[kTileMR * kTileNR];
   T::store(acc, kTileNR);
-  for (int q = whole; q < steps; q++) {  // the tail: odd k's product first, as in the tiles
-    alignas(64) float b_odd[kTileNR], b_even[kTileNR];
-    for (int j = 0; j < kTileNR; j++) b_odd[j] = low_half(b[q * ldb + j]), b_even[j] = high_half(b[q * ldb + j]);
-    for (int r = 0; r < m; r++) {
-      const uint32_t w = a[r * steps + q];
-      const typename V::Vec a_odd = V::bcast(low_half(w)), a_even = V::bcast(high_half(w));
-      for (int v = 0; v < kTileNR; v += V::W) {
-        float* at = acc + r * kTileNR + v;
-        V::store(at, V::fma(a_even, V::load(b_even + v), V::fma(a_odd, V::load(b_odd + v), V::load(at))));
-      }
-    }
-  }
   for (int r = 0; r < m; r++) {
     float* row = c + r * ldc;
     const float* sum = acc + r * kTileNR;
@@ -113,24 +96,17 @@ void blocked_tiles(const GemmCall& g) {
       g, kTileMR, kTileNR, 2, g.K, micro_tiles<T, V>,
       [&](int i0, int rows, int k0, int kc, uint32_t* dst) { pack_tile_rows(g.a, g.K, i0, rows, k0, kc, dst); },
       [&](int k0, int kc, int j0, int cols, uint32_t* dst) {
-        pack_pair_panels<kTileNR, PairOrder::kOddLow>(g.bt, g.K, j0, cols, k0, kc, dst);
+        pack_pair_panels<kTileNR>(g.bt, g.K, j0, cols, k0, kc, dst);
       });
+  T::release();
 }
 
-inline void pack_b_tiles(const GemmCall& g, void* dst) {
-  pack_whole_b<uint32_t>(
-      g, kTileNR, 2, g.K,
-      [&](int k0, int kc, int j0, int cols, uint32_t* out) {
-        pack_pair_panels<kTileNR, PairOrder::kOddLow>(g.bt, g.K, j0, cols, k0, kc, out);
-      },
-      dst);
-}
-
-// An instruction set's kernels with the tiles for bf16.
+// An instruction set's kernels with the tiles for bf16 (B packed ahead as pair panels of
+// kTileNR columns: pack_b_pairs).
 template <class T, class V>
 GemmKernels with_tiles(GemmKernels kernels) {
   kernels.pairs = blocked_tiles<T, V>;
-  kernels.pairs_pack_b = pack_b_tiles;
+  kernels.pairs_pack_b = pack_b_pairs<V, kTileNR / V::W>;
   kernels.pairs_nr = kTileNR;
   return kernels;
 }

@@ -1,9 +1,12 @@
 // oneDNN's matmul through its C API, resolved from libdnnl.so.2 at run time (dlopen): only the
-// header's types are compiled in.
+// header's types are compiled in, and without the header (or with another major version's) the
+// yardstick is reported missing.
 #include "kernels/cpu/onednn_matmul.h"
 
 #include <dlfcn.h>
+#if __has_include(<oneapi/dnnl/dnnl.h>)
 #include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -14,6 +17,21 @@
 #include "core/error.h"
 
 namespace anvil::cpu {
+
+#if !defined(DNNL_VERSION_MAJOR) || DNNL_VERSION_MAJOR != 2
+// Built without oneDNN 2's header (libdnnl-dev; the C API used here is 2.x's): no yardstick.
+bool onednn_available(std::string* why) {
+  if (why) *why = "anvil was built without oneDNN 2's header (Debian's libdnnl-dev)";
+  return false;
+}
+struct OneDnnMatmul::State {};
+OneDnnMatmul::OneDnnMatmul(GemmPrecision, int, int, int, GemmOperand, GemmOperand, float*, bool) {
+  ANVIL_FAIL("oneDNN is not available: anvil was built without oneDNN 2's header (Debian's libdnnl-dev)");
+}
+OneDnnMatmul::~OneDnnMatmul() = default;
+void OneDnnMatmul::run() {}
+std::string OneDnnMatmul::implementation() const { return {}; }
+#else
 namespace {
 
 struct OneDnn {
@@ -95,11 +113,23 @@ bool onednn_available(std::string* why) {
   return d.error.empty();
 }
 
+// What a matmul holds, freed on every path out (a constructor that throws included).
 struct OneDnnMatmul::State {
   std::vector<uint16_t> a16, b16;  // the bf16 operands
   dnnl_memory_t a = nullptr, b = nullptr, c = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
   dnnl_primitive_t primitive = nullptr;
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t post_ops = nullptr;
+  ~State() {
+    const OneDnn& d = onednn();
+    for (dnnl_memory_t m : {a, b, c})
+      if (m) d.memory_destroy(m);
+    if (primitive) d.primitive_destroy(primitive);
+    if (pd) d.primitive_desc_destroy(pd);
+    if (post_ops) d.post_ops_destroy(post_ops);
+    if (attr) d.primitive_attr_destroy(attr);
+  }
 };
 
 OneDnnMatmul::OneDnnMatmul(GemmPrecision precision, int M, int N, int K, GemmOperand a, GemmOperand b, float* c,
@@ -127,31 +157,21 @@ OneDnnMatmul::OneDnnMatmul(GemmPrecision precision, int M, int N, int K, GemmOpe
   check(d.memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), "the C descriptor");
   dnnl_matmul_desc_t desc;
   check(d.matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "the matmul descriptor");
-  dnnl_primitive_attr_t attr = nullptr;
-  dnnl_post_ops_t post_ops = nullptr;
-  check(d.primitive_attr_create(&attr), "the attributes");
+  check(d.primitive_attr_create(&state_->attr), "the attributes");
   if (accumulate) {  // C += A·B as a sum post-op
-    check(d.post_ops_create(&post_ops), "the post-ops");
-    check(d.post_ops_append_sum(post_ops, 1.0f), "the sum post-op");
-    check(d.primitive_attr_set_post_ops(attr, post_ops), "setting the post-ops");
+    check(d.post_ops_create(&state_->post_ops), "the post-ops");
+    check(d.post_ops_append_sum(state_->post_ops, 1.0f), "the sum post-op");
+    check(d.primitive_attr_set_post_ops(state_->attr, state_->post_ops), "setting the post-ops");
   }
-  const dnnl_status_t created = d.primitive_desc_create(&state_->pd, &desc, attr, d.engine, nullptr);
-  if (post_ops) d.post_ops_destroy(post_ops);
-  d.primitive_attr_destroy(attr);
-  check(created, "choosing a matmul implementation");
+  check(d.primitive_desc_create(&state_->pd, &desc, state_->attr, d.engine, nullptr),
+        "choosing a matmul implementation");
   check(d.primitive_create(&state_->primitive, state_->pd), "creating the matmul");
   check(d.memory_create(&state_->a, &a_md, d.engine, a_data), "wrapping A");
   check(d.memory_create(&state_->b, &b_md, d.engine, b_data), "wrapping B");
   check(d.memory_create(&state_->c, &c_md, d.engine, c), "wrapping C");
 }
 
-OneDnnMatmul::~OneDnnMatmul() {
-  const OneDnn& d = onednn();
-  for (dnnl_memory_t m : {state_->a, state_->b, state_->c})
-    if (m) d.memory_destroy(m);
-  if (state_->primitive) d.primitive_destroy(state_->primitive);
-  if (state_->pd) d.primitive_desc_destroy(state_->pd);
-}
+OneDnnMatmul::~OneDnnMatmul() = default;
 
 void OneDnnMatmul::run() {
   const OneDnn& d = onednn();
@@ -167,5 +187,6 @@ std::string OneDnnMatmul::implementation() const {
     return "unknown";
   return name;
 }
+#endif
 
 }  // namespace anvil::cpu

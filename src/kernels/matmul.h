@@ -22,9 +22,9 @@ class MatmulContext {
   MatmulContext& operator=(const MatmulContext&) = delete;
 
   // A promise that every operand of the products that follow is a value of dtype d. GPU GEMMs
-  // then multiply the operands narrowed to d on tensor cores, the CPU's bf16 products in bf16 pairs
-  // (AVX512-BF16 where the CPU has it, kernels/cpu/gemm.h); both accumulate in fp32. Releases
-  // a held weight.
+  // then multiply the operands narrowed to d on tensor cores, the CPU's bf16 products in bf16
+  // pairs (AMX tiles or AVX512-BF16 where the CPU has them, kernels/cpu/gemm.h); both accumulate
+  // in fp32. Releases a held weight.
   void set_operand_dtype(ComputeDtype d);
   ComputeDtype operand_dtype() const { return dtype_; }
 

@@ -21,6 +21,7 @@ namespace {
 
 constexpr int kTilePairs = 16;             // pairs of k in an A tile's row and in a B tile
 constexpr int kTileMR = 32, kTileNR = 32;  // the C tile: 2 × 2 accumulator tiles
+static_assert(kGemmKc % (2 * kTilePairs) == 0, "a k block is whole chunks of 16 pairs, padded only at K");
 
 // A as the tiles read it: panels of kTileMR rows (zero past the operand's last), each row's
 // pairs of the k block in one run (tiles load rows at a stride of the block's pairs).
@@ -56,8 +57,8 @@ inline void pack_tile_rows(const GemmOperand& m, int K, int i0, int rows, int k0
 }
 
 // T provides the tile operations: configure() readies this thread's tiles and release() frees
-// them (around each call, so that a library using the tiles between anvil's calls, oneDNN,
-// finds them as it left them), zero() clears the four accumulators, step(a, a_stride, b,
+// them, around each call (a library using the tiles between anvil's calls, oneDNN, releases
+// them or configures its own shapes), zero() clears the four accumulators, step(a, a_stride, b,
 // b_stride) loads and multiplies 16 pairs of k (A's 32 rows from a, a_stride words apart; B's 16
 // pair rows of 32 columns from b, b_stride words apart), store(c, ldc) writes the 32 × 32
 // accumulators to c. V is an fp32 vector type (gemm_blocked.h), for adding them to C.

@@ -1,6 +1,7 @@
 // Matmuls on anvil's GEMM (gemm.h), which gives the same bits for any blocking, thread count or
-// instruction set; the bias gradient is a column sum over row blocks owned by threads so its
-// order is fixed. OpenBLAS stays as the yardstick for the machine's peak (blas.h).
+// instruction set (AMX's bf16 apart: its own order); the bias gradient is a column sum over row
+// blocks owned by threads so its order is fixed. OpenBLAS stays as the yardstick for the
+// machine's peak (blas.h).
 #include <cblas.h>
 #include <unistd.h>
 

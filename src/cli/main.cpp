@@ -414,9 +414,9 @@ on all threads, in fp32 and in the bf16 mode of amp_bf16, and with OpenBLAS's sg
 and prints GFLOP/s and the ratios to OpenBLAS. bf16 is timed on each instruction set this CPU
 runs it on: fp32 FMAs on rounded operands and VDPBF16PS (AVX512-BF16), which give the same bits,
 and AMX tiles, whose bits are their own; * marks the one training uses (AMX where the CPU has it,
-else the faster of the other two, timed once when a run starts). Where
-libdnnl.so.2 is installed, oneDNN's matmul (what PyTorch's CPU autocast uses) is timed too, in
-fp32 and on bf16 operands rounded beforehand. Each row is also printed as JSON.
+else the faster of the other two, timed once when a run starts). Where libdnnl.so.2 is
+installed, oneDNN's matmul (what PyTorch's CPU autocast uses) is timed too, in fp32 and on bf16
+operands rounded beforehand. Each row is also printed as JSON.
   --rounds N    alternating rounds; each side's best is kept (default 3)
   --seconds S   time each product at least S seconds per round (default 0.3)
 

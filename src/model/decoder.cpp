@@ -84,7 +84,21 @@ Decoder::Decoder(const ModelConfig& cfg, int max_batch, int max_seq, const Model
     }
     frozen_dnorm_.assign_zeros(kernels(), norm_params(std::max(cfg_.d_model, cfg_.q_width())));
   }
+  if (frozen()) {
+    for (int l = 0; l < cfg.n_layers; l++) stage_units_.push_back(l);
+  } else {
+    const std::vector<ParamTensor> whole = model_param_layout(cfg);
+    stage_units_.assign(static_cast<size_t>(cfg.n_layers) + 2, -1);
+    for (const ParamTensor& t : tensors()) stage_units_[whole[t.index].unit] = t.unit;
+  }
   set_max_batch(max_batch);
+}
+
+int Decoder::stage_unit(int unit) const {
+  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < stage_units_.size() && stage_units_[unit] >= 0,
+              "unit {} of the model is not in the pipeline stage of blocks [{}, {})", unit, stage().first_layer,
+              stage().end_layer);
+  return stage_units_[unit];
 }
 
 void Decoder::set_max_batch(int max_batch) {
@@ -135,9 +149,11 @@ void Decoder::set_max_batch(int max_batch) {
   allocate_rounded_dres();
 }
 
-size_t Decoder::largest_grads_span(int unit) const {
-  ANVIL_CHECK(unit >= 0 && static_cast<size_t>(unit) < units().size(), "no unit {} in a model of {}", unit,
-              units().size());
+size_t Decoder::largest_grads_span(int stage_unit) const {
+  ANVIL_CHECK(stage_unit >= 0 && static_cast<size_t>(stage_unit) < units().size(), "no unit {} in a model of {}",
+              stage_unit, units().size());
+  const int unit = static_cast<int>(std::find(stage_units_.begin(), stage_units_.end(), stage_unit) -
+                                    stage_units_.begin());
   if (frozen()) {
     size_t largest = 0;
     for (const LoraModule& m : lora_) largest = std::max(largest, static_cast<size_t>(cfg_.lora.r) * (m.in + m.rows));
@@ -157,7 +173,7 @@ size_t Decoder::largest_grads_span(int unit) const {
 
 Decoder::BlockActs Decoder::block_acts(int l) const {
   const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, storage_);
-  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l);
+  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l - stage().first_layer);
   BlockActs x = acts_.block;
   float** p = &x.ln1;
   for (size_t i = 0; i < std::size(sizes.block); i++) p[i] += slot * sizes.block[i];
@@ -215,7 +231,7 @@ size_t Decoder::base_bytes() const {
 }
 
 const float* Decoder::acquire_base(int unit, int next_unit) {
-  if (!frozen()) return access().acquire_params(unit, next_unit);
+  if (!frozen()) return units_in_stage_.acquire_params(unit, next_unit);
   ANVIL_CHECK(!base_.empty(), "a LoRA model needs its base's weights (Model::set_base_weights) before a pass");
   if (base_bf16_.empty()) return base_.data() + base_units_[unit].offset;
   ANVIL_CHECK(dtype() == ComputeDtype::kBf16, "the frozen base is held in bf16, which only amp_bf16's products read");
@@ -235,12 +251,12 @@ const float* Decoder::acquire_base(int unit, int next_unit) {
 }
 
 void Decoder::release_base(int unit) {
-  if (!frozen()) access().release_params(unit);
+  if (!frozen()) units_in_stage_.release_params(unit);
 }
 
 const float* Decoder::acquire_adapters(int l, int next_l) {
   if (!frozen()) return nullptr;
-  const float* p = access().acquire_params(l, next_l);
+  const float* p = units_in_stage_.acquire_params(l, next_l);
   if (dtype() == ComputeDtype::kFp32) return p;
   // Every adapter tensor is a matrix operand.
   const size_t n = units()[l].numel;
@@ -250,7 +266,7 @@ const float* Decoder::acquire_adapters(int l, int next_l) {
 }
 
 void Decoder::release_adapters(int l) {
-  if (frozen()) access().release_params(l);
+  if (frozen()) units_in_stage_.release_params(l);
 }
 
 float* Decoder::lora_u(int l, int k) const {
@@ -345,15 +361,19 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
 }
 }  // namespace
 
-void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, int B, int T) {
+void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
   const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
   const int N = B * T;
-  for (int i = 0; i < N; i++)
-    ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
-  tokens_ = tokens;
-  op_copy_from_host(kernels(), tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  ANVIL_CHECK(first_stage() ? tokens != nullptr : input != nullptr, "the pipeline stage of blocks [{}, {}) starts "
+              "from {}", stage().first_layer, stage().end_layer, first_stage() ? "tokens" : "the previous stage's output");
+  if (first_stage()) {
+    for (int i = 0; i < N; i++)
+      ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);
+    tokens_ = tokens;
+    op_copy_from_host(kernels(), tokens_op_.data(), tokens, static_cast<size_t>(N) * sizeof(int32_t));
+  }
   packed_ = positions != nullptr;
   if (packed_) {
     // Positions count from each example's start (kernels/positions.h), which the attention
@@ -368,20 +388,23 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
   B_ = B;
   T_ = T;
   Acts& a = acts_;
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;  // residual3's per-layer stride
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
-  const float* emb = acquire_base(0, 1);
-  encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb, learned ? emb + wpe_offset : nullptr,
-                  B, T, C);
-  release_base(0);
-  const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
-  if (emb_drop.active()) dropout_apply(kernels(), a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
-  for (int l = 0; l < L; l++) {
+  if (first_stage()) {
+    const float* emb = acquire_base(0, 1);
+    encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb,
+                    learned ? emb + wpe_offset : nullptr, B, T, C);
+    release_base(0);
+    const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
+    if (emb_drop.active()) dropout_apply(kernels(), a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
+  } else {
+    op_copy_from_host(kernels(), a.encoded, input, static_cast<size_t>(N) * C * sizeof(float));
+  }
+  for (int l = stage().first_layer; l < stage().end_layer; l++) {
     const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
     const float* adapters = acquire_adapters(l, l + 1 < L ? l + 1 : -1);
-    block_forward(l, p, adapters, l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C);
+    block_forward(l, p, adapters, block_input(l));
     if (prefix_.keeping) {
       const size_t rows = static_cast<size_t>(T) * Widths(cfg_).qkv;
       op_copy(kernels(), prefix_.qkv.data() + l * rows, block_acts(l).qkv, rows * sizeof(float));
@@ -389,8 +412,9 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, in
     release_adapters(l);
     release_base(1 + l);
   }
+  if (!last_stage()) return;
   const float* lnf = acquire_base(L + 1, head_unit());
-  norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BT * C, lnf,
+  norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, block_output(L - 1), lnf,
                has_norm_bias(cfg_) ? lnf + C : nullptr, N, C);
   round_to_dtype(kernels(), a.lnf, static_cast<long>(N) * C, dtype());
   release_base(L + 1);
@@ -400,7 +424,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const int B = B_, T = T_, C = cfg_.d_model, N = B * T;
   const Widths w(cfg_);
   const BlockActs x = block_acts(l);
-  float* residual3 = acts_.residual3 + static_cast<size_t>(l) * max_batch_ * max_seq_ * C;
+  float* residual3 = block_output(l);
   float* scratch = acts_.scratch;
   // Under amp every matrix product's input and output is rounded to the compute dtype (a no-op in
   // fp32); the residual stream and the norms stay fp32.
@@ -471,10 +495,10 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const size_t saves = q.save + r * q.per_position;
     copy_columns(kernels(), dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
     op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
-    float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at, span);
+    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
     norm_backward(dqk_, dw, dnormed, x.qk_raw + q.raw + r * q.width, weight, x.qk_mean + saves, x.qk_rstd + saves,
                   N * q.per_position, q.norm);
-    if (!frozen()) access().grain_done(1 + l, at, span);
+    if (!frozen()) units_in_stage_.grain_done(1 + l, at, span);
     copy_columns(kernels(), dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
   }
   round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
@@ -508,10 +532,10 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
     lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
   } else {
-    float* dw = access().grads(1 + l, f.offset, f.span());
+    float* dw = units_in_stage_.grads(1 + l, f.offset, f.span());
     matmul_backward(matmul_, dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out, inp, f.weight, N,
                     f.in, f.out, false);
-    access().grain_done(1 + l, f.offset, f.span());
+    units_in_stage_.grain_done(1 + l, f.offset, f.span());
   }
   round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
 }
@@ -552,7 +576,7 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
     // The branch's output gradient, scaled; through B (its gradient, and u's); through A.
     lora_delta_backward(kernels(), lora_v_, dout + m.row0, width, N, m.rows, cfg_.lora.scaling());
     round_to_dtype(kernels(), lora_v_, static_cast<long>(N) * m.rows, dtype());
-    float* dA = access().grads(l, lora_offset_[k], span);
+    float* dA = units_in_stage_.grads(l, lora_offset_[k], span);
     const float* u = lora_u(l, static_cast<int>(k)) + static_cast<size_t>(b) * T * r;
     matmul_backward(matmul_, lora_du_, dA + a_numel, nullptr, lora_v_, m.rows, u, Bm, N, r, m.rows, false);
     round_to_dtype(kernels(), lora_du_, static_cast<long>(N) * r, dtype());
@@ -568,7 +592,7 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
       dropout_apply(kernels(), lora_dx_, lora_dx_, n, n_in, drop);
       residual_forward(kernels(), dinp, dinp, lora_dx_, N * static_cast<long>(m.in));
     }
-    access().grain_done(l, lora_offset_[k], span);
+    units_in_stage_.grain_done(l, lora_offset_[k], span);
   }
 }
 
@@ -603,9 +627,15 @@ double Decoder::sum_losses(const int32_t* targets, int N, int64_t* n_targets) {
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int64_t* n_targets,
                         const int32_t* positions) {
+  require_whole_model("forward");
   if (targets) check_targets(targets, B * T);
   training_ = false;
-  forward_to_lnf(tokens, positions, B, T);
+  forward_to_lnf(tokens, positions, nullptr, B, T);
+  return head_forward(targets, n_targets);
+}
+
+double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
+  const int B = B_, T = T_;
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   // Without targets only the last sequence's logits are kept, so only they are formed.
@@ -631,13 +661,14 @@ void grow(KernelImpl impl, OpArray<float>& a, size_t n) {
 }  // namespace
 
 void Decoder::keep_prefix(const int32_t* tokens, int P) {
+  require_whole_model("keep_prefix");
   ANVIL_CHECK(P >= 1 && P < max_seq_, "a kept prefix of {} tokens: expected 1 to {}", P, max_seq_ - 1);
   prefix_.length = 0;
   grow(kernels(), prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
   training_ = false;
   prefix_.keeping = true;
   try {
-    forward_to_lnf(tokens, nullptr, 1, P);
+    forward_to_lnf(tokens, nullptr, nullptr, 1, P);
   } catch (...) {
     prefix_.keeping = false;
     prefix_.length = 0;
@@ -685,8 +716,9 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
                              const std::function<void(size_t first, size_t n, const float* logits)>& take) {
   for (const int64_t r : rows)
     ANVIL_CHECK(r >= 0 && r < int64_t{B} * T, "forward_logits: row {} is outside the {} x {} tokens", r, B, T);
+  require_whole_model("forward_logits");
   training_ = false;
-  forward_to_lnf(tokens, nullptr, B, T);
+  forward_to_lnf(tokens, nullptr, nullptr, B, T);
   const size_t C = cfg_.d_model, V = cfg_.vocab_size;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   const size_t chunk = std::min<size_t>(kLogitsChunk, T);  // the logits buffer holds a sequence's
@@ -732,28 +764,87 @@ void Decoder::attend(int l, const BlockActs& x) {
 
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                                  int64_t* n_targets, const int32_t* positions) {
+  require_whole_model("forward_backward");
   check_targets(targets, B * T);
   training_ = true;
-  forward_to_lnf(tokens, positions, B, T);
+  forward_to_lnf(tokens, positions, nullptr, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
   return sum_losses(targets, B * T, n_targets);
 }
 
+void Decoder::require_whole_model(const char* pass) const {
+  ANVIL_CHECK(whole_model(), "{} runs the whole model; this one is the pipeline stage of blocks [{}, {}) "
+              "(stage_forward and stage_backward run a stage)", pass, stage().first_layer, stage().end_layer);
+}
+
+void Decoder::stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T,
+                            bool training, float* output) {
+  ANVIL_CHECK(last_stage() || output, "a pipeline stage before the last needs somewhere for its output");
+  stage_trained_ = false;
+  training_ = training;
+  try {
+    forward_to_lnf(tokens, positions, input, B, T);
+  } catch (...) {
+    training_ = false;
+    throw;
+  }
+  training_ = false;
+  stage_trained_ = training;
+  if (!last_stage())
+    op_copy_to_host(kernels(), output, block_output(stage().end_layer - 1),
+                    static_cast<size_t>(B) * T * cfg_.d_model * sizeof(float));
+}
+
+double Decoder::stage_loss(const int32_t* targets, int64_t* n_targets) {
+  ANVIL_CHECK(last_stage(), "only the last pipeline stage has the LM head and the loss");
+  ANVIL_CHECK(targets != nullptr, "stage_loss needs the targets");
+  check_targets(targets, B_ * T_);
+  return head_forward(targets, n_targets);
+}
+
+double Decoder::stage_backward(const int32_t* targets, float dloss, const float* doutput, float* dinput,
+                               int64_t* n_targets) {
+  ANVIL_CHECK(stage_trained_, "stage_backward needs a training stage_forward before it");
+  ANVIL_CHECK(last_stage() ? targets != nullptr : doutput != nullptr, "the pipeline stage of blocks [{}, {}) starts "
+              "its backward pass from {}", stage().first_layer, stage().end_layer,
+              last_stage() ? "the targets" : "the next stage's input gradient");
+  ANVIL_CHECK(first_stage() || dinput, "a pipeline stage after the first needs somewhere for its input's gradient");
+  stage_trained_ = false;
+  const int N = B_ * T_;
+  const size_t rows_bytes = static_cast<size_t>(N) * cfg_.d_model * sizeof(float);
+  const int32_t* targets_op = nullptr;
+  if (last_stage()) {
+    check_targets(targets, N);
+    targets_op = upload_targets(targets, N);
+  } else {
+    op_copy_from_host(kernels(), dresidual_, doutput, rows_bytes);
+  }
+  training_ = true;
+  try {
+    backward(targets_op, dloss);
+  } catch (...) {
+    training_ = false;
+    throw;
+  }
+  training_ = false;
+  if (!first_stage()) op_copy_to_host(kernels(), dinput, dresidual_, rows_bytes);
+  return last_stage() ? sum_losses(targets, N, n_targets) : 0.0;
+}
+
 void Decoder::backward(const int32_t* targets_op, float dloss) {
-  lm_head_backward(targets_op, dloss);
+  if (last_stage()) lm_head_backward(targets_op, dloss);
   // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
   // gradient of the block output, of the skip path and of the projection at once; the layer
   // norms then add their input gradients into it. This saves two copies per layer over calling
   // residual_backward.
-  for (int l = cfg_.n_layers - 1; l >= 0; l--) block_backward(l);
-  embedding_backward();
+  for (int l = stage().end_layer - 1; l >= stage().first_layer; l--) block_backward(l);
+  if (first_stage()) embedding_backward();
 }
 
 void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
   Acts& a = acts_;
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
   const int hu = head_unit();
   const size_t h0 = head_offset();
@@ -779,35 +870,34 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      matmul_backward(matmul_, dsmall_ + r * C, frozen() ? nullptr : access().grads(hu, at, count), nullptr,
+      matmul_backward(matmul_, dsmall_ + r * C, frozen() ? nullptr : units_in_stage_.grads(hu, at, count), nullptr,
                       a.logits + v0, V, a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
-      if (!frozen()) access().grain_done(hu, at, count);
+      if (!frozen()) units_in_stage_.grain_done(hu, at, count);
     }
     round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
   }
   matmul_.release_weight();
   if (hu != L + 1) release_base(hu);
   op_zero(kernels(), dresidual_, sizeof(float) * B * rows * C);
-  const float* last = a.residual3 + (L - 1) * BT * C;
+  const float* last = block_output(L - 1);
   const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);
-  float* dlnf = frozen() ? frozen_dnorm_.data() : access().grads(L + 1, 0, norm_params());
+  float* dlnf = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(L + 1, 0, norm_params());
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T,
                   C);
-    if (!frozen()) access().grain_done(L + 1, 0, norm_params());
+    if (!frozen()) units_in_stage_.grain_done(L + 1, 0, norm_params());
   }
   release_base(L + 1);
-  if (!frozen()) access().grads_done(L + 1);
+  if (!frozen()) units_in_stage_.grads_done(L + 1);
 }
 
 void Decoder::block_backward(int l) {
   const int B = B_, T = T_, C = cfg_.d_model, NH = cfg_.n_heads;
   const Widths w(cfg_);
   Acts& a = acts_;
-  const size_t BT = static_cast<size_t>(max_batch_) * max_seq_;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
-  const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BT * C;
+  const float* residual = block_input(l);
   const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, l == 0 ? -1 : l)));
   const float* adapters = acquire_adapters(l, l - 1);
   // the same bits as the forward pass's
@@ -824,9 +914,9 @@ void Decoder::block_backward(int l) {
     const size_t r = b * rows;
     auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
                          const float* rstd) {
-      float* dw = frozen() ? frozen_dnorm_.data() : access().grads(1 + l, at(w), norm_params());
+      float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params());
       norm_backward(dinp, dw, dout, inp, w, mean, rstd, N, C);
-      if (!frozen()) access().grain_done(1 + l, at(w), norm_params());
+      if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params());
     };
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * w.dsmall;
@@ -855,7 +945,7 @@ void Decoder::block_backward(int l) {
   }
   release_adapters(l);
   release_base(1 + l);
-  access().grads_done(frozen() ? l : 1 + l);
+  units_in_stage_.grads_done(frozen() ? l : 1 + l);
 }
 
 void Decoder::embedding_backward() {
@@ -891,17 +981,17 @@ void Decoder::embedding_backward() {
     if (emb_drop.active())
       dropout_apply(kernels(), dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
-      encoder_backward(kernels(), demb_rows_, access().grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+      encoder_backward(kernels(), demb_rows_, units_in_stage_.grads(0, wpe_offset, rows * C), dresidual_ + r * C,
                        compact_tokens_op_.data() + r, positions_op(b), 1, T, C);
-      access().grain_done(0, wpe_offset, rows * C);
+      units_in_stage_.grain_done(0, wpe_offset, rows * C);
     } else {
       encoder_backward(kernels(), demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data() + r, nullptr, 1, T,
                        C);
     }
-    access().grain_rows(0, 0, demb_rows_, touched_rows_.data() + touched_offsets_[b],
+    units_in_stage_.grain_rows(0, 0, demb_rows_, touched_rows_.data() + touched_offsets_[b],
                         touched_rows_op_.data() + touched_offsets_[b], n_touched, C);
   }
-  access().grads_done(0);
+  units_in_stage_.grads_done(0);
 }
 
 }  // namespace anvil

@@ -6,6 +6,10 @@
 // part; GPT-2 is the defaults. Every activation is allocated once, for the largest microbatch (at
 // construction, or by set_max_batch before training): a step never allocates.
 //
+// Built as a pipeline stage (ModelStorage::stage), it holds and runs its own blocks, with the
+// embeddings on the first stage and the final norm and LM head on the last, and its passes are
+// the whole model's cut at the stage's ends (Model::stage_forward).
+//
 // Under LoRA the base's weights are read from the frozen copy (Model::base_params) and only the
 // adapters go through UnitAccess (unit l: block l's). An adapted product adds its branch,
 // scaling · (dropout(x)·Aᵀ)·Bᵀ, to the base product's output columns the module covers; the
@@ -52,6 +56,11 @@ class Decoder final : public Model {
   double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
                               int64_t* n_targets) override;
   void drop_prefix() override;
+  void stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T, bool training,
+                     float* output) override;
+  double stage_loss(const int32_t* targets, int64_t* n_targets) override;
+  double stage_backward(const int32_t* targets, float dloss, const float* doutput, float* dinput,
+                        int64_t* n_targets) override;
   // The LM head's fp32 products (under amp, of 16-bit operands; the loss reads them rounded:
   // crossentropy.h).
   const float* logits() const override { return acts_.logits; }
@@ -82,6 +91,46 @@ class Decoder final : public Model {
         *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
+  // The passes below number units as the whole model does (0 the embeddings, 1 + l block l,
+  // L + 1 the final norm), whatever the stage; units() and the unit access count the stage's own
+  // (Model::units()). This is the access in the whole model's numbers: a prefetch hint of a unit
+  // outside the stage is dropped, and asking for one is a bug.
+  class StageUnits final : public UnitAccess {
+   public:
+    explicit StageUnits(Decoder& d) : d_(d) {}
+    const float* acquire_params(int unit, int next_unit) override {
+      return d_.access().acquire_params(d_.stage_unit(unit), next_unit < 0 ? -1 : d_.stage_units_[next_unit]);
+    }
+    void release_params(int unit) override { d_.access().release_params(d_.stage_unit(unit)); }
+    float* grads(int unit, size_t offset, size_t count) override {
+      return d_.access().grads(d_.stage_unit(unit), offset, count);
+    }
+    void grain_done(int unit, size_t offset, size_t count) override {
+      d_.access().grain_done(d_.stage_unit(unit), offset, count);
+    }
+    void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
+                    size_t row_len) override {
+      d_.access().grain_rows(d_.stage_unit(unit), offset, x, rows, rows_op, n_rows, row_len);
+    }
+    void grads_done(int unit) override { d_.access().grads_done(d_.stage_unit(unit)); }
+
+   private:
+    Decoder& d_;
+  };
+  int stage_unit(int unit) const;
+  // [whole-model unit]: its number among the stage's, -1 where the stage does not hold it (under
+  // LoRA, whose units are the blocks' adapters and whose stage is the whole model, the same).
+  std::vector<int> stage_units_;
+  StageUnits units_in_stage_{*this};
+  bool first_stage() const { return stage().first_layer == 0; }
+  bool last_stage() const { return stage().end_layer == cfg_.n_layers; }
+  // Block l's output (its residual stream after the MLP), l in the stage.
+  float* block_output(int l) const {
+    return acts_.residual3 + static_cast<size_t>(l - stage().first_layer) * max_batch_ * max_seq_ * cfg_.d_model;
+  }
+  // Block l's input: the stage's input (the embeddings' output on the first stage) or the block
+  // before's output.
+  const float* block_input(int l) const { return l == stage().first_layer ? acts_.encoded : block_output(l - 1); }
   // One of a block's four matrix products, out = inp·weightᵀ + bias over rows of `in` columns
   // into rows of `out`: its weight and bias (null when the architecture has none) in the block's
   // unit, `offset` floats from the unit's start, its gradient span from the weight to the end of
@@ -175,8 +224,9 @@ class Decoder final : public Model {
   void allocate_rounded_dres();
   // Layer l's activations (slot 0 for every layer under activation checkpointing).
   BlockActs block_acts(int l) const;
-  // Embeddings, blocks and the final norm, up to acts_.lnf.
-  void forward_to_lnf(const int32_t* tokens, const int32_t* positions, int B, int T);
+  // The embeddings (or on a later stage its input, into acts_.encoded), the stage's blocks, and on
+  // the last stage the final norm, up to acts_.lnf.
+  void forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T);
   // The microbatch's positions where the ops run, from sequence b on; null when not packed.
   const int32_t* positions_op(int b) const {
     return packed_ ? positions_op_.data() + static_cast<size_t>(b) * T_ : nullptr;
@@ -201,14 +251,20 @@ class Decoder final : public Model {
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
+  // Fails unless the model is the whole model, naming the pass that needs it.
+  void require_whole_model(const char* pass) const;
+  // After forward_to_lnf on the last stage: with targets the losses of the B_ sequences and their
+  // sum (sum_losses); without, the last sequence's logits alone, and 0.
+  double head_forward(const int32_t* targets, int64_t* n_targets);
   // Copies the losses to the host and sums them.
   double sum_losses(const int32_t* targets, int N, int64_t* n_targets);
   // The host targets copied where the ops run; returns that copy.
   const int32_t* upload_targets(const int32_t* targets, int N);
   // LM head forward, cross-entropy and the backward pass, after forward_to_lnf; targets_op as
   // upload_targets returned them. In three parts: the LM head and the final norm (the gradient
-  // of the last block's output into dresidual_), block l (dresidual_ from its output's gradient
-  // to its input's), and the embeddings.
+  // of the last block's output into dresidual_; on a stage before the last, stage_backward puts
+  // it there), block l (dresidual_ from its output's gradient to its input's), and the
+  // embeddings (on the first stage).
   void backward(const int32_t* targets_op, float dloss);
   void lm_head_backward(const int32_t* targets_op, float dloss);
   void block_backward(int l);
@@ -254,6 +310,7 @@ class Decoder final : public Model {
   OpArray<int32_t> touched_rows_op_, compact_tokens_op_;
   int B_ = 0, T_ = 0;
   bool training_ = false;  // inside forward_backward: dropout applies
+  bool stage_trained_ = false;  // the last stage_forward was a training pass, not yet completed
 };
 
 }  // namespace anvil

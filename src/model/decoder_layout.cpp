@@ -138,8 +138,12 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
 }
 
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model, L = cfg.n_layers,
-               V = cfg.vocab_size, NH = cfg.n_heads, GT = storage.microbatch_invariant ? T : BT;
+  const PipelineStage stage = resolved_stage(cfg, storage.stage);
+  // The stage's blocks; the LM head's logits and its log-sum-exps on the last stage only.
+  const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model,
+               L = static_cast<size_t>(stage.end_layer - stage.first_layer),
+               V = stage.end_layer == cfg.n_layers ? cfg.vocab_size : 0, NH = cfg.n_heads,
+               GT = storage.microbatch_invariant ? T : BT;
   const Widths w(cfg);
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
@@ -154,7 +158,7 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, qk_mean, qk_rows, BT * Q, NH * BT, BT * C, BT * C, mean, BT,
                      BT * FC},
                     layers,
-                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, T, BT * DS, BT * F},
+                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, V ? T : 0, BT * DS, BT * F},
                     BT * C + BT * DS + GT * F + dfc + GT * QKV + T * C + dqk,
                     {}};
   if (cfg.has_lora()) {

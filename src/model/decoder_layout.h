@@ -44,7 +44,7 @@ size_t numel_of(const std::vector<int64_t>& shape);
 // of Decoder::Acts, then the activation gradients.
 struct ActivationSizes {
   size_t block[14];
-  size_t block_layers;  // L, or 1 under activation checkpointing
+  size_t block_layers;  // the stage's blocks (ModelStorage::stage), or 1 under activation checkpointing
   size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
   // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
   // demb_rows for a sequence

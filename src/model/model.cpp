@@ -19,13 +19,55 @@ namespace anvil {
 std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg) {
   std::vector<ParamTensor> layout = decoder_param_layout(cfg);
   size_t offset = 0;
-  for (ParamTensor& t : layout) {
+  for (size_t k = 0; k < layout.size(); k++) {
+    ParamTensor& t = layout[k];
     t.numel = 1;
     for (int64_t d : t.shape) t.numel *= static_cast<size_t>(d);
     t.offset = offset;
+    t.index = static_cast<int>(k);
     offset += t.numel;
   }
   return layout;
+}
+
+PipelineStage resolved_stage(const ModelConfig& cfg, const PipelineStage& stage) {
+  PipelineStage s = stage;
+  if (s.end_layer < 0) s.end_layer = cfg.n_layers;
+  if (stage == PipelineStage{}) return s;  // the whole model, whatever its size (checked where it is built)
+  ANVIL_CHECK(s.first_layer >= 0 && s.first_layer < s.end_layer && s.end_layer <= cfg.n_layers,
+              "a pipeline stage of blocks [{}, {}): expected a nonempty range of the model's {} blocks", s.first_layer,
+              s.end_layer, cfg.n_layers);
+  ANVIL_CHECK(!cfg.has_lora() || (s.first_layer == 0 && s.end_layer == cfg.n_layers),
+              "a LoRA model is one pipeline stage: its adapters are not split into stages");
+  return s;
+}
+
+std::vector<ParamTensor> stage_param_layout(const ModelConfig& cfg, const PipelineStage& stage) {
+  const PipelineStage s = resolved_stage(cfg, stage);
+  std::vector<ParamTensor> layout = model_param_layout(cfg);
+  if (s.first_layer == 0 && s.end_layer == cfg.n_layers) return layout;
+  // Units of the whole model: 0 the embeddings, 1 + l block l, L + 1 the final norm (and the
+  // LM head when untied).
+  const int L = cfg.n_layers;
+  const bool last = s.end_layer == L;
+  auto held = [&](int unit) {
+    if (unit == 0) return s.first_layer == 0 || (last && cfg.tied_embeddings);
+    if (unit == L + 1) return last;
+    return unit - 1 >= s.first_layer && unit - 1 < s.end_layer;
+  };
+  std::vector<ParamTensor> out;
+  std::vector<int> renumbered(static_cast<size_t>(L) + 2, -1);
+  int units = 0;
+  size_t offset = 0;
+  for (ParamTensor& t : layout) {
+    if (!held(t.unit)) continue;
+    if (renumbered[t.unit] < 0) renumbered[t.unit] = units++;
+    t.unit = renumbered[t.unit];
+    t.offset = offset;
+    offset += t.numel;
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 size_t model_num_params(const ModelConfig& cfg) {
@@ -54,10 +96,9 @@ std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout) {
   return units;
 }
 
-void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out) {
-  const std::vector<ParamTensor> layout = model_param_layout(cfg);
-  for (size_t k = 0; k < layout.size(); k++) {
-    const ParamTensor& t = layout[k];
+void model_init_params(const std::vector<ParamTensor>& layout, uint64_t seed, size_t lo, size_t hi, float* out) {
+  for (const ParamTensor& t : layout) {
+    const uint64_t k = static_cast<uint64_t>(t.index);
     const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
     if (a >= b) continue;
     float* p = out + (a - lo);
@@ -160,6 +201,13 @@ std::unique_ptr<Model> make_model(const ModelConfig& cfg, int max_batch, int max
   return std::make_unique<Decoder>(cfg, max_batch, max_seq, storage);
 }
 
+namespace {
+ModelStorage with_resolved_stage(const ModelConfig& cfg, ModelStorage storage) {
+  storage.stage = resolved_stage(cfg, storage.stage);
+  return storage;
+}
+}  // namespace
+
 // The default access: the model's own full arrays, nothing to gather or reduce.
 class Model::OwnArrays : public UnitAccess {
  public:
@@ -185,12 +233,12 @@ class Model::OwnArrays : public UnitAccess {
 };
 
 Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)
-    : cfg_(cfg), storage_(storage), max_seq_(max_seq) {
+    : cfg_(cfg), storage_(with_resolved_stage(cfg, storage)), max_seq_(max_seq) {
   check_model_sizes(cfg, nullptr);
   ANVIL_CHECK(cfg.max_seq_len > 0, "model.max_seq_len = {} must be a positive integer", cfg.max_seq_len);
   ANVIL_CHECK(max_seq >= 1 && max_seq <= cfg.max_seq_len, "sequence length {} must be in 1..the model's "
               "max_seq_len {}", max_seq, cfg.max_seq_len);
-  layout_ = model_param_layout(cfg);
+  layout_ = stage_param_layout(cfg, storage.stage);
   units_ = model_units(layout_);
   num_params_ = layout_.back().offset + layout_.back().numel;
   if (storage.params) params_.assign_zeros(kernels(), num_params_);
@@ -206,7 +254,7 @@ void Model::set_unit_access(UnitAccess* access) { access_ = access ? access : ow
 void Model::init_weights(uint64_t seed) {
   ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
   std::vector<float> host(num_params_);
-  model_init_params(cfg_, seed, 0, num_params_, host.data());
+  model_init_params(layout_, seed, 0, num_params_, host.data());
   op_copy_from_host(kernels(), params_.data(), host.data(), num_params_ * sizeof(float));
 }
 

@@ -37,6 +37,7 @@ struct ParamTensor {
   float init_std = 0.0f;      // normal(0, init_std); 0: init_uniform's or init_value
   float init_value = 0.0f;
   float init_uniform = 0.0f;  // uniform(-init_uniform, init_uniform) (LoRA's A); 0: init_value
+  int index = 0;              // its place in the whole model's layout, which keys its initial values
 };
 
 // A contiguous range of the flat parameter array that the model uses as a whole: unit 0 is the
@@ -83,6 +84,17 @@ class UnitAccess {
   virtual void grads_done(int unit) = 0;
 };
 
+// The blocks one pipeline stage runs: [first_layer, end_layer). The stage that starts at block 0
+// also holds the embeddings; the one that ends at the last block holds the final norm and the LM
+// head, and the embeddings too when the head is tied to them (their gradients are the sum of the
+// two stages'). Its parameters are the units it holds, in the whole model's order, in an array
+// of their own. The default is the whole model.
+struct PipelineStage {
+  int first_layer = 0;
+  int end_layer = -1;  // -1: through the last block
+  bool operator==(const PipelineStage&) const = default;
+};
+
 // Which full arrays the model allocates for itself, and how it works. A sharded run leaves out
 // what it shards.
 struct ModelStorage {
@@ -100,11 +112,21 @@ struct ModelStorage {
   // depends on the microbatch size; the blocks' backward holds a microbatch's gradients of the
   // MLP and attention inputs instead of one sequence's.
   bool microbatch_invariant = true;
+  // The part of the model this one runs (pipeline parallelism); activations are held for its
+  // blocks only.
+  PipelineStage stage;
 };
 
 // What a config's model is before it is built (by model.name): its trainable parameters (under
 // LoRA the adapters; the base's are model_param_layout(cfg.base())).
 std::vector<ParamTensor> model_param_layout(const ModelConfig& cfg);
+// The stage's tensors (their names and init as in the whole model; offsets in the stage's own
+// array, units numbered from 0 over the stage's), after checking that the stage is a nonempty
+// range of cfg's blocks; a whole-model stage gives model_param_layout. Under LoRA only the whole
+// model is a stage.
+std::vector<ParamTensor> stage_param_layout(const ModelConfig& cfg, const PipelineStage& stage);
+// Block range of a stage with end_layer -1 resolved.
+PipelineStage resolved_stage(const ModelConfig& cfg, const PipelineStage& stage);
 size_t model_num_params(const ModelConfig& cfg);
 // Whether weights trained as `loaded` serve the model `wanted` (a weights-only load): the same
 // architecture; how they were initialised, their dropout, and the context length of a model
@@ -112,10 +134,11 @@ size_t model_num_params(const ModelConfig& cfg);
 bool same_architecture(const ModelConfig& loaded, const ModelConfig& wanted);
 // The units of a layout, from its tensors' unit numbers.
 std::vector<ParamUnit> model_units(const std::vector<ParamTensor>& layout);
-// The initial values of the flat range [lo, hi) into out (hi - lo floats), from each tensor's
-// init_std / init_uniform / init_value. Each value depends only on (seed, tensor, index), so a shard
-// initialises itself without the rest.
-void model_init_params(const ModelConfig& cfg, uint64_t seed, size_t lo, size_t hi, float* out);
+// The initial values of the flat range [lo, hi) of layout's array into out (hi - lo floats),
+// from each tensor's init_std / init_uniform / init_value. Each value depends only on (seed, the
+// tensor's index in the whole model, the element), so a shard or a pipeline stage initialises
+// itself without the rest, to the whole model's values.
+void model_init_params(const std::vector<ParamTensor>& layout, uint64_t seed, size_t lo, size_t hi, float* out);
 // LoRA's adapters folded into its base: each adapted module's rows of its product's weight W
 // become W + scaling·B·A (summed in double), so that the model cfg.base() with these weights
 // computes what the adapted model does (to rounding). base: model_param_layout(cfg.base()) order;
@@ -222,6 +245,32 @@ class Model {
     int64_t step = 0, first_sample = 0;
   };
   void set_dropout_position(const DropoutPosition& p) { dropout_position_ = p; }
+
+  // Pipeline stages (ModelStorage::stage; parallel/pipeline.h runs them): the passes cut at the
+  // stages' boundaries, a stage's input and output crossing in host memory as B·T rows of d_model
+  // floats. Run stage after stage, they give every loss and gradient the bits forward() and
+  // forward_backward() give the whole model. Those two, and the evaluations above, need the
+  // whole model.
+  //
+  // The stage's forward pass over B sequences of T tokens: the first stage embeds tokens (host,
+  // kept until its backward pass), any other starts from input, the previous stage's output;
+  // positions as forward() takes them, on every stage. Every stage but the last writes its last
+  // block's output to output. training: forward_backward's pass (dropout applies), which
+  // stage_backward completes.
+  virtual void stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T,
+                             bool training, float* output) = 0;
+  // The last stage, after an evaluation stage_forward: the losses against targets (B,T) and their
+  // sum, as forward() gives them.
+  virtual double stage_loss(const int32_t* targets, int64_t* n_targets) = 0;
+  // The backward pass of the last training stage_forward: on the last stage from targets and dloss
+  // (the sum of the losses returned, as forward_backward returns it), on any other from doutput,
+  // the gradient of its output (returning 0). Every stage but the first writes the gradient of its
+  // input to dinput.
+  virtual double stage_backward(const int32_t* targets, float dloss, const float* doutput, float* dinput,
+                                int64_t* n_targets) = 0;
+  // The blocks this model runs, end_layer resolved (the whole model unless built as a stage).
+  const PipelineStage& stage() const { return storage_.stage; }
+  bool whole_model() const { return storage_.stage.first_layer == 0 && storage_.stage.end_layer == cfg_.n_layers; }
 
   // (T,V) in op memory: the last sequence of the last forward(), in fp32.
   virtual const float* logits() const = 0;

@@ -36,7 +36,7 @@ void ParamShards::mark_stale() {
 void ParamShards::init(uint64_t seed) {
   if (ctx_.options.zero_stage == 3) {
     std::vector<float> host(ctx_.shards.hi - ctx_.shards.lo);
-    model_init_params(ctx_.model.config(), seed, ctx_.shards.lo, ctx_.shards.hi, host.data());
+    model_init_params(ctx_.model.tensors(), seed, ctx_.shards.lo, ctx_.shards.hi, host.data());
     op_copy_from_host(impl_, shard_.data(), host.data(), host.size() * sizeof(float));
     mark_stale();
   } else {

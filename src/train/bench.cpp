@@ -38,7 +38,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   TrainingStack stack = build_training_stack(cfg, *comm, GB, T, [&](Model& model) {
     // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));
-    model_init_params(cfg.model.base(), cfg.seed, 0, base.size(), base.data());
+    model_init_params(model_param_layout(cfg.model.base()), cfg.seed, 0, base.size(), base.data());
     model.set_base_weights(base, cfg.precision == ComputeDtype::kBf16);
   });
   Model& model = *stack.model;

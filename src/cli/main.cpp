@@ -1090,9 +1090,7 @@ int main(int argc, char** argv) {
   try {
     return anvil::dispatch(argc, argv);
   } catch (const anvil::Error& e) {
-    // One rank's error ends every rank: the others would wait for it in their next collective.
-    anvil::Communicator* comm = anvil::process_communicator();
-    if (comm && comm->size() > 1) comm->abort(fmt::format("rank {} ({}): {}", comm->rank(), comm->host(), e.what()));
+    anvil::end_job_on_error(e.what());
     anvil::log_line(anvil::LogLevel::kError, e.what());
     return 1;
   } catch (const std::exception& e) {

@@ -119,6 +119,22 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
               blame.source("distributed.grad_compression"));
+  const int stages = c.distributed.pipeline_parallel;
+  if (stages > 1) {
+    const std::string where = blame.source("distributed.pipeline_parallel");
+    ANVIL_CHECK(stages <= c.model.n_layers, "{}: distributed.pipeline_parallel {} cuts the blocks into stages, and the "
+                "model has {}", where, stages, c.model.n_layers);
+    ANVIL_CHECK(c.deterministic_mode, "{}: distributed.pipeline_parallel needs deterministic_mode: true (the stages "
+                "agree on the gradient norm and the tied embedding's gradient through the fixed-point sums)", where);
+    ANVIL_CHECK(c.distributed.zero_stage <= 1, "{}: distributed.pipeline_parallel works with distributed.zero_stage "
+                "0 or 1 (ZeRO-2/3 over a stage's ranks is not built yet), not {}", where, c.distributed.zero_stage);
+    ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: distributed.pipeline_parallel runs on the CPU (kernels=cpu) for "
+                "now", where);
+    ANVIL_CHECK(!c.model.has_lora(), "{}: distributed.pipeline_parallel does not split a LoRA model's adapters into "
+                "stages", where);
+    ANVIL_CHECK(c.icl_tasks.empty(), "{}: icl_tasks are evaluated by the whole model on each rank, which "
+                "distributed.pipeline_parallel does not hold: evaluate them from a checkpoint (anvil eval)", where);
+  }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.
   const std::tuple<const char*, OffloadDevice, const char*> offloads[] = {

@@ -67,6 +67,7 @@ struct DistributedConfig {
   GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // kernels=gpu
   OffloadDevice offload_optimizer = OffloadDevice::kNone;  // DeepSpeed's zero_optimization.offload_optimizer
   OffloadDevice offload_param = OffloadDevice::kNone;      // and offload_param
+  int pipeline_parallel = 1;  // stages the blocks are cut into; world / it ranks train each stage's part
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is

@@ -734,6 +734,12 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
                "built)"),
       D::value("offload_param", &DistributedConfig::offload_param, "`cpu` keeps the parameters in host memory between "
                "uses; as `offload_optimizer`"),
+      D::value("pipeline_parallel", &DistributedConfig::pipeline_parallel, "pipeline stages: the blocks are cut into "
+               "this many stages of consecutive blocks, each run by world / N ranks that train it data-parallel, "
+               "microbatches flowing through the stages in a 1F1B schedule; the same weights, bit for bit, as one "
+               "process. Needs `deterministic_mode`, zero_stage 0 or 1 and a CPU run; see "
+               "[distributed.md](distributed.md)",
+               positive<int>()),
   };
   return table;
 }

@@ -878,6 +878,8 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   }
   matmul_.release_weight();
   if (hu != L + 1) release_base(hu);
+  // A tied head on a stage without the token embedding: nothing more adds to the unit.
+  if (hu == 0 && !first_stage() && !frozen()) units_in_stage_.grads_done(0);
   op_zero(kernels(), dresidual_, sizeof(float) * B * rows * C);
   const float* last = block_output(L - 1);
   const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);

@@ -22,8 +22,6 @@ int env_int(const char* name, int fallback) {
 }
 bool env_has(const char* name) { return std::getenv(name) != nullptr; }
 
-Communicator* g_process_comm = nullptr;
-
 class SingleProcess : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -46,12 +44,59 @@ class SingleProcess : public Communicator {
     std::_Exit(1);
   }
   void library_all_reduce(float*, size_t) override {}
+  bool threads_may_talk_at_once() const override { return true; }  // nobody to talk to
 
  private:
   [[noreturn]] static void no_peer(int peer) { ANVIL_FAIL("rank {} does not exist: this is a single-process run", peer); }
 };
 
+class GroupCommunicator : public Communicator {
+ public:
+  GroupCommunicator(Communicator& parent, std::vector<int> ranks) : parent_(parent), ranks_(std::move(ranks)) {
+    for (size_t i = 0; i < ranks_.size(); i++) {
+      ANVIL_CHECK(ranks_[i] >= 0 && ranks_[i] < parent.size(), "a group of ranks names rank {} of a job of {}",
+                  ranks_[i], parent.size());
+      if (ranks_[i] == parent.rank()) rank_ = static_cast<int>(i);
+    }
+    ANVIL_CHECK(rank_ >= 0, "rank {} builds a group it is not in", parent.rank());
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(ranks_.size()); }
+  int local_rank() const override { return parent_.local_rank(); }
+  int local_size() const override { return parent_.local_size(); }
+  std::string host() const override { return parent_.host(); }
+  std::string backend() const override { return parent_.backend(); }
+  PeerRequest isend(const void* buf, size_t bytes, int peer, int tag) override {
+    return parent_.isend(buf, bytes, parent_rank(peer), tag);
+  }
+  PeerRequest irecv(void* buf, size_t bytes, int peer, int tag) override {
+    return parent_.irecv(buf, bytes, parent_rank(peer), tag);
+  }
+  void wait_all(PeerRequest* reqs, size_t n, const char* operation) override { parent_.wait_all(reqs, n, operation); }
+  [[noreturn]] void abort(const std::string& message) override {
+    parent_.abort(message);
+    std::_Exit(1);  // not reached: the parent's abort ends the process
+  }
+  void library_all_reduce(float*, size_t) override {
+    ANVIL_FAIL("the MPI library's all-reduce runs over the whole job, not a group of its ranks");
+  }
+  bool threads_may_talk_at_once() const override { return parent_.threads_may_talk_at_once(); }
+
+ private:
+  int parent_rank(int peer) const {
+    ANVIL_CHECK(peer >= 0 && peer < size(), "rank {} of a group of {}", peer, size());
+    return ranks_[peer];
+  }
+  Communicator& parent_;
+  std::vector<int> ranks_;
+  int rank_ = -1;
+};
+
 }  // namespace
+
+std::unique_ptr<Communicator> make_group_communicator(Communicator& parent, std::vector<int> ranks) {
+  return std::make_unique<GroupCommunicator>(parent, std::move(ranks));
+}
 
 LaunchInfo detect_launch() {
   LaunchInfo li;
@@ -93,14 +138,9 @@ std::unique_ptr<Communicator> make_communicator(bool require_mpi) {
                 "or srun --mpi=pmix under SLURM", li.launcher, li.env_world);
     comm = std::make_unique<SingleProcess>();
   }
-  g_process_comm = comm.get();
   return comm;
 }
 
-Communicator* process_communicator() { return g_process_comm; }
-
-Communicator::~Communicator() {
-  if (g_process_comm == this) g_process_comm = nullptr;
-}
+Communicator::~Communicator() = default;
 
 }  // namespace anvil

@@ -53,6 +53,9 @@ class Communicator {
 
   // The library's own all-reduce (sum of floats, in place), for `anvil bench comm`.
   virtual void library_all_reduce(float* data, size_t n) = 0;
+  // Whether two threads may talk at once (MPI_THREAD_MULTIPLE), as pipeline parallelism's
+  // training thread does while the communication thread reduces gradients.
+  virtual bool threads_may_talk_at_once() const = 0;
 
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
@@ -61,12 +64,20 @@ class Communicator {
   double timeout_s_ = 600;  // LLM Foundry's dist_timeout default
 };
 
+// A group of the parent's ranks, on the parent's transport: ranks[i] of the parent is the
+// group's rank i (pipeline parallelism's data-parallel and pipeline groups). Groups share the
+// parent's message tags, so two groups talking at once must not share a pair of ranks. Its
+// waits, timeout and abort are the parent's; the library's all-reduce is the whole job's only.
+std::unique_ptr<Communicator> make_group_communicator(Communicator& parent, std::vector<int> ranks);
+
 // MPI when the process was started by an MPI launcher (or require_mpi), else one process.
 // Errors clearly when a launcher started several tasks that MPI cannot join.
 std::unique_ptr<Communicator> make_communicator(bool require_mpi = false);
 
-// The communicator of this process, for `main` to abort the job on an error (nullptr before
-// make_communicator).
-Communicator* process_communicator();
+// After an error on this rank (in `main`): where it is one of several MPI ranks, logs message
+// with the rank and host and ends every rank (MPI_Abort), since the others would wait for it in
+// their next collective; else returns. Works after the communicator is gone: an error unwinding
+// past it leaves MPI up for this.
+void end_job_on_error(const std::string& message);
 
 }  // namespace anvil

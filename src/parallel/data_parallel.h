@@ -28,8 +28,9 @@
 // (parallel/param_shards.h, the parameters and ZeRO-3's gathers), GradientReduction
 // (parallel/gradient_reduction.h, the gradient sums, their reduction and norm) and AdamW over the
 // rank's range; the two halves share the group and its communication thread
-// (DataParallelContext). A model split over tensor or pipeline groups would give each its
-// data-parallel group and its own part of the parameters, and these parts work the same on it.
+// (DataParallelContext). A model split into pipeline stages gives each stage its data-parallel
+// group and its own part of the parameters, and these parts work the same on it
+// (DataParallelOptions::pipeline); a tensor-parallel split would do the same.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "parallel/gradient_reduction.h"
 #include "parallel/op_collectives.h"
 #include "parallel/param_shards.h"
+#include "parallel/pipeline.h"
 #include "parallel/shard_layout.h"
 #include "kernels/buffer.h"
 #include "model/model.h"
@@ -58,6 +60,10 @@ struct DataParallelOptions {
   int64_t global_batch = 1;       // sequences per optimizer step over all ranks (fixed-point range)
   bool bf16_compression = false;  // stage 0, not deterministic: gradients on the wire in bf16, with error feedback
   GpuCollectivesChoice gpu_collectives = GpuCollectivesChoice::kAuto;  // under kernels=gpu
+  // The model is a pipeline stage and the group its data-parallel ranks (parallel/pipeline.h):
+  // the stages' groups, through which the gradient reduction agrees with the other stages.
+  // Deterministic mode, ZeRO-0/1 and host memory only. Null: the model is whole.
+  const PipelineGroups* pipeline = nullptr;
 };
 
 // Which arrays the model should allocate for itself under these options, and whether it must be

@@ -48,7 +48,18 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
     host_squares_.resize(K);
     squares_.resize(K);
     all_max_.resize(K * W);
+    group_max_.resize(K);
     all_squares_.resize(K * W);
+  }
+  if (const PipelineGroups* p = opt.pipeline) {
+    ANVIL_CHECK(opt.deterministic && opt.zero_stage <= 1 && impl_ != KernelImpl::kGpu, "a pipeline stage's gradients "
+                "are reduced in deterministic mode, at ZeRO stage 0 or 1, in host memory");
+    if (p->tied) {
+      const auto [first, end] = ctx_.shards.unit_tensors[0];
+      tied_tensors_ = end - first;
+      tied_max_.resize(2 * tied_tensors_);
+    }
+    stage_squares_.resize(static_cast<size_t>(p->stages) * model_param_layout(ctx_.model.config()).size());
   }
   if (opt.bf16_compression) error_feedback_.assign(ctx_.shards.n, 0.0f);
 }
@@ -113,26 +124,45 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
   op_copy_to_host(impl_, mine, sample_max_.data(), K * sizeof(float));
   for (size_t k = 0; k < K; k++) mine[k] = std::ldexp(mine[k], -loss_scale_log2_);
   all_gather_blocks(comm, all.data(), K * sizeof(float));
-  bool fits = true;
+  std::vector<float>& max = group_max_;
+  for (size_t k = 0; k < K; k++) {
+    max[k] = 0.0f;
+    for (int r = 0; r < comm.size(); r++) max[k] = std::max(max[k], all[r * K + k]);
+  }
+  if (opt.pipeline && opt.pipeline->tied) {
+    // The tied embedding's gradients are the sum of two stages': one scale, from both maxima.
+    Communicator& tied = *opt.pipeline->tied;
+    std::copy(max.begin(), max.begin() + tied_tensors_, tied_max_.begin() + tied_tensors_ * tied.rank());
+    all_gather_blocks(tied, tied_max_.data(), tied_tensors_ * sizeof(float));
+    for (size_t k = 0; k < tied_tensors_; k++) max[k] = std::max(tied_max_[k], tied_max_[tied_tensors_ + k]);
+  }
+  bool fits = true, finite = true;
   std::vector<int>& next = next_scale_;
   next = scale_;
-  for (size_t k = 0; k < K; k++) {
-    float m = 0.0f;
-    for (int r = 0; r < comm.size(); r++) m = std::max(m, all[r * K + k]);
-    if (!std::isfinite(m)) {
-      ANVIL_CHECK(loss_scale_ != 1.0, "step {}: the gradient of '{}' is not finite (diverged); lower optimizer.lr or "
-                  "enable algorithms.gradient_clipping", step, tensors_[k].name);
-      return Backward::kOverflow;  // the scales stay: this step's values are not a measure
-    }
-    fits = fits && fixed_point_fits(m, scale_[k], opt.global_batch);
-    if (m > 0.0f) next[k] = fixed_point_scale(m, opt.global_batch);
+  for (size_t k = 0; k < K && finite; k++) {
+    finite = std::isfinite(max[k]);
+    ANVIL_CHECK(finite || loss_scale_ != 1.0, "step {}: the gradient of '{}' is not finite (diverged); lower "
+                "optimizer.lr or enable algorithms.gradient_clipping", step, tensors_[k].name);
+    fits = fits && fixed_point_fits(max[k], scale_[k], opt.global_batch);
+    if (max[k] > 0.0f) next[k] = fixed_point_scale(max[k], opt.global_batch);
   }
-  if (fits) {
+  const Backward verdict = agreed(!finite ? Backward::kOverflow : fits ? Backward::kDone : Backward::kRunAgain);
+  if (verdict == Backward::kOverflow) return verdict;  // the scales stay: this step's values are not a measure
+  if (verdict == Backward::kDone) {
+    if (opt.pipeline && opt.pipeline->tied)  // integers: the exact sum, the same on both stages
+      all_reduce(*opt.pipeline->tied, fixed_.data() + units_[0].offset, units_[0].numel);
     sum_owned_squares();
     step_scale_ = scale_;
   }
   scale_ = next;
-  return fits ? Backward::kDone : Backward::kRunAgain;
+  return verdict;
+}
+
+GradientReduction::Backward GradientReduction::agreed(Backward mine) {
+  if (!ctx_.options.pipeline) return mine;
+  auto rank = [](Backward b) { return b == Backward::kDone ? 0 : b == Backward::kRunAgain ? 1 : 2; };
+  const int64_t worst = max_exact(*ctx_.options.pipeline->pipeline, rank(mine));
+  return worst == 0 ? Backward::kDone : worst == 1 ? Backward::kRunAgain : Backward::kOverflow;
 }
 
 // This rank's part of the squared norm per tensor, from what it owns.
@@ -168,6 +198,23 @@ double GradientReduction::global_norm() {
       }
     }
     double sq = 0;
+    if (const PipelineGroups* p = opt.pipeline) {
+      // Every stage's tensors in the whole model's order, the sum one process forms; a tensor
+      // two stages hold (the tied embedding unit's) counted once.
+      const size_t whole = stage_squares_.size() / p->stages;
+      StageSquares* mine = stage_squares_.data() + whole * p->stage;
+      std::fill(mine, mine + whole, StageSquares{0, 0, 0});
+      for (size_t k = 0; k < K; k++) mine[tensors_[k].index] = {squares[k], step_scale_[k], 1};
+      all_gather_blocks(*p->pipeline, stage_squares_.data(), whole * sizeof(StageSquares));
+      for (size_t w = 0; w < whole; w++)
+        for (int s = 0; s < p->stages; s++) {
+          const StageSquares& x = stage_squares_[whole * s + w];
+          if (!x.held) continue;
+          sq += std::ldexp(static_cast<double>(x.squares), kSquareShift - 2 * x.scale);
+          break;
+        }
+      return std::sqrt(sq);
+    }
     for (size_t k = 0; k < K; k++) sq += std::ldexp(static_cast<double>(squares[k]), kSquareShift - 2 * step_scale_[k]);
     return std::sqrt(sq);
   }
@@ -286,7 +333,8 @@ void GradientReduction::grads_done(int unit) {
     if (!last_microbatch_ || ctx_.comm.size() == 1) return;  // earlier microbatches accumulate locally
     if (opt.deterministic) {
       int64_t* g = fixed_.data() + u.offset;
-      if (opt.zero_stage == 0)
+      // A tied embedding unit is summed with the other stage's whole (finish_backward).
+      if (opt.zero_stage == 0 || (unit == 0 && opt.pipeline && opt.pipeline->tied))
         thread.submit([collectives, g, u, algo] { collectives->all_reduce(g, u.numel, algo); });
       else
         thread.submit([collectives, g, counts, algo] { collectives->reduce_scatter(g, *counts, algo); });

@@ -88,7 +88,19 @@ class GradientReduction {
   std::vector<unsigned __int128> host_squares_;
   std::vector<int> next_scale_;  // scratch of finish_backward and global_norm
   std::vector<unsigned __int128> squares_, all_squares_;
-  std::vector<float> all_max_;
+  std::vector<float> all_max_, group_max_;
+  // Pipeline stages (DataParallelOptions::pipeline): the tied embedding unit's tensors (the
+  // stage's first), their maxima on the two stages that hold them, and every stage's squares and
+  // scales, per tensor of the whole model ([stage · whole tensors + index]).
+  size_t tied_tensors_ = 0;
+  std::vector<float> tied_max_;
+  struct StageSquares {
+    unsigned __int128 squares;
+    int32_t scale, held;
+  };
+  std::vector<StageSquares> stage_squares_;
+  // The verdict on the step, agreed by every stage: the worst of theirs.
+  Backward agreed(Backward mine);
   // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'
   // spans, and the blocks' and the final norm's.
   struct Scratch {

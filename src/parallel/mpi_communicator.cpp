@@ -1,5 +1,7 @@
 // The MPI backend: MPI_Init_thread (anvil's communication thread and the training thread call MPI
-// one at a time, so MPI_THREAD_SERIALIZED is enough), non-blocking point-to-point polled against a
+// one at a time, so MPI_THREAD_SERIALIZED is enough, except under pipeline parallelism, whose
+// training thread sends activations while the communication thread reduces gradients:
+// MPI_THREAD_MULTIPLE is asked for, and that needs it), non-blocking point-to-point polled against a
 // deadline, MPI_Abort to end the job. Standard MPI-3 only, so it builds against Open MPI and MPICH.
 #include <mpi.h>
 #include <sched.h>
@@ -36,9 +38,10 @@ class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(const LaunchInfo& li) {
     int provided = 0;
-    ANVIL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+    ANVIL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     ANVIL_CHECK(provided >= MPI_THREAD_SERIALIZED, "the MPI library provides thread level {}; anvil needs "
                 "MPI_THREAD_SERIALIZED ({})", provided, MPI_THREAD_SERIALIZED);
+    thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -64,6 +67,9 @@ class MpiCommunicator final : public Communicator {
                         li.env_world, size_));
   }
   ~MpiCommunicator() override {
+    // An error on its way out of this rank leaves MPI up, for end_job_on_error: MPI_Finalize
+    // would wait for the other ranks, which wait for this one in their next collective.
+    if (std::uncaught_exceptions() > 0) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
@@ -121,6 +127,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
   }
+
+  bool threads_may_talk_at_once() const override { return thread_multiple_; }
 
   void library_all_reduce(float* data, size_t n) override {
     ANVIL_CHECK(n <= static_cast<size_t>(INT_MAX), "MPI_Allreduce of {} floats exceeds MPI's int count", n);
@@ -203,10 +211,30 @@ class MpiCommunicator final : public Communicator {
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  bool thread_multiple_ = false;
   std::string host_, backend_;
 };
 
 }  // namespace
+
+void end_job_on_error(const std::string& message) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int size = 1, rank = 0;
+  if (initialized && !finalized) {
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  if (size <= 1) return;
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  log_line(LogLevel::kError, fmt::format("rank {} ({}): {}", rank, std::string(host, len), message));
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
   return std::make_unique<MpiCommunicator>(li);

@@ -9,4 +9,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
              "(Debian: libopenmpi-dev) and rebuild", li.launcher.empty() ? "a launcher" : li.launcher, li.env_world);
 }
 
+void end_job_on_error(const std::string&) {}  // one process: nothing else to end
+
 }  // namespace anvil

@@ -39,7 +39,8 @@ void resolve_batch_sizes(TrainConfig& c, int world) {
   if (c.device_eval_batch_size == 0) c.device_eval_batch_size = micro;
 }
 
-MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing) {
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing,
+                               const PipelineStage& stage, int held_microbatches) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;
   const bool gpu = cfg.kernels == KernelImpl::kGpu;
@@ -49,9 +50,11 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
       gpu ? 2 * sizeof(float) * static_cast<size_t>(cfg.model.n_heads) * T * T + (size_t{32} << 20) : 0;
   // The ICL tasks' evaluation (icl_tasks) keeps prefixes beside the activations while it runs,
   // of up to max_seq_len tokens (a task's own max_seq_len may exceed icl_seq_len).
+  ModelStorage storage = model_storage_for(cfg);
+  storage.stage = stage;
   auto activations = [&](int microbatch, int eval_batch) {
     const int rows = std::max(microbatch, eval_batch);
-    return gpu_scratch + model_activation_bytes(cfg.model, rows, T, model_storage_for(cfg)) +
+    return gpu_scratch + held_microbatches * model_activation_bytes(cfg.model, rows, T, storage) +
            (cfg.icl_tasks.empty() ? 0 : model_evaluation_bytes(cfg.model, rows, T));
   };
   const bool given = cfg.memory_limit > 0;

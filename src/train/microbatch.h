@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "config/train_config.h"
+#include "model/model.h"
 
 namespace anvil {
 
@@ -26,8 +27,10 @@ struct MicrobatchPlan {
 
 // local_batch: this rank's sequences per step; model_bytes: what the rank holds besides
 // activations; ranks_sharing: how many ranks share this rank's memory, the host's or under
-// kernels=gpu its GPU's (for the default limit).
+// kernels=gpu its GPU's (for the default limit); stage: the blocks the rank runs, of which it
+// holds the activations of held_microbatches microbatches at once (a pipeline stage's models).
 // Errors name the limit and what does not fit in it.
-MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing);
+MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing,
+                               const PipelineStage& stage = {}, int held_microbatches = 1);
 
 }  // namespace anvil

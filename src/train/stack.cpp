@@ -8,24 +8,43 @@
 namespace anvil {
 
 TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int local_batch, int seq_len,
-                                   const std::function<void(Model&)>& set_base) {
+                                   const std::function<void(Model&)>& set_base, const PipelineGroups* pipeline) {
   TrainingStack s;
+  ModelStorage storage = model_storage_for(cfg);
+  if (pipeline) storage.stage = pipeline->blocks;
   // Activations are sized once the memory the model states take is known.
-  s.model = make_model(cfg.model, 1, seq_len, model_storage_for(cfg));
+  s.model = make_model(cfg.model, 1, seq_len, storage);
   Model& model = *s.model;
   if (cfg.model.has_lora()) set_base(model);
-  s.dp = std::make_unique<DataParallel>(comm, model, cfg.optimizer, data_parallel_options(cfg));
+  DataParallelOptions options = data_parallel_options(cfg);
+  options.pipeline = pipeline;
+  s.dp = std::make_unique<DataParallel>(comm, model, cfg.optimizer, options);
   const MemoryReport mem = s.dp->memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
   const int sharing = model.kernels() == KernelImpl::kGpu ? s.dp->gpu_sharing().on_my_gpu : comm.local_size();
-  s.plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing);
+  // A pipeline stage holds the activations of up to P - s microbatches at once.
+  const int held = pipeline ? pipeline->stages - pipeline->stage : 1;
+  s.plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing,
+                           storage.stage, held);
   int microbatch = s.plan.microbatch;
-  if (cfg.microbatch_auto && comm.size() > 1)
-    for (double choice : all_gather_values(comm, s.plan.microbatch))
-      microbatch = std::min(microbatch, static_cast<int>(choice));
+  // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, and a pipeline's
+  // stages pass microbatches on.
+  Communicator& everyone = pipeline ? *pipeline->pipeline : comm;
+  if (cfg.microbatch_auto)
+    for (Communicator* group : {&comm, &everyone})
+      if (group->size() > 1)
+        for (double choice : all_gather_values(*group, microbatch)) microbatch = std::min(microbatch, static_cast<int>(choice));
   cfg.device_train_microbatch_size = microbatch;
   if (cfg.device_eval_batch_size <= 0) cfg.device_eval_batch_size = microbatch;
-  model.set_max_batch(std::max(microbatch, cfg.device_eval_batch_size));
+  const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);
+  model.set_max_batch(max_batch);
+  if (pipeline) {
+    const int slots = std::min(held, (local_batch + microbatch - 1) / microbatch);
+    storage.params = storage.grads = false;  // the stage's, through the unit access
+    std::vector<std::unique_ptr<Model>> more;
+    for (int k = 1; k < slots; k++) more.push_back(make_model(cfg.model, microbatch, seq_len, storage));
+    s.pipeline = std::make_unique<PipelineSchedule>(*pipeline, std::move(more), model, *s.dp);
+  }
   return s;
 }
 

@@ -12,11 +12,13 @@
 
 namespace anvil {
 
-TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule)
-    : model_(model), dp_(dp), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
+TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule,
+                     PipelineSchedule* pipeline)
+    : model_(model), dp_(dp), pipeline_(pipeline), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
       lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold), seed_(cfg.seed),
       scaler_(cfg.loss_scaler, cfg.precision == ComputeDtype::kFp16) {
   model_.set_compute_dtype(cfg.precision);
+  if (pipeline_) pipeline_->set_compute_dtype(cfg.precision);
 }
 
 DataParallelOptions data_parallel_options(const TrainConfig& cfg) {
@@ -82,12 +84,20 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
     dp_.begin_step();
     loss_fixed = 0;
     nonfinite_loss = 0;
-    for (int b0 = 0; b0 < batch; b0 += microbatch_) {
+    // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
+    const Model::DropoutPosition at{seed_, t, static_cast<int64_t>(comm.rank()) * batch};
+    if (pipeline_) {
+      pipeline_->train(tokens, targets, positions, batch, seq_len, microbatch_, dloss, at,
+                       [&](const float* losses, int n, double sum) {
+                         nonfinite_loss |= !std::isfinite(sum);
+                         loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(losses, n, seq_len));
+                       });
+    }
+    for (int b0 = 0; b0 < batch && !pipeline_; b0 += microbatch_) {
       const int mb = std::min(microbatch_, batch - b0);
       const size_t offset = static_cast<size_t>(b0) * seq_len;
       dp_.begin_microbatch(b0 + mb >= batch);
-      // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
-      model_.set_dropout_position({seed_, t, static_cast<int64_t>(comm.rank()) * batch + b0});
+      model_.set_dropout_position({at.seed, at.step, at.first_sample + b0});
       const double sum = model_.forward_backward(tokens + offset, targets + offset, mb, seq_len, dloss, nullptr,
                                                  positions ? positions + offset : nullptr);
       nonfinite_loss |= !std::isfinite(sum);
@@ -96,6 +106,12 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
     outcome = dp_.finish_backward();
     if (outcome != DataParallel::Backward::kRunAgain) break;
     log_info("step {}: gradients outgrew their fixed-point scale; running the step again at the new scale", t);
+  }
+  if (pipeline_) {  // the loss is the last stage's
+    int64_t loss[2] = {loss_fixed, nonfinite_loss};
+    pipeline_->share_from_last(loss, sizeof loss);
+    loss_fixed = loss[0];
+    nonfinite_loss = static_cast<int>(loss[1]);
   }
   r.loss = sum_exact(comm, nonfinite_loss) > 0
                ? std::numeric_limits<double>::quiet_NaN()

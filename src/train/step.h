@@ -10,6 +10,7 @@
 #include "parallel/data_parallel.h"
 #include "optim/schedule.h"
 #include "train/loss_scaler.h"
+#include "train/pipeline_schedule.h"
 
 namespace anvil {
 
@@ -35,8 +36,10 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // Also sets the model's compute dtype from cfg.precision.
-  TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule);
+  // Also sets the model's compute dtype from cfg.precision. pipeline: when the model is a
+  // pipeline stage, the schedule that runs the step's microbatches through the stages.
+  TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule,
+            PipelineSchedule* pipeline = nullptr);
   // tokens, targets: (batch, seq_len), this rank's block of the global batch; positions, when its
   // sequences hold packed examples (Model::forward_backward), else null. t: 0-based step. The
   // loss and the gradient norm returned are the global ones, the same on every rank.
@@ -47,6 +50,7 @@ class TrainStep {
  private:
   Model& model_;
   DataParallel& dp_;
+  PipelineSchedule* pipeline_;
   LrSchedule schedule_;
   int microbatch_;
   double lr_, clip_;

@@ -41,9 +41,10 @@ namespace {
 // Mean loss per target token over the eval split in dataset order (or its first
 // eval_subset_num_batches batches), the same bits whatever the world size. Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
 // pass gathers parameters with every rank, so a rank past the last batch runs its first batch
-// again and discards it.
-double evaluate(Model& model, DataParallel& dp, const DataPipeline& eval_data, const TrainConfig& cfg,
-                std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+// again and discards it. A pipeline stage's ranks pass each batch through the stages; the last
+// stage's losses are every stage's result.
+double evaluate(Model& model, DataParallel& dp, PipelineSchedule* pipeline, const DataPipeline& eval_data,
+                const TrainConfig& cfg, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
   StreamingDataset& data = *eval_data.data;
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
   Communicator& comm = dp.comm();
@@ -62,13 +63,20 @@ double evaluate(Model& model, DataParallel& dp, const DataPipeline& eval_data, c
     for (int k = 0; k < b; k++)
       load_example(data, s0 + k, T, cfg.model.vocab_size, eval_data.finetuning,
                    tokens.data() + static_cast<size_t>(k) * T, targets.data() + static_cast<size_t>(k) * T);
-    int64_t n = 0;
-    model.forward(tokens.data(), targets.data(), b, T, &n);
+    const float* losses = nullptr;
+    if (pipeline) {
+      pipeline->evaluate(tokens.data(), targets.data(), b, T, [&](const float* l, int, double) { losses = l; });
+    } else {
+      model.forward(tokens.data(), targets.data(), b, T, nullptr);
+      losses = model.losses();
+    }
     if (!real) continue;
-    sum += fixed_point_loss_sum(model.losses(), b, T);
-    count += n;
+    if (losses) sum += fixed_point_loss_sum(losses, b, T);
+    count += std::count_if(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(b) * T,
+                           [](int32_t x) { return x != kIgnoreIndex; });
   }
   dp.quiesce();
+  if (pipeline) pipeline->share_from_last(&sum, sizeof sum);
   return fixed_point_loss_value(sum_exact(comm, sum)) / static_cast<double>(sum_exact(comm, count));
 }
 
@@ -319,7 +327,12 @@ class TrainingRun {
 
   TrainConfig cfg_;  // the batch sizes, microbatch and eval batch resolved
   Communicator& comm_;
-  int T_, GB_, W_, rank_, local_batch_;
+  // Pipeline parallelism's groups (distributed.pipeline_parallel > 1), else null: then the
+  // data-parallel group is the whole job.
+  std::unique_ptr<PipelineGroups> groups_;
+  Communicator& data_comm() { return groups_ ? *groups_->data : comm_; }
+  // W_, rank_: of the job; D_, data_rank_: of the data-parallel group, which splits the batch.
+  int T_, GB_, W_, rank_, D_, data_rank_, local_batch_;
   bool writer_;
   std::vector<std::string> data_notes_;  // logged once the run directory holds the log
   DataPipeline train_data_, eval_data_;
@@ -340,6 +353,7 @@ class TrainingRun {
   std::unique_ptr<Model> model_;
   LoraBaseRef lora_base_;  // under LoRA, what the checkpoints name as the adapters' base
   std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<PipelineSchedule> pipeline_;
   MicrobatchPlan plan_;
   std::unique_ptr<TrainStep> step_;
   double flops_per_token_ = 0, peak_ = 0;
@@ -353,17 +367,21 @@ class TrainingRun {
 TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
     : cfg_(config), comm_(comm), checkpoints_(comm) {
   prepare_kernel_impl(cfg_.kernels, comm.local_rank());
-  resolve_batch_sizes(cfg_, comm.size());
-  T_ = cfg_.max_seq_len;
-  GB_ = cfg_.global_train_batch_size;
   W_ = comm.size();
   rank_ = comm.rank();
   writer_ = rank_ == 0;
   comm.set_timeout(cfg_.dist_timeout);
   log_set_rank(rank_, W_);
-  ANVIL_CHECK(GB_ % W_ == 0, "global_train_batch_size {} is not divisible by the {} ranks: each rank takes an equal "
-              "block of the batch", GB_, W_);
-  local_batch_ = GB_ / W_;
+  if (cfg_.distributed.pipeline_parallel > 1)
+    groups_ = std::make_unique<PipelineGroups>(make_pipeline_groups(comm, cfg_.model, cfg_.distributed.pipeline_parallel));
+  D_ = data_comm().size();
+  data_rank_ = data_comm().rank();
+  resolve_batch_sizes(cfg_, D_);  // DeepSpeed's rule counts the data-parallel ranks
+  T_ = cfg_.max_seq_len;
+  GB_ = cfg_.global_train_batch_size;
+  ANVIL_CHECK(GB_ % D_ == 0, "global_train_batch_size {} is not divisible by the {} data-parallel ranks: each takes "
+              "an equal block of the batch", GB_, D_);
+  local_batch_ = GB_ / D_;
   ANVIL_CHECK(!cfg_.model.has_lora() || !cfg_.load_path.empty(), "model.peft_config (LoRA) adapts a pretrained "
               "model: set load_path to it (a transformers directory or an anvil checkpoint), or use model.name: "
               "hf_causal_lm with its pretrained_model_name_or_path");
@@ -389,8 +407,8 @@ void TrainingRun::open_datasets() {
   check_data_tokenizer(*train_data_.data, tokenizer, cfg_.model.vocab_size);
   LoaderOptions lopt;
   lopt.global_batch = GB_;
-  lopt.rank = rank_;
-  lopt.world = W_;
+  lopt.rank = data_rank_;
+  lopt.world = D_;
   lopt.seq_len = T_;
   lopt.num_workers = cfg_.train_loader.num_workers;
   lopt.predownload = cfg_.train_loader.dataset.predownload;
@@ -430,20 +448,25 @@ void TrainingRun::open_datasets() {
 }
 
 void TrainingRun::build_model() {
-  TrainingStack stack = build_training_stack(cfg_, comm_, local_batch_, T_, [&](Model& model) {
+  TrainingStack stack = build_training_stack(cfg_, data_comm(), local_batch_, T_, [&](Model& model) {
     lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
-  });
+  }, groups_.get());
   model_ = std::move(stack.model);
   dp_ = std::move(stack.dp);
+  pipeline_ = std::move(stack.pipeline);
   plan_ = stack.plan;
   Model& model = *model_;
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {
     const LoadedCheckpoint& r = *resume_;
-    dp_->load_full_state(r.params, r.exp_avg, r.exp_avg_sq, r.optimizer_steps);
+    if (groups_)  // the stage's part of the whole model's state
+      dp_->load_full_state(stage_part(model, r.params), stage_part(model, r.exp_avg), stage_part(model, r.exp_avg_sq),
+                           r.optimizer_steps);
+    else
+      dp_->load_full_state(r.params, r.exp_avg, r.exp_avg_sq, r.optimizer_steps);
     if (cfg_.deterministic_mode && !r.grad_scales.empty())
-      dp_->set_grad_scales(r.grad_scales);
+      dp_->set_grad_scales(groups_ ? stage_tensor_part(model, r.grad_scales) : r.grad_scales);
     else if (cfg_.deterministic_mode && continuing_)
       log_info("the checkpoint has no fixed-point gradient scales (saved without deterministic_mode); starting them "
                "afresh");
@@ -466,7 +489,7 @@ void TrainingRun::build_model() {
     icl_ = std::make_unique<IclSuite>(icl_tasks_, icl_examples_, *icl_tokenizer_, cfg_.model.vocab_size, so);
     icl_examples_.clear();
   }
-  step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, *schedule_);
+  step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, *schedule_, pipeline_.get());
   if (step_->loss_scaler().enabled() && !loss_scaler.empty())
     step_->loss_scaler().restore(loss_scaler, loaded_dir + "/manifest.json");
   flops_per_token_ = model_train_flops_per_token(cfg_.model, T_);
@@ -482,7 +505,7 @@ void TrainingRun::describe() {
   const DistributedConfig& dc = cfg_.distributed;
   log_info("anvil train: run '{}' in {}", cfg_.run_name, cfg_.run_dir);
   for (const std::string& note : cfg_.config_notes) log_info("{}", note);
-  log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg_.model), model.num_params() / 1e6);
+  log_info("model: {}; {:.2f}M parameters", model_architecture_summary(cfg_.model), model_num_params(cfg_.model) / 1e6);
   log_info("data: {} train samples of {} tokens ({} batches/epoch of {}, {} per rank, microbatch {}{}); {} steps",
            n_samples_, T_, batches_per_epoch_, GB_, local_batch_,
            cfg_.device_train_microbatch_size,
@@ -498,24 +521,32 @@ void TrainingRun::describe() {
              dc.grad_compression == GradCompression::kBf16 ? ", bf16 gradient compression" : "",
              dp_->collectives_description(), cfg_.dist_timeout);
   }
+  if (groups_)
+    log_info("pipeline: {} stages of {} data-parallel rank(s), microbatches in the 1F1B order; this rank: stage {}, "
+             "blocks {}-{}{}{}, holding up to {} microbatch(es) at once", groups_->stages, D_, groups_->stage,
+             groups_->blocks.first_layer, groups_->blocks.end_layer - 1, groups_->first() ? ", the embeddings" : "",
+             groups_->last() ? ", the final norm and LM head" : "", pipeline_->slots());
   if (W_ == 1 && cfg_.kernels == KernelImpl::kGpu && dc.gpu_collectives == GpuCollectivesChoice::kNccl)
     log_info("collectives: {} (one rank)", dp_->collectives_description());
-  // Params, grads (fixed point in deterministic mode) and two moments, all on one rank.
+  // Params, grads (fixed point in deterministic mode) and two moments of the whole model, all on
+  // one rank.
   const MemoryReport mem = dp_->memory();
   const size_t unsharded =
-      model.num_params() * (3 * sizeof(float) + (cfg_.deterministic_mode ? sizeof(int64_t) : sizeof(float)));
+      model_num_params(cfg_.model) * (3 * sizeof(float) + (cfg_.deterministic_mode ? sizeof(int64_t) : sizeof(float)));
+  const size_t activations = pipeline_ ? pipeline_->activation_bytes() : model.activation_bytes();
   log_info("memory per rank: model states {} (params {}, grads {}, optimizer {}) = {:.1f}% of unsharded{}; working "
            "buffers {}; activations {}{}", mib(mem.model_states()), mib(mem.params), mib(mem.grads),
            mib(mem.optimizer), 100.0 * static_cast<double>(mem.model_states()) / static_cast<double>(unsharded),
            model.base_bytes() ? fmt::format("; LoRA's frozen base {}", mib(model.base_bytes())) : "",
-           mib(mem.working), mib(model.activation_bytes()),
+           mib(mem.working), mib(activations),
            cfg_.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
                                       {"frozen_base", model.base_bytes()},
-                                      {"working", mem.working}, {"activations", model.activation_bytes()},
+                                      {"working", mem.working}, {"activations", activations},
                                       {"microbatch", cfg_.device_train_microbatch_size}, {"memory_limit", plan_.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
-                                      {"world_size", W_}}}});
+                                      {"world_size", W_},
+                                      {"pipeline_parallel", cfg_.distributed.pipeline_parallel}}}});
 }
 
 void TrainingRun::start() {
@@ -537,7 +568,7 @@ void TrainingRun::evaluate_at(int64_t at_step) {
   std::vector<std::pair<std::string, double>> scalars;
   if (eval_data_.data) {
     auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(*model_, *dp_, eval_data_, cfg_, tokens_, targets_);
+    const double loss = evaluate(*model_, *dp_, pipeline_.get(), eval_data_, cfg_, tokens_, targets_);
     if (at_step == 0) summary_.first_eval_loss = loss;
     summary_.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -595,8 +626,20 @@ void TrainingRun::save(int64_t at_step) {
   shard.rank = rank_;
   shard.world = W_;
   dp_->copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
+  std::vector<int> grad_scales = dp_->grad_scales();
+  if (groups_) {
+    // The stage's shard as a range of the whole model's array (a tied head's copy of the
+    // embeddings left to the first stage), and the whole model's scales.
+    const StageSpan span = stage_span(*model_);
+    const size_t lo = std::max(shard.lo, span.first), hi = std::max(shard.hi, lo);
+    for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq})
+      v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(std::min(lo - shard.lo, v->size())));
+    shard.lo = span.whole_first + (lo - span.first);
+    shard.hi = span.whole_first + (hi - span.first);
+    if (!grad_scales.empty()) grad_scales = whole_tensor_values(*groups_, *model_, grad_scales);
+  }
   checkpoints_.save(checkpoints_dir(cfg_), cfg_, std::move(shard),
-                     {at_step, tokens_seen_, dp_->optimizer_steps(), dp_->grad_scales(), loader_->state().to_json(),
+                     {at_step, tokens_seen_, dp_->optimizer_steps(), grad_scales, loader_->state().to_json(),
                       step_->loss_scaler().enabled() ? step_->loss_scaler().to_json() : "", lora_base_},
                      cfg_.save_num_checkpoints_to_keep);
   saved_step_ = at_step;

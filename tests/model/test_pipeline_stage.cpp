@@ -163,6 +163,49 @@ TEST_P(PipelineStages, GiveTheWholeModelsLossesAndGradients) {
   }
 }
 
+// The model's own arrays, counting what the backward pass says of each unit: the gradient
+// reduction of data parallelism reduces a unit when it is done, so each unit a stage holds must
+// be done exactly once per backward pass.
+class CountingAccess : public UnitAccess {
+ public:
+  explicit CountingAccess(Model& m) : m_(m), done(m.units().size(), 0) {}
+  const float* acquire_params(int unit, int) override { return m_.params() + m_.units()[unit].offset; }
+  void release_params(int) override {}
+  float* grads(int unit, size_t offset, size_t) override { return m_.grads() + m_.units()[unit].offset + offset; }
+  void grain_done(int, size_t, size_t) override {}
+  void grain_rows(int, size_t, float*, const int32_t*, const int32_t*, size_t, size_t) override {}
+  void grads_done(int unit) override { done[unit]++; }
+
+ private:
+  Model& m_;
+
+ public:
+  std::vector<int> done;
+};
+
+TEST_P(PipelineStages, FinishEachUnitsGradientOnce) {
+  auto st = stages();
+  std::vector<std::unique_ptr<CountingAccess>> counts;
+  for (auto& m : st) {
+    counts.push_back(std::make_unique<CountingAccess>(*m));
+    m->set_unit_access(counts.back().get());
+  }
+  const size_t rows = static_cast<size_t>(kB) * kT * cfg_.d_model;
+  std::vector<std::vector<float>> acts(st.size(), std::vector<float>(rows));
+  for (size_t s = 0; s < st.size(); s++)
+    st[s]->stage_forward(s == 0 ? batch_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
+                         kB, kT, true, s + 1 < st.size() ? acts[s].data() : nullptr);
+  std::vector<float> dout, din(rows);
+  for (size_t s = st.size(); s-- > 0;) {
+    const bool last = s + 1 == st.size();
+    st[s]->stage_backward(last ? batch_.targets.data() : nullptr, 0.25f, last ? nullptr : dout.data(),
+                          s > 0 ? din.data() : nullptr, nullptr);
+    dout = din;
+  }
+  for (size_t s = 0; s < st.size(); s++)
+    EXPECT_EQ(counts[s]->done, std::vector<int>(st[s]->units().size(), 1)) << "stage " << s;
+}
+
 TEST_P(PipelineStages, EvaluateAsTheWholeModel) {
   Decoder whole(cfg_, kB, kT);
   whole.init_weights(7);

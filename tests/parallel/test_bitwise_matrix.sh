@@ -10,6 +10,10 @@
 # position table; embedding, attention and residual dropout) and a Llama with grouped-query heads
 # (RoPE, SwiGLU, RMSNorm, its own LM head; attention dropout), each on 1 rank, 2 ranks under
 # ZeRO-3 with activation checkpointing, 3 ranks, 4 ranks, and 2 ranks stopped at step 8 and resumed.
+# Pipeline parallelism (distributed.pipeline_parallel) among them: the GPT-2 as 2 stages of 2
+# ranks (ZeRO-1) and as 4 stages of one rank (4 microbatches through them, the whole 1F1B
+# schedule); each family as 2 stages of 2 ranks (the Llama with activation checkpointing), and
+# stopped at step 8 as 2 stages, resumed on 3 ranks without stages.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -41,9 +45,12 @@ train w4_mb2_z3 4 2 3
 train w3_mb4_z2 3 4 2
 train w4_mb2_z0 4 2 0
 train w1_mb8_z3 1 8 3
+train w4_pp2_mb2_z1 4 2 1 distributed.pipeline_parallel=2
+train w4_pp4_mb3_z0 4 3 0 distributed.pipeline_parallel=4
 
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/w1_mb8_z0" "$tmp/w2_mb4_z1" "$tmp/w2_mb1_z2" "$tmp/w4_mb2_z3" \
-  "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" || fail "the runs do not all end with the same bits"
+  "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" "$tmp/w4_pp2_mb2_z1" "$tmp/w4_pp4_mb3_z0" \
+  || fail "the runs do not all end with the same bits"
 echo "reference: $(grep -c '"loss"' "$tmp/w1_mb8_z0/metrics.jsonl") steps, weights sha256 $("$anvil" inspect "$tmp/w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 
 family() {
@@ -65,12 +72,24 @@ family() {
   train "${family}_w2_mb2_z1_resume" 2 2 1 model.name="$family" $model scheduler.t_max=20ba autoresume=true
   grep -q "resumed from .*step-00000008" "$tmp/${family}_w2_mb2_z1_resume.out" \
     || fail "$family: the second part did not resume from step 8"
+  # shellcheck disable=SC2086
+  train "${family}_w4_pp2_mb2_z1" 4 2 1 model.name="$family" $model distributed.pipeline_parallel=2 $pipelined
+  # shellcheck disable=SC2086
+  train "${family}_pp2_then_w3" 2 3 0 model.name="$family" $model distributed.pipeline_parallel=2 max_duration=8ba \
+    scheduler.t_max=20ba
+  # shellcheck disable=SC2086
+  train "${family}_pp2_then_w3" 3 4 2 model.name="$family" $model scheduler.t_max=20ba autoresume=true
+  grep -q "resumed from .*step-00000008" "$tmp/${family}_pp2_then_w3.out" \
+    || fail "$family: the run without stages did not resume from the pipeline's step 8"
   /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/${family}_w1_mb8_z0" "$tmp/${family}_w2_mb1_z3_ckpt" \
     "$tmp/${family}_w3_mb4_z2" "$tmp/${family}_w4_mb2_z0" "$tmp/${family}_w2_mb2_z1_resume" \
+    "$tmp/${family}_w4_pp2_mb2_z1" "$tmp/${family}_pp2_then_w3" \
     || fail "$family: the runs do not all end with the same bits"
   echo "$family: weights sha256 $("$anvil" inspect "$tmp/${family}_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 }
+pipelined=""
 family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_config.qk_ln=true model.emb_pdrop=0.1 \
   model.resid_pdrop=0.1 model.attn_config.attn_pdrop=0.1
+pipelined="activation_checkpointing=true"
 family llama model.n_kv_heads=2 model.attention_dropout=0.1
 [ "$failures" -eq 0 ]

@@ -508,7 +508,7 @@ void read_features_off(MapReader& ds, Layer& out) {
   // Present means on.
   const std::pair<const char*, const char*> present[] = {
       {"sparse_attention", "anvil's attention is dense (flash attention on the CPU and GPU)"},
-      {"pipeline", "pipeline parallelism is not built yet; anvil trains data-parallel with ZeRO"},
+      {"pipeline", "DeepSpeed's pipeline engine settings; anvil's pipeline stages are distributed.pipeline_parallel"},
       {"weight_quantization", "anvil trains unquantized weights"},
       {"datastates_ckpt", "anvil writes its own checkpoints (save_folder)"}};
   for (const auto& [key, why] : present)

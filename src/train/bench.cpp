@@ -35,6 +35,9 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
   std::unique_ptr<Communicator> comm = make_communicator();
   ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
+  ANVIL_CHECK(cfg.distributed.pipeline_parallel == 1, "bench train runs the whole model on one process, not "
+              "distributed.pipeline_parallel {} stages; anvil train logs a pipeline run's speed and memory per rank",
+              cfg.distributed.pipeline_parallel);
   TrainingStack stack = build_training_stack(cfg, *comm, GB, T, [&](Model& model) {
     // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));

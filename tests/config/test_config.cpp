@@ -314,6 +314,19 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
                                                                       "rank_ordered"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"kernels=gpu", "deterministic_mode=false", "distributed.grad_compression=bf16"})
                 .find("use it with kernels=cpu"), std::string::npos);
+  // Pipeline stages: a block each at least, and what the stages' agreement rests on.
+  EXPECT_NE(error_of(kMinimal, {"distributed.pipeline_parallel=3"})
+                .find("distributed.pipeline_parallel 3 cuts the blocks into stages, and the model has 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.pipeline_parallel=0"}).find("pipeline_parallel"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.pipeline_parallel=2", "deterministic_mode=false"})
+                .find("distributed.pipeline_parallel needs deterministic_mode: true"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.pipeline_parallel=2", "distributed.zero_stage=3"})
+                .find("works with distributed.zero_stage 0 or 1"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.pipeline_parallel=2", "kernels=gpu"})
+                .find("distributed.pipeline_parallel runs on the CPU"), std::string::npos);
+  EXPECT_EQ(load_train_config(write(kMinimal), {"distributed.pipeline_parallel=2", "distributed.zero_stage=1"})
+                .distributed.pipeline_parallel, 2);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
   EXPECT_NE(error_of("max_seq_len: 8\nmodel: {n_layers: 1, n_heads: 1, d_model: 8}\n").find("train_loader is required"),
             std::string::npos);

@@ -545,13 +545,28 @@ void TrainingRun::describe() {
            model.base_bytes() ? fmt::format("; LoRA's frozen base {}", mib(model.base_bytes())) : "",
            mib(mem.working), mib(activations),
            cfg_.activation_checkpointing ? " (activation checkpointing: one block's, recomputed)" : "");
+  nlohmann::json stages = nlohmann::json::array();
+  if (groups_) {
+    // Each stage's ranks hold its own part: the largest rank's memory of each stage.
+    dp_->quiesce();
+    const std::vector<double> all =
+        all_gather_values(comm_, static_cast<double>(mem.model_states() + mem.working + activations));
+    std::string text;
+    for (int st = 0; st < groups_->stages; st++) {
+      const double most = *std::max_element(all.begin() + st * D_, all.begin() + (st + 1) * D_);
+      stages.push_back(most);
+      text += fmt::format("{}stage {} {}", st ? ", " : "", st, mib(static_cast<size_t>(most)));
+    }
+    log_info("memory per rank by stage (model states, working buffers and activations): {}", text);
+  }
   write_metrics({{"memory_per_rank", {{"params", mem.params}, {"grads", mem.grads}, {"optimizer", mem.optimizer},
                                       {"frozen_base", model.base_bytes()},
                                       {"working", mem.working}, {"activations", activations},
                                       {"microbatch", cfg_.device_train_microbatch_size}, {"memory_limit", plan_.limit},
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
                                       {"world_size", W_},
-                                      {"pipeline_parallel", cfg_.distributed.pipeline_parallel}}}});
+                                      {"pipeline_parallel", cfg_.distributed.pipeline_parallel},
+                                      {"by_stage", stages}}}});
 }
 
 void TrainingRun::start() {

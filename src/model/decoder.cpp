@@ -183,8 +183,9 @@ Decoder::BlockActs Decoder::block_acts(int l) const {
 void Decoder::set_compute_dtype(ComputeDtype dtype) {
   matmul_.set_operand_dtype(dtype);  // every matmul operand below is rounded to it
   lm_head_held_rounded_ = dtype != ComputeDtype::kFp32 && matmul_.hold_rounds_weight();
-  // Room for a block's rounded copy, and for the LM head's unless the hold rounds it.
-  size_t largest = lm_head_held_rounded_ ? 0 : static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
+  // Room for a block's rounded copy, and for the LM head's (on the last stage) unless the hold
+  // rounds it.
+  size_t largest = lm_head_held_rounded_ || !last_stage() ? 0 : static_cast<size_t>(cfg_.vocab_size) * cfg_.d_model;
   for (int l = 0; l < cfg_.n_layers; l++) largest = std::max(largest, base_units_[1 + l].numel);
   compute_params_.assign_zeros(kernels(), dtype == ComputeDtype::kFp32 ? 0 : largest);
   adapters_rounded_.assign_zeros(kernels(), dtype == ComputeDtype::kFp32 || !frozen() ? 0 : units()[0].numel);

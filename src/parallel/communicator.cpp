@@ -126,13 +126,13 @@ std::string describe_launch(const Communicator& comm) {
   return out;
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li);  // mpi_communicator.cpp
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li, bool threads_at_once);  // mpi_communicator.cpp
 
-std::unique_ptr<Communicator> make_communicator(bool require_mpi) {
+std::unique_ptr<Communicator> make_communicator(bool require_mpi, bool threads_at_once) {
   const LaunchInfo li = detect_launch();
   std::unique_ptr<Communicator> comm;
   if (li.mpi_launch || require_mpi) {
-    comm = make_mpi_communicator(li);
+    comm = make_mpi_communicator(li, threads_at_once);
   } else {
     ANVIL_CHECK(li.env_world <= 1, "{} started {} tasks, but anvil joins them through MPI: launch with mpirun -np N, "
                 "or srun --mpi=pmix under SLURM", li.launcher, li.env_world);

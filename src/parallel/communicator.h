@@ -71,8 +71,10 @@ class Communicator {
 std::unique_ptr<Communicator> make_group_communicator(Communicator& parent, std::vector<int> ranks);
 
 // MPI when the process was started by an MPI launcher (or require_mpi), else one process.
+// threads_at_once: MPI is asked for MPI_THREAD_MULTIPLE (threads_may_talk_at_once), which
+// pipeline parallelism needs; otherwise MPI_THREAD_SERIALIZED, cheaper on some MPI stacks.
 // Errors clearly when a launcher started several tasks that MPI cannot join.
-std::unique_ptr<Communicator> make_communicator(bool require_mpi = false);
+std::unique_ptr<Communicator> make_communicator(bool require_mpi = false, bool threads_at_once = false);
 
 // After an error on this rank (in `main`): where it is one of several MPI ranks, logs message
 // with the rank and host and ends every rank (MPI_Abort), since the others would wait for it in

@@ -11,8 +11,10 @@
 //   3  as 2, and parameters are sharded too: a unit is all-gathered just before use (the next
 //      one is fetched ahead) and its buffer reused after. The embedding table, which the tied LM
 //      head uses at both ends of the pass, keeps its own buffer.
-// All communication of a step runs on one communication thread, in the order the training
-// thread issues it, so it overlaps the backward pass and is issued identically on every rank.
+// The gradients' and parameters' collectives during a step run on one communication thread, in
+// the order the training thread issues them, so they overlap the backward pass and are issued
+// identically on every rank (the step's end agrees on its verdict and norm on the training
+// thread, once they are done).
 // Every array lives in op memory (kernels/buffer.h): on the host, or on the GPU under
 // kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //

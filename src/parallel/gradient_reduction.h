@@ -96,7 +96,7 @@ class GradientReduction {
   std::vector<float> tied_max_;
   struct StageSquares {
     unsigned __int128 squares;
-    int32_t scale, held;
+    int64_t scale, held;  // 64-bit: no padding bytes go on the wire
   };
   std::vector<StageSquares> stage_squares_;
   // The verdict on the step, agreed by every stage: the worst of theirs.

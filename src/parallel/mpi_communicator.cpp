@@ -1,7 +1,7 @@
 // The MPI backend: MPI_Init_thread (anvil's communication thread and the training thread call MPI
 // one at a time, so MPI_THREAD_SERIALIZED is enough, except under pipeline parallelism, whose
-// training thread sends activations while the communication thread reduces gradients:
-// MPI_THREAD_MULTIPLE is asked for, and that needs it), non-blocking point-to-point polled against a
+// training thread sends activations while the communication thread reduces gradients: it asks
+// for MPI_THREAD_MULTIPLE), non-blocking point-to-point polled against a
 // deadline, MPI_Abort to end the job. Standard MPI-3 only, so it builds against Open MPI and MPICH.
 #include <mpi.h>
 #include <sched.h>
@@ -36,9 +36,10 @@ std::string mpi_error_text(int code) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const LaunchInfo& li) {
+  MpiCommunicator(const LaunchInfo& li, bool threads_at_once) {
     int provided = 0;
-    ANVIL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    ANVIL_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, threads_at_once ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED,
+                                    &provided));
     ANVIL_CHECK(provided >= MPI_THREAD_SERIALIZED, "the MPI library provides thread level {}; anvil needs "
                 "MPI_THREAD_SERIALIZED ({})", provided, MPI_THREAD_SERIALIZED);
     thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
@@ -163,9 +164,12 @@ class MpiCommunicator final : public Communicator {
     for (;;) {
       int flag = 0;
       MPI_Status st;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, kProbeTag, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS || !flag) return;
+      MPI_Message message;
+      // Matched probes: under MPI_THREAD_MULTIPLE both threads may be answering at once.
+      if (MPI_Improbe(MPI_ANY_SOURCE, kProbeTag, MPI_COMM_WORLD, &flag, &message, &st) != MPI_SUCCESS || !flag)
+        return;
       int token = 0;
-      MPI_Recv(&token, 1, MPI_INT, st.MPI_SOURCE, kProbeTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Mrecv(&token, 1, MPI_INT, &message, MPI_STATUS_IGNORE);
       MPI_Send(&token, 1, MPI_INT, st.MPI_SOURCE, kReplyTag, MPI_COMM_WORLD);
     }
   }
@@ -236,8 +240,8 @@ void end_job_on_error(const std::string& message) {
   std::_Exit(1);
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
-  return std::make_unique<MpiCommunicator>(li);
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li, bool threads_at_once) {
+  return std::make_unique<MpiCommunicator>(li, threads_at_once);
 }
 
 }  // namespace anvil

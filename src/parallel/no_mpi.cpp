@@ -4,7 +4,7 @@
 
 namespace anvil {
 
-std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li) {
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li, bool) {
   ANVIL_FAIL("this anvil was built without MPI, but {} started it as one of {} tasks: install an MPI "
              "(Debian: libopenmpi-dev) and rebuild", li.launcher.empty() ? "a launcher" : li.launcher, li.env_world);
 }

@@ -26,6 +26,12 @@ PipelineSchedule::PipelineSchedule(const PipelineGroups& groups, std::vector<std
   input_grads_.resize(slots_.size());
 }
 
+PipelineSchedule::~PipelineSchedule() {
+  for (std::vector<Outbox>* boxes : {&outputs_, &input_grads_})
+    for (Outbox& box : *boxes)
+      if (box.pending) new std::vector<float>(std::move(box.rows));  // left to MPI, on purpose
+}
+
 void PipelineSchedule::set_compute_dtype(ComputeDtype dtype) {
   for (size_t k = 1; k < slots_.size(); k++) slots_[k]->set_compute_dtype(dtype);  // the first: TrainStep's
 }

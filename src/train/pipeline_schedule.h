@@ -26,6 +26,9 @@ class PipelineSchedule {
   // was built on, the others hold no parameters of their own and reach the stage's through dp.
   PipelineSchedule(const PipelineGroups& groups, std::vector<std::unique_ptr<Model>> slots, Model& first_slot,
                    DataParallel& dp);
+  // A send still in flight (an error ended a pass) keeps its buffer: MPI may read it until the
+  // job ends, which the error does.
+  ~PipelineSchedule();
   int slots() const { return static_cast<int>(slots_.size()); }
   void set_compute_dtype(ComputeDtype dtype);
   size_t activation_bytes() const;

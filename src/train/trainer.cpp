@@ -39,7 +39,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // Mean loss per target token over the eval split in dataset order (or its first
-// eval_subset_num_batches batches), the same bits whatever the world size. Rank r takes batches r, r + W, ...; under ZeRO-3 a forward
+// eval_subset_num_batches batches), the same bits whatever the world size. Data-parallel rank r
+// of W takes batches r, r + W, ...; under ZeRO-3 a forward
 // pass gathers parameters with every rank, so a rank past the last batch runs its first batch
 // again and discards it. A pipeline stage's ranks pass each batch through the stages; the last
 // stage's losses are every stage's result.

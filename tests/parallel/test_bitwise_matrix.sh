@@ -11,8 +11,8 @@
 # (RoPE, SwiGLU, RMSNorm, its own LM head; attention dropout), each on 1 rank, 2 ranks under
 # ZeRO-3 with activation checkpointing, 3 ranks, 4 ranks, and 2 ranks stopped at step 8 and resumed.
 # Pipeline parallelism (distributed.pipeline_parallel) among them: the GPT-2 as 2 stages of 2
-# ranks (ZeRO-1) and as 4 stages of one rank (4 microbatches through them, the whole 1F1B
-# schedule); each family as 2 stages of 2 ranks (the Llama with activation checkpointing), and
+# ranks (ZeRO-1), as 4 stages of one rank (4 microbatches through them, the whole 1F1B
+# schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family as 2 stages of 2 ranks (the Llama with activation checkpointing), and
 # stopped at step 8 as 2 stages, resumed on 3 ranks without stages.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
@@ -47,9 +47,13 @@ train w4_mb2_z0 4 2 0
 train w1_mb8_z3 1 8 3
 train w4_pp2_mb2_z1 4 2 1 distributed.pipeline_parallel=2
 train w4_pp4_mb3_z0 4 3 0 distributed.pipeline_parallel=4
+# Stopped at step 8 on 3 ranks without stages, resumed as 2 stages of 2 ranks.
+train w3_then_pp2 3 4 2 max_duration=8ba scheduler.t_max=20ba
+train w3_then_pp2 4 2 1 distributed.pipeline_parallel=2 scheduler.t_max=20ba autoresume=true
+grep -q "resumed from .*step-00000008" "$tmp/w3_then_pp2.out" || fail "the pipeline did not resume from step 8"
 
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/w1_mb8_z0" "$tmp/w2_mb4_z1" "$tmp/w2_mb1_z2" "$tmp/w4_mb2_z3" \
-  "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" "$tmp/w4_pp2_mb2_z1" "$tmp/w4_pp4_mb3_z0" \
+  "$tmp/w3_mb4_z2" "$tmp/w4_mb2_z0" "$tmp/w1_mb8_z3" "$tmp/w4_pp2_mb2_z1" "$tmp/w4_pp4_mb3_z0" "$tmp/w3_then_pp2" \
   || fail "the runs do not all end with the same bits"
 echo "reference: $(grep -c '"loss"' "$tmp/w1_mb8_z0/metrics.jsonl") steps, weights sha256 $("$anvil" inspect "$tmp/w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 

@@ -368,7 +368,8 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
   const int N = B * T;
   ANVIL_CHECK(first_stage() ? tokens != nullptr : input != nullptr, "the pipeline stage of blocks [{}, {}) starts "
-              "from {}", stage().first_layer, stage().end_layer, first_stage() ? "tokens" : "the previous stage's output");
+              "from {}", stage().first_layer, stage().end_layer,
+              first_stage() ? "tokens" : "the previous stage's output");
   if (first_stage()) {
     for (int i = 0; i < N; i++)
       ANVIL_CHECK(tokens[i] >= 0 && tokens[i] < V, "token id {} out of range for vocab_size {}", tokens[i], V);

@@ -126,7 +126,8 @@ std::string describe_launch(const Communicator& comm) {
   return out;
 }
 
-std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li, bool threads_at_once);  // mpi_communicator.cpp
+// mpi_communicator.cpp
+std::unique_ptr<Communicator> make_mpi_communicator(const LaunchInfo& li, bool threads_at_once);
 
 std::unique_ptr<Communicator> make_communicator(bool require_mpi, bool threads_at_once) {
   const LaunchInfo li = detect_launch();

@@ -33,7 +33,8 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   if (cfg.microbatch_auto)
     for (Communicator* group : {&comm, &everyone})
       if (group->size() > 1)
-        for (double choice : all_gather_values(*group, microbatch)) microbatch = std::min(microbatch, static_cast<int>(choice));
+        for (double choice : all_gather_values(*group, microbatch))
+          microbatch = std::min(microbatch, static_cast<int>(choice));
   cfg.device_train_microbatch_size = microbatch;
   if (cfg.device_eval_batch_size <= 0) cfg.device_eval_batch_size = microbatch;
   const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);

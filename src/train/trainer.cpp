@@ -374,7 +374,8 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
   comm.set_timeout(cfg_.dist_timeout);
   log_set_rank(rank_, W_);
   if (cfg_.distributed.pipeline_parallel > 1)
-    groups_ = std::make_unique<PipelineGroups>(make_pipeline_groups(comm, cfg_.model, cfg_.distributed.pipeline_parallel));
+    groups_ = std::make_unique<PipelineGroups>(
+        make_pipeline_groups(comm, cfg_.model, cfg_.distributed.pipeline_parallel));
   D_ = data_comm().size();
   data_rank_ = data_comm().rank();
   resolve_batch_sizes(cfg_, D_);  // DeepSpeed's rule counts the data-parallel ranks

@@ -12,8 +12,9 @@
 # ZeRO-3 with activation checkpointing, 3 ranks, 4 ranks, and 2 ranks stopped at step 8 and resumed.
 # Pipeline parallelism (distributed.pipeline_parallel) among them: the GPT-2 as 2 stages of 2
 # ranks (ZeRO-1), as 4 stages of one rank (4 microbatches through them, the whole 1F1B
-# schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family as 2 stages of 2 ranks (the Llama with activation checkpointing), and
-# stopped at step 8 as 2 stages, resumed on 3 ranks without stages.
+# schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family
+# as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
+# stages, resumed on 3 ranks without stages.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"

@@ -5,9 +5,9 @@
 // stage's parameters through the data-parallel unit access), and the last stage runs each
 // microbatch's backward pass right after its forward pass. Activations go to the next stage and
 // their gradients back as they are ready, without waiting for the send; a stage waits for what it
-// receives, and for a buffer's last send before it fills the buffer again. Each microbatch's passes are the whole model's cut at the stages' ends
-// (Model::stage_forward), and the backward passes reach the gradient sums in microbatch order,
-// so the step's gradients are one process's.
+// receives, and for a buffer's last send before it fills the buffer again. Each microbatch's
+// passes are the whole model's cut at the stages' ends (Model::stage_forward), and the backward
+// passes reach the gradient sums in microbatch order, so the step's gradients are one process's.
 #pragma once
 #include <functional>
 #include <memory>

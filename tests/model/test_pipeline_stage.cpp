@@ -20,11 +20,11 @@
 namespace anvil {
 namespace {
 
-constexpr int kB = 2, kT = 24;
+constexpr int kStageBatch = 2, kStageSeq = 24;
 
 // Each family's tiny model with 5 blocks; dropout everywhere; the Llama with per-head QK norms.
 ModelConfig staged_model(ModelFamily family) {
-  ModelConfig c = testing::tiny_model(family, kT);
+  ModelConfig c = testing::tiny_model(family, kStageSeq);
   c.n_layers = 5;
   c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
   if (family == ModelFamily::kLlama) c.qk_norm = QkNorm::kPerHead;
@@ -34,17 +34,17 @@ ModelConfig staged_model(ModelFamily family) {
 // Three stages of uneven size.
 const std::vector<PipelineStage> kStages = {{0, 1}, {1, 3}, {3, 5}};
 
-struct Batch {
+struct StageData {
   std::vector<int32_t> tokens, targets, positions;
 };
 
-Batch batch() {
-  Batch b;
-  for (int i = 0; i < kB * kT; i++) {
+StageData stage_data() {
+  StageData b;
+  for (int i = 0; i < kStageBatch * kStageSeq; i++) {
     b.tokens.push_back((i * 37 + 11) % 97);
     b.targets.push_back(i % 7 == 3 ? kIgnoreIndex : (i * 53 + 5) % 97);
     // Two packed examples in each sequence: positions restart at token 10.
-    b.positions.push_back(i % kT < 10 ? i % kT : i % kT - 10);
+    b.positions.push_back(i % kStageSeq < 10 ? i % kStageSeq : i % kStageSeq - 10);
   }
   return b;
 }
@@ -65,15 +65,15 @@ class PipelineStages : public ::testing::TestWithParam<std::tuple<ModelFamily, C
   ModelConfig cfg_ = staged_model(std::get<0>(GetParam()));
   ComputeDtype dtype_ = std::get<1>(GetParam());
   bool packed_ = std::get<2>(GetParam());
-  Batch batch_ = batch();
-  const int32_t* positions() const { return packed_ ? batch_.positions.data() : nullptr; }
+  StageData data_ = stage_data();
+  const int32_t* positions() const { return packed_ ? data_.positions.data() : nullptr; }
 
   std::vector<std::unique_ptr<Model>> stages() const {
     std::vector<std::unique_ptr<Model>> out;
     for (const PipelineStage& s : kStages) {
       ModelStorage storage;
       storage.stage = s;
-      out.push_back(make_model(cfg_, kB, kT, storage));
+      out.push_back(make_model(cfg_, kStageBatch, kStageSeq, storage));
       out.back()->init_weights(7);
       out.back()->set_compute_dtype(dtype_);
       out.back()->zero_grad();
@@ -84,7 +84,7 @@ class PipelineStages : public ::testing::TestWithParam<std::tuple<ModelFamily, C
 };
 
 TEST_P(PipelineStages, HoldTheirOwnUnitsAtTheWholeModelsInitialValues) {
-  Decoder whole(cfg_, kB, kT);
+  Decoder whole(cfg_, kStageBatch, kStageSeq);
   whole.init_weights(7);
   const auto want = by_name(whole, whole.params());
   std::map<std::string, int> held;
@@ -110,36 +110,36 @@ TEST_P(PipelineStages, HoldTheirOwnUnitsAtTheWholeModelsInitialValues) {
 }
 
 TEST_P(PipelineStages, GiveTheWholeModelsLossesAndGradients) {
-  Decoder whole(cfg_, kB, kT);
+  Decoder whole(cfg_, kStageBatch, kStageSeq);
   whole.init_weights(7);
   whole.set_compute_dtype(dtype_);
   whole.zero_grad();
   whole.set_dropout_position({42, 3, 5});
   int64_t want_targets = 0;
-  const double want = whole.forward_backward(batch_.tokens.data(), batch_.targets.data(), kB, kT, 0.25f,
+  const double want = whole.forward_backward(data_.tokens.data(), data_.targets.data(), kStageBatch, kStageSeq, 0.25f,
                                              &want_targets, positions());
-  const std::vector<float> want_losses(whole.losses(), whole.losses() + kB * kT);
+  const std::vector<float> want_losses(whole.losses(), whole.losses() + kStageBatch * kStageSeq);
   const auto want_grads = by_name(whole, whole.grads());
 
   auto st = stages();
-  const size_t rows = static_cast<size_t>(kB) * kT * cfg_.d_model;
+  const size_t rows = static_cast<size_t>(kStageBatch) * kStageSeq * cfg_.d_model;
   std::vector<std::vector<float>> acts(st.size(), std::vector<float>(rows));  // [s]: stage s's output
   for (size_t s = 0; s < st.size(); s++)
-    st[s]->stage_forward(s == 0 ? batch_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
-                         kB, kT, true, s + 1 < st.size() ? acts[s].data() : nullptr);
+    st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
+                         kStageBatch, kStageSeq, true, s + 1 < st.size() ? acts[s].data() : nullptr);
   std::vector<float> dout, din(rows);
   int64_t n_targets = 0;
   double loss = 0;
   for (size_t s = st.size(); s-- > 0;) {
     const bool last = s + 1 == st.size();
-    const double r = st[s]->stage_backward(last ? batch_.targets.data() : nullptr, 0.25f,
+    const double r = st[s]->stage_backward(last ? data_.targets.data() : nullptr, 0.25f,
                                            last ? nullptr : dout.data(), s > 0 ? din.data() : nullptr, &n_targets);
     if (last) loss = r;
     dout = din;
   }
   EXPECT_EQ(loss, want);
   EXPECT_EQ(n_targets, want_targets);
-  EXPECT_TRUE(same_bits(std::vector<float>(st.back()->losses(), st.back()->losses() + kB * kT), want_losses));
+  EXPECT_TRUE(same_bits(std::vector<float>(st.back()->losses(), st.back()->losses() + kStageBatch * kStageSeq), want_losses));
 
   // A tied head's embedding unit is on the first and the last stage: its gradient is the sum of
   // theirs (the last stage's position table, which it does not use, has none).
@@ -190,15 +190,15 @@ TEST_P(PipelineStages, FinishEachUnitsGradientOnce) {
     counts.push_back(std::make_unique<CountingAccess>(*m));
     m->set_unit_access(counts.back().get());
   }
-  const size_t rows = static_cast<size_t>(kB) * kT * cfg_.d_model;
+  const size_t rows = static_cast<size_t>(kStageBatch) * kStageSeq * cfg_.d_model;
   std::vector<std::vector<float>> acts(st.size(), std::vector<float>(rows));
   for (size_t s = 0; s < st.size(); s++)
-    st[s]->stage_forward(s == 0 ? batch_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
-                         kB, kT, true, s + 1 < st.size() ? acts[s].data() : nullptr);
+    st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
+                         kStageBatch, kStageSeq, true, s + 1 < st.size() ? acts[s].data() : nullptr);
   std::vector<float> dout, din(rows);
   for (size_t s = st.size(); s-- > 0;) {
     const bool last = s + 1 == st.size();
-    st[s]->stage_backward(last ? batch_.targets.data() : nullptr, 0.25f, last ? nullptr : dout.data(),
+    st[s]->stage_backward(last ? data_.targets.data() : nullptr, 0.25f, last ? nullptr : dout.data(),
                           s > 0 ? din.data() : nullptr, nullptr);
     dout = din;
   }
@@ -207,19 +207,19 @@ TEST_P(PipelineStages, FinishEachUnitsGradientOnce) {
 }
 
 TEST_P(PipelineStages, EvaluateAsTheWholeModel) {
-  Decoder whole(cfg_, kB, kT);
+  Decoder whole(cfg_, kStageBatch, kStageSeq);
   whole.init_weights(7);
   whole.set_compute_dtype(dtype_);
-  const double want = whole.forward(batch_.tokens.data(), batch_.targets.data(), kB, kT, nullptr, positions());
+  const double want = whole.forward(data_.tokens.data(), data_.targets.data(), kStageBatch, kStageSeq, nullptr, positions());
   auto st = stages();
-  const size_t rows = static_cast<size_t>(kB) * kT * cfg_.d_model;
+  const size_t rows = static_cast<size_t>(kStageBatch) * kStageSeq * cfg_.d_model;
   std::vector<float> in, out(rows);
   for (size_t s = 0; s < st.size(); s++) {
-    st[s]->stage_forward(s == 0 ? batch_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : in.data(), kB, kT,
+    st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : in.data(), kStageBatch, kStageSeq,
                          false, s + 1 < st.size() ? out.data() : nullptr);
     in = out;
   }
-  EXPECT_EQ(st.back()->stage_loss(batch_.targets.data(), nullptr), want);
+  EXPECT_EQ(st.back()->stage_loss(data_.targets.data(), nullptr), want);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -239,7 +239,7 @@ TEST(PipelineStage, BadStagesAndWholeModelPassesFailClearly) {
     ModelStorage storage;
     storage.stage = bad;
     try {
-      make_model(cfg, 1, kT, storage);
+      make_model(cfg, 1, kStageSeq, storage);
       ADD_FAILURE() << "stage [" << bad.first_layer << ", " << bad.end_layer << ") accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("expected a nonempty range of the model's 5 blocks"), std::string::npos)
@@ -248,18 +248,18 @@ TEST(PipelineStage, BadStagesAndWholeModelPassesFailClearly) {
   }
   ModelStorage storage;
   storage.stage = {1, 3};
-  auto middle = make_model(cfg, 1, kT, storage);
-  const Batch b = batch();
+  auto middle = make_model(cfg, 1, kStageSeq, storage);
+  const StageData b = stage_data();
   try {
-    middle->forward(b.tokens.data(), b.targets.data(), 1, kT, nullptr);
+    middle->forward(b.tokens.data(), b.targets.data(), 1, kStageSeq, nullptr);
     ADD_FAILURE() << "a stage ran the whole model's forward";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("forward runs the whole model; this one is the pipeline stage of blocks "
                                          "[1, 3)"), std::string::npos) << e.what();
   }
-  std::vector<float> in(static_cast<size_t>(kT) * cfg.d_model), out(in.size());
+  std::vector<float> in(static_cast<size_t>(kStageSeq) * cfg.d_model), out(in.size());
   try {
-    middle->stage_forward(b.tokens.data(), nullptr, nullptr, 1, kT, true, out.data());
+    middle->stage_forward(b.tokens.data(), nullptr, nullptr, 1, kStageSeq, true, out.data());
     ADD_FAILURE() << "a middle stage started from tokens";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("starts from the previous stage's output"), std::string::npos) << e.what();
@@ -275,7 +275,7 @@ TEST(PipelineStage, BadStagesAndWholeModelPassesFailClearly) {
   lora.lora.target_modules = {"all-linear"};
   storage.stage = {0, 2};
   try {
-    make_model(lora, 1, kT, storage);
+    make_model(lora, 1, kStageSeq, storage);
     ADD_FAILURE() << "a LoRA model was split into stages";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("a LoRA model is one pipeline stage"), std::string::npos) << e.what();

@@ -132,8 +132,6 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
                 "now", where);
     ANVIL_CHECK(!c.model.has_lora(), "{}: distributed.pipeline_parallel does not split a LoRA model's adapters into "
                 "stages", where);
-    ANVIL_CHECK(c.icl_tasks.empty(), "{}: icl_tasks are evaluated by the whole model on each rank, which "
-                "distributed.pipeline_parallel does not hold: evaluate them from a checkpoint (anvil eval)", where);
   }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.

@@ -1,5 +1,7 @@
 #include "parallel/pipeline.h"
 
+#include <numeric>
+
 #include "core/error.h"
 #include "parallel/collectives.h"
 
@@ -60,6 +62,25 @@ std::vector<float> stage_part(const Model& stage_model, const std::vector<float>
     std::copy(from, from + static_cast<std::ptrdiff_t>(t.numel), out.begin() + static_cast<std::ptrdiff_t>(t.offset));
   }
   return out;
+}
+
+std::vector<float> whole_params(const PipelineGroups& groups, const Model& stage_model, const float* stage_params) {
+  const StageSpan span = stage_span(stage_model);
+  const size_t mine = stage_model.num_params() - span.first;
+  std::vector<size_t> counts;
+  for (double n : all_gather_values(*groups.pipeline, static_cast<double>(mine))) counts.push_back(static_cast<size_t>(n));
+  // The stages' spans follow one another in the whole model's order.
+  size_t before = 0;
+  for (int s = 0; s < groups.stage; s++) before += counts[s];
+  ANVIL_CHECK(before == span.whole_first, "stage {} starts at parameter {} of the whole model, after the earlier "
+              "stages' {}", groups.stage, span.whole_first, before);
+  std::vector<float> whole(model_num_params(stage_model.config()));
+  ANVIL_CHECK(std::accumulate(counts.begin(), counts.end(), size_t{0}) == whole.size(), "the stages hold {} "
+              "parameters of a model of {}", std::accumulate(counts.begin(), counts.end(), size_t{0}), whole.size());
+  std::copy(stage_params + span.first, stage_params + stage_model.num_params(),
+            whole.begin() + static_cast<std::ptrdiff_t>(span.whole_first));
+  all_gather(*groups.pipeline, whole.data(), counts);
+  return whole;
 }
 
 std::vector<int> stage_tensor_part(const Model& stage_model, const std::vector<int>& whole) {

@@ -612,9 +612,26 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
                                   std::vector<std::pair<std::string, double>>& scalars) {
   const auto t0 = std::chrono::steady_clock::now();
   const IclShare share{rank_, W_, dp_->zero_stage() == 3};
+  // A pipeline stage cannot score questions alone: every rank gathers the whole model's
+  // parameters for the evaluation (the memory of one process's weights and eval activations,
+  // freed after it), and the ranks share the questions as data-parallel ranks do.
+  std::unique_ptr<Model> whole;
+  if (groups_) {
+    dp_->quiesce();
+    ModelStorage storage = model_storage_for(cfg_);
+    storage.stage = {};
+    storage.params = true;
+    storage.grads = false;
+    whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
+    whole->set_compute_dtype(cfg_.precision);
+    const std::vector<float> params = whole_params(*groups_, *model_, model_->params());
+    std::copy(params.begin(), params.end(), whole->params());
+  }
+  Model& scorer = whole ? *whole : *model_;
   std::unique_ptr<Progress> bar;
   if (writer_) bar = std::make_unique<Progress>("icl eval", icl_->questions(share), "questions", cfg_.progress_bar);
-  std::vector<int64_t> right = icl_->right_answers(*model_, share, model_->max_batch(), bar.get());
+  std::vector<int64_t> right = icl_->right_answers(scorer, share, scorer.max_batch(), bar.get());
+  whole.reset();
   dp_->quiesce();
   for (int64_t& r : right) r = sum_exact(comm_, r);
   if (bar) bar->finish("");

@@ -53,8 +53,8 @@ PY
 # the list / section inline): evaluated at each eval_interval and after the last step, each rank
 # scoring its share, logged to metrics.jsonl under Foundry's names; the final evaluation equals
 # `anvil eval --icl` on the run's checkpoint, and two ranks under ZeRO-3 (every rank's forward
-# passes in lockstep) log the same numbers as one. The tasks here skip the slow generation ones
-# but for brown_gen's 0-shot.
+# passes in lockstep) or as two pipeline stages log the same numbers as one. The tasks here skip
+# the slow generation ones but for brown_gen's 0-shot.
 sed -n '1,/label: brown_gen$/p' "$tmp/tasks/tasks.yaml" | head -n -2 > "$tmp/tasks/train_tasks.yaml"
 printf -- '-\n  label: brown_gen\n  dataset_uri: %s\n  num_fewshot: [0]\n  icl_task_type: generation_task_with_answers\n  early_stopping_criteria: ["\\n\\n", "[.!?]"]\n' \
   "$tmp/tasks/gen.jsonl" >> "$tmp/tasks/train_tasks.yaml"
@@ -102,6 +102,13 @@ if have_mpirun; then
   icl_rows "$tmp/icl2" > "$tmp/icl2.rows"
   cmp -s "$tmp/icl1.rows" "$tmp/icl2.rows" && pass "two ranks under ZeRO-3, the tasks inline: the same ICL metrics as one rank" ||
     fail "ICL metrics differ between 1 and 2 ranks: $(diff "$tmp/icl1.rows" "$tmp/icl2.rows" | head -4)"
+  # Two pipeline stages: each rank gathers the whole model to score its share of the questions.
+  mpirun_anvil 2 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_pp" "${icl_train[@]}" \
+    distributed.pipeline_parallel=2 > "$tmp/icl_pp.out" 2>&1 ||
+    { fail "training with icl_tasks as 2 pipeline stages"; tail -5 "$tmp/icl_pp.out"; }
+  icl_rows "$tmp/icl_pp" > "$tmp/icl_pp.rows"
+  cmp -s "$tmp/icl1.rows" "$tmp/icl_pp.rows" && pass "two pipeline stages: the same ICL metrics as one rank" ||
+    fail "ICL metrics differ between one rank and two pipeline stages: $(diff "$tmp/icl1.rows" "$tmp/icl_pp.rows" | head -4)"
 else
   skip "ICL evaluation on two ranks (no mpirun)"
 fi

@@ -68,7 +68,8 @@ std::vector<float> whole_params(const PipelineGroups& groups, const Model& stage
   const StageSpan span = stage_span(stage_model);
   const size_t mine = stage_model.num_params() - span.first;
   std::vector<size_t> counts;
-  for (double n : all_gather_values(*groups.pipeline, static_cast<double>(mine))) counts.push_back(static_cast<size_t>(n));
+  for (double n : all_gather_values(*groups.pipeline, static_cast<double>(mine)))
+    counts.push_back(static_cast<size_t>(n));
   // The stages' spans follow one another in the whole model's order.
   size_t before = 0;
   for (int s = 0; s < groups.stage; s++) before += counts[s];

@@ -108,7 +108,8 @@ if have_mpirun; then
     { fail "training with icl_tasks as 2 pipeline stages"; tail -5 "$tmp/icl_pp.out"; }
   icl_rows "$tmp/icl_pp" > "$tmp/icl_pp.rows"
   cmp -s "$tmp/icl1.rows" "$tmp/icl_pp.rows" && pass "two pipeline stages: the same ICL metrics as one rank" ||
-    fail "ICL metrics differ between one rank and two pipeline stages: $(diff "$tmp/icl1.rows" "$tmp/icl_pp.rows" | head -4)"
+    fail "ICL metrics differ between one rank and two pipeline stages: $(diff "$tmp/icl1.rows" "$tmp/icl_pp.rows" |
+      head -4)"
 else
   skip "ICL evaluation on two ranks (no mpirun)"
 fi

@@ -64,7 +64,8 @@ std::vector<float> stage_part(const Model& stage_model, const std::vector<float>
   return out;
 }
 
-std::vector<float> whole_params(const PipelineGroups& groups, const Model& stage_model, const float* stage_params) {
+void gather_whole_params(const PipelineGroups& groups, const Model& stage_model, const float* stage_params,
+                         float* whole) {
   const StageSpan span = stage_span(stage_model);
   const size_t mine = stage_model.num_params() - span.first;
   std::vector<size_t> counts;
@@ -75,13 +76,11 @@ std::vector<float> whole_params(const PipelineGroups& groups, const Model& stage
   for (int s = 0; s < groups.stage; s++) before += counts[s];
   ANVIL_CHECK(before == span.whole_first, "stage {} starts at parameter {} of the whole model, after the earlier "
               "stages' {}", groups.stage, span.whole_first, before);
-  std::vector<float> whole(model_num_params(stage_model.config()));
-  ANVIL_CHECK(std::accumulate(counts.begin(), counts.end(), size_t{0}) == whole.size(), "the stages hold {} "
-              "parameters of a model of {}", std::accumulate(counts.begin(), counts.end(), size_t{0}), whole.size());
-  std::copy(stage_params + span.first, stage_params + stage_model.num_params(),
-            whole.begin() + static_cast<std::ptrdiff_t>(span.whole_first));
-  all_gather(*groups.pipeline, whole.data(), counts);
-  return whole;
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  ANVIL_CHECK(total == model_num_params(stage_model.config()), "the stages hold {} parameters of a model of {}", total,
+              model_num_params(stage_model.config()));
+  std::copy(stage_params + span.first, stage_params + stage_model.num_params(), whole + span.whole_first);
+  all_gather(*groups.pipeline, whole, counts);
 }
 
 std::vector<int> stage_tensor_part(const Model& stage_model, const std::vector<int>& whole) {

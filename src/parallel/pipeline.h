@@ -50,10 +50,11 @@ struct StageSpan {
 StageSpan stage_span(const Model& stage_model);
 // The stage's part of a whole-model array (model_param_layout order), in the stage's order.
 std::vector<float> stage_part(const Model& stage_model, const std::vector<float>& whole);
-// The whole model's parameters (model_param_layout order) on every rank of the pipeline group,
-// from each stage's own: stage_params is the stage model's full array. A collective of
-// groups.pipeline.
-std::vector<float> whole_params(const PipelineGroups& groups, const Model& stage_model, const float* stage_params);
+// The whole model's parameters (model_param_layout order, model_num_params floats) into whole on
+// every rank of the pipeline group, from each stage's own: stage_params is the stage model's
+// full array. A collective of groups.pipeline.
+void gather_whole_params(const PipelineGroups& groups, const Model& stage_model, const float* stage_params,
+                         float* whole);
 // Per tensor: the stage's tensors' entries of a whole-model list (one per tensor).
 std::vector<int> stage_tensor_part(const Model& stage_model, const std::vector<int>& whole);
 // The reverse, a collective of the pipeline group: the whole model's list from every stage's

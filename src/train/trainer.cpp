@@ -624,8 +624,7 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
     storage.grads = false;
     whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
     whole->set_compute_dtype(cfg_.precision);
-    const std::vector<float> params = whole_params(*groups_, *model_, model_->params());
-    std::copy(params.begin(), params.end(), whole->params());
+    gather_whole_params(*groups_, *model_, model_->params(), whole->params());
   }
   Model& scorer = whole ? *whole : *model_;
   std::unique_ptr<Progress> bar;

@@ -13,6 +13,7 @@
 #include "kernels/impl.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/optimizer.h"
 #include "kernels/profile.h"
 #include "kernels/lora.h"
@@ -54,6 +55,28 @@ void encoder_forward(KernelImpl impl, float* out, const int32_t* tokens, const i
 void encoder_backward(KernelImpl impl, float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                       const int32_t* positions, int B, int T, int C) {
   ANVIL_DISPATCH(impl, encoder_backward, dwte, dwpe, dout, tokens, positions, B, T, C);
+}
+void moe_route(KernelImpl impl, float* probs, int32_t* experts, float* weights, const float* logits, int N, int E,
+               int k, float norm_p) {
+  ANVIL_DISPATCH(impl, moe_route, probs, experts, weights, logits, N, E, k, norm_p);
+}
+void moe_route_backward(KernelImpl impl, float* dlogits, const float* probs, const int32_t* experts,
+                        const float* weights, const float* dweights, const float* dprobs, int N, int E, int k,
+                        float norm_p) {
+  ANVIL_DISPATCH(impl, moe_route_backward, dlogits, probs, experts, weights, dweights, dprobs, N, E, k, norm_p);
+}
+void gather_rows(KernelImpl impl, float* out, const float* inp, const int32_t* rows, long n_rows, int C) {
+  ANVIL_DISPATCH(impl, gather_rows, out, inp, rows, n_rows, C);
+}
+void moe_combine(KernelImpl impl, float* out, const float* y, const int32_t* slots, const float* weights, int N, int k,
+                 int C, bool accumulate) {
+  ANVIL_DISPATCH(impl, moe_combine, out, y, slots, weights, N, k, C, accumulate);
+}
+void moe_combine_backward(KernelImpl impl, float* dy, float* dweights, const float* dout, const float* y,
+                          const int32_t* slots, const int32_t* slot_tokens, const int32_t* slot_choices,
+                          const float* weights, int N, int k, int C, long S) {
+  ANVIL_DISPATCH(impl, moe_combine_backward, dy, dweights, dout, y, slots, slot_tokens, slot_choices, weights, N, k,
+                 C, S);
 }
 void add_rows(KernelImpl impl, float* dst, const float* x, const int32_t* rows, size_t n_rows, size_t row_len) {
   ANVIL_DISPATCH(impl, add_rows, dst, x, rows, n_rows, row_len);

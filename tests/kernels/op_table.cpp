@@ -22,6 +22,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/op_harness.h"
 #include "kernels/optimizer.h"
 #include "kernels/lora.h"
@@ -608,6 +609,68 @@ void optimizer_cases(std::vector<OpCase>& cases) {
   }});
 }
 
+// The router with and without normalised weights (p 1 and 2), one expert to Mixtral-like eight
+// with top-2; a slot map that skips some choices (full experts) and orders the rest expert-major.
+void moe_cases(std::vector<OpCase>& cases) {
+  struct Shape { int N, E, k; };
+  for (Shape s : {Shape{1, 1, 1}, Shape{5, 4, 2}, Shape{37, 8, 2}, Shape{300, 16, 4}})
+    for (float norm_p : {0.0f, 1.0f, 2.0f}) {
+      const size_t NE = static_cast<size_t>(s.N) * s.E, Nk = static_cast<size_t>(s.N) * s.k;
+      const auto logits = randn(NE, 1, 2.0f);
+      const auto dims = {std::pair<const char*, long>{"N", s.N}, {"E", s.E}, {"k", s.k}, {"p", norm_p}};
+      cases.push_back({case_name("moe_route", dims), [=](OpRun& r) {
+        float* probs = r.out("probs", NE, close(kFp32Elementwise));
+        int32_t* experts = r.inout("experts", std::vector<int32_t>(Nk, -7), exact());
+        float* weights = r.out("weights", Nk, close(kFp32Elementwise));
+        ANVIL_RUN_OP(r, moe_route, probs, experts, weights, r.in("logits", logits), s.N, s.E, s.k, norm_p);
+      }});
+      cases.push_back({case_name("moe_route_backward", dims), [=](OpRun& r) {
+        std::vector<float> probs(NE), weights(Nk);  // the forward's, from the reference
+        std::vector<int32_t> experts(Nk);
+        ref::moe_route(probs.data(), experts.data(), weights.data(), logits.data(), s.N, s.E, s.k, norm_p);
+        float* dlogits = r.out("dlogits", NE, close(kFp32Reduction));
+        ANVIL_RUN_OP(r, moe_route_backward, dlogits, r.in("probs", probs), r.in("experts", experts),
+                     r.in("weights", weights), r.in("dweights", randn(Nk, 2)),
+                     norm_p == 1.0f ? nullptr : r.in("dprobs", randn(NE, 3)), s.N, s.E, s.k, norm_p);
+      }});
+    }
+  struct Combine { int N, k, C; };
+  for (Combine s : {Combine{1, 1, 1}, Combine{7, 2, 5}, Combine{130, 2, 768}, Combine{70, 4, 33}}) {
+    // Every third choice skipped; the others' slots in reverse order of (t, j).
+    const size_t Nk = static_cast<size_t>(s.N) * s.k;
+    std::vector<int32_t> slots(Nk, -1), slot_tokens, slot_choices;
+    for (size_t i = Nk; i-- > 0;)
+      if (i % 3 != 1) {
+        slots[i] = static_cast<int32_t>(slot_tokens.size());
+        slot_tokens.push_back(static_cast<int32_t>(i / s.k));
+        slot_choices.push_back(static_cast<int32_t>(i % s.k));
+      }
+    const long S = static_cast<long>(slot_tokens.size());
+    const size_t NC = static_cast<size_t>(s.N) * s.C, SC = static_cast<size_t>(S) * s.C;
+    const auto dims = {std::pair<const char*, long>{"N", s.N}, {"k", s.k}, {"C", s.C}};
+    cases.push_back({case_name("gather_rows", dims), [=](OpRun& r) {
+      ANVIL_RUN_OP(r, gather_rows, r.out("out", SC, exact()), r.in("inp", randn(NC, 1)), r.in("rows", slot_tokens), S,
+                   s.C);
+    }});
+    for (bool weighted : {true, false}) {
+      const std::string variant = weighted ? "weighted" : "accumulate";
+      cases.push_back({case_name("moe_combine", dims, variant), [=](OpRun& r) {
+        float* out = weighted ? r.out("out", NC, close(kFp32Elementwise))
+                              : r.inout("out", randn(NC, 4), close(kFp32Elementwise));
+        ANVIL_RUN_OP(r, moe_combine, out, r.in("y", randn(SC, 2)), r.in("slots", slots),
+                     weighted ? r.in("weights", randn(Nk, 3)) : nullptr, s.N, s.k, s.C, !weighted);
+      }});
+    }
+    cases.push_back({case_name("moe_combine_backward", dims), [=](OpRun& r) {
+      float* dy = r.out("dy", SC, exact());
+      float* dweights = r.out("dweights", Nk, close(kFp32Reduction));
+      ANVIL_RUN_OP(r, moe_combine_backward, dy, dweights, r.in("dout", randn(NC, 1)), r.in("y", randn(SC, 2)),
+                   r.in("slots", slots), r.in("slot_tokens", slot_tokens), r.in("slot_choices", slot_choices),
+                   r.in("weights", randn(Nk, 3)), s.N, s.k, s.C, S);
+    }});
+  }
+}
+
 std::vector<OpCase> op_cases() {
   std::vector<OpCase> cases;
   embedding_cases(cases);
@@ -618,6 +681,7 @@ std::vector<OpCase> op_cases() {
   attention_16bit_cases(cases);
   crossentropy_cases(cases);
   optimizer_cases(cases);
+  moe_cases(cases);
   return cases;
 }
 

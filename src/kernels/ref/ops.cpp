@@ -14,6 +14,7 @@
 #include "kernels/gelu.h"
 #include "kernels/layernorm.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/optimizer.h"
 #include "kernels/lora.h"
 #include "kernels/residual.h"
@@ -545,6 +546,82 @@ void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* square
 
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {
   for (size_t i = 0; i < n; i++) acc[i] = fixed_point_add(acc[i], x[i]);
+}
+
+void moe_route(float* probs, int32_t* experts, float* weights, const float* logits, int N, int E, int k,
+               float norm_p) {
+  for (long t = 0; t < N; t++) {
+    const float* x = logits + t * E;
+    double max = x[0], sum = 0;
+    for (int e = 1; e < E; e++) max = std::max(max, static_cast<double>(x[e]));
+    for (int e = 0; e < E; e++) sum += std::exp(x[e] - max);
+    for (int e = 0; e < E; e++) probs[t * E + e] = static_cast<float>(std::exp(x[e] - max) / sum);
+    moe_top_k(experts + t * k, x, E, k);
+    double norm = 0;
+    for (int j = 0; j < k; j++) norm += std::pow(static_cast<double>(probs[t * E + experts[t * k + j]]), norm_p);
+    norm = norm_p > 0 ? std::pow(norm, 1.0 / norm_p) : 1.0;
+    for (int j = 0; j < k; j++) weights[t * k + j] = static_cast<float>(probs[t * E + experts[t * k + j]] / norm);
+  }
+}
+
+void moe_route_backward(float* dlogits, const float* probs, const int32_t* experts, const float* weights,
+                        const float* dweights, const float* dprobs, int N, int E, int k, float norm_p) {
+  std::vector<double> dp(E);
+  for (long t = 0; t < N; t++) {
+    const float* p = probs + t * E;
+    for (int e = 0; e < E; e++) dp[e] = dprobs ? dprobs[t * E + e] : 0.0;
+    // w_j = p_j / n with n the chosen probabilities' p-norm: dp_j = (dw_j - (Σ_i dw_i·w_i)·w_j^(p-1)) / n.
+    double dot = 0, norm = 0;
+    for (int j = 0; j < k; j++) {
+      dot += static_cast<double>(dweights[t * k + j]) * weights[t * k + j];
+      norm += std::pow(static_cast<double>(p[experts[t * k + j]]), norm_p);
+    }
+    norm = norm_p > 0 ? std::pow(norm, 1.0 / norm_p) : 1.0;
+    for (int j = 0; j < k; j++) {
+      const double w = weights[t * k + j];
+      const double through_norm = norm_p > 0 ? dot * std::pow(w, norm_p - 1.0) : 0.0;
+      dp[experts[t * k + j]] += (dweights[t * k + j] - through_norm) / norm;
+    }
+    double s = 0;
+    for (int e = 0; e < E; e++) s += p[e] * dp[e];
+    for (int e = 0; e < E; e++) dlogits[t * E + e] = static_cast<float>(p[e] * (dp[e] - s));
+  }
+}
+
+void gather_rows(float* out, const float* inp, const int32_t* rows, long n_rows, int C) {
+  for (long r = 0; r < n_rows; r++)
+    for (int c = 0; c < C; c++) out[r * C + c] = inp[static_cast<long>(rows[r]) * C + c];
+}
+
+void moe_combine(float* out, const float* y, const int32_t* slots, const float* weights, int N, int k, int C,
+                 bool accumulate) {
+  for (long t = 0; t < N; t++)
+    for (int c = 0; c < C; c++) {
+      double sum = accumulate ? out[t * C + c] : 0.0;
+      for (int j = 0; j < k; j++) {
+        const long s = slots[t * k + j];
+        if (s >= 0) sum += (weights ? static_cast<double>(weights[t * k + j]) : 1.0) * y[s * C + c];
+      }
+      out[t * C + c] = static_cast<float>(sum);
+    }
+}
+
+void moe_combine_backward(float* dy, float* dweights, const float* dout, const float* y, const int32_t* slots,
+                          const int32_t* slot_tokens, const int32_t* slot_choices, const float* weights, int N, int k,
+                          int C, long S) {
+  for (long s = 0; s < S; s++) {
+    const long t = slot_tokens[s];
+    const float w = weights[t * k + slot_choices[s]];
+    for (int c = 0; c < C; c++) dy[s * C + c] = w * dout[t * C + c];
+  }
+  for (long t = 0; t < N; t++)
+    for (int j = 0; j < k; j++) {
+      const long s = slots[t * k + j];
+      double dot = 0;
+      if (s >= 0)
+        for (int c = 0; c < C; c++) dot += static_cast<double>(dout[t * C + c]) * y[s * C + c];
+      dweights[t * k + j] = static_cast<float>(dot);
+    }
 }
 
 }  // namespace anvil::ref

@@ -50,6 +50,28 @@ struct LoraConfig {
   bool operator==(const LoraConfig&) const = default;
 };
 
+// A mixture-of-experts MLP (LLM Foundry's ffn_type mb_moe and mb_dmoe, MegaBlocks' layers): a
+// router (one product to a logit per expert, no bias) sends each token to the experts of its
+// top_k logits, each expert an MLP of the model's kind (MlpKind, mlp_width) with its own weights
+// and no biases, and the token's output is the sum of its experts' outputs weighted by their
+// router probabilities (kernels/moe.h). The experts' load is balanced by an auxiliary loss,
+// loss_weight · E/(k·T²) · Σ_e n_e · Σ_t p_te over a sequence's T tokens (n_e: the choices of
+// expert e, p_te: the router's probabilities), averaged over the layers and added to the training
+// loss once per position, as the cross-entropy is. Routing, capacity and the balancing loss go a
+// sequence at a time, so that no sequence's result depends on the microbatch it came in.
+struct MoeConfig {
+  int experts = 0;  // moe_num_experts; 0: a dense MLP
+  int top_k = 1;    // moe_top_k
+  // mb_moe's moe_capacity_factor: an expert takes at most ⌈factor · top_k · T / experts⌉ of a
+  // sequence's choices, the first in (position, rank) order, and the rest skip it (the token's
+  // other choices still count); 0: dropless (mb_dmoe).
+  float capacity_factor = 0.0f;
+  float normalize_p = 0.0f;   // moe_normalize_expert_weights: the chosen weights divided by their p-norm; 0: not
+  float loss_weight = 0.1f;   // moe_loss_weight
+
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct ModelConfig {
   int n_layers = 0;
   int n_heads = 0;
@@ -82,6 +104,7 @@ struct ModelConfig {
   // sliding_window keys, itself included (AttentionHeads::window); 0: no window.
   int sliding_window = 0;
   LoraConfig lora{};  // r 0: the whole model trains
+  MoeConfig moe{};    // experts 0: every block's MLP is dense
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return head_dim ? head_dim : d_model / n_heads; }
@@ -92,6 +115,7 @@ struct ModelConfig {
   int mlp_width() const { return mlp_hidden ? mlp_hidden : 4 * d_model; }
   bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
   bool has_lora() const { return lora.r > 0; }
+  bool has_moe() const { return moe.experts > 0; }
   // The model without its adapters: the base that LoRA freezes.
   ModelConfig base() const {
     ModelConfig b = *this;

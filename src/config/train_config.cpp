@@ -119,6 +119,8 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
               blame.source("distributed.grad_compression"));
+  ANVIL_CHECK(!(c.model.has_moe() && c.model.has_lora()), "{}: LoRA (model.peft_config) does not adapt "
+              "mixture-of-experts blocks yet; train the whole model, or use a dense MLP", blame.source("model"));
   const int stages = c.distributed.pipeline_parallel;
   if (stages > 1) {
     const std::string where = blame.source("distributed.pipeline_parallel");
@@ -132,6 +134,8 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
                 "now", where);
     ANVIL_CHECK(!c.model.has_lora(), "{}: distributed.pipeline_parallel does not split a LoRA model's adapters into "
                 "stages", where);
+    ANVIL_CHECK(!c.model.has_moe(), "{}: distributed.pipeline_parallel does not run mixture-of-experts blocks yet "
+                "(each stage's balancing loss would have to reach the last stage's loss)", where);
   }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.

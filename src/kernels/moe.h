@@ -43,9 +43,9 @@ void gather_rows(KernelImpl impl, float* out, const float* inp, const int32_t* r
 // or += with accumulate; weights (N,k) may be null: each 1. y (·, C): the experts' output rows.
 void moe_combine(KernelImpl impl, float* out, const float* y, const int32_t* slots, const float* weights, int N, int k,
                  int C, bool accumulate);
-// The combination's backward: dy (S,C) row s = weights[t,j] · dout[t] for the (t,j) whose slot s
-// is (slot_tokens[s] = t, slot_choices[s] = j; every slot has one); dweights (N,k) = dout[t] ·
-// y[slots[t,j]] (0 for a skipped choice).
+// The combination's backward: dy (S,C) row s = weights[t,j] · dout[t] for t = slot_tokens[s] and
+// j = slot_choices[s] (its rows may be ordered otherwise than y's: the model forms them for a few
+// sequences at a time); dweights (N,k) = dout[t] · y[slots[t,j]] (0 for a skipped choice).
 void moe_combine_backward(KernelImpl impl, float* dy, float* dweights, const float* dout, const float* y,
                           const int32_t* slots, const int32_t* slot_tokens, const int32_t* slot_choices,
                           const float* weights, int N, int k, int C, long S);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -16,6 +17,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/lora.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/residual.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -141,11 +143,26 @@ void Decoder::set_max_batch(int max_batch) {
   dbig_ = dsmall_ + BT * Widths(cfg_).dsmall;
   const size_t GT = static_cast<size_t>(grain_sequences()) * T;
   const Widths w(cfg_);
+  const size_t GK = GT * w.slots;  // a grain's rows of the MLP's products
   const bool swiglu = cfg_.mlp == MlpKind::kSwiglu;
-  dfc_ = swiglu ? dbig_ + GT * w.hidden : dbig_;  // GELU's backward runs in place
-  dqkv_ = dbig_ + GT * w.hidden + (swiglu ? GT * w.fc : 0);
+  dfc_ = swiglu ? dbig_ + GK * w.hidden : dbig_;  // GELU's backward runs in place
+  dqkv_ = dbig_ + GK * w.hidden + (swiglu ? GK * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
   dqk_ = demb_rows_ + T * C;
+  if (cfg_.has_moe()) {
+    dexpert_out_ = dqk_ + (cfg_.qk_norm != QkNorm::kNone ? GT * w.q : 0);
+    dexpert_in_ = dexpert_out_ + GK * C;
+    drouter_ = dexpert_in_ + GK * C;
+    droute_weights_ = drouter_ + GT * w.experts;
+    dprobs_ = droute_weights_ + GK;
+    const size_t layers = sizes.moe_routes / (7 * BT * w.slots);
+    moe_routes_memory_.reset();
+    moe_routes_memory_.assign_zeros(kernels(), sizes.moe_routes);
+    moe_host_.assign(layers, {});
+    moe_scratch_.resize(7 * BT * w.slots);
+    moe_probs_host_.resize(BT * w.experts);
+    moe_dprobs_host_.resize(GT * w.experts);
+  }
   allocate_rounded_dres();
 }
 
@@ -165,9 +182,13 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
   if (unit == 0)
     return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
   if (unit == cfg_.n_layers + 1) return std::max(norm_params(), cfg_.tied_embeddings ? 0 : head_chunk);
-  // A block's largest op: a product's weight and bias, or a norm.
+  // A block's largest op: a product's weight and bias (under MoE one expert's), or a norm.
   size_t largest = 0;
-  for (size_t i = 0; i < block_sizes_.size(); i += 2) largest = std::max(largest, block_sizes_[i] + block_sizes_[i + 1]);
+  const size_t experts = cfg_.has_moe() ? cfg_.moe.experts : 1;
+  for (size_t i = 0; i < block_sizes_.size(); i += 2) {
+    const bool expert_weight = i >= 14;  // fc's and fcproj's pairs
+    largest = std::max(largest, (block_sizes_[i] + block_sizes_[i + 1]) / (expert_weight ? experts : 1));
+  }
   return largest;
 }
 
@@ -389,6 +410,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   }
   B_ = B;
   T_ = T;
+  aux_loss_ = 0;
   Acts& a = acts_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
@@ -450,12 +472,191 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   residual_forward(kernels(), x.residual2, residual, scratch, NC);
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(kernels(), x.ln2, NC, dtype());
-  linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
-  mlp_activation(acts_.fch_gelu, x.fch, N);
-  linear_forward(l, linear(p, BlockProduct::kFcProj), scratch, acts_.fch_gelu, adapters);
+  if (cfg_.has_moe()) {
+    moe_forward(l, x, p, scratch);
+  } else {
+    linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
+    mlp_activation(acts_.fch_gelu, x.fch, N);
+    linear_forward(l, linear(p, BlockProduct::kFcProj), scratch, acts_.fch_gelu, adapters);
+  }
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
   if (mlp_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(kernels(), residual3, x.residual2, scratch, NC);
+}
+
+Decoder::MoeRoutes Decoder::moe_routes(int l) {
+  const size_t n = static_cast<size_t>(max_batch_) * max_seq_ * cfg_.moe.top_k;
+  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l - stage().first_layer);
+  int32_t* base = moe_routes_memory_.data() + slot * 7 * n;
+  return {base, base + n, base + 2 * n, base + 3 * n, base + 4 * n, base + 5 * n, base + 6 * n};
+}
+
+void Decoder::moe_assign_slots(int l) {
+  const int B = B_, T = T_, E = cfg_.moe.experts, k = cfg_.moe.top_k, G = grain_sequences();
+  const size_t Nk = static_cast<size_t>(B) * T * k;
+  const MoeRoutes r = moe_routes(l);
+  MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  int32_t* experts = moe_scratch_.data();
+  int32_t *slots = experts + Nk, *slot_tokens = slots + Nk, *slot_choices = slot_tokens + Nk,
+          *grain_slots = slot_choices + Nk, *grain_tokens = grain_slots + Nk, *grain_choices = grain_tokens + Nk;
+  op_copy_to_host(kernels(), experts, r.experts, Nk * sizeof(int32_t));
+  // Each sequence's choices of each expert, and what the expert takes of them.
+  const long capacity = cfg_.moe.capacity_factor > 0
+                            ? static_cast<long>(std::ceil(cfg_.moe.capacity_factor * k * T / E))
+                            : std::numeric_limits<long>::max();
+  h.choices.assign(static_cast<size_t>(B) * E, 0);
+  for (size_t i = 0; i < Nk; i++) h.choices[i / (static_cast<size_t>(T) * k) * E + experts[i]]++;
+  h.segment.assign(static_cast<size_t>(E) * (B + 1), 0);
+  int32_t next = 0;
+  for (int e = 0; e < E; e++) {
+    for (int b = 0; b < B; b++) {
+      h.segment[static_cast<size_t>(e) * (B + 1) + b] = next;
+      next += static_cast<int32_t>(std::min<long>(h.choices[static_cast<size_t>(b) * E + e], capacity));
+    }
+    h.segment[static_cast<size_t>(e) * (B + 1) + B] = next;
+  }
+  const int32_t n_slots = next;
+  std::vector<int32_t> taken(static_cast<size_t>(E) * B, 0);
+  for (int b = 0; b < B; b++)
+    for (size_t i = static_cast<size_t>(b) * T * k; i < static_cast<size_t>(b + 1) * T * k; i++) {
+      const int e = experts[i];
+      int32_t& used = taken[static_cast<size_t>(e) * B + b];
+      if (used >= capacity) {
+        slots[i] = -1;
+        continue;
+      }
+      const int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b] + used++;
+      slots[i] = s;
+      slot_tokens[s] = static_cast<int32_t>(i / k);
+      slot_choices[s] = static_cast<int32_t>(i % k);
+    }
+  // The grains' packing: grain from b0, expert by expert, its sequences' slots in order.
+  std::vector<int32_t> packed_of(n_slots);
+  for (int b0 = 0; b0 < B; b0 += G) {
+    const int b1 = std::min(B, b0 + G);
+    int32_t q = 0;
+    for (int e = 0; e < E; e++)
+      for (int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b0]; s < h.segment[static_cast<size_t>(e) * (B + 1) + b1];
+           s++, q++) {
+        packed_of[s] = q;
+        const size_t at = static_cast<size_t>(b0) * T * k + q;
+        grain_tokens[at] = slot_tokens[s] - b0 * T;
+        grain_choices[at] = slot_choices[s];
+      }
+  }
+  for (size_t i = 0; i < Nk; i++) grain_slots[i] = slots[i] < 0 ? -1 : packed_of[slots[i]];
+  op_copy_from_host(kernels(), r.slots, slots, Nk * sizeof(int32_t));
+  op_copy_from_host(kernels(), r.slot_tokens, slot_tokens, static_cast<size_t>(n_slots) * sizeof(int32_t));
+  op_copy_from_host(kernels(), r.slot_choices, slot_choices, static_cast<size_t>(n_slots) * sizeof(int32_t));
+  op_copy_from_host(kernels(), r.grain_slots, grain_slots, Nk * sizeof(int32_t));
+  op_copy_from_host(kernels(), r.grain_slot_tokens, grain_tokens, Nk * sizeof(int32_t));
+  op_copy_from_host(kernels(), r.grain_slot_choices, grain_choices, Nk * sizeof(int32_t));
+}
+
+void Decoder::expert_products(int l, const float* weights, int e, float* out, const float* inp, int in_w,
+                              int out_w) {
+  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  const int B = B_;
+  const int32_t* seg = h.segment.data() + static_cast<size_t>(e) * (B + 1);
+  const float* w = weights + static_cast<size_t>(e) * in_w * out_w;
+  auto run = [&](int32_t s0, int32_t s1) {
+    if (s1 > s0)
+      matmul_forward(matmul_, out + static_cast<size_t>(s0) * out_w, inp + static_cast<size_t>(s0) * in_w, w, nullptr,
+                     s1 - s0, in_w, out_w);
+  };
+  if (!microbatch_invariant() || matmul_rows_independent(kernels())) return run(seg[0], seg[B]);
+  for (int b = 0; b < B; b++) run(seg[b], seg[b + 1]);
+}
+
+void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out) {
+  const int B = B_, T = T_, N = B * T, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k;
+  const Widths w(cfg_);
+  matmul_forward_sequences(matmul_, microbatch_invariant(), acts_.router_logits, x.ln2, p.routerw, nullptr, B, T, C, E);
+  round_to_dtype(kernels(), acts_.router_logits, static_cast<long>(N) * E, dtype());
+  moe_route(kernels(), x.probs, moe_routes(l).experts, x.route_weights, acts_.router_logits, N, E, k,
+            cfg_.moe.normalize_p);
+  moe_assign_slots(l);
+  const MoeRoutes r = moe_routes(l);
+  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  const long S = h.segment.back();
+  gather_rows(kernels(), acts_.expert_in, x.ln2, r.slot_tokens, S, C);
+  for (int e = 0; e < E; e++) expert_products(l, p.fcw, e, x.fch, acts_.expert_in, C, w.fc);
+  round_to_dtype(kernels(), x.fch, S * w.fc, dtype());
+  mlp_activation(acts_.fch_gelu, x.fch, static_cast<int>(S));
+  for (int e = 0; e < E; e++) expert_products(l, p.fcprojw, e, x.expert_out, acts_.fch_gelu, w.hidden, C);
+  round_to_dtype(kernels(), x.expert_out, S * C, dtype());
+  moe_combine(kernels(), out, x.expert_out, r.slots, x.route_weights, N, k, C, false);
+  round_to_dtype(kernels(), out, static_cast<long>(N) * C, dtype());
+  if (!training_ || recomputing_) return;
+  // The balancing loss, a sequence at a time: loss_weight · E/(k·T²) · Σ_e n_e · Σ_t p_te, once
+  // per target of the sequence (as the cross-entropy counts), averaged over the layers.
+  op_copy_to_host(kernels(), moe_probs_host_.data(), x.probs, static_cast<size_t>(N) * E * sizeof(float));
+  for (int b = 0; b < B; b++)
+    for (int e = 0; e < E; e++) {
+      double p_sum = 0;
+      for (int t = 0; t < T; t++) p_sum += moe_probs_host_[(static_cast<size_t>(b) * T + t) * E + e];
+      aux_loss_ += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
+    }
+}
+
+double Decoder::balance_scale(int b) const {
+  const double k = cfg_.moe.top_k, T = T_;
+  return static_cast<double>(cfg_.moe.loss_weight) * cfg_.moe.experts * sequence_targets_[b] /
+         (k * T * T * cfg_.n_layers);
+}
+
+void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n) {
+  const int T = T_, B = B_, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k, Ng = n * T;
+  const Widths w(cfg_);
+  const size_t t0 = static_cast<size_t>(b) * T, F = w.hidden, FC = w.fc;
+  const MoeRoutes r = moe_routes(l);
+  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  auto segment = [&](int e, int at) { return h.segment[static_cast<size_t>(e) * (B + 1) + at]; };
+  long Sg = 0;  // the grain's slots
+  for (int e = 0; e < E; e++) Sg += segment(e, b + n) - segment(e, b);
+  moe_combine_backward(kernels(), dexpert_out_, droute_weights_, dout, x.expert_out, r.slots + t0 * k,
+                       r.grain_slot_tokens + t0 * k, r.grain_slot_choices + t0 * k, x.route_weights + t0 * k, Ng, k, C,
+                       Sg);
+  round_to_dtype(kernels(), dexpert_out_, Sg * C, dtype());
+  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
+  long q = 0;  // the expert's first row in the grain's packing
+  for (int e = 0; e < E; e++) {
+    const int32_t s0 = segment(e, b), rows = segment(e, b + n) - s0;
+    if (rows == 0) continue;
+    const float* fch = x.fch + s0 * FC;
+    float* act = acts_.fch_gelu + q * F;  // recomputed, as the dense MLP's
+    mlp_activation(act, fch, rows);
+    const float* w2 = p.fcprojw + static_cast<size_t>(e) * C * F;
+    float* dw2 = units_in_stage_.grads(1 + l, at(w2), C * F);
+    matmul_backward(matmul_, dbig_ + q * F, dw2, nullptr, dexpert_out_ + q * C, C, act, w2, rows, F, C, false);
+    units_in_stage_.grain_done(1 + l, at(w2), C * F);
+    round_to_dtype(kernels(), dbig_ + q * F, rows * F, dtype());
+    mlp_activation_backward(dfc_ + q * FC, fch, dbig_ + q * F, rows);
+    float* inp = acts_.expert_in + q * C;
+    gather_rows(kernels(), inp, x.ln2, r.slot_tokens + s0, rows, C);
+    const float* w1 = p.fcw + static_cast<size_t>(e) * FC * C;
+    float* dw1 = units_in_stage_.grads(1 + l, at(w1), FC * C);
+    matmul_backward(matmul_, dexpert_in_ + q * C, dw1, nullptr, dfc_ + q * FC, FC, inp, w1, rows, C, FC, false);
+    units_in_stage_.grain_done(1 + l, at(w1), FC * C);
+    q += rows;
+  }
+  round_to_dtype(kernels(), dexpert_in_, Sg * C, dtype());
+  moe_combine(kernels(), dinp, dexpert_in_, r.grain_slots + t0 * k, nullptr, Ng, k, C, false);
+  // The balancing loss's gradient on the router's probabilities: dloss · balance_scale · n_e, each
+  // position of a sequence alike.
+  for (int i = 0; i < n; i++)
+    for (int e = 0; e < E; e++) {
+      const float g = static_cast<float>(dloss_ * balance_scale(b + i) * h.choices[static_cast<size_t>(b + i) * E + e]);
+      for (int t = 0; t < T; t++) moe_dprobs_host_[(static_cast<size_t>(i) * T + t) * E + e] = g;
+    }
+  op_copy_from_host(kernels(), dprobs_, moe_dprobs_host_.data(), static_cast<size_t>(Ng) * E * sizeof(float));
+  moe_route_backward(kernels(), drouter_, x.probs + t0 * E, r.experts + t0 * k, x.route_weights + t0 * k,
+                     droute_weights_, dprobs_, Ng, E, k, cfg_.moe.normalize_p);
+  round_to_dtype(kernels(), drouter_, static_cast<long>(Ng) * E, dtype());
+  float* dwr = units_in_stage_.grads(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
+  matmul_backward(matmul_, dinp, dwr, nullptr, drouter_, E, x.ln2 + t0 * C, p.routerw, Ng, C, E, true);
+  units_in_stage_.grain_done(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
+  round_to_dtype(kernels(), dinp, static_cast<long>(Ng) * C, dtype());
 }
 
 // The queries' and the keys' columns of a qkv row, each normed as `per_position` rows of `norm`
@@ -769,10 +970,12 @@ double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, 
   require_whole_model("forward_backward");
   check_targets(targets, B * T);
   training_ = true;
+  sequence_targets_.assign(B, 0);
+  for (int i = 0; i < B * T; i++) sequence_targets_[i / T] += targets[i] != kIgnoreIndex;
   forward_to_lnf(tokens, positions, nullptr, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
-  return sum_losses(targets, B * T, n_targets);
+  return sum_losses(targets, B * T, n_targets) + aux_loss_;
 }
 
 void Decoder::require_whole_model(const char* pass) const {
@@ -835,6 +1038,7 @@ double Decoder::stage_backward(const int32_t* targets, float dloss, const float*
 }
 
 void Decoder::backward(const int32_t* targets_op, float dloss) {
+  dloss_ = dloss;
   if (last_stage()) lm_head_backward(targets_op, dloss);
   // A residual sum passes its gradient unchanged to both inputs, so dresidual_ stands for the
   // gradient of the block output, of the skip path and of the projection at once; the layer
@@ -905,7 +1109,11 @@ void Decoder::block_backward(int l) {
   const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, l == 0 ? -1 : l)));
   const float* adapters = acquire_adapters(l, l - 1);
   // the same bits as the forward pass's
-  if (storage_.activation_checkpointing) block_forward(l, p, adapters, residual);
+  if (storage_.activation_checkpointing) {
+    recomputing_ = true;
+    block_forward(l, p, adapters, residual);
+    recomputing_ = false;
+  }
   const BlockActs x = block_acts(l);
   // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's
   // parameters), are asked for just before the op and handed over (grain_done) right after it,
@@ -927,12 +1135,16 @@ void Decoder::block_backward(int l) {
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout).
     const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
-    float* fch = x.fch + r * w.fc;
-    float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
-    mlp_activation(fch_gelu, fch, N);
-    linear_backward(l, linear(p, BlockProduct::kFcProj), dbig_, dproj, fch_gelu, adapters, b, n);
-    mlp_activation_backward(dfc_, fch, dbig_, N);
-    linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, x.ln2 + r * C, adapters, b, n);
+    if (cfg_.has_moe()) {
+      moe_backward(l, x, p, dproj, dsmall, b, n);
+    } else {
+      float* fch = x.fch + r * w.fc;
+      float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
+      mlp_activation(fch_gelu, fch, N);
+      linear_backward(l, linear(p, BlockProduct::kFcProj), dbig_, dproj, fch_gelu, adapters, b, n);
+      mlp_activation_backward(dfc_, fch, dbig_, N);
+      linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, x.ln2 + r * C, adapters, b, n);
+    }
     norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
     dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * w.q, adapters, b, n);

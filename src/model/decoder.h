@@ -39,7 +39,7 @@ class Decoder final : public Model {
   // own LM head's rows. Under LoRA, an adapter's A and B.
   size_t largest_grads_span(int unit) const override;
   size_t activation_bytes() const override {
-    return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float);
+    return (act_memory_.size() + grad_act_memory_.size()) * sizeof(float) + moe_routes_memory_.size() * sizeof(int32_t);
   }
   void set_max_batch(int max_batch) override;
   int max_batch() const override { return max_batch_; }
@@ -74,6 +74,9 @@ class Decoder final : public Model {
     // the keys'), and the norms' saves (the queries', then the keys').
     float *qk_raw, *qk_mean, *qk_rstd;
     float *atty, *att_lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch;
+    // Under MoE (fch then holds a row per slot): the router's probabilities (N,E), the chosen
+    // experts' weights (N,k), and the experts' outputs, a row per slot.
+    float *probs, *route_weights, *expert_out;
   };
   struct Acts {
     BlockActs block;  // layer l's at offset l·(its size for one layer)
@@ -82,13 +85,17 @@ class Decoder final : public Model {
     // not kept per layer, since the backward pass recomputes it from fch a grain at a time (the
     // same bits) for less memory.
     float* fch_gelu;
+    // Under MoE: the router's logits, and the experts' input rows (a row per slot; in the backward
+    // pass a grain's, in MoeRoutes' grain order).
+    float *router_logits, *expert_in;
   };
   // One block's tensors inside its unit, in layout order; null where the architecture has none
-  // (norm biases, product biases, the QK norms). The norms come before the products they feed,
-  // so that a block is its first norms, then qkv and attproj, ln2, then fc and fcproj.
+  // (norm biases, product biases, the QK norms, the router and its absent bias). The norms come
+  // before the products they feed, so that a block is its first norms, then qkv and attproj, ln2,
+  // then the router under MoE, fc and fcproj (under MoE every expert's, one after another).
   struct Block {
-    float *ln1w, *ln1b, *qlnw, *qlnb, *klnw, *klnb, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb,
-        *fcprojw, *fcprojb;
+    float *ln1w, *ln1b, *qlnw, *qlnb, *klnw, *klnb, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *routerw,
+        *routerb, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   Block bind_block(const float* base) const;
   // The passes below number units as the whole model does (0 the embeddings, 1 + l block l,
@@ -171,7 +178,7 @@ class Decoder final : public Model {
   // Where adapter k's product with A, x·Aᵀ (B·T, r), is kept for block l's backward.
   float* lora_u(int l, int k) const;
   // Floats of each of Block's tensors (0: absent), in its order: a weight, then its bias.
-  std::array<size_t, 16> block_sizes_{};
+  std::array<size_t, 18> block_sizes_{};
   // A block unit's parameters as matrix products use them: p itself in fp32; otherwise a copy in
   // compute_params_ with the matrix operands rounded.
   const float* compute_params(int unit, const float* p);
@@ -203,6 +210,47 @@ class Decoder final : public Model {
   // Its backward over the grain of n sequences from b: dqkv_'s query and key columns from the
   // norms' outputs' gradients to their inputs', and the norms' parameter gradients.
   void qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n);
+  // Under MoE, a layer's routes (of the microbatch routed last in that layer's slot), where the
+  // ops run: each token's chosen experts (N,k), their slots (N,k; -1: skipped, the expert full)
+  // and each slot's token and choice (moe.h). Slots are expert-major, then in (sequence, position,
+  // choice) order, so that an expert's rows for a run of sequences are contiguous. The grain_
+  // arrays number them again for the backward pass, which goes a grain of sequences at a time:
+  // a grain's slots packed in (expert, sequence, position) order, each token's slots as that
+  // packing's index (grain_slots), each packed row's token within the grain and its choice.
+  struct MoeRoutes {
+    int32_t *experts, *slots, *slot_tokens, *slot_choices, *grain_slots, *grain_slot_tokens, *grain_slot_choices;
+  };
+  MoeRoutes moe_routes(int l);
+  // The host's view of layer l's routes: choices[b·E + e], sequence b's choices of expert e (before
+  // capacity); segment[e·(B+1) + b], where expert e's slots of sequence b start (segment[e·(B+1)
+  // + B]: its end).
+  struct MoeHostRoutes {
+    std::vector<int32_t> choices, segment;
+  };
+  // Block l's MLP under MoE, over the microbatch: the router, the routes, the experts and their
+  // combination into out (N,C), rounded to the compute dtype; in training, the balancing loss
+  // added to aux_loss_.
+  void moe_forward(int l, const BlockActs& x, const Block& p, float* out);
+  // Its backward over the grain of n sequences from b: dout the combination's gradient (rows of
+  // the grain), into dinp the gradient of the MLP's input (ln2's output), and the router's and the
+  // experts' weight gradients.
+  void moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n);
+  // Layer l's routes from the experts chosen: capacity applied, slots numbered, uploaded.
+  void moe_assign_slots(int l);
+  // The expert products of a run of slots: out (rows, out_w) = inp · expert e's weight ᵀ, one call
+  // per expert (per sequence where a row's bits depend on its neighbours).
+  void expert_products(int l, const float* weights, int e, float* out, const float* inp, int in_w, int out_w);
+  OpArray<int32_t> moe_routes_memory_;
+  std::vector<MoeHostRoutes> moe_host_;  // per layer slot, as moe_routes
+  std::vector<int32_t> moe_scratch_;     // host copies of the routes being numbered
+  std::vector<float> moe_probs_host_, moe_dprobs_host_;
+  // The balancing loss's factor for sequence b of the training pass: loss_weight · E/(k·T²) over
+  // the layers, times the sequence's targets.
+  double balance_scale(int b) const;
+  std::vector<int64_t> sequence_targets_;  // of the training pass, per sequence
+  double aux_loss_ = 0;   // the balancing loss of the last training pass (summed per target)
+  float dloss_ = 0;       // the backward pass's scale of the loss
+  bool recomputing_ = false;  // block_forward recomputes a block for its backward pass
   // The MLP activation (GELU or SwiGLU) of N rows of fch into out, and its gradient: dfc from
   // dout and fch; both rounded to the compute dtype as they are written.
   void mlp_activation(float* out, const float* fch, int N);
@@ -301,6 +349,11 @@ class Decoder final : public Model {
   // sequence, a row per distinct token of it (touched_rows_); dqk_ a QK norm's input gradient for a grain.
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,
         *demb_rows_ = nullptr, *dqk_ = nullptr;
+  // Under MoE, for a grain: the experts' output and input gradients (rows in MoeRoutes' grain
+  // order), the router logits' gradient, the chosen weights', and the balancing loss's gradient on
+  // the router's probabilities.
+  float *dexpert_out_ = nullptr, *dexpert_in_ = nullptr, *drouter_ = nullptr, *droute_weights_ = nullptr,
+        *dprobs_ = nullptr;
   const int32_t* tokens_ = nullptr;  // of the last forward (host), for the embedding's backward
   // Each sequence's distinct tokens, ascending, one after another (sequence b's from
   // touched_offsets_[b]; capacity max_batch·max_seq), and each position's token as its index among

@@ -42,6 +42,8 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const bool per_head = cfg.qk_norm == QkNorm::kPerHead;
   const int64_t qn = per_head ? cfg.head_size() : w.q, kn = per_head ? cfg.head_size() : w.kv;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
+  const bool moe = cfg.has_moe();
+  const int64_t E = moe ? cfg.moe.experts : 1;
   return {{"ln1w", {C}, false, false, 1.0f},
           {"ln1b", opt(nb, C)},
           {"qlnw", opt(qk, qn), false, false, 1.0f},
@@ -54,10 +56,14 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
           {"attprojb", opt(lb, C)},
           {"ln2w", {C}, false, false, 1.0f},
           {"ln2b", opt(nb, C)},
-          {"fcw", {w.fc, C}, true},
-          {"fcb", opt(lb, w.fc)},
-          {"fcprojw", {C, w.hidden}, true, true},
-          {"fcprojb", opt(lb, C)}};
+          // Under MoE the router, then every expert's fc weight (expert e's rows from e·fc), then
+          // every expert's fcproj weight (expert e's (C, hidden) from e·C·hidden); no biases.
+          {"routerw", moe ? std::vector<int64_t>{E, C} : std::vector<int64_t>{}, true},
+          {"routerb", {}},
+          {"fcw", {E * w.fc, C}, true},
+          {"fcb", opt(lb && !moe, w.fc)},
+          {"fcprojw", {E * C, w.hidden}, true, true},
+          {"fcprojb", opt(lb && !moe, C)}};
 }
 
 size_t numel_of(const std::vector<int64_t>& shape) {
@@ -126,7 +132,9 @@ std::vector<ParamTensor> decoder_param_layout(const ModelConfig& cfg) {
 double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const double C = cfg.d_model, L = cfg.n_layers;
   const Widths w(cfg);
-  const double block_matrices = C * (w.qkv + w.q + w.fc + w.hidden);
+  // A token passes through the router and its top_k experts' products.
+  const double block_matrices =
+      C * (w.qkv + w.q) + (cfg.has_moe() ? C * (cfg.moe.experts + cfg.moe.top_k * (w.fc + w.hidden)) : C * (w.fc + w.hidden));
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
   // Attention's two products per query head: over the query width, which is d_model unless the
   // head size is the family's own.
@@ -155,11 +163,17 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   const size_t qk_rows = cfg.qk_norm == QkNorm::kPerHead ? BT * (NH + cfg.kv_heads()) : 2 * qk * BT;
   const size_t qk_mean = cfg.norm == NormKind::kLayerNorm ? qk_rows : 0;
   const size_t layers = storage.activation_checkpointing ? 1 : L;
+  // Under MoE: the router's probabilities and the chosen weights, the experts' outputs (a row per
+  // slot), and the routes' integers (Decoder::MoeRoutes: 7 of BT·K each).
+  const size_t E = w.experts, K = w.slots, probs = E * BT, chosen = E ? BT * K : 0, expert_rows = E ? BT * K * C : 0;
+  const size_t moe_grads = E ? 2 * GT * K * C + GT * E + GT * K + GT * E : 0;
   ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, qk_mean, qk_rows, BT * Q, NH * BT, BT * C, BT * C, mean, BT,
-                     BT * FC},
+                     BT * K * FC, probs, chosen, expert_rows},
                     layers,
-                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, V ? T : 0, BT * DS, BT * F},
-                    BT * C + BT * DS + GT * F + dfc + GT * QKV + T * C + dqk,
+                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, V ? T : 0, BT * DS, BT * K * F, probs,
+                     expert_rows},
+                    BT * C + BT * DS + GT * K * F + K * dfc + GT * QKV + T * C + dqk + moe_grads,
+                    layers * (E ? 7 * BT * K : 0),
                     {}};
   if (cfg.has_lora()) {
     const std::vector<LoraModule> modules = lora_targets(cfg);
@@ -175,7 +189,8 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
 }
 
 size_t decoder_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
-  return activation_sizes(cfg, max_batch, max_seq, storage).total() * sizeof(float);
+  const ActivationSizes s = activation_sizes(cfg, max_batch, max_seq, storage);
+  return s.total() * sizeof(float) + s.moe_routes * sizeof(int32_t);
 }
 
 // Decoder's Prefix and forward_logits' chunk at their largest: each layer's qkv of a prefix of up

@@ -15,6 +15,8 @@ namespace anvil {
 // unless the head size is the family's own; then the keys' and the values' kv each), the MLP's
 // hidden width F, the first MLP product's outputs (F, or gate and up: 2F), and the backward
 // pass's rows of the narrow gradients (d_model, or the attention's output where that is wider).
+// Under MoE, the MLP's products run over slots, a token's rows for its top_k experts: `slots`
+// per token (1 for a dense MLP).
 struct Widths {
   explicit Widths(const ModelConfig& cfg)
       : q(cfg.q_width()),
@@ -22,8 +24,10 @@ struct Widths {
         qkv(cfg.qkv_width()),
         hidden(cfg.mlp_width()),
         fc(cfg.mlp == MlpKind::kSwiglu ? 2 * hidden : hidden),
-        dsmall(q > cfg.d_model ? q : cfg.d_model) {}
-  int q, kv, qkv, hidden, fc, dsmall;
+        dsmall(q > cfg.d_model ? q : cfg.d_model),
+        experts(cfg.moe.experts),
+        slots(cfg.has_moe() ? cfg.moe.top_k : 1) {}
+  int q, kv, qkv, hidden, fc, dsmall, experts, slots;
 };
 
 // Whether the architecture's norms have a bias (LayerNorm with one; never RMSNorm).
@@ -43,12 +47,18 @@ size_t numel_of(const std::vector<int64_t>& shape);
 // Floats of every activation array: per layer in the order of Decoder::BlockActs, then the rest
 // of Decoder::Acts, then the activation gradients.
 struct ActivationSizes {
-  size_t block[14];
+  size_t block[17];
   size_t block_layers;  // the stage's blocks (ModelStorage::stage), or 1 under activation checkpointing
-  size_t rest[10];      // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu
+  // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu,
+  // router_logits, expert_in
+  size_t rest[12];
   // dresidual and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv for a grain;
-  // demb_rows for a sequence
+  // demb_rows for a sequence; under MoE, for a grain: the experts' output and input gradients,
+  // the router's logits', its weights' and its probabilities'
   size_t grads;
+  // Under MoE, the routes' integers (Decoder::MoeRoutes) of every layer kept: int32s, apart
+  // from the floats above.
+  size_t moe_routes;
   // LoRA's (Decoder::lora_u_ ...): u, v, du, x, dx
   size_t lora[5];
 

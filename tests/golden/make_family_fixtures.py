@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Writes the golden fixtures for anvil's MPT, Llama and Qwen2 families against PyTorch: mpt_tiny,
-llama_tiny, llama_mqa_tiny, mpt_qkln_tiny, mpt_qkln_rope_tiny and qwen2_tiny (.safetensors).
+llama_tiny, llama_mqa_tiny, mpt_qkln_tiny, mpt_qkln_rope_tiny, qwen2_tiny, qwen3_tiny,
+mistral_window_tiny, and the mixtures of experts mpt_moe_tiny and mpt_dmoe_glu_tiny (.safetensors).
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
 Each model is written here from the published definitions, not from anvil's code:
@@ -104,6 +105,93 @@ def mpt(P, tokens, L, NH, C, KV=None, qk_ln=False, rope=False, rms=False):
     return norm(x, "norm_f") @ P["wte"].T
 
 
+def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targets):
+    """MPT whose MLPs are MegaBlocks mixtures of experts (LLM Foundry's ffn_type mb_moe / mb_dmoe),
+    written from MegaBlocks' definition: a bias-free router linear, softmax over the experts, the
+    top K by probability, their weights divided by their norm_p-norm (when given), each expert an
+    MLP without biases (w1 (F,C), w2 (C,F); glu: silu(x·w1ᵀ)·(x·v1ᵀ) with v1 (F,C), else exact
+    GELU), the outputs summed by weight. anvil routes, caps and balances a sequence at a time:
+    with a capacity factor an expert takes at most ceil(factor·K·T/E) of a sequence's choices, in
+    (position, rank) order, and a skipped choice adds nothing; the balancing loss of a sequence
+    is MegaBlocks' loss_weight·E/(K·T²)·Σ_e n_e·Σ_t p_te (n_e its choices of e before capacity),
+    averaged over the layers and counted once per target of the sequence, as the cross-entropy
+    is. Returns the logits and the balancing loss to add to the mean cross-entropy."""
+    hs = C // NH
+    x = P["wte"][tokens]
+    bias = alibi_slopes(NH, 8).view(1, NH, 1, 1) * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, 1, T)
+    n_targets = (targets != -100).sum(dim=1).to(torch.float32)  # per sequence
+    balance = 0.0
+    for l in range(L):
+        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
+        q, k, v = (h @ P["Wqkv"][l].T).split(C, dim=-1)
+        q, k, v = (t.view(B, T, NH, hs).transpose(1, 2) for t in (q, k, v))
+        y = attention(q, k, v, bias).transpose(1, 2).reshape(B, T, C)
+        x = x + y @ P["out_proj"][l].T
+        h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
+        probs = (h @ P["router"][l].T).softmax(dim=-1)  # (B,T,E)
+        weights, chosen = torch.topk(probs, K, dim=-1)  # (B,T,K)
+        if norm_p:
+            weights = weights / torch.norm(weights, p=norm_p, dim=-1, keepdim=True)
+        kept = torch.ones(B, T, K, dtype=torch.bool)
+        if capacity:
+            cap = math.ceil(capacity * K * T / E)
+            for b in range(B):
+                used = [0] * E
+                for t in range(T):
+                    for j in range(K):
+                        e = int(chosen[b, t, j])
+                        kept[b, t, j] = used[e] < cap
+                        used[e] += 1
+        out = torch.zeros_like(x)
+        for e in range(E):
+            gate = ((chosen == e) & kept).to(torch.float32) * weights  # (B,T,K)
+            a = h @ P["w1"][l, e].T
+            a = F.silu(a) * (h @ P["v1"][l, e].T) if glu else F.gelu(a)
+            out = out + gate.sum(-1, keepdim=True) * (a @ P["w2"][l, e].T)
+        x = x + out
+        counts = F.one_hot(chosen, E).sum(dim=(1, 2)).to(torch.float32)  # (B,E), before capacity
+        lbl = loss_weight * E / (K * T * T) * (counts * probs.sum(dim=1)).sum(dim=1)  # (B,)
+        balance = balance + (lbl * n_targets).sum() / (L * n_targets.sum())
+    return F.layer_norm(x, (C,), P["norm_f"], None, 1e-5) @ P["wte"].T, balance
+
+
+def write_mpt_moe():
+    """Two MPTs with mixture-of-experts MLPs: mb_moe (four GELU experts, top 2, capacity factor
+    1: some choices skipped, weights normalised by their 1-norm) and mb_dmoe (three SwiGLU
+    experts, top 1, dropless)."""
+    L, NH, C, FF = 2, 4, 24, 32
+    for name, E, K, capacity, norm_p, glu in [("mpt_moe_tiny.safetensors", 4, 2, 1.0, 1.0, False),
+                                              ("mpt_dmoe_glu_tiny.safetensors", 3, 1, 0.0, 0.0, True)]:
+        shapes = {"wte": (V, C), "norm_1": (L, C), "Wqkv": (L, 3 * C, C), "out_proj": (L, C, C), "norm_2": (L, C),
+                  "router": (L, E, C), "w1": (L, E, FF, C), "w2": (L, E, C, FF), "norm_f": (C,)}
+        if glu:
+            shapes["v1"] = (L, E, FF, C)
+        P = make_params(shapes)
+        tokens, targets = batch()
+
+        def flat(g, glu=glu):
+            parts = [g("wte")]
+            for l in range(L):
+                # anvil's fused first product: each expert's gate rows, then its up rows.
+                w1 = torch.cat([g("w1")[l], g("v1")[l]], dim=1) if glu else g("w1")[l]
+                parts += [g("norm_1")[l], g("Wqkv")[l], g("out_proj")[l], g("norm_2")[l], g("router")[l], w1,
+                          g("w2")[l]]
+            return cat(parts + [g("norm_f")])
+
+        def forward(P, tokens, E=E, K=K, capacity=capacity, norm_p=norm_p, glu=glu):
+            return mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, 0.1, targets)
+
+        ffn = (f"ffn_config:\n  ffn_type: {'mb_moe' if capacity else 'mb_dmoe'}\n  moe_num_experts: {E}\n"
+               f"  moe_top_k: {K}\n  ffn_hidden_size: {FF}\n  moe_loss_weight: 0.1\n" +
+               (f"  moe_capacity_factor: {capacity}\n" if capacity else "") +
+               (f"  moe_normalize_expert_weights: {norm_p}\n" if norm_p else "") +
+               ("  mlp_type: glu\n  ffn_act_fn:\n    name: silu\n" if glu else ""))
+        write(name, P, flat, forward,
+              f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
+              f"max_seq_len: {MAX_T}\nno_bias: true\nattn_config:\n  alibi: true\n" + ffn,
+              {"Wqkv", "out_proj", "router", "w1", "v1", "w2"}, batch_of=(tokens, targets))
+
+
 def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -155,18 +243,32 @@ def batch():
     return tokens, targets
 
 
-def write(name, P, flat, forward, model_yaml, decay):
-    """decay: the names of the tensors AdamW decays."""
-    tokens, targets = batch()
-    logits = forward(P, tokens)
-    loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
-    loss.backward()
+def write(name, P, flat, forward, model_yaml, decay, batch_of=None):
+    """decay: the names of the tensors AdamW decays. forward returns the logits, or the logits and
+    an auxiliary loss that training adds to the mean cross-entropy (batch_of: the batch, when the
+    forward pass needs its targets)."""
+    tokens, targets = batch_of or batch()
+
+    def loss_of(P):
+        out = forward(P, tokens)
+        logits, aux = out if isinstance(out, tuple) else (out, None)
+        return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100), aux
+
+    logits, loss, aux = loss_of(P)
+    (loss if aux is None else loss + aux).backward()
+    # loss: the cross-entropy alone (what evaluation reports); balance_loss: the auxiliary loss
+    # that training adds to it.
     out = {"params_init": flat(lambda n: P[n]), "tokens": tokens.to(torch.int32),
            "targets": targets.to(torch.int32), "logits": logits.detach(), "loss": loss.detach().reshape(1),
            "grads": flat(lambda n: P[n].grad)}
+    if aux is not None:
+        out["balance_loss"] = aux.detach().reshape(1)
 
-    out["step_losses"], out["step_grad_norms"] = adamw_steps(
-        P, decay, lambda: F.cross_entropy(forward(P, tokens).view(-1, V), targets.view(-1), ignore_index=-100))
+    def training_loss():
+        _, ce, aux = loss_of(P)
+        return ce if aux is None else ce + aux
+
+    out["step_losses"], out["step_grad_norms"] = adamw_steps(P, decay, training_loss)
     out["params_final"] = flat(lambda n: P[n])
 
     meta = {"batch": B, "seq_len": T, "model_yaml": model_yaml, "torch": torch.__version__, "lr": LR,
@@ -202,6 +304,8 @@ def main():
     write_llama("qwen2_tiny.safetensors", 2, True, qkv_bias=True)
     write_llama("qwen3_tiny.safetensors", 2, True, qk_norm=True, hs=16)
     write_llama("mistral_window_tiny.safetensors", 2, False, window=4)
+    torch.manual_seed(20261128)
+    write_mpt_moe()
 
 
 def write_mpt_qk_ln():

@@ -8,7 +8,10 @@
 // RMSNorm without biases, and multi-query RoPE heads (4 over 1) with biases everywhere; a Qwen2
 // (4 heads over 2, tied head) with biases on q, k and v alone; and a Qwen3 (the same heads, each
 // of 16 channels over a width of 32, with an RMSNorm over each head's queries and keys); and a
-// Mistral whose sliding window (4 keys) is shorter than the sequence (9 tokens).
+// Mistral whose sliding window (4 keys) is shorter than the sequence (9 tokens); and two MPTs whose
+// MLPs are mixtures of experts (LLM Foundry's MegaBlocks keys): mb_moe with four GELU experts, top
+// 2, capacity factor 1 (choices skipped) and 1-norm weights, and mb_dmoe with three SwiGLU experts,
+// top 1; their training loss adds the balancing loss, compared on its own.
 // Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -71,7 +74,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                                            Family{"qwen3_tiny.safetensors", KernelImpl::kRef},
                                            Family{"qwen3_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"mistral_window_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"mistral_window_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"mistral_window_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_moe_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_moe_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));

@@ -122,7 +122,17 @@ class Mpt final : public Family {
     key("qk_ln", c.qk_norm == QkNorm::kWhole);
     e << YAML::EndMap;
     e << YAML::Key << "ffn_config" << YAML::Value << YAML::BeginMap;
-    key("ffn_type", c.mlp == MlpKind::kSwiglu ? "mptglu" : "mptmlp");
+    if (c.has_moe()) {
+      key("ffn_type", c.moe.capacity_factor > 0 ? "mb_moe" : "mb_dmoe");
+      key("mlp_type", c.mlp == MlpKind::kSwiglu ? "glu" : "mlp");
+      key("moe_num_experts", c.moe.experts);
+      key("moe_top_k", c.moe.top_k);
+      if (c.moe.capacity_factor > 0) key("moe_capacity_factor", c.moe.capacity_factor);
+      if (c.moe.normalize_p > 0) key("moe_normalize_expert_weights", c.moe.normalize_p);
+      key("moe_loss_weight", c.moe.loss_weight);
+    } else {
+      key("ffn_type", c.mlp == MlpKind::kSwiglu ? "mptglu" : "mptmlp");
+    }
     e << YAML::Key << "ffn_act_fn" << YAML::Value << YAML::BeginMap;
     key("name", c.mlp == MlpKind::kSwiglu ? "silu" : "gelu");
     if (c.mlp != MlpKind::kSwiglu) key("approximate", c.mlp == MlpKind::kGeluTanh ? "tanh" : "none");
@@ -163,6 +173,7 @@ class Mpt final : public Family {
     require(c.kv_heads() == c.n_heads, "grouped-query attention (attn_config.kv_n_heads)");
     require(c.tied_embeddings, "its own LM head (tie_word_embeddings: false)");
     require(c.qk_norm == QkNorm::kNone, "QK LayerNorm (attn_config.qk_ln: transformers' MPT has none)");
+    require(!c.has_moe(), "mixture-of-experts MLPs (ffn_type mb_moe or mb_dmoe: transformers' MPT has none)");
     ANVIL_CHECK(c.alibi_bias_max == static_cast<float>(static_cast<int>(c.alibi_bias_max)),
                 "transformers' MPT takes an integer attn_config.alibi_bias_max; the model has {}", c.alibi_bias_max);
   }
@@ -285,11 +296,57 @@ class Mpt final : public Family {
     unset(a, "softmax_scale", "the scale is 1/sqrt(head size)");
   }
 
+  // LLM Foundry's MegaBlocks keys (ffn_type mb_moe or mb_dmoe), with MegaBlocks' defaults.
+  static void read_moe_keys(MapReader& f, ModelConfig& c, bool dropless) {
+    MoeConfig& moe = c.moe;
+    f.get("moe_num_experts", moe.experts);
+    ANVIL_CHECK(moe.experts >= 1, "{}: {} = {} must be at least 1 (the experts of each block's MLP)",
+                f.source("moe_num_experts"), f.full("moe_num_experts"), moe.experts);
+    f.get("moe_top_k", moe.top_k);
+    ANVIL_CHECK(moe.top_k >= 1 && moe.top_k <= moe.experts, "{}: {} = {} must be between 1 and moe_num_experts ({})",
+                f.source("moe_top_k"), f.full("moe_top_k"), moe.top_k, moe.experts);
+    if (dropless) {
+      ignored<double>(f, "moe_capacity_factor");  // mb_dmoe never drops: MegaBlocks ignores it too
+    } else {
+      moe.capacity_factor = 1.0f;
+      f.get("moe_capacity_factor", moe.capacity_factor);
+      ANVIL_CHECK(moe.capacity_factor > 0, "{}: {} = {} must be positive", f.source("moe_capacity_factor"),
+                  f.full("moe_capacity_factor"), moe.capacity_factor);
+    }
+    f.get("moe_normalize_expert_weights", moe.normalize_p);
+    ANVIL_CHECK(moe.normalize_p >= 0, "{}: {} = {} must be a positive p (of the p-norm), or null",
+                f.source("moe_normalize_expert_weights"), f.full("moe_normalize_expert_weights"), moe.normalize_p);
+    f.get("moe_loss_weight", moe.loss_weight);
+    ANVIL_CHECK(moe.loss_weight >= 0, "{}: {} = {} must not be negative", f.source("moe_loss_weight"),
+                f.full("moe_loss_weight"), moe.loss_weight);
+    unset(f, "moe_jitter_eps", "the router's input is never jittered");
+    only(f, "uniform_expert_assignment", false, "the router chooses the experts");
+    only(f, "moe_expert_model_parallelism", false, "every rank holds all the experts");
+    only(f, "moe_weight_parallelism", false, "every rank holds all the experts' weights");
+    only(f, "bias", false, "the experts have no biases");
+    // The balancing loss is summed in double whatever this says; the MLP's implementation choices
+    // change no value.
+    ignored<bool>(f, "moe_lbl_in_fp32");
+    ignored<bool>(f, "memory_optimized_mlp");
+    ignored<std::string>(f, "mlp_impl");
+  }
+
   static void read_ffn_config(MapReader& f, ModelConfig& c, double expansion_ratio, const MapReader& m) {
     std::string type = "mptmlp";
     f.get("ffn_type", type);
-    ANVIL_CHECK(type == "mptmlp" || type == "mptglu", "{}: {} = '{}' is not supported (expected mptmlp or mptglu)",
-                f.source("ffn_type"), f.full("ffn_type"), type);
+    ANVIL_CHECK(type == "mptmlp" || type == "mptglu" || type == "mb_moe" || type == "mb_dmoe",
+                "{}: {} = '{}' is not supported (expected mptmlp, mptglu, mb_moe or mb_dmoe)", f.source("ffn_type"),
+                f.full("ffn_type"), type);
+    const bool moe = type == "mb_moe" || type == "mb_dmoe";
+    // MegaBlocks' experts are MLPs (mlp_type mlp) or gated ones (glu, SwiGLU with silu).
+    std::string mlp_type = "mlp";
+    if (moe) {
+      read_moe_keys(f, c, type == "mb_dmoe");
+      f.get("mlp_type", mlp_type);
+      ANVIL_CHECK(mlp_type == "mlp" || mlp_type == "glu", "{}: {} = '{}' is not supported (expected mlp or glu)",
+                  f.source("mlp_type"), f.full("mlp_type"), mlp_type);
+    }
+    const bool glu = type == "mptglu" || mlp_type == "glu";
     std::string act = "gelu", approximate = "none";
     {
       MapReader a = f.sub("ffn_act_fn");
@@ -297,13 +354,14 @@ class Mpt final : public Family {
       a.get("approximate", approximate);
       a.finish();
     }
-    if (type == "mptglu") {
-      ANVIL_CHECK(act == "silu", "{}: {} = '{}' with mptglu is not supported: anvil's gated MLP is SwiGLU (name: "
-                  "silu)", f.source("ffn_act_fn"), f.full("ffn_act_fn.name"), act);
+    if (glu) {
+      ANVIL_CHECK(act == "silu", "{}: {} = '{}' with a gated MLP is not supported: anvil's gated MLP is SwiGLU "
+                  "(name: silu)", f.source("ffn_act_fn"), f.full("ffn_act_fn.name"), act);
       c.mlp = MlpKind::kSwiglu;
     } else {
       ANVIL_CHECK(act == "gelu" && (approximate == "none" || approximate == "tanh"),
-                  "{}: {} = {} (approximate {}) is not supported with mptmlp: expected gelu, approximate none or tanh",
+                  "{}: {} = {} (approximate {}) is not supported with an ungated MLP: expected gelu, approximate none "
+                  "or tanh",
                   f.source("ffn_act_fn"), f.full("ffn_act_fn"), act, approximate);
       c.mlp = approximate == "tanh" ? MlpKind::kGeluTanh : MlpKind::kGeluErf;
     }

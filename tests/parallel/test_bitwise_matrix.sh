@@ -14,7 +14,7 @@
 # ranks (ZeRO-1), as 4 stages of one rank (4 microbatches through them, the whole 1F1B
 # schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family
 # as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
-# stages, resumed on 3 ranks without stages.
+# stages, resumed on 3 ranks without stages. Last, an MPT whose MLPs are mixtures of experts.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -97,4 +97,20 @@ family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_
   model.resid_pdrop=0.1 model.attn_config.attn_pdrop=0.1
 pipelined="activation_checkpointing=true"
 family llama model.n_kv_heads=2 model.attention_dropout=0.1
+
+# A mixture of experts (mb_moe: four experts, top 2, capacity factor 1, so that experts fill and
+# skip choices; residual dropout): 1 rank, 2 ranks under ZeRO-3 with activation checkpointing, 3
+# ranks, and 2 ranks stopped at step 8 and resumed on 4.
+moe=(model.name=mpt_causal_lm model.n_layers=2 model.d_model=128 model.no_bias=true model.attn_config.alibi=true
+     model.ffn_config.ffn_type=mb_moe model.ffn_config.moe_num_experts=4 model.ffn_config.moe_top_k=2
+     model.ffn_config.moe_capacity_factor=1.0 model.resid_pdrop=0.1)
+OMP_NUM_THREADS=2 train moe_w1_mb8_z0 1 8 0 "${moe[@]}"
+train moe_w2_mb1_z3_ckpt 2 1 3 "${moe[@]}" activation_checkpointing=true
+train moe_w3_mb4_z2 3 4 2 "${moe[@]}"
+train moe_w2_then_w4 2 2 1 "${moe[@]}" max_duration=8ba scheduler.t_max=20ba
+train moe_w2_then_w4 4 1 0 "${moe[@]}" scheduler.t_max=20ba autoresume=true
+grep -q "resumed from .*step-00000008" "$tmp/moe_w2_then_w4.out" || fail "moe: the second part did not resume from step 8"
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/moe_w1_mb8_z0" "$tmp/moe_w2_mb1_z3_ckpt" "$tmp/moe_w3_mb4_z2" \
+  "$tmp/moe_w2_then_w4" || fail "moe: the runs do not all end with the same bits"
+echo "moe: weights sha256 $("$anvil" inspect "$tmp/moe_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 [ "$failures" -eq 0 ]

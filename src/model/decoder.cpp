@@ -410,7 +410,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   }
   B_ = B;
   T_ = T;
-  aux_loss_ = 0;
+  moe_stats_ = {};
   Acts& a = acts_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
@@ -517,12 +517,14 @@ void Decoder::moe_assign_slots(int l) {
   }
   const int32_t n_slots = next;
   std::vector<int32_t> taken(static_cast<size_t>(E) * B, 0);
+  int64_t skipped = 0;
   for (int b = 0; b < B; b++)
     for (size_t i = static_cast<size_t>(b) * T * k; i < static_cast<size_t>(b + 1) * T * k; i++) {
       const int e = experts[i];
       int32_t& used = taken[static_cast<size_t>(e) * B + b];
       if (used >= capacity) {
         slots[i] = -1;
+        skipped++;
         continue;
       }
       const int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b] + used++;
@@ -545,6 +547,10 @@ void Decoder::moe_assign_slots(int l) {
       }
   }
   for (size_t i = 0; i < Nk; i++) grain_slots[i] = slots[i] < 0 ? -1 : packed_of[slots[i]];
+  if (training_ && !recomputing_) {
+    moe_stats_.choices += static_cast<int64_t>(Nk);
+    moe_stats_.skipped += skipped;
+  }
   op_copy_from_host(kernels(), r.slots, slots, Nk * sizeof(int32_t));
   op_copy_from_host(kernels(), r.slot_tokens, slot_tokens, static_cast<size_t>(n_slots) * sizeof(int32_t));
   op_copy_from_host(kernels(), r.slot_choices, slot_choices, static_cast<size_t>(n_slots) * sizeof(int32_t));
@@ -595,7 +601,7 @@ void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out)
     for (int e = 0; e < E; e++) {
       double p_sum = 0;
       for (int t = 0; t < T; t++) p_sum += moe_probs_host_[(static_cast<size_t>(b) * T + t) * E + e];
-      aux_loss_ += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
+      moe_stats_.balance_loss += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
     }
 }
 
@@ -975,7 +981,7 @@ double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, 
   forward_to_lnf(tokens, positions, nullptr, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
-  return sum_losses(targets, B * T, n_targets) + aux_loss_;
+  return sum_losses(targets, B * T, n_targets) + moe_stats_.balance_loss;
 }
 
 void Decoder::require_whole_model(const char* pass) const {

@@ -65,6 +65,7 @@ class Decoder final : public Model {
   // crossentropy.h).
   const float* logits() const override { return acts_.logits; }
   const float* losses() const override { return losses_host_.data(); }
+  MoeStats moe_stats() const override { return moe_stats_; }
 
  private:
   // A block's activations, per layer (or for one layer under activation checkpointing).
@@ -228,8 +229,8 @@ class Decoder final : public Model {
     std::vector<int32_t> choices, segment;
   };
   // Block l's MLP under MoE, over the microbatch: the router, the routes, the experts and their
-  // combination into out (N,C), rounded to the compute dtype; in training, the balancing loss
-  // added to aux_loss_.
+  // combination into out (N,C), rounded to the compute dtype; in training, the balancing loss and
+  // the skipped choices added to moe_stats_.
   void moe_forward(int l, const BlockActs& x, const Block& p, float* out);
   // Its backward over the grain of n sequences from b: dout the combination's gradient (rows of
   // the grain), into dinp the gradient of the MLP's input (ln2's output), and the router's and the
@@ -248,7 +249,7 @@ class Decoder final : public Model {
   // the layers, times the sequence's targets.
   double balance_scale(int b) const;
   std::vector<int64_t> sequence_targets_;  // of the training pass, per sequence
-  double aux_loss_ = 0;   // the balancing loss of the last training pass (summed per target)
+  MoeStats moe_stats_;  // of the last training pass
   float dloss_ = 0;       // the backward pass's scale of the loss
   bool recomputing_ = false;  // block_forward recomputes a block for its backward pass
   // The MLP activation (GELU or SwiGLU) of N rows of fch into out, and its gradient: dfc from

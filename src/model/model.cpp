@@ -191,6 +191,10 @@ std::string model_architecture_summary(const ModelConfig& c) {
     case MlpKind::kGeluErf: s += fmt::format(", GELU (erf) {}", c.mlp_width()); break;
     case MlpKind::kSwiglu: s += fmt::format(", SwiGLU {}", c.mlp_width()); break;
   }
+  if (c.has_moe()) {
+    s += fmt::format(" in each of {} experts, top {}", c.moe.experts, c.moe.top_k);
+    s += c.moe.capacity_factor > 0 ? fmt::format(" (capacity factor {:g})", c.moe.capacity_factor) : " (dropless)";
+  }
   s += c.linear_bias ? ", biases" : c.qkv_bias ? ", biases on q, k, v" : ", no biases";
   s += c.tied_embeddings ? ", tied LM head" : ", own LM head";
   if (c.sliding_window) s += fmt::format(", sliding window {}", c.sliding_window);

@@ -233,7 +233,8 @@ class Model {
                                       int64_t* n_targets) = 0;
   virtual void drop_prefix() = 0;
   // Training: the forward pass, then adds to the gradient (through UnitAccess) dloss · (the
-  // gradient of the sum of the per-token losses). Returns that sum, as forward() does. With
+  // gradient of the sum of the per-token losses, plus a mixture of experts' balancing loss: see
+  // moe_stats). Returns that sum, as forward() does, plus the balancing loss. With
   // dropout in the config, its masks are those of set_dropout_position's step and sequences.
   virtual double forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                                   int64_t* n_targets, const int32_t* positions = nullptr) = 0;
@@ -277,6 +278,16 @@ class Model {
   // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
   // ignored. Host memory.
   virtual const float* losses() const = 0;
+  // A mixture of experts' accounting of the last pass, when it was forward_backward (zeros
+  // otherwise, and for a dense model): its
+  // balancing loss (config/model_config.h's MoeConfig, summed per target as the per-token losses
+  // are), and how many of the tokens' expert choices there were and how many the experts
+  // skipped, full (capacity).
+  struct MoeStats {
+    double balance_loss = 0;
+    int64_t choices = 0, skipped = 0;
+  };
+  virtual MoeStats moe_stats() const { return {}; }
 
  protected:
   // The layout, units and own arrays of cfg's model; max_seq: the longest sequence it will see.

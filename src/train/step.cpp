@@ -72,7 +72,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   r.loss_scale = scaler_.scale();
   dp_.set_loss_scale(r.loss_scale);
   const float dloss = static_cast<float>(r.loss_scale / static_cast<double>(r.target_tokens));
-  int64_t loss_fixed = 0;
+  int64_t loss_fixed = 0, balance_fixed = 0, choices = 0, skipped_choices = 0;
   int nonfinite_loss = 0;
   DataParallel::Backward outcome = DataParallel::Backward::kDone;
   // A deterministic step whose gradients outgrew their fixed-point scale runs again at the scale
@@ -82,7 +82,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
     ANVIL_CHECK(attempt < 2, "step {}: fixed-point gradients overflowed twice with the same data; the "
                 "backward pass is not deterministic", t);
     dp_.begin_step();
-    loss_fixed = 0;
+    loss_fixed = balance_fixed = choices = skipped_choices = 0;
     nonfinite_loss = 0;
     // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
     const Model::DropoutPosition at{seed_, t, static_cast<int64_t>(comm.rank()) * batch};
@@ -102,6 +102,10 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
                                                  positions ? positions + offset : nullptr);
       nonfinite_loss |= !std::isfinite(sum);
       loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));
+      const Model::MoeStats moe = model_.moe_stats();
+      balance_fixed = fixed_point_add(balance_fixed, std::llround(std::ldexp(moe.balance_loss, kLossFractionBits)));
+      choices += moe.choices;
+      skipped_choices += moe.skipped;
     }
     outcome = dp_.finish_backward();
     if (outcome != DataParallel::Backward::kRunAgain) break;
@@ -116,6 +120,11 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   r.loss = sum_exact(comm, nonfinite_loss) > 0
                ? std::numeric_limits<double>::quiet_NaN()
                : fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
+  if (model_.config().has_moe()) {
+    r.balance_loss = fixed_point_loss_value(sum_exact(comm, balance_fixed)) / static_cast<double>(r.target_tokens);
+    r.skipped_choices = static_cast<double>(sum_exact(comm, skipped_choices)) /
+                        static_cast<double>(std::max<int64_t>(1, sum_exact(comm, choices)));
+  }
   r.lr = schedule_.lr(t, dp_.optimizer_steps(), lr_);
   r.skipped = outcome == DataParallel::Backward::kOverflow;
   scaler_.update(r.skipped, t + 1);

@@ -32,6 +32,9 @@ struct StepResult {
   int64_t target_tokens = 0;
   double loss_scale = 1;  // amp_fp16: the scale the step ran at
   bool skipped = false;   // amp_fp16: the gradients overflowed, no update (see LossScaler)
+  // A mixture of experts' (Model::MoeStats): the balancing loss training adds to the loss above (mean over
+  // the target tokens, as the loss), and the fraction of the tokens' expert choices skipped.
+  double balance_loss = 0, skipped_choices = 0;
 };
 
 class TrainStep {

@@ -756,12 +756,21 @@ void TrainingRun::report_step(int64_t t, const StepResult& r, int step_len, doub
     row["loss_scale"] = r.loss_scale;
     row["skipped"] = r.skipped;
   }
+  const bool moe = cfg_.model.has_moe();
+  if (moe) {
+    row["moe_balance_loss"] = r.balance_loss;
+    row["moe_skipped_choices"] = r.skipped_choices;
+  }
   write_metrics(row);
   if (tensorboard_) {
     std::vector<std::pair<std::string, double>> scalars = {
         {"loss/train", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm}, {"throughput/tokens_per_s", tps},
         {"throughput/mfu", gflops / peak_}, {"memory/peak_rss_mib", row["peak_rss_mib"].get<double>()}};
     if (step_->loss_scaler().enabled()) scalars.emplace_back("loss_scale", r.loss_scale);
+    if (moe) {
+      scalars.emplace_back("loss/train/moe_balance", r.balance_loss);
+      scalars.emplace_back("moe/skipped_choices", r.skipped_choices);
+    }
     tensorboard_->scalars(t + 1, scalars);
   }
   summary_.final_train_loss = r.loss;

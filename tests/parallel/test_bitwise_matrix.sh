@@ -112,7 +112,7 @@ train moe_w2_then_w4 4 1 0 "${moe[@]}" scheduler.t_max=20ba autoresume=true
 grep -q "resumed from .*step-00000008" "$tmp/moe_w2_then_w4.out" || fail "moe: the second part did not resume from step 8"
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/moe_w1_mb8_z0" "$tmp/moe_w2_mb1_z3_ckpt" "$tmp/moe_w3_mb4_z2" \
   "$tmp/moe_w2_then_w4" || fail "moe: the runs do not all end with the same bits"
-# Every step logs the balancing loss (at least loss_weight 0.1, its value when balanced) and the
+# Every step logs the balancing loss (near loss_weight 0.1, its value when balanced) and the
 # share of choices skipped, the same in every layout.
 /usr/bin/python3 - "$tmp/moe_w1_mb8_z0/metrics.jsonl" "$tmp/moe_w3_mb4_z2/metrics.jsonl" <<'PY' \
   || fail "moe: the balancing loss and skipped choices are not logged, or differ between layouts"
@@ -120,7 +120,7 @@ import json, sys
 runs = [[(r["moe_balance_loss"], r["moe_skipped_choices"]) for r in map(json.loads, open(p)) if "loss" in r]
         for p in sys.argv[1:]]
 assert len(runs[0]) == 20 and runs[0] == runs[1], runs
-assert all(0.099 < b < 0.5 and 0 < s < 0.5 for b, s in runs[0]), runs[0]
+assert all(0.05 < b < 0.5 and 0 < s < 0.5 for b, s in runs[0]), runs[0]
 PY
 echo "moe: weights sha256 $("$anvil" inspect "$tmp/moe_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 [ "$failures" -eq 0 ]

@@ -8,8 +8,10 @@
 #   the CPU-only run within 1e-5;
 # - amp_bf16 on the GPU against amp_bf16 on the CPU: within 1e-2 (16-bit roundings can flip with the
 #   sum order);
-# - an MPT (ALiBi, no biases), a multi-query Llama and a Qwen3 (its own head size, per-head q/k
-#   norms) on the GPU against the CPU: within 1e-5;
+# - an MPT (ALiBi, no biases), a multi-query Llama, a Qwen3 (its own head size, per-head q/k
+#   norms) and an MPT whose MLPs are mixtures of experts (mb_moe, top 2 of 4, experts filling) on
+#   the GPU against the CPU: within 1e-5; the mixture of experts under deterministic_mode with
+#   microbatch 4 and 1: the same bits;
 # - device_train_microbatch_size: auto fits the GPU's memory (the whole batch of 8 here) and
 #   follows the same curve;
 # - deterministic_mode on the GPU (fixed-point gradient sums on the device): microbatch 4, 1 and 3
@@ -87,12 +89,16 @@ run gpu_bf16 kernels=gpu precision=amp_bf16
 compare cpu_bf16 gpu_bf16 1e-2 && pass "amp_bf16: the GPU follows the CPU" || fail "amp_bf16 GPU against CPU"
 
 # The other families: an MPT (ALiBi, no biases, exact GELU, QK LayerNorm), a Llama with one
-# key/value head (RoPE, SwiGLU, RMSNorm, its own LM head) and a Qwen3 (heads of 16 over a width of
-# 64: queries 32 wide; an RMSNorm over each head's queries and keys), each on the GPU against the CPU.
-for family in mpt llama qwen3; do
+# key/value head (RoPE, SwiGLU, RMSNorm, its own LM head), a Qwen3 (heads of 16 over a width of
+# 64: queries 32 wide; an RMSNorm over each head's queries and keys) and a mixture of experts, each
+# on the GPU against the CPU.
+moe=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.ffn_config.ffn_type=mb_moe
+     model.ffn_config.moe_num_experts=4 model.ffn_config.moe_top_k=2 model.ffn_config.moe_capacity_factor=1.0)
+for family in mpt llama qwen3 moe; do
   case $family in
     mpt) options=(model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true
                   model.attn_config.qk_ln=true) ;;
+    moe) options=("${moe[@]}") ;;
     llama) options=(model.name=llama model.n_kv_heads=1) ;;
     qwen3) options=(model.name=qwen3 model.head_dim=16) ;;
   esac
@@ -101,6 +107,12 @@ for family in mpt llama qwen3; do
   compare "${family}_cpu" "${family}_gpu" 1e-5 && pass "$family: kernels=gpu follows kernels=cpu" \
     || fail "$family: kernels=gpu against kernels=cpu"
 done
+# The mixture of experts under deterministic_mode on the GPU: microbatch 4 and 1, the same bits.
+run moe_det_mb4 kernels=gpu deterministic_mode=true device_train_microbatch_size=4 "${moe[@]}"
+run moe_det_mb1 kernels=gpu deterministic_mode=true device_train_microbatch_size=1 "${moe[@]}"
+[ -n "$(digest moe_det_mb4)" ] && [ "$(digest moe_det_mb4)" = "$(digest moe_det_mb1)" ] \
+  && pass "moe: deterministic_mode on the GPU, microbatch 4 and 1 give the same weights" \
+  || fail "moe: deterministic_mode on the GPU differs between microbatch 4 and 1"
 
 # LLM Foundry's ICL tasks during training (tests/eval/make_icl_tasks.py's, a few questions of each
 # type): the GPU scores them as the CPU does, through the passes after a question's kept prefix.

@@ -125,6 +125,12 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
         {"mlp_hidden", m.mlp_width()}, {"linear_bias", m.linear_bias}, {"qkv_bias", m.qkv_bias}, {"tied_embeddings", m.tied_embeddings},
         {"init_std", float_as_written(m.init_std)}, {"emb_pdrop", float_as_written(m.emb_pdrop)},
         {"attn_pdrop", float_as_written(m.attn_pdrop)}, {"resid_pdrop", float_as_written(m.resid_pdrop)}}}};
+  if (m.has_moe())
+    j["model"]["moe"] = {{"experts", m.moe.experts},
+                         {"top_k", m.moe.top_k},
+                         {"capacity_factor", float_as_written(m.moe.capacity_factor)},
+                         {"normalize_p", float_as_written(m.moe.normalize_p)},
+                         {"loss_weight", float_as_written(m.moe.loss_weight)}};
   return j.dump();
 }
 

@@ -750,6 +750,39 @@ TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
   expect_round_trip(c);
 }
 
+// LLM Foundry's MegaBlocks keys: mb_moe with MegaBlocks' defaults (top 1, capacity factor 1, loss
+// weight 0.1, weights not normalised), and mb_dmoe (dropless) with gated experts; the keys round
+// trip, and what anvil cannot honour is an error naming the key.
+TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
+  const std::string base = "  name: mpt_causal_lm\n  n_layers: 2\n  n_heads: 4\n  d_model: 32\n  no_bias: true\n";
+  TrainConfig c = load_model(base + "  ffn_config: {ffn_type: mb_moe, moe_num_experts: 8, ffn_hidden_size: 48}\n");
+  EXPECT_EQ(c.model.moe, (MoeConfig{8, 1, 1.0f, 0.0f, 0.1f}));
+  EXPECT_EQ(c.model.mlp, MlpKind::kGeluErf);
+  EXPECT_EQ(c.model.mlp_width(), 48);
+  expect_round_trip(c);
+  c = load_model(base + "  ffn_config: {ffn_type: mb_dmoe, moe_num_experts: 4, moe_top_k: 2, mlp_type: glu, "
+                 "ffn_act_fn: {name: silu}, moe_capacity_factor: 1.25, moe_normalize_expert_weights: 1.0, "
+                 "moe_loss_weight: 0.01, moe_lbl_in_fp32: true, memory_optimized_mlp: true, mlp_impl: grouped}\n");
+  EXPECT_EQ(c.model.moe, (MoeConfig{4, 2, 0.0f, 1.0f, 0.01f}));  // dropless: the capacity factor unused
+  EXPECT_EQ(c.model.mlp, MlpKind::kSwiglu);
+  expect_round_trip(c);
+  const std::string moe = base + "  ffn_config:\n    ffn_type: mb_moe\n    moe_num_experts: 4\n";
+  EXPECT_NE(model_error(moe + "    moe_top_k: 5\n").find("model.ffn_config.moe_top_k = 5 must be between 1 and "
+                                                        "moe_num_experts (4)"),
+            std::string::npos);
+  EXPECT_NE(model_error(base + "  ffn_config: {ffn_type: mb_moe}\n").find("moe_num_experts = 0 must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(model_error(moe + "    moe_capacity_factor: 0\n").find("moe_capacity_factor = 0 must be positive"),
+            std::string::npos);
+  EXPECT_NE(model_error(moe + "    moe_jitter_eps: 0.01\n").find("moe_jitter_eps is not supported"), std::string::npos);
+  EXPECT_NE(model_error(moe + "    moe_expert_model_parallelism: true\n").find("every rank holds all the experts"),
+            std::string::npos);
+  EXPECT_NE(model_error(moe + "    mlp_type: glu\n").find("with a gated MLP is not supported"), std::string::npos);
+  EXPECT_NE(model_error(moe + "    mlp_type: moe\n").find("expected mlp or glu"), std::string::npos);
+  EXPECT_NE(model_error(moe + "  peft_config: {peft_type: LORA, r: 4}\n").find("does not adapt mixture-of-experts"),
+            std::string::npos);
+}
+
 TEST_F(FamilyConfigTest, LlamaDefaultsAndRoundTrip) {
   TrainConfig c = load_model("  {name: llama, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64}\n");
   EXPECT_EQ(c.model.vocab_size, 32000);

@@ -168,12 +168,12 @@ class Mpt final : public Family {
     require(c.positions == PositionKind::kAlibi, "positions other than ALiBi (attn_config.alibi: true)");
     require(c.norm == NormKind::kLayerNorm, "RMSNorm (transformers' MPT has LayerNorm)");
     require(!c.norm_bias && !c.linear_bias, "biases (transformers' MPT is no_bias: true)");
+    require(!c.has_moe(), "mixture-of-experts MLPs (ffn_type mb_moe or mb_dmoe: transformers' MPT has none)");
     require(c.mlp == MlpKind::kGeluErf && c.mlp_width() == 4 * c.d_model,
             "an MLP other than exact GELU with expansion_ratio 4");
     require(c.kv_heads() == c.n_heads, "grouped-query attention (attn_config.kv_n_heads)");
     require(c.tied_embeddings, "its own LM head (tie_word_embeddings: false)");
     require(c.qk_norm == QkNorm::kNone, "QK LayerNorm (attn_config.qk_ln: transformers' MPT has none)");
-    require(!c.has_moe(), "mixture-of-experts MLPs (ffn_type mb_moe or mb_dmoe: transformers' MPT has none)");
     ANVIL_CHECK(c.alibi_bias_max == static_cast<float>(static_cast<int>(c.alibi_bias_max)),
                 "transformers' MPT takes an integer attn_config.alibi_bias_max; the model has {}", c.alibi_bias_max);
   }

@@ -411,6 +411,7 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   B_ = B;
   T_ = T;
   moe_stats_ = {};
+  if (training_ && cfg_.has_moe()) moe_stats_.sequence_balance.assign(B, 0.0);
   Acts& a = acts_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
@@ -601,7 +602,7 @@ void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out)
     for (int e = 0; e < E; e++) {
       double p_sum = 0;
       for (int t = 0; t < T; t++) p_sum += moe_probs_host_[(static_cast<size_t>(b) * T + t) * E + e];
-      moe_stats_.balance_loss += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
+      moe_stats_.sequence_balance[b] += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
     }
 }
 
@@ -981,7 +982,7 @@ double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, 
   forward_to_lnf(tokens, positions, nullptr, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
-  return sum_losses(targets, B * T, n_targets) + moe_stats_.balance_loss;
+  return sum_losses(targets, B * T, n_targets) + moe_stats_.balance_loss();
 }
 
 void Decoder::require_whole_model(const char* pass) const {

@@ -284,8 +284,13 @@ class Model {
   // are), and how many of the tokens' expert choices there were and how many the experts
   // skipped, full (capacity).
   struct MoeStats {
-    double balance_loss = 0;
+    std::vector<double> sequence_balance;  // each sequence's balancing loss, its layers summed in order
     int64_t choices = 0, skipped = 0;
+    double balance_loss() const {
+      double sum = 0;
+      for (double b : sequence_balance) sum += b;
+      return sum;
+    }
   };
   virtual MoeStats moe_stats() const { return {}; }
 

@@ -103,7 +103,8 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
       nonfinite_loss |= !std::isfinite(sum);
       loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));
       const Model::MoeStats moe = model_.moe_stats();
-      balance_fixed = fixed_point_add(balance_fixed, std::llround(std::ldexp(moe.balance_loss, kLossFractionBits)));
+      for (double b : moe.sequence_balance)  // per sequence, as the losses: no microbatch changes a bit
+        balance_fixed = fixed_point_add(balance_fixed, std::llround(std::ldexp(b, kLossFractionBits)));
       choices += moe.choices;
       skipped_choices += moe.skipped;
     }

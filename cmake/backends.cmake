@@ -9,8 +9,8 @@
 #   hip       hipcc, hipBLASLt, RCCL
 #   emulated  the GPU sources compiled as C++ against the emulated runtime and BLAS
 #             (device/emulated/), 32-lane warps or AMD's 64-lane wavefronts: tests only
-set(anvil_gpu_kernel_sources gpu/ops.cu gpu/moe.cu gpu/optimizer.cu gpu/fixed_point.cu gpu/flash_attention.cu gpu/matmul.cpp
-                             gpu/attention.cpp)
+set(anvil_gpu_kernel_sources gpu/ops.cu gpu/moe.cu gpu/optimizer.cu gpu/fixed_point.cu gpu/flash_attention.cu
+                             gpu/matmul.cpp gpu/attention.cpp)
 list(TRANSFORM anvil_gpu_kernel_sources PREPEND ${PROJECT_SOURCE_DIR}/src/kernels/)
 
 # anvil_backend(NAME SOURCES... [DEFINITIONS defs...] [LIBS libs...] [LANGUAGE lang]): the object

@@ -194,7 +194,7 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
 
 Decoder::BlockActs Decoder::block_acts(int l) const {
   const ActivationSizes sizes = activation_sizes(cfg_, max_batch_, max_seq_, storage_);
-  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l - stage().first_layer);
+  const size_t slot = layer_slot(l);
   BlockActs x = acts_.block;
   float** p = &x.ln1;
   for (size_t i = 0; i < std::size(sizes.block); i++) p[i] += slot * sizes.block[i];
@@ -487,8 +487,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
 
 Decoder::MoeRoutes Decoder::moe_routes(int l) {
   const size_t n = static_cast<size_t>(max_batch_) * max_seq_ * cfg_.moe.top_k;
-  const size_t slot = storage_.activation_checkpointing ? 0 : static_cast<size_t>(l - stage().first_layer);
-  int32_t* base = moe_routes_memory_.data() + slot * 7 * n;
+  int32_t* base = moe_routes_memory_.data() + layer_slot(l) * 7 * n;
   return {base, base + n, base + 2 * n, base + 3 * n, base + 4 * n, base + 5 * n, base + 6 * n};
 }
 
@@ -496,7 +495,7 @@ void Decoder::moe_assign_slots(int l) {
   const int B = B_, T = T_, E = cfg_.moe.experts, k = cfg_.moe.top_k, G = grain_sequences();
   const size_t Nk = static_cast<size_t>(B) * T * k;
   const MoeRoutes r = moe_routes(l);
-  MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  MoeHostRoutes& h = moe_host_[layer_slot(l)];
   int32_t* experts = moe_scratch_.data();
   int32_t *slots = experts + Nk, *slot_tokens = slots + Nk, *slot_choices = slot_tokens + Nk,
           *grain_slots = slot_choices + Nk, *grain_tokens = grain_slots + Nk, *grain_choices = grain_tokens + Nk;
@@ -539,8 +538,8 @@ void Decoder::moe_assign_slots(int l) {
     const int b1 = std::min(B, b0 + G);
     int32_t q = 0;
     for (int e = 0; e < E; e++)
-      for (int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b0]; s < h.segment[static_cast<size_t>(e) * (B + 1) + b1];
-           s++, q++) {
+      for (int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b0];
+           s < h.segment[static_cast<size_t>(e) * (B + 1) + b1]; s++, q++) {
         packed_of[s] = q;
         const size_t at = static_cast<size_t>(b0) * T * k + q;
         grain_tokens[at] = slot_tokens[s] - b0 * T;
@@ -562,7 +561,7 @@ void Decoder::moe_assign_slots(int l) {
 
 void Decoder::expert_products(int l, const float* weights, int e, float* out, const float* inp, int in_w,
                               int out_w) {
-  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   const int B = B_;
   const int32_t* seg = h.segment.data() + static_cast<size_t>(e) * (B + 1);
   const float* w = weights + static_cast<size_t>(e) * in_w * out_w;
@@ -584,7 +583,7 @@ void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out)
             cfg_.moe.normalize_p);
   moe_assign_slots(l);
   const MoeRoutes r = moe_routes(l);
-  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   const long S = h.segment.back();
   gather_rows(kernels(), acts_.expert_in, x.ln2, r.slot_tokens, S, C);
   for (int e = 0; e < E; e++) expert_products(l, p.fcw, e, x.fch, acts_.expert_in, C, w.fc);
@@ -617,7 +616,7 @@ void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const floa
   const Widths w(cfg_);
   const size_t t0 = static_cast<size_t>(b) * T, F = w.hidden, FC = w.fc;
   const MoeRoutes r = moe_routes(l);
-  const MoeHostRoutes& h = moe_host_[storage_.activation_checkpointing ? 0 : l - stage().first_layer];
+  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   auto segment = [&](int e, int at) { return h.segment[static_cast<size_t>(e) * (B + 1) + at]; };
   long Sg = 0;  // the grain's slots
   for (int e = 0; e < E; e++) Sg += segment(e, b + n) - segment(e, b);
@@ -653,7 +652,8 @@ void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const floa
   // position of a sequence alike.
   for (int i = 0; i < n; i++)
     for (int e = 0; e < E; e++) {
-      const float g = static_cast<float>(dloss_ * balance_scale(b + i) * h.choices[static_cast<size_t>(b + i) * E + e]);
+      const float g =
+          static_cast<float>(dloss_ * balance_scale(b + i) * h.choices[static_cast<size_t>(b + i) * E + e]);
       for (int t = 0; t < T; t++) moe_dprobs_host_[(static_cast<size_t>(i) * T + t) * E + e] = g;
     }
   op_copy_from_host(kernels(), dprobs_, moe_dprobs_host_.data(), static_cast<size_t>(Ng) * E * sizeof(float));

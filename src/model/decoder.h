@@ -273,6 +273,11 @@ class Decoder final : public Model {
   void allocate_rounded_dres();
   // Layer l's activations (slot 0 for every layer under activation checkpointing).
   BlockActs block_acts(int l) const;
+  // Where layer l keeps what it saves for its backward pass: its index in the stage, or 0 for every
+  // layer under activation checkpointing.
+  size_t layer_slot(int l) const {
+    return storage_.activation_checkpointing ? 0 : static_cast<size_t>(l - stage().first_layer);
+  }
   // The embeddings (or on a later stage its input, into acts_.encoded), the stage's blocks, and on
   // the last stage the final norm, up to acts_.lnf.
   void forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T);

@@ -133,8 +133,8 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   const double C = cfg.d_model, L = cfg.n_layers;
   const Widths w(cfg);
   // A token passes through the router and its top_k experts' products.
-  const double block_matrices =
-      C * (w.qkv + w.q) + (cfg.has_moe() ? C * (cfg.moe.experts + cfg.moe.top_k * (w.fc + w.hidden)) : C * (w.fc + w.hidden));
+  const double mlp = cfg.has_moe() ? C * (cfg.moe.experts + cfg.moe.top_k * (w.fc + w.hidden)) : C * (w.fc + w.hidden);
+  const double block_matrices = C * (w.qkv + w.q) + mlp;
   const double matmul_params = static_cast<double>(cfg.vocab_size) * C + L * block_matrices;
   // Attention's two products per query head: over the query width, which is d_model unless the
   // head size is the family's own.

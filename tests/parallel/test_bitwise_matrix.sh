@@ -109,7 +109,8 @@ train moe_w2_mb1_z3_ckpt 2 1 3 "${moe[@]}" activation_checkpointing=true
 train moe_w3_mb4_z2 3 4 2 "${moe[@]}"
 train moe_w2_then_w4 2 2 1 "${moe[@]}" max_duration=8ba scheduler.t_max=20ba
 train moe_w2_then_w4 4 1 0 "${moe[@]}" scheduler.t_max=20ba autoresume=true
-grep -q "resumed from .*step-00000008" "$tmp/moe_w2_then_w4.out" || fail "moe: the second part did not resume from step 8"
+grep -q "resumed from .*step-00000008" "$tmp/moe_w2_then_w4.out" \
+  || fail "moe: the second part did not resume from step 8"
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/moe_w1_mb8_z0" "$tmp/moe_w2_mb1_z3_ckpt" "$tmp/moe_w3_mb4_z2" \
   "$tmp/moe_w2_then_w4" || fail "moe: the runs do not all end with the same bits"
 # Every step logs the balancing loss (near loss_weight 0.1, its value when balanced) and the

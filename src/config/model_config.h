@@ -57,14 +57,14 @@ struct LoraConfig {
 // router probabilities (kernels/moe.h). The experts' load is balanced by an auxiliary loss,
 // loss_weight · E/(k·T²) · Σ_e n_e · Σ_t p_te over a sequence's T tokens (n_e: the choices of
 // expert e, p_te: the router's probabilities), averaged over the layers and added to the training
-// loss once per position, as the cross-entropy is. Routing, capacity and the balancing loss go a
+// loss once per target of the sequence, as the cross-entropy is. Routing, capacity and the balancing loss go a
 // sequence at a time, so that no sequence's result depends on the microbatch it came in.
 struct MoeConfig {
   int experts = 0;  // moe_num_experts; 0: a dense MLP
   int top_k = 1;    // moe_top_k
-  // mb_moe's moe_capacity_factor: an expert takes at most ⌈factor · top_k · T / experts⌉ of a
-  // sequence's choices, the first in (position, rank) order, and the rest skip it (the token's
-  // other choices still count); 0: dropless (mb_dmoe).
+  // mb_moe's moe_capacity_factor: an expert takes at most ⌊factor · top_k · T / experts⌋ of a
+  // sequence's choices (no limit where that is 0), the first in (position, rank) order, and the
+  // rest skip it (the token's other choices still count); 0: dropless (mb_dmoe).
   float capacity_factor = 0.0f;
   float normalize_p = 0.0f;   // moe_normalize_expert_weights: the chosen weights divided by their p-norm; 0: not
   float loss_weight = 0.1f;   // moe_loss_weight

@@ -500,10 +500,13 @@ void Decoder::moe_assign_slots(int l) {
   int32_t *slots = experts + Nk, *slot_tokens = slots + Nk, *slot_choices = slot_tokens + Nk,
           *grain_slots = slot_choices + Nk, *grain_tokens = grain_slots + Nk, *grain_choices = grain_tokens + Nk;
   op_copy_to_host(kernels(), experts, r.experts, Nk * sizeof(int32_t));
-  // Each sequence's choices of each expert, and what the expert takes of them.
-  const long capacity = cfg_.moe.capacity_factor > 0
-                            ? static_cast<long>(std::ceil(cfg_.moe.capacity_factor * k * T / E))
-                            : std::numeric_limits<long>::max();
+  // Each sequence's choices of each expert, and what the expert takes of them: MegaBlocks'
+  // truncated capacity, where 0 (a short sequence) means none.
+  long capacity = std::numeric_limits<long>::max();
+  if (cfg_.moe.capacity_factor > 0) {
+    const long c = static_cast<long>(cfg_.moe.capacity_factor * k * T / E);
+    if (c > 0) capacity = c;
+  }
   h.choices.assign(static_cast<size_t>(B) * E, 0);
   for (size_t i = 0; i < Nk; i++) h.choices[i / (static_cast<size_t>(T) * k) * E + experts[i]]++;
   h.segment.assign(static_cast<size_t>(E) * (B + 1), 0);

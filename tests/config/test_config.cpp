@@ -751,13 +751,13 @@ TEST_F(FamilyConfigTest, MptReadsFoundrysKeys) {
 }
 
 // LLM Foundry's MegaBlocks keys: mb_moe with MegaBlocks' defaults (top 1, capacity factor 1, loss
-// weight 0.1, weights not normalised), and mb_dmoe (dropless) with gated experts; the keys round
-// trip, and what anvil cannot honour is an error naming the key.
+// weight 0.1, weights not normalised, tanh GELU), and mb_dmoe (dropless) with gated experts; the
+// keys round trip, and what anvil cannot honour is an error naming the key.
 TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
   const std::string base = "  name: mpt_causal_lm\n  n_layers: 2\n  n_heads: 4\n  d_model: 32\n  no_bias: true\n";
   TrainConfig c = load_model(base + "  ffn_config: {ffn_type: mb_moe, moe_num_experts: 8, ffn_hidden_size: 48}\n");
   EXPECT_EQ(c.model.moe, (MoeConfig{8, 1, 1.0f, 0.0f, 0.1f}));
-  EXPECT_EQ(c.model.mlp, MlpKind::kGeluErf);
+  EXPECT_EQ(c.model.mlp, MlpKind::kGeluTanh);  // MegaBlocks' default activation
   EXPECT_EQ(c.model.mlp_width(), 48);
   expect_round_trip(c);
   c = load_model(base + "  ffn_config: {ffn_type: mb_dmoe, moe_num_experts: 4, moe_top_k: 2, mlp_type: glu, "
@@ -777,7 +777,11 @@ TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
   EXPECT_NE(model_error(moe + "    moe_jitter_eps: 0.01\n").find("moe_jitter_eps is not supported"), std::string::npos);
   EXPECT_NE(model_error(moe + "    moe_expert_model_parallelism: true\n").find("every rank holds all the experts"),
             std::string::npos);
-  EXPECT_NE(model_error(moe + "    mlp_type: glu\n").find("with a gated MLP is not supported"), std::string::npos);
+  EXPECT_NE(model_error(moe + "    mlp_type: glu\n").find("needs ffn_type mb_dmoe"), std::string::npos);
+  EXPECT_NE(model_error(moe + "    moe_world_size: 2\n").find("every rank holds all the experts"), std::string::npos);
+  EXPECT_NE(model_error("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, ffn_config: {ffn_type: mb_dmoe, "
+                        "moe_num_experts: 2}}\n").find("no_bias: false is not supported"),
+            std::string::npos);
   EXPECT_NE(model_error(moe + "    mlp_type: moe\n").find("expected mlp or glu"), std::string::npos);
   EXPECT_NE(model_error(moe + "  peft_config: {peft_type: LORA, r: 4}\n").find("does not adapt mixture-of-experts"),
             std::string::npos);

@@ -109,10 +109,11 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
     """MPT whose MLPs are MegaBlocks mixtures of experts (LLM Foundry's ffn_type mb_moe / mb_dmoe),
     written from MegaBlocks' definition: a bias-free router linear, softmax over the experts, the
     top K by probability, their weights divided by their norm_p-norm (when given), each expert an
-    MLP without biases (w1 (F,C), w2 (C,F); glu: silu(x·w1ᵀ)·(x·v1ᵀ) with v1 (F,C), else exact
-    GELU), the outputs summed by weight. anvil routes, caps and balances a sequence at a time:
-    with a capacity factor an expert takes at most ceil(factor·K·T/E) of a sequence's choices, in
-    (position, rank) order, and a skipped choice adds nothing; the balancing loss of a sequence
+    MLP without biases (w1 (F,C), w2 (C,F); glu: silu(x·w1ᵀ)·(x·v1ᵀ) with v1 (F,C), else GELU in
+    its tanh form, MegaBlocks' default), the outputs summed by weight. anvil routes, caps and
+    balances a sequence at a time: with a capacity factor an expert takes at most
+    int(factor·K·T/E) of a sequence's choices (MegaBlocks' truncation; no limit where that is 0),
+    in (position, rank) order, and a skipped choice adds nothing; the balancing loss of a sequence
     is MegaBlocks' loss_weight·E/(K·T²)·Σ_e n_e·Σ_t p_te (n_e its choices of e before capacity),
     averaged over the layers and counted once per target of the sequence, as the cross-entropy
     is. Returns the logits and the balancing loss to add to the mean cross-entropy."""
@@ -134,7 +135,7 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
             weights = weights / torch.norm(weights, p=norm_p, dim=-1, keepdim=True)
         kept = torch.ones(B, T, K, dtype=torch.bool)
         if capacity:
-            cap = math.ceil(capacity * K * T / E)
+            cap = int(capacity * K * T / E) or B * T * K
             for b in range(B):
                 used = [0] * E
                 for t in range(T):
@@ -146,7 +147,7 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
         for e in range(E):
             gate = ((chosen == e) & kept).to(torch.float32) * weights  # (B,T,K)
             a = h @ P["w1"][l, e].T
-            a = F.silu(a) * (h @ P["v1"][l, e].T) if glu else F.gelu(a)
+            a = F.silu(a) * (h @ P["v1"][l, e].T) if glu else F.gelu(a, approximate="tanh")
             out = out + gate.sum(-1, keepdim=True) * (a @ P["w2"][l, e].T)
         x = x + out
         counts = F.one_hot(chosen, E).sum(dim=(1, 2)).to(torch.float32)  # (B,E), before capacity

@@ -323,7 +323,11 @@ class Mpt final : public Family {
     only(f, "uniform_expert_assignment", false, "the router chooses the experts");
     only(f, "moe_expert_model_parallelism", false, "every rank holds all the experts");
     only(f, "moe_weight_parallelism", false, "every rank holds all the experts' weights");
-    only(f, "bias", false, "the experts have no biases");
+    only(f, "moe_world_size", 1, "every rank holds all the experts");
+    only(f, "shared_expert", false, "there is no shared expert");
+    // Foundry sets MegaBlocks' bias from no_bias, and never adds the router's z-loss.
+    ignored<bool>(f, "bias");
+    ignored<double>(f, "moe_zloss_weight");
     // The balancing loss is summed in double whatever this says; the MLP's implementation choices
     // change no value.
     ignored<bool>(f, "moe_lbl_in_fp32");
@@ -342,12 +346,18 @@ class Mpt final : public Family {
     std::string mlp_type = "mlp";
     if (moe) {
       read_moe_keys(f, c, type == "mb_dmoe");
+      ANVIL_CHECK(!c.linear_bias, "{}: {} with no_bias: false is not supported (MegaBlocks' experts would add an "
+                  "output bias, which anvil's do not); set model.no_bias: true", f.source("ffn_type"),
+                  f.full("ffn_type"));
       f.get("mlp_type", mlp_type);
       ANVIL_CHECK(mlp_type == "mlp" || mlp_type == "glu", "{}: {} = '{}' is not supported (expected mlp or glu)",
                   f.source("mlp_type"), f.full("mlp_type"), mlp_type);
+      ANVIL_CHECK(mlp_type == "mlp" || type == "mb_dmoe", "{}: {} = glu needs ffn_type mb_dmoe (MegaBlocks' mb_moe "
+                  "builds ungated experts whatever mlp_type says)", f.source("mlp_type"), f.full("mlp_type"));
     }
     const bool glu = type == "mptglu" || mlp_type == "glu";
-    std::string act = "gelu", approximate = "none";
+    // MegaBlocks' experts default to GELU's tanh form; Foundry's dense MLP to the exact one.
+    std::string act = "gelu", approximate = moe ? "tanh" : "none";
     {
       MapReader a = f.sub("ffn_act_fn");
       a.get("name", act);

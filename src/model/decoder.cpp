@@ -582,10 +582,9 @@ void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out)
   const Widths w(cfg_);
   matmul_forward_sequences(matmul_, microbatch_invariant(), acts_.router_logits, x.ln2, p.routerw, nullptr, B, T, C, E);
   round_to_dtype(kernels(), acts_.router_logits, static_cast<long>(N) * E, dtype());
-  moe_route(kernels(), x.probs, moe_routes(l).experts, x.route_weights, acts_.router_logits, N, E, k,
-            cfg_.moe.normalize_p);
-  moe_assign_slots(l);
   const MoeRoutes r = moe_routes(l);
+  moe_route(kernels(), x.probs, r.experts, x.route_weights, acts_.router_logits, N, E, k, cfg_.moe.normalize_p);
+  moe_assign_slots(l);
   const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   const long S = h.segment.back();
   gather_rows(kernels(), acts_.expert_in, x.ln2, r.slot_tokens, S, C);

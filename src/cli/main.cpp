@@ -507,7 +507,8 @@ int cmd_train(const std::vector<std::string>& args) {
     if (args[i].find('=') == std::string::npos) usage_error("'" + args[i] + "' is not a key=value override", kTrainHelp);
   const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
   std::unique_ptr<Communicator> comm =
-      make_communicator(/*require_mpi=*/false, /*threads_at_once=*/cfg.distributed.pipeline_parallel > 1);
+      make_communicator(/*require_mpi=*/false, /*threads_at_once=*/cfg.distributed.pipeline_parallel > 1 ||
+                                                   cfg.distributed.expert_parallel > 1);
   const TrainSummary s = run_training(cfg, *comm);
   if (comm->rank() != 0) return s.stopped_by != 0 ? kExitStopped : 0;
   if (s.first_eval_loss >= 0)

@@ -137,6 +137,17 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
     ANVIL_CHECK(!c.model.has_moe(), "{}: distributed.pipeline_parallel does not run mixture-of-experts blocks yet "
                 "(each stage's balancing loss would have to reach the last stage's loss)", where);
   }
+  const int expert_ranks = c.distributed.expert_parallel;
+  if (expert_ranks > 1) {
+    const std::string where = blame.source("distributed.expert_parallel");
+    ANVIL_CHECK(c.model.has_moe(), "{}: distributed.expert_parallel {} shares a mixture of experts' experts among "
+                "ranks, and this model's blocks have a dense MLP (ffn_config.ffn_type mb_moe or mb_dmoe makes them "
+                "experts)", where, expert_ranks);
+    ANVIL_CHECK(c.model.moe.experts % expert_ranks == 0, "{}: distributed.expert_parallel {} must divide the {} "
+                "experts, which its ranks share evenly", where, expert_ranks, c.model.moe.experts);
+    ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: distributed.expert_parallel exchanges rows through host memory: "
+                "it runs on the CPU (kernels=cpu) for now", where);
+  }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.
   const std::tuple<const char*, OffloadDevice, const char*> offloads[] = {

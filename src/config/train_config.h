@@ -68,6 +68,7 @@ struct DistributedConfig {
   OffloadDevice offload_optimizer = OffloadDevice::kNone;  // DeepSpeed's zero_optimization.offload_optimizer
   OffloadDevice offload_param = OffloadDevice::kNone;      // and offload_param
   int pipeline_parallel = 1;  // stages the blocks are cut into; world / it ranks train each stage's part
+  int expert_parallel = 1;    // ranks that share a mixture of experts' experts, each running its part
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is

@@ -740,6 +740,12 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
                "process. Needs `deterministic_mode`, zero_stage 0 or 1 and a CPU run; see "
                "[distributed.md](distributed.md)",
                positive<int>()),
+      D::value("expert_parallel", &DistributedConfig::expert_parallel, "expert parallelism for a mixture of experts: "
+               "groups of this many consecutive ranks share the experts, each rank running experts / N of them for "
+               "the group's tokens, which cross to it and back (all-to-all) in every layer; the same weights, bit "
+               "for bit, as one process. Every rank still holds all the parameters (ZeRO shards them). A CPU run; "
+               "see [distributed.md](distributed.md)",
+               positive<int>()),
   };
   return table;
 }

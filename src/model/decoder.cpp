@@ -159,6 +159,8 @@ void Decoder::set_max_batch(int max_batch) {
     moe_routes_memory_.reset();
     moe_routes_memory_.assign_zeros(kernels(), sizes.moe_routes);
     moe_host_.assign(layers, {});
+    expert_rows_.clear();
+    expert_rows_.resize(layers);
     moe_scratch_.resize(7 * BT * w.slots);
     moe_probs_host_.resize(BT * w.experts);
     moe_dprobs_host_.resize(GT * w.experts);
@@ -369,11 +371,6 @@ void Decoder::mlp_activation_backward(float* dfc, const float* fch, const float*
                 cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh, dtype());
 }
 
-namespace {
-// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
-// bits do not depend on the rows beside it, or where the model need not be invariant; else one
-// sequence per call, so that a sequence's result never depends on the microbatch it came in
-// (see UnitAccess).
 void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
                               const float* bias, int B, int T, int C, int OC) {
   if (!invariant || matmul_rows_independent(ctx.impl()))
@@ -381,7 +378,6 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
   const size_t rows = static_cast<size_t>(T);
   for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
 }
-}  // namespace
 
 void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
@@ -483,189 +479,6 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
   if (mlp_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
   residual_forward(kernels(), residual3, x.residual2, scratch, NC);
-}
-
-Decoder::MoeRoutes Decoder::moe_routes(int l) {
-  const size_t n = static_cast<size_t>(max_batch_) * max_seq_ * cfg_.moe.top_k;
-  int32_t* base = moe_routes_memory_.data() + layer_slot(l) * 7 * n;
-  return {base, base + n, base + 2 * n, base + 3 * n, base + 4 * n, base + 5 * n, base + 6 * n};
-}
-
-void Decoder::moe_assign_slots(int l) {
-  const int B = B_, T = T_, E = cfg_.moe.experts, k = cfg_.moe.top_k, G = grain_sequences();
-  const size_t Nk = static_cast<size_t>(B) * T * k;
-  const MoeRoutes r = moe_routes(l);
-  MoeHostRoutes& h = moe_host_[layer_slot(l)];
-  int32_t* experts = moe_scratch_.data();
-  int32_t *slots = experts + Nk, *slot_tokens = slots + Nk, *slot_choices = slot_tokens + Nk,
-          *grain_slots = slot_choices + Nk, *grain_tokens = grain_slots + Nk, *grain_choices = grain_tokens + Nk;
-  op_copy_to_host(kernels(), experts, r.experts, Nk * sizeof(int32_t));
-  // Each sequence's choices of each expert, and what the expert takes of them: MegaBlocks'
-  // truncated capacity, where 0 (a short sequence) means none.
-  long capacity = std::numeric_limits<long>::max();
-  if (cfg_.moe.capacity_factor > 0) {
-    const long c = static_cast<long>(cfg_.moe.capacity_factor * k * T / E);
-    if (c > 0) capacity = c;
-  }
-  h.choices.assign(static_cast<size_t>(B) * E, 0);
-  for (size_t i = 0; i < Nk; i++) h.choices[i / (static_cast<size_t>(T) * k) * E + experts[i]]++;
-  h.segment.assign(static_cast<size_t>(E) * (B + 1), 0);
-  int32_t next = 0;
-  for (int e = 0; e < E; e++) {
-    for (int b = 0; b < B; b++) {
-      h.segment[static_cast<size_t>(e) * (B + 1) + b] = next;
-      next += static_cast<int32_t>(std::min<long>(h.choices[static_cast<size_t>(b) * E + e], capacity));
-    }
-    h.segment[static_cast<size_t>(e) * (B + 1) + B] = next;
-  }
-  const int32_t n_slots = next;
-  std::vector<int32_t> taken(static_cast<size_t>(E) * B, 0);
-  int64_t skipped = 0;
-  for (int b = 0; b < B; b++)
-    for (size_t i = static_cast<size_t>(b) * T * k; i < static_cast<size_t>(b + 1) * T * k; i++) {
-      const int e = experts[i];
-      int32_t& used = taken[static_cast<size_t>(e) * B + b];
-      if (used >= capacity) {
-        slots[i] = -1;
-        skipped++;
-        continue;
-      }
-      const int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b] + used++;
-      slots[i] = s;
-      slot_tokens[s] = static_cast<int32_t>(i / k);
-      slot_choices[s] = static_cast<int32_t>(i % k);
-    }
-  // The grains' packing: grain from b0, expert by expert, its sequences' slots in order.
-  std::vector<int32_t> packed_of(n_slots);
-  for (int b0 = 0; b0 < B; b0 += G) {
-    const int b1 = std::min(B, b0 + G);
-    int32_t q = 0;
-    for (int e = 0; e < E; e++)
-      for (int32_t s = h.segment[static_cast<size_t>(e) * (B + 1) + b0];
-           s < h.segment[static_cast<size_t>(e) * (B + 1) + b1]; s++, q++) {
-        packed_of[s] = q;
-        const size_t at = static_cast<size_t>(b0) * T * k + q;
-        grain_tokens[at] = slot_tokens[s] - b0 * T;
-        grain_choices[at] = slot_choices[s];
-      }
-  }
-  for (size_t i = 0; i < Nk; i++) grain_slots[i] = slots[i] < 0 ? -1 : packed_of[slots[i]];
-  if (training_ && !recomputing_) {
-    moe_stats_.choices += static_cast<int64_t>(Nk);
-    moe_stats_.skipped += skipped;
-  }
-  op_copy_from_host(kernels(), r.slots, slots, Nk * sizeof(int32_t));
-  op_copy_from_host(kernels(), r.slot_tokens, slot_tokens, static_cast<size_t>(n_slots) * sizeof(int32_t));
-  op_copy_from_host(kernels(), r.slot_choices, slot_choices, static_cast<size_t>(n_slots) * sizeof(int32_t));
-  op_copy_from_host(kernels(), r.grain_slots, grain_slots, Nk * sizeof(int32_t));
-  op_copy_from_host(kernels(), r.grain_slot_tokens, grain_tokens, Nk * sizeof(int32_t));
-  op_copy_from_host(kernels(), r.grain_slot_choices, grain_choices, Nk * sizeof(int32_t));
-}
-
-void Decoder::expert_products(int l, const float* weights, int e, float* out, const float* inp, int in_w,
-                              int out_w) {
-  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
-  const int B = B_;
-  const int32_t* seg = h.segment.data() + static_cast<size_t>(e) * (B + 1);
-  const float* w = weights + static_cast<size_t>(e) * in_w * out_w;
-  auto run = [&](int32_t s0, int32_t s1) {
-    if (s1 > s0)
-      matmul_forward(matmul_, out + static_cast<size_t>(s0) * out_w, inp + static_cast<size_t>(s0) * in_w, w, nullptr,
-                     s1 - s0, in_w, out_w);
-  };
-  if (!microbatch_invariant() || matmul_rows_independent(kernels())) return run(seg[0], seg[B]);
-  for (int b = 0; b < B; b++) run(seg[b], seg[b + 1]);
-}
-
-void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out) {
-  const int B = B_, T = T_, N = B * T, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k;
-  const Widths w(cfg_);
-  matmul_forward_sequences(matmul_, microbatch_invariant(), acts_.router_logits, x.ln2, p.routerw, nullptr, B, T, C, E);
-  round_to_dtype(kernels(), acts_.router_logits, static_cast<long>(N) * E, dtype());
-  const MoeRoutes r = moe_routes(l);
-  moe_route(kernels(), x.probs, r.experts, x.route_weights, acts_.router_logits, N, E, k, cfg_.moe.normalize_p);
-  moe_assign_slots(l);
-  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
-  const long S = h.segment.back();
-  gather_rows(kernels(), acts_.expert_in, x.ln2, r.slot_tokens, S, C);
-  for (int e = 0; e < E; e++) expert_products(l, p.fcw, e, x.fch, acts_.expert_in, C, w.fc);
-  round_to_dtype(kernels(), x.fch, S * w.fc, dtype());
-  mlp_activation(acts_.fch_gelu, x.fch, static_cast<int>(S));
-  for (int e = 0; e < E; e++) expert_products(l, p.fcprojw, e, x.expert_out, acts_.fch_gelu, w.hidden, C);
-  round_to_dtype(kernels(), x.expert_out, S * C, dtype());
-  moe_combine(kernels(), out, x.expert_out, r.slots, x.route_weights, N, k, C, false);
-  round_to_dtype(kernels(), out, static_cast<long>(N) * C, dtype());
-  if (!training_ || recomputing_) return;
-  // The balancing loss, a sequence at a time: loss_weight · E/(k·T²) · Σ_e n_e · Σ_t p_te, once
-  // per target of the sequence (as the cross-entropy counts), averaged over the layers.
-  op_copy_to_host(kernels(), moe_probs_host_.data(), x.probs, static_cast<size_t>(N) * E * sizeof(float));
-  for (int b = 0; b < B; b++)
-    for (int e = 0; e < E; e++) {
-      double p_sum = 0;
-      for (int t = 0; t < T; t++) p_sum += moe_probs_host_[(static_cast<size_t>(b) * T + t) * E + e];
-      moe_stats_.sequence_balance[b] += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
-    }
-}
-
-double Decoder::balance_scale(int b) const {
-  const double k = cfg_.moe.top_k, T = T_;
-  return static_cast<double>(cfg_.moe.loss_weight) * cfg_.moe.experts * sequence_targets_[b] /
-         (k * T * T * cfg_.n_layers);
-}
-
-void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n) {
-  const int T = T_, B = B_, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k, Ng = n * T;
-  const Widths w(cfg_);
-  const size_t t0 = static_cast<size_t>(b) * T, F = w.hidden, FC = w.fc;
-  const MoeRoutes r = moe_routes(l);
-  const MoeHostRoutes& h = moe_host_[layer_slot(l)];
-  auto segment = [&](int e, int at) { return h.segment[static_cast<size_t>(e) * (B + 1) + at]; };
-  long Sg = 0;  // the grain's slots
-  for (int e = 0; e < E; e++) Sg += segment(e, b + n) - segment(e, b);
-  moe_combine_backward(kernels(), dexpert_out_, droute_weights_, dout, x.expert_out, r.slots + t0 * k,
-                       r.grain_slot_tokens + t0 * k, r.grain_slot_choices + t0 * k, x.route_weights + t0 * k, Ng, k, C,
-                       Sg);
-  round_to_dtype(kernels(), dexpert_out_, Sg * C, dtype());
-  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
-  long q = 0;  // the expert's first row in the grain's packing
-  for (int e = 0; e < E; e++) {
-    const int32_t s0 = segment(e, b), rows = segment(e, b + n) - s0;
-    if (rows == 0) continue;
-    const float* fch = x.fch + s0 * FC;
-    float* act = acts_.fch_gelu + q * F;  // recomputed, as the dense MLP's
-    mlp_activation(act, fch, rows);
-    const float* w2 = p.fcprojw + static_cast<size_t>(e) * C * F;
-    float* dw2 = units_in_stage_.grads(1 + l, at(w2), C * F);
-    matmul_backward(matmul_, dbig_ + q * F, dw2, nullptr, dexpert_out_ + q * C, C, act, w2, rows, F, C, false);
-    units_in_stage_.grain_done(1 + l, at(w2), C * F);
-    round_to_dtype(kernels(), dbig_ + q * F, rows * F, dtype());
-    mlp_activation_backward(dfc_ + q * FC, fch, dbig_ + q * F, rows);
-    float* inp = acts_.expert_in + q * C;
-    gather_rows(kernels(), inp, x.ln2, r.slot_tokens + s0, rows, C);
-    const float* w1 = p.fcw + static_cast<size_t>(e) * FC * C;
-    float* dw1 = units_in_stage_.grads(1 + l, at(w1), FC * C);
-    matmul_backward(matmul_, dexpert_in_ + q * C, dw1, nullptr, dfc_ + q * FC, FC, inp, w1, rows, C, FC, false);
-    units_in_stage_.grain_done(1 + l, at(w1), FC * C);
-    q += rows;
-  }
-  round_to_dtype(kernels(), dexpert_in_, Sg * C, dtype());
-  moe_combine(kernels(), dinp, dexpert_in_, r.grain_slots + t0 * k, nullptr, Ng, k, C, false);
-  // The balancing loss's gradient on the router's probabilities: dloss · balance_scale · n_e, each
-  // position of a sequence alike.
-  for (int i = 0; i < n; i++)
-    for (int e = 0; e < E; e++) {
-      const float g =
-          static_cast<float>(dloss_ * balance_scale(b + i) * h.choices[static_cast<size_t>(b + i) * E + e]);
-      for (int t = 0; t < T; t++) moe_dprobs_host_[(static_cast<size_t>(i) * T + t) * E + e] = g;
-    }
-  op_copy_from_host(kernels(), dprobs_, moe_dprobs_host_.data(), static_cast<size_t>(Ng) * E * sizeof(float));
-  moe_route_backward(kernels(), drouter_, x.probs + t0 * E, r.experts + t0 * k, x.route_weights + t0 * k,
-                     droute_weights_, dprobs_, Ng, E, k, cfg_.moe.normalize_p);
-  round_to_dtype(kernels(), drouter_, static_cast<long>(Ng) * E, dtype());
-  float* dwr = units_in_stage_.grads(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
-  matmul_backward(matmul_, dinp, dwr, nullptr, drouter_, E, x.ln2 + t0 * C, p.routerw, Ng, C, E, true);
-  units_in_stage_.grain_done(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
-  round_to_dtype(kernels(), dinp, static_cast<long>(Ng) * C, dtype());
 }
 
 // The queries' and the keys' columns of a qkv row, each normed as `per_position` rows of `norm`
@@ -863,20 +676,12 @@ double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
   return targets ? sum_losses(targets, B * T, n_targets) : 0.0;
 }
 
-namespace {
-// a holds at least n floats (grown, its contents not kept).
-void grow(KernelImpl impl, OpArray<float>& a, size_t n) {
-  if (a.size() >= n) return;
-  a.reset();
-  a.assign_zeros(impl, n);
-}
-}  // namespace
 
 void Decoder::keep_prefix(const int32_t* tokens, int P) {
   require_whole_model("keep_prefix");
   ANVIL_CHECK(P >= 1 && P < max_seq_, "a kept prefix of {} tokens: expected 1 to {}", P, max_seq_ - 1);
   prefix_.length = 0;
-  grow(kernels(), prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
+  grow(prefix_.qkv, static_cast<size_t>(cfg_.n_layers) * P * Widths(cfg_).qkv);
   training_ = false;
   prefix_.keeping = true;
   try {
@@ -901,9 +706,9 @@ double Decoder::forward_after_prefix(const int32_t* tokens, const int32_t* targe
   ANVIL_CHECK(P + T <= max_seq_, "a kept prefix of {} tokens and {} more exceed the model's {}", P, T, max_seq_);
   const Widths w(cfg_);
   const size_t joined_rows = static_cast<size_t>(B) * (P + T);
-  grow(kernels(), prefix_.joined_qkv, joined_rows * w.qkv);
-  grow(kernels(), prefix_.joined_atty, joined_rows * w.q);
-  grow(kernels(), prefix_.joined_lse, joined_rows * cfg_.n_heads);
+  grow(prefix_.joined_qkv, joined_rows * w.qkv);
+  grow(prefix_.joined_atty, joined_rows * w.q);
+  grow(prefix_.joined_lse, joined_rows * cfg_.n_heads);
   std::vector<int32_t> positions(static_cast<size_t>(B) * T);
   for (size_t i = 0; i < positions.size(); i++) positions[i] = P + static_cast<int32_t>(i % T);
   prefix_.after = true;
@@ -934,7 +739,7 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
   const size_t C = cfg_.d_model, V = cfg_.vocab_size;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   const size_t chunk = std::min<size_t>(kLogitsChunk, T);  // the logits buffer holds a sequence's
-  grow(kernels(), picked_rows_, std::min(rows.size(), chunk) * C);
+  grow(picked_rows_, std::min(rows.size(), chunk) * C);
   std::vector<float> host(std::min(rows.size(), chunk) * V);
   for (size_t r0 = 0; r0 < rows.size(); r0 += chunk) {
     const size_t n = std::min(rows.size() - r0, chunk);
@@ -1129,6 +934,7 @@ void Decoder::block_backward(int l) {
   // while in cache: deterministic training's scratch then holds the largest op's, not the
   // block's (largest_grads_span).
   auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
+  if (cfg_.has_moe() && expert_parallel()) experts_exchanged_backward(l, x, p);
   for (int b = 0; b < B; b += grain_sequences()) {
     const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
     const int N = n * T;

@@ -29,6 +29,13 @@
 
 namespace anvil {
 
+// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
+// bits do not depend on the rows beside it, or where the model need not be invariant; else one
+// sequence per call, so that a sequence's result never depends on the microbatch it came in
+// (see UnitAccess).
+void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
+                              const float* bias, int B, int T, int C, int OC);
+
 class Decoder final : public Model {
  public:
   // Buffers for microbatches of up to max_batch sequences of up to max_seq tokens.
@@ -238,9 +245,44 @@ class Decoder final : public Model {
   void moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n);
   // Layer l's routes from the experts chosen: capacity applied, slots numbered, uploaded.
   void moe_assign_slots(int l);
-  // The expert products of a run of slots: out (rows, out_w) = inp · expert e's weight ᵀ, one call
-  // per expert (per sequence where a row's bits depend on its neighbours).
-  void expert_products(int l, const float* weights, int e, float* out, const float* inp, int in_w, int out_w);
+  // Expert e's products over runs of rows (bounds[0..runs]: a run per sequence): out (rows, out_w)
+  // = inp · the expert's weight ᵀ, one call over all the runs unless a row's bits depend on its
+  // neighbours (then one per run). Rows are numbered from 0 in inp and out.
+  void expert_products(const float* weights, int e, float* out, const float* inp, int in_w, int out_w,
+                       const int32_t* bounds, int runs);
+  // Expert parallelism (Model::set_expert_exchange): this rank runs its experts for every rank of
+  // the exchange. A layer's forward pass sends each rank's rows of an expert (one run of the
+  // MoeRoutes slot order) to the expert's rank, which keeps what it gets in (its expert, sending
+  // rank, sequence) order, runs it, and sends the outputs back into x.expert_out; the backward
+  // pass sends the outputs' gradients the same way and takes back the inputs'. Each sequence's
+  // rows go through the products, and form the weight gradients, as in one process.
+  struct ExpertRows {
+    std::vector<int32_t> counts;  // [sending rank][1 + its local expert j·max_batch_ + sequence]: [0] its sequences
+    std::vector<int32_t> start;   // [j·ranks + rank]: where (j, rank)'s rows start in in and fch; [last]: the end
+    OpArray<float> in, fch;       // the rows received, and their first product (for the backward pass)
+  };
+  std::vector<ExpertRows> expert_rows_;  // per layer slot
+  // The rank's own experts' working rows (activation, outputs, gradients) and, for its tokens, a
+  // microbatch's gradients of the experts' outputs and inputs, the branch's, and the route weights'.
+  OpArray<float> ep_act_, ep_out_, ep_dout_, ep_dbig_, ep_dfc_, ep_din_, ep_dbranch_, ep_dexpert_out_,
+      ep_dexpert_in_, ep_droute_weights_;
+  std::vector<int32_t> ep_counts_;  // what this rank sends of its rows' counts
+  // a holds at least n floats (grown, its contents not kept).
+  void grow(OpArray<float>& a, size_t n) {
+    if (a.size() >= n) return;
+    a.reset();
+    a.assign_zeros(kernels(), n);
+  }
+  // Layer l's experts of this rank over every rank's rows (after the routes are assigned).
+  void experts_exchanged_forward(int l, const BlockActs& x, const Block& p);
+  // Their backward over the microbatch, before the grains: the combination's backward, the
+  // experts' (weight gradients on the experts' rank), the inputs' gradients back in ep_dexpert_in_.
+  void experts_exchanged_backward(int l, const BlockActs& x, const Block& p);
+  // Sends a microbatch's expert rows (`local`, the slot order) of width floats to the experts'
+  // ranks (`remote`, ExpertRows' order), or back when !to_experts.
+  void exchange_expert_rows(int l, float* local, float* remote, int width, bool to_experts, const char* what);
+  // Local expert j's runs over the rows received: a run per (sending rank, sequence).
+  std::vector<int32_t> received_runs(const ExpertRows& o, int j) const;
   OpArray<int32_t> moe_routes_memory_;
   std::vector<MoeHostRoutes> moe_host_;  // per layer slot, as moe_routes
   std::vector<int32_t> moe_scratch_;     // host copies of the routes being numbered

@@ -255,6 +255,18 @@ Model::~Model() = default;
 
 void Model::set_unit_access(UnitAccess* access) { access_ = access ? access : own_access_.get(); }
 
+void Model::set_expert_exchange(ExpertExchange* exchange) {
+  if (exchange) {
+    ANVIL_CHECK(cfg_.has_moe(), "expert parallelism shares a mixture of experts' experts among ranks; this model's "
+                "blocks have a dense MLP");
+    ANVIL_CHECK(cfg_.moe.experts % exchange->ranks() == 0, "expert parallelism over {} ranks: the {} experts must "
+                "divide evenly among them", exchange->ranks(), cfg_.moe.experts);
+    ANVIL_CHECK(kernels() != KernelImpl::kGpu, "expert parallelism exchanges rows through host memory: it runs "
+                "with kernels cpu or ref for now");
+  }
+  expert_exchange_ = exchange;
+}
+
 void Model::init_weights(uint64_t seed) {
   ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
   std::vector<float> host(num_params_);

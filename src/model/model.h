@@ -95,6 +95,30 @@ struct PipelineStage {
   bool operator==(const PipelineStage&) const = default;
 };
 
+// Expert parallelism: the ranks that share a mixture of experts' work, and the messages between
+// them. Each of the R ranks runs experts / R consecutive experts (expert e on rank e / (experts /
+// R)) for the tokens of every rank: a pass sends each token's rows to its experts' ranks and takes
+// their outputs back, a layer at a time, so the ranks run their passes in lockstep (the same
+// number of passes, each through every layer). parallel/expert_parallel.h builds it over MPI.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int ranks() const = 0;
+  virtual int rank() const = 0;
+  struct Message {
+    int peer;
+    void* data;  // host memory
+    size_t bytes;
+  };
+  // Posts every send and receive at once and waits for them all. Messages between two ranks are
+  // matched in list order; this rank's messages to itself are copied to its receives from itself.
+  // what: the pass, named in the error if a peer's message never comes.
+  virtual void exchange(const std::vector<Message>& sends, const std::vector<Message>& receives,
+                        const char* what) = 0;
+  // Bytes sent to other ranks so far.
+  virtual int64_t bytes_sent() const = 0;
+};
+
 // Which full arrays the model allocates for itself, and how it works. A sharded run leaves out
 // what it shards.
 struct ModelStorage {
@@ -171,6 +195,11 @@ class Model {
   KernelImpl kernels() const { return storage_.kernels; }
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
+  // Expert parallelism over exchange's ranks (not owned; null: this model runs every expert):
+  // a mixture of experts whose experts divide among the ranks, on host memory (kernels cpu/ref).
+  void set_expert_exchange(ExpertExchange* exchange);
+  // Whether passes exchange rows with other ranks, and so must run in lockstep with theirs.
+  bool expert_parallel() const { return expert_exchange_ != nullptr; }
   // The model's own full arrays (op memory): null when ModelStorage left them out.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
@@ -303,6 +332,7 @@ class Model {
   const ModelStorage storage_;
   const int max_seq_;
   DropoutPosition dropout_position_;
+  ExpertExchange* expert_exchange_ = nullptr;
 
  private:
   class OwnArrays;

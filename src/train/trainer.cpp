@@ -20,6 +20,7 @@
 #include "config/families/family.h"
 #include "parallel/collectives.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/op_collectives.h"
 #include "interop/hf_import.h"
 #include "kernels/impl.h"
@@ -40,10 +41,10 @@ namespace {
 
 // Mean loss per target token over the eval split in dataset order (or its first
 // eval_subset_num_batches batches), the same bits whatever the world size. Data-parallel rank r
-// of W takes batches r, r + W, ...; under ZeRO-3 a forward
-// pass gathers parameters with every rank, so a rank past the last batch runs its first batch
-// again and discards it. A pipeline stage's ranks pass each batch through the stages; the last
-// stage's losses are every stage's result.
+// of W takes batches r, r + W, ...; under ZeRO-3 a forward pass gathers parameters with every
+// rank (and under expert parallelism exchanges rows with its group), so a rank past the last
+// batch runs its first batch again and discards it. A pipeline stage's ranks pass each batch
+// through the stages; the last stage's losses are every stage's result.
 double evaluate(Model& model, DataParallel& dp, PipelineSchedule* pipeline, const DataPipeline& eval_data,
                 const TrainConfig& cfg, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
   StreamingDataset& data = *eval_data.data;
@@ -58,7 +59,7 @@ double evaluate(Model& model, DataParallel& dp, PipelineSchedule* pipeline, cons
   for (int64_t round = 0; round < rounds; round++) {
     const int64_t batch = round * W + rank;
     const bool real = batch < batches;
-    if (!real && dp.zero_stage() < 3) break;
+    if (!real && dp.zero_stage() < 3 && !model.expert_parallel()) break;
     const int64_t s0 = (real ? batch : rank % batches) * B;
     const int b = static_cast<int>(std::min<int64_t>(B, samples - s0));
     for (int k = 0; k < b; k++)
@@ -352,6 +353,8 @@ class TrainingRun {
   FILE* metrics_ = nullptr;
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0 writes the global figures
   std::unique_ptr<Model> model_;
+  std::unique_ptr<ExpertGroup> experts_;  // under distributed.expert_parallel
+  int64_t step_exchange_bytes_ = 0;        // the last step's, sent between ranks, every rank's summed
   LoraBaseRef lora_base_;  // under LoRA, what the checkpoints name as the adapters' base
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<PipelineSchedule> pipeline_;
@@ -458,6 +461,13 @@ void TrainingRun::build_model() {
   pipeline_ = std::move(stack.pipeline);
   plan_ = stack.plan;
   Model& model = *model_;
+  if (cfg_.distributed.expert_parallel > 1) {
+    experts_ = std::make_unique<ExpertGroup>(comm_, cfg_.distributed.expert_parallel);
+    model.set_expert_exchange(experts_.get());
+    log_info("expert parallelism: {} ranks share the experts, {} each (this rank experts {}..{})", experts_->ranks(),
+             cfg_.model.moe.experts / experts_->ranks(), experts_->rank() * cfg_.model.moe.experts / experts_->ranks(),
+             (experts_->rank() + 1) * cfg_.model.moe.experts / experts_->ranks() - 1);
+  }
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {
@@ -611,7 +621,7 @@ void TrainingRun::evaluate_at(int64_t at_step) {
 void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
                                   std::vector<std::pair<std::string, double>>& scalars) {
   const auto t0 = std::chrono::steady_clock::now();
-  const IclShare share{rank_, W_, dp_->zero_stage() == 3};
+  const IclShare share{rank_, W_, dp_->zero_stage() == 3 || model_->expert_parallel()};
   // A pipeline stage cannot score questions alone: every rank gathers the whole model's
   // parameters for the evaluation (the memory of one process's weights and eval activations,
   // freed after it), and the ranks share the questions as data-parallel ranks do.
@@ -717,8 +727,10 @@ bool TrainingRun::step(int64_t t) {
   if (t == start_step_ && writer_) report_first_batch();
   const int step_len = trim_batch(t);
   const auto t0 = std::chrono::steady_clock::now();
+  const int64_t sent = experts_ ? experts_->bytes_sent() : 0;
   const StepResult r = step_->run(tokens_.data(), targets_.data(), local_batch_, step_len, t, positions);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (experts_) step_exchange_bytes_ = sum_exact(comm_, experts_->bytes_sent() - sent);
   ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
               "enable algorithms.gradient_clipping", t + 1, r.loss);
   if (r.skipped) {
@@ -757,9 +769,11 @@ void TrainingRun::report_step(int64_t t, const StepResult& r, int step_len, doub
     row["skipped"] = r.skipped;
   }
   const bool moe = cfg_.model.has_moe();
+  const double exchanged_mib = static_cast<double>(step_exchange_bytes_) / (1 << 20);
   if (moe) {
     row["moe_balance_loss"] = r.balance_loss;
     row["moe_skipped_choices"] = r.skipped_choices;
+    if (experts_) row["moe_all_to_all_mib"] = exchanged_mib;
   }
   write_metrics(row);
   if (tensorboard_) {
@@ -770,6 +784,7 @@ void TrainingRun::report_step(int64_t t, const StepResult& r, int step_len, doub
     if (moe) {
       scalars.emplace_back("loss/train/moe_balance", r.balance_loss);
       scalars.emplace_back("moe/skipped_choices", r.skipped_choices);
+      if (experts_) scalars.emplace_back("moe/all_to_all_mib", exchanged_mib);
     }
     tensorboard_->scalars(t + 1, scalars);
   }

@@ -775,15 +775,25 @@ TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
   EXPECT_NE(model_error(moe + "    moe_capacity_factor: 0\n").find("moe_capacity_factor = 0 must be positive"),
             std::string::npos);
   EXPECT_NE(model_error(moe + "    moe_jitter_eps: 0.01\n").find("moe_jitter_eps is not supported"), std::string::npos);
-  EXPECT_NE(model_error(moe + "    moe_expert_model_parallelism: true\n").find("every rank holds all the experts"),
+  EXPECT_NE(model_error(moe + "    moe_expert_model_parallelism: true\n").find("with distributed.expert_parallel"),
             std::string::npos);
   EXPECT_NE(model_error(moe + "    mlp_type: glu\n").find("needs ffn_type mb_dmoe"), std::string::npos);
-  EXPECT_NE(model_error(moe + "    moe_world_size: 2\n").find("every rank holds all the experts"), std::string::npos);
+  EXPECT_NE(model_error(moe + "    moe_world_size: 2\n").find("with distributed.expert_parallel"), std::string::npos);
   EXPECT_NE(model_error("  {name: mpt_causal_lm, n_layers: 2, n_heads: 4, d_model: 32, ffn_config: {ffn_type: mb_dmoe, "
                         "moe_num_experts: 2}}\n").find("no_bias: false is not supported"),
             std::string::npos);
   EXPECT_NE(model_error(moe + "    mlp_type: moe\n").find("expected mlp or glu"), std::string::npos);
   EXPECT_NE(model_error(moe + "  peft_config: {peft_type: LORA, r: 4}\n").find("does not adapt mixture-of-experts"),
+            std::string::npos);
+  // Expert parallelism: experts to share, evenly, on the CPU.
+  const std::string run = "max_seq_len: 64\ntrain_loader: {dataset: {local: data/x}}\nglobal_train_batch_size: 4\n"
+                          "max_duration: 10ba\nmodel:\n" + moe;
+  EXPECT_EQ(load_train_config(write(run), {"distributed.expert_parallel=4"}).distributed.expert_parallel, 4);
+  EXPECT_NE(error_of(run, {"distributed.expert_parallel=3"}).find("distributed.expert_parallel 3 must divide the 4 "
+                                                                  "experts"), std::string::npos);
+  EXPECT_NE(error_of(run, {"distributed.expert_parallel=2", "kernels=gpu"}).find("runs on the CPU"), std::string::npos);
+  EXPECT_NE(error_of(run, {"distributed.expert_parallel=0"}).find("expert_parallel"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.expert_parallel=2"}).find("this model's blocks have a dense MLP"),
             std::string::npos);
 }
 

@@ -105,18 +105,19 @@ def mpt(P, tokens, L, NH, C, KV=None, qk_ln=False, rope=False, rms=False):
     return norm(x, "norm_f") @ P["wte"].T
 
 
-def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targets):
+def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targets, max_seq_len):
     """MPT whose MLPs are MegaBlocks mixtures of experts (LLM Foundry's ffn_type mb_moe / mb_dmoe),
     written from MegaBlocks' definition: a bias-free router linear, softmax over the experts, the
     top K by probability, their weights divided by their norm_p-norm (when given), each expert an
     MLP without biases (w1 (F,C), w2 (C,F); glu: silu(x·w1ᵀ)·(x·v1ᵀ) with v1 (F,C), else GELU in
     its tanh form, MegaBlocks' default), the outputs summed by weight. anvil routes, caps and
     balances a sequence at a time: with a capacity factor an expert takes at most
-    int(factor·K·T/E) of a sequence's choices (MegaBlocks' truncation; no limit where that is 0),
-    in (position, rank) order, and a skipped choice adds nothing; the balancing loss of a sequence
-    is MegaBlocks' loss_weight·E/(K·T²)·Σ_e n_e·Σ_t p_te (n_e its choices of e before capacity),
-    averaged over the layers and counted once per target of the sequence, as the cross-entropy
-    is. Returns the logits and the balancing loss to add to the mean cross-entropy."""
+    int(factor·K·max_seq_len/E) of a sequence's choices (MegaBlocks' truncation of a training
+    sequence's; no limit where that is 0), in (position, rank) order, and a skipped choice adds
+    nothing; the balancing loss of a sequence is MegaBlocks' loss_weight·E/(K·T²)·Σ_e n_e·Σ_t p_te
+    (n_e its choices of e before capacity), averaged over the layers and counted once per target
+    of the sequence, as the cross-entropy is. Returns the logits and the balancing loss to add to
+    the mean cross-entropy."""
     hs = C // NH
     x = P["wte"][tokens]
     bias = alibi_slopes(NH, 8).view(1, NH, 1, 1) * torch.arange(1 - T, 1, dtype=torch.float32).view(1, 1, 1, T)
@@ -135,7 +136,7 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
             weights = weights / torch.norm(weights, p=norm_p, dim=-1, keepdim=True)
         kept = torch.ones(B, T, K, dtype=torch.bool)
         if capacity:
-            cap = int(capacity * K * T / E) or B * T * K
+            cap = int(capacity * K * max_seq_len / E) or B * T * K
             for b in range(B):
                 used = [0] * E
                 for t in range(T):
@@ -158,10 +159,11 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
 
 def write_mpt_moe():
     """Two MPTs with mixture-of-experts MLPs: mb_moe (four GELU experts, top 2, capacity factor
-    1: some choices skipped, weights normalised by their 1-norm) and mb_dmoe (three SwiGLU
+    0.75, so 4 choices of an expert per sequence in a pass of 9 tokens shorter than max_seq_len:
+    some choices skipped, weights normalised by their 1-norm) and mb_dmoe (three SwiGLU
     experts, top 1, dropless)."""
     L, NH, C, FF = 2, 4, 24, 32
-    for name, E, K, capacity, norm_p, glu in [("mpt_moe_tiny.safetensors", 4, 2, 1.0, 1.0, False),
+    for name, E, K, capacity, norm_p, glu in [("mpt_moe_tiny.safetensors", 4, 2, 0.75, 1.0, False),
                                               ("mpt_dmoe_glu_tiny.safetensors", 3, 1, 0.0, 0.0, True)]:
         shapes = {"wte": (V, C), "norm_1": (L, C), "Wqkv": (L, 3 * C, C), "out_proj": (L, C, C), "norm_2": (L, C),
                   "router": (L, E, C), "w1": (L, E, FF, C), "w2": (L, E, C, FF), "norm_f": (C,)}
@@ -180,7 +182,7 @@ def write_mpt_moe():
             return cat(parts + [g("norm_f")])
 
         def forward(P, tokens, E=E, K=K, capacity=capacity, norm_p=norm_p, glu=glu):
-            return mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, 0.1, targets)
+            return mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, 0.1, targets, MAX_T)
 
         ffn = (f"ffn_config:\n  ffn_type: {'mb_moe' if capacity else 'mb_dmoe'}\n  moe_num_experts: {E}\n"
                f"  moe_top_k: {K}\n  ffn_hidden_size: {FF}\n  moe_loss_weight: 0.1\n" +

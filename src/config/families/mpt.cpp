@@ -321,9 +321,9 @@ class Mpt final : public Family {
                 f.full("moe_loss_weight"), moe.loss_weight);
     unset(f, "moe_jitter_eps", "the router's input is never jittered");
     only(f, "uniform_expert_assignment", false, "the router chooses the experts");
-    only(f, "moe_expert_model_parallelism", false, "every rank holds all the experts");
+    only(f, "moe_expert_model_parallelism", false, "anvil places the experts with distributed.expert_parallel");
     only(f, "moe_weight_parallelism", false, "every rank holds all the experts' weights");
-    only(f, "moe_world_size", 1, "every rank holds all the experts");
+    only(f, "moe_world_size", 1, "anvil places the experts with distributed.expert_parallel");
     only(f, "shared_expert", false, "there is no shared expert");
     // Foundry sets MegaBlocks' bias from no_bias, and never adds the router's z-loss.
     ignored<bool>(f, "bias");

@@ -62,9 +62,9 @@ struct LoraConfig {
 struct MoeConfig {
   int experts = 0;  // moe_num_experts; 0: a dense MLP
   int top_k = 1;    // moe_top_k
-  // mb_moe's moe_capacity_factor: an expert takes at most ⌊factor · top_k · T / experts⌋ of a
-  // sequence's choices (no limit where that is 0), the first in (position, rank) order, and the
-  // rest skip it (the token's other choices still count); 0: dropless (mb_dmoe).
+  // mb_moe's moe_capacity_factor: an expert takes at most ⌊factor · top_k · max_seq_len / experts⌋
+  // of a sequence's choices in any pass (no limit where that is 0), the first in (position, rank)
+  // order, and the rest skip it (the token's other choices still count); 0: dropless (mb_dmoe).
   float capacity_factor = 0.0f;
   float normalize_p = 0.0f;   // moe_normalize_expert_weights: the chosen weights divided by their p-norm; 0: not
   float loss_weight = 0.1f;   // moe_loss_weight

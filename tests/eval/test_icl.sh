@@ -110,6 +110,24 @@ if have_mpirun; then
   cmp -s "$tmp/icl1.rows" "$tmp/icl_pp.rows" && pass "two pipeline stages: the same ICL metrics as one rank" ||
     fail "ICL metrics differ between one rank and two pipeline stages: $(diff "$tmp/icl1.rows" "$tmp/icl_pp.rows" |
       head -4)"
+  # A mixture of experts, its 4 experts shared by 2 ranks (expert parallelism): every pass of the
+  # evaluation exchanges rows between the two, in lockstep, and the metrics are one rank's. The
+  # ranks batch other questions together than one rank does; an expert's capacity counts from
+  # max_seq_len, not the batch's padded length, so that changes no question's routing.
+  icl_moe=(variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 max_seq_len=64 max_duration=2ba
+           eval_interval=1ba eval_loader=null model.name=mpt_causal_lm model.no_bias=true model.attn_config.alibi=true
+           model.ffn_config.ffn_type=mb_moe model.ffn_config.moe_num_experts=4 model.ffn_config.moe_top_k=2)
+  mpirun_anvil 1 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_moe1" "${icl_moe[@]}" > "$tmp/icl_moe1.out" \
+    2>&1 || { fail "training a mixture of experts with icl_tasks"; tail -5 "$tmp/icl_moe1.out"; }
+  mpirun_anvil 2 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_moe2" "${icl_moe[@]}" \
+    distributed.expert_parallel=2 > "$tmp/icl_moe2.out" 2>&1 ||
+    { fail "training a mixture of experts with icl_tasks on 2 ranks sharing the experts"; tail -5 "$tmp/icl_moe2.out"; }
+  icl_rows "$tmp/icl_moe1" > "$tmp/icl_moe1.rows"
+  icl_rows "$tmp/icl_moe2" > "$tmp/icl_moe2.rows"
+  [ -s "$tmp/icl_moe1.rows" ] && cmp -s "$tmp/icl_moe1.rows" "$tmp/icl_moe2.rows" &&
+    pass "a mixture of experts on 2 ranks sharing the experts: the same ICL metrics as one rank" ||
+    fail "a mixture of experts' ICL metrics differ between 1 rank and 2 sharing the experts: $(diff \
+      "$tmp/icl_moe1.rows" "$tmp/icl_moe2.rows" | head -4)"
 else
   skip "ICL evaluation on two ranks (no mpirun)"
 fi

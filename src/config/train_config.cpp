@@ -119,8 +119,6 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
   ANVIL_CHECK(!compressed || c.kernels != KernelImpl::kGpu,
               "{}: distributed.grad_compression bf16 works on host memory: use it with kernels=cpu",
               blame.source("distributed.grad_compression"));
-  ANVIL_CHECK(!(c.model.has_moe() && c.model.has_lora()), "{}: LoRA (model.peft_config) does not adapt "
-              "mixture-of-experts blocks yet; train the whole model, or use a dense MLP", blame.source("model"));
   const int stages = c.distributed.pipeline_parallel;
   if (stages > 1) {
     const std::string where = blame.source("distributed.pipeline_parallel");

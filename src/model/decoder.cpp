@@ -470,7 +470,7 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
   round_to_dtype(kernels(), x.ln2, NC, dtype());
   if (cfg_.has_moe()) {
-    moe_forward(l, x, p, scratch);
+    moe_forward(l, x, p, adapters, scratch);
   } else {
     linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
     mlp_activation(acts_.fch_gelu, x.fch, N);
@@ -540,6 +540,7 @@ Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
     case BlockProduct::kAttnOut: return make(p.attprojw, p.attprojb, w.q, C);
     case BlockProduct::kFc: return make(p.fcw, p.fcb, C, w.fc);
     case BlockProduct::kFcProj: return make(p.fcprojw, p.fcprojb, w.hidden, C);
+    case BlockProduct::kRouter: return make(p.routerw, nullptr, C, w.experts);
   }
   ANVIL_FAIL("internal: block product {} unknown", static_cast<int>(product));
 }
@@ -951,7 +952,7 @@ void Decoder::block_backward(int l) {
     // the branch's residual dropout).
     const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
     if (cfg_.has_moe()) {
-      moe_backward(l, x, p, dproj, dsmall, b, n);
+      moe_backward(l, x, p, adapters, dproj, dsmall, b, n);
     } else {
       float* fch = x.fch + r * w.fc;
       float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed

@@ -238,11 +238,16 @@ class Decoder final : public Model {
   // Block l's MLP under MoE, over the microbatch: the router, the routes, the experts and their
   // combination into out (N,C), rounded to the compute dtype; in training, the balancing loss and
   // the skipped choices added to moe_stats_.
-  void moe_forward(int l, const BlockActs& x, const Block& p, float* out);
+  void moe_forward(int l, const BlockActs& x, const Block& p, const float* adapters, float* out);
   // Its backward over the grain of n sequences from b: dout the combination's gradient (rows of
   // the grain), into dinp the gradient of the MLP's input (ln2's output), and the router's and the
   // experts' weight gradients.
-  void moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n);
+  void moe_backward(int l, const BlockActs& x, const Block& p, const float* adapters, const float* dout, float* dinp,
+                    int b, int n);
+  // Where a grain's gradient of block l's weight w (n floats) goes, handed over by
+  // weight_grads_done; null under LoRA, whose base is frozen.
+  float* weight_grads(int l, const Block& p, const float* w, size_t n);
+  void weight_grads_done(int l, const Block& p, const float* w, size_t n);
   // Layer l's routes from the experts chosen: capacity applied, slots numbered, uploaded.
   void moe_assign_slots(int l);
   // Expert e's products over runs of rows (bounds[0..runs]: a run per sequence): out (rows, out_w)

@@ -103,11 +103,10 @@ void Decoder::expert_products(const float* weights, int e, float* out, const flo
   for (int i = 0; i < runs; i++) run(bounds[i], bounds[i + 1]);
 }
 
-void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, float* out) {
+void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, const float* adapters, float* out) {
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k;
   const Widths w(cfg_);
-  matmul_forward_sequences(matmul_, microbatch_invariant(), acts_.router_logits, x.ln2, p.routerw, nullptr, B, T, C, E);
-  round_to_dtype(kernels(), acts_.router_logits, static_cast<long>(N) * E, dtype());
+  linear_forward(l, linear(p, BlockProduct::kRouter), acts_.router_logits, x.ln2, adapters);
   const MoeRoutes r = moe_routes(l);
   moe_route(kernels(), x.probs, r.experts, x.route_weights, acts_.router_logits, N, E, k, cfg_.moe.normalize_p);
   moe_assign_slots(l);
@@ -145,14 +144,22 @@ double Decoder::balance_scale(int b) const {
          (k * T * T * cfg_.n_layers);
 }
 
-void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const float* dout, float* dinp, int b, int n) {
+float* Decoder::weight_grads(int l, const Block& p, const float* w, size_t n) {
+  return frozen() ? nullptr : units_in_stage_.grads(1 + l, static_cast<size_t>(w - p.ln1w), n);
+}
+
+void Decoder::weight_grads_done(int l, const Block& p, const float* w, size_t n) {
+  if (!frozen()) units_in_stage_.grain_done(1 + l, static_cast<size_t>(w - p.ln1w), n);
+}
+
+void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const float* adapters, const float* dout,
+                           float* dinp, int b, int n) {
   const int T = T_, B = B_, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k, Ng = n * T;
   const Widths w(cfg_);
   const size_t t0 = static_cast<size_t>(b) * T, F = w.hidden, FC = w.fc;
   const MoeRoutes r = moe_routes(l);
   const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   auto segment = [&](int e, int at) { return h.segment[static_cast<size_t>(e) * (B + 1) + at]; };
-  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   const float* droute_weights = droute_weights_;
   if (expert_parallel()) {
     // The experts' part ran over the microbatch (experts_exchanged_backward).
@@ -173,17 +180,17 @@ void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const floa
       float* act = acts_.fch_gelu + q * F;  // recomputed, as the dense MLP's
       mlp_activation(act, fch, rows);
       const float* w2 = p.fcprojw + static_cast<size_t>(e) * C * F;
-      float* dw2 = units_in_stage_.grads(1 + l, at(w2), C * F);
-      matmul_backward(matmul_, dbig_ + q * F, dw2, nullptr, dexpert_out_ + q * C, C, act, w2, rows, F, C, false);
-      units_in_stage_.grain_done(1 + l, at(w2), C * F);
+      matmul_backward(matmul_, dbig_ + q * F, weight_grads(l, p, w2, C * F), nullptr, dexpert_out_ + q * C, C, act,
+                      w2, rows, F, C, false);
+      weight_grads_done(l, p, w2, C * F);
       round_to_dtype(kernels(), dbig_ + q * F, rows * F, dtype());
       mlp_activation_backward(dfc_ + q * FC, fch, dbig_ + q * F, rows);
       float* inp = acts_.expert_in + q * C;
       gather_rows(kernels(), inp, x.ln2, r.slot_tokens + s0, rows, C);
       const float* w1 = p.fcw + static_cast<size_t>(e) * FC * C;
-      float* dw1 = units_in_stage_.grads(1 + l, at(w1), FC * C);
-      matmul_backward(matmul_, dexpert_in_ + q * C, dw1, nullptr, dfc_ + q * FC, FC, inp, w1, rows, C, FC, false);
-      units_in_stage_.grain_done(1 + l, at(w1), FC * C);
+      matmul_backward(matmul_, dexpert_in_ + q * C, weight_grads(l, p, w1, FC * C), nullptr, dfc_ + q * FC, FC, inp, w1,
+                      rows, C, FC, false);
+      weight_grads_done(l, p, w1, FC * C);
       q += rows;
     }
     round_to_dtype(kernels(), dexpert_in_, Sg * C, dtype());
@@ -201,9 +208,11 @@ void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const floa
   moe_route_backward(kernels(), drouter_, x.probs + t0 * E, r.experts + t0 * k, x.route_weights + t0 * k,
                      droute_weights, dprobs_, Ng, E, k, cfg_.moe.normalize_p);
   round_to_dtype(kernels(), drouter_, static_cast<long>(Ng) * E, dtype());
-  float* dwr = units_in_stage_.grads(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
-  matmul_backward(matmul_, dinp, dwr, nullptr, drouter_, E, x.ln2 + t0 * C, p.routerw, Ng, C, E, true);
-  units_in_stage_.grain_done(1 + l, at(p.routerw), static_cast<size_t>(E) * C);
+  const size_t router = static_cast<size_t>(E) * C;
+  matmul_backward(matmul_, dinp, weight_grads(l, p, p.routerw, router), nullptr, drouter_, E, x.ln2 + t0 * C,
+                  p.routerw, Ng, C, E, true);
+  weight_grads_done(l, p, p.routerw, router);
+  lora_backward(l, BlockProduct::kRouter, dinp, drouter_, E, x.ln2 + t0 * C, adapters, b, n);
   round_to_dtype(kernels(), dinp, static_cast<long>(Ng) * C, dtype());
 }
 
@@ -321,7 +330,6 @@ void Decoder::experts_exchanged_backward(int l, const BlockActs& x, const Block&
   exchange_expert_rows(l, ep_dexpert_out_.data(), ep_dout_.data(), C, true,
                        "expert parallelism: output gradients to the experts");
   // Each run (a sequence of a rank) forms its weight gradients as one process forms that sequence's.
-  auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   for (int j = 0; j < El; j++) {
     const float* w2 = p.fcprojw + static_cast<size_t>(first + j) * C * F;
     const float* w1 = p.fcw + static_cast<size_t>(first + j) * FC * C;
@@ -334,15 +342,14 @@ void Decoder::experts_exchanged_backward(int l, const BlockActs& x, const Block&
       float *act = ep_act_.data() + s0 * F, *dbig = ep_dbig_.data() + s0 * F, *dfc = ep_dfc_.data() + s0 * FC;
       const float* fch = o.fch.data() + s0 * FC;
       mlp_activation(act, fch, rows);
-      float* dw2 = units_in_stage_.grads(1 + l, at(w2), C * F);
-      matmul_backward(matmul_, dbig, dw2, nullptr, ep_dout_.data() + s0 * C, C, act, w2, rows, F, C, false);
-      units_in_stage_.grain_done(1 + l, at(w2), C * F);
+      matmul_backward(matmul_, dbig, weight_grads(l, p, w2, C * F), nullptr, ep_dout_.data() + s0 * C, C, act, w2,
+                      rows, F, C, false);
+      weight_grads_done(l, p, w2, C * F);
       round_to_dtype(kernels(), dbig, rows * F, dtype());
       mlp_activation_backward(dfc, fch, dbig, rows);
-      float* dw1 = units_in_stage_.grads(1 + l, at(w1), FC * C);
-      matmul_backward(matmul_, ep_din_.data() + s0 * C, dw1, nullptr, dfc, FC, o.in.data() + s0 * C, w1, rows, C, FC,
-                      false);
-      units_in_stage_.grain_done(1 + l, at(w1), FC * C);
+      matmul_backward(matmul_, ep_din_.data() + s0 * C, weight_grads(l, p, w1, FC * C), nullptr, dfc, FC,
+                      o.in.data() + s0 * C, w1, rows, C, FC, false);
+      weight_grads_done(l, p, w1, FC * C);
     }
   }
   round_to_dtype(kernels(), ep_din_.data(), So * C, dtype());

@@ -132,7 +132,7 @@ std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector
     ANVIL_CHECK(it != by_name.end(), "internal: no tensor '{}' to merge", name);
     return *it->second;
   };
-  const char* product_tensor[] = {"qkvw", "attprojw", "fcw", "fcprojw"};  // by BlockProduct
+  const char* product_tensor[] = {"qkvw", "attprojw", "fcw", "fcprojw", "routerw"};  // by BlockProduct
   std::vector<float> merged = base;
   const int r = cfg.lora.r;
   const double scaling = cfg.lora.scaling();

@@ -783,7 +783,13 @@ TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
                         "moe_num_experts: 2}}\n").find("no_bias: false is not supported"),
             std::string::npos);
   EXPECT_NE(model_error(moe + "    mlp_type: moe\n").find("expected mlp or glu"), std::string::npos);
-  EXPECT_NE(model_error(moe + "  peft_config: {peft_type: LORA, r: 4}\n").find("does not adapt mixture-of-experts"),
+  // LoRA: all-linear finds the attention's products and the router (PEFT's view of MegaBlocks'
+  // layers: the experts are weights, not linear layers), so the MLP's names are no modules.
+  c = load_model(moe + "  peft_config: {peft_type: LORA, r: 4, target_modules: all-linear}\n");
+  std::vector<std::string> adapted;
+  for (const LoraModule& m : lora_targets(c.model)) adapted.push_back(m.name);
+  EXPECT_EQ(adapted, (std::vector<std::string>{"attn.Wqkv", "attn.out_proj", "ffn.router.layer"}));
+  EXPECT_NE(model_error(moe + "  peft_config: {peft_type: LORA, r: 4, target_modules: [up_proj]}\n").find("up_proj"),
             std::string::npos);
   // Expert parallelism: experts to share, evenly, on the CPU.
   const std::string run = "max_seq_len: 64\ntrain_loader: {dataset: {local: data/x}}\nglobal_train_batch_size: 4\n"

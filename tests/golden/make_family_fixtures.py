@@ -105,6 +105,33 @@ def mpt(P, tokens, L, NH, C, KV=None, qk_ln=False, rope=False, rms=False):
     return norm(x, "norm_f") @ P["wte"].T
 
 
+def moe_mlp(P, l, h, logits, E, K, capacity, norm_p, glu, loss_weight, max_seq_len):
+    """Layer l's mixture of experts (mpt_moe) over h (B,T,C) from its router logits (B,T,E): the
+    output, and each sequence's balancing loss (B,) before the layers' average."""
+    probs = logits.softmax(dim=-1)  # (B,T,E)
+    weights, chosen = torch.topk(probs, K, dim=-1)  # (B,T,K)
+    if norm_p:
+        weights = weights / torch.norm(weights, p=norm_p, dim=-1, keepdim=True)
+    kept = torch.ones(B, T, K, dtype=torch.bool)
+    if capacity:
+        cap = int(capacity * K * max_seq_len / E) or B * T * K
+        for b in range(B):
+            used = [0] * E
+            for t in range(T):
+                for j in range(K):
+                    e = int(chosen[b, t, j])
+                    kept[b, t, j] = used[e] < cap
+                    used[e] += 1
+    out = torch.zeros_like(h)
+    for e in range(E):
+        gate = ((chosen == e) & kept).to(torch.float32) * weights  # (B,T,K)
+        a = h @ P["w1"][l, e].T
+        a = F.silu(a) * (h @ P["v1"][l, e].T) if glu else F.gelu(a, approximate="tanh")
+        out = out + gate.sum(-1, keepdim=True) * (a @ P["w2"][l, e].T)
+    counts = F.one_hot(chosen, E).sum(dim=(1, 2)).to(torch.float32)  # (B,E), before capacity
+    return out, loss_weight * E / (K * T * T) * (counts * probs.sum(dim=1)).sum(dim=1)
+
+
 def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targets, max_seq_len):
     """MPT whose MLPs are MegaBlocks mixtures of experts (LLM Foundry's ffn_type mb_moe / mb_dmoe),
     written from MegaBlocks' definition: a bias-free router linear, softmax over the experts, the
@@ -130,29 +157,8 @@ def mpt_moe(P, tokens, L, NH, C, E, K, capacity, norm_p, glu, loss_weight, targe
         y = attention(q, k, v, bias).transpose(1, 2).reshape(B, T, C)
         x = x + y @ P["out_proj"][l].T
         h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
-        probs = (h @ P["router"][l].T).softmax(dim=-1)  # (B,T,E)
-        weights, chosen = torch.topk(probs, K, dim=-1)  # (B,T,K)
-        if norm_p:
-            weights = weights / torch.norm(weights, p=norm_p, dim=-1, keepdim=True)
-        kept = torch.ones(B, T, K, dtype=torch.bool)
-        if capacity:
-            cap = int(capacity * K * max_seq_len / E) or B * T * K
-            for b in range(B):
-                used = [0] * E
-                for t in range(T):
-                    for j in range(K):
-                        e = int(chosen[b, t, j])
-                        kept[b, t, j] = used[e] < cap
-                        used[e] += 1
-        out = torch.zeros_like(x)
-        for e in range(E):
-            gate = ((chosen == e) & kept).to(torch.float32) * weights  # (B,T,K)
-            a = h @ P["w1"][l, e].T
-            a = F.silu(a) * (h @ P["v1"][l, e].T) if glu else F.gelu(a, approximate="tanh")
-            out = out + gate.sum(-1, keepdim=True) * (a @ P["w2"][l, e].T)
+        out, lbl = moe_mlp(P, l, h, h @ P["router"][l].T, E, K, capacity, norm_p, glu, loss_weight, max_seq_len)
         x = x + out
-        counts = F.one_hot(chosen, E).sum(dim=(1, 2)).to(torch.float32)  # (B,E), before capacity
-        lbl = loss_weight * E / (K * T * T) * (counts * probs.sum(dim=1)).sum(dim=1)  # (B,)
         balance = balance + (lbl * n_targets).sum() / (L * n_targets.sum())
     return F.layer_norm(x, (C,), P["norm_f"], None, 1e-5) @ P["wte"].T, balance
 

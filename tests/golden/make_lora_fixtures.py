@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Writes gpt2_lora_tiny.safetensors, llama_lora_tiny.safetensors and mpt_lora_tiny.safetensors,
-the golden fixtures for LoRA fine-tuning against PyTorch.
+"""Writes gpt2_lora_tiny.safetensors, llama_lora_tiny.safetensors, mpt_lora_tiny.safetensors and
+mpt_moe_lora_tiny.safetensors, the golden fixtures for LoRA fine-tuning against PyTorch.
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_lora_fixtures.py
 Each model is written here as transformers defines it, with each adapted linear layer computed as
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_gpt2_fixture import ALPHA_F, BETAS, CLIP, EPS, LR, T_MAX, T_WARMUP, WD  # noqa: E402
 from make_gpt2_fixture import adamw_steps, write_safetensors  # noqa: E402
-from make_family_fixtures import alibi_slopes, cat, rms_norm, rotate_half  # noqa: E402
+from make_family_fixtures import alibi_slopes, cat, moe_mlp, rms_norm, rotate_half  # noqa: E402
 
 B, T, V, MAX_T, L = 3, 9, 61, 12, 2
 # Sequence 0 packs an example of 4 tokens and one of 5.
@@ -122,6 +122,27 @@ def mpt(P, lora, tokens, NH, C):
 
 
 
+def mpt_moe(P, lora, tokens, targets, NH, C, E, K, capacity):
+    """An MPT whose MLPs are mixtures of experts (make_family_fixtures.mpt_moe: GELU experts, the
+    balancing loss with weight 0.1), with PEFT's branch on the linear layers all-linear finds:
+    Wqkv, out_proj and MegaBlocks' router (router.layer; the experts are weights, not layers).
+    Returns the logits and the balancing loss."""
+    x = P["wte"][tokens]
+    slopes = alibi_slopes(NH, 8)
+    n_targets = (targets != -100).sum(dim=1).to(torch.float32)  # per sequence
+    balance = 0.0
+    for l in range(L):
+        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
+        q, k, v = (heads(t, NH) for t in lora.linear(P, "Wqkv", l, h).split(C, dim=-1))
+        y = attention(q, k, v, slopes).transpose(1, 2).reshape(B, T, C)
+        x = x + lora.linear(P, "out_proj", l, y)
+        h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
+        out, lbl = moe_mlp(P, l, h, lora.linear(P, "router", l, h), E, K, capacity, 0.0, False, 0.1, MAX_T)
+        x = x + out
+        balance = balance + (lbl * n_targets).sum() / (L * n_targets.sum())
+    return F.layer_norm(x, (C,), P["norm_f"], None, 1e-5) @ P["wte"].T, balance
+
+
 def llama(P, lora, tokens, NH, NKV, C, theta, eps):
     hs = C // NH
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
@@ -159,18 +180,31 @@ def base_params(shapes):
 
 
 def write(name, P, base_flat, lora, order, forward, model_yaml):
+    """forward(P, lora, tokens, targets) returns the logits, or the logits and an auxiliary loss
+    that training adds to the mean cross-entropy (a mixture of experts' balancing loss)."""
     tokens, targets = batch()
     adapters = lora.named()
-    logits = forward(P, lora, tokens)
-    loss = F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100)
-    loss.backward()
+
+    def loss_of():
+        out = forward(P, lora, tokens, targets)
+        logits, aux = out if isinstance(out, tuple) else (out, None)
+        return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-100), aux
+
+    logits, loss, aux = loss_of()
+    (loss if aux is None else loss + aux).backward()
+    # loss: the cross-entropy alone (what evaluation reports); balance_loss: what training adds.
     out = {"base": base_flat, "params_init": lora.flat(order, lambda t: t), "tokens": tokens.to(torch.int32),
            "targets": targets.to(torch.int32), "positions": POSITIONS.to(torch.int32), "logits": logits.detach(),
            "loss": loss.detach().reshape(1), "grads": lora.flat(order, lambda t: t.grad)}
+    if aux is not None:
+        out["balance_loss"] = aux.detach().reshape(1)
+
+    def training_loss():
+        _, ce, aux = loss_of()
+        return ce if aux is None else ce + aux
+
     # PEFT leaves the base frozen: only the adapters are the optimizer's, and all of them decay.
-    out["step_losses"], out["step_grad_norms"] = adamw_steps(
-        adapters, set(adapters),
-        lambda: F.cross_entropy(forward(P, lora, tokens).view(-1, V), targets.view(-1), ignore_index=-100))
+    out["step_losses"], out["step_grad_norms"] = adamw_steps(adapters, set(adapters), training_loss)
     out["params_final"] = lora.flat(order, lambda t: t)
     meta = {"batch": B, "seq_len": T, "model_yaml": model_yaml, "torch": torch.__version__, "lr": LR,
             "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS, "weight_decay": WD, "t_warmup": T_WARMUP,
@@ -195,7 +229,7 @@ def main():
                               "mlp.c_proj": (C, 4 * C)})
     write("gpt2_lora_tiny.safetensors", P,
           cat([P["wte"], P["wpe"]] + [P[n][l] for l in range(L) for n in block] + [P["ln_f"], P["ln_f.b"]]),
-          lora, order, lambda P, lora, tokens: gpt2(P, lora, tokens, NH, C),
+          lora, order, lambda P, lora, tokens, targets: gpt2(P, lora, tokens, NH, C),
           f"name: gpt2\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\nmax_seq_len: {MAX_T}\n"
           "peft_config:\n  peft_type: LORA\n  r: 4\n  lora_alpha: 8\n  target_modules: [c_attn, c_proj, c_fc]\n")
 
@@ -214,7 +248,7 @@ def main():
                              "down_proj": (C, FF)})
     write("llama_lora_tiny.safetensors", P,
           cat([P["embed_tokens"]] + [P[n][l] for l in range(L) for n in block] + [P["norm"], P["lm_head"]]),
-          lora, order, lambda P, lora, tokens: llama(P, lora, tokens, NH, NKV, C, THETA, EPS_RMS),
+          lora, order, lambda P, lora, tokens, targets: llama(P, lora, tokens, NH, NKV, C, THETA, EPS_RMS),
           f"name: llama\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
           f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS_RMS}\n"
           "tie_word_embeddings: false\npeft_config:\n  peft_type: LORA\n  r: 2\n  lora_alpha: 6\n"
@@ -229,10 +263,28 @@ def main():
     lora = Lora(3, 3, False, {"Wqkv": (3 * C, C), "out_proj": (C, C), "up_proj": (4 * C, C), "down_proj": (C, 4 * C)})
     write("mpt_lora_tiny.safetensors", P,
           cat([P["wte"]] + [P[n][l] for l in range(L) for n in block] + [P["norm_f"]]),
-          lora, order, lambda P, lora, tokens: mpt(P, lora, tokens, NH, C),
+          lora, order, lambda P, lora, tokens, targets: mpt(P, lora, tokens, NH, C),
           f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
           f"max_seq_len: {MAX_T}\nexpansion_ratio: 4\nno_bias: true\nattn_config:\n  alibi: true\n"
           "peft_config:\n  peft_type: LORA\n  r: 3\n  lora_alpha: 3\n  target_modules: all-linear\n")
+
+    # An MPT whose MLPs are mixtures of experts (mb_moe: four GELU experts, top 2, capacity factor
+    # 0.75: 4 choices of an expert per sequence, some skipped), all-linear: Wqkv, out_proj and the
+    # router adapted, the experts frozen; r 2, alpha 4.
+    NH, C, E, K, FF = 4, 24, 4, 2, 32
+    P = base_params({"wte": (V, C), "norm_1": (L, C), "Wqkv": (L, 3 * C, C), "out_proj": (L, C, C),
+                     "norm_2": (L, C), "router": (L, E, C), "w1": (L, E, FF, C), "w2": (L, E, C, FF),
+                     "norm_f": (C,)})
+    block = ["norm_1", "Wqkv", "out_proj", "norm_2", "router", "w1", "w2"]
+    order = ["Wqkv", "out_proj", "router"]
+    lora = Lora(2, 4, False, {"Wqkv": (3 * C, C), "out_proj": (C, C), "router": (E, C)})
+    write("mpt_moe_lora_tiny.safetensors", P,
+          cat([P["wte"]] + [P[n][l] for l in range(L) for n in block] + [P["norm_f"]]),
+          lora, order, lambda P, lora, tokens, targets: mpt_moe(P, lora, tokens, targets, NH, C, E, K, 0.75),
+          f"name: mpt_causal_lm\nn_layers: {L}\nn_heads: {NH}\nd_model: {C}\nvocab_size: {V}\n"
+          f"max_seq_len: {MAX_T}\nno_bias: true\nattn_config:\n  alibi: true\nffn_config:\n  ffn_type: mb_moe\n"
+          f"  moe_num_experts: {E}\n  moe_top_k: {K}\n  ffn_hidden_size: {FF}\n  moe_capacity_factor: 0.75\n"
+          "peft_config:\n  peft_type: LORA\n  r: 2\n  lora_alpha: 4\n  target_modules: all-linear\n")
 
 
 if __name__ == "__main__":

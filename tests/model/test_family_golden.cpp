@@ -91,7 +91,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
 // AdamW steps of the adapters must match, on a batch with ignored targets whose first sequence
 // packs two examples. GPT-2 with every product adapted (c_proj naming two); a grouped-query
 // Llama with some of the fused products' rows adapted (q and v of qkv, gate of gate/up) and
-// rsLoRA scaling; an MPT with all-linear.
+// rsLoRA scaling; an MPT with all-linear; and an MPT whose MLPs are mixtures of experts, where
+// all-linear adapts the attention's products and the router (the experts are frozen weights, not
+// linear layers), its training loss with the balancing loss.
 class LoraGolden : public FamilyGolden {};
 
 std::unique_ptr<Decoder> lora_model(const SafeTensorsFile& f, KernelImpl impl) {
@@ -122,7 +124,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, LoraGolden,
                                            Family{"llama_lora_tiny.safetensors", KernelImpl::kRef},
                                            Family{"llama_lora_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"mpt_lora_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"mpt_lora_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"mpt_lora_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mpt_moe_lora_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mpt_moe_lora_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));
@@ -157,7 +161,8 @@ void expect_bf16_base_gives_the_same_bits(const ModelConfig& cfg, const SafeTens
 
 // What a base held in bf16 saves is measured by `anvil bench train` (docs/PERFORMANCE.md).
 TEST(Lora, BaseHeldInBf16GivesTheSameBits) {
-  for (const char* fixture : {"gpt2_lora_tiny.safetensors", "llama_lora_tiny.safetensors", "mpt_lora_tiny.safetensors"}) {
+  for (const char* fixture : {"gpt2_lora_tiny.safetensors", "llama_lora_tiny.safetensors", "mpt_lora_tiny.safetensors",
+                              "mpt_moe_lora_tiny.safetensors"}) {
     SafeTensorsFile f = testing::load_golden(fixture);
     const SafeTensor& base = f.at("base");
     expect_bf16_base_gives_the_same_bits(config_of(f), f, std::vector<float>(base.f32(), base.f32() + base.numel()),

@@ -15,7 +15,7 @@
 # schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family
 # as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
 # stages, resumed on 3 ranks without stages. Last, an MPT whose MLPs are mixtures of experts, with
-# and without expert parallelism.
+# and without expert parallelism, and fine-tuned with LoRA.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -138,5 +138,13 @@ for r in rows[2]:
 assert "moe_all_to_all_mib" not in rows[0][0]
 print(f"  all-to-all: {rows[2][0]['moe_all_to_all_mib']:.2f} MiB at step 1 on 4 ranks of one expert each")
 PY
+# LoRA on the trained mixture of experts (all-linear: attention and router adapted, the experts
+# frozen): 1 rank, and 2 ranks sharing the experts under ZeRO-3, end with the same adapters.
+lora=(load_path="$tmp/moe_w1_mb8_z0" "model.peft_config={peft_type: LORA, r: 4, target_modules: all-linear}"
+      max_duration=6ba)
+OMP_NUM_THREADS=2 train moe_lora_w1 1 6 0 "${moe[@]}" "${lora[@]}"
+train moe_lora_w2_ep2_z3 2 1 3 "${moe[@]}" "${lora[@]}" distributed.expert_parallel=2
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/moe_lora_w1" "$tmp/moe_lora_w2_ep2_z3" \
+  || fail "moe: LoRA's adapters differ between one rank and two sharing the experts"
 echo "moe: weights sha256 $("$anvil" inspect "$tmp/moe_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 [ "$failures" -eq 0 ]

@@ -30,7 +30,7 @@ class MapReader;
 class HfFields;
 
 // A block's four matrix products, as the decoder fuses them (model/decoder.h).
-enum class BlockProduct { kQkv, kAttnOut, kFc, kFcProj };
+enum class BlockProduct { kQkv, kAttnOut, kFc, kFcProj, kRouter };
 
 // A module LoRA can adapt: one of transformers' linear layers of a block, which is all of a
 // product or a block of its output rows (Llama's q_proj is the first rows of anvil's fused qkv).

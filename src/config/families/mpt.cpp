@@ -233,6 +233,12 @@ class Mpt final : public Family {
     const bool glu = c.mlp == MlpKind::kSwiglu;
     using P = BlockProduct;
     std::vector<LoraModule> m = {{"attn.Wqkv", P::kQkv, 0, c.qkv_width(), C}, {"attn.out_proj", P::kAttnOut, 0, C, C}};
+    // MegaBlocks' experts are weights, not linear layers; its router is one (PEFT's all-linear
+    // adapts it).
+    if (c.has_moe()) {
+      m.push_back({"ffn.router.layer", P::kRouter, 0, c.moe.experts, C});
+      return m;
+    }
     // LLM Foundry's MPTGLU holds its gate beside up_proj.
     if (glu) m.push_back({"ffn.gate_proj", P::kFc, 0, F, C});
     m.push_back({"ffn.up_proj", P::kFc, glu ? F : 0, F, C});

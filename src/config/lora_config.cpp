@@ -70,6 +70,10 @@ void read_peft_config(MapReader& model, ModelConfig& cfg) {
       ANVIL_CHECK(t.Scalar() == kAllLinear, "{}: {} = '{}': give a list of module names (or all-linear); a "
                   "regular expression is not supported. {}'s modules: {}", m.source("target_modules"), m.full("target_modules"), t.Scalar(),
                   family(cfg.name).title, fmt::join(names, ", "));
+      const std::string beyond = family(cfg.name).lora_unadaptable(cfg);
+      ANVIL_CHECK(beyond.empty(), "{}: {} = all-linear would adapt {} too, which anvil does not adapt yet: list the "
+                  "modules to adapt ({})", m.source("target_modules"), m.full("target_modules"), beyond,
+                  fmt::join(names, ", "));
       l.target_modules = {kAllLinear};
     } else {
       ANVIL_CHECK(t.IsSequence() && t.size() > 0, "{}: {} must be a list of module names (or all-linear)", m.source("target_modules"),

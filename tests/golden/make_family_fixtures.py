@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the golden fixtures for anvil's MPT, Llama and Qwen2 families against PyTorch: mpt_tiny,
 llama_tiny, llama_mqa_tiny, mpt_qkln_tiny, mpt_qkln_rope_tiny, qwen2_tiny, qwen3_tiny,
-mistral_window_tiny, and the mixtures of experts mpt_moe_tiny and mpt_dmoe_glu_tiny (.safetensors).
+mistral_window_tiny, and the mixtures of experts mpt_moe_tiny, mpt_dmoe_glu_tiny and mixtral_tiny
+(.safetensors).
 
 Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
 Each model is written here from the published definitions, not from anvil's code:
@@ -14,6 +15,10 @@ Each model is written here from the published definitions, not from anvil's code
   SwiGLU MLP (down(silu(gate(x)) * up(x))), an untied lm_head, no biases.
 - Qwen2 as Hugging Face's Qwen2ForCausalLM: Llama's computation with biases on the q, k and v
   projections (none on o_proj or the MLP).
+- Mixtral as Hugging Face's MixtralForCausalLM: Llama's computation with each MLP a sparse block
+  (MixtralSparseMoeBlock): router logits from the bias-free gate, softmax, the top K
+  probabilities renormalised to sum to 1, and the chosen experts' w2(silu(w1 x) * w3 x) summed
+  by those weights; no router loss (output_router_logits off).
 Each fixture holds the parameters flattened in anvil's layout order (q/k/v rows fused as anvil's
 qkvw, gate/up rows as its fcw), a batch with ignored targets, the logits, the mean loss, every
 gradient in the same layout, and the model section of the anvil config that builds the model;
@@ -231,8 +236,24 @@ def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None, window=0):
         y = attention(q, k, v, window=window).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + y @ P["o_proj"][l].T
         h = rms_norm(x, P["post_attention_layernorm"][l], eps)
+        if "gate" in P:
+            x = x + mixtral_sparse_block(P, l, h)
+            continue
         x = x + (F.silu(h @ P["gate_proj"][l].T) * (h @ P["up_proj"][l].T)) @ P["down_proj"][l].T
     return rms_norm(x, P["norm"], eps) @ P[head].T
+
+
+def mixtral_sparse_block(P, l, h):
+    """transformers' MixtralSparseMoeBlock over h (B,T,C): P's gate (L,E,C), w1 and w3 (L,E,F,C),
+    w2 (L,E,C,F); K = P["top_k"]."""
+    weights = F.softmax(h @ P["gate"][l].T, dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(weights, P["top_k"], dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e in range(P["gate"].shape[1]):
+        w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)
+        out = out + w * ((F.silu(h @ P["w1"][l, e].T) * (h @ P["w3"][l, e].T)) @ P["w2"][l, e].T)
+    return out
 
 
 def make_params(shapes):
@@ -315,6 +336,37 @@ def main():
     write_llama("mistral_window_tiny.safetensors", 2, False, window=4)
     torch.manual_seed(20261128)
     write_mpt_moe()
+    torch.manual_seed(20261129)
+    write_mixtral()
+
+
+def write_mixtral():
+    """A Mixtral: four query heads over two key/value heads, four SwiGLU experts of 24, top 2, an
+    untied head."""
+    L, NH, NKV, C, FF, E, K, THETA, EPS_RMS = 2, 4, 2, 32, 24, 4, 2, 10000.0, 1e-5
+    hs = C // NH
+    P = make_params({"embed_tokens": (V, C), "input_layernorm": (L, C), "q_proj": (L, C, C),
+                     "k_proj": (L, NKV * hs, C), "v_proj": (L, NKV * hs, C), "o_proj": (L, C, C),
+                     "post_attention_layernorm": (L, C), "gate": (L, E, C), "w1": (L, E, FF, C),
+                     "w3": (L, E, FF, C), "w2": (L, E, C, FF), "norm": (C,), "lm_head": (V, C)})
+
+    def flat(g):
+        parts = [g("embed_tokens")]
+        for l in range(L):
+            # anvil's fused first product: each expert's gate (w1) rows, then its up (w3) rows.
+            parts += [g("input_layernorm")[l], g("q_proj")[l], g("k_proj")[l], g("v_proj")[l], g("o_proj")[l],
+                      g("post_attention_layernorm")[l], g("gate")[l], torch.cat([g("w1")[l], g("w3")[l]], dim=1),
+                      g("w2")[l]]
+        return cat(parts + [g("norm"), g("lm_head")])
+
+    def forward(P, tokens):
+        return llama(dict(P, top_k=K), tokens, L, NH, NKV, C, THETA, EPS_RMS, "lm_head")
+
+    write("mixtral_tiny.safetensors", P, flat, forward,
+          f"name: mixtral\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nvocab_size: {V}\n"
+          f"max_seq_len: {MAX_T}\nintermediate_size: {FF}\nrope_theta: {THETA}\nrms_norm_eps: {EPS_RMS}\n"
+          f"num_local_experts: {E}\nnum_experts_per_tok: {K}\ntie_word_embeddings: false\n",
+          {"q_proj", "k_proj", "v_proj", "o_proj", "gate", "w1", "w3", "w2", "lm_head"})
 
 
 def write_mpt_qk_ln():

@@ -11,7 +11,8 @@
 // Mistral whose sliding window (4 keys) is shorter than the sequence (9 tokens); and two MPTs whose
 // MLPs are mixtures of experts (LLM Foundry's MegaBlocks keys): mb_moe with four GELU experts, top
 // 2, capacity factor 1 (choices skipped) and 1-norm weights, and mb_dmoe with three SwiGLU experts,
-// top 1; their training loss adds the balancing loss, compared on its own.
+// top 1; their training loss adds the balancing loss, compared on its own; and a Mixtral (four
+// SwiGLU experts, top 2, weights renormalised, no router loss) as transformers computes it.
 // Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -78,7 +79,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                                            Family{"mpt_moe_tiny.safetensors", KernelImpl::kRef},
                                            Family{"mpt_moe_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"mixtral_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"mixtral_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));

@@ -13,14 +13,15 @@ const Family& gpt2_family();
 const Family& mpt_family();
 const Family& llama_family();
 const Family& mistral_family();
+const Family& mixtral_family();
 const Family& qwen2_family();
 const Family& qwen3_family();
 
 namespace {
 
 const Family* const* all_families() {
-  static const Family* const all[] = {&gpt2_family(), &mpt_family(), &llama_family(), &mistral_family(), &qwen2_family(),
-                                       &qwen3_family(), nullptr};
+  static const Family* const all[] = {&gpt2_family(),    &mpt_family(),   &llama_family(), &mistral_family(),
+                                       &mixtral_family(), &qwen2_family(), &qwen3_family(), nullptr};
   return all;
 }
 

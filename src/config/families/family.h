@@ -102,6 +102,9 @@ class Family {
 
   // Every module of a block that LoRA can adapt, in the order transformers lists them.
   virtual std::vector<LoraModule> lora_modules(const ModelConfig& c) const = 0;
+  // The linear layers PEFT's all-linear would adapt beyond lora_modules (empty: none), which make
+  // all-linear an error rather than a smaller set of adapters.
+  virtual std::string lora_unadaptable(const ModelConfig&) const { return ""; }
 
  protected:
   // An error unless ok: "a GPT-2 model cannot be written as transformers' GPT2LMHeadModel: it has <what>".

@@ -152,6 +152,10 @@ void LlamaShaped::check_hf(const ModelConfig& c) const {
   require(c.positions == PositionKind::kRope, "positions other than RoPE");
   require(c.mlp == MlpKind::kSwiglu, "a GELU MLP instead of SwiGLU");
   require(!c.linear_bias, "biases on its products");
+  require(c.has_moe() == own.has_moe(), c.has_moe() ? "mixture-of-experts MLPs" : "dense MLPs");
+  if (c.has_moe())
+    require(c.moe.capacity_factor == 0 && c.moe.normalize_p == 1 && c.moe.loss_weight == 0,
+            "a mixture of experts with a capacity, weights not summing to 1, or a balancing loss");
 }
 
 nlohmann::ordered_json LlamaShaped::hf_config(const ModelConfig& c) const {
@@ -206,6 +210,20 @@ void LlamaShaped::hf_tensors(const ModelConfig& c, HfTensorList& t) const {
     }
     t.whole(h + "self_attn.o_proj.weight", a + "attprojw", {C, q});
     t.whole(h + "post_attention_layernorm.weight", a + "ln2w", {C});
+    if (c.has_moe()) {
+      // Mixtral's experts, each its own w1 (gate), w3 (up) and w2 (down): expert e's gate rows,
+      // then its up rows, from e·2F in anvil's fused first product.
+      const int64_t E = c.moe.experts;
+      const std::string moe = h + "block_sparse_moe.";
+      t.whole(moe + "gate.weight", a + "routerw", {E, C});
+      for (int64_t e = 0; e < E; e++) {
+        const std::string x = fmt::format("{}experts.{}.", moe, e);
+        t.rows(x + "w1.weight", a + "fcw", 2 * F * e, F, {F, C});
+        t.rows(x + "w2.weight", a + "fcprojw", C * e, C, {C, F});
+        t.rows(x + "w3.weight", a + "fcw", 2 * F * e + F, F, {F, C});
+      }
+      continue;
+    }
     t.rows(h + "mlp.gate_proj.weight", a + "fcw", 0, F, {F, C});
     t.rows(h + "mlp.up_proj.weight", a + "fcw", F, F, {F, C});
     t.whole(h + "mlp.down_proj.weight", a + "fcprojw", {C, F});
@@ -213,13 +231,25 @@ void LlamaShaped::hf_tensors(const ModelConfig& c, HfTensorList& t) const {
   t.whole("model.norm.weight", "lnfw", {C});
 }
 
+std::string LlamaShaped::lora_unadaptable(const ModelConfig& c) const {
+  return c.has_moe() ? "the experts' w1, w2 and w3" : "";
+}
+
 std::vector<LoraModule> LlamaShaped::lora_modules(const ModelConfig& c) const {
   const int C = c.d_model, F = c.mlp_width(), q = c.q_width(), kv = c.kv_width();
   using P = BlockProduct;
-  return {{"self_attn.q_proj", P::kQkv, 0, q, C},       {"self_attn.k_proj", P::kQkv, q, kv, C},
-          {"self_attn.v_proj", P::kQkv, q + kv, kv, C}, {"self_attn.o_proj", P::kAttnOut, 0, C, q},
-          {"mlp.gate_proj", P::kFc, 0, F, C},           {"mlp.up_proj", P::kFc, F, F, C},
-          {"mlp.down_proj", P::kFcProj, 0, C, F}};
+  std::vector<LoraModule> m = {{"self_attn.q_proj", P::kQkv, 0, q, C}, {"self_attn.k_proj", P::kQkv, q, kv, C},
+                               {"self_attn.v_proj", P::kQkv, q + kv, kv, C},
+                               {"self_attn.o_proj", P::kAttnOut, 0, C, q}};
+  // Mixtral's router; its experts' w1, w2 and w3 are not adaptable yet (lora_unadaptable).
+  if (c.has_moe()) {
+    m.push_back({"block_sparse_moe.gate", P::kRouter, 0, c.moe.experts, C});
+    return m;
+  }
+  m.push_back({"mlp.gate_proj", P::kFc, 0, F, C});
+  m.push_back({"mlp.up_proj", P::kFc, F, F, C});
+  m.push_back({"mlp.down_proj", P::kFcProj, 0, C, F});
+  return m;
 }
 
 }  // namespace anvil

@@ -20,6 +20,7 @@ class LlamaShaped : public Family {
   nlohmann::ordered_json hf_config(const ModelConfig& c) const final;
   void hf_tensors(const ModelConfig& c, HfTensorList& out) const final;
   std::vector<LoraModule> lora_modules(const ModelConfig& c) const final;
+  std::string lora_unadaptable(const ModelConfig& c) const final;
 
  protected:
   // rope_scaling: transformers' config class of the family has rope_scaling (Llama's and Qwen2's do;

@@ -1,0 +1,76 @@
+// Mixtral (transformers' MixtralForCausalLM): Mistral's shape (llama_shaped.h, with its sliding
+// window option) whose MLPs are sparse mixtures of SwiGLU experts. A bias-free router (`gate`)
+// scores num_local_experts experts; each token takes its num_experts_per_tok most probable
+// (softmax) experts, their weights renormalised to sum to 1 (the 1-norm), and every choice is kept
+// (no capacity). transformers adds its router loss only with output_router_logits, which fine-tuning
+// leaves off; anvil trains without it.
+#include <yaml-cpp/yaml.h>
+
+#include "config/families/hf_fields.h"
+#include "config/families/keys.h"
+#include "config/families/llama_shaped.h"
+#include "config/map_reader.h"
+
+namespace anvil {
+namespace {
+
+class Mixtral final : public LlamaShaped {
+ public:
+  Mixtral() : LlamaShaped(ModelFamily::kMixtral, "Mixtral", "mixtral", "MixtralForCausalLM", /*rope_scaling=*/false) {}
+
+ protected:
+  // MixtralConfig's defaults.
+  void own_defaults(ModelConfig& c) const override {
+    c.rope.theta = 1e6f;
+    c.moe.experts = 8;
+    c.moe.top_k = 2;
+    c.moe.capacity_factor = 0.0f;
+    c.moe.normalize_p = 1.0f;
+    c.moe.loss_weight = 0.0f;
+  }
+  void read_own_keys(MapReader& m, ModelConfig& c) const override {
+    m.get("sliding_window", c.sliding_window);
+    ANVIL_CHECK(c.sliding_window >= 0, "{}: {} = {} must be a positive number of keys (or null: none)",
+                m.source("sliding_window"), m.full("sliding_window"), c.sliding_window);
+    m.get("num_local_experts", c.moe.experts);
+    ANVIL_CHECK(c.moe.experts >= 1, "{}: {} = {} must be at least 1", m.source("num_local_experts"),
+                m.full("num_local_experts"), c.moe.experts);
+    m.get("num_experts_per_tok", c.moe.top_k);
+    ANVIL_CHECK(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts, "{}: {} = {} must be between 1 and "
+                "num_local_experts ({})", m.source("num_experts_per_tok"), m.full("num_experts_per_tok"), c.moe.top_k,
+                c.moe.experts);
+    only(m, "output_router_logits", false, "transformers' router loss over the whole batch is not anvil's per-sequence "
+         "balancing loss, so anvil trains Mixtral without one, as transformers does by default");
+    only(m, "router_jitter_noise", 0.0, "the router's input is never jittered");
+    ignored<double>(m, "router_aux_loss_coef");  // weighs the loss output_router_logits would add
+  }
+  void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const override {
+    if (c.sliding_window) e << YAML::Key << "sliding_window" << YAML::Value << c.sliding_window;
+    e << YAML::Key << "num_local_experts" << YAML::Value << c.moe.experts;
+    e << YAML::Key << "num_experts_per_tok" << YAML::Value << c.moe.top_k;
+  }
+  void own_keys_from_hf(HfFields& f) const override {
+    f.copy("sliding_window", "sliding_window");
+    f.copy("num_local_experts", "num_local_experts");
+    f.copy("num_experts_per_tok", "num_experts_per_tok");
+    f.copy("output_router_logits", "output_router_logits");
+    f.copy("router_jitter_noise", "router_jitter_noise");
+    f.copy("router_aux_loss_coef", "router_aux_loss_coef");
+  }
+  void own_hf_config(const ModelConfig& c, nlohmann::ordered_json& j) const override {
+    j["sliding_window"] = c.sliding_window ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
+    j["num_local_experts"] = c.moe.experts;
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["output_router_logits"] = false;
+    j["router_jitter_noise"] = 0.0;
+  }
+};
+
+}  // namespace
+
+const Family& mixtral_family() {
+  static const Mixtral f;
+  return f;
+}
+
+}  // namespace anvil

@@ -965,6 +965,49 @@ TEST_F(FamilyConfigTest, MistralIsLlamaShapedWithASlidingWindow) {
   std::filesystem::remove_all(dir);
 }
 
+// Mixtral: Mistral's shape with mixtures of SwiGLU experts (MixtralConfig's 8, top 2, weights
+// renormalised, dropless, no router loss); from a config.json shaped as Mixtral-8x7B-v0.1's; what
+// anvil cannot honour (transformers' router loss, jitter, all-linear over the experts' layers) is
+// an error.
+TEST_F(FamilyConfigTest, MixtralIsMistralWithExperts) {
+  TrainConfig c = load_model("  {name: mixtral, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64, "
+                             "intermediate_size: 96, num_experts_per_tok: 1}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kMixtral);
+  EXPECT_EQ(c.model.mlp, MlpKind::kSwiglu);
+  EXPECT_EQ(c.model.moe, (MoeConfig{8, 1, 0.0f, 1.0f, 0.0f}));
+  EXPECT_FLOAT_EQ(c.model.rope.theta, 1e6f);
+  expect_round_trip(c);
+  const std::string mixtral = "  {name: mixtral, n_layers: 2, n_heads: 8, d_model: 64, ";
+  EXPECT_NE(model_error(mixtral + "output_router_logits: true}\n").find("output_router_logits = true is not supported"),
+            std::string::npos);
+  EXPECT_NE(model_error(mixtral + "router_jitter_noise: 0.01}\n").find("router_jitter_noise"), std::string::npos);
+  EXPECT_NE(model_error(mixtral + "num_experts_per_tok: 9}\n").find("must be between 1 and num_local_experts (8)"),
+            std::string::npos);
+  EXPECT_NE(model_error(mixtral + "peft_config: {peft_type: LORA, target_modules: all-linear}}\n")
+                .find("would adapt the experts' w1, w2 and w3 too"), std::string::npos);
+  EXPECT_NE(model_error(mixtral + "peft_config: {peft_type: LORA, target_modules: [w1]}}\n")
+                .find("'w1' names no module"), std::string::npos);
+  c = load_model(mixtral + "peft_config: {peft_type: LORA, target_modules: [q_proj, v_proj, gate]}}\n");
+  std::vector<std::string> adapted;
+  for (const LoraModule& m : lora_targets(c.model)) adapted.push_back(m.name);
+  EXPECT_EQ(adapted, (std::vector<std::string>{"self_attn.q_proj", "self_attn.v_proj", "block_sparse_moe.gate"}));
+
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_mixtral_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+    "hidden_size": 64, "intermediate_size": 224, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": null, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "output_router_logits": false, "router_aux_loss_coef": 0.02, "tie_word_embeddings": false,
+    "vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2})";
+  c = load_model("  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string() + "}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kMixtral);
+  EXPECT_EQ(c.model.moe, (MoeConfig{8, 2, 0.0f, 1.0f, 0.0f}));
+  EXPECT_EQ(c.model.mlp_width(), 224);
+  EXPECT_EQ(c.model.sliding_window, 0);
+  std::filesystem::remove_all(dir);
+}
+
 // Qwen2: Llama's shape and keys with biases on q, k and v; from a config.json shaped as
 // Qwen2.5-0.5B's (its sliding_window unused: use_sliding_window false).
 TEST_F(FamilyConfigTest, Qwen2IsLlamaShapedWithQkvBiases) {

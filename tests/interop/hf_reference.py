@@ -16,7 +16,7 @@ usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N [--adapter PEFT_DIR]
        hf_reference.py write ARCH OUT_DIR [--dtype bf16] [--shards N] [--gpt2-original-names]
                                                       writes a small random model of ARCH (gpt2, llama,
                                                       llama-tied, llama31 (rope_scaling llama3),
-                                                      mistral, qwen2, qwen3, mpt) as transformers'
+                                                      mistral, mixtral, qwen2, qwen3, mpt) as transformers'
                                                       save_pretrained lays it out;
                                                       --gpt2-original-names as OpenAI's converted
                                                       files name GPT-2's tensors (no "transformer."
@@ -28,7 +28,9 @@ config.json and transformers' tensor names following transformers' modeling file
 GPT2LMHeadModel (Conv1D weights stored input x output, learned positions, tanh GELU "gelu_new"),
 LlamaForCausalLM (RMSNorm in fp32, rotate-half RoPE with rope_scaling's frequencies, repeat_kv
 for grouped heads, SwiGLU, lm_head unless tied), MistralForCausalLM (Llama's, attention within
-sliding_window keys), Qwen2ForCausalLM (Llama's with biases on q, k and v), Qwen3ForCausalLM
+sliding_window keys), MixtralForCausalLM (Mistral's with each MLP a sparse block of experts:
+softmax over the gate, the top num_experts_per_tok renormalised), Qwen2ForCausalLM (Llama's with
+biases on q, k and v), Qwen3ForCausalLM
 (Llama's with head_dim and an RMSNorm over each head's queries and keys before RoPE) and
 MptForCausalLM (ALiBi from gen_slopes, LayerNorm without bias, exact GELU, tied).
 """
@@ -171,11 +173,31 @@ def llama(cfg, W, ids):
             .transpose(0, 1).reshape(T, NH * hs)
         x = x + lin("self_attn.o_proj", y, o_bias)
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if cfg["model_type"] == "mixtral":
+            x = x + mixtral_sparse_block(cfg, W, p + "block_sparse_moe.", h)
+            continue
         x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h, mlp_bias)) * lin("mlp.up_proj", h, mlp_bias),
                     mlp_bias)
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
     return x @ head.T
+
+
+def mixtral_sparse_block(cfg, W, p, h):
+    """MixtralSparseMoeBlock: softmax over the gate's logits, each token's num_experts_per_tok most
+    probable experts, their weights renormalised to sum to 1, each expert w2(silu(w1 h) * w3 h)."""
+    probs = F.softmax(h @ W[p + "gate.weight"].T, dim=-1, dtype=torch.float)
+    weights, chosen = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(h)
+    for e in range(cfg["num_local_experts"]):
+        x = f"{p}experts.{e}."
+        token, slot = torch.where(chosen == e)
+        if len(token) == 0:
+            continue
+        y = (F.silu(h[token] @ W[x + "w1.weight"].T) * (h[token] @ W[x + "w3.weight"].T)) @ W[x + "w2.weight"].T
+        out.index_add_(0, token, y * weights[token, slot, None])
+    return out
 
 
 def gen_slopes(n_heads, bias_max):
@@ -205,7 +227,7 @@ def mpt(cfg, W, ids):
 def load_model(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
-    forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "qwen2": llama, "qwen3": llama,
+    forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "mixtral": llama, "qwen2": llama, "qwen3": llama,
                "mpt": mpt}[cfg["model_type"]]
     W = {k: v.float() for k, v in load_dir(d).items()}
     if cfg["model_type"] == "gpt2":  # OpenAI's converted files: no "transformer." prefix, mask buffers
@@ -335,7 +357,7 @@ def write(arch, out, dtype, shards, original_names):
             W = {k[len("transformer."):]: v for k, v in W.items()}
             for l in range(L):
                 W[f"h.{l}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-    elif arch in ("llama", "llama-tied", "llama31", "mistral", "qwen2", "qwen3"):
+    elif arch in ("llama", "llama-tied", "llama31", "mistral", "mixtral", "qwen2", "qwen3"):
         NKV, F = 2, 96
         tied = arch in ("llama-tied", "qwen2")
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
@@ -354,6 +376,11 @@ def write(arch, out, dtype, shards, original_names):
             cfg = {k: v for k, v in cfg.items() if k != "attention_bias"}
             cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_theta": 1000000.0,
                         "sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 21})
+        if arch == "mixtral":  # MixtralConfig, as Mixtral-8x7B-v0.1's but smaller: 4 experts, top 2
+            cfg = {k: v for k, v in cfg.items() if k != "attention_bias"}
+            cfg.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "rope_theta": 1000000.0,
+                        "sliding_window": None, "num_local_experts": 4, "num_experts_per_tok": 2,
+                        "output_router_logits": False, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0})
         hs = C // NH
         if arch == "qwen3":  # Qwen3Config, as Qwen3-0.6B's: heads wider than hidden_size / heads
             hs = 32
@@ -374,6 +401,12 @@ def write(arch, out, dtype, shards, original_names):
             if arch == "qwen2":
                 W[p + "self_attn.q_proj.bias"] = rnd(C, scale=0.5)
                 W[p + "self_attn.k_proj.bias"], W[p + "self_attn.v_proj.bias"] = rnd(NKV * hs, scale=0.5), rnd(NKV * hs, scale=0.5)
+            if arch == "mixtral":
+                W[p + "block_sparse_moe.gate.weight"] = rnd(4, C, scale=0.5)  # choices that differ by token
+                for e in range(4):
+                    x = f"{p}block_sparse_moe.experts.{e}."
+                    W[x + "w1.weight"], W[x + "w2.weight"], W[x + "w3.weight"] = rnd(F, C), rnd(C, F), rnd(F, C)
+                continue
             W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"] = rnd(F, C), rnd(F, C)
             W[p + "mlp.down_proj.weight"] = rnd(C, F)
         W["model.norm.weight"] = 1 + rnd(C)

@@ -17,7 +17,9 @@
 #   MPT, a Mistral, a Qwen2 with its q/k/v biases, a Qwen3 with its head_dim and per-head q/k
 #   norms, a Llama 3.1 with rope_scaling llama3) import
 #   with anvil eval's loss equal to the reader's; a Mistral whose sliding window is shorter than
-#   the sequences evaluates and generates past it as the reader does; the imported GPT-2 fine-tunes through
+#   the sequences evaluates and generates past it as the reader does; a Mixtral (4 experts, top 2)
+#   evaluates and generates as the reader does, and its export, read back by the reader, gives the
+#   original's loss; the imported GPT-2 fine-tunes through
 #   load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section naming
 #   an exported directory trains from its weights (the eval before training is anvil eval's);
 # - generate --chat: the reply to a chat rendered by the directory's own Jinja template is the
@@ -188,6 +190,23 @@ theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
 ours=$("$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 30 --temperature 0 2>/dev/null)
 [ "$theirs" = "$ours" ] && pass "mistral: 30 tokens greedily past a window of 16, as the reader: '$ours'" \
   || fail "mistral window 16: the reader continues '$theirs', anvil generate '$ours'"
+# Mixtral: each MLP a sparse block of 4 experts, top 2, their weights renormalised. The import's
+# loss is the reader's, and so are 12 greedy tokens. The export keeps config.json's experts, and
+# the reader, reading the export's per-expert tensors, gets the same loss as from the original.
+imported mixtral mixtral
+cont=$("${reader[@]}" greedy "$tmp/w-mixtral" 12 $ids 2>&1)
+theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
+ours=$("$anvil" generate "$tmp/i-mixtral" --prompt "$prompt" --max-new-tokens 12 --temperature 0 2>/dev/null)
+[ "$theirs" = "$ours" ] && pass "mixtral: 12 tokens greedily, as the reader: '$ours'" \
+  || fail "mixtral: the reader continues '$theirs', anvil generate '$ours'"
+round_trips mixtral \
+  && grep -q '"model_type": "mixtral"' "$tmp/hf-mixtral/config.json" \
+  && grep -q '"num_local_experts": 4' "$tmp/hf-mixtral/config.json" \
+  && grep -q '"num_experts_per_tok": 2' "$tmp/hf-mixtral/config.json" \
+  && [ "$("${reader[@]}" loss "$tmp/hf-mixtral" "$tmp/data/val" 16 2>&1)" = \
+       "$("${reader[@]}" loss "$tmp/w-mixtral" "$tmp/data/val" 16 2>&1)" ] \
+  && pass "mixtral: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
+  || fail "mixtral: export round trip: $(head -c 400 "$tmp/hf-mixtral/config.json" 2>&1)"
 # Llama 3.1's rope_scaling (rope_type llama3) as transformers 4 writes it, and as transformers 5
 # does (rope_parameters holding rope_theta; dtype for torch_dtype): the reader's loss, the same
 # weights from both, and config.json's rope_scaling kept through export. The scaling matters here:

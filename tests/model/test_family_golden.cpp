@@ -214,6 +214,19 @@ TEST(Families, MistralParameters) {
   EXPECT_EQ(mistral.sliding_window, 4096);
 }
 
+// Mixtral-8x7B-v0.1: Mistral-7B's attention with 8 experts of 14336 per block (46,702,792,704
+// parameters, of which a token's top 2 experts use 12.9B).
+TEST(Families, MixtralParameters) {
+  ModelConfig mixtral;
+  const YAML::Node y = YAML::Load("name: mixtral\nn_layers: 32\nn_heads: 32\nn_kv_heads: 8\nd_model: 4096\n"
+                                  "intermediate_size: 14336\nmax_seq_len: 32768\n");
+  MapReader r(y, "model", "test");
+  read_model_section(r, mixtral);
+  EXPECT_EQ(model_num_params(mixtral), 46702792704u);
+  EXPECT_EQ(mixtral.moe.experts, 8);
+  EXPECT_EQ(mixtral.moe.top_k, 2);
+}
+
 // Qwen2.5-0.5B: Llama's shape with biases on q, k and v and a tied head: 494,032,768
 // parameters, as its model card says.
 TEST(Families, Qwen2Parameters) {

@@ -1,8 +1,9 @@
-// What the families built as Llama is share (Llama, Mistral, Qwen2): RMSNorm, RoPE in the
-// rotate-half order, SwiGLU, no biases (Qwen2's on q, k and v aside), grouped-query attention,
-// their own LM head unless tied; keys under anvil's size names and transformers' LlamaConfig names for the rest; transformers' tensor
-// names (model.layers.N.self_attn.q_proj, ...) and PEFT's modules. Each family adds its own keys
-// and config.json fields through the hooks.
+// What the families built as Llama is share (Llama, Mistral, Mixtral, Qwen2, Qwen3): RMSNorm, RoPE
+// in the rotate-half order, SwiGLU (Mixtral's in experts), no biases (Qwen2's on q, k and v
+// aside), grouped-query attention, their own LM head unless tied; keys under anvil's size names
+// and transformers' LlamaConfig names for the rest; transformers' tensor names
+// (model.layers.N.self_attn.q_proj, ...) and PEFT's modules. Each family adds its own keys and
+// config.json fields through the hooks.
 #pragma once
 #include <string>
 #include <vector>

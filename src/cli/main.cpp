@@ -94,6 +94,8 @@ Data parallel: launch N ranks with `mpirun -np N anvil train ...` (or `srun --mp
 SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md).
 distributed.pipeline_parallel=P cuts the blocks into P stages, each trained by N/P ranks, with
 the same weights as one process (deterministic mode, ZeRO 0 or 1, kernels=cpu).
+distributed.expert_parallel=R shares a mixture of experts' experts among groups of R ranks,
+rows exchanged all-to-all in each layer; the same weights as one process (kernels=cpu).
 
 Memory: device_train_microbatch_size=auto picks the largest microbatch that fits memory_limit
 (default: the memory free at start); activation_checkpointing=true recomputes each block in the

@@ -407,7 +407,8 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   B_ = B;
   T_ = T;
   moe_stats_ = {};
-  if (training_ && cfg_.has_moe()) moe_stats_.sequence_balance.assign(B, 0.0);
+  if (training_ && cfg_.has_moe())
+    moe_stats_.balance.assign(static_cast<size_t>(stage().end_layer - stage().first_layer) * B, 0.0);
   Acts& a = acts_;
   const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
@@ -634,6 +635,12 @@ void Decoder::check_targets(const int32_t* targets, int N) const {
                 "target id {} out of range for vocab_size {}", targets[i], cfg_.vocab_size);
 }
 
+void Decoder::count_sequence_targets(const int32_t* targets, int B, int T) {
+  check_targets(targets, B * T);
+  sequence_targets_.assign(B, 0);
+  for (int i = 0; i < B * T; i++) sequence_targets_[i / T] += targets[i] != kIgnoreIndex;
+}
+
 const int32_t* Decoder::upload_targets(const int32_t* targets, int N) {
   op_copy_from_host(kernels(), targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
   return targets_op_.data();
@@ -783,10 +790,8 @@ void Decoder::attend(int l, const BlockActs& x) {
 double Decoder::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float dloss,
                                  int64_t* n_targets, const int32_t* positions) {
   require_whole_model("forward_backward");
-  check_targets(targets, B * T);
+  count_sequence_targets(targets, B, T);
   training_ = true;
-  sequence_targets_.assign(B, 0);
-  for (int i = 0; i < B * T; i++) sequence_targets_[i / T] += targets[i] != kIgnoreIndex;
   forward_to_lnf(tokens, positions, nullptr, B, T);
   backward(upload_targets(targets, B * T), dloss);
   training_ = false;
@@ -799,9 +804,11 @@ void Decoder::require_whole_model(const char* pass) const {
 }
 
 void Decoder::stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T,
-                            bool training, float* output) {
+                            const int32_t* targets, float* output) {
   ANVIL_CHECK(last_stage() || output, "a pipeline stage before the last needs somewhere for its output");
   stage_trained_ = false;
+  const bool training = targets != nullptr;
+  if (training) count_sequence_targets(targets, B, T);
   training_ = training;
   try {
     forward_to_lnf(tokens, positions, input, B, T);

@@ -63,8 +63,8 @@ class Decoder final : public Model {
   double forward_after_prefix(const int32_t* tokens, const int32_t* targets, int B, int T,
                               int64_t* n_targets) override;
   void drop_prefix() override;
-  void stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T, bool training,
-                     float* output) override;
+  void stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T,
+                     const int32_t* targets, float* output) override;
   double stage_loss(const int32_t* targets, int64_t* n_targets) override;
   double stage_backward(const int32_t* targets, float dloss, const float* doutput, float* dinput,
                         int64_t* n_targets) override;
@@ -352,6 +352,8 @@ class Decoder final : public Model {
   // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
   void lm_head(const float* emb, int b);
   void check_targets(const int32_t* targets, int N) const;
+  // Checks a training pass's targets (B,T) and counts each sequence's into sequence_targets_.
+  void count_sequence_targets(const int32_t* targets, int B, int T);
   // Fails unless the model is the whole model, naming the pass that needs it.
   void require_whole_model(const char* pass) const;
   // After forward_to_lnf on the last stage: with targets the losses of the B_ sequences and their

@@ -134,7 +134,8 @@ void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, const float
     for (int e = 0; e < E; e++) {
       double p_sum = 0;
       for (int t = 0; t < T; t++) p_sum += moe_probs_host_[(static_cast<size_t>(b) * T + t) * E + e];
-      moe_stats_.sequence_balance[b] += balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
+      moe_stats_.balance[static_cast<size_t>(l - stage().first_layer) * B + b] +=
+          balance_scale(b) * h.choices[static_cast<size_t>(b) * E + e] * p_sum;
     }
 }
 

@@ -285,15 +285,17 @@ class Model {
   // The stage's forward pass over B sequences of T tokens: the first stage embeds tokens (host,
   // kept until its backward pass), any other starts from input, the previous stage's output;
   // positions as forward() takes them, on every stage. Every stage but the last writes its last
-  // block's output to output. training: forward_backward's pass (dropout applies), which
-  // stage_backward completes.
+  // block's output to output. targets: a training pass's (B,T), every stage's (a mixture of
+  // experts' balancing loss counts each sequence's targets), for forward_backward's pass (dropout
+  // applies), which stage_backward completes; null: an evaluation pass.
   virtual void stage_forward(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T,
-                             bool training, float* output) = 0;
+                             const int32_t* targets, float* output) = 0;
   // The last stage, after an evaluation stage_forward: the losses against targets (B,T) and their
   // sum, as forward() gives them.
   virtual double stage_loss(const int32_t* targets, int64_t* n_targets) = 0;
   // The backward pass of the last training stage_forward: on the last stage from targets and dloss
-  // (the sum of the losses returned, as forward_backward returns it), on any other from doutput,
+  // (the sum of the per-token losses returned; each stage's balancing loss is in its moe_stats),
+  // on any other from doutput,
   // the gradient of its output (returning 0). Every stage but the first writes the gradient of its
   // input to dinput.
   virtual double stage_backward(const int32_t* targets, float dloss, const float* doutput, float* dinput,
@@ -307,17 +309,20 @@ class Model {
   // (B,T) per-token losses of the last forward() with targets or forward_backward(); 0 where
   // ignored. Host memory.
   virtual const float* losses() const = 0;
-  // A mixture of experts' accounting of the last pass, when it was forward_backward (zeros
-  // otherwise, and for a dense model): its
-  // balancing loss (config/model_config.h's MoeConfig, summed per target as the per-token losses
-  // are), and how many of the tokens' expert choices there were and how many the experts
-  // skipped, full (capacity).
+  // A mixture of experts' accounting of the last training pass (forward_backward, or a training
+  // stage_forward; zeros otherwise, and for a dense model) over the blocks it ran: its balancing
+  // loss (config/model_config.h's MoeConfig, summed per target as the per-token losses are), and
+  // how many of the tokens' expert choices there were and how many the experts skipped, full
+  // (capacity).
   struct MoeStats {
-    std::vector<double> sequence_balance;  // each sequence's balancing loss, its layers summed in order
+    // Each block's balancing loss for each sequence: [(layer - first layer run) · B + sequence]. A
+    // value per block and sequence, so that sums over them in fixed point are the same however
+    // the blocks are cut into pipeline stages and the sequences into microbatches.
+    std::vector<double> balance;
     int64_t choices = 0, skipped = 0;
     double balance_loss() const {
       double sum = 0;
-      for (double b : sequence_balance) sum += b;
+      for (double b : balance) sum += b;
       return sum;
     }
   };

@@ -38,6 +38,8 @@ void PipelineSchedule::set_compute_dtype(ComputeDtype dtype) {
 
 void PipelineSchedule::share_from_last(void* data, size_t bytes) { broadcast(comm_, data, bytes, groups_.stages - 1); }
 
+void PipelineSchedule::sum_over_stages(int64_t* counts, size_t n) { all_reduce(comm_, counts, n); }
+
 size_t PipelineSchedule::activation_bytes() const {
   size_t bytes = 0;
   for (const Model* m : slots_) bytes += m->activation_bytes();
@@ -68,7 +70,8 @@ void PipelineSchedule::finish_sends() {
 }
 
 void PipelineSchedule::train(const int32_t* tokens, const int32_t* targets, const int32_t* positions, int B, int T,
-                             int microbatch, float dloss, const Model::DropoutPosition& at, const TakeLosses& take) {
+                             int microbatch, float dloss, const Model::DropoutPosition& at, const TakeLosses& take,
+                             const TakeMoeStats& take_moe) {
   const int P = groups_.stages, s = groups_.stage;
   const bool first = groups_.first(), last = groups_.last();
   const int M = (B + microbatch - 1) / microbatch;
@@ -85,7 +88,7 @@ void PipelineSchedule::train(const int32_t* tokens, const int32_t* targets, cons
     float* out = last ? nullptr : ready(outputs_[k], rows);
     m.set_dropout_position({at.seed, at.step, at.first_sample + b0});
     m.stage_forward(first ? tokens + at_token : nullptr, positions ? positions + at_token : nullptr,
-                    first ? nullptr : inputs_[k].data(), n, T, true, out);
+                    first ? nullptr : inputs_[k].data(), n, T, targets + at_token, out);
     if (!last) post(outputs_[k], rows, s + 1, kTagActivations);
   };
   auto backward = [&](int i) {
@@ -99,6 +102,7 @@ void PipelineSchedule::train(const int32_t* tokens, const int32_t* targets, cons
     const double sum = m.stage_backward(last ? targets + at_token : nullptr, dloss,
                                         last ? nullptr : output_grads_[k].data(), din, nullptr);
     if (last) take(m.losses(), n, sum);
+    if (m.config().has_moe()) take_moe(m.moe_stats());
     if (!first) post(input_grads_[k], rows, s - 1, kTagActivationGrads);
   };
   for (int i = 0; i < warmup; i++) forward(i);
@@ -117,7 +121,7 @@ void PipelineSchedule::evaluate(const int32_t* tokens, const int32_t* targets, i
   Model& m = *slots_[0];
   if (!first) receive(inputs_[0], rows, s - 1, kTagActivations, "pipeline: activations from the previous stage");
   float* out = last ? nullptr : ready(outputs_[0], rows);
-  m.stage_forward(first ? tokens : nullptr, nullptr, first ? nullptr : inputs_[0].data(), B, T, false, out);
+  m.stage_forward(first ? tokens : nullptr, nullptr, first ? nullptr : inputs_[0].data(), B, T, nullptr, out);
   if (!last) post(outputs_[0], rows, s + 1, kTagActivations);
   if (last) {
     const double sum = m.stage_loss(targets, nullptr);

@@ -34,16 +34,23 @@ class PipelineSchedule {
   size_t activation_bytes() const;
   // The last stage's bytes at data, copied to every stage (a collective of the pipeline group).
   void share_from_last(void* data, size_t bytes);
+  // The sums of n counts over the stages, in place on every stage (a collective of the pipeline
+  // group): each stage's share of what its blocks report (a mixture of experts' accounting).
+  void sum_over_stages(int64_t* counts, size_t n);
 
   // What the last stage hands over after each microbatch's pass: its per-token losses (n
   // sequences of T) and their sum.
   using TakeLosses = std::function<void(const float* losses, int n, double sum)>;
+  // What every stage of a mixture of experts hands over after each microbatch's backward pass: its
+  // blocks' accounting of the pass.
+  using TakeMoeStats = std::function<void(const Model::MoeStats& stats)>;
   // One step's passes over this rank's batch of B sequences of T tokens (its pipeline's: every
   // stage's ranks with this d hold the same), cut into microbatches of `microbatch`, the loss
   // weighted by dloss; dropout as set_dropout_position(at) for the batch's first sequence.
-  // dp.begin_microbatch is called before each backward pass. take: on the last stage.
+  // dp.begin_microbatch is called before each backward pass. take: on the last stage; take_moe:
+  // on every stage, where the model has experts.
   void train(const int32_t* tokens, const int32_t* targets, const int32_t* positions, int B, int T, int microbatch,
-             float dloss, const Model::DropoutPosition& at, const TakeLosses& take);
+             float dloss, const Model::DropoutPosition& at, const TakeLosses& take, const TakeMoeStats& take_moe);
   // An evaluation pass of B sequences (at most the microbatch the models hold); take: on the last stage.
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, const TakeLosses& take);
 

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "kernels/crossentropy.h"
 #include "kernels/fixed_point.h"
+#include "parallel/collectives.h"
 
 namespace anvil {
 
@@ -86,12 +87,21 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
     nonfinite_loss = 0;
     // Rank r holds block r of the global batch: its sequences' global indices key the dropout.
     const Model::DropoutPosition at{seed_, t, static_cast<int64_t>(comm.rank()) * batch};
+    // Per block and sequence, as the losses per sequence: no microbatch or stage changes a bit.
+    auto take_moe = [&](const Model::MoeStats& moe) {
+      for (double b : moe.balance)
+        balance_fixed = fixed_point_add(balance_fixed, std::llround(std::ldexp(b, kLossFractionBits)));
+      choices += moe.choices;
+      skipped_choices += moe.skipped;
+    };
     if (pipeline_) {
-      pipeline_->train(tokens, targets, positions, batch, seq_len, microbatch_, dloss, at,
-                       [&](const float* losses, int n, double sum) {
-                         nonfinite_loss |= !std::isfinite(sum);
-                         loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(losses, n, seq_len));
-                       });
+      pipeline_->train(
+          tokens, targets, positions, batch, seq_len, microbatch_, dloss, at,
+          [&](const float* losses, int n, double sum) {
+            nonfinite_loss |= !std::isfinite(sum);
+            loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(losses, n, seq_len));
+          },
+          take_moe);
     }
     for (int b0 = 0; b0 < batch && !pipeline_; b0 += microbatch_) {
       const int mb = std::min(microbatch_, batch - b0);
@@ -102,11 +112,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
                                                  positions ? positions + offset : nullptr);
       nonfinite_loss |= !std::isfinite(sum);
       loss_fixed = fixed_point_add(loss_fixed, fixed_point_loss_sum(model_.losses(), mb, seq_len));
-      const Model::MoeStats moe = model_.moe_stats();
-      for (double b : moe.sequence_balance)  // per sequence, as the losses: no microbatch changes a bit
-        balance_fixed = fixed_point_add(balance_fixed, std::llround(std::ldexp(b, kLossFractionBits)));
-      choices += moe.choices;
-      skipped_choices += moe.skipped;
+      if (model_.config().has_moe()) take_moe(model_.moe_stats());
     }
     outcome = dp_.finish_backward();
     if (outcome != DataParallel::Backward::kRunAgain) break;
@@ -122,9 +128,11 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
                ? std::numeric_limits<double>::quiet_NaN()
                : fixed_point_loss_value(sum_exact(comm, loss_fixed)) / static_cast<double>(r.target_tokens);
   if (model_.config().has_moe()) {
-    r.balance_loss = fixed_point_loss_value(sum_exact(comm, balance_fixed)) / static_cast<double>(r.target_tokens);
-    r.skipped_choices = static_cast<double>(sum_exact(comm, skipped_choices)) /
-                        static_cast<double>(std::max<int64_t>(1, sum_exact(comm, choices)));
+    int64_t moe[3] = {balance_fixed, choices, skipped_choices};
+    all_reduce(comm, moe, 3);
+    if (pipeline_) pipeline_->sum_over_stages(moe, 3);  // each stage's blocks'
+    r.balance_loss = fixed_point_loss_value(moe[0]) / static_cast<double>(r.target_tokens);
+    r.skipped_choices = static_cast<double>(moe[2]) / static_cast<double>(std::max<int64_t>(1, moe[1]));
   }
   r.lr = schedule_.lr(t, dp_.optimizer_steps(), lr_);
   r.skipped = outcome == DataParallel::Backward::kOverflow;

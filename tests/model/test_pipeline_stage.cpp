@@ -22,12 +22,20 @@ namespace {
 
 constexpr int kStageBatch = 2, kStageSeq = 24;
 
-// Each family's tiny model with 5 blocks; dropout everywhere; the Llama with per-head QK norms.
+// Each family's tiny model with 5 blocks; dropout everywhere; the Llama with per-head QK norms;
+// the Mixtral with 4 SwiGLU experts of which each token takes 2, a capacity that skips some of
+// its choices, and a balancing loss (which Mixtral itself leaves off) whose gradient reaches the
+// routers of every stage.
 ModelConfig staged_model(ModelFamily family) {
-  ModelConfig c = testing::tiny_model(family, kStageSeq);
+  const bool moe = family == ModelFamily::kMixtral;
+  ModelConfig c = testing::tiny_model(moe ? ModelFamily::kLlama : family, kStageSeq);
   c.n_layers = 5;
   c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
   if (family == ModelFamily::kLlama) c.qk_norm = QkNorm::kPerHead;
+  if (moe) {
+    c.name = family;
+    c.moe = {4, 2, 1.0f, 1.0f, 0.1f};
+  }
   return c;
 }
 
@@ -126,7 +134,7 @@ TEST_P(PipelineStages, GiveTheWholeModelsLossesAndGradients) {
   std::vector<std::vector<float>> acts(st.size(), std::vector<float>(rows));  // [s]: stage s's output
   for (size_t s = 0; s < st.size(); s++)
     st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
-                         kStageBatch, kStageSeq, true, s + 1 < st.size() ? acts[s].data() : nullptr);
+                         kStageBatch, kStageSeq, data_.targets.data(), s + 1 < st.size() ? acts[s].data() : nullptr);
   std::vector<float> dout, din(rows);
   int64_t n_targets = 0;
   double loss = 0;
@@ -137,7 +145,26 @@ TEST_P(PipelineStages, GiveTheWholeModelsLossesAndGradients) {
     if (last) loss = r;
     dout = din;
   }
-  EXPECT_EQ(loss, want);
+  // The whole model's sum holds the balancing loss; each stage reports its own blocks'.
+  const Model::MoeStats want_moe = whole.moe_stats();
+  std::vector<double> balance;
+  int64_t choices = 0, skipped = 0;
+  for (const auto& stage : st) {
+    const Model::MoeStats moe = stage->moe_stats();
+    balance.insert(balance.end(), moe.balance.begin(), moe.balance.end());
+    choices += moe.choices;
+    skipped += moe.skipped;
+  }
+  EXPECT_EQ(balance, want_moe.balance);
+  EXPECT_EQ(choices, want_moe.choices);
+  EXPECT_EQ(skipped, want_moe.skipped);
+  if (cfg_.has_moe()) {
+    EXPECT_EQ(want_moe.balance.size(), static_cast<size_t>(cfg_.n_layers) * kStageBatch);
+    EXPECT_GT(want_moe.balance_loss(), 0.0);
+    EXPECT_GT(skipped, 0) << "the capacity skips none of the choices: make it smaller";
+    EXPECT_LT(skipped, choices);
+  }
+  EXPECT_EQ(loss + want_moe.balance_loss(), want);
   EXPECT_EQ(n_targets, want_targets);
   EXPECT_TRUE(same_bits(std::vector<float>(st.back()->losses(), st.back()->losses() + kStageBatch * kStageSeq), want_losses));
 
@@ -194,7 +221,7 @@ TEST_P(PipelineStages, FinishEachUnitsGradientOnce) {
   std::vector<std::vector<float>> acts(st.size(), std::vector<float>(rows));
   for (size_t s = 0; s < st.size(); s++)
     st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : acts[s - 1].data(),
-                         kStageBatch, kStageSeq, true, s + 1 < st.size() ? acts[s].data() : nullptr);
+                         kStageBatch, kStageSeq, data_.targets.data(), s + 1 < st.size() ? acts[s].data() : nullptr);
   std::vector<float> dout, din(rows);
   for (size_t s = st.size(); s-- > 0;) {
     const bool last = s + 1 == st.size();
@@ -216,7 +243,7 @@ TEST_P(PipelineStages, EvaluateAsTheWholeModel) {
   std::vector<float> in, out(rows);
   for (size_t s = 0; s < st.size(); s++) {
     st[s]->stage_forward(s == 0 ? data_.tokens.data() : nullptr, positions(), s == 0 ? nullptr : in.data(), kStageBatch, kStageSeq,
-                         false, s + 1 < st.size() ? out.data() : nullptr);
+                         nullptr, s + 1 < st.size() ? out.data() : nullptr);
     in = out;
   }
   EXPECT_EQ(st.back()->stage_loss(data_.targets.data(), nullptr), want);
@@ -224,11 +251,13 @@ TEST_P(PipelineStages, EvaluateAsTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, PipelineStages,
-    ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt, ModelFamily::kLlama),
+    ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt, ModelFamily::kLlama,
+                                         ModelFamily::kMixtral),
                        ::testing::Values(ComputeDtype::kFp32, ComputeDtype::kBf16), ::testing::Bool()),
     [](const auto& info) {
       const ModelFamily f = std::get<0>(info.param);
-      return std::string(f == ModelFamily::kGpt2 ? "gpt2" : f == ModelFamily::kMpt ? "mpt" : "llama") +
+      return std::string(f == ModelFamily::kGpt2 ? "gpt2" : f == ModelFamily::kMpt ? "mpt"
+                         : f == ModelFamily::kLlama ? "llama" : "mixtral") +
              (std::get<1>(info.param) == ComputeDtype::kFp32 ? "_fp32" : "_bf16") +
              (std::get<2>(info.param) ? "_packed" : "");
     });
@@ -259,7 +288,7 @@ TEST(PipelineStage, BadStagesAndWholeModelPassesFailClearly) {
   }
   std::vector<float> in(static_cast<size_t>(kStageSeq) * cfg.d_model), out(in.size());
   try {
-    middle->stage_forward(b.tokens.data(), nullptr, nullptr, 1, kStageSeq, true, out.data());
+    middle->stage_forward(b.tokens.data(), nullptr, nullptr, 1, kStageSeq, b.targets.data(), out.data());
     ADD_FAILURE() << "a middle stage started from tokens";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("starts from the previous stage's output"), std::string::npos) << e.what();

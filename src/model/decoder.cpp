@@ -956,8 +956,9 @@ void Decoder::block_backward(int l) {
     float* dres = dresidual_ + r * C;
     float* dsmall = dsmall_ + r * w.dsmall;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
-    // the branch's residual dropout).
-    const float* dproj = branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
+    // the branch's residual dropout). Expert parallelism took the MLP's over the whole microbatch.
+    const bool mlp_done = cfg_.has_moe() && expert_parallel();
+    const float* dproj = mlp_done ? nullptr : branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
     if (cfg_.has_moe()) {
       moe_backward(l, x, p, adapters, dproj, dsmall, b, n);
     } else {

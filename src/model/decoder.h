@@ -240,8 +240,9 @@ class Decoder final : public Model {
   // the skipped choices added to moe_stats_.
   void moe_forward(int l, const BlockActs& x, const Block& p, const float* adapters, float* out);
   // Its backward over the grain of n sequences from b: dout the combination's gradient (rows of
-  // the grain), into dinp the gradient of the MLP's input (ln2's output), and the router's and the
-  // experts' weight gradients.
+  // the grain; null under expert parallelism, whose exchanges took it for the whole microbatch
+  // before the grains: experts_exchanged_backward), into dinp the gradient of the MLP's input
+  // (ln2's output), and the router's and the experts' weight gradients.
   void moe_backward(int l, const BlockActs& x, const Block& p, const float* adapters, const float* dout, float* dinp,
                     int b, int n);
   // Where a grain's gradient of block l's weight w (n floats) goes, handed over by

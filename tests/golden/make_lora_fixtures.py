@@ -105,21 +105,22 @@ def gpt2(P, lora, tokens, NH, C):
     return F.layer_norm(x, (C,), P["ln_f"], P["ln_f.b"], 1e-5) @ P["wte"].T
 
 
+def mpt_attention(P, lora, l, x, slopes, NH, C):
+    """An MPT block's attention half: the residual stream after it."""
+    h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
+    q, k, v = (heads(t, NH) for t in lora.linear(P, "Wqkv", l, h).split(C, dim=-1))
+    y = attention(q, k, v, slopes).transpose(1, 2).reshape(B, T, C)
+    return x + lora.linear(P, "out_proj", l, y)
+
+
 def mpt(P, lora, tokens, NH, C):
     x = P["wte"][tokens]
     slopes = alibi_slopes(NH, 8)
     for l in range(L):
-        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
-        q, k, v = (heads(t, NH) for t in lora.linear(P, "Wqkv", l, h).split(C, dim=-1))
-        y = attention(q, k, v, slopes).transpose(1, 2).reshape(B, T, C)
-        x = x + lora.linear(P, "out_proj", l, y)
+        x = mpt_attention(P, lora, l, x, slopes, NH, C)
         h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
         x = x + lora.linear(P, "down_proj", l, F.gelu(lora.linear(P, "up_proj", l, h)))
     return F.layer_norm(x, (C,), P["norm_f"], None, 1e-5) @ P["wte"].T
-
-
-
-
 
 
 def mpt_moe(P, lora, tokens, targets, NH, C, E, K, capacity):
@@ -132,10 +133,7 @@ def mpt_moe(P, lora, tokens, targets, NH, C, E, K, capacity):
     n_targets = (targets != -100).sum(dim=1).to(torch.float32)  # per sequence
     balance = 0.0
     for l in range(L):
-        h = F.layer_norm(x, (C,), P["norm_1"][l], None, 1e-5)
-        q, k, v = (heads(t, NH) for t in lora.linear(P, "Wqkv", l, h).split(C, dim=-1))
-        y = attention(q, k, v, slopes).transpose(1, 2).reshape(B, T, C)
-        x = x + lora.linear(P, "out_proj", l, y)
+        x = mpt_attention(P, lora, l, x, slopes, NH, C)
         h = F.layer_norm(x, (C,), P["norm_2"][l], None, 1e-5)
         out, lbl = moe_mlp(P, l, h, lora.linear(P, "router", l, h), E, K, capacity, 0.0, False, 0.1, MAX_T)
         x = x + out

@@ -11,7 +11,9 @@ namespace {
 
 class Llama final : public LlamaShaped {
  public:
-  Llama() : LlamaShaped(ModelFamily::kLlama, "Llama", "llama", "LlamaForCausalLM", /*rope_scaling=*/true) {}
+  Llama()
+      : LlamaShaped(ModelFamily::kLlama, "Llama", "llama", "LlamaForCausalLM", /*rope_scaling=*/true,
+                    /*sliding_window=*/false) {}
 
  protected:
   void read_own_keys(MapReader&, ModelConfig&) const override {}

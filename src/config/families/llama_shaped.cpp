@@ -89,6 +89,11 @@ void LlamaShaped::read_keys(MapReader& m, ModelConfig& c) const {
   read_positive(m, "init_std", c.init_std);
   m.get("tie_word_embeddings", c.tied_embeddings);
   read_pdrop(m, "attention_dropout", c.attn_pdrop);  // transformers' only dropout in these models
+  if (sliding_window) {
+    m.get("sliding_window", c.sliding_window);
+    ANVIL_CHECK(c.sliding_window >= 0, "{}: {} = {} must be a positive number of keys (or null: none)",
+                m.source("sliding_window"), m.full("sliding_window"), c.sliding_window);
+  }
   read_own_keys(m, c);
 }
 
@@ -107,6 +112,7 @@ void LlamaShaped::write_keys(YAML::Emitter& e, const ModelConfig& c) const {
   key("init_std", c.init_std);
   key("tie_word_embeddings", c.tied_embeddings);
   key("attention_dropout", c.attn_pdrop);
+  if (sliding_window && c.sliding_window) key("sliding_window", c.sliding_window);
   write_own_keys(e, c);
 }
 
@@ -139,6 +145,7 @@ void LlamaShaped::keys_from_hf(HfFields& f) const {
   f.copy("head_dim", "head_dim");
   f.only<std::string>("hidden_act", "silu", "the MLP is SwiGLU, silu");
   f.copy("attention_dropout", "attention_dropout");
+  if (sliding_window) f.copy("sliding_window", "sliding_window");
   own_keys_from_hf(f);
 }
 
@@ -186,6 +193,8 @@ nlohmann::ordered_json LlamaShaped::hf_config(const ModelConfig& c) const {
       });
     j["rope_scaling"] = s;
   }
+  if (sliding_window)
+    j["sliding_window"] = c.sliding_window ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
   own_hf_config(c, j);
   return j;
 }

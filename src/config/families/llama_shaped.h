@@ -25,23 +25,25 @@ class LlamaShaped : public Family {
 
  protected:
   // rope_scaling: transformers' config class of the family has rope_scaling (Llama's and Qwen2's do;
-  // Mistral's does not, so anvil neither reads nor writes it there).
+  // Mistral's does not, so anvil neither reads nor writes it there). sliding_window: the family's
+  // attention takes Mistral's `sliding_window` (keys back from a query, null or 0: none).
   LlamaShaped(ModelFamily id, const char* title, const char* hf_model_type, const char* hf_architecture,
-              bool rope_scaling)
+              bool rope_scaling, bool sliding_window)
       : Family(id, title, hf_model_type, hf_architecture, "model.layers.{}.", "", /*hf_conv1d=*/false, "n_kv_heads",
                "intermediate_size", {"q_proj", "v_proj"}),
-        rope_scaling(rope_scaling) {}
+        rope_scaling(rope_scaling),
+        sliding_window(sliding_window) {}
 
-  const bool rope_scaling;
+  const bool rope_scaling, sliding_window;
 
   // The family's own defaults, set before any key is read.
   virtual void own_defaults(ModelConfig&) const {}
   // The family's own keys, read after the shared ones, and written back.
-  virtual void read_own_keys(MapReader& m, ModelConfig& c) const = 0;
-  virtual void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const = 0;
+  virtual void read_own_keys(MapReader&, ModelConfig&) const {}
+  virtual void write_own_keys(YAML::Emitter&, const ModelConfig&) const {}
   // Its own config.json fields, both ways.
-  virtual void own_keys_from_hf(HfFields& f) const = 0;
-  virtual void own_hf_config(const ModelConfig& c, nlohmann::ordered_json& j) const = 0;
+  virtual void own_keys_from_hf(HfFields&) const {}
+  virtual void own_hf_config(const ModelConfig&, nlohmann::ordered_json&) const {}
 };
 
 }  // namespace anvil

@@ -16,7 +16,9 @@ namespace {
 
 class Mixtral final : public LlamaShaped {
  public:
-  Mixtral() : LlamaShaped(ModelFamily::kMixtral, "Mixtral", "mixtral", "MixtralForCausalLM", /*rope_scaling=*/false) {}
+  Mixtral()
+      : LlamaShaped(ModelFamily::kMixtral, "Mixtral", "mixtral", "MixtralForCausalLM", /*rope_scaling=*/false,
+                    /*sliding_window=*/true) {}
 
  protected:
   // MixtralConfig's defaults.
@@ -29,9 +31,6 @@ class Mixtral final : public LlamaShaped {
     c.moe.loss_weight = 0.0f;
   }
   void read_own_keys(MapReader& m, ModelConfig& c) const override {
-    m.get("sliding_window", c.sliding_window);
-    ANVIL_CHECK(c.sliding_window >= 0, "{}: {} = {} must be a positive number of keys (or null: none)",
-                m.source("sliding_window"), m.full("sliding_window"), c.sliding_window);
     m.get("num_local_experts", c.moe.experts);
     ANVIL_CHECK(c.moe.experts >= 1, "{}: {} = {} must be at least 1", m.source("num_local_experts"),
                 m.full("num_local_experts"), c.moe.experts);
@@ -45,12 +44,10 @@ class Mixtral final : public LlamaShaped {
     ignored<double>(m, "router_aux_loss_coef");  // weighs the loss output_router_logits would add
   }
   void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const override {
-    if (c.sliding_window) e << YAML::Key << "sliding_window" << YAML::Value << c.sliding_window;
     e << YAML::Key << "num_local_experts" << YAML::Value << c.moe.experts;
     e << YAML::Key << "num_experts_per_tok" << YAML::Value << c.moe.top_k;
   }
   void own_keys_from_hf(HfFields& f) const override {
-    f.copy("sliding_window", "sliding_window");
     f.copy("num_local_experts", "num_local_experts");
     f.copy("num_experts_per_tok", "num_experts_per_tok");
     f.copy("output_router_logits", "output_router_logits");
@@ -58,7 +55,6 @@ class Mixtral final : public LlamaShaped {
     f.copy("router_aux_loss_coef", "router_aux_loss_coef");
   }
   void own_hf_config(const ModelConfig& c, nlohmann::ordered_json& j) const override {
-    j["sliding_window"] = c.sliding_window ? nlohmann::ordered_json(c.sliding_window) : nlohmann::ordered_json();
     j["num_local_experts"] = c.moe.experts;
     j["num_experts_per_tok"] = c.moe.top_k;
     j["output_router_logits"] = false;

@@ -12,7 +12,9 @@ namespace {
 
 class Qwen2 final : public LlamaShaped {
  public:
-  Qwen2() : LlamaShaped(ModelFamily::kQwen2, "Qwen2", "qwen2", "Qwen2ForCausalLM", /*rope_scaling=*/true) {}
+  Qwen2()
+      : LlamaShaped(ModelFamily::kQwen2, "Qwen2", "qwen2", "Qwen2ForCausalLM", /*rope_scaling=*/true,
+                    /*sliding_window=*/false) {}
 
  protected:
   void own_defaults(ModelConfig& c) const override {

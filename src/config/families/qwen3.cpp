@@ -14,7 +14,9 @@ namespace {
 
 class Qwen3 final : public LlamaShaped {
  public:
-  Qwen3() : LlamaShaped(ModelFamily::kQwen3, "Qwen3", "qwen3", "Qwen3ForCausalLM", /*rope_scaling=*/true) {}
+  Qwen3()
+      : LlamaShaped(ModelFamily::kQwen3, "Qwen3", "qwen3", "Qwen3ForCausalLM", /*rope_scaling=*/true,
+                    /*sliding_window=*/false) {}
 
  protected:
   void own_defaults(ModelConfig& c) const override {  // Qwen3Config's

@@ -40,7 +40,13 @@ struct AttentionHeads {
   // values (Model::keep_prefix) asks only for the rows after it. A row that is computed has the
   // bits it has with first_query 0. The backward pass takes 0 only.
   int first_query = 0;
+  // Under tensor parallelism these heads are one rank's share of the layer's all_heads (0: the
+  // whole layer's), from its head first_head on: the layer's head index keys the ALiBi slopes and
+  // the dropout masks, so each head gets the values it gets in the whole layer.
+  int first_head = 0, all_heads = 0;
 
+  ANVIL_HOST_DEVICE int layer_head(int h) const { return first_head + h; }
+  ANVIL_HOST_DEVICE int layer_heads() const { return all_heads ? all_heads : n_heads; }
   ANVIL_HOST_DEVICE int group() const { return n_heads / n_kv_heads; }
   ANVIL_HOST_DEVICE int q_channels() const { return n_heads * head_size; }
   ANVIL_HOST_DEVICE int kv_channels() const { return n_kv_heads * head_size; }

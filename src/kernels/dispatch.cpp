@@ -114,8 +114,9 @@ std::string matmul_backend_description(KernelImpl impl) {
   return cpu::matmul_backend_description();
 }
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
-  ANVIL_DISPATCH(ctx.impl(), matmul_forward, ctx, out, inp, weight, bias, N, C, OC);
+                    int C, int OC, bool accumulate) {
+  ANVIL_CHECK(!accumulate || !bias, "matmul_forward: a product accumulated into its output takes no bias");
+  ANVIL_DISPATCH(ctx.impl(), matmul_forward, ctx, out, inp, weight, bias, N, C, OC, accumulate);
 }
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
@@ -176,16 +177,30 @@ void lora_delta_backward(KernelImpl impl, float* ddelta, const float* dout, long
 void copy_columns(KernelImpl impl, float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
   ANVIL_DISPATCH(impl, copy_columns, dst, ld_dst, src, ld_src, N, cols);
 }
+namespace {
+// A rank's share of a layer's heads (tensor parallelism) is within the layer, and the GPU's kernels
+// index the slopes and masks by their own heads alone.
+void check_head_share(KernelImpl impl, const AttentionHeads& heads, const char* op) {
+  ANVIL_CHECK(heads.first_head >= 0 && heads.first_head + heads.n_heads <= heads.layer_heads(), "{}: heads {}..{} "
+              "are not within the layer's {}", op, heads.first_head, heads.first_head + heads.n_heads - 1,
+              heads.layer_heads());
+  ANVIL_CHECK(impl != KernelImpl::kGpu || (heads.first_head == 0 && heads.layer_heads() == heads.n_heads),
+              "{}: the GPU's attention runs a whole layer's heads, not a tensor-parallel share", op);
+}
+}  // namespace
+
 void attention_forward(KernelImpl impl, float* out, float* lse, const float* qkv, const int32_t* positions, int B,
                        int T, AttentionHeads heads) {
   ANVIL_CHECK(heads.first_query >= 0 && heads.first_query < T, "attention_forward: first_query {} is outside the "
               "sequence's {} rows", heads.first_query, T);
+  check_head_share(impl, heads, "attention_forward");
   ANVIL_DISPATCH(impl, attention_forward, out, lse, qkv, positions, B, T, heads);
 }
 void attention_backward(KernelImpl impl, float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, const int32_t* positions, int B, int T, AttentionHeads heads) {
   ANVIL_CHECK(heads.first_query == 0, "attention_backward: first_query is the forward pass's alone (given {})",
               heads.first_query);
+  check_head_share(impl, heads, "attention_backward");
   ANVIL_DISPATCH(impl, attention_backward, dqkv, dout, qkv, out, lse, positions, B, T, heads);
 }
 void crossentropy_forward(KernelImpl impl, float* losses, float* lse, const float* logits, const int32_t* targets,

@@ -60,9 +60,12 @@ class MatmulContext {
   std::unique_ptr<Held> held_;
 };
 
-// out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null.
+// out (N,OC) = inp (N,C) · weight (OC,C)ᵀ + bias (OC); bias may be null. With accumulate,
+// out += inp · weightᵀ (no bias): on the CPU a product whose k is cut at multiples of
+// kMatmulSumBlock, its parts accumulated in order, has the whole product's bits (tensor
+// parallelism's row-parallel products chain their ranks' parts so).
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
+                    int C, int OC, bool accumulate = false);
 // dinp (N,C) = dout · weight, or += with accumulate_dinp (dinp may be null: not needed);
 // dweight (OC,C) += doutᵀ · inp (may be null: a frozen weight); dbias (OC) += column sums of dout
 // (dbias may be null). dout's

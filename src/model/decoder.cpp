@@ -54,6 +54,10 @@ AttentionHeads Decoder::attention_heads(int l, int b0) const {
   a.alibi_bias_max = cfg_.alibi_bias_max;
   a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
   a.operands = dtype();  // amp's q, k, v and their gradients are 16-bit values: docs/precision.md
+  if (tensor_exchange_) {
+    a.first_head = tensor_exchange_->rank() * cfg_.n_heads;
+    a.all_heads = tensor_exchange_->ranks() * cfg_.n_heads;
+  }
   return a;
 }
 
@@ -547,7 +551,10 @@ Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
 }
 
 void Decoder::linear_forward(int l, const Linear& f, float* out, const float* inp, const float* adapters) {
-  matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
+  if (tensor_exchange_ && row_parallel(f.product))
+    chained_forward(f, out, inp);
+  else
+    matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
   lora_forward(l, f.product, out, f.out, inp, adapters);
   round_to_dtype(kernels(), out, static_cast<long>(B_) * T_ * f.out, dtype());
 }
@@ -559,12 +566,62 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
     lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
   } else {
+    const bool chained = tensor_exchange_ && column_parallel(f.product);
     float* dw = units_in_stage_.grads(1 + l, f.offset, f.span());
-    matmul_backward(matmul_, dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out, inp, f.weight, N,
-                    f.in, f.out, false);
+    matmul_backward(matmul_, chained ? nullptr : dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out,
+                    inp, f.weight, N, f.in, f.out, false);
     units_in_stage_.grain_done(1 + l, f.offset, f.span());
+    if (chained) chained_input_grad(f, dinp, dout, N);
   }
   round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
+}
+
+std::vector<int> Decoder::column_parts(BlockProduct p) const {
+  const Widths w(cfg_);
+  if (p == BlockProduct::kQkv) return {w.q, w.kv, w.kv};
+  return cfg_.mlp == MlpKind::kSwiglu ? std::vector<int>{w.hidden, w.hidden} : std::vector<int>{w.hidden};
+}
+
+int Decoder::chain_rows(int N) const {
+  const int links = 4 * tensor_exchange_->ranks();
+  return std::max(8, (N + links - 1) / links);
+}
+
+void Decoder::chained_forward(const Linear& f, float* out, const float* inp) {
+  TensorExchange& x = *tensor_exchange_;
+  const int R = x.ranks(), r = x.rank(), N = B_ * T_, rows = chain_rows(N);
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int m = std::min(rows, N - n0);
+    float* o = out + static_cast<size_t>(n0) * f.out;
+    if (r > 0) x.receive(r - 1, o, static_cast<size_t>(m) * f.out);
+    matmul_forward(matmul_, o, inp + static_cast<size_t>(n0) * f.in, f.weight, r == 0 ? f.bias : nullptr, m, f.in,
+                   f.out, r > 0);
+    if (r + 1 < R) x.send(r + 1, o, static_cast<size_t>(m) * f.out);
+  }
+  x.wait_sends();
+  x.broadcast(out, static_cast<size_t>(N) * f.out, R - 1);
+}
+
+void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout, int N) {
+  TensorExchange& x = *tensor_exchange_;
+  const int R = x.ranks(), r = x.rank(), rows = chain_rows(N);
+  const std::vector<int> parts = column_parts(f.product);
+  int at = 0;  // the part's first output in this rank's share
+  for (size_t p = 0; p < parts.size(); p++) {
+    const bool first = p == 0 && r == 0, last = p + 1 == parts.size() && r + 1 == R;
+    for (int n0 = 0; n0 < N; n0 += rows) {
+      const int m = std::min(rows, N - n0);
+      float* d = dinp + static_cast<size_t>(n0) * f.in;
+      if (!first) x.receive(r > 0 ? r - 1 : R - 1, d, static_cast<size_t>(m) * f.in);
+      matmul_backward(matmul_, d, nullptr, nullptr, dout + static_cast<size_t>(n0) * f.out + at, f.out, nullptr,
+                      f.weight + static_cast<size_t>(at) * f.in, m, f.in, parts[p], !first);
+      if (!last) x.send(r + 1 < R ? r + 1 : 0, d, static_cast<size_t>(m) * f.in);
+    }
+    // A part's sends are taken before this rank receives into the same rows for the next part.
+    x.wait_sends();
+    at += parts[p];
+  }
+  x.broadcast(dinp, static_cast<size_t>(N) * f.in, R - 1);
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,

@@ -165,6 +165,22 @@ class Decoder final : public Model {
   // base frozen) the adapters'.
   void linear_backward(int l, const Linear& f, float* dinp, const float* dout, const float* inp,
                        const float* adapters, int b, int n);
+  // Tensor parallelism (Model::set_tensor_exchange; model/tensor_parallel.h). The attention's and
+  // the MLP's output products are row-parallel: each rank holds some of their k. The qkv and up
+  // (gate) products are column-parallel: each rank holds some of their outputs, in parts (q, k
+  // and v; gate and up) each a range of the whole product's outputs.
+  static bool row_parallel(BlockProduct p) { return p == BlockProduct::kAttnOut || p == BlockProduct::kFcProj; }
+  static bool column_parallel(BlockProduct p) { return p == BlockProduct::kQkv || p == BlockProduct::kFc; }
+  std::vector<int> column_parts(BlockProduct p) const;
+  // Rows per link of a chain: a few links per rank, so that the ranks work on different rows at once.
+  int chain_rows(int N) const;
+  // A row-parallel product's output over the microbatch: rank 0 forms its part (with the bias) a
+  // link of rows at a time, each next rank adds its part to the partial sum it receives and hands
+  // it on, and the last rank's sum, one process's product, goes to every rank.
+  void chained_forward(const Linear& f, float* out, const float* inp);
+  // A column-parallel product's input gradient over N rows, the same chain through every part's
+  // ranks in the whole product's output order.
+  void chained_input_grad(const Linear& f, float* dinp, const float* dout, int N);
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
   // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }

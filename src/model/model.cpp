@@ -267,6 +267,19 @@ void Model::set_expert_exchange(ExpertExchange* exchange) {
   expert_exchange_ = exchange;
 }
 
+void Model::set_tensor_exchange(TensorExchange* exchange) {
+  if (exchange) {
+    ANVIL_CHECK(kernels() == KernelImpl::kCpu, "tensor parallelism chains the ranks' parts of a product through the "
+                "CPU's k blocks: it runs with kernels cpu");
+    ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm == QkNorm::kNone, "tensor parallelism does not "
+                "cut LoRA models, mixtures of experts or QK norms yet");
+    ANVIL_CHECK(whole_model(), "tensor parallelism within a pipeline stage is not built yet");
+    ANVIL_CHECK(exchange->ranks() > 1 && exchange->rank() >= 0 && exchange->rank() < exchange->ranks(),
+                "tensor parallelism: rank {} of {} ranks (at least 2)", exchange->rank(), exchange->ranks());
+  }
+  tensor_exchange_ = exchange;
+}
+
 void Model::init_weights(uint64_t seed) {
   ANVIL_CHECK(!params_.empty(), "init_weights needs the model's own parameter array");
   std::vector<float> host(num_params_);

@@ -119,6 +119,23 @@ class ExpertExchange {
   virtual int64_t bytes_sent() const = 0;
 };
 
+// Tensor parallelism's ranks (model/tensor_parallel.h), for a model that holds one rank's share of
+// each block: messages between two ranks are taken in the order they were sent.
+class TensorExchange {
+ public:
+  virtual ~TensorExchange() = default;
+  virtual int ranks() const = 0;
+  virtual int rank() const = 0;
+  // Starts sending n floats (host memory, left unchanged until wait_sends) to rank `to`.
+  virtual void send(int to, const float* data, size_t n) = 0;
+  // Waits for the next n floats from rank `from`.
+  virtual void receive(int from, float* data, size_t n) = 0;
+  // Waits until every send started has been taken.
+  virtual void wait_sends() = 0;
+  // Rank root's n floats at data, to every rank's data.
+  virtual void broadcast(float* data, size_t n, int root) = 0;
+};
+
 // Which full arrays the model allocates for itself, and how it works. A sharded run leaves out
 // what it shards.
 struct ModelStorage {
@@ -200,6 +217,13 @@ class Model {
   void set_expert_exchange(ExpertExchange* exchange);
   // Whether passes exchange rows with other ranks, and so must run in lockstep with theirs.
   bool expert_parallel() const { return expert_exchange_ != nullptr; }
+  // Tensor parallelism over exchange's ranks (not owned; null: this model is whole): this model is
+  // the model of tensor_share_config(whole, ranks), holding rank's share of every block
+  // (model/tensor_parallel.h), on the CPU (kernels cpu; ref's products are not cut at k blocks).
+  // Its passes then run in lockstep with the other ranks', on the same data, and give every rank
+  // the whole model's activations, losses and (for what it holds) gradients.
+  void set_tensor_exchange(TensorExchange* exchange);
+  TensorExchange* tensor_exchange() const { return tensor_exchange_; }
   // The model's own full arrays (op memory): null when ModelStorage left them out.
   float* params() { return params_.data(); }
   const float* params() const { return params_.data(); }
@@ -338,6 +362,7 @@ class Model {
   const int max_seq_;
   DropoutPosition dropout_position_;
   ExpertExchange* expert_exchange_ = nullptr;
+  TensorExchange* tensor_exchange_ = nullptr;
 
  private:
   class OwnArrays;

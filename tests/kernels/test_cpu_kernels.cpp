@@ -76,6 +76,35 @@ TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   EXPECT_TRUE(db == db_whole);
 }
 
+// Tensor parallelism's row-parallel product: the input's k cut at multiples of the GEMM's k block,
+// the first part formed with the bias, each next one accumulated into the output, gives the whole
+// product's bits, in fp32 and with bf16 operands; ref accumulates too.
+TEST(Matmul, KPartsAccumulatedInOrderAreTheWholeProduct) {
+  const int N = 40, C = 3 * cpu::kGemmKc + 64, OC = 72;  // parts of 512, 256 and 64
+  auto inp = randn(N * C, 11), w = randn(OC * C, 12, 0.1f), bias = randn(OC, 13);
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
+    MatmulContext ctx(KernelImpl::kCpu, d);
+    std::vector<float> whole(N * OC), parts(N * OC, NAN);
+    matmul_forward(ctx, whole.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+    // The parts' inputs and weights as the ranks hold them: contiguous columns of each.
+    const int cuts[] = {0, 2 * cpu::kGemmKc, 3 * cpu::kGemmKc, C};
+    for (int p = 0; p < 3; p++) {
+      const int k0 = cuts[p], K = cuts[p + 1] - k0;
+      std::vector<float> x(N * K), wp(OC * K);
+      for (int n = 0; n < N; n++) std::copy_n(inp.data() + n * C + k0, K, x.data() + n * K);
+      for (int o = 0; o < OC; o++) std::copy_n(w.data() + o * C + k0, K, wp.data() + o * K);
+      matmul_forward(ctx, parts.data(), x.data(), wp.data(), p == 0 ? bias.data() : nullptr, N, K, OC, p > 0);
+    }
+    EXPECT_TRUE(parts == whole) << (d == ComputeDtype::kFp32 ? "fp32" : "bf16");
+  }
+  MatmulContext ref(KernelImpl::kRef);
+  std::vector<float> out = randn(N * OC, 14), want = out, product(N * OC);
+  matmul_forward(ref, product.data(), inp.data(), w.data(), nullptr, N, C, OC);
+  matmul_forward(ref, out.data(), inp.data(), w.data(), nullptr, N, C, OC, true);
+  for (size_t i = 0; i < want.size(); i++) want[i] += product[i];
+  EXPECT_TRUE(all_close(out.data(), want.data(), want.size(), kFp32Elementwise));
+}
+
 // A held weight (the LM head's, packed once for a step's products) gives the bits of the weight
 // itself, in the forward and in a chunked backward whose last chunk is odd; with bf16 operands,
 // where the CPU packs it, and fp32, where holding does nothing.

@@ -115,7 +115,9 @@ float* scratch(std::vector<float>& v, size_t n) {
 }
 
 // Head h's ALiBi slope, 0 without ALiBi.
-float slope_of(const AttentionHeads& a, int h) { return a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0f; }
+float slope_of(const AttentionHeads& a, int h) {
+  return a.alibi ? alibi_slope(a.layer_head(h), a.layer_heads(), a.alibi_bias_max) : 0.0f;
+}
 
 }  // namespace
 
@@ -152,7 +154,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const int32_t* 
             const uint64_t stream = dropout_stream(heads.dropout.key, heads.dropout.first_sample + b);
             for (int i = 0; i < rows; i++)
               dropout_row(S + static_cast<long>(i) * keys, attention_first_key(positions, b, T, q0 + i, heads.window), q0 + i + 1,
-                          heads.dropout, stream, h, q0 + i, T);
+                          heads.dropout, stream, heads.layer_head(h), q0 + i, T);
           }
           // out rows (rows × HS) = P V
           gemm(GemmPrecision::fp32, rows, HS, keys, {S, keys, 1}, {V, ld, 1},
@@ -207,7 +209,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
               const int first = attention_first_key(positions, b, T, q0 + i, heads.window);
               if (heads.dropout.active())
                 softmax_backward_row_dropout(s_row, dp_row, first, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i],
-                                             D[q0 + i], heads.dropout, stream, h, T);
+                                             D[q0 + i], heads.dropout, stream, heads.layer_head(h), T);
               else
                 softmax_backward_row(s_row, dp_row, first, q0 + i + 1, keys, scale, slope, lse_bh[q0 + i], D[q0 + i]);
             }

@@ -137,7 +137,7 @@ double matmul_peak_gflops(ComputeDtype d) {
     std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
     MatmulContext ctx(KernelImpl::kCpu, d);
     p = std::max(openblas_peak_gflops(), best_gflops(kPeakFlops, 1.0, 3, [&] {
-                   cpu::matmul_forward(ctx, c.data(), a.data(), b.data(), nullptr, n, n, n);
+                   cpu::matmul_forward(ctx, c.data(), a.data(), b.data(), nullptr, n, n, n, false);
                  }));
   }
   return p;
@@ -149,7 +149,7 @@ std::string matmul_backend_description() {
 }
 
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
+                    int C, int OC, bool accumulate) {
   if (bias) {
     // The products are added onto the bias: one pass over out instead of two.
 #pragma omp parallel for schedule(static)
@@ -157,9 +157,9 @@ void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const floa
   }
   const GemmPrecision precision = gemm_precision(ctx);
   if (const GemmPackedB* packed = held_forward(ctx, weight, C, OC))
-    parallel_gemm(precision, N, OC, C, {inp, C, 1}, *packed, 0, 0, out, OC, bias != nullptr);
+    parallel_gemm(precision, N, OC, C, {inp, C, 1}, *packed, 0, 0, out, OC, accumulate || bias);
   else
-    parallel_gemm(precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, bias != nullptr);
+    parallel_gemm(precision, N, OC, C, {inp, C, 1}, {weight, 1, C}, out, OC, accumulate || bias);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,

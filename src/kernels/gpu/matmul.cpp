@@ -222,11 +222,14 @@ std::string matmul_backend_description() {
 // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being
 // column-major (C,OC), hence transposed.
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
+                    int C, int OC, bool accumulate) {
   const ComputeDtype d = ctx.operand_dtype();
   const Operand w = weight_operand(ctx, scratch_a, weight, OC, C), x = operand(scratch_b, d, inp, N, C, C, N);
   const int M = padded_outputs(d, OC);
-  if (M == OC) return gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, 0.0f, out, OC, 0, 1, bias);
+  if (M == OC)
+    return gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, accumulate ? 1.0f : 0.0f, out, OC, 0, 1, bias);
+  ANVIL_CHECK(!accumulate, "matmul_forward: accumulating into {} outputs, which 16-bit products pad to {}, is not "
+              "built", OC, M);
   // Padded outputs: the product into rows of M in scratch (the bias padded with zeros), then one
   // pass to copy the OC that are the output.
   const float* bias_m = nullptr;

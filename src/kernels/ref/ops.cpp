@@ -147,10 +147,10 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 }
 
 void matmul_forward(MatmulContext&, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
+                    int C, int OC, bool accumulate) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) {
-      double acc = bias ? bias[o] : 0.0;
+      double acc = accumulate ? out[static_cast<long>(n) * OC + o] : bias ? bias[o] : 0.0;
       for (int c = 0; c < C; c++)
         acc += static_cast<double>(inp[static_cast<long>(n) * C + c]) * weight[static_cast<long>(o) * C + c];
       out[static_cast<long>(n) * OC + o] = static_cast<float>(acc);
@@ -312,7 +312,7 @@ const float* qkv_at(const float* qkv, const AttentionHeads& a, int b, int T, int
 void score_row(double* s, const float* qkv, const AttentionHeads& a, int b, int T, int h, int i) {
   const int HS = a.head_size;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
-  const double slope = a.alibi ? alibi_slope(h, a.n_heads, a.alibi_bias_max) : 0.0;
+  const double slope = a.alibi ? alibi_slope(a.layer_head(h), a.layer_heads(), a.alibi_bias_max) : 0.0;
   const float* q = qkv_at(qkv, a, b, T, i, 0, h);
   for (int j = 0; j <= i; j++) {
     const float* k = qkv_at(qkv, a, b, T, j, 1, h);
@@ -343,7 +343,8 @@ double softmax_in_place(double* p, int i) {
 double attention_keep(const AttentionHeads& heads, int b, int T, int h, int i, int j) {
   const DropoutSite& d = heads.dropout;
   if (!d.active()) return 1.0;
-  return dropout_keep(dropout_stream(d.key, d.first_sample + b), attention_dropout_index(h, i, j, T), d.threshold())
+  return dropout_keep(dropout_stream(d.key, d.first_sample + b), attention_dropout_index(heads.layer_head(h), i, j, T),
+                      d.threshold())
              ? d.scale()
              : 0.0;
 }

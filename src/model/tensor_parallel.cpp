@@ -1,0 +1,113 @@
+// Tensor parallelism's cut of a model (model/tensor_parallel.h).
+#include "model/tensor_parallel.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/matmul.h"
+#include "model/decoder_layout.h"
+#include "model/model.h"
+
+namespace anvil {
+namespace {
+
+// How a tensor of a block is cut: whole on every rank; by rows, in sections of these many rows
+// (each section's rows cut in R, the share holding its part of each section in order); or by
+// columns (every row's columns cut in R).
+struct Cut {
+  enum Kind { kWhole, kRows, kColumns } kind = kWhole;
+  std::vector<int64_t> sections;
+};
+
+Cut cut_of(const ModelConfig& cfg, const std::string& name) {
+  const Widths w(cfg);
+  const size_t dot = name.rfind('.');
+  const std::string t = dot == std::string::npos ? name : name.substr(dot + 1);
+  if (name.rfind("h.", 0) != 0) return {};  // embeddings, the final norm, the LM head
+  if (t == "qkvw" || t == "qkvb") return {Cut::kRows, {w.q, w.kv, w.kv}};
+  if (t == "fcw" || t == "fcb")
+    return {Cut::kRows, cfg.mlp == MlpKind::kSwiglu ? std::vector<int64_t>{w.hidden, w.hidden}
+                                                    : std::vector<int64_t>{w.hidden}};
+  if (t == "attprojw" || t == "fcprojw") return {Cut::kColumns, {}};
+  return {};  // norms and the row-parallel products' biases
+}
+
+// Calls copy(whole_offset, share_offset, n) for every run of n floats of rank's share.
+template <class Copy>
+void for_each_share_run(const ModelConfig& cfg, int ranks, int rank, const Copy& copy) {
+  ANVIL_CHECK(rank >= 0 && rank < ranks, "internal: tensor-parallel rank {} of {}", rank, ranks);
+  const std::vector<ParamTensor> whole = model_param_layout(cfg);
+  const std::vector<ParamTensor> share = model_param_layout(tensor_share_config(cfg, ranks));
+  ANVIL_CHECK(whole.size() == share.size(), "internal: a tensor-parallel share has {} tensors, the model {}",
+              share.size(), whole.size());
+  for (size_t k = 0; k < whole.size(); k++) {
+    const ParamTensor &t = whole[k], &s = share[k];
+    const Cut cut = cut_of(cfg, t.name);
+    const size_t row = t.shape.size() > 1 ? static_cast<size_t>(t.shape[1]) : 1;
+    if (cut.kind == Cut::kWhole) {
+      copy(t.offset, s.offset, t.numel);
+    } else if (cut.kind == Cut::kRows) {
+      size_t section = 0, at = s.offset;
+      for (int64_t rows : cut.sections) {
+        const size_t part = static_cast<size_t>(rows / ranks);
+        copy(t.offset + (section + rank * part) * row, at, part * row);
+        section += static_cast<size_t>(rows);
+        at += part * row;
+      }
+    } else {
+      const size_t cols = row / ranks, n_rows = static_cast<size_t>(t.shape[0]);
+      for (size_t i = 0; i < n_rows; i++) copy(t.offset + i * row + rank * cols, s.offset + i * cols, cols);
+    }
+  }
+}
+
+}  // namespace
+
+std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks) {
+  if (ranks < 1) return fmt::format("tensor parallelism needs at least 1 rank, not {}", ranks);
+  if (ranks == 1) return "";
+  if (cfg.has_lora()) return "tensor parallelism does not cut a LoRA model's adapters yet";
+  if (cfg.has_moe()) return "tensor parallelism does not cut a mixture of experts' blocks yet";
+  if (cfg.qk_norm != QkNorm::kNone)
+    return "tensor parallelism does not cut blocks with QK norms yet (their weights' gradients sum over every head)";
+  const Widths w(cfg);
+  const int kv = cfg.kv_heads();
+  if (cfg.n_heads % ranks || kv % ranks || w.hidden % ranks)
+    return fmt::format("tensor parallelism over {} ranks cuts the {} query heads, the {} key/value heads and the "
+                       "MLP's {} hidden units into equal shares: {} must divide each", ranks, cfg.n_heads, kv,
+                       w.hidden, ranks);
+  const int q = w.q / ranks, k = w.kv / ranks, h = w.hidden / ranks;
+  if (q % kMatmulSumBlock || k % kMatmulSumBlock || h % kMatmulSumBlock)
+    return fmt::format("tensor parallelism over {} ranks gives each rank {} query, {} key/value and {} MLP channels; "
+                       "each must be a multiple of {} (the matrix product's k block), so that the ranks' parts of "
+                       "a product add up to one process's bits", ranks, q, k, h, kMatmulSumBlock);
+  return "";
+}
+
+ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks) {
+  const std::string problem = tensor_parallel_problem(cfg, ranks);
+  ANVIL_CHECK(problem.empty(), "{}", problem);
+  ModelConfig s = cfg;
+  s.head_dim = cfg.head_size();
+  s.n_heads = cfg.n_heads / ranks;
+  s.n_kv_heads = cfg.kv_heads() / ranks;
+  s.mlp_hidden = cfg.mlp_width() / ranks;
+  return s;
+}
+
+void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share) {
+  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+    std::memcpy(share + s, whole + w, n * sizeof(float));
+  });
+}
+
+void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole) {
+  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+    std::memcpy(whole + w, share + s, n * sizeof(float));
+  });
+}
+
+}  // namespace anvil

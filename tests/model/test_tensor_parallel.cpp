@@ -1,0 +1,235 @@
+// Tensor parallelism (model/tensor_parallel.h): R models, each holding one rank's share of every
+// block and running in lockstep with the others (here threads of one process, exchanging through
+// queues), must give the whole model's losses and, for what each holds, its parameter gradients,
+// to the bit, for each family's options, dropout included, in fp32 and with bf16 products.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/targets.h"
+#include "model/decoder.h"
+#include "model/tensor_parallel.h"
+#include "tiny_models.h"
+
+namespace anvil {
+namespace {
+
+constexpr int kBatch = 2, kSeq = 24, kRanks = 2;
+
+// Each family's tiny model, wide enough that a rank's share of each product's k is a whole
+// number of the GEMM's k blocks: 4 heads of 128 (the Llama 2 key/value heads of 256 beside 4
+// query heads of 256, and a SwiGLU width of 512); dropout everywhere.
+ModelConfig wide_model(ModelFamily family) {
+  ModelConfig c = testing::tiny_model(family, kSeq);
+  c.d_model = 512;
+  c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
+  if (family == ModelFamily::kLlama) {
+    c.head_dim = 256;
+    c.mlp_hidden = 512;
+  }
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch batch() {
+  Batch b;
+  for (int i = 0; i < kBatch * kSeq; i++) {
+    b.tokens.push_back((i * 37 + 11) % 97);
+    b.targets.push_back(i % 7 == 3 ? kIgnoreIndex : (i * 53 + 5) % 97);
+  }
+  return b;
+}
+
+// The ranks as threads: each ordered pair of ranks a queue of messages, a send a copy.
+class ThreadRanks {
+ public:
+  void push(int from, int to, const float* data, size_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queues_[{from, to}].emplace_back(data, data + n);
+    ready_.notify_all();
+  }
+  void pop(int from, int to, float* data, size_t n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    auto& q = queues_[{from, to}];
+    ready_.wait(lock, [&] { return !q.empty(); });
+    ANVIL_CHECK(q.front().size() == n, "rank {} expected {} floats from rank {}, got {}", to, n, from,
+                q.front().size());
+    std::memcpy(data, q.front().data(), n * sizeof(float));
+    q.pop_front();
+  }
+  bool drained() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [pair, q] : queues_)
+      if (!q.empty()) return false;
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::map<std::pair<int, int>, std::deque<std::vector<float>>> queues_;
+};
+
+class ThreadExchange : public TensorExchange {
+ public:
+  ThreadExchange(ThreadRanks& ranks, int n, int rank) : all_(ranks), n_(n), rank_(rank) {}
+  int ranks() const override { return n_; }
+  int rank() const override { return rank_; }
+  void send(int to, const float* data, size_t n) override { all_.push(rank_, to, data, n); }
+  void receive(int from, float* data, size_t n) override { all_.pop(from, rank_, data, n); }
+  void wait_sends() override {}
+  void broadcast(float* data, size_t n, int root) override {
+    if (rank_ != root) return receive(root, data, n);
+    for (int r = 0; r < n_; r++)
+      if (r != root) send(r, data, n);
+  }
+
+ private:
+  ThreadRanks& all_;
+  int n_, rank_;
+};
+
+bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, ComputeDtype>> {
+ protected:
+  ModelConfig cfg_ = wide_model(std::get<0>(GetParam()));
+  ComputeDtype dtype_ = std::get<1>(GetParam());
+  Batch data_ = batch();
+
+  // The whole model after a training pass.
+  std::unique_ptr<Model> whole() const {
+    auto m = make_model(cfg_, kBatch, kSeq, testing::storage_on(KernelImpl::kCpu));
+    m->init_weights(7);
+    m->set_compute_dtype(dtype_);
+    m->zero_grad();
+    m->set_dropout_position({42, 3, 5});
+    return m;
+  }
+  // Rank r's share of `from`'s parameters.
+  std::unique_ptr<Model> share(const Model& from, int r) const {
+    auto m = make_model(tensor_share_config(cfg_, kRanks), kBatch, kSeq, testing::storage_on(KernelImpl::kCpu));
+    take_tensor_share(cfg_, kRanks, r, from.params(), m->params());
+    m->set_compute_dtype(dtype_);
+    m->zero_grad();
+    m->set_dropout_position({42, 3, 5});
+    return m;
+  }
+  // pass(model, rank) on every rank at once.
+  template <class Pass>
+  void run_ranks(std::vector<std::unique_ptr<Model>>& shares, const Pass& pass) {
+    ThreadRanks queues;
+    std::vector<std::unique_ptr<ThreadExchange>> exchanges;
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(shares.size());
+    for (int r = 0; r < kRanks; r++) {
+      exchanges.push_back(std::make_unique<ThreadExchange>(queues, kRanks, r));
+      shares[r]->set_tensor_exchange(exchanges.back().get());
+    }
+    for (int r = 0; r < kRanks; r++)
+      threads.emplace_back([&, r] {
+        try {
+          pass(*shares[r], r);
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; r++) EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(queues.drained()) << "a message was sent and never received";
+  }
+};
+
+TEST_P(TensorParallel, GiveTheWholeModelsLossesAndGradients) {
+  auto w = whole();
+  const double want = w->forward_backward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, 0.25f, nullptr);
+  std::vector<std::unique_ptr<Model>> shares;
+  for (int r = 0; r < kRanks; r++) shares.push_back(share(*w, r));
+  std::vector<double> got(kRanks);
+  run_ranks(shares, [&](Model& m, int r) {
+    got[r] = m.forward_backward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, 0.25f, nullptr);
+  });
+  const size_t n = static_cast<size_t>(kBatch) * kSeq;
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(got[r], want) << "rank " << r;
+    EXPECT_TRUE(same_bits(shares[r]->losses(), w->losses(), n)) << "rank " << r;
+    // Each rank's gradients are its share of the whole model's, the replicated tensors' whole.
+    std::vector<float> expected(shares[r]->num_params());
+    take_tensor_share(cfg_, kRanks, r, w->grads(), expected.data());
+    for (const ParamTensor& t : shares[r]->tensors())
+      EXPECT_TRUE(same_bits(shares[r]->grads() + t.offset, expected.data() + t.offset, t.numel))
+          << "rank " << r << ": " << t.name;
+  }
+}
+
+TEST_P(TensorParallel, EvaluateAsTheWholeModel) {
+  auto w = whole();
+  const double want = w->forward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, nullptr);
+  std::vector<std::unique_ptr<Model>> shares;
+  for (int r = 0; r < kRanks; r++) shares.push_back(share(*w, r));
+  std::vector<double> got(kRanks);
+  run_ranks(shares, [&](Model& m, int r) {
+    got[r] = m.forward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, nullptr);
+  });
+  for (int r = 0; r < kRanks; r++) EXPECT_EQ(got[r], want) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, TensorParallel,
+    ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt, ModelFamily::kLlama),
+                       ::testing::Values(ComputeDtype::kFp32, ComputeDtype::kBf16)),
+    [](const auto& info) {
+      const ModelFamily f = std::get<0>(info.param);
+      return std::string(f == ModelFamily::kGpt2 ? "gpt2" : f == ModelFamily::kMpt ? "mpt" : "llama") +
+             (std::get<1>(info.param) == ComputeDtype::kFp32 ? "_fp32" : "_bf16");
+    });
+
+// The shares cover the whole model: every rank's share put back rebuilds it.
+TEST(TensorShare, SharesPutBackAreTheWholeModel) {
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig cfg = wide_model(f);
+    const size_t n = model_num_params(cfg), share_n = model_num_params(tensor_share_config(cfg, kRanks));
+    std::vector<float> whole(n), rebuilt(n, -1.0f), share(share_n);
+    for (size_t i = 0; i < n; i++) whole[i] = static_cast<float>(i);
+    for (int r = 0; r < kRanks; r++) {
+      take_tensor_share(cfg, kRanks, r, whole.data(), share.data());
+      put_tensor_share(cfg, kRanks, r, share.data(), rebuilt.data());
+    }
+    EXPECT_EQ(rebuilt, whole);
+    EXPECT_LT(share_n, n);
+  }
+}
+
+TEST(TensorShare, WhatCannotBeCutIsNamed) {
+  ModelConfig gpt2{12, 12, 768, 50257, 1024};  // GPT-2 124M: 6 heads of 64 a rank is 384 channels
+  EXPECT_NE(tensor_parallel_problem(gpt2, 2).find("each rank 384 query, 384 key/value and 1536 MLP channels; each "
+                                                  "must be a multiple of 256"), std::string::npos);
+  EXPECT_EQ(tensor_parallel_problem(gpt2, 3), "");  // 4 heads of 64, and 1024 of the MLP
+  EXPECT_NE(tensor_parallel_problem(gpt2, 5).find("5 must divide each"), std::string::npos);
+  ModelConfig qk = wide_model(ModelFamily::kLlama);
+  qk.qk_norm = QkNorm::kPerHead;
+  EXPECT_NE(tensor_parallel_problem(qk, 2).find("QK norms"), std::string::npos);
+  EXPECT_EQ(tensor_parallel_problem(qk, 1), "");
+  try {
+    tensor_share_config(gpt2, 2);
+    ADD_FAILURE() << "GPT-2 124M was cut in 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 256"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace anvil

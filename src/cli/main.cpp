@@ -96,6 +96,9 @@ distributed.pipeline_parallel=P cuts the blocks into P stages, each trained by N
 the same weights as one process (deterministic mode, ZeRO 0 or 1, kernels=cpu).
 distributed.expert_parallel=R shares a mixture of experts' experts among groups of R ranks,
 rows exchanged all-to-all in each layer; the same weights as one process (kernels=cpu).
+distributed.tensor_parallel=N shares each block's heads and MLP among groups of N ranks
+(Megatron's split), the products' parts summed in a fixed order; the same weights as one
+process (deterministic mode, ZeRO 0 or 1, kernels=cpu).
 
 Memory: device_train_microbatch_size=auto picks the largest microbatch that fits memory_limit
 (default: the memory free at start); activation_checkpointing=true recomputes each block in the
@@ -510,7 +513,8 @@ int cmd_train(const std::vector<std::string>& args) {
   const TrainConfig cfg = load_train_config(args[0], std::vector<std::string>(args.begin() + 1, args.end()));
   std::unique_ptr<Communicator> comm =
       make_communicator(/*require_mpi=*/false, /*threads_at_once=*/cfg.distributed.pipeline_parallel > 1 ||
-                                                   cfg.distributed.expert_parallel > 1);
+                                                   cfg.distributed.expert_parallel > 1 ||
+                                                   cfg.distributed.tensor_parallel > 1);
   const TrainSummary s = run_training(cfg, *comm);
   if (comm->rank() != 0) return s.stopped_by != 0 ? kExitStopped : 0;
   if (s.first_eval_loss >= 0)

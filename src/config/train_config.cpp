@@ -133,6 +133,19 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
     ANVIL_CHECK(!c.model.has_lora(), "{}: distributed.pipeline_parallel does not split a LoRA model's adapters into "
                 "stages", where);
   }
+  const int tensor_ranks = c.distributed.tensor_parallel;
+  if (tensor_ranks > 1) {
+    const std::string where = blame.source("distributed.tensor_parallel");
+    ANVIL_CHECK(c.deterministic_mode, "{}: distributed.tensor_parallel needs deterministic_mode: true (the ranks of a "
+                "copy agree on the fixed-point gradient scales and the gradient norm)", where);
+    ANVIL_CHECK(c.distributed.zero_stage <= 1, "{}: distributed.tensor_parallel works with distributed.zero_stage 0 or "
+                "1 (ZeRO-2/3 over a share's data-parallel ranks is not built yet), not {}", where,
+                c.distributed.zero_stage);
+    ANVIL_CHECK(c.kernels == KernelImpl::kCpu, "{}: distributed.tensor_parallel chains the ranks' parts of a product "
+                "through the CPU's k blocks: it runs with kernels=cpu for now", where);
+    ANVIL_CHECK(stages == 1 && c.distributed.expert_parallel == 1, "{}: distributed.tensor_parallel does not combine "
+                "with distributed.pipeline_parallel or distributed.expert_parallel yet", where);
+  }
   const int expert_ranks = c.distributed.expert_parallel;
   if (expert_ranks > 1) {
     const std::string where = blame.source("distributed.expert_parallel");

@@ -69,6 +69,7 @@ struct DistributedConfig {
   OffloadDevice offload_param = OffloadDevice::kNone;      // and offload_param
   int pipeline_parallel = 1;  // stages the blocks are cut into; world / it ranks train each stage's part
   int expert_parallel = 1;    // ranks that share a mixture of experts' experts, each running its part
+  int tensor_parallel = 1;    // consecutive ranks that share each block (heads and MLP width), one copy of the model
 };
 
 // amp_fp16's dynamic loss scale (DeepSpeed's fp16 block, PyTorch's GradScaler): the loss is

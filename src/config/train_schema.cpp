@@ -746,6 +746,13 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
                "for bit, as one process. Every rank still holds all the parameters (ZeRO shards them). A CPU run; "
                "see [distributed.md](distributed.md)",
                positive<int>()),
+      D::value("tensor_parallel", &DistributedConfig::tensor_parallel, "tensor parallelism (Megatron's): groups of "
+               "this many consecutive ranks share one copy of the model, each rank holding 1/N of every block's "
+               "heads and MLP width; the ranks' parts of each product are summed in a fixed order, so the weights "
+               "are one process's, bit for bit. Each rank's share of a head group and of the MLP must be a "
+               "multiple of 256 channels. Needs `deterministic_mode` and a CPU run; see "
+               "[distributed.md](distributed.md)",
+               positive<int>()),
   };
   return table;
 }

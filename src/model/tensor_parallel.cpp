@@ -22,17 +22,26 @@ struct Cut {
   std::vector<int64_t> sections;
 };
 
+// The block tensor's name within its block ("qkvw"); empty outside the blocks (the embeddings,
+// the final norm, the LM head).
+std::string block_tensor_name(const std::string& name) {
+  if (name.rfind("h.", 0) != 0) return "";
+  return name.substr(name.rfind('.') + 1);
+}
+
+Cut::Kind cut_kind(const std::string& name) {
+  const std::string t = block_tensor_name(name);
+  if (t == "qkvw" || t == "qkvb" || t == "fcw" || t == "fcb") return Cut::kRows;
+  if (t == "attprojw" || t == "fcprojw") return Cut::kColumns;
+  return Cut::kWhole;  // norms, the row-parallel products' biases, and everything outside the blocks
+}
+
 Cut cut_of(const ModelConfig& cfg, const std::string& name) {
+  const Cut::Kind kind = cut_kind(name);
+  if (kind != Cut::kRows) return {kind, {}};
   const Widths w(cfg);
-  const size_t dot = name.rfind('.');
-  const std::string t = dot == std::string::npos ? name : name.substr(dot + 1);
-  if (name.rfind("h.", 0) != 0) return {};  // embeddings, the final norm, the LM head
-  if (t == "qkvw" || t == "qkvb") return {Cut::kRows, {w.q, w.kv, w.kv}};
-  if (t == "fcw" || t == "fcb")
-    return {Cut::kRows, cfg.mlp == MlpKind::kSwiglu ? std::vector<int64_t>{w.hidden, w.hidden}
-                                                    : std::vector<int64_t>{w.hidden}};
-  if (t == "attprojw" || t == "fcprojw") return {Cut::kColumns, {}};
-  return {};  // norms and the row-parallel products' biases
+  if (block_tensor_name(name).rfind("qkv", 0) == 0) return {kind, {w.q, w.kv, w.kv}};
+  return {kind, cfg.mlp == MlpKind::kSwiglu ? std::vector<int64_t>{w.hidden, w.hidden} : std::vector<int64_t>{w.hidden}};
 }
 
 // Calls copy(whole_offset, share_offset, n) for every run of n floats of rank's share.
@@ -97,6 +106,8 @@ ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks) {
   s.mlp_hidden = cfg.mlp_width() / ranks;
   return s;
 }
+
+bool tensor_parallel_cut(const std::string& name) { return cut_kind(name) != Cut::kWhole; }
 
 void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share) {
   for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {

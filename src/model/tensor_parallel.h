@@ -35,4 +35,8 @@ ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks);
 void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share);
 void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole);
 
+// Whether the tensor of this name (model_param_layout's) is cut among the ranks; if not, every
+// rank holds it whole.
+bool tensor_parallel_cut(const std::string& name);
+
 }  // namespace anvil

@@ -32,7 +32,8 @@
 // rank's range; the two halves share the group and its communication thread
 // (DataParallelContext). A model split into pipeline stages gives each stage its data-parallel
 // group and its own part of the parameters, and these parts work the same on it
-// (DataParallelOptions::pipeline); a tensor-parallel split would do the same.
+// (DataParallelOptions::pipeline); so does a rank's share of a tensor-parallel model
+// (DataParallelOptions::tensor).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -46,6 +47,7 @@
 #include "parallel/param_shards.h"
 #include "parallel/pipeline.h"
 #include "parallel/shard_layout.h"
+#include "parallel/tensor_parallel.h"
 #include "kernels/buffer.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -66,6 +68,10 @@ struct DataParallelOptions {
   // the stages' groups, through which the gradient reduction agrees with the other stages.
   // Deterministic mode, ZeRO-0/1 and host memory only. Null: the model is whole.
   const PipelineGroups* pipeline = nullptr;
+  // The model is a rank's share of a tensor-parallel copy and the group its data-parallel ranks
+  // (parallel/tensor_parallel.h): the tensor groups, through which the gradient reduction agrees
+  // with the other shares. Deterministic mode only. Null: the model is whole.
+  const TensorGroups* tensor = nullptr;
 };
 
 // Which arrays the model should allocate for itself under these options, and whether it must be

@@ -9,6 +9,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
 #include "parallel/collectives.h"
+#include "model/tensor_parallel.h"
 #include "parallel/data_parallel.h"
 
 namespace anvil {
@@ -60,6 +61,13 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
       tied_max_.resize(2 * tied_tensors_);
     }
     stage_squares_.resize(static_cast<size_t>(p->stages) * model_param_layout(ctx_.model.config()).size());
+  }
+  if (const TensorGroups* t = opt.tensor) {
+    ANVIL_CHECK(opt.deterministic && !opt.pipeline, "a tensor-parallel share's gradients are reduced in "
+                "deterministic mode, without pipeline stages");
+    for (const ParamTensor& k : tensors_) tensor_cut_.push_back(tensor_parallel_cut(k.name));
+    tensor_max_.resize(tensors_.size() * t->ranks);
+    tensor_squares_.resize(tensors_.size() * t->ranks);
   }
   if (opt.bf16_compression) error_feedback_.assign(ctx_.shards.n, 0.0f);
 }
@@ -136,6 +144,13 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
     all_gather_blocks(tied, tied_max_.data(), tied_tensors_ * sizeof(float));
     for (size_t k = 0; k < tied_tensors_; k++) max[k] = std::max(tied_max_[k], tied_max_[tied_tensors_ + k]);
   }
+  if (const TensorGroups* t = opt.tensor) {
+    // A cut tensor's scale is the whole tensor's: from the largest of its shares' maxima.
+    std::copy(max.begin(), max.end(), tensor_max_.begin() + static_cast<std::ptrdiff_t>(K * t->rank));
+    all_gather_blocks(t->tensor->comm(), tensor_max_.data(), K * sizeof(float));
+    for (size_t k = 0; k < K; k++)
+      for (int r = 0; r < t->ranks; r++) max[k] = std::max(max[k], tensor_max_[K * r + k]);
+  }
   bool fits = true, finite = true;
   std::vector<int>& next = next_scale_;
   next = scale_;
@@ -195,6 +210,16 @@ double GradientReduction::global_norm() {
       for (size_t k = 0; k < K; k++) {
         squares[k] = 0;
         for (int r = 0; r < comm.size(); r++) squares[k] += all[r * K + k];
+      }
+    }
+    if (const TensorGroups* t = opt.tensor) {
+      // A cut tensor's squares are the sum of its shares'; a whole one's, any rank's.
+      std::copy(squares.begin(), squares.end(), tensor_squares_.begin() + static_cast<std::ptrdiff_t>(K * t->rank));
+      all_gather_blocks(t->tensor->comm(), tensor_squares_.data(), K * sizeof(unsigned __int128));
+      for (size_t k = 0; k < K; k++) {
+        if (!tensor_cut_[k]) continue;
+        squares[k] = 0;
+        for (int r = 0; r < t->ranks; r++) squares[k] += tensor_squares_[K * r + k];
       }
     }
     double sq = 0;

@@ -99,6 +99,12 @@ class GradientReduction {
     int64_t scale, held;  // 64-bit: no padding bytes go on the wire
   };
   std::vector<StageSquares> stage_squares_;
+  // Tensor parallelism (DataParallelOptions::tensor): which tensors are cut among the tensor
+  // group's ranks (the rest every rank holds whole), and every rank's maxima and squares
+  // ([rank · tensors + tensor]).
+  std::vector<bool> tensor_cut_;
+  std::vector<float> tensor_max_;
+  std::vector<unsigned __int128> tensor_squares_;
   // The verdict on the step, agreed by every stage: the worst of theirs.
   Backward agreed(Backward mine);
   // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'

@@ -40,6 +40,8 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
               cfg.distributed.pipeline_parallel);
   ANVIL_CHECK(cfg.distributed.expert_parallel == 1, "bench train runs one process, which runs every expert; "
               "distributed.expert_parallel {} needs as many ranks under anvil train", cfg.distributed.expert_parallel);
+  ANVIL_CHECK(cfg.distributed.tensor_parallel == 1, "bench train runs the whole model on one process; "
+              "distributed.tensor_parallel {} needs as many ranks under anvil train", cfg.distributed.tensor_parallel);
   TrainingStack stack = build_training_stack(cfg, *comm, GB, T, [&](Model& model) {
     // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));

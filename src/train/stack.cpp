@@ -2,22 +2,26 @@
 
 #include <algorithm>
 
+#include "model/tensor_parallel.h"
 #include "parallel/collectives.h"
 #include "train/step.h"
 
 namespace anvil {
 
 TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int local_batch, int seq_len,
-                                   const std::function<void(Model&)>& set_base, const PipelineGroups* pipeline) {
+                                   const std::function<void(Model&)>& set_base, const PipelineGroups* pipeline,
+                                   TensorGroups* tensor) {
   TrainingStack s;
   ModelStorage storage = model_storage_for(cfg);
   if (pipeline) storage.stage = pipeline->blocks;
   // Activations are sized once the memory the model states take is known.
-  s.model = make_model(cfg.model, 1, seq_len, storage);
+  s.model = make_model(tensor ? tensor_share_config(cfg.model, tensor->ranks) : cfg.model, 1, seq_len, storage);
   Model& model = *s.model;
+  if (tensor) model.set_tensor_exchange(tensor->tensor.get());
   if (cfg.model.has_lora()) set_base(model);
   DataParallelOptions options = data_parallel_options(cfg);
   options.pipeline = pipeline;
+  options.tensor = tensor;
   s.dp = std::make_unique<DataParallel>(comm, model, cfg.optimizer, options);
   const MemoryReport mem = s.dp->memory();
   // Ranks drawing on this rank's memory: the host's, or under kernels=gpu its GPU's.
@@ -27,9 +31,9 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   s.plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing,
                            storage.stage, held);
   int microbatch = s.plan.microbatch;
-  // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, and a pipeline's
-  // stages pass microbatches on.
-  Communicator& everyone = pipeline ? *pipeline->pipeline : comm;
+  // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, a pipeline's stages
+  // pass microbatches on, and a tensor group's ranks run each one together.
+  Communicator& everyone = pipeline ? *pipeline->pipeline : tensor ? tensor->tensor->comm() : comm;
   if (cfg.microbatch_auto)
     for (Communicator* group : {&comm, &everyone})
       if (group->size() > 1)

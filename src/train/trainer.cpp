@@ -22,9 +22,11 @@
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/op_collectives.h"
+#include "parallel/tensor_parallel.h"
 #include "interop/hf_import.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
+#include "model/tensor_parallel.h"
 #include "train/checkpoint_writer.h"
 #include "train/data_pipeline.h"
 #include "train/icl_eval.h"
@@ -332,7 +334,15 @@ class TrainingRun {
   // Pipeline parallelism's groups (distributed.pipeline_parallel > 1), else null: then the
   // data-parallel group is the whole job.
   std::unique_ptr<PipelineGroups> groups_;
-  Communicator& data_comm() { return groups_ ? *groups_->data : comm_; }
+  // Tensor parallelism's groups (distributed.tensor_parallel > 1), else null.
+  std::unique_ptr<TensorGroups> tensor_;
+  Communicator& data_comm() { return groups_ ? *groups_->data : tensor_ ? *tensor_->data : comm_; }
+  // Under tensor parallelism: a whole-model array (model_param_layout(cfg_.model) order) from every
+  // rank's share of the same array, each share given as this rank's range [lo, hi) of it (its
+  // ZeRO shard); a collective of the job.
+  std::vector<float> gather_whole(size_t lo, size_t hi, const std::vector<float>& mine);
+  // The reverse: this rank's share of a whole-model array.
+  std::vector<float> tensor_share(const std::vector<float>& whole) const;
   // W_, rank_: of the job; D_, data_rank_: of the data-parallel group, which splits the batch.
   int T_, GB_, W_, rank_, D_, data_rank_, local_batch_;
   bool writer_;
@@ -379,6 +389,8 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
   if (cfg_.distributed.pipeline_parallel > 1)
     groups_ = std::make_unique<PipelineGroups>(
         make_pipeline_groups(comm, cfg_.model, cfg_.distributed.pipeline_parallel));
+  if (cfg_.distributed.tensor_parallel > 1)
+    tensor_ = std::make_unique<TensorGroups>(make_tensor_groups(comm, cfg_.model, cfg_.distributed.tensor_parallel));
   D_ = data_comm().size();
   data_rank_ = data_comm().rank();
   resolve_batch_sizes(cfg_, D_);  // DeepSpeed's rule counts the data-parallel ranks
@@ -455,7 +467,7 @@ void TrainingRun::open_datasets() {
 void TrainingRun::build_model() {
   TrainingStack stack = build_training_stack(cfg_, data_comm(), local_batch_, T_, [&](Model& model) {
     lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
-  }, groups_.get());
+  }, groups_.get(), tensor_.get());
   model_ = std::move(stack.model);
   dp_ = std::move(stack.dp);
   pipeline_ = std::move(stack.pipeline);
@@ -468,12 +480,22 @@ void TrainingRun::build_model() {
              cfg_.model.moe.experts / experts_->ranks(), experts_->rank() * cfg_.model.moe.experts / experts_->ranks(),
              (experts_->rank() + 1) * cfg_.model.moe.experts / experts_->ranks() - 1);
   }
+  if (tensor_) {
+    const ModelConfig& share = model.config();
+    const int r = tensor_->rank, q = share.n_heads, kv = share.kv_heads(), h = share.mlp_width();
+    log_info("tensor parallelism: {} ranks share each of {} copies of the model; this rank holds query heads {}..{}, "
+             "key/value heads {}..{} and MLP units {}..{} of every block", tensor_->ranks, D_, r * q, (r + 1) * q - 1,
+             r * kv, (r + 1) * kv - 1, r * h, (r + 1) * h - 1);
+  }
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {
     const LoadedCheckpoint& r = *resume_;
     if (groups_)  // the stage's part of the whole model's state
       dp_->load_full_state(stage_part(model, r.params), stage_part(model, r.exp_avg), stage_part(model, r.exp_avg_sq),
+                           r.optimizer_steps);
+    else if (tensor_)  // the rank's share of it
+      dp_->load_full_state(tensor_share(r.params), tensor_share(r.exp_avg), tensor_share(r.exp_avg_sq),
                            r.optimizer_steps);
     else
       dp_->load_full_state(r.params, r.exp_avg, r.exp_avg_sq, r.optimizer_steps);
@@ -488,6 +510,13 @@ void TrainingRun::build_model() {
     else
       log_info("loaded the weights of {} (weights only: a fresh optimizer and data order, from step 0)", r.dir);
     resume_.reset();  // the state now lives in the model and optimizer
+  } else if (tensor_) {
+    // The whole model's initial values, of which the rank keeps its share.
+    const std::vector<ParamTensor> layout = model_param_layout(cfg_.model);
+    std::vector<float> whole(model_num_params(cfg_.model));
+    model_init_params(layout, cfg_.seed, 0, whole.size(), whole.data());
+    const std::vector<float> zeros(model.num_params(), 0.0f);
+    dp_->load_full_state(tensor_share(whole), zeros, zeros, 0);
   } else {
     dp_->init_weights(cfg_.seed);
   }
@@ -626,7 +655,7 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
   // parameters for the evaluation (the memory of one process's weights and eval activations,
   // freed after it), and the ranks share the questions as data-parallel ranks do.
   std::unique_ptr<Model> whole;
-  if (groups_) {
+  if (groups_ || tensor_) {
     dp_->quiesce();
     ModelStorage storage = model_storage_for(cfg_);
     storage.stage = {};
@@ -634,7 +663,10 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
     storage.grads = false;
     whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
     whole->set_compute_dtype(cfg_.precision);
-    gather_whole_params(*groups_, *model_, model_->params(), whole->params());
+    if (groups_)
+      gather_whole_params(*groups_, *model_, model_->params(), whole->params());
+    else
+      gather_tensor_shares(*tensor_, cfg_.model, model_->params(), model_->num_params(), whole->params());
   }
   Model& scorer = whole ? *whole : *model_;
   std::unique_ptr<Progress> bar;
@@ -669,12 +701,42 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
   log_info("step {}/{}: icl evaluation took {:.1f}s", at_step, total_steps_, secs);
 }
 
+std::vector<float> TrainingRun::tensor_share(const std::vector<float>& whole) const {
+  std::vector<float> share(model_->num_params());
+  take_tensor_share(cfg_.model, tensor_->ranks, tensor_->rank, whole.data(), share.data());
+  return share;
+}
+
+std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::vector<float>& mine) {
+  // The share's ranges follow one another in data-parallel rank order.
+  Communicator& data = *tensor_->data;
+  std::vector<size_t> counts;
+  for (double n : all_gather_values(data, static_cast<double>(hi - lo))) counts.push_back(static_cast<size_t>(n));
+  std::vector<float> share(model_->num_params());
+  std::copy(mine.begin(), mine.end(), share.begin() + static_cast<std::ptrdiff_t>(lo));
+  all_gather(data, share.data(), counts);
+  std::vector<float> whole(model_num_params(cfg_.model));
+  gather_tensor_shares(*tensor_, cfg_.model, share.data(), share.size(), whole.data());
+  return whole;
+}
+
 void TrainingRun::save(int64_t at_step) {
   CheckpointShard shard;
   shard.rank = rank_;
   shard.world = W_;
   dp_->copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
   std::vector<int> grad_scales = dp_->grad_scales();
+  if (tensor_) {
+    // The whole model's state, of which this rank writes the rank-th of W even ranges. The shares'
+    // scales are the whole tensors' already (parallel/tensor_parallel.h).
+    const size_t n = model_num_params(cfg_.model), lo = n * rank_ / W_, hi = n * (rank_ + 1) / W_;
+    for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq}) {
+      const std::vector<float> whole = gather_whole(shard.lo, shard.hi, *v);
+      v->assign(whole.begin() + static_cast<std::ptrdiff_t>(lo), whole.begin() + static_cast<std::ptrdiff_t>(hi));
+    }
+    shard.lo = lo;
+    shard.hi = hi;
+  }
   if (groups_) {
     // The stage's shard as a range of the whole model's array (a tied head's copy of the
     // embeddings left to the first stage), and the whole model's scales.

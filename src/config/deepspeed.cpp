@@ -499,7 +499,7 @@ void read_features_off(MapReader& ds, Layer& out) {
       {"autotuning", "anvil chooses its microbatch itself: device_train_microbatch_size: auto"},
       {"nebula", "anvil writes its own checkpoints (save_folder)"},
       {"torch_autocast", "anvil's amp is `precision` (the ds_config's bf16 or fp16)"},
-      {"expert_parallel", "mixture-of-experts models are not built yet"}};
+      {"expert_parallel", "anvil's expert parallelism is distributed.expert_parallel"}};
   for (const auto& [key, why] : switched) {
     if (!ds.has(key)) continue;
     const std::string on = enabled_within(ds.raw(key), ds.full(key));
@@ -526,10 +526,10 @@ void read_features_off(MapReader& ds, Layer& out) {
   require_value(ds, out, "graph_harvesting", "false", "anvil's GPU runs do not capture CUDA graphs yet");
   require_value(ds, out, "sequence_parallel_size", "1", "sequence parallelism is not built yet");
   if (ds.has("tensor_parallel")) {
+    // DeepSpeed's AutoTP cuts the same products as anvil's tensor parallelism (0 and 1: none).
     const YAML::Node tp = ds.raw("tensor_parallel");
     const YAML::Node size = tp.IsMap() ? tp["autotp_size"] : YAML::Node();
-    ANVIL_CHECK(!size || text(size) == "0" || text(size) == "1", "{}: {}.autotp_size {} is not supported: tensor "
-                "parallelism is not built yet", where, ds.full("tensor_parallel"), text(size));
+    if (size && text(size) != "0") out.set("distributed.tensor_parallel", size, "tensor_parallel.autotp_size");
   }
   if (ds.has("compile")) {
     const YAML::Node c = ds.raw("compile");

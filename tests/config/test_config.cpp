@@ -327,6 +327,19 @@ TEST_F(ConfigTest, ErrorsNameTheProblem) {
                 .find("distributed.pipeline_parallel runs on the CPU"), std::string::npos);
   EXPECT_EQ(load_train_config(write(kMinimal), {"distributed.pipeline_parallel=2", "distributed.zero_stage=1"})
                 .distributed.pipeline_parallel, 2);
+  // Tensor parallelism: what the shares' agreement rests on, and what it does not combine with yet
+  // (the model's shape is checked against the ranks when the run starts: model/tensor_parallel.h).
+  EXPECT_EQ(load_train_config(write(kMinimal), {"distributed.tensor_parallel=2"}).distributed.tensor_parallel, 2);
+  EXPECT_NE(error_of(kMinimal, {"distributed.tensor_parallel=0"}).find("tensor_parallel"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.tensor_parallel=2", "deterministic_mode=false"})
+                .find("distributed.tensor_parallel needs deterministic_mode: true"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.tensor_parallel=2", "distributed.zero_stage=2"})
+                .find("works with distributed.zero_stage 0 or 1"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.tensor_parallel=2", "kernels=gpu"}).find("runs with kernels=cpu"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"distributed.tensor_parallel=2", "distributed.pipeline_parallel=2"})
+                .find("does not combine with distributed.pipeline_parallel or distributed.expert_parallel yet"),
+            std::string::npos);
   EXPECT_NE(error_of("model: [1, 2\n").find("malformed YAML at line"), std::string::npos);
   EXPECT_NE(error_of("max_seq_len: 8\nmodel: {n_layers: 1, n_heads: 1, d_model: 8}\n").find("train_loader is required"),
             std::string::npos);
@@ -427,6 +440,9 @@ TEST_F(ConfigTest, DeepSpeedConfigMapsToAnvilKeys) {
   EXPECT_EQ(c.distributed.zero_stage, 2);
   EXPECT_EQ(c.optimizer.name, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  // DeepSpeed's AutoTP cuts the products anvil's tensor parallelism cuts.
+  EXPECT_EQ(load_train_config(write(std::string(kMinimal) + "deepspeed_config: {tensor_parallel: {autotp_size: 2}}\n"),
+                              {}).distributed.tensor_parallel, 2);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
@@ -500,7 +516,6 @@ TEST_F(ConfigTest, DeepSpeedKeysItIgnoresAreWarnings) {
            {"{zero_optimization: {offload_param: {device: cpu, ratio: 0.5}}}",
             "unknown key 'deepspeed_config.zero_optimization.offload_param.ratio'"},
            {"{pipeline: {stages: 2}}", "deepspeed_config.pipeline is not supported"},
-           {"{tensor_parallel: {autotp_size: 2}}", "deepspeed_config.tensor_parallel.autotp_size 2 is not supported"},
            {"{gradient_allreduce_op: sum}", "deepspeed_config.gradient_allreduce_op sum is not supported"},
            {"{zero_optimization: {zero_quantized_weights: true}}",
             "deepspeed_config.zero_optimization.zero_quantized_weights true is not supported"},

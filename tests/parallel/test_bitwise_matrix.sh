@@ -14,8 +14,9 @@
 # ranks (ZeRO-1), as 4 stages of one rank (4 microbatches through them, the whole 1F1B
 # schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family
 # as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
-# stages, resumed on 3 ranks without stages. Last, an MPT whose MLPs are mixtures of experts, with
-# and without expert parallelism, as 2 pipeline stages, and fine-tuned with LoRA.
+# stages, resumed on 3 ranks without stages. Then tensor parallelism, on models wide enough for it.
+# Last, an MPT whose MLPs are mixtures of experts, with and without expert parallelism, as 2
+# pipeline stages, and fine-tuned with LoRA.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -98,6 +99,32 @@ family mpt_causal_lm model.no_bias=true model.attn_config.alibi=true model.attn_
   model.resid_pdrop=0.1 model.attn_config.attn_pdrop=0.1
 pipelined="activation_checkpointing=true"
 family llama model.n_kv_heads=2 model.attention_dropout=0.1
+
+# Tensor parallelism (distributed.tensor_parallel): a GPT-2 of 2 heads of 256 channels, so that a
+# rank's share of each product's k is a whole number of the GEMM's k blocks, with dropout: 1 rank;
+# 2 ranks sharing each block; 4 ranks as 2 copies of 2 (ZeRO-1); and stopped at step 8 on 2 ranks
+# sharing the blocks, resumed on 3 without. Then a Llama with grouped-query heads (q, k and v each
+# cut; SwiGLU's gate and up each cut) on 1 rank and as 2 copies of 2 with activation checkpointing.
+tp=(model.n_layers=2 model.d_model=512 model.n_heads=2 model.resid_pdrop=0.1 model.attn_pdrop=0.1
+    model.embd_pdrop=0.1)
+OMP_NUM_THREADS=2 train tp_w1_mb8_z0 1 8 0 "${tp[@]}"
+train tp_w2_tp2_mb4_z0 2 4 0 "${tp[@]}" distributed.tensor_parallel=2
+train tp_w4_tp2_mb2_z1 4 2 1 "${tp[@]}" distributed.tensor_parallel=2
+train tp2_then_w3 2 4 1 "${tp[@]}" distributed.tensor_parallel=2 max_duration=8ba scheduler.t_max=20ba
+train tp2_then_w3 3 4 1 "${tp[@]}" scheduler.t_max=20ba autoresume=true
+grep -q "resumed from .*step-00000008" "$tmp/tp2_then_w3.out" \
+  || fail "tensor parallelism: the run without it did not resume from step 8"
+grep -q "tensor parallelism: 2 ranks share each of 2 copies of the model" "$tmp/tp_w4_tp2_mb2_z1/train.log" \
+  || fail "tensor parallelism: the run log does not say how the model is shared"
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_w1_mb8_z0" "$tmp/tp_w2_tp2_mb4_z0" "$tmp/tp_w4_tp2_mb2_z1" \
+  "$tmp/tp2_then_w3" || fail "tensor parallelism: the runs do not all end with the same bits"
+tp_llama=(model.name=llama model.n_layers=2 model.d_model=512 model.n_heads=4 model.n_kv_heads=2 model.head_dim=256
+          model.intermediate_size=1024 model.attention_dropout=0.1)
+OMP_NUM_THREADS=2 train tp_llama_w1_mb8_z0 1 8 0 "${tp_llama[@]}"
+train tp_llama_w4_tp2_mb3_z1_ckpt 4 3 1 "${tp_llama[@]}" distributed.tensor_parallel=2 activation_checkpointing=true
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_llama_w1_mb8_z0" "$tmp/tp_llama_w4_tp2_mb3_z1_ckpt" \
+  || fail "tensor parallelism: the Llama's runs do not end with the same bits"
+echo "tensor parallelism: weights sha256 $("$anvil" inspect "$tmp/tp_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 
 # A mixture of experts (mb_moe: four experts, top 2, capacity factor 1, so that experts fill and
 # skip choices; residual dropout): 1 rank; 2 ranks sharing the experts (expert parallelism) under

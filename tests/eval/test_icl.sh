@@ -130,7 +130,7 @@ if have_mpirun; then
       "$tmp/icl_moe1.rows" "$tmp/icl_moe2.rows" | head -4)"
   # Tensor parallelism: 2 ranks share each block of a GPT-2 of 2 heads of 256; each gathers the
   # whole model to score its share of the questions.
-  icl_tp=(variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 max_seq_len=64 max_duration=2ba
+  icl_tp=(variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 max_seq_len=64 max_duration=1ba
           eval_interval=1ba eval_loader=null model.n_layers=2 model.d_model=512 model.n_heads=2)
   mpirun_anvil 1 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_tp1" "${icl_tp[@]}" > "$tmp/icl_tp1.out" \
     2>&1 || { fail "training the wide GPT-2 with icl_tasks"; tail -5 "$tmp/icl_tp1.out"; }

@@ -138,9 +138,6 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
     const std::string where = blame.source("distributed.tensor_parallel");
     ANVIL_CHECK(c.deterministic_mode, "{}: distributed.tensor_parallel needs deterministic_mode: true (the ranks of a "
                 "copy agree on the fixed-point gradient scales and the gradient norm)", where);
-    ANVIL_CHECK(c.distributed.zero_stage <= 1, "{}: distributed.tensor_parallel works with distributed.zero_stage 0 or "
-                "1 (ZeRO-2/3 over a share's data-parallel ranks is not built yet), not {}", where,
-                c.distributed.zero_stage);
     ANVIL_CHECK(c.kernels == KernelImpl::kCpu, "{}: distributed.tensor_parallel chains the ranks' parts of a product "
                 "through the CPU's k blocks: it runs with kernels=cpu for now", where);
     ANVIL_CHECK(stages == 1 && c.distributed.expert_parallel == 1, "{}: distributed.tensor_parallel does not combine "

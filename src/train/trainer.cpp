@@ -663,10 +663,15 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
     storage.grads = false;
     whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
     whole->set_compute_dtype(cfg_.precision);
-    if (groups_)
+    if (groups_) {
       gather_whole_params(*groups_, *model_, model_->params(), whole->params());
-    else
-      gather_tensor_shares(*tensor_, cfg_.model, model_->params(), model_->num_params(), whole->params());
+    } else {  // the share's parameters may be sharded (ZeRO-3)
+      size_t lo = 0, hi = 0;
+      std::vector<float> params, exp_avg, exp_avg_sq;
+      dp_->copy_shard(lo, hi, params, exp_avg, exp_avg_sq);
+      const std::vector<float> w = gather_whole(lo, hi, params);
+      std::copy(w.begin(), w.end(), whole->params());
+    }
   }
   Model& scorer = whole ? *whole : *model_;
   std::unique_ptr<Progress> bar;

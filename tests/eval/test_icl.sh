@@ -128,14 +128,15 @@ if have_mpirun; then
     pass "a mixture of experts on 2 ranks sharing the experts: the same ICL metrics as one rank" ||
     fail "a mixture of experts' ICL metrics differ between 1 rank and 2 sharing the experts: $(diff \
       "$tmp/icl_moe1.rows" "$tmp/icl_moe2.rows" | head -4)"
-  # Tensor parallelism: 2 ranks share each block of a GPT-2 of 2 heads of 256; each gathers the
+  # Tensor parallelism: 2 ranks share each block of a GPT-2 of 2 heads of 256, their shares'
+  # parameters sharded further under ZeRO-3 (here over one data-parallel rank); each gathers the
   # whole model to score its share of the questions.
   icl_tp=(variables.data="$tmp/data" variables.tokenizer=gpt2 model.vocab_size=50257 max_seq_len=64 max_duration=1ba
           eval_interval=1ba eval_loader=null model.n_layers=2 model.d_model=512 model.n_heads=2)
   mpirun_anvil 1 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_tp1" "${icl_tp[@]}" > "$tmp/icl_tp1.out" \
     2>&1 || { fail "training the wide GPT-2 with icl_tasks"; tail -5 "$tmp/icl_tp1.out"; }
   mpirun_anvil 2 "$anvil" train "$tmp/icl-inline.yaml" run_dir="$tmp/icl_tp2" "${icl_tp[@]}" \
-    distributed.tensor_parallel=2 > "$tmp/icl_tp2.out" 2>&1 ||
+    distributed.tensor_parallel=2 distributed.zero_stage=3 > "$tmp/icl_tp2.out" 2>&1 ||
     { fail "training with icl_tasks on 2 ranks sharing each block"; tail -5 "$tmp/icl_tp2.out"; }
   icl_rows "$tmp/icl_tp1" > "$tmp/icl_tp1.rows"
   icl_rows "$tmp/icl_tp2" > "$tmp/icl_tp2.rows"

@@ -140,8 +140,8 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
                 "copy agree on the fixed-point gradient scales and the gradient norm)", where);
     ANVIL_CHECK(c.kernels == KernelImpl::kCpu, "{}: distributed.tensor_parallel chains the ranks' parts of a product "
                 "through the CPU's k blocks: it runs with kernels=cpu for now", where);
-    ANVIL_CHECK(stages == 1 && c.distributed.expert_parallel == 1, "{}: distributed.tensor_parallel does not combine "
-                "with distributed.pipeline_parallel or distributed.expert_parallel yet", where);
+    ANVIL_CHECK(c.distributed.expert_parallel == 1, "{}: distributed.tensor_parallel does not combine with "
+                "distributed.expert_parallel yet", where);
   }
   const int expert_ranks = c.distributed.expert_parallel;
   if (expert_ranks > 1) {

@@ -273,7 +273,6 @@ void Model::set_tensor_exchange(TensorExchange* exchange) {
                 "CPU's k blocks: it runs with kernels cpu");
     ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm == QkNorm::kNone, "tensor parallelism does not "
                 "cut LoRA models, mixtures of experts or QK norms yet");
-    ANVIL_CHECK(whole_model(), "tensor parallelism within a pipeline stage is not built yet");
     ANVIL_CHECK(exchange->ranks() > 1 && exchange->rank() >= 0 && exchange->rank() < exchange->ranks(),
                 "tensor parallelism: rank {} of {} ranks (at least 2)", exchange->rank(), exchange->ranks());
   }

@@ -218,7 +218,8 @@ class Model {
   // Whether passes exchange rows with other ranks, and so must run in lockstep with theirs.
   bool expert_parallel() const { return expert_exchange_ != nullptr; }
   // Tensor parallelism over exchange's ranks (not owned; null: this model is whole): this model is
-  // the model of tensor_share_config(whole, ranks), holding rank's share of every block
+  // the model of tensor_share_config(whole, ranks) (or a pipeline stage of it), holding rank's
+  // share of every block
   // (model/tensor_parallel.h), on the CPU (kernels cpu; ref's products are not cut at k blocks).
   // Its passes then run in lockstep with the other ranks', on the same data, and give every rank
   // the whole model's activations, losses and (for what it holds) gradients.

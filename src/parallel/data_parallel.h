@@ -70,7 +70,8 @@ struct DataParallelOptions {
   const PipelineGroups* pipeline = nullptr;
   // The model is a rank's share of a tensor-parallel copy and the group its data-parallel ranks
   // (parallel/tensor_parallel.h): the tensor groups, through which the gradient reduction agrees
-  // with the other shares. Deterministic mode only. Null: the model is whole.
+  // with the other shares (with pipeline too: a stage of the share). Deterministic mode only.
+  // Null: the model is whole.
   const TensorGroups* tensor = nullptr;
 };
 

@@ -63,8 +63,7 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
     stage_squares_.resize(static_cast<size_t>(p->stages) * model_param_layout(ctx_.model.config()).size());
   }
   if (const TensorGroups* t = opt.tensor) {
-    ANVIL_CHECK(opt.deterministic && !opt.pipeline, "a tensor-parallel share's gradients are reduced in "
-                "deterministic mode, without pipeline stages");
+    ANVIL_CHECK(opt.deterministic, "a tensor-parallel share's gradients are reduced in deterministic mode");
     for (const ParamTensor& k : tensors_) tensor_cut_.push_back(tensor_parallel_cut(k.name));
     tensor_max_.resize(tensors_.size() * t->ranks);
     tensor_squares_.resize(tensors_.size() * t->ranks);

@@ -15,7 +15,8 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   ModelStorage storage = model_storage_for(cfg);
   if (pipeline) storage.stage = pipeline->blocks;
   // Activations are sized once the memory the model states take is known.
-  s.model = make_model(tensor ? tensor_share_config(cfg.model, tensor->ranks) : cfg.model, 1, seq_len, storage);
+  const ModelConfig model_cfg = tensor ? tensor_share_config(cfg.model, tensor->ranks) : cfg.model;
+  s.model = make_model(model_cfg, 1, seq_len, storage);
   Model& model = *s.model;
   if (tensor) model.set_tensor_exchange(tensor->tensor.get());
   if (cfg.model.has_lora()) set_base(model);
@@ -33,9 +34,9 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   int microbatch = s.plan.microbatch;
   // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, a pipeline's stages
   // pass microbatches on, and a tensor group's ranks run each one together.
-  Communicator& everyone = pipeline ? *pipeline->pipeline : tensor ? tensor->tensor->comm() : comm;
   if (cfg.microbatch_auto)
-    for (Communicator* group : {&comm, &everyone})
+    for (Communicator* group : {&comm, pipeline ? pipeline->pipeline.get() : &comm,
+                                tensor ? &tensor->tensor->comm() : &comm})
       if (group->size() > 1)
         for (double choice : all_gather_values(*group, microbatch))
           microbatch = std::min(microbatch, static_cast<int>(choice));
@@ -47,7 +48,10 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
     const int slots = std::min(held, (local_batch + microbatch - 1) / microbatch);
     storage.params = storage.grads = false;  // the stage's, through the unit access
     std::vector<std::unique_ptr<Model>> more;
-    for (int k = 1; k < slots; k++) more.push_back(make_model(cfg.model, microbatch, seq_len, storage));
+    for (int k = 1; k < slots; k++) {
+      more.push_back(make_model(model_cfg, microbatch, seq_len, storage));
+      if (tensor) more.back()->set_tensor_exchange(tensor->tensor.get());
+    }
     s.pipeline = std::make_unique<PipelineSchedule>(*pipeline, std::move(more), model, *s.dp);
   }
   return s;

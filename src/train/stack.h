@@ -31,8 +31,9 @@ struct TrainingStack {
 // model's activations for the larger. With pipeline groups, the model is this rank's stage, comm
 // its data-parallel group, and the stack has the schedule that runs the stages (the microbatch
 // the smallest of every rank's).
-// With tensor groups, the model is this rank's share of a copy (model/tensor_parallel.h), set to
-// chain its products through the group, and comm its data-parallel group.
+// With tensor groups, the model is this rank's share of a copy (model/tensor_parallel.h), or of
+// its pipeline stage, set to chain its products through the group, and comm the share's
+// data-parallel group.
 TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int local_batch, int seq_len,
                                    const std::function<void(Model&)>& set_base,
                                    const PipelineGroups* pipeline = nullptr, TensorGroups* tensor = nullptr);

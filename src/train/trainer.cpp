@@ -334,15 +334,16 @@ class TrainingRun {
   // Pipeline parallelism's groups (distributed.pipeline_parallel > 1), else null: then the
   // data-parallel group is the whole job.
   std::unique_ptr<PipelineGroups> groups_;
-  // Tensor parallelism's groups (distributed.tensor_parallel > 1), else null.
+  // Tensor parallelism's groups (distributed.tensor_parallel > 1; within a stage's ranks under
+  // pipeline parallelism), else null.
   std::unique_ptr<TensorGroups> tensor_;
-  Communicator& data_comm() { return groups_ ? *groups_->data : tensor_ ? *tensor_->data : comm_; }
-  // Under tensor parallelism: a whole-model array (model_param_layout(cfg_.model) order) from every
-  // rank's share of the same array, each share given as this rank's range [lo, hi) of it (its
+  Communicator& data_comm() { return tensor_ ? *tensor_->data : groups_ ? *groups_->data : comm_; }
+  // A whole-model array (model_param_layout(cfg_.model) order) from every rank's part of the same
+  // array (its stage's, its share's), each part given as this rank's range [lo, hi) of it (its
   // ZeRO shard); a collective of the job.
   std::vector<float> gather_whole(size_t lo, size_t hi, const std::vector<float>& mine);
-  // The reverse: this rank's share of a whole-model array.
-  std::vector<float> tensor_share(const std::vector<float>& whole) const;
+  // The reverse: this rank's part of a whole-model array.
+  std::vector<float> own_part(const std::vector<float>& whole) const;
   // W_, rank_: of the job; D_, data_rank_: of the data-parallel group, which splits the batch.
   int T_, GB_, W_, rank_, D_, data_rank_, local_batch_;
   bool writer_;
@@ -389,8 +390,10 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
   if (cfg_.distributed.pipeline_parallel > 1)
     groups_ = std::make_unique<PipelineGroups>(
         make_pipeline_groups(comm, cfg_.model, cfg_.distributed.pipeline_parallel));
+  // Under pipeline stages too, the tensor groups are within a stage's ranks.
   if (cfg_.distributed.tensor_parallel > 1)
-    tensor_ = std::make_unique<TensorGroups>(make_tensor_groups(comm, cfg_.model, cfg_.distributed.tensor_parallel));
+    tensor_ = std::make_unique<TensorGroups>(
+        make_tensor_groups(groups_ ? *groups_->data : comm, cfg_.model, cfg_.distributed.tensor_parallel));
   D_ = data_comm().size();
   data_rank_ = data_comm().rank();
   resolve_batch_sizes(cfg_, D_);  // DeepSpeed's rule counts the data-parallel ranks
@@ -491,14 +494,7 @@ void TrainingRun::build_model() {
   const std::string loaded_dir = resume_ ? resume_->dir : "";
   if (resume_) {
     const LoadedCheckpoint& r = *resume_;
-    if (groups_)  // the stage's part of the whole model's state
-      dp_->load_full_state(stage_part(model, r.params), stage_part(model, r.exp_avg), stage_part(model, r.exp_avg_sq),
-                           r.optimizer_steps);
-    else if (tensor_)  // the rank's share of it
-      dp_->load_full_state(tensor_share(r.params), tensor_share(r.exp_avg), tensor_share(r.exp_avg_sq),
-                           r.optimizer_steps);
-    else
-      dp_->load_full_state(r.params, r.exp_avg, r.exp_avg_sq, r.optimizer_steps);
+    dp_->load_full_state(own_part(r.params), own_part(r.exp_avg), own_part(r.exp_avg_sq), r.optimizer_steps);
     if (cfg_.deterministic_mode && !r.grad_scales.empty())
       dp_->set_grad_scales(groups_ ? stage_tensor_part(model, r.grad_scales) : r.grad_scales);
     else if (cfg_.deterministic_mode && continuing_)
@@ -516,7 +512,7 @@ void TrainingRun::build_model() {
     std::vector<float> whole(model_num_params(cfg_.model));
     model_init_params(layout, cfg_.seed, 0, whole.size(), whole.data());
     const std::vector<float> zeros(model.num_params(), 0.0f);
-    dp_->load_full_state(tensor_share(whole), zeros, zeros, 0);
+    dp_->load_full_state(own_part(whole), zeros, zeros, 0);
   } else {
     dp_->init_weights(cfg_.seed);
   }
@@ -593,8 +589,9 @@ void TrainingRun::describe() {
     const std::vector<double> all =
         all_gather_values(comm_, static_cast<double>(mem.model_states() + mem.working + activations));
     std::string text;
+    const int per_stage = W_ / groups_->stages;  // its data-parallel ranks, or copies' shares
     for (int st = 0; st < groups_->stages; st++) {
-      const double most = *std::max_element(all.begin() + st * D_, all.begin() + (st + 1) * D_);
+      const double most = *std::max_element(all.begin() + st * per_stage, all.begin() + (st + 1) * per_stage);
       stages.push_back(most);
       text += fmt::format("{}stage {} {}", st ? ", " : "", st, mib(static_cast<size_t>(most)));
     }
@@ -607,6 +604,7 @@ void TrainingRun::describe() {
                                       {"unsharded_model_states", unsharded}, {"zero_stage", dc.zero_stage},
                                       {"world_size", W_},
                                       {"pipeline_parallel", cfg_.distributed.pipeline_parallel},
+                                      {"tensor_parallel", cfg_.distributed.tensor_parallel},
                                       {"by_stage", stages}}}});
 }
 
@@ -651,9 +649,10 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
                                   std::vector<std::pair<std::string, double>>& scalars) {
   const auto t0 = std::chrono::steady_clock::now();
   const IclShare share{rank_, W_, dp_->zero_stage() == 3 || model_->expert_parallel()};
-  // A pipeline stage cannot score questions alone: every rank gathers the whole model's
-  // parameters for the evaluation (the memory of one process's weights and eval activations,
-  // freed after it), and the ranks share the questions as data-parallel ranks do.
+  // A pipeline stage or a tensor-parallel share cannot score questions alone: every rank gathers
+  // the whole model's parameters for the evaluation (the memory of one process's weights and
+  // eval activations, freed after it), and the ranks share the questions as data-parallel ranks
+  // do.
   std::unique_ptr<Model> whole;
   if (groups_ || tensor_) {
     dp_->quiesce();
@@ -663,15 +662,11 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
     storage.grads = false;
     whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
     whole->set_compute_dtype(cfg_.precision);
-    if (groups_) {
-      gather_whole_params(*groups_, *model_, model_->params(), whole->params());
-    } else {  // the share's parameters may be sharded (ZeRO-3)
-      size_t lo = 0, hi = 0;
-      std::vector<float> params, exp_avg, exp_avg_sq;
-      dp_->copy_shard(lo, hi, params, exp_avg, exp_avg_sq);
-      const std::vector<float> w = gather_whole(lo, hi, params);
-      std::copy(w.begin(), w.end(), whole->params());
-    }
+    size_t lo = 0, hi = 0;
+    std::vector<float> params, exp_avg, exp_avg_sq;
+    dp_->copy_shard(lo, hi, params, exp_avg, exp_avg_sq);
+    const std::vector<float> w = gather_whole(lo, hi, params);
+    std::copy(w.begin(), w.end(), whole->params());
   }
   Model& scorer = whole ? *whole : *model_;
   std::unique_ptr<Progress> bar;
@@ -706,22 +701,32 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
   log_info("step {}/{}: icl evaluation took {:.1f}s", at_step, total_steps_, secs);
 }
 
-std::vector<float> TrainingRun::tensor_share(const std::vector<float>& whole) const {
-  std::vector<float> share(model_->num_params());
-  take_tensor_share(cfg_.model, tensor_->ranks, tensor_->rank, whole.data(), share.data());
-  return share;
+std::vector<float> TrainingRun::own_part(const std::vector<float>& whole) const {
+  std::vector<float> share;
+  if (tensor_) {
+    share.resize(model_num_params(model_->config()));
+    take_tensor_share(cfg_.model, tensor_->ranks, tensor_->rank, whole.data(), share.data());
+  }
+  const std::vector<float>& mine = tensor_ ? share : whole;
+  return groups_ ? stage_part(*model_, mine) : mine;
 }
 
 std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::vector<float>& mine) {
-  // The share's ranges follow one another in data-parallel rank order.
-  Communicator& data = *tensor_->data;
+  // The data-parallel ranks' ranges follow one another in rank order: the rank's whole part.
+  Communicator& data = data_comm();
   std::vector<size_t> counts;
   for (double n : all_gather_values(data, static_cast<double>(hi - lo))) counts.push_back(static_cast<size_t>(n));
-  std::vector<float> share(model_->num_params());
-  std::copy(mine.begin(), mine.end(), share.begin() + static_cast<std::ptrdiff_t>(lo));
-  all_gather(data, share.data(), counts);
+  std::vector<float> part(model_->num_params());
+  std::copy(mine.begin(), mine.end(), part.begin() + static_cast<std::ptrdiff_t>(lo));
+  all_gather(data, part.data(), counts);
+  if (groups_) {  // the stages' parts, into the whole model (or share)
+    std::vector<float> stages(model_num_params(model_->config()));
+    gather_whole_params(*groups_, *model_, part.data(), stages.data());
+    part = std::move(stages);
+  }
+  if (!tensor_) return part;
   std::vector<float> whole(model_num_params(cfg_.model));
-  gather_tensor_shares(*tensor_, cfg_.model, share.data(), share.size(), whole.data());
+  gather_tensor_shares(*tensor_, cfg_.model, part.data(), part.size(), whole.data());
   return whole;
 }
 
@@ -733,7 +738,7 @@ void TrainingRun::save(int64_t at_step) {
   std::vector<int> grad_scales = dp_->grad_scales();
   if (tensor_) {
     // The whole model's state, of which this rank writes the rank-th of W even ranges. The shares'
-    // scales are the whole tensors' already (parallel/tensor_parallel.h).
+    // scales are the whole tensors' (parallel/tensor_parallel.h).
     const size_t n = model_num_params(cfg_.model), lo = n * rank_ / W_, hi = n * (rank_ + 1) / W_;
     for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq}) {
       const std::vector<float> whole = gather_whole(shard.lo, shard.hi, *v);
@@ -741,18 +746,17 @@ void TrainingRun::save(int64_t at_step) {
     }
     shard.lo = lo;
     shard.hi = hi;
-  }
-  if (groups_) {
+  } else if (groups_) {
     // The stage's shard as a range of the whole model's array (a tied head's copy of the
-    // embeddings left to the first stage), and the whole model's scales.
+    // embeddings left to the first stage).
     const StageSpan span = stage_span(*model_);
     const size_t lo = std::max(shard.lo, span.first), hi = std::max(shard.hi, lo);
     for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq})
       v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(std::min(lo - shard.lo, v->size())));
     shard.lo = span.whole_first + (lo - span.first);
     shard.hi = span.whole_first + (hi - span.first);
-    if (!grad_scales.empty()) grad_scales = whole_tensor_values(*groups_, *model_, grad_scales);
   }
+  if (groups_ && !grad_scales.empty()) grad_scales = whole_tensor_values(*groups_, *model_, grad_scales);
   checkpoints_.save(checkpoints_dir(cfg_), cfg_, std::move(shard),
                      {at_step, tokens_seen_, dp_->optimizer_steps(), grad_scales, loader_->state().to_json(),
                       step_->loss_scaler().enabled() ? step_->loss_scaler().to_json() : "", lora_base_},

@@ -40,5 +40,7 @@ for round in $(seq "$rounds"); do
   run data_parallel_2 2 1
   run tensor_parallel_2 2 1 distributed.tensor_parallel=2
 done
-for d in "${digests[@]}"; do [ "$d" = "${digests[0]}" ] || { echo "FAIL: the layouts' weights differ" >&2; exit 1; }; done
+for d in "${digests[@]}"; do
+  [ "$d" = "${digests[0]}" ] || { echo "FAIL: the layouts' weights differ" >&2; exit 1; }
+done
 echo "every layout: weights sha256 ${digests[0]}"

@@ -41,7 +41,8 @@ Cut cut_of(const ModelConfig& cfg, const std::string& name) {
   if (kind != Cut::kRows) return {kind, {}};
   const Widths w(cfg);
   if (block_tensor_name(name).rfind("qkv", 0) == 0) return {kind, {w.q, w.kv, w.kv}};
-  return {kind, cfg.mlp == MlpKind::kSwiglu ? std::vector<int64_t>{w.hidden, w.hidden} : std::vector<int64_t>{w.hidden}};
+  if (cfg.mlp == MlpKind::kSwiglu) return {kind, {w.hidden, w.hidden}};  // gate, then up
+  return {kind, {w.hidden}};
 }
 
 // Calls copy(whole_offset, share_offset, n) for every run of n floats of rank's share.

@@ -27,7 +27,9 @@ void TensorGroup::wait_sends() {
   sends_.clear();
 }
 
-void TensorGroup::broadcast(float* data, size_t n, int root) { anvil::broadcast(*comm_, data, n * sizeof(float), root); }
+void TensorGroup::broadcast(float* data, size_t n, int root) {
+  anvil::broadcast(*comm_, data, n * sizeof(float), root);
+}
 
 TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int ranks) {
   const int W = world.size(), N = ranks;

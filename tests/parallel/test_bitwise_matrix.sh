@@ -120,7 +120,8 @@ grep -q "resumed from .*step-00000008" "$tmp/tp2_then_w3.out" \
 grep -q "tensor parallelism: 2 ranks share each of 2 copies of the model" "$tmp/tp_w4_tp2_mb2_z3/train.log" \
   || fail "tensor parallelism: the run log does not say how the model is shared"
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_w1_mb8_z0" "$tmp/tp_w2_tp2_mb4_z0" "$tmp/tp_w4_tp2_mb2_z3" \
-  "$tmp/tp_w4_tp2_pp2_mb3_z1" "$tmp/tp2_then_w3" || fail "tensor parallelism: the runs do not all end with the same bits"
+  "$tmp/tp_w4_tp2_pp2_mb3_z1" "$tmp/tp2_then_w3" \
+  || fail "tensor parallelism: the runs do not all end with the same bits"
 tp_llama=(model.name=llama model.n_layers=2 model.d_model=512 model.n_heads=4 model.n_kv_heads=2 model.head_dim=256
           model.intermediate_size=1024 model.attention_dropout=0.1)
 OMP_NUM_THREADS=2 train tp_llama_w1_mb8_z0 1 8 0 "${tp_llama[@]}"

@@ -578,8 +578,7 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
 
 std::vector<int> Decoder::column_parts(BlockProduct p) const {
   const Widths w(cfg_);
-  if (p == BlockProduct::kQkv) return {w.q, w.kv, w.kv};
-  return cfg_.mlp == MlpKind::kSwiglu ? std::vector<int>{w.hidden, w.hidden} : std::vector<int>{w.hidden};
+  return p == BlockProduct::kQkv ? w.qkv_parts() : w.fc_parts();
 }
 
 int Decoder::chain_rows(int N) const {

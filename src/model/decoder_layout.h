@@ -28,6 +28,12 @@ struct Widths {
         experts(cfg.moe.experts),
         slots(cfg.has_moe() ? cfg.moe.top_k : 1) {}
   int q, kv, qkv, hidden, fc, dsmall, experts, slots;
+  // The parts of the fused products' outputs, in order: q, k and v of qkv; gate and up of the
+  // first MLP product (one part without SwiGLU). Tensor parallelism cuts each part among its ranks.
+  std::vector<int> qkv_parts() const { return {q, kv, kv}; }
+  std::vector<int> fc_parts() const {
+    return fc == hidden ? std::vector<int>{hidden} : std::vector<int>{hidden, hidden};
+  }
 };
 
 // Whether the architecture's norms have a bias (LayerNorm with one; never RMSNorm).

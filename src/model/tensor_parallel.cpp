@@ -19,7 +19,7 @@ namespace {
 // columns (every row's columns cut in R).
 struct Cut {
   enum Kind { kWhole, kRows, kColumns } kind = kWhole;
-  std::vector<int64_t> sections;
+  std::vector<int> sections;
 };
 
 // The block tensor's name within its block ("qkvw"); empty outside the blocks (the embeddings,
@@ -40,9 +40,7 @@ Cut cut_of(const ModelConfig& cfg, const std::string& name) {
   const Cut::Kind kind = cut_kind(name);
   if (kind != Cut::kRows) return {kind, {}};
   const Widths w(cfg);
-  if (block_tensor_name(name).rfind("qkv", 0) == 0) return {kind, {w.q, w.kv, w.kv}};
-  if (cfg.mlp == MlpKind::kSwiglu) return {kind, {w.hidden, w.hidden}};  // gate, then up
-  return {kind, {w.hidden}};
+  return {kind, block_tensor_name(name).rfind("qkv", 0) == 0 ? w.qkv_parts() : w.fc_parts()};
 }
 
 // Calls copy(whole_offset, share_offset, n) for every run of n floats of rank's share.
@@ -61,7 +59,7 @@ void for_each_share_run(const ModelConfig& cfg, int ranks, int rank, const Copy&
       copy(t.offset, s.offset, t.numel);
     } else if (cut.kind == Cut::kRows) {
       size_t section = 0, at = s.offset;
-      for (int64_t rows : cut.sections) {
+      for (int rows : cut.sections) {
         const size_t part = static_cast<size_t>(rows / ranks);
         copy(t.offset + (section + rank * part) * row, at, part * row);
         section += static_cast<size_t>(rows);

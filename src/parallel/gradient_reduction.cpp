@@ -8,8 +8,8 @@
 #include "kernels/fixed_point.h"
 #include "kernels/optimizer.h"
 #include "kernels/residual.h"
-#include "parallel/collectives.h"
 #include "model/tensor_parallel.h"
+#include "parallel/collectives.h"
 #include "parallel/data_parallel.h"
 
 namespace anvil {

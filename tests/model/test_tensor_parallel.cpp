@@ -40,12 +40,12 @@ ModelConfig wide_model(ModelFamily family) {
   return c;
 }
 
-struct Batch {
+struct ShareBatch {
   std::vector<int32_t> tokens, targets;
 };
 
-Batch batch() {
-  Batch b;
+ShareBatch share_batch() {
+  ShareBatch b;
   for (int i = 0; i < kBatch * kSeq; i++) {
     b.tokens.push_back((i * 37 + 11) % 97);
     b.targets.push_back(i % 7 == 3 ? kIgnoreIndex : (i * 53 + 5) % 97);
@@ -108,7 +108,7 @@ class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, C
  protected:
   ModelConfig cfg_ = wide_model(std::get<0>(GetParam()));
   ComputeDtype dtype_ = std::get<1>(GetParam());
-  Batch data_ = batch();
+  ShareBatch data_ = share_batch();
 
   // The whole model after a training pass.
   std::unique_ptr<Model> whole() const {

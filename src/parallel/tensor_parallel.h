@@ -2,7 +2,8 @@
 // ranks (rank d·N + r is rank r of tensor group d), each holding one copy of the model cut N ways
 // (model/tensor_parallel.h). The ranks with the same r form a data-parallel group of D, which
 // trains rank r's share as data parallelism trains a whole model: each tensor group takes its own
-// block of the global batch, every rank of it the same block.
+// block of the global batch, every rank of it the same block. Under pipeline parallelism the W
+// ranks are a stage's, and the stage's model is cut so.
 //
 // What the ranks of a tensor group must agree on, so that the weights are one process's to the
 // bit: each tensor's fixed-point gradient scale, from the largest gradient of the whole tensor

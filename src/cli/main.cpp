@@ -96,9 +96,9 @@ distributed.pipeline_parallel=P cuts the blocks into P stages, each trained by N
 the same weights as one process (deterministic mode, ZeRO 0 or 1, kernels=cpu).
 distributed.expert_parallel=R shares a mixture of experts' experts among groups of R ranks,
 rows exchanged all-to-all in each layer; the same weights as one process (kernels=cpu).
-distributed.tensor_parallel=N shares each block's heads and MLP among groups of N ranks
-(Megatron's split), the products' parts summed in a fixed order; the same weights as one
-process (deterministic mode, kernels=cpu).
+distributed.tensor_parallel=N shares each block's heads and MLP, and the vocabulary, among
+groups of N ranks (Megatron's split), the parts of each sum added in a fixed order; the same
+weights as one process (deterministic mode, kernels=cpu).
 
 Memory: device_train_microbatch_size=auto picks the largest microbatch that fits memory_limit
 (default: the memory free at start); activation_checkpointing=true recomputes each block in the

@@ -105,6 +105,11 @@ struct ModelConfig {
   int sliding_window = 0;
   LoraConfig lora{};  // r 0: the whole model trains
   MoeConfig moe{};    // experts 0: every block's MLP is dense
+  // A tensor-parallel share's rows of the vocabulary (model/tensor_parallel.h): its token
+  // embeddings and LM head hold token ids [vocab_first, vocab_first + vocab_size) of a vocabulary
+  // of vocab_whole ids; vocab_whole 0: the model holds the whole vocabulary.
+  int vocab_first = 0;
+  int vocab_whole = 0;
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return head_dim ? head_dim : d_model / n_heads; }
@@ -116,6 +121,8 @@ struct ModelConfig {
   bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
   bool has_lora() const { return lora.r > 0; }
   bool has_moe() const { return moe.experts > 0; }
+  bool vocab_cut() const { return vocab_whole > 0; }
+  int whole_vocab() const { return vocab_cut() ? vocab_whole : vocab_size; }
   // The model without its adapters: the base that LoRA freezes.
   ModelConfig base() const {
     ModelConfig b = *this;

@@ -211,6 +211,20 @@ void crossentropy_forward_backward(KernelImpl impl, float* losses, float* dlogit
                                    const int32_t* targets, float dloss, int N, int V, ComputeDtype d) {
   ANVIL_DISPATCH(impl, crossentropy_forward_backward, losses, dlogits, logits, targets, dloss, N, V, d);
 }
+void crossentropy_slice_max(KernelImpl impl, float* maxes, float* picked, const float* logits, const int32_t* targets,
+                            int N, int V, ComputeDtype d) {
+  ANVIL_DISPATCH(impl, crossentropy_slice_max, maxes, picked, logits, targets, N, V, d);
+}
+void crossentropy_slice_sums(KernelImpl impl, float* sums, float* exps, const float* logits, const float* shifts,
+                             int N, int V, ComputeDtype d) {
+  ANVIL_DISPATCH(impl, crossentropy_slice_sums, sums, exps, logits, shifts, N, V, d);
+}
+void crossentropy_slice_finish(KernelImpl impl, float* losses, float* lse, float* dlogits, const float* sums, int NB,
+                               const float* shifts, const float* picked, const int32_t* targets, float dloss, int N,
+                               int V, ComputeDtype d) {
+  ANVIL_DISPATCH(impl, crossentropy_slice_finish, losses, lse, dlogits, sums, NB, shifts, picked, targets, dloss, N, V,
+                 d);
+}
 
 void adamw_update(KernelImpl impl, float* p, const float* g, float* m, float* v, size_t n, const AdamWTensor* tensors,
                   int n_tensors, const AdamWStep& s) {

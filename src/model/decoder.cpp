@@ -23,6 +23,7 @@
 #include "kernels/rope.h"
 #include "kernels/round.h"
 #include "kernels/swiglu.h"
+#include "model/tensor_parallel.h"
 
 namespace anvil {
 namespace {
@@ -30,6 +31,9 @@ namespace {
 // products are split (matmul_column_block): a multiple of kMatmulSumBlock, so that the pieces'
 // input-gradient sums are one product's.
 constexpr int kVocabChunk = 8 * kMatmulSumBlock;
+// A tensor-parallel share's vocabulary starts at a multiple of the cross-entropy's sum block
+// (model/tensor_parallel.h), and so at one of the pieces.
+static_assert(kCrossentropySumBlock % kVocabChunk == 0);
 }  // namespace
 
 Decoder::Block Decoder::bind_block(const float* base) const {
@@ -386,7 +390,7 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
 void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
-  const int C = cfg_.d_model, V = cfg_.vocab_size, L = cfg_.n_layers;
+  const int C = cfg_.d_model, V = cfg_.whole_vocab(), L = cfg_.n_layers;
   const int N = B * T;
   ANVIL_CHECK(first_stage() ? tokens != nullptr : input != nullptr, "the pipeline stage of blocks [{}, {}) starts "
               "from {}", stage().first_layer, stage().end_layer,
@@ -414,13 +418,16 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   if (training_ && cfg_.has_moe())
     moe_stats_.balance.assign(static_cast<size_t>(stage().end_layer - stage().first_layer) * B, 0.0);
   Acts& a = acts_;
-  const size_t wpe_offset = static_cast<size_t>(V) * C;  // inside the embedding unit
+  const size_t wpe_offset = static_cast<size_t>(cfg_.vocab_size) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
   if (first_stage()) {
     const float* emb = acquire_base(0, 1);
-    encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb,
-                    learned ? emb + wpe_offset : nullptr, B, T, C);
+    if (cfg_.vocab_cut())
+      vocab_parallel_embedding(emb, learned ? emb + wpe_offset : nullptr);
+    else
+      encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb,
+                      learned ? emb + wpe_offset : nullptr, B, T, C);
     release_base(0);
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
     if (emb_drop.active()) dropout_apply(kernels(), a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
@@ -623,6 +630,99 @@ void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout
   x.broadcast(dinp, static_cast<size_t>(N) * f.in, R - 1);
 }
 
+int Decoder::vocab_owner(int32_t token) const {
+  const std::vector<int>& b = vocab_.bounds;
+  return static_cast<int>(std::upper_bound(b.begin(), b.end(), token) - b.begin()) - 1;
+}
+
+void Decoder::share_by_rank(std::vector<float>& buffer, size_t n, int root) {
+  buffer.resize(n);
+  tensor_exchange_->broadcast(buffer.data(), n, root);
+}
+
+void Decoder::vocab_parallel_embedding(const float* wte, const float* wpe) {
+  TensorExchange& x = *tensor_exchange_;
+  const int B = B_, T = T_, C = cfg_.d_model, N = B * T, R = x.ranks(), me = x.rank();
+  if (vocab_.bounds.empty())
+    for (int r = 0; r <= R; r++)
+      vocab_.bounds.push_back(r < R ? tensor_vocab_slice(cfg_.whole_vocab(), R, r).first : cfg_.whole_vocab());
+  // Every token looked up in this rank's rows (another rank's tokens at row 0, overwritten below),
+  // then each rank's rows of its own tokens go to the others: one process's rows, copied.
+  vocab_.columns.resize(N);
+  for (int i = 0; i < N; i++) vocab_.columns[i] = vocab_owner(tokens_[i]) == me ? tokens_[i] - cfg_.vocab_first : 0;
+  op_copy_from_host(kernels(), compact_tokens_op_.data(), vocab_.columns.data(),
+                    static_cast<size_t>(N) * sizeof(int32_t));
+  encoder_forward(kernels(), acts_.encoded, compact_tokens_op_.data(), positions_op(0), wte, wpe, B, T, C);
+  const size_t row = static_cast<size_t>(C);
+  for (int root = 0; root < R; root++) {
+    std::vector<int>& rows = vocab_.rows;
+    rows.clear();
+    for (int i = 0; i < N; i++)
+      if (vocab_owner(tokens_[i]) == root) rows.push_back(i);
+    std::vector<float>& buffer = vocab_.buffer;
+    buffer.resize(rows.size() * row);
+    if (root == me)
+      for (size_t k = 0; k < rows.size(); k++)
+        std::copy_n(acts_.encoded + rows[k] * row, row, buffer.begin() + static_cast<std::ptrdiff_t>(k * row));
+    share_by_rank(buffer, rows.size() * row, root);
+    if (root != me)
+      for (size_t k = 0; k < rows.size(); k++)
+        std::copy_n(buffer.begin() + static_cast<std::ptrdiff_t>(k * row), row, acts_.encoded + rows[k] * row);
+  }
+}
+
+void Decoder::vocab_parallel_crossentropy(const int32_t* targets_op, float* losses, float* lse, float dloss) {
+  TensorExchange& x = *tensor_exchange_;
+  const int T = T_, V = cfg_.vocab_size, R = x.ranks(), me = x.rank();
+  const int block = kCrossentropySumBlock, NB = (cfg_.whole_vocab() + block - 1) / block;
+  VocabShare& v = vocab_;
+  const size_t rows = static_cast<size_t>(T);
+  // The rows' maxima and target logits: the elementwise maximum of every rank's.
+  v.mine.resize(2 * rows);
+  crossentropy_slice_max(kernels(), v.mine.data(), v.mine.data() + rows, acts_.logits, targets_op, T, V, dtype());
+  v.max.assign(2 * rows, -INFINITY);
+  for (int root = 0; root < R; root++) {
+    if (root == me) v.buffer = v.mine;
+    share_by_rank(v.buffer, 2 * rows, root);
+    for (size_t i = 0; i < 2 * rows; i++) v.max[i] = std::max(v.max[i], v.buffer[i]);
+  }
+  // The block sums (the exps kept over the logits in training), every rank's in vocabulary order.
+  const bool training = lse == nullptr;
+  const int mine = (V + block - 1) / block;
+  v.mine.resize(rows * mine);
+  crossentropy_slice_sums(kernels(), v.mine.data(), training ? acts_.logits : nullptr, acts_.logits, v.max.data(), T,
+                          V, dtype());
+  v.sums.resize(rows * NB);
+  for (int root = 0; root < R; root++) {
+    const VocabSlice slice = tensor_vocab_slice(cfg_.whole_vocab(), R, root);
+    const int n = (slice.size + block - 1) / block, k0 = slice.first / block;
+    if (root == me) v.buffer = v.mine;
+    share_by_rank(v.buffer, rows * n, root);
+    for (size_t t = 0; t < rows; t++)
+      std::copy_n(v.buffer.begin() + static_cast<std::ptrdiff_t>(t * n), n,
+                  v.sums.begin() + static_cast<std::ptrdiff_t>(t * NB + k0));
+  }
+  crossentropy_slice_finish(kernels(), losses, lse, training ? acts_.logits : nullptr, v.sums.data(), NB, v.max.data(),
+                            v.max.data() + rows, targets_op, dloss, T, V, dtype());
+}
+
+void Decoder::chained_head_input_grad(const float* emb, float* dinp) {
+  TensorExchange& x = *tensor_exchange_;
+  const int R = x.ranks(), r = x.rank(), T = T_, C = cfg_.d_model, V = cfg_.vocab_size, rows = chain_rows(T);
+  const int chunk = matmul_column_block(kernels(), V, kVocabChunk);
+  for (int n0 = 0; n0 < T; n0 += rows) {
+    const int m = std::min(rows, T - n0);
+    float* d = dinp + static_cast<size_t>(n0) * C;
+    if (r > 0) x.receive(r - 1, d, static_cast<size_t>(m) * C);
+    for (int v0 = 0; v0 < V; v0 += chunk)
+      matmul_backward(matmul_, d, nullptr, nullptr, acts_.logits + static_cast<size_t>(n0) * V + v0, V, nullptr,
+                      emb + static_cast<size_t>(v0) * C, m, C, std::min(chunk, V - v0), r > 0 || v0 > 0);
+    if (r + 1 < R) x.send(r + 1, d, static_cast<size_t>(m) * C);
+  }
+  x.wait_sends();
+  x.broadcast(dinp, static_cast<size_t>(T) * C, R - 1);
+}
+
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
                            const float* adapters) {
   const int B = B_, T = T_, N = B * T, r = cfg_.lora.r;
@@ -687,8 +787,8 @@ void Decoder::lm_head(const float* emb, int b) {
 
 void Decoder::check_targets(const int32_t* targets, int N) const {
   for (int i = 0; i < N; i++)
-    ANVIL_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < cfg_.vocab_size),
-                "target id {} out of range for vocab_size {}", targets[i], cfg_.vocab_size);
+    ANVIL_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < cfg_.whole_vocab()),
+                "target id {} out of range for vocab_size {}", targets[i], cfg_.whole_vocab());
 }
 
 void Decoder::count_sequence_targets(const int32_t* targets, int B, int T) {
@@ -698,6 +798,15 @@ void Decoder::count_sequence_targets(const int32_t* targets, int B, int T) {
 }
 
 const int32_t* Decoder::upload_targets(const int32_t* targets, int N) {
+  if (cfg_.vocab_cut()) {  // as columns of this rank's logits, -1 where another rank's
+    const int first = cfg_.vocab_first, held = cfg_.vocab_size;
+    vocab_.columns.resize(N);
+    for (int i = 0; i < N; i++) {
+      const int32_t t = targets[i];
+      vocab_.columns[i] = t == kIgnoreIndex ? t : t >= first && t < first + held ? t - first : -1;
+    }
+    targets = vocab_.columns.data();
+  }
   op_copy_from_host(kernels(), targets_op_.data(), targets, static_cast<size_t>(N) * sizeof(int32_t));
   return targets_op_.data();
 }
@@ -725,13 +834,17 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
 
 double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
   const int B = B_, T = T_;
+  ANVIL_CHECK(targets || !cfg_.vocab_cut(), "a tensor-parallel share holds some of the vocabulary's logits: its "
+              "forward pass needs the targets");
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, b);
     const size_t r = static_cast<size_t>(b) * T;
-    if (targets)
+    if (targets && cfg_.vocab_cut())
+      vocab_parallel_crossentropy(targets_op + r, acts_.losses + r, acts_.ce_lse, 0.0f);
+    else if (targets)
       crossentropy_forward(kernels(), acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size,
                            dtype());
   }
@@ -798,6 +911,8 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
   for (const int64_t r : rows)
     ANVIL_CHECK(r >= 0 && r < int64_t{B} * T, "forward_logits: row {} is outside the {} x {} tokens", r, B, T);
   require_whole_model("forward_logits");
+  ANVIL_CHECK(!cfg_.vocab_cut(), "forward_logits gives the whole vocabulary's logits; a tensor-parallel share holds "
+              "some of them");
   training_ = false;
   forward_to_lnf(tokens, nullptr, nullptr, B, T);
   const size_t C = cfg_.d_model, V = cfg_.vocab_size;
@@ -950,14 +1065,23 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
-    crossentropy_forward_backward(kernels(), a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V, dtype());
+    // Under a cut vocabulary the input gradient sums over every rank's columns: a chain after
+    // the weight's gradient.
+    const bool cut = cfg_.vocab_cut();
+    if (cut)
+      vocab_parallel_crossentropy(targets_op + r, a.losses + r, nullptr, dloss);
+    else
+      crossentropy_forward_backward(kernels(), a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V,
+                                    dtype());
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      matmul_backward(matmul_, dsmall_ + r * C, frozen() ? nullptr : units_in_stage_.grads(hu, at, count), nullptr,
-                      a.logits + v0, V, a.lnf + r * C, emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
+      float* dw = frozen() ? nullptr : units_in_stage_.grads(hu, at, count);
+      matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, a.lnf + r * C,
+                      emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
       if (!frozen()) units_in_stage_.grain_done(hu, at, count);
     }
+    if (cut) chained_head_input_grad(emb, dsmall_ + r * C);
     round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
   }
   matmul_.release_weight();
@@ -1049,6 +1173,10 @@ void Decoder::embedding_backward() {
   const int B = B_, T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const size_t wpe_offset = static_cast<size_t>(V) * C;
   const size_t rows = static_cast<size_t>(T);  // rows of one sequence
+  // A tensor-parallel share's rows are token ids [first, first + V) (V the share's): the other
+  // tokens' gradients go to a spare row after its sequence's, thrown away.
+  const int first = cfg_.vocab_first;
+  auto held = [&](int32_t t) { return t >= first && t < first + V; };
   // The embeddings' gradient, a sequence at a time: the token rows it touched, each once and held
   // compact (within the reserved capacity: no allocation), and its positions' rows. Every
   // sequence's rows and compact tokens are found first and copied where the ops run at once, so
@@ -1057,14 +1185,16 @@ void Decoder::embedding_backward() {
   touched_offsets_.assign(1, 0);
   for (int b = 0; b < B; b++) {
     const int32_t* tokens = tokens_ + b * rows;
-    const auto first = touched_rows_.end() - touched_rows_.begin();
-    touched_rows_.insert(touched_rows_.end(), tokens, tokens + T);
-    const auto seq_rows = touched_rows_.begin() + first;
+    const auto seq_first = touched_rows_.end() - touched_rows_.begin();
+    for (int t = 0; t < T; t++)
+      if (held(tokens[t])) touched_rows_.push_back(tokens[t] - first);
+    const auto seq_rows = touched_rows_.begin() + seq_first;
     std::sort(seq_rows, touched_rows_.end());
     touched_rows_.erase(std::unique(seq_rows, touched_rows_.end()), touched_rows_.end());
+    const auto spare = static_cast<int32_t>(touched_rows_.end() - seq_rows);
     for (int t = 0; t < T; t++)
-      compact_tokens_[b * rows + t] =
-          static_cast<int32_t>(std::lower_bound(seq_rows, touched_rows_.end(), tokens[t]) - seq_rows);
+      compact_tokens_[b * rows + t] = held(tokens[t]) ? static_cast<int32_t>(std::lower_bound(seq_rows,
+                                          touched_rows_.end(), tokens[t] - first) - seq_rows) : spare;
     touched_offsets_.push_back(touched_rows_.size());
   }
   op_copy_from_host(kernels(), compact_tokens_op_.data(), compact_tokens_.data(), B * rows * sizeof(int32_t));
@@ -1072,7 +1202,8 @@ void Decoder::embedding_backward() {
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
     const size_t n_touched = touched_offsets_[b + 1] - touched_offsets_[b];
-    op_zero(kernels(), demb_rows_, n_touched * C * sizeof(float));
+    // (a spare row is needed only where some token is not held, so it fits in the sequence's T)
+    op_zero(kernels(), demb_rows_, std::min(n_touched + cfg_.vocab_cut(), rows) * C * sizeof(float));
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
     if (emb_drop.active())
       dropout_apply(kernels(), dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);

@@ -181,6 +181,21 @@ class Decoder final : public Model {
   // A column-parallel product's input gradient over N rows, the same chain through every part's
   // ranks in the whole product's output order.
   void chained_input_grad(const Linear& f, float* dinp, const float* dout, int N);
+  // The vocabulary cut among the ranks (cfg_.vocab_cut(); model/tensor_parallel.h). The
+  // microbatch's token embeddings: each rank looks up the tokens it holds, and each rank's rows
+  // go to the others in turn.
+  void vocab_parallel_embedding(const float* wte, const float* wpe);
+  // The loss of one sequence's T rows (targets_op: columns of this rank's logits, upload_targets)
+  // from this rank's logits (acts_.logits) through the slice cross-entropy, the ranks exchanging
+  // each row's maximum and target logit, then their block sums; in evaluation (lse given) the lse
+  // too, in training (lse null) the logits' gradient over the logits.
+  void vocab_parallel_crossentropy(const int32_t* targets_op, float* losses, float* lse, float dloss);
+  // The LM head's input gradient (T rows into dinp) over every rank's vocabulary: a chain in
+  // vocabulary order, as chained_input_grad's.
+  void chained_head_input_grad(const float* emb, float* dinp);
+  int vocab_owner(int32_t token) const;
+  // Rank root's n floats of buffer, to every rank's (resized to n).
+  void share_by_rank(std::vector<float>& buffer, size_t n, int root);
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
   // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }
@@ -433,6 +448,13 @@ class Decoder final : public Model {
   std::vector<int32_t> touched_rows_, compact_tokens_;
   std::vector<size_t> touched_offsets_;
   OpArray<int32_t> touched_rows_op_, compact_tokens_op_;
+  // Under a cut vocabulary: each rank's first token id (and the vocabulary's size last); the
+  // targets as this rank's columns, or the tokens as its rows; host scratch of the exchanges.
+  struct VocabShare {
+    std::vector<int> bounds, rows;
+    std::vector<int32_t> columns;
+    std::vector<float> mine, max, sums, buffer;
+  } vocab_;
   int B_ = 0, T_ = 0;
   bool training_ = false;  // inside forward_backward: dropout applies
   bool stage_trained_ = false;  // the last stage_forward was a training pass, not yet completed

@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/crossentropy.h"
 #include "kernels/matmul.h"
 #include "model/decoder_layout.h"
 #include "model/model.h"
@@ -14,11 +16,11 @@
 namespace anvil {
 namespace {
 
-// How a tensor of a block is cut: whole on every rank; by rows, in sections of these many rows
-// (each section's rows cut in R, the share holding its part of each section in order); or by
-// columns (every row's columns cut in R).
+// How a tensor is cut: whole on every rank; by rows, in sections of these many rows (each
+// section's rows cut in R, the share holding its part of each section in order); by columns
+// (every row's columns cut in R); or by the vocabulary's rows (tensor_vocab_slice).
 struct Cut {
-  enum Kind { kWhole, kRows, kColumns } kind = kWhole;
+  enum Kind { kWhole, kRows, kColumns, kVocabRows } kind = kWhole;
   std::vector<int> sections;
 };
 
@@ -30,10 +32,11 @@ std::string block_tensor_name(const std::string& name) {
 }
 
 Cut::Kind cut_kind(const std::string& name) {
+  if (name == "wte" || name == "lm_head") return Cut::kVocabRows;
   const std::string t = block_tensor_name(name);
   if (t == "qkvw" || t == "qkvb" || t == "fcw" || t == "fcb") return Cut::kRows;
   if (t == "attprojw" || t == "fcprojw") return Cut::kColumns;
-  return Cut::kWhole;  // norms, the row-parallel products' biases, and everything outside the blocks
+  return Cut::kWhole;  // norms, the row-parallel products' biases, the positional embeddings
 }
 
 Cut cut_of(const ModelConfig& cfg, const std::string& name) {
@@ -48,7 +51,8 @@ template <class Copy>
 void for_each_share_run(const ModelConfig& cfg, int ranks, int rank, const Copy& copy) {
   ANVIL_CHECK(rank >= 0 && rank < ranks, "internal: tensor-parallel rank {} of {}", rank, ranks);
   const std::vector<ParamTensor> whole = model_param_layout(cfg);
-  const std::vector<ParamTensor> share = model_param_layout(tensor_share_config(cfg, ranks));
+  const std::vector<ParamTensor> share = model_param_layout(tensor_share_config(cfg, ranks, rank));
+  const VocabSlice vocab = tensor_vocab_slice(cfg.vocab_size, ranks, rank);
   ANVIL_CHECK(whole.size() == share.size(), "internal: a tensor-parallel share has {} tensors, the model {}",
               share.size(), whole.size());
   for (size_t k = 0; k < whole.size(); k++) {
@@ -57,6 +61,8 @@ void for_each_share_run(const ModelConfig& cfg, int ranks, int rank, const Copy&
     const size_t row = t.shape.size() > 1 ? static_cast<size_t>(t.shape[1]) : 1;
     if (cut.kind == Cut::kWhole) {
       copy(t.offset, s.offset, t.numel);
+    } else if (cut.kind == Cut::kVocabRows) {
+      copy(t.offset + static_cast<size_t>(vocab.first) * row, s.offset, static_cast<size_t>(vocab.size) * row);
     } else if (cut.kind == Cut::kRows) {
       size_t section = 0, at = s.offset;
       for (int rows : cut.sections) {
@@ -92,17 +98,39 @@ std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks) {
     return fmt::format("tensor parallelism over {} ranks gives each rank {} query, {} key/value and {} MLP channels; "
                        "each must be a multiple of {} (the matrix product's k block), so that the ranks' parts of "
                        "a product add up to one process's bits", ranks, q, k, h, kMatmulSumBlock);
+  const int blocks = (cfg.vocab_size + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
+  if (blocks < ranks)
+    return fmt::format("tensor parallelism over {} ranks cuts the vocabulary at multiples of {} (the cross-entropy's "
+                       "sum blocks), so that the ranks' parts of the loss add up to one process's bits: vocab_size {} "
+                       "must be more than {}", ranks, kCrossentropySumBlock, cfg.vocab_size,
+                       (ranks - 1) * kCrossentropySumBlock);
   return "";
 }
 
-ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks) {
+VocabSlice tensor_vocab_slice(int vocab, int ranks, int rank) {
+  ANVIL_CHECK(rank >= 0 && rank < ranks, "internal: tensor-parallel rank {} of {}", rank, ranks);
+  const int blocks = (vocab + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
+  const int per = blocks / ranks, extra = blocks % ranks;
+  const int b0 = rank * per + std::min(rank, extra), b1 = b0 + per + (rank < extra);
+  const int first = b0 * kCrossentropySumBlock;
+  return {first, std::min(vocab, b1 * kCrossentropySumBlock) - first};
+}
+
+ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank) {
   const std::string problem = tensor_parallel_problem(cfg, ranks);
   ANVIL_CHECK(problem.empty(), "{}", problem);
+  ANVIL_CHECK(!cfg.vocab_cut(), "internal: a tensor-parallel share cut again");
   ModelConfig s = cfg;
   s.head_dim = cfg.head_size();
   s.n_heads = cfg.n_heads / ranks;
   s.n_kv_heads = cfg.kv_heads() / ranks;
   s.mlp_hidden = cfg.mlp_width() / ranks;
+  if (ranks > 1) {
+    const VocabSlice v = tensor_vocab_slice(cfg.vocab_size, ranks, rank);
+    s.vocab_first = v.first;
+    s.vocab_size = v.size;
+    s.vocab_whole = cfg.vocab_size;
+  }
   return s;
 }
 

@@ -53,10 +53,19 @@ TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int
 
 void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const float* share, size_t share_n,
                           float* whole) {
-  std::vector<float> all(share_n * groups.ranks);
-  std::copy(share, share + share_n, all.begin() + static_cast<std::ptrdiff_t>(share_n * groups.rank));
-  all_gather_blocks(groups.tensor->comm(), all.data(), share_n * sizeof(float));
-  for (int r = 0; r < groups.ranks; r++) put_tensor_share(cfg, groups.ranks, r, all.data() + share_n * r, whole);
+  // The shares differ in size (their slices of the vocabulary): each rank's goes out in turn.
+  std::vector<float> buffer;
+  for (int r = 0; r < groups.ranks; r++) {
+    const size_t n = model_num_params(tensor_share_config(cfg, groups.ranks, r));
+    if (r == groups.rank) {
+      ANVIL_CHECK(n == share_n, "internal: a tensor-parallel share of {} parameters, expected {}", share_n, n);
+      buffer.assign(share, share + n);
+    } else {
+      buffer.resize(n);
+    }
+    groups.tensor->broadcast(buffer.data(), n, r);
+    put_tensor_share(cfg, groups.ranks, r, buffer.data(), whole);
+  }
 }
 
 }  // namespace anvil

@@ -15,7 +15,7 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   ModelStorage storage = model_storage_for(cfg);
   if (pipeline) storage.stage = pipeline->blocks;
   // Activations are sized once the memory the model states take is known.
-  const ModelConfig model_cfg = tensor ? tensor_share_config(cfg.model, tensor->ranks) : cfg.model;
+  const ModelConfig model_cfg = tensor ? tensor_share_config(cfg.model, tensor->ranks, tensor->rank) : cfg.model;
   s.model = make_model(model_cfg, 1, seq_len, storage);
   Model& model = *s.model;
   if (tensor) model.set_tensor_exchange(tensor->tensor.get());

@@ -518,6 +518,50 @@ void crossentropy_cases(std::vector<OpCase>& cases) {
     }
 }
 
+// The vocabulary-parallel steps on one rank's columns: targets in them, elsewhere (-1) or
+// ignored; each step's inputs are the reference's results of the steps before.
+void crossentropy_slice_cases(std::vector<OpCase>& cases) {
+  struct Shape { int N, V; };
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
+    for (Shape s : {Shape{1, 1}, Shape{5, 7}, Shape{9, 4200}, Shape{4, 2048}}) {
+      const size_t NV = static_cast<size_t>(s.N) * s.V;
+      const int NB = (s.V + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
+      const auto logits = randn(NV, 3, 3.0f);
+      std::vector<int32_t> targets(s.N);
+      for (int n = 0; n < s.N; n++) targets[n] = n % 3 == 1 ? kIgnoreIndex : n % 3 == 2 ? -1 : (n * 31 + 7) % s.V;
+      std::vector<float> maxes(s.N), picked(s.N), sums(static_cast<size_t>(s.N) * NB), exps(NV);
+      ref::crossentropy_slice_max(maxes.data(), picked.data(), logits.data(), targets.data(), s.N, s.V, d);
+      ref::crossentropy_slice_sums(sums.data(), exps.data(), logits.data(), maxes.data(), s.N, s.V, d);
+      // After the exchange a row whose target another rank holds has that rank's logit.
+      std::vector<float> picked_everywhere = picked;
+      for (int n = 0; n < s.N; n++)
+        if (targets[n] == -1) picked_everywhere[n] = 1.5f;
+      const std::string shape = case_name("", {{"N", s.N}, {"V", s.V}}, dtype_name(d));
+      cases.push_back({"crossentropy_slice_max" + shape, [=](OpRun& r) {
+        float* m = r.out("maxes", s.N, exact());
+        float* p = r.out("picked", s.N, exact());
+        ANVIL_RUN_OP(r, crossentropy_slice_max, m, p, r.in("logits", logits), r.in("targets", targets), s.N, s.V, d);
+      }});
+      for (bool training : {false, true})
+        cases.push_back({"crossentropy_slice_sums" + shape + (training ? "_exps" : ""), [=](OpRun& r) {
+          float* sum = r.out("sums", sums.size(), close(kFp32Reduction));
+          float* e = training ? r.out("exps", NV, close(kFp32Elementwise)) : nullptr;
+          ANVIL_RUN_OP(r, crossentropy_slice_sums, sum, e, r.in("logits", logits), r.in("shifts", maxes), s.N, s.V, d);
+        }});
+      Check gradient = close(rounded_tolerance(d));
+      gradient.values_of = d;
+      for (bool training : {false, true})
+        cases.push_back({"crossentropy_slice_finish" + shape + (training ? "_training" : ""), [=](OpRun& r) {
+          float* losses = r.out("losses", s.N, close(kFp32Reduction));
+          float* lse = training ? nullptr : r.out("lse", s.N, close(kFp32Reduction));
+          float* dlogits = training ? r.inout("dlogits", exps, gradient) : nullptr;
+          ANVIL_RUN_OP(r, crossentropy_slice_finish, losses, lse, dlogits, r.in("sums", sums), NB,
+                       r.in("shifts", maxes), r.in("picked", picked_everywhere), r.in("targets", targets), 0.25f, s.N,
+                       s.V, d);
+        }});
+    }
+}
+
 // The optimizer's and deterministic training's ops. The CPU's AdamW and sums give the
 // reference's bits; the GPU may contract AdamW's moment updates into fused multiply-adds.
 // AdamW's tensors over n elements: sizes of 1 to about n/3 (a GPU block's 256 elements spanning
@@ -680,6 +724,7 @@ std::vector<OpCase> op_cases() {
   attention_cases(cases);
   attention_16bit_cases(cases);
   crossentropy_cases(cases);
+  crossentropy_slice_cases(cases);
   optimizer_cases(cases);
   moe_cases(cases);
   return cases;

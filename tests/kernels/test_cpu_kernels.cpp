@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "compare.h"
@@ -310,6 +311,82 @@ TEST(CrossEntropyReference, AmpIsFp32OnRoundedLogitsAndTheFusedFormIsForwardThen
         for (int v = 0; v < V; v++) ASSERT_EQ(grad[static_cast<size_t>(n) * V + v], 0.0f);
       }
   }
+}
+
+// The vocabulary cut among ranks at multiples of kCrossentropySumBlock (tensor parallelism's
+// LM head): the three slice steps, with the exchanges between them done here, give the whole
+// row's losses, lse and gradient bit for bit, in fp32 and under amp, with the slices' widths
+// neither equal nor multiples of 16 (their rows aligned unlike the whole row's).
+bool slice_bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(CrossEntropySlices, CutAtSumBlocksGiveTheWholeRowsBits) {
+  const int N = 13, V = 2 * kCrossentropySumBlock + 905, B = kCrossentropySumBlock;
+  const auto logits = randn(static_cast<size_t>(N) * V, 5, 4.0f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; n++) targets[n] = n % 4 == 1 ? kIgnoreIndex : (n * 1543 + 11) % V;
+  for (ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16, ComputeDtype::kFp16})
+    for (const std::vector<int>& cuts : {std::vector<int>{0, 2 * B, V}, std::vector<int>{0, B, 2 * B, V}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(d) << ", " << cuts.size() - 1 << " slices");
+      std::vector<float> losses(N), lse(N), dlogits(logits.size());
+      crossentropy_forward(KernelImpl::kCpu, losses.data(), lse.data(), logits.data(), targets.data(), N, V, d);
+      std::vector<float> train_losses(N);
+      crossentropy_forward_backward(KernelImpl::kCpu, train_losses.data(), dlogits.data(), logits.data(),
+                                    targets.data(), 0.125f, N, V, d);
+      const int R = static_cast<int>(cuts.size()) - 1, NB = (V + B - 1) / B;
+      struct Slice { int v0, w; std::vector<float> x; std::vector<int32_t> t; };
+      std::vector<Slice> slices;
+      std::vector<float> shifts(N, -INFINITY), picked(N, -INFINITY);
+      for (int r = 0; r < R; r++) {
+        Slice s{cuts[r], cuts[r + 1] - cuts[r], {}, std::vector<int32_t>(N)};
+        for (int n = 0; n < N; n++) {
+          s.x.insert(s.x.end(), logits.begin() + n * V + s.v0, logits.begin() + n * V + s.v0 + s.w);
+          const int t = targets[n];
+          s.t[n] = t == kIgnoreIndex ? t : t >= s.v0 && t < s.v0 + s.w ? t - s.v0 : -1;
+        }
+        std::vector<float> m(N), p(N);
+        crossentropy_slice_max(KernelImpl::kCpu, m.data(), p.data(), s.x.data(), s.t.data(), N, s.w, d);
+        for (int n = 0; n < N; n++) {
+          shifts[n] = std::max(shifts[n], m[n]);
+          picked[n] = std::max(picked[n], p[n]);
+        }
+        slices.push_back(std::move(s));
+      }
+      for (bool training : {false, true}) {
+        std::vector<float> sums(static_cast<size_t>(N) * NB);
+        std::vector<std::vector<float>> exps(R);
+        for (int r = 0, k0 = 0; r < R; r++) {
+          const Slice& s = slices[r];
+          const int nb = (s.w + B - 1) / B;
+          std::vector<float> part(static_cast<size_t>(N) * nb);
+          exps[r] = s.x;  // in place over the logits, as the model runs it
+          crossentropy_slice_sums(KernelImpl::kCpu, part.data(), training ? exps[r].data() : nullptr, exps[r].data(),
+                                  shifts.data(), N, s.w, d);
+          for (int n = 0; n < N; n++)
+            std::copy_n(part.begin() + n * nb, nb, sums.begin() + n * NB + k0);
+          k0 += nb;
+        }
+        for (int r = 0; r < R; r++) {
+          const Slice& s = slices[r];
+          std::vector<float> l(N), e(N);
+          crossentropy_slice_finish(KernelImpl::kCpu, l.data(), training ? nullptr : e.data(),
+                                    training ? exps[r].data() : nullptr, sums.data(), NB, shifts.data(), picked.data(),
+                                    s.t.data(), 0.125f, N, s.w, d);
+          EXPECT_TRUE(slice_bits_equal(l, training ? train_losses : losses)) << "slice " << r;
+          if (!training) {
+            EXPECT_TRUE(slice_bits_equal(e, lse)) << "slice " << r;
+            continue;
+          }
+          for (int n = 0; n < N; n++)
+            ASSERT_TRUE(std::equal(exps[r].begin() + n * s.w, exps[r].begin() + (n + 1) * s.w,
+                                   dlogits.begin() + n * V + s.v0, [](float a, float b) {
+                                     return std::memcmp(&a, &b, sizeof a) == 0;
+                                   }))
+                << "row " << n << " of slice " << r;
+        }
+      }
+    }
 }
 
 // RoPE's convention is Hugging Face's rotate-half: channel i pairs with i + HS/2 (not i + 1), the

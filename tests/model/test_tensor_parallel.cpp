@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/targets.h"
+#include "kernels/crossentropy.h"
 #include "model/decoder.h"
 #include "model/tensor_parallel.h"
 #include "tiny_models.h"
@@ -28,10 +29,15 @@ constexpr int kBatch = 2, kSeq = 24, kRanks = 2;
 
 // Each family's tiny model, wide enough that a rank's share of each product's k is a whole
 // number of the GEMM's k blocks: 4 heads of 128 (the Llama 2 key/value heads of 256 beside 4
-// query heads of 256, and a SwiGLU width of 512); dropout everywhere.
+// query heads of 256, and a SwiGLU width of 512); a vocabulary of two and a half of the
+// cross-entropy's sum blocks (the ranks' slices unequal, the second's rows 8 floats off a 16-float
+// alignment); dropout everywhere.
+constexpr int kWideVocab = 2 * kCrossentropySumBlock + 904;
+
 ModelConfig wide_model(ModelFamily family) {
   ModelConfig c = testing::tiny_model(family, kSeq);
   c.d_model = 512;
+  c.vocab_size = kWideVocab;
   c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
   if (family == ModelFamily::kLlama) {
     c.head_dim = 256;
@@ -47,8 +53,9 @@ struct ShareBatch {
 ShareBatch share_batch() {
   ShareBatch b;
   for (int i = 0; i < kBatch * kSeq; i++) {
-    b.tokens.push_back((i * 37 + 11) % 97);
-    b.targets.push_back(i % 7 == 3 ? kIgnoreIndex : (i * 53 + 5) % 97);
+    // Tokens and targets in both ranks' slices; the first sequence's tokens all in the first's.
+    b.tokens.push_back(i < kSeq ? (i * 37 + 11) % 97 : (i * 1237 + 11) % kWideVocab);
+    b.targets.push_back(i % 7 == 3 ? kIgnoreIndex : (i * 2053 + 5) % kWideVocab);
   }
   return b;
 }
@@ -121,7 +128,7 @@ class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, C
   }
   // Rank r's share of `from`'s parameters.
   std::unique_ptr<Model> share(const Model& from, int r) const {
-    auto m = make_model(tensor_share_config(cfg_, kRanks), kBatch, kSeq, testing::storage_on(KernelImpl::kCpu));
+    auto m = make_model(tensor_share_config(cfg_, kRanks, r), kBatch, kSeq, testing::storage_on(KernelImpl::kCpu));
     take_tensor_share(cfg_, kRanks, r, from.params(), m->params());
     m->set_compute_dtype(dtype_);
     m->zero_grad();
@@ -201,16 +208,34 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(TensorShare, SharesPutBackAreTheWholeModel) {
   for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
     const ModelConfig cfg = wide_model(f);
-    const size_t n = model_num_params(cfg), share_n = model_num_params(tensor_share_config(cfg, kRanks));
-    std::vector<float> whole(n), rebuilt(n, -1.0f), share(share_n);
+    const size_t n = model_num_params(cfg);
+    std::vector<float> whole(n), rebuilt(n, -1.0f);
     for (size_t i = 0; i < n; i++) whole[i] = static_cast<float>(i);
     for (int r = 0; r < kRanks; r++) {
+      std::vector<float> share(model_num_params(tensor_share_config(cfg, kRanks, r)));
       take_tensor_share(cfg, kRanks, r, whole.data(), share.data());
       put_tensor_share(cfg, kRanks, r, share.data(), rebuilt.data());
+      EXPECT_LT(share.size(), n);
     }
     EXPECT_EQ(rebuilt, whole);
-    EXPECT_LT(share_n, n);
   }
+}
+
+// The vocabulary goes in whole sum blocks, as evenly as they divide, the partial last block to
+// the last rank: GPT-2's padded 50304 ids are 25 blocks (24 and 1152 ids).
+TEST(TensorShare, VocabularySlicesAreWholeSumBlocks) {
+  const int b = kCrossentropySumBlock;
+  for (auto [ranks, rank, first, size] : {std::tuple{2, 0, 0, 13 * b}, std::tuple{2, 1, 13 * b, 50304 - 13 * b},
+                                           std::tuple{4, 0, 0, 7 * b}, std::tuple{4, 1, 7 * b, 6 * b},
+                                           std::tuple{4, 3, 19 * b, 50304 - 19 * b}, std::tuple{1, 0, 0, 50304}}) {
+    const VocabSlice s = tensor_vocab_slice(50304, ranks, rank);
+    EXPECT_EQ(s.first, first) << ranks << " ranks, rank " << rank;
+    EXPECT_EQ(s.size, size) << ranks << " ranks, rank " << rank;
+  }
+  const ModelConfig share = tensor_share_config(wide_model(ModelFamily::kGpt2), 2, 1);
+  EXPECT_EQ(share.vocab_first, 2 * b);
+  EXPECT_EQ(share.vocab_size, kWideVocab - 2 * b);
+  EXPECT_EQ(share.whole_vocab(), kWideVocab);
 }
 
 TEST(TensorShare, WhatCannotBeCutIsNamed) {
@@ -223,8 +248,12 @@ TEST(TensorShare, WhatCannotBeCutIsNamed) {
   qk.qk_norm = QkNorm::kPerHead;
   EXPECT_NE(tensor_parallel_problem(qk, 2).find("QK norms"), std::string::npos);
   EXPECT_EQ(tensor_parallel_problem(qk, 1), "");
+  ModelConfig small_vocab = wide_model(ModelFamily::kGpt2);
+  small_vocab.vocab_size = kCrossentropySumBlock;
+  EXPECT_NE(tensor_parallel_problem(small_vocab, 2).find("vocab_size 2048 must be more than 2048"), std::string::npos)
+      << tensor_parallel_problem(small_vocab, 2);
   try {
-    tensor_share_config(gpt2, 2);
+    tensor_share_config(gpt2, 2, 0);
     ADD_FAILURE() << "GPT-2 124M was cut in 2";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 256"), std::string::npos) << e.what();

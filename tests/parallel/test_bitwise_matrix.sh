@@ -101,14 +101,16 @@ pipelined="activation_checkpointing=true"
 family llama model.n_kv_heads=2 model.attention_dropout=0.1
 
 # Tensor parallelism (distributed.tensor_parallel): a GPT-2 of 2 heads of 256 channels, so that a
-# rank's share of each product's k is a whole number of the GEMM's k blocks, with dropout: 1 rank;
+# rank's share of each product's k is a whole number of the GEMM's k blocks, and of a 4200-id
+# vocabulary (two of the cross-entropy's sum blocks to the first rank, 104 ids to the second),
+# with dropout: 1 rank;
 # 2 ranks sharing each block; 4 ranks as 2 copies of 2 (ZeRO-3); 4 ranks as 2 pipeline stages of
 # 2 sharing ranks (ZeRO-1); and stopped at step 8 on 2 ranks sharing the blocks, resumed on 3
 # without. Then a Llama with grouped-query heads (q, k and v each cut; SwiGLU's gate and up each
 # cut; its own LM head on the last stage) on 1 rank and as 2 stages of 2 sharing ranks with
 # activation checkpointing.
 tp=(model.n_layers=2 model.d_model=512 model.n_heads=2 model.resid_pdrop=0.1 model.attn_pdrop=0.1
-    model.embd_pdrop=0.1)
+    model.embd_pdrop=0.1 model.vocab_size=4200)
 OMP_NUM_THREADS=2 train tp_w1_mb8_z0 1 8 0 "${tp[@]}"
 train tp_w2_tp2_mb4_z0 2 4 0 "${tp[@]}" distributed.tensor_parallel=2
 train tp_w4_tp2_mb2_z3 4 2 3 "${tp[@]}" distributed.tensor_parallel=2
@@ -123,7 +125,7 @@ grep -q "tensor parallelism: 2 ranks share each of 2 copies of the model" "$tmp/
   "$tmp/tp_w4_tp2_pp2_mb3_z1" "$tmp/tp2_then_w3" \
   || fail "tensor parallelism: the runs do not all end with the same bits"
 tp_llama=(model.name=llama model.n_layers=2 model.d_model=512 model.n_heads=4 model.n_kv_heads=2 model.head_dim=256
-          model.intermediate_size=1024 model.attention_dropout=0.1)
+          model.intermediate_size=1024 model.attention_dropout=0.1 model.vocab_size=4200)
 OMP_NUM_THREADS=2 train tp_llama_w1_mb8_z0 1 8 0 "${tp_llama[@]}"
 train tp_llama_w4_tp2_pp2_mb2_z1_ckpt 4 2 1 "${tp_llama[@]}" distributed.tensor_parallel=2 \
   distributed.pipeline_parallel=2 activation_checkpointing=true

@@ -591,6 +591,74 @@ __global__ void crossentropy_forward_backward_kernel(float* losses, float* dlogi
   }
 }
 
+// The vocabulary-parallel steps: a block of threads per row (per row and sum block for the sums),
+// each reduction over the threads in a fixed tree.
+__device__ float block_reduce(float v, float* shared, bool take_max) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize, warps = blockDim.x / kWarpSize;
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    const float other = shfl_xor(v, o);
+    v = take_max ? fmaxf(v, other) : v + other;
+  }
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float all = shared[0];
+    for (int w = 1; w < warps; w++) all = take_max ? fmaxf(all, shared[w]) : all + shared[w];
+    shared[warps] = all;
+  }
+  __syncthreads();
+  return shared[warps];
+}
+
+__global__ void crossentropy_slice_max_kernel(float* maxes, float* picked, const float* logits,
+                                              const int32_t* targets, int V, ComputeDtype d) {
+  __shared__ float shared[kCeThreads / 32 + 1];
+  const long row = blockIdx.x;
+  const float* x = logits + row * V;
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, round_value(x[v], d));
+  m = block_reduce(m, shared, true);
+  if (threadIdx.x == 0) {
+    const int32_t t = targets[row];
+    maxes[row] = m;
+    picked[row] = t >= 0 && t < V ? round_value(x[t], d) : -INFINITY;
+  }
+}
+
+__global__ void crossentropy_slice_sums_kernel(float* sums, float* exps, const float* logits, const float* shifts,
+                                               int V, int NB, ComputeDtype d) {
+  __shared__ float shared[kCeThreads / 32 + 1];
+  const long row = blockIdx.y;
+  const int v0 = blockIdx.x * kCrossentropySumBlock, v1 = min(V, v0 + kCrossentropySumBlock);
+  float s = 0.0f;
+  for (int v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+    const float e = expf(round_value(logits[row * V + v], d) - shifts[row]);
+    if (exps) exps[row * V + v] = e;
+    s += e;
+  }
+  s = block_reduce(s, shared, false);
+  if (threadIdx.x == 0) sums[row * NB + blockIdx.x] = s;
+}
+
+__global__ void crossentropy_slice_finish_kernel(float* losses, float* lse, float* dlogits, const float* sums, int NB,
+                                                 const float* shifts, const float* picked, const int32_t* targets,
+                                                 float dloss, int V, ComputeDtype d) {
+  const long row = blockIdx.x;
+  double total = 0;
+  for (int k = 0; k < NB; k++) total += sums[row * NB + k];
+  const float sum = static_cast<float>(total), l = shifts[row] + logf(sum);
+  const int32_t t = targets[row];
+  if (threadIdx.x == 0) {
+    if (lse) lse[row] = l;
+    losses[row] = t == kIgnoreIndex ? 0.0f : l - picked[row];
+  }
+  if (!dlogits) return;
+  float* dx = dlogits + row * V;
+  const float scale = dloss / sum;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    dx[v] = t == kIgnoreIndex ? 0.0f : round_value(v == t ? dx[v] * scale - dloss : dx[v] * scale, d);
+}
+
 }  // namespace
 
 // ---- the ops
@@ -829,6 +897,34 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
                                    float dloss, int N, int V, ComputeDtype d) {
   GPU_LAUNCH(crossentropy_forward_backward_kernel, N, kCeThreads)(losses, dlogits, logits, targets,
                                                                   dloss, V, d);
+  GPU_CHECK_LAUNCH();
+}
+
+void crossentropy_slice_max(float* maxes, float* picked, const float* logits, const int32_t* targets, int N, int V,
+                            ComputeDtype d) {
+  if (N == 0) return;
+  GPU_LAUNCH(crossentropy_slice_max_kernel, N, kCeThreads)(maxes, picked, logits, targets, V, d);
+  GPU_CHECK_LAUNCH();
+}
+
+void crossentropy_slice_sums(float* sums, float* exps, const float* logits, const float* shifts, int N, int V,
+                             ComputeDtype d) {
+  const int NB = (V + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
+  for (long n0 = 0; n0 < N; n0 += kMaxGridY) {
+    const long rows = std::min<long>(N - n0, kMaxGridY);
+    const dim3 grid(static_cast<unsigned>(NB), static_cast<unsigned>(rows));
+    GPU_LAUNCH(crossentropy_slice_sums_kernel, grid, kCeThreads)(sums + n0 * NB, exps ? exps + n0 * V : nullptr,
+                                                                 logits + n0 * V, shifts + n0, V, NB, d);
+  }
+  GPU_CHECK_LAUNCH();
+}
+
+void crossentropy_slice_finish(float* losses, float* lse, float* dlogits, const float* sums, int NB,
+                               const float* shifts, const float* picked, const int32_t* targets, float dloss, int N,
+                               int V, ComputeDtype d) {
+  if (N == 0) return;
+  GPU_LAUNCH(crossentropy_slice_finish_kernel, N, kCeThreads)(losses, lse, dlogits, sums, NB, shifts, picked, targets,
+                                                              dloss, V, d);
   GPU_CHECK_LAUNCH();
 }
 

@@ -453,6 +453,51 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
   ref::crossentropy_backward(dlogits, logits, lse.data(), targets, dloss, N, V, d);  // element-wise: aliasing is safe
 }
 
+void crossentropy_slice_max(float* maxes, float* picked, const float* logits, const int32_t* targets, int N, int V,
+                            ComputeDtype d) {
+  for (int n = 0; n < N; n++) {
+    const float* x = logits + static_cast<long>(n) * V;
+    float mx = rounded_to(x[0], d);
+    for (int v = 1; v < V; v++) mx = std::max(mx, rounded_to(x[v], d));
+    maxes[n] = mx;
+    picked[n] = targets[n] >= 0 && targets[n] < V ? rounded_to(x[targets[n]], d) : -INFINITY;
+  }
+}
+
+void crossentropy_slice_sums(float* sums, float* exps, const float* logits, const float* shifts, int N, int V,
+                             ComputeDtype d) {
+  const int NB = (V + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
+  for (int n = 0; n < N; n++)
+    for (int k = 0; k < NB; k++) {
+      double sum = 0;
+      for (int v = k * kCrossentropySumBlock; v < std::min(V, (k + 1) * kCrossentropySumBlock); v++) {
+        const size_t i = static_cast<size_t>(n) * V + v;
+        const double e = std::exp(static_cast<double>(rounded_to(logits[i], d)) - shifts[n]);
+        if (exps) exps[i] = static_cast<float>(e);
+        sum += e;
+      }
+      sums[static_cast<size_t>(n) * NB + k] = static_cast<float>(sum);
+    }
+}
+
+void crossentropy_slice_finish(float* losses, float* lse, float* dlogits, const float* sums, int NB,
+                               const float* shifts, const float* picked, const int32_t* targets, float dloss, int N,
+                               int V, ComputeDtype d) {
+  for (int n = 0; n < N; n++) {
+    double sum = 0;
+    for (int k = 0; k < NB; k++) sum += sums[static_cast<size_t>(n) * NB + k];
+    const double l = shifts[n] + std::log(sum);
+    const bool ignored = targets[n] == kIgnoreIndex;
+    if (lse) lse[n] = static_cast<float>(l);
+    losses[n] = ignored ? 0.0f : static_cast<float>(l - picked[n]);
+    if (!dlogits) continue;
+    for (int v = 0; v < V; v++) {
+      float& dx = dlogits[static_cast<size_t>(n) * V + v];
+      dx = ignored ? 0.0f : rounded_to(static_cast<float>(dloss * (dx / sum - (v == targets[n] ? 1.0 : 0.0))), d);
+    }
+  }
+}
+
 void round_to_dtype(float* x, long N, ComputeDtype d) {
   for (long i = 0; i < N; i++) x[i] = rounded_to(x[i], d);
 }

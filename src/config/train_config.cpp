@@ -153,9 +153,6 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
                 "experts, which its ranks share evenly", where, expert_ranks, c.model.moe.experts);
     ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: distributed.expert_parallel exchanges rows through host memory: "
                 "it runs on the CPU (kernels=cpu) for now", where);
-    ANVIL_CHECK(stages == 1, "{}: distributed.expert_parallel does not share experts among the ranks of a pipeline "
-                "stage yet: with distributed.pipeline_parallel {}, give it 1 (each stage then holds and runs all its "
-                "blocks' experts)", where, stages);
   }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.

@@ -477,7 +477,8 @@ void TrainingRun::build_model() {
   plan_ = stack.plan;
   Model& model = *model_;
   if (cfg_.distributed.expert_parallel > 1) {
-    experts_ = std::make_unique<ExpertGroup>(comm_, cfg_.distributed.expert_parallel);
+    // Under pipeline stages, groups of a stage's ranks (which run the same schedule in lockstep).
+    experts_ = std::make_unique<ExpertGroup>(groups_ ? *groups_->data : comm_, cfg_.distributed.expert_parallel);
     model.set_expert_exchange(experts_.get());
     log_info("expert parallelism: {} ranks share the experts, {} each (this rank experts {}..{})", experts_->ranks(),
              cfg_.model.moe.experts / experts_->ranks(), experts_->rank() * cfg_.model.moe.experts / experts_->ranks(),

@@ -815,11 +815,10 @@ TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
                                                                   "experts"), std::string::npos);
   EXPECT_NE(error_of(run, {"distributed.expert_parallel=2", "kernels=gpu"}).find("runs on the CPU"), std::string::npos);
   EXPECT_NE(error_of(run, {"distributed.expert_parallel=0"}).find("expert_parallel"), std::string::npos);
-  // Pipeline stages run the experts, each stage's ranks all of its blocks' experts.
+  // Pipeline stages run the experts, shared among a stage's ranks or not.
   EXPECT_EQ(load_train_config(write(run), {"distributed.pipeline_parallel=2"}).distributed.pipeline_parallel, 2);
-  EXPECT_NE(error_of(run, {"distributed.pipeline_parallel=2", "distributed.expert_parallel=2"})
-                .find("distributed.expert_parallel does not share experts among the ranks of a pipeline stage yet"),
-            std::string::npos);
+  EXPECT_EQ(load_train_config(write(run), {"distributed.pipeline_parallel=2", "distributed.expert_parallel=2"})
+                .distributed.expert_parallel, 2);
   EXPECT_NE(error_of(kMinimal, {"distributed.expert_parallel=2"}).find("this model's blocks have a dense MLP"),
             std::string::npos);
 }

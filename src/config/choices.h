@@ -16,7 +16,7 @@ namespace anvil {
 
 // The model's family (`model.name`): which architecture options the config fills in
 // (config/families/) and under which names they are read; one decoder builds them all.
-enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral, kMixtral, kQwen2, kQwen3 };
+enum class ModelFamily { kGpt2, kMpt, kLlama, kMistral, kMixtral, kQwen2, kQwen3, kQwen3Moe };
 enum class OptimizerKind {
   kDecoupledAdamW,  // Composer's: p -= (lr / optimizer.lr)·wd·p, weight_decay not scaled by the lr
   kAdamW,           // PyTorch's: p -= lr·wd·p
@@ -60,7 +60,8 @@ struct Choices<ModelFamily> {
       {ModelFamily::kMistral, "mistral"},
       {ModelFamily::kMixtral, "mixtral"},
       {ModelFamily::kQwen2, "qwen2"},
-      {ModelFamily::kQwen3, "qwen3"}};
+      {ModelFamily::kQwen3, "qwen3"},
+      {ModelFamily::kQwen3Moe, "qwen3_moe"}};
 };
 template <>
 struct Choices<RopeScalingKind> {  // transformers' rope_scaling.rope_type

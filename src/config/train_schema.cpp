@@ -871,11 +871,11 @@ const std::vector<Field<TrainConfig, TopContext>>& top_fields() {
               write_model_section(e, c.model);
             });
         f.rows = {
-            {"name", "`gpt2`", "the model family: `gpt2`, `mpt_causal_lm` (LLM Foundry's MPT), `llama`, `mistral`, `mixtral`, `qwen2` "
-             "or `qwen3`; "
+            {"name", "`gpt2`", "the model family: `gpt2`, `mpt_causal_lm` (LLM Foundry's MPT), `llama`, `mistral`, `mixtral`, `qwen2`, "
+             "`qwen3` or `qwen3_moe`; "
              "or `hf_causal_lm`, a transformers config (and weights); their keys below"},
             {"n_layers, n_heads, d_model", "required", "shape (every family); `d_model` must divide by `n_heads` unless `head_dim` (Llama-shaped families) is given"},
-            {"vocab_size", "50257 (`gpt2`), 50368 (`mpt_causal_lm`), 32000 (`llama`, `mistral`, `mixtral`), 151936 (`qwen2`, `qwen3`)", ""},
+            {"vocab_size", "50257 (`gpt2`), 50368 (`mpt_causal_lm`), 32000 (`llama`, `mistral`, `mixtral`), 151936 (`qwen2`, `qwen3`, `qwen3_moe`)", ""},
             {"max_seq_len", "`max_seq_len`", "rows of the position embedding, where there is one"},
         };
         return f;

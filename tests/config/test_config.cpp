@@ -1004,7 +1004,7 @@ TEST_F(FamilyConfigTest, MixtralIsMistralWithExperts) {
   EXPECT_NE(model_error(mixtral + "num_experts_per_tok: 9}\n").find("must be between 1 and num_local_experts (8)"),
             std::string::npos);
   EXPECT_NE(model_error(mixtral + "peft_config: {peft_type: LORA, target_modules: all-linear}}\n")
-                .find("would adapt the experts' w1, w2 and w3 too"), std::string::npos);
+                .find("would adapt the experts' w1, w3 and w2 too"), std::string::npos);
   EXPECT_NE(model_error(mixtral + "peft_config: {peft_type: LORA, target_modules: [w1]}}\n")
                 .find("'w1' names no module"), std::string::npos);
   c = load_model(mixtral + "peft_config: {peft_type: LORA, target_modules: [q_proj, v_proj, gate]}}\n");
@@ -1025,6 +1025,55 @@ TEST_F(FamilyConfigTest, MixtralIsMistralWithExperts) {
   EXPECT_EQ(c.model.moe, (MoeConfig{8, 2, 0.0f, 1.0f, 0.0f}));
   EXPECT_EQ(c.model.mlp_width(), 224);
   EXPECT_EQ(c.model.sliding_window, 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Qwen3-MoE: Qwen3's attention with mixtures of SwiGLU experts of moe_intermediate_size
+// (Qwen3MoeConfig's 128, top 8, the chosen probabilities as weights unless norm_topk_prob); from a
+// config.json shaped as Qwen3-30B-A3B's, its dense intermediate_size read and unused; dense layers
+// and transformers' router loss are errors.
+TEST_F(FamilyConfigTest, Qwen3MoeIsQwen3WithExperts) {
+  TrainConfig c = load_model("  {name: qwen3_moe, n_layers: 2, n_heads: 8, n_kv_heads: 2, d_model: 64, head_dim: 16, "
+                             "moe_intermediate_size: 32, num_experts: 4, num_experts_per_tok: 2}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kQwen3Moe);
+  EXPECT_EQ(c.model.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(c.model.vocab_size, 151936);
+  EXPECT_EQ(c.model.mlp_width(), 32);
+  EXPECT_EQ(c.model.moe, (MoeConfig{4, 2, 0.0f, 0.0f, 0.0f}));
+  expect_round_trip(c);
+  c = load_model("  {name: qwen3_moe, n_layers: 2, n_heads: 8, d_model: 64, norm_topk_prob: true}\n");
+  EXPECT_EQ(c.model.moe, (MoeConfig{128, 8, 0.0f, 1.0f, 0.0f}));
+  EXPECT_EQ(c.model.mlp_width(), 768);
+  expect_round_trip(c);
+  const std::string qwen = "  {name: qwen3_moe, n_layers: 2, n_heads: 8, d_model: 64, ";
+  EXPECT_NE(model_error(qwen + "mlp_only_layers: [1]}\n").find("mlp_only_layers is not supported"), std::string::npos);
+  EXPECT_NE(model_error(qwen + "decoder_sparse_step: 2}\n").find("decoder_sparse_step = 2 is not supported"),
+            std::string::npos);
+  EXPECT_NE(model_error(qwen + "output_router_logits: true}\n").find("output_router_logits = true is not supported"),
+            std::string::npos);
+  EXPECT_NE(model_error(qwen + "peft_config: {peft_type: LORA, target_modules: all-linear}}\n")
+                .find("the experts' gate_proj, up_proj and down_proj"), std::string::npos);
+  c = load_model(qwen + "peft_config: {peft_type: LORA, target_modules: [q_proj, gate]}}\n");
+  std::vector<std::string> adapted;
+  for (const LoraModule& m : lora_targets(c.model)) adapted.push_back(m.name);
+  EXPECT_EQ(adapted, (std::vector<std::string>{"self_attn.q_proj", "mlp.gate"}));
+
+  const auto dir = std::filesystem::temp_directory_path() / ("anvil_qwen3_moe_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+    "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+    "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+    "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+    "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+    "use_sliding_window": false, "vocab_size": 151936})";
+  c = load_model("  {name: hf_causal_lm, pretrained: false, pretrained_model_name_or_path: " + dir.string() + "}\n");
+  EXPECT_EQ(c.model.name, ModelFamily::kQwen3Moe);
+  EXPECT_EQ(c.model.moe, (MoeConfig{128, 8, 0.0f, 1.0f, 0.0f}));
+  EXPECT_EQ(c.model.mlp_width(), 768);
+  EXPECT_EQ(c.model.head_size(), 128);
   std::filesystem::remove_all(dir);
 }
 

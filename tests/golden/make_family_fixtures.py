@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Writes the golden fixtures for anvil's MPT, Llama and Qwen2 families against PyTorch: mpt_tiny,
 llama_tiny, llama_mqa_tiny, mpt_qkln_tiny, mpt_qkln_rope_tiny, qwen2_tiny, qwen3_tiny,
-mistral_window_tiny, and the mixtures of experts mpt_moe_tiny, mpt_dmoe_glu_tiny and mixtral_tiny
-(.safetensors).
+mistral_window_tiny, and the mixtures of experts mpt_moe_tiny, mpt_dmoe_glu_tiny, mixtral_tiny and
+qwen3_moe_tiny (.safetensors).
 
-Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py
+Run with Debian's PyTorch:  /usr/bin/python3 tests/golden/make_family_fixtures.py [qwen3_moe]
+(qwen3_moe: that fixture alone.)
 Each model is written here from the published definitions, not from anvil's code:
 - MPT as LLM Foundry / Hugging Face's MptForCausalLM compute it with alibi: true, no_bias: true:
   LayerNorms without bias, fused Wqkv, ALiBi added to the scaled scores as slope * (j - (T-1))
@@ -19,6 +20,9 @@ Each model is written here from the published definitions, not from anvil's code
   (MixtralSparseMoeBlock): router logits from the bias-free gate, softmax, the top K
   probabilities renormalised to sum to 1, and the chosen experts' w2(silu(w1 x) * w3 x) summed
   by those weights; no router loss (output_router_logits off).
+- Qwen3-MoE as Hugging Face's Qwen3MoeForCausalLM: Qwen3's attention (an RMSNorm over each
+  head's queries and keys before RoPE) with Mixtral's sparse block, the chosen experts weighted
+  by their softmax probabilities as they are (norm_topk_prob: false, Qwen3MoeConfig's default).
 Each fixture holds the parameters flattened in anvil's layout order (q/k/v rows fused as anvil's
 qkvw, gate/up rows as its fcw), a batch with ignored targets, the logits, the mean loss, every
 gradient in the same layout, and the model section of the anvil config that builds the model;
@@ -245,10 +249,12 @@ def llama(P, tokens, L, NH, NKV, C, theta, eps, head, hs=None, window=0):
 
 def mixtral_sparse_block(P, l, h):
     """transformers' MixtralSparseMoeBlock over h (B,T,C): P's gate (L,E,C), w1 and w3 (L,E,F,C),
-    w2 (L,E,C,F); K = P["top_k"]."""
+    w2 (L,E,C,F); K = P["top_k"]; the chosen probabilities renormalised unless P["norm_topk"] is
+    False (Qwen3MoeSparseMoeBlock's norm_topk_prob)."""
     weights = F.softmax(h @ P["gate"][l].T, dim=-1, dtype=torch.float)
     weights, chosen = torch.topk(weights, P["top_k"], dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if P.get("norm_topk", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(h)
     for e in range(P["gate"].shape[1]):
         w = (weights * (chosen == e)).sum(dim=-1, keepdim=True)
@@ -273,11 +279,15 @@ def batch():
     return tokens, targets
 
 
-def write(name, P, flat, forward, model_yaml, decay, batch_of=None):
+def write(name, P, flat, forward, model_yaml, decay, batch_of=None, sensitive=False):
     """decay: the names of the tensors AdamW decays. forward returns the logits, or the logits and
     an auxiliary loss that training adds to the mean cross-entropy (batch_of: the batch, when the
-    forward pass needs its targets)."""
+    forward pass needs its targets). sensitive: a model whose 10 steps amplify rounding (top-k
+    routing near ties): the fixture records how far PyTorch's own final weights move when the
+    initial weights are perturbed by 1e-6 relative (two draws; the largest relative change of a
+    tensor) as the tolerance of anvil's final weights."""
     tokens, targets = batch_of or batch()
+    initial = {n: p.detach().clone() for n, p in P.items()}
 
     def loss_of(P):
         out = forward(P, tokens)
@@ -300,10 +310,21 @@ def write(name, P, flat, forward, model_yaml, decay, batch_of=None):
 
     out["step_losses"], out["step_grad_norms"] = adamw_steps(P, decay, training_loss)
     out["params_final"] = flat(lambda n: P[n])
+    spread = 0.0
+    if sensitive:
+        draws = torch.Generator().manual_seed(1)
+        for _ in range(2):
+            Q = {n: (p * (1 + 1e-6 * torch.randn(p.shape, generator=draws))).requires_grad_(True)
+                 for n, p in initial.items()}
+            adamw_steps(Q, decay, lambda: F.cross_entropy(forward(Q, tokens).view(-1, V), targets.view(-1),
+                                                          ignore_index=-100))
+            spread = max([spread] + [float((Q[n] - P[n]).norm() / P[n].norm()) for n in P])
 
     meta = {"batch": B, "seq_len": T, "model_yaml": model_yaml, "torch": torch.__version__, "lr": LR,
             "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS, "weight_decay": WD, "t_warmup": T_WARMUP,
             "steps": T_MAX, "alpha_f": ALPHA_F, "clip": CLIP}
+    if sensitive:
+        meta["params_final_tolerance"] = spread
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
     write_safetensors(path, out, {k: str(v) for k, v in meta.items()})
     print(f"wrote {path}: loss {float(loss):.6f}, final step loss {float(out['step_losses'][-1]):.6f}")
@@ -338,6 +359,39 @@ def main():
     write_mpt_moe()
     torch.manual_seed(20261129)
     write_mixtral()
+    torch.manual_seed(20261130)
+    write_qwen3_moe()
+
+
+def write_qwen3_moe():
+    """A Qwen3-MoE: four query heads of 16 over two key/value heads (queries 64 wide over a width
+    of 32), per-head q/k norms, four SwiGLU experts of 24, top 2, the chosen probabilities as they
+    are, an untied head."""
+    L, NH, NKV, C, HS, FF, E, K, THETA, EPS_RMS = 2, 4, 2, 32, 16, 24, 4, 2, 10000.0, 1e-6
+    P = make_params({"embed_tokens": (V, C), "input_layernorm": (L, C), "q_norm": (L, HS), "k_norm": (L, HS),
+                     "q_proj": (L, NH * HS, C), "k_proj": (L, NKV * HS, C), "v_proj": (L, NKV * HS, C),
+                     "o_proj": (L, C, NH * HS), "post_attention_layernorm": (L, C), "gate": (L, E, C),
+                     "w1": (L, E, FF, C), "w3": (L, E, FF, C), "w2": (L, E, C, FF), "norm": (C,),
+                     "lm_head": (V, C)})
+
+    def flat(g):
+        parts = [g("embed_tokens")]
+        for l in range(L):
+            # w1, w3 and w2 stand for each expert's gate_proj, up_proj and down_proj.
+            parts += [g("input_layernorm")[l], g("q_norm")[l], g("k_norm")[l], g("q_proj")[l], g("k_proj")[l],
+                      g("v_proj")[l], g("o_proj")[l], g("post_attention_layernorm")[l], g("gate")[l],
+                      torch.cat([g("w1")[l], g("w3")[l]], dim=1), g("w2")[l]]
+        return cat(parts + [g("norm"), g("lm_head")])
+
+    def forward(P, tokens):
+        return llama(dict(P, top_k=K, norm_topk=False), tokens, L, NH, NKV, C, THETA, EPS_RMS, "lm_head", HS)
+
+    write("qwen3_moe_tiny.safetensors", P, flat, forward,
+          f"name: qwen3_moe\nn_layers: {L}\nn_heads: {NH}\nn_kv_heads: {NKV}\nd_model: {C}\nhead_dim: {HS}\n"
+          f"vocab_size: {V}\nmax_seq_len: {MAX_T}\nmoe_intermediate_size: {FF}\nrope_theta: {THETA}\n"
+          f"rms_norm_eps: {EPS_RMS}\nnum_experts: {E}\nnum_experts_per_tok: {K}\nnorm_topk_prob: false\n"
+          f"tie_word_embeddings: false\n",
+          {"q_proj", "k_proj", "v_proj", "o_proj", "gate", "w1", "w3", "w2", "lm_head"}, sensitive=True)
 
 
 def write_mixtral():
@@ -446,4 +500,8 @@ def write_llama(name, NKV, tied, qkv_bias=False, qk_norm=False, hs=None, window=
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["qwen3_moe"]:
+        torch.manual_seed(20261130)
+        write_qwen3_moe()
+    else:
+        main()

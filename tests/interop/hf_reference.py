@@ -16,7 +16,7 @@ usage: hf_reference.py loss HF_DIR MDS_SPLIT_DIR N [--adapter PEFT_DIR]
        hf_reference.py write ARCH OUT_DIR [--dtype bf16] [--shards N] [--gpt2-original-names]
                                                       writes a small random model of ARCH (gpt2, llama,
                                                       llama-tied, llama31 (rope_scaling llama3),
-                                                      mistral, mixtral, qwen2, qwen3, mpt) as transformers'
+                                                      mistral, mixtral, qwen2, qwen3, qwen3_moe, mpt) as transformers'
                                                       save_pretrained lays it out;
                                                       --gpt2-original-names as OpenAI's converted
                                                       files name GPT-2's tensors (no "transformer."
@@ -164,7 +164,7 @@ def llama(cfg, W, ids):
         q = lin("self_attn.q_proj", h, qkv_bias).view(T, NH, hs)
         k = lin("self_attn.k_proj", h, qkv_bias).view(T, NKV, hs)
         v = lin("self_attn.v_proj", h, qkv_bias).view(T, NKV, hs).transpose(0, 1)
-        if cfg["model_type"] == "qwen3":  # Qwen3Attention: q_norm and k_norm over each head, before RoPE
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):  # q_norm and k_norm over each head, before RoPE
             q, k = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q, k = q.transpose(0, 1), k.transpose(0, 1)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
@@ -174,7 +174,12 @@ def llama(cfg, W, ids):
         x = x + lin("self_attn.o_proj", y, o_bias)
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         if cfg["model_type"] == "mixtral":
-            x = x + mixtral_sparse_block(cfg, W, p + "block_sparse_moe.", h)
+            x = x + sparse_block(W, p + "block_sparse_moe.", h, cfg["num_local_experts"], cfg["num_experts_per_tok"],
+                                 True, ("w1", "w3", "w2"))
+            continue
+        if cfg["model_type"] == "qwen3_moe":
+            x = x + sparse_block(W, p + "mlp.", h, cfg["num_experts"], cfg["num_experts_per_tok"],
+                                 cfg["norm_topk_prob"], ("gate_proj", "up_proj", "down_proj"))
             continue
         x = x + lin("mlp.down_proj", F.silu(lin("mlp.gate_proj", h, mlp_bias)) * lin("mlp.up_proj", h, mlp_bias),
                     mlp_bias)
@@ -183,19 +188,24 @@ def llama(cfg, W, ids):
     return x @ head.T
 
 
-def mixtral_sparse_block(cfg, W, p, h):
-    """MixtralSparseMoeBlock: softmax over the gate's logits, each token's num_experts_per_tok most
-    probable experts, their weights renormalised to sum to 1, each expert w2(silu(w1 h) * w3 h)."""
+def sparse_block(W, p, h, experts, top_k, renormalise, names):
+    """MixtralSparseMoeBlock and Qwen3MoeSparseMoeBlock: softmax over the gate's logits, each
+    token's top_k most probable experts, their probabilities as weights (renormalised to sum to 1
+    for Mixtral, and for Qwen3-MoE under norm_topk_prob), each expert down(silu(gate h) * up h);
+    names: the experts' gate, up and down products."""
     probs = F.softmax(h @ W[p + "gate.weight"].T, dim=-1, dtype=torch.float)
-    weights, chosen = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights, chosen = torch.topk(probs, top_k, dim=-1)
+    if renormalise:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    gate, up, down = names
     out = torch.zeros_like(h)
-    for e in range(cfg["num_local_experts"]):
+    for e in range(experts):
         x = f"{p}experts.{e}."
         token, slot = torch.where(chosen == e)
         if len(token) == 0:
             continue
-        y = (F.silu(h[token] @ W[x + "w1.weight"].T) * (h[token] @ W[x + "w3.weight"].T)) @ W[x + "w2.weight"].T
+        y = (F.silu(h[token] @ W[x + gate + ".weight"].T) * (h[token] @ W[x + up + ".weight"].T)) @ \
+            W[x + down + ".weight"].T
         out.index_add_(0, token, y * weights[token, slot, None])
     return out
 
@@ -228,6 +238,7 @@ def load_model(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     forward = {"gpt2": gpt2, "llama": llama, "mistral": llama, "mixtral": llama, "qwen2": llama, "qwen3": llama,
+               "qwen3_moe": llama,
                "mpt": mpt}[cfg["model_type"]]
     W = {k: v.float() for k, v in load_dir(d).items()}
     if cfg["model_type"] == "gpt2":  # OpenAI's converted files: no "transformer." prefix, mask buffers
@@ -357,7 +368,7 @@ def write(arch, out, dtype, shards, original_names):
             W = {k[len("transformer."):]: v for k, v in W.items()}
             for l in range(L):
                 W[f"h.{l}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
-    elif arch in ("llama", "llama-tied", "llama31", "mistral", "mixtral", "qwen2", "qwen3"):
+    elif arch in ("llama", "llama-tied", "llama31", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"):
         NKV, F = 2, 96
         tied = arch in ("llama-tied", "qwen2")
         cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
@@ -387,6 +398,13 @@ def write(arch, out, dtype, shards, original_names):
             cfg.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
                         "head_dim": hs, "sliding_window": None, "use_sliding_window": False,
                         "max_window_layers": 28, "tie_word_embeddings": True})
+        if arch == "qwen3_moe":  # Qwen3MoeConfig, as Qwen3-30B-A3B's but smaller: 4 experts of 48, top 2
+            hs = 32
+            cfg.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "rope_theta": 1000000.0,
+                        "head_dim": hs, "sliding_window": None, "use_sliding_window": False, "max_window_layers": L,
+                        "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": F // 2,
+                        "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False,
+                        "output_router_logits": False, "router_aux_loss_coef": 0.001})
         W["model.embed_tokens.weight"] = rnd(V, C)
         for l in range(L):
             p = f"model.layers.{l}."
@@ -396,7 +414,7 @@ def write(arch, out, dtype, shards, original_names):
             if arch == "llama31":  # sharper attention, so that the positions' frequencies show in the loss
                 for n in ("q_proj", "k_proj"):
                     W[p + f"self_attn.{n}.weight"] *= 4
-            if arch == "qwen3":
+            if arch in ("qwen3", "qwen3_moe"):
                 W[p + "self_attn.q_norm.weight"], W[p + "self_attn.k_norm.weight"] = 1 + rnd(hs), 1 + rnd(hs)
             if arch == "qwen2":
                 W[p + "self_attn.q_proj.bias"] = rnd(C, scale=0.5)
@@ -406,6 +424,13 @@ def write(arch, out, dtype, shards, original_names):
                 for e in range(4):
                     x = f"{p}block_sparse_moe.experts.{e}."
                     W[x + "w1.weight"], W[x + "w2.weight"], W[x + "w3.weight"] = rnd(F, C), rnd(C, F), rnd(F, C)
+                continue
+            if arch == "qwen3_moe":
+                W[p + "mlp.gate.weight"] = rnd(4, C, scale=0.5)  # choices that differ by token
+                for e in range(4):
+                    x = f"{p}mlp.experts.{e}."
+                    W[x + "gate_proj.weight"], W[x + "up_proj.weight"] = rnd(F // 2, C), rnd(F // 2, C)
+                    W[x + "down_proj.weight"] = rnd(C, F // 2)
                 continue
             W[p + "mlp.gate_proj.weight"], W[p + "mlp.up_proj.weight"] = rnd(F, C), rnd(F, C)
             W[p + "mlp.down_proj.weight"] = rnd(C, F)

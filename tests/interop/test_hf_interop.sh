@@ -18,8 +18,9 @@
 #   norms, a Llama 3.1 with rope_scaling llama3) import
 #   with anvil eval's loss equal to the reader's; a Mistral whose sliding window is shorter than
 #   the sequences evaluates and generates past it as the reader does; a Mixtral (4 experts, top 2)
-#   evaluates and generates as the reader does, and its export, read back by the reader, gives the
-#   original's loss; the imported GPT-2 fine-tunes through
+#   and a Qwen3-MoE (4 experts, top 2, weights not renormalised) evaluate and generate as the
+#   reader does, and their exports, read back by the reader, give the originals' losses; the
+#   imported GPT-2 fine-tunes through
 #   load_path (weights only, from step 0) and generates; LLM Foundry's hf_causal_lm section naming
 #   an exported directory trains from its weights (the eval before training is anvil eval's);
 # - generate --chat: the reply to a chat rendered by the directory's own Jinja template is the
@@ -207,6 +208,23 @@ round_trips mixtral \
        "$("${reader[@]}" loss "$tmp/w-mixtral" "$tmp/data/val" 16 2>&1)" ] \
   && pass "mixtral: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
   || fail "mixtral: export round trip: $(head -c 400 "$tmp/hf-mixtral/config.json" 2>&1)"
+# Qwen3-MoE: Qwen3's heads (head_dim wider than hidden_size / heads, per-head q/k norms) with each
+# MLP a sparse block of 4 experts, top 2, their probabilities as weights (norm_topk_prob false).
+# As Mixtral's: the reader's loss and 12 greedy tokens, and the export's tensors and config.json.
+imported qwen3_moe qwen3_moe
+cont=$("${reader[@]}" greedy "$tmp/w-qwen3_moe" 12 $ids 2>&1)
+theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
+ours=$("$anvil" generate "$tmp/i-qwen3_moe" --prompt "$prompt" --max-new-tokens 12 --temperature 0 2>/dev/null)
+[ "$theirs" = "$ours" ] && pass "qwen3_moe: 12 tokens greedily, as the reader: '$ours'" \
+  || fail "qwen3_moe: the reader continues '$theirs', anvil generate '$ours'"
+round_trips qwen3_moe \
+  && grep -q '"model_type": "qwen3_moe"' "$tmp/hf-qwen3_moe/config.json" \
+  && grep -q '"num_experts": 4' "$tmp/hf-qwen3_moe/config.json" \
+  && grep -q '"norm_topk_prob": false' "$tmp/hf-qwen3_moe/config.json" \
+  && [ "$("${reader[@]}" loss "$tmp/hf-qwen3_moe" "$tmp/data/val" 16 2>&1)" = \
+       "$("${reader[@]}" loss "$tmp/w-qwen3_moe" "$tmp/data/val" 16 2>&1)" ] \
+  && pass "qwen3_moe: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
+  || fail "qwen3_moe: export round trip: $(head -c 400 "$tmp/hf-qwen3_moe/config.json" 2>&1)"
 # Llama 3.1's rope_scaling (rope_type llama3) as transformers 4 writes it, and as transformers 5
 # does (rope_parameters holding rope_theta; dtype for torch_dtype): the reader's loss, the same
 # weights from both, and config.json's rope_scaling kept through export. The scaling matters here:

@@ -107,6 +107,11 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
   // query and value biases exactly, and bound the key bias by the largest distance Adam can move it.
   // So too the bias of MPT's key norm (qk_ln): under RoPE its gradient is not zero, but the slowest
   // rotations barely turn it over a short sequence, so some of its components' gradients are noise.
+  // A fixture whose steps amplify rounding (a mixture of experts' top-k choices near ties) gives
+  // the spread of PyTorch's own final weights under a 1e-6 perturbation of the initial ones.
+  const auto spread = f.metadata.find("params_final_tolerance");
+  const double final_tolerance =
+      spread == f.metadata.end() ? kFp32RelNorm : std::max(kFp32RelNorm, std::stod(spread->second));
   const float* want = f.at("params_final").f32();
   const float* init = f.at("params_init").f32();
   const int q_width = model.config().n_heads * model.config().head_size();
@@ -121,7 +126,7 @@ void expect_adamw_steps_match(Decoder& model, const SafeTensorsFile& f, int B, i
       continue;
     }
     if (!t.name.ends_with(".qkvb")) {
-      EXPECT_TRUE(rel_norm_close(got, want + t.offset, t.numel, kFp32RelNorm)) << "tensor " << t.name;
+      EXPECT_TRUE(rel_norm_close(got, want + t.offset, t.numel, final_tolerance)) << "tensor " << t.name;
       continue;
     }
     const size_t row = t.offset;

@@ -1,4 +1,5 @@
-// MPT, Llama, Qwen2, Qwen3 and Mistral end to end against PyTorch (fixtures from tests/golden/make_family_fixtures.py,
+// MPT, Llama, Qwen2, Qwen3, Mistral, Mixtral and Qwen3-MoE end to end against PyTorch (fixtures from
+// tests/golden/make_family_fixtures.py,
 // written from the published Hugging Face / LLM Foundry definitions): each fixture's model section
 // goes through the config reader, and the decoder it builds must give PyTorch's logits, loss and
 // every parameter's gradient, and go through PyTorch's 10 AdamW steps (schedule, clipping, weight
@@ -11,8 +12,9 @@
 // Mistral whose sliding window (4 keys) is shorter than the sequence (9 tokens); and two MPTs whose
 // MLPs are mixtures of experts (LLM Foundry's MegaBlocks keys): mb_moe with four GELU experts, top
 // 2, capacity factor 1 (choices skipped) and 1-norm weights, and mb_dmoe with three SwiGLU experts,
-// top 1; their training loss adds the balancing loss, compared on its own; and a Mixtral (four
-// SwiGLU experts, top 2, weights renormalised, no router loss) as transformers computes it.
+// top 1; their training loss adds the balancing loss, compared on its own; a Mixtral (four
+// SwiGLU experts, top 2, weights renormalised, no router loss) as transformers computes it; and a
+// Qwen3-MoE (Qwen3's heads with four SwiGLU experts, top 2, the chosen probabilities as weights).
 // Tolerance: relative norm error <= kFp32RelNorm per tensor, as for GPT-2.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
@@ -81,7 +83,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, FamilyGolden,
                                            Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kRef},
                                            Family{"mpt_dmoe_glu_tiny.safetensors", KernelImpl::kCpu},
                                            Family{"mixtral_tiny.safetensors", KernelImpl::kRef},
-                                           Family{"mixtral_tiny.safetensors", KernelImpl::kCpu}),
+                                           Family{"mixtral_tiny.safetensors", KernelImpl::kCpu},
+                                           Family{"qwen3_moe_tiny.safetensors", KernelImpl::kRef},
+                                           Family{"qwen3_moe_tiny.safetensors", KernelImpl::kCpu}),
                          [](const auto& info) {
                            std::string f = info.param.fixture;
                            f = f.substr(0, f.find("_tiny"));
@@ -250,6 +254,20 @@ TEST(Families, Qwen3Parameters) {
   EXPECT_EQ(qwen.q_width(), 2048);
   EXPECT_EQ(model_num_params(qwen), 596049920u);
   EXPECT_EQ(model_num_params(qwen) - 151936u * 1024u, 440467456u);
+}
+
+// Qwen3-30B-A3B: Qwen3's attention (32 heads of 128 over 4) with 128 experts of 768 per block:
+// 30,532,122,624 parameters (its safetensors index: 61,064,245,248 bytes of bf16).
+TEST(Families, Qwen3MoeParameters) {
+  ModelConfig qwen;
+  const YAML::Node y = YAML::Load("name: qwen3_moe\nn_layers: 48\nn_heads: 32\nn_kv_heads: 4\nd_model: 2048\n"
+                                  "intermediate_size: 6144\nmoe_intermediate_size: 768\nmax_seq_len: 40960\n"
+                                  "norm_topk_prob: true\n");
+  MapReader r(y, "model", "test");
+  read_model_section(r, qwen);
+  EXPECT_EQ(model_num_params(qwen), 30532122624u);
+  EXPECT_EQ(qwen.moe.experts, 128);
+  EXPECT_EQ(qwen.moe.top_k, 8);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ const Family& mpt_family();
 const Family& llama_family();
 const Family& mistral_family();
 const Family& mixtral_family();
+const Family& qwen3_moe_family();
 const Family& qwen2_family();
 const Family& qwen3_family();
 
@@ -21,7 +22,8 @@ namespace {
 
 const Family* const* all_families() {
   static const Family* const all[] = {&gpt2_family(),    &mpt_family(),   &llama_family(), &mistral_family(),
-                                       &mixtral_family(), &qwen2_family(), &qwen3_family(), nullptr};
+                                       &mixtral_family(), &qwen2_family(), &qwen3_family(),
+                                       &qwen3_moe_family(), nullptr};
   return all;
 }
 

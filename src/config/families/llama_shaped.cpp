@@ -161,8 +161,9 @@ void LlamaShaped::check_hf(const ModelConfig& c) const {
   require(!c.linear_bias, "biases on its products");
   require(c.has_moe() == own.has_moe(), c.has_moe() ? "mixture-of-experts MLPs" : "dense MLPs");
   if (c.has_moe())
-    require(c.moe.capacity_factor == 0 && c.moe.normalize_p == 1 && c.moe.loss_weight == 0,
-            "a mixture of experts with a capacity, weights not summing to 1, or a balancing loss");
+    require(c.moe.capacity_factor == 0 && c.moe.loss_weight == 0 &&
+                (c.moe.normalize_p == 1 || (optional_renormalization() && c.moe.normalize_p == 0)),
+            "a mixture of experts with a capacity, a balancing loss, or its chosen weights normed otherwise");
 }
 
 nlohmann::ordered_json LlamaShaped::hf_config(const ModelConfig& c) const {
@@ -220,16 +221,17 @@ void LlamaShaped::hf_tensors(const ModelConfig& c, HfTensorList& t) const {
     t.whole(h + "self_attn.o_proj.weight", a + "attprojw", {C, q});
     t.whole(h + "post_attention_layernorm.weight", a + "ln2w", {C});
     if (c.has_moe()) {
-      // Mixtral's experts, each its own w1 (gate), w3 (up) and w2 (down): expert e's gate rows,
-      // then its up rows, from e·2F in anvil's fused first product.
+      // The experts, each its own gate, up and down products (Mixtral's w1, w3 and w2): expert e's
+      // gate rows, then its up rows, from e·2F in anvil's fused first product.
       const int64_t E = c.moe.experts;
-      const std::string moe = h + "block_sparse_moe.";
+      const MoeNames n = moe_names();
+      const std::string moe = h + n.block;
       t.whole(moe + "gate.weight", a + "routerw", {E, C});
       for (int64_t e = 0; e < E; e++) {
         const std::string x = fmt::format("{}experts.{}.", moe, e);
-        t.rows(x + "w1.weight", a + "fcw", 2 * F * e, F, {F, C});
-        t.rows(x + "w2.weight", a + "fcprojw", C * e, C, {C, F});
-        t.rows(x + "w3.weight", a + "fcw", 2 * F * e + F, F, {F, C});
+        t.rows(x + n.gate + ".weight", a + "fcw", 2 * F * e, F, {F, C});
+        t.rows(x + n.down + ".weight", a + "fcprojw", C * e, C, {C, F});
+        t.rows(x + n.up + ".weight", a + "fcw", 2 * F * e + F, F, {F, C});
       }
       continue;
     }
@@ -241,7 +243,8 @@ void LlamaShaped::hf_tensors(const ModelConfig& c, HfTensorList& t) const {
 }
 
 std::string LlamaShaped::lora_unadaptable(const ModelConfig& c) const {
-  return c.has_moe() ? "the experts' w1, w2 and w3" : "";
+  const MoeNames n = moe_names();
+  return c.has_moe() ? fmt::format("the experts' {}, {} and {}", n.gate, n.up, n.down) : "";
 }
 
 std::vector<LoraModule> LlamaShaped::lora_modules(const ModelConfig& c) const {
@@ -250,9 +253,9 @@ std::vector<LoraModule> LlamaShaped::lora_modules(const ModelConfig& c) const {
   std::vector<LoraModule> m = {{"self_attn.q_proj", P::kQkv, 0, q, C}, {"self_attn.k_proj", P::kQkv, q, kv, C},
                                {"self_attn.v_proj", P::kQkv, q + kv, kv, C},
                                {"self_attn.o_proj", P::kAttnOut, 0, C, q}};
-  // Mixtral's router; its experts' w1, w2 and w3 are not adaptable yet (lora_unadaptable).
+  // The router; the experts' products are not adaptable yet (lora_unadaptable).
   if (c.has_moe()) {
-    m.push_back({"block_sparse_moe.gate", P::kRouter, 0, c.moe.experts, C});
+    m.push_back({std::string(moe_names().block) + "gate", P::kRouter, 0, c.moe.experts, C});
     return m;
   }
   m.push_back({"mlp.gate_proj", P::kFc, 0, F, C});

@@ -44,6 +44,15 @@ class LlamaShaped : public Family {
   // Its own config.json fields, both ways.
   virtual void own_keys_from_hf(HfFields&) const {}
   virtual void own_hf_config(const ModelConfig&, nlohmann::ordered_json&) const {}
+  // A mixture of experts' transformers names: the sparse block's (its router is `gate` in it), and
+  // each expert's gate, up and down products. Mixtral's unless the family says otherwise.
+  struct MoeNames {
+    const char *block, *gate, *up, *down;
+  };
+  virtual MoeNames moe_names() const { return {"block_sparse_moe.", "w1", "w3", "w2"}; }
+  // Whether the chosen experts' weights may be left as their probabilities (Qwen3-MoE's
+  // norm_topk_prob: false) besides renormalised to sum to 1.
+  virtual bool optional_renormalization() const { return false; }
 };
 
 }  // namespace anvil

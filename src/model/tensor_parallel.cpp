@@ -148,4 +148,12 @@ void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* 
   });
 }
 
+void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
+                            float* out) {
+  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+    const size_t a = std::max(w, lo), b = std::min(w + n, hi);
+    if (a < b) std::memcpy(out + (a - lo), share + s + (a - w), (b - a) * sizeof(float));
+  });
+}
+
 }  // namespace anvil

@@ -49,6 +49,10 @@ ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank);
 // writes the share's values to their places in whole, leaving the rest.
 void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share);
 void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole);
+// The same into a range [lo, hi) of the whole array alone: out[i - lo] = whole[i] for the share's
+// elements i in it.
+void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
+                            float* out);
 
 // Whether the tensor of this name (model_param_layout's) is cut among the ranks; if not, every
 // rank holds it whole.

@@ -110,19 +110,19 @@ void DataParallel::optimizer_step(double lr) {
   params_.share_update();
 }
 
-void DataParallel::copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>& exp_avg,
-                              std::vector<float>& exp_avg_sq) {
+void DataParallel::copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>* exp_avg,
+                              std::vector<float>* exp_avg_sq) {
   quiesce();
   lo = shards_.shard_lo;
   hi = shards_.shard_hi;
-  const size_t bytes = (hi - lo) * sizeof(float);
   params.resize(hi - lo);
-  exp_avg.resize(hi - lo);
-  exp_avg_sq.resize(hi - lo);
   params_.copy_to_host(lo, hi, params.data());
   // The optimizer's moments cover [shards_.lo, shards_.hi): the shard, or everything under ZeRO-0.
-  op_copy_to_host(model_.kernels(), exp_avg.data(), optimizer_.exp_avg() + (lo - shards_.lo), bytes);
-  op_copy_to_host(model_.kernels(), exp_avg_sq.data(), optimizer_.exp_avg_sq() + (lo - shards_.lo), bytes);
+  for (auto [to, from] : {std::pair{exp_avg, optimizer_.exp_avg()}, std::pair{exp_avg_sq, optimizer_.exp_avg_sq()}}) {
+    if (!to) continue;
+    to->resize(hi - lo);
+    op_copy_to_host(model_.kernels(), to->data(), from + (lo - shards_.lo), (hi - lo) * sizeof(float));
+  }
 }
 
 void DataParallel::load_full_state(const std::vector<float>& params, const std::vector<float>& exp_avg,

@@ -122,9 +122,10 @@ class DataParallel : public UnitAccess {
 
   // A copy of this rank's checkpoint shard: the rank-th of W even ranges [lo, hi) of the flat
   // parameters and optimizer moments (its ZeRO shard; under ZeRO-0, where every rank holds
-  // everything, still only that range, so that the ranks share the writing).
-  void copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>& exp_avg,
-                  std::vector<float>& exp_avg_sq);
+  // everything, still only that range, so that the ranks share the writing). Moments null: the
+  // parameters alone (what an evaluation needs).
+  void copy_shard(size_t& lo, size_t& hi, std::vector<float>& params, std::vector<float>* exp_avg = nullptr,
+                  std::vector<float>* exp_avg_sq = nullptr);
   int64_t optimizer_steps() const { return optimizer_.steps_taken(); }
   // The reverse, from full arrays (a checkpoint, whatever world size and stage saved it): each
   // rank keeps what its stage holds.

@@ -51,8 +51,8 @@ TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int
   return g;
 }
 
-void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const float* share, size_t share_n,
-                          float* whole) {
+void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const float* share, size_t share_n, size_t lo,
+                          size_t hi, float* out) {
   // The shares differ in size (their slices of the vocabulary): each rank's goes out in turn.
   std::vector<float> buffer;
   for (int r = 0; r < groups.ranks; r++) {
@@ -64,7 +64,7 @@ void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const fl
       buffer.resize(n);
     }
     groups.tensor->broadcast(buffer.data(), n, r);
-    put_tensor_share(cfg, groups.ranks, r, buffer.data(), whole);
+    put_tensor_share_range(cfg, groups.ranks, r, buffer.data(), lo, hi, out);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -338,10 +339,11 @@ class TrainingRun {
   // pipeline parallelism), else null.
   std::unique_ptr<TensorGroups> tensor_;
   Communicator& data_comm() { return tensor_ ? *tensor_->data : groups_ ? *groups_->data : comm_; }
-  // A whole-model array (model_param_layout(cfg_.model) order) from every rank's part of the same
-  // array (its stage's, its share's), each part given as this rank's range [lo, hi) of it (its
-  // ZeRO shard); a collective of the job.
-  std::vector<float> gather_whole(size_t lo, size_t hi, const std::vector<float>& mine);
+  // A whole-model array (model_param_layout(cfg_.model) order), or its range [from, to), from
+  // every rank's part of the same array (its stage's, its share's), each part given as this rank's
+  // range [lo, hi) of it (its ZeRO shard); a collective of the job.
+  std::vector<float> gather_whole(size_t lo, size_t hi, const std::vector<float>& mine, size_t from = 0,
+                                  size_t to = std::numeric_limits<size_t>::max());
   // The reverse: this rank's part of a whole-model array.
   std::vector<float> own_part(const std::vector<float>& whole) const;
   // W_, rank_: of the job; D_, data_rank_: of the data-parallel group, which splits the batch.
@@ -665,8 +667,8 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
     whole = make_model(cfg_.model, model_->max_batch(), T_, storage);
     whole->set_compute_dtype(cfg_.precision);
     size_t lo = 0, hi = 0;
-    std::vector<float> params, exp_avg, exp_avg_sq;
-    dp_->copy_shard(lo, hi, params, exp_avg, exp_avg_sq);
+    std::vector<float> params;
+    dp_->copy_shard(lo, hi, params);
     const std::vector<float> w = gather_whole(lo, hi, params);
     std::copy(w.begin(), w.end(), whole->params());
   }
@@ -713,7 +715,8 @@ std::vector<float> TrainingRun::own_part(const std::vector<float>& whole) const 
   return groups_ ? stage_part(*model_, mine) : mine;
 }
 
-std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::vector<float>& mine) {
+std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::vector<float>& mine, size_t from,
+                                             size_t to) {
   // The data-parallel ranks' ranges follow one another in rank order: the rank's whole part.
   Communicator& data = data_comm();
   std::vector<size_t> counts;
@@ -726,26 +729,27 @@ std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::ve
     gather_whole_params(*groups_, *model_, part.data(), stages.data());
     part = std::move(stages);
   }
-  if (!tensor_) return part;
-  std::vector<float> whole(model_num_params(cfg_.model));
-  gather_tensor_shares(*tensor_, cfg_.model, part.data(), part.size(), whole.data());
-  return whole;
+  to = std::min(to, model_num_params(cfg_.model));
+  if (!tensor_ && from == 0 && to == part.size()) return part;
+  if (!tensor_) return std::vector<float>(part.begin() + static_cast<std::ptrdiff_t>(from),
+                                          part.begin() + static_cast<std::ptrdiff_t>(to));
+  std::vector<float> range(to - from);
+  gather_tensor_shares(*tensor_, cfg_.model, part.data(), part.size(), from, to, range.data());
+  return range;
 }
 
 void TrainingRun::save(int64_t at_step) {
   CheckpointShard shard;
   shard.rank = rank_;
   shard.world = W_;
-  dp_->copy_shard(shard.lo, shard.hi, shard.params, shard.exp_avg, shard.exp_avg_sq);  // what training waits for
+  dp_->copy_shard(shard.lo, shard.hi, shard.params, &shard.exp_avg, &shard.exp_avg_sq);  // what training waits for
   std::vector<int> grad_scales = dp_->grad_scales();
   if (tensor_) {
-    // The whole model's state, of which this rank writes the rank-th of W even ranges. The shares'
-    // scales are the whole tensors' (parallel/tensor_parallel.h).
+    // The whole model's state, of which this rank gathers and writes the rank-th of W even ranges.
+    // The shares' scales are the whole tensors' (parallel/tensor_parallel.h).
     const size_t n = model_num_params(cfg_.model), lo = n * rank_ / W_, hi = n * (rank_ + 1) / W_;
-    for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq}) {
-      const std::vector<float> whole = gather_whole(shard.lo, shard.hi, *v);
-      v->assign(whole.begin() + static_cast<std::ptrdiff_t>(lo), whole.begin() + static_cast<std::ptrdiff_t>(hi));
-    }
+    for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq})
+      *v = gather_whole(shard.lo, shard.hi, *v, lo, hi);
     shard.lo = lo;
     shard.hi = hi;
   } else if (groups_) {

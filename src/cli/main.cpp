@@ -311,8 +311,8 @@ constexpr const char* kExportHelp = R"(usage: anvil export CHECKPOINT OUT_DIR [-
 
 Writes CHECKPOINT (a checkpoint directory, or a run directory: its latest) as a new directory
 that Hugging Face transformers loads with AutoModelForCausalLM.from_pretrained(OUT_DIR):
-config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, or MPTForCausalLM for
-model_type mpt),
+config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, or MPTForCausalLM for model_type mpt),
 generation_config.json, the weights in safetensors under transformers' tensor names, and the
 tokenizer's files (GPT-2 BPE: vocab.json, merges.txt; SentencePiece: tokenizer.model;
 tokenizer.json as it was read; each with tokenizer_config.json and special_tokens_map.json). A model that
@@ -345,12 +345,15 @@ constexpr const char* kImportHelp = R"(usage: anvil import HF_DIR OUT_DIR
 
 Reads a Hugging Face transformers model directory (config.json with model.safetensors, or shards
 named by model.safetensors.index.json; F32, BF16 or F16 tensors) of a GPT-2 (model_type gpt2),
-Llama (llama), Mistral (mistral) or MPT (mpt) and writes its weights as the step-0 checkpoint of a new run directory
+Llama (llama), Mistral (mistral), Mixtral (mixtral), Qwen2 (qwen2), Qwen3 (qwen3), Qwen3-MoE
+(qwen3_moe) or MPT (mpt) and writes its weights as the step-0 checkpoint of a new run directory
 OUT_DIR. `anvil train CONFIG load_path=OUT_DIR` fine-tunes it (a fresh optimizer, from step 0,
 with a config whose model section describes the same model), and `anvil generate`, `anvil eval`
 and `anvil export` read it. GPT-2's original files (names without "transformer.", attn.bias
-buffers) are accepted. A config field anvil cannot honour (rope_scaling, a sliding window in a
-Llama, biases in a Llama) or a tensor the config does not describe is an error naming it; nothing is written then.
+buffers) are accepted. Llama 3.1's rope_scaling (llama3, linear) is honoured. A config field anvil
+cannot honour (another rope_scaling type, a sliding window or biases in a Llama, Qwen's
+use_sliding_window, transformers' MoE router loss) or a tensor the config does not describe is an
+error naming it; nothing is written then.
 
 example:
   anvil import hf/gpt2 runs/gpt2-base

@@ -1,6 +1,7 @@
 #include "train/stack.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "model/tensor_parallel.h"
 #include "parallel/collectives.h"
@@ -33,10 +34,13 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
                            storage.stage, held);
   int microbatch = s.plan.microbatch;
   // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, a pipeline's stages
-  // pass microbatches on, and a tensor group's ranks run each one together.
+  // pass microbatches on, and a tensor group's ranks run each one together. The groups are the
+  // axes of the job's grid, so the smallest along each in turn is the smallest of all.
+  std::vector<Communicator*> groups = {&comm};
+  if (pipeline) groups.push_back(pipeline->pipeline.get());
+  if (tensor) groups.push_back(&tensor->tensor->comm());
   if (cfg.microbatch_auto)
-    for (Communicator* group : {&comm, pipeline ? pipeline->pipeline.get() : &comm,
-                                tensor ? &tensor->tensor->comm() : &comm})
+    for (Communicator* group : groups)
       if (group->size() > 1)
         for (double choice : all_gather_values(*group, microbatch))
           microbatch = std::min(microbatch, static_cast<int>(choice));

@@ -191,40 +191,34 @@ theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
 ours=$("$anvil" generate "$tmp/w-mistral-short" --prompt "$prompt" --max-new-tokens 30 --temperature 0 2>/dev/null)
 [ "$theirs" = "$ours" ] && pass "mistral: 30 tokens greedily past a window of 16, as the reader: '$ours'" \
   || fail "mistral window 16: the reader continues '$theirs', anvil generate '$ours'"
-# Mixtral: each MLP a sparse block of 4 experts, top 2, their weights renormalised. The import's
-# loss is the reader's, and so are 12 greedy tokens. The export keeps config.json's experts, and
-# the reader, reading the export's per-expert tensors, gets the same loss as from the original.
-imported mixtral mixtral
-cont=$("${reader[@]}" greedy "$tmp/w-mixtral" 12 $ids 2>&1)
-theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
-ours=$("$anvil" generate "$tmp/i-mixtral" --prompt "$prompt" --max-new-tokens 12 --temperature 0 2>/dev/null)
-[ "$theirs" = "$ours" ] && pass "mixtral: 12 tokens greedily, as the reader: '$ours'" \
-  || fail "mixtral: the reader continues '$theirs', anvil generate '$ours'"
-round_trips mixtral \
-  && grep -q '"model_type": "mixtral"' "$tmp/hf-mixtral/config.json" \
-  && grep -q '"num_local_experts": 4' "$tmp/hf-mixtral/config.json" \
-  && grep -q '"num_experts_per_tok": 2' "$tmp/hf-mixtral/config.json" \
-  && [ "$("${reader[@]}" loss "$tmp/hf-mixtral" "$tmp/data/val" 16 2>&1)" = \
-       "$("${reader[@]}" loss "$tmp/w-mixtral" "$tmp/data/val" 16 2>&1)" ] \
-  && pass "mixtral: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
-  || fail "mixtral: export round trip: $(head -c 400 "$tmp/hf-mixtral/config.json" 2>&1)"
+# sparse NAME FIELD...: a mixture of experts the reader wrote as NAME: the import's loss is the
+# reader's (imported), and so are 12 greedy tokens; the export keeps config.json's model_type and
+# each FIELD (a '"key": value' text), and the reader, reading the export's per-expert tensors, gets
+# the same loss as from the original.
+sparse() {
+  local name="$1"; shift
+  imported "$name" "$name"
+  local cont theirs ours field kept=1 trip=0
+  cont=$("${reader[@]}" greedy "$tmp/w-$name" 12 $ids 2>&1)
+  theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
+  ours=$("$anvil" generate "$tmp/i-$name" --prompt "$prompt" --max-new-tokens 12 --temperature 0 2>/dev/null)
+  [ "$theirs" = "$ours" ] && pass "$name: 12 tokens greedily, as the reader: '$ours'" \
+    || fail "$name: the reader continues '$theirs', anvil generate '$ours'"
+  round_trips "$name" && trip=1  # writes the export hf-NAME
+  for field in "\"model_type\": \"$name\"" "$@"; do
+    grep -q "$field" "$tmp/hf-$name/config.json" 2>/dev/null || kept=0
+  done
+  [ "$trip" = 1 ] && [ "$kept" = 1 ] \
+    && [ "$("${reader[@]}" loss "$tmp/hf-$name" "$tmp/data/val" 16 2>&1)" = \
+         "$("${reader[@]}" loss "$tmp/w-$name" "$tmp/data/val" 16 2>&1)" ] \
+    && pass "$name: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
+    || fail "$name: export round trip: $(head -c 400 "$tmp/hf-$name/config.json" 2>&1)"
+}
+# Mixtral: each MLP a sparse block of 4 experts, top 2, their weights renormalised.
+sparse mixtral '"num_local_experts": 4' '"num_experts_per_tok": 2'
 # Qwen3-MoE: Qwen3's heads (head_dim wider than hidden_size / heads, per-head q/k norms) with each
 # MLP a sparse block of 4 experts, top 2, their probabilities as weights (norm_topk_prob false).
-# As Mixtral's: the reader's loss and 12 greedy tokens, and the export's tensors and config.json.
-imported qwen3_moe qwen3_moe
-cont=$("${reader[@]}" greedy "$tmp/w-qwen3_moe" 12 $ids 2>&1)
-theirs=$(printf '%s\n' $ids $cont | "$anvil" tokenize --decode)
-ours=$("$anvil" generate "$tmp/i-qwen3_moe" --prompt "$prompt" --max-new-tokens 12 --temperature 0 2>/dev/null)
-[ "$theirs" = "$ours" ] && pass "qwen3_moe: 12 tokens greedily, as the reader: '$ours'" \
-  || fail "qwen3_moe: the reader continues '$theirs', anvil generate '$ours'"
-round_trips qwen3_moe \
-  && grep -q '"model_type": "qwen3_moe"' "$tmp/hf-qwen3_moe/config.json" \
-  && grep -q '"num_experts": 4' "$tmp/hf-qwen3_moe/config.json" \
-  && grep -q '"norm_topk_prob": false' "$tmp/hf-qwen3_moe/config.json" \
-  && [ "$("${reader[@]}" loss "$tmp/hf-qwen3_moe" "$tmp/data/val" 16 2>&1)" = \
-       "$("${reader[@]}" loss "$tmp/w-qwen3_moe" "$tmp/data/val" 16 2>&1)" ] \
-  && pass "qwen3_moe: import(export(x)) has x's digest, config.json keeps the experts, the reader's loss of the export" \
-  || fail "qwen3_moe: export round trip: $(head -c 400 "$tmp/hf-qwen3_moe/config.json" 2>&1)"
+sparse qwen3_moe '"num_experts": 4' '"num_experts_per_tok": 2' '"norm_topk_prob": false'
 # Llama 3.1's rope_scaling (rope_type llama3) as transformers 4 writes it, and as transformers 5
 # does (rope_parameters holding rope_theta; dtype for torch_dtype): the reader's loss, the same
 # weights from both, and config.json's rope_scaling kept through export. The scaling matters here:

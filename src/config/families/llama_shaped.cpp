@@ -97,6 +97,21 @@ void LlamaShaped::read_keys(MapReader& m, ModelConfig& c) const {
   read_own_keys(m, c);
 }
 
+void LlamaShaped::read_routing(MapReader& m, ModelConfig& c, const char* experts_key) const {
+  m.get(experts_key, c.moe.experts);
+  ANVIL_CHECK(c.moe.experts >= 1, "{}: {} = {} must be at least 1", m.source(experts_key), m.full(experts_key),
+              c.moe.experts);
+  m.get("num_experts_per_tok", c.moe.top_k);
+  ANVIL_CHECK(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts, "{}: {} = {} must be between 1 and {} ({})",
+              m.source("num_experts_per_tok"), m.full("num_experts_per_tok"), c.moe.top_k, experts_key,
+              c.moe.experts);
+  const std::string why = fmt::format("transformers' router loss over the whole batch is not anvil's per-sequence "
+                                      "balancing loss, so anvil trains {} without one, as transformers does by "
+                                      "default", title);
+  only(m, "output_router_logits", false, why.c_str());
+  ignored<double>(m, "router_aux_loss_coef");
+}
+
 void LlamaShaped::write_keys(YAML::Emitter& e, const ModelConfig& c) const {
   auto key = [&](const char* k, const auto& v) { e << YAML::Key << k << YAML::Value << yaml_value(v); };
   if (c.n_kv_heads) key("n_kv_heads", c.n_kv_heads);

@@ -50,6 +50,10 @@ class LlamaShaped : public Family {
     const char *block, *gate, *up, *down;
   };
   virtual MoeNames moe_names() const { return {"block_sparse_moe.", "w1", "w3", "w2"}; }
+  // A sparse family's routing keys, read alike: the experts (under experts_key), each token's
+  // num_experts_per_tok of them, and transformers' router loss (output_router_logits, refused;
+  // router_aux_loss_coef, which weighs it, read without effect).
+  void read_routing(MapReader& m, ModelConfig& c, const char* experts_key) const;
   // Whether the chosen experts' weights may be left as their probabilities (Qwen3-MoE's
   // norm_topk_prob: false) besides renormalised to sum to 1.
   virtual bool optional_renormalization() const { return false; }

@@ -31,17 +31,8 @@ class Mixtral final : public LlamaShaped {
     c.moe.loss_weight = 0.0f;
   }
   void read_own_keys(MapReader& m, ModelConfig& c) const override {
-    m.get("num_local_experts", c.moe.experts);
-    ANVIL_CHECK(c.moe.experts >= 1, "{}: {} = {} must be at least 1", m.source("num_local_experts"),
-                m.full("num_local_experts"), c.moe.experts);
-    m.get("num_experts_per_tok", c.moe.top_k);
-    ANVIL_CHECK(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts, "{}: {} = {} must be between 1 and "
-                "num_local_experts ({})", m.source("num_experts_per_tok"), m.full("num_experts_per_tok"), c.moe.top_k,
-                c.moe.experts);
-    only(m, "output_router_logits", false, "transformers' router loss over the whole batch is not anvil's per-sequence "
-         "balancing loss, so anvil trains Mixtral without one, as transformers does by default");
+    read_routing(m, c, "num_local_experts");
     only(m, "router_jitter_noise", 0.0, "the router's input is never jittered");
-    ignored<double>(m, "router_aux_loss_coef");  // weighs the loss output_router_logits would add
   }
   void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const override {
     e << YAML::Key << "num_local_experts" << YAML::Value << c.moe.experts;

@@ -46,12 +46,7 @@ class Qwen3Moe final : public LlamaShaped {
     ANVIL_CHECK(width >= 1, "{}: {} = {} must be a positive number of units", m.source("moe_intermediate_size"),
                 m.full("moe_intermediate_size"), width);
     c.mlp_hidden = width;
-    m.get("num_experts", c.moe.experts);
-    ANVIL_CHECK(c.moe.experts >= 1, "{}: {} = {} must be at least 1", m.source("num_experts"), m.full("num_experts"),
-                c.moe.experts);
-    m.get("num_experts_per_tok", c.moe.top_k);
-    ANVIL_CHECK(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts, "{}: {} = {} must be between 1 and num_experts "
-                "({})", m.source("num_experts_per_tok"), m.full("num_experts_per_tok"), c.moe.top_k, c.moe.experts);
+    read_routing(m, c, "num_experts");
     bool renormalize = false;
     m.get("norm_topk_prob", renormalize);
     c.moe.normalize_p = renormalize ? 1.0f : 0.0f;
@@ -60,9 +55,6 @@ class Qwen3Moe final : public LlamaShaped {
     ANVIL_CHECK(!dense || dense.IsNull() || (dense.IsSequence() && dense.size() == 0), "{}: {} is not supported (every "
                 "block's MLP is a mixture of experts); expected [] or none", m.source("mlp_only_layers"),
                 m.full("mlp_only_layers"));
-    only(m, "output_router_logits", false, "transformers' router loss over the whole batch is not anvil's "
-         "per-sequence balancing loss, so anvil trains Qwen3-MoE without one, as transformers does by default");
-    ignored<double>(m, "router_aux_loss_coef");  // weighs the loss output_router_logits would add
   }
   void write_own_keys(YAML::Emitter& e, const ModelConfig& c) const override {
     e << YAML::Key << "moe_intermediate_size" << YAML::Value << c.mlp_width();

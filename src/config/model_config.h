@@ -110,6 +110,11 @@ struct ModelConfig {
   // of vocab_whole ids; vocab_whole 0: the model holds the whole vocabulary.
   int vocab_first = 0;
   int vocab_whole = 0;
+  // A tensor-parallel share's rank among the tensor_ranks ranks that hold the model: besides its
+  // share of every block and of the vocabulary, it holds its rows of the residual stream and the
+  // norms' activations (sequence parallelism; Decoder's held rows). 1: the model is whole.
+  int tensor_ranks = 1;
+  int tensor_rank = 0;
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return head_dim ? head_dim : d_model / n_heads; }

@@ -97,6 +97,10 @@ void rmsnorm_backward(KernelImpl impl, float* dinp, float* dweight, const float*
                       const float* weight, const float* rstd, int N, int C) {
   ANVIL_DISPATCH(impl, rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
+void rmsnorm_weight_sums(KernelImpl impl, double* sums, const float* dout, const float* inp, const float* rstd, int N,
+                         int C) {
+  ANVIL_DISPATCH(impl, rmsnorm_weight_sums, sums, dout, inp, rstd, N, C);
+}
 bool matmul_rows_independent(KernelImpl impl) { return impl != KernelImpl::kGpu; }
 int matmul_column_block(KernelImpl impl, int columns, int preferred) {
   return impl == KernelImpl::kGpu ? columns : std::min(columns, preferred);

@@ -147,7 +147,7 @@ void Decoder::set_max_batch(int max_batch) {
   positions_op_.assign_zeros(kernels(), BT);
   losses_host_.assign(BT, 0.0f);
   dresidual_ = grad_act_memory_.data();
-  dsmall_ = dresidual_ + BT * C;
+  dsmall_ = dresidual_ + held_capacity() * C;
   dbig_ = dsmall_ + BT * Widths(cfg_).dsmall;
   const size_t GT = static_cast<size_t>(grain_sequences()) * T;
   const Widths w(cfg_);
@@ -156,7 +156,9 @@ void Decoder::set_max_batch(int max_batch) {
   dfc_ = swiglu ? dbig_ + GK * w.hidden : dbig_;  // GELU's backward runs in place
   dqkv_ = dbig_ + GK * w.hidden + (swiglu ? GK * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
-  dqk_ = demb_rows_ + T * C;
+  gathered_ = stream_cut() ? demb_rows_ + T * C : nullptr;
+  rms_weight_sums_.assign(stream_cut() && cfg_.norm == NormKind::kRmsNorm ? C : 0, 0.0);
+  dqk_ = demb_rows_ + T * C + (stream_cut() ? GT * C : 0);
   if (cfg_.has_moe()) {
     dexpert_out_ = dqk_ + (cfg_.qk_norm != QkNorm::kNone ? GT * w.q : 0);
     dexpert_in_ = dexpert_out_ + GK * C;
@@ -390,6 +392,8 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
 void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
+  ANVIL_CHECK(!stream_cut() || tensor_exchange_, "a tensor-parallel share of {} ranks runs with the other ranks: "
+              "set_tensor_exchange first", cfg_.tensor_ranks);
   const int C = cfg_.d_model, V = cfg_.whole_vocab(), L = cfg_.n_layers;
   const int N = B * T;
   ANVIL_CHECK(first_stage() ? tokens != nullptr : input != nullptr, "the pipeline stage of blocks [{}, {}) starts "
@@ -421,18 +425,25 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   const size_t wpe_offset = static_cast<size_t>(cfg_.vocab_size) * C;  // inside the embedding unit
   const bool learned = cfg_.positions == PositionKind::kLearned;
 
+  const HeldRows held = held_rows(N);
+  const size_t held_floats = static_cast<size_t>(held.n) * C;
   if (first_stage()) {
+    // A tensor-parallel share forms every row (its tokens' from its vocabulary, the others' from
+    // their ranks) and keeps the rows it holds.
+    float* encoded = stream_cut() ? a.scratch : a.encoded;
     const float* emb = acquire_base(0, 1);
     if (cfg_.vocab_cut())
-      vocab_parallel_embedding(emb, learned ? emb + wpe_offset : nullptr);
+      vocab_parallel_embedding(encoded, emb, learned ? emb + wpe_offset : nullptr);
     else
-      encoder_forward(kernels(), a.encoded, tokens_op_.data(), positions_op(0), emb,
+      encoder_forward(kernels(), encoded, tokens_op_.data(), positions_op(0), emb,
                       learned ? emb + wpe_offset : nullptr, B, T, C);
     release_base(0);
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
-    if (emb_drop.active()) dropout_apply(kernels(), a.encoded, a.encoded, B, static_cast<long>(T) * C, emb_drop);
+    if (emb_drop.active()) dropout_apply(kernels(), encoded, encoded, B, static_cast<long>(T) * C, emb_drop);
+    if (stream_cut())
+      op_copy(kernels(), a.encoded, encoded + static_cast<size_t>(held.first) * C, held_floats * sizeof(float));
   } else {
-    op_copy_from_host(kernels(), a.encoded, input, static_cast<size_t>(N) * C * sizeof(float));
+    op_copy_from_host(kernels(), a.encoded, input + static_cast<size_t>(held.first) * C, held_floats * sizeof(float));
   }
   for (int l = stage().first_layer; l < stage().end_layer; l++) {
     const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
@@ -448,8 +459,8 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   if (!last_stage()) return;
   const float* lnf = acquire_base(L + 1, head_unit());
   norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, block_output(L - 1), lnf,
-               has_norm_bias(cfg_) ? lnf + C : nullptr, N, C);
-  round_to_dtype(kernels(), a.lnf, static_cast<long>(N) * C, dtype());
+               has_norm_bias(cfg_) ? lnf + C : nullptr, held.n, C);
+  round_to_dtype(kernels(), a.lnf, static_cast<long>(held_floats), dtype());
   release_base(L + 1);
 }
 
@@ -460,11 +471,28 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   float* residual3 = block_output(l);
   float* scratch = acts_.scratch;
   // Under amp every matrix product's input and output is rounded to the compute dtype (a no-op in
-  // fp32); the residual stream and the norms stay fp32.
-  const long NC = static_cast<long>(N) * C;
-  norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, N, C);
-  round_to_dtype(kernels(), x.ln1, NC, dtype());
-  linear_forward(l, linear(p, BlockProduct::kQkv), x.qkv, x.ln1, adapters);
+  // fp32); the residual stream and the norms stay fp32. Under sequence parallelism the norms and
+  // the residual sums run over the rows held; a norm's output is gathered whole into scratch for
+  // the product it feeds, and a row-parallel product's output (dropout applied on the chain's last
+  // rank) goes to the rows' holders for the residual sum.
+  const HeldRows held = held_rows(N);
+  const long HC = static_cast<long>(held.n) * C;
+  const size_t first = static_cast<size_t>(held.first) * C;
+  auto whole = [&](const float* normed) {
+    if (!stream_cut()) return normed;
+    gather_held_rows(scratch, normed, 0, N, C);
+    return static_cast<const float*>(scratch);
+  };
+  auto add_branch = [&](float* out, const float* in, DropoutKind kind) {
+    const DropoutSite drop = dropout_site(1 + l, kind, cfg_.resid_pdrop, 0);
+    const bool last = !stream_cut() || tensor_exchange_->rank() + 1 == tensor_exchange_->ranks();
+    if (drop.active() && last) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, drop);
+    if (stream_cut()) send_rows_to_holders(scratch, 0, N, C);
+    residual_forward(kernels(), out, in, scratch + first, HC);
+  };
+  norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, held.n, C);
+  round_to_dtype(kernels(), x.ln1, HC, dtype());
+  linear_forward(l, linear(p, BlockProduct::kQkv), x.qkv, whole(x.ln1), adapters);
   if (cfg_.qk_norm != QkNorm::kNone) qk_norm_forward(x, p);
   if (cfg_.positions == PositionKind::kRope) {
     // The rotated queries and keys are what attention saw: kept for the backward pass as qkv.
@@ -476,21 +504,17 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   round_to_dtype(kernels(), x.atty, static_cast<long>(N) * w.q, dtype());
   linear_forward(l, linear(p, BlockProduct::kAttnOut), scratch, x.atty, adapters);
   // Residual dropout on each branch's output, before it joins the stream.
-  const DropoutSite att_drop = dropout_site(1 + l, DropoutKind::kAttentionOutput, cfg_.resid_pdrop, 0);
-  if (att_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, att_drop);
-  residual_forward(kernels(), x.residual2, residual, scratch, NC);
-  norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, N, C);
-  round_to_dtype(kernels(), x.ln2, NC, dtype());
+  add_branch(x.residual2, residual, DropoutKind::kAttentionOutput);
+  norm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b, held.n, C);
+  round_to_dtype(kernels(), x.ln2, HC, dtype());
   if (cfg_.has_moe()) {
     moe_forward(l, x, p, adapters, scratch);
   } else {
-    linear_forward(l, linear(p, BlockProduct::kFc), x.fch, x.ln2, adapters);
+    linear_forward(l, linear(p, BlockProduct::kFc), x.fch, whole(x.ln2), adapters);
     mlp_activation(acts_.fch_gelu, x.fch, N);
     linear_forward(l, linear(p, BlockProduct::kFcProj), scratch, acts_.fch_gelu, adapters);
   }
-  const DropoutSite mlp_drop = dropout_site(1 + l, DropoutKind::kMlpOutput, cfg_.resid_pdrop, 0);
-  if (mlp_drop.active()) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, mlp_drop);
-  residual_forward(kernels(), residual3, x.residual2, scratch, NC);
+  add_branch(residual3, x.residual2, DropoutKind::kMlpOutput);
 }
 
 // The queries' and the keys' columns of a qkv row, each normed as `per_position` rows of `norm`
@@ -578,7 +602,7 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     matmul_backward(matmul_, chained ? nullptr : dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out,
                     inp, f.weight, N, f.in, f.out, false);
     units_in_stage_.grain_done(1 + l, f.offset, f.span());
-    if (chained) chained_input_grad(f, dinp, dout, N);
+    if (chained) chained_input_grad(f, dinp, dout, b * T_, N);
   }
   round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
 }
@@ -586,6 +610,94 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
 std::vector<int> Decoder::column_parts(BlockProduct p) const {
   const Widths w(cfg_);
   return p == BlockProduct::kQkv ? w.qkv_parts() : w.fc_parts();
+}
+
+Decoder::HeldRows Decoder::held_rows(int rank, int N) const {
+  if (!stream_cut()) return {0, N};
+  const int64_t R = cfg_.tensor_ranks;
+  const int first = static_cast<int>(int64_t{N} * rank / R), end = static_cast<int>(int64_t{N} * (rank + 1) / R);
+  return {first, end - first};
+}
+
+void Decoder::gather_held_rows(float* whole, const float* held, int g0, int g1, int width) {
+  TensorExchange& x = *tensor_exchange_;
+  const int N = B_ * T_;
+  for (int q = 0; q < x.ranks(); q++) {
+    const HeldRows h = held_rows(q, N);
+    const int a = std::max(g0, h.first), e = std::min(g1, h.first + h.n);
+    if (a >= e) continue;
+    float* to = whole + static_cast<size_t>(a - g0) * width;
+    const size_t n = static_cast<size_t>(e - a) * width;
+    if (q == x.rank()) op_copy(kernels(), to, held + static_cast<size_t>(a - h.first) * width, n * sizeof(float));
+    x.broadcast(to, n, q);
+  }
+}
+
+void Decoder::send_rows_to_holders(float* whole, int g0, int g1, int width) {
+  TensorExchange& x = *tensor_exchange_;
+  const int N = B_ * T_, last = x.ranks() - 1;
+  for (int q = 0; q < last; q++) {
+    const HeldRows h = held_rows(q, N);
+    const int a = std::max(g0, h.first), e = std::min(g1, h.first + h.n);
+    if (a >= e) continue;
+    float* at = whole + static_cast<size_t>(a - g0) * width;
+    const size_t n = static_cast<size_t>(e - a) * width;
+    if (x.rank() == last) x.send(q, at, n);
+    if (x.rank() == q) x.receive(last, at, n);
+  }
+  if (x.rank() == last) x.wait_sends();
+}
+
+void Decoder::norm_backward_rows(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                                 const float* mean, const float* rstd, int g0, int g1) {
+  const int C = cfg_.d_model;
+  const size_t c = static_cast<size_t>(C);
+  if (!stream_cut())
+    return norm_backward(dinp + g0 * c, dw, dout, inp + g0 * c, w, mean + g0, rstd + g0, g1 - g0, C);
+  TensorExchange& x = *tensor_exchange_;
+  const int N = B_ * T_;
+  const size_t span = norm_params();
+  std::vector<int> holders;
+  for (int q = 0; q < x.ranks(); q++) {
+    const HeldRows h = held_rows(q, N);
+    if (std::max(g0, h.first) < std::min(g1, h.first + h.n)) holders.push_back(q);
+  }
+  const auto me = std::find(holders.begin(), holders.end(), x.rank());
+  if (me != holders.end()) {
+    const HeldRows h = held_rows(N);
+    const int a = std::max(g0, h.first), e = std::min(g1, h.first + h.n);
+    const size_t at = static_cast<size_t>(a - h.first);
+    const bool first_holder = me == holders.begin(), last_holder = me + 1 == holders.end();
+    const float* d = dout + static_cast<size_t>(a - g0) * c;
+    if (cfg_.norm == NormKind::kRmsNorm) {
+      // RMSNorm adds its weight's terms in double and the sum to dw once: the double sums go
+      // from holder to holder (as the bytes of twice as many floats), and the last adds them.
+      double* sums = rms_weight_sums_.data();
+      float* sums_bytes = reinterpret_cast<float*>(sums);
+      std::fill(rms_weight_sums_.begin(), rms_weight_sums_.end(), 0.0);
+      if (!first_holder) x.receive(me[-1], sums_bytes, 2 * c);
+      norm_backward(dinp + at * c, nullptr, d, inp + at * c, w, mean + at, rstd + at, e - a, C);
+      rmsnorm_weight_sums(kernels(), sums, d, inp + at * c, rstd + at, e - a, C);
+      if (last_holder)
+        for (size_t k = 0; k < c; k++) dw[k] = static_cast<float>(dw[k] + sums[k]);
+      else
+        x.send(me[1], sums_bytes, 2 * c);
+    } else {
+      // LayerNorm adds each row's terms to dw in fp32: dw goes from holder to holder.
+      if (!first_holder) x.receive(me[-1], dw, span);
+      norm_backward(dinp + at * c, dw, d, inp + at * c, w, mean + at, rstd + at, e - a, C);
+      if (!last_holder) x.send(me[1], dw, span);
+    }
+    x.wait_sends();
+  }
+  x.broadcast(dw, span, holders.back());
+}
+
+const float* Decoder::lnf_rows(int b) {
+  const int T = T_, C = cfg_.d_model;
+  if (!stream_cut()) return acts_.lnf + static_cast<size_t>(b) * T * C;
+  gather_held_rows(gathered_, acts_.lnf, b * T, (b + 1) * T, C);
+  return gathered_;
 }
 
 int Decoder::chain_rows(int N) const {
@@ -605,10 +717,9 @@ void Decoder::chained_forward(const Linear& f, float* out, const float* inp) {
     if (r + 1 < R) x.send(r + 1, o, static_cast<size_t>(m) * f.out);
   }
   x.wait_sends();
-  x.broadcast(out, static_cast<size_t>(N) * f.out, R - 1);
 }
 
-void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout, int N) {
+void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout, int g0, int N) {
   TensorExchange& x = *tensor_exchange_;
   const int R = x.ranks(), r = x.rank(), rows = chain_rows(N);
   const std::vector<int> parts = column_parts(f.product);
@@ -627,7 +738,7 @@ void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout
     x.wait_sends();
     at += parts[p];
   }
-  x.broadcast(dinp, static_cast<size_t>(N) * f.in, R - 1);
+  send_rows_to_holders(dinp, g0, g0 + N, f.in);
 }
 
 int Decoder::vocab_owner(int32_t token) const {
@@ -640,7 +751,7 @@ void Decoder::share_by_rank(std::vector<float>& buffer, size_t n, int root) {
   tensor_exchange_->broadcast(buffer.data(), n, root);
 }
 
-void Decoder::vocab_parallel_embedding(const float* wte, const float* wpe) {
+void Decoder::vocab_parallel_embedding(float* out, const float* wte, const float* wpe) {
   TensorExchange& x = *tensor_exchange_;
   const int B = B_, T = T_, C = cfg_.d_model, N = B * T, R = x.ranks(), me = x.rank();
   if (vocab_.bounds.empty())
@@ -652,7 +763,7 @@ void Decoder::vocab_parallel_embedding(const float* wte, const float* wpe) {
   for (int i = 0; i < N; i++) vocab_.columns[i] = vocab_owner(tokens_[i]) == me ? tokens_[i] - cfg_.vocab_first : 0;
   op_copy_from_host(kernels(), compact_tokens_op_.data(), vocab_.columns.data(),
                     static_cast<size_t>(N) * sizeof(int32_t));
-  encoder_forward(kernels(), acts_.encoded, compact_tokens_op_.data(), positions_op(0), wte, wpe, B, T, C);
+  encoder_forward(kernels(), out, compact_tokens_op_.data(), positions_op(0), wte, wpe, B, T, C);
   const size_t row = static_cast<size_t>(C);
   for (int root = 0; root < R; root++) {
     std::vector<int>& rows = vocab_.rows;
@@ -663,11 +774,11 @@ void Decoder::vocab_parallel_embedding(const float* wte, const float* wpe) {
     buffer.resize(rows.size() * row);
     if (root == me)
       for (size_t k = 0; k < rows.size(); k++)
-        std::copy_n(acts_.encoded + rows[k] * row, row, buffer.begin() + static_cast<std::ptrdiff_t>(k * row));
+        std::copy_n(out + rows[k] * row, row, buffer.begin() + static_cast<std::ptrdiff_t>(k * row));
     share_by_rank(buffer, rows.size() * row, root);
     if (root != me)
       for (size_t k = 0; k < rows.size(); k++)
-        std::copy_n(buffer.begin() + static_cast<std::ptrdiff_t>(k * row), row, acts_.encoded + rows[k] * row);
+        std::copy_n(buffer.begin() + static_cast<std::ptrdiff_t>(k * row), row, out + rows[k] * row);
   }
 }
 
@@ -706,7 +817,7 @@ void Decoder::vocab_parallel_crossentropy(const int32_t* targets_op, float* loss
                             v.max.data() + rows, targets_op, dloss, T, V, dtype());
 }
 
-void Decoder::chained_head_input_grad(const float* emb, float* dinp) {
+void Decoder::chained_head_input_grad(const float* emb, float* dinp, int b) {
   TensorExchange& x = *tensor_exchange_;
   const int R = x.ranks(), r = x.rank(), T = T_, C = cfg_.d_model, V = cfg_.vocab_size, rows = chain_rows(T);
   const int chunk = matmul_column_block(kernels(), V, kVocabChunk);
@@ -720,7 +831,7 @@ void Decoder::chained_head_input_grad(const float* emb, float* dinp) {
     if (r + 1 < R) x.send(r + 1, d, static_cast<size_t>(m) * C);
   }
   x.wait_sends();
-  x.broadcast(dinp, static_cast<size_t>(T) * C, R - 1);
+  send_rows_to_holders(dinp, b * T, (b + 1) * T, C);
 }
 
 void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, const float* inp,
@@ -779,10 +890,9 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
   }
 }
 
-void Decoder::lm_head(const float* emb, int b) {
-  const int T = T_, C = cfg_.d_model, V = cfg_.vocab_size;
+void Decoder::lm_head(const float* emb, const float* lnf) {
   // Under amp the product is a 16-bit tensor; cross-entropy rounds the logits as it reads them.
-  matmul_forward(matmul_, acts_.logits, acts_.lnf + static_cast<size_t>(b) * T * C, emb, nullptr, T, C, V);
+  matmul_forward(matmul_, acts_.logits, lnf, emb, nullptr, T_, cfg_.d_model, cfg_.vocab_size);
 }
 
 void Decoder::check_targets(const int32_t* targets, int N) const {
@@ -840,7 +950,7 @@ double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
   // Without targets only the last sequence's logits are kept, so only they are formed.
   for (int b = targets ? 0 : B - 1; b < B; b++) {
-    lm_head(emb, b);
+    lm_head(emb, lnf_rows(b));
     const size_t r = static_cast<size_t>(b) * T;
     if (targets && cfg_.vocab_cut())
       vocab_parallel_crossentropy(targets_op + r, acts_.losses + r, acts_.ce_lse, 0.0f);
@@ -989,9 +1099,13 @@ void Decoder::stage_forward(const int32_t* tokens, const int32_t* positions, con
   }
   training_ = false;
   stage_trained_ = training;
-  if (!last_stage())
-    op_copy_to_host(kernels(), output, block_output(stage().end_layer - 1),
-                    static_cast<size_t>(B) * T * cfg_.d_model * sizeof(float));
+  if (last_stage()) return;
+  const float* out = block_output(stage().end_layer - 1);
+  if (stream_cut()) {
+    gather_held_rows(acts_.scratch, out, 0, B * T, cfg_.d_model);
+    out = acts_.scratch;
+  }
+  op_copy_to_host(kernels(), output, out, static_cast<size_t>(B) * T * cfg_.d_model * sizeof(float));
 }
 
 double Decoder::stage_loss(const int32_t* targets, int64_t* n_targets) {
@@ -1009,14 +1123,15 @@ double Decoder::stage_backward(const int32_t* targets, float dloss, const float*
               last_stage() ? "the targets" : "the next stage's input gradient");
   ANVIL_CHECK(first_stage() || dinput, "a pipeline stage after the first needs somewhere for its input's gradient");
   stage_trained_ = false;
-  const int N = B_ * T_;
-  const size_t rows_bytes = static_cast<size_t>(N) * cfg_.d_model * sizeof(float);
+  const int N = B_ * T_, C = cfg_.d_model;
+  const HeldRows held = held_rows(N);
   const int32_t* targets_op = nullptr;
   if (last_stage()) {
     check_targets(targets, N);
     targets_op = upload_targets(targets, N);
   } else {
-    op_copy_from_host(kernels(), dresidual_, doutput, rows_bytes);
+    op_copy_from_host(kernels(), dresidual_, doutput + static_cast<size_t>(held.first) * C,
+                      static_cast<size_t>(held.n) * C * sizeof(float));
   }
   training_ = true;
   try {
@@ -1026,7 +1141,14 @@ double Decoder::stage_backward(const int32_t* targets, float dloss, const float*
     throw;
   }
   training_ = false;
-  if (!first_stage()) op_copy_to_host(kernels(), dinput, dresidual_, rows_bytes);
+  if (!first_stage()) {
+    const float* d = dresidual_;
+    if (stream_cut()) {
+      gather_held_rows(acts_.scratch, dresidual_, 0, N, C);
+      d = acts_.scratch;
+    }
+    op_copy_to_host(kernels(), dinput, d, static_cast<size_t>(N) * C * sizeof(float));
+  }
   return last_stage() ? sum_losses(targets, N, n_targets) : 0.0;
 }
 
@@ -1061,7 +1183,8 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   const int chunk = matmul_column_block(kernels(), V, kVocabChunk);
   for (int b = 0; b < B; b++) {
     const size_t r = b * rows;
-    lm_head(emb, b);
+    const float* lnf_b = lnf_rows(b);
+    lm_head(emb, lnf_b);
     // Under amp the gradients entering and leaving each matrix product are rounded to the
     // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
     // accumulate in fp32.
@@ -1077,25 +1200,25 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
       const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
       float* dw = frozen() ? nullptr : units_in_stage_.grads(hu, at, count);
-      matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, a.lnf + r * C,
+      matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
                       emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
       if (!frozen()) units_in_stage_.grain_done(hu, at, count);
     }
-    if (cut) chained_head_input_grad(emb, dsmall_ + r * C);
+    if (cut) chained_head_input_grad(emb, dsmall_ + r * C, b);
     round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
   }
   matmul_.release_weight();
   if (hu != L + 1) release_base(hu);
   // A tied head on a stage without the token embedding: nothing more adds to the unit.
   if (hu == 0 && !first_stage() && !frozen()) units_in_stage_.grads_done(0);
-  op_zero(kernels(), dresidual_, sizeof(float) * B * rows * C);
+  op_zero(kernels(), dresidual_, sizeof(float) * held_rows(B * T).n * C);
   const float* last = block_output(L - 1);
   const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);
   float* dlnf = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(L + 1, 0, norm_params());
   for (int b = 0; b < B; b++) {
-    const size_t r = b * rows;
-    norm_backward(dresidual_ + r * C, dlnf, dsmall_ + r * C, last + r * C, lnf, a.lnf_mean + r, a.lnf_rstd + r, T,
-                  C);
+    const int r = b * T;
+    norm_backward_rows(dresidual_, dlnf, dsmall_ + static_cast<size_t>(r) * C, last, lnf, a.lnf_mean, a.lnf_rstd, r,
+                       r + T);
     if (!frozen()) units_in_stage_.grain_done(L + 1, 0, norm_params());
   }
   release_base(L + 1);
@@ -1125,20 +1248,27 @@ void Decoder::block_backward(int l) {
   if (cfg_.has_moe() && expert_parallel()) experts_exchanged_backward(l, x, p);
   for (int b = 0; b < B; b += grain_sequences()) {
     const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
-    const int N = n * T;
+    const int N = n * T, g0 = b * T;
     const size_t r = b * rows;
-    auto norm_grad = [&](float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
-                         const float* rstd) {
+    // The norms' backward over the rows held, their input gradients into dresidual_.
+    auto norm_grad = [&](const float* dout, const float* inp, const float* w, const float* mean, const float* rstd) {
       float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params());
-      norm_backward(dinp, dw, dout, inp, w, mean, rstd, N, C);
+      norm_backward_rows(dresidual_, dw, dout, inp, w, mean, rstd, g0, g0 + N);
       if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params());
     };
-    float* dres = dresidual_ + r * C;
+    // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:
+    // under sequence parallelism gathered into gathered_, in use until the next call.
+    auto grain_rows = [&](const float* held) -> const float* {
+      if (!stream_cut()) return held + r * C;
+      gather_held_rows(gathered_, held, g0, g0 + N, C);
+      return gathered_;
+    };
     float* dsmall = dsmall_ + r * w.dsmall;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout). Expert parallelism took the MLP's over the whole microbatch.
     const bool mlp_done = cfg_.has_moe() && expert_parallel();
-    const float* dproj = mlp_done ? nullptr : branch_grad(dres, 1 + l, DropoutKind::kMlpOutput, b, n);
+    const float* dproj =
+        mlp_done ? nullptr : branch_grad(grain_rows(dresidual_), 1 + l, DropoutKind::kMlpOutput, b, n);
     if (cfg_.has_moe()) {
       moe_backward(l, x, p, adapters, dproj, dsmall, b, n);
     } else {
@@ -1147,10 +1277,10 @@ void Decoder::block_backward(int l) {
       mlp_activation(fch_gelu, fch, N);
       linear_backward(l, linear(p, BlockProduct::kFcProj), dbig_, dproj, fch_gelu, adapters, b, n);
       mlp_activation_backward(dfc_, fch, dbig_, N);
-      linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, x.ln2 + r * C, adapters, b, n);
+      linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, grain_rows(x.ln2), adapters, b, n);
     }
-    norm_grad(dres, dsmall, x.residual2 + r * C, p.ln2w, x.ln2_mean + r, x.ln2_rstd + r);
-    dproj = branch_grad(dres, 1 + l, DropoutKind::kAttentionOutput, b, n);
+    norm_grad(dsmall, x.residual2, p.ln2w, x.ln2_mean, x.ln2_rstd);
+    dproj = branch_grad(grain_rows(dresidual_), 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * w.q, adapters, b, n);
     attention_backward(kernels(), dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * w.q, x.att_lse + r * NH,
                        positions_op(b), n, T, attention_heads(l, b));
@@ -1160,8 +1290,8 @@ void Decoder::block_backward(int l) {
       round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
     }
     if (cfg_.qk_norm != QkNorm::kNone) qk_norm_backward(l, x, p, b, n);
-    linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, x.ln1 + r * C, adapters, b, n);
-    norm_grad(dres, dsmall, residual + r * C, p.ln1w, x.ln1_mean + r, x.ln1_rstd + r);
+    linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, grain_rows(x.ln1), adapters, b, n);
+    norm_grad(dsmall, residual, p.ln1w, x.ln1_mean, x.ln1_rstd);
   }
   release_adapters(l);
   release_base(1 + l);
@@ -1204,16 +1334,20 @@ void Decoder::embedding_backward() {
     const size_t n_touched = touched_offsets_[b + 1] - touched_offsets_[b];
     // (a spare row is needed only where some token is not held, so it fits in the sequence's T)
     op_zero(kernels(), demb_rows_, std::min(n_touched + cfg_.vocab_cut(), rows) * C * sizeof(float));
+    // The sequence's rows of the stream's gradient, whole (gathered under sequence parallelism).
+    float* dres = dresidual_ + r * C;
+    if (stream_cut()) {
+      gather_held_rows(gathered_, dresidual_, b * T, (b + 1) * T, C);
+      dres = gathered_;
+    }
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
-    if (emb_drop.active())
-      dropout_apply(kernels(), dresidual_ + r * C, dresidual_ + r * C, 1, static_cast<long>(T) * C, emb_drop);
+    if (emb_drop.active()) dropout_apply(kernels(), dres, dres, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
-      encoder_backward(kernels(), demb_rows_, units_in_stage_.grads(0, wpe_offset, rows * C), dresidual_ + r * C,
+      encoder_backward(kernels(), demb_rows_, units_in_stage_.grads(0, wpe_offset, rows * C), dres,
                        compact_tokens_op_.data() + r, positions_op(b), 1, T, C);
       units_in_stage_.grain_done(0, wpe_offset, rows * C);
     } else {
-      encoder_backward(kernels(), demb_rows_, nullptr, dresidual_ + r * C, compact_tokens_op_.data() + r, nullptr, 1, T,
-                       C);
+      encoder_backward(kernels(), demb_rows_, nullptr, dres, compact_tokens_op_.data() + r, nullptr, 1, T, C);
     }
     units_in_stage_.grain_rows(0, 0, demb_rows_, touched_rows_.data() + touched_offsets_[b],
                         touched_rows_op_.data() + touched_offsets_[b], n_touched, C);

@@ -139,9 +139,9 @@ class Decoder final : public Model {
   StageUnits units_in_stage_{*this};
   bool first_stage() const { return stage().first_layer == 0; }
   bool last_stage() const { return stage().end_layer == cfg_.n_layers; }
-  // Block l's output (its residual stream after the MLP), l in the stage.
+  // Block l's output (its residual stream after the MLP, the rows held), l in the stage.
   float* block_output(int l) const {
-    return acts_.residual3 + static_cast<size_t>(l - stage().first_layer) * max_batch_ * max_seq_ * cfg_.d_model;
+    return acts_.residual3 + static_cast<size_t>(l - stage().first_layer) * held_capacity() * cfg_.d_model;
   }
   // Block l's input: the stage's input (the embeddings' output on the first stage) or the block
   // before's output.
@@ -172,27 +172,57 @@ class Decoder final : public Model {
   static bool row_parallel(BlockProduct p) { return p == BlockProduct::kAttnOut || p == BlockProduct::kFcProj; }
   static bool column_parallel(BlockProduct p) { return p == BlockProduct::kQkv || p == BlockProduct::kFc; }
   std::vector<int> column_parts(BlockProduct p) const;
+  // Sequence parallelism: a tensor-parallel share holds rows [first, first + n) of a pass's N rows
+  // of the residual stream (N·r/R to N·(r+1)/R for rank r of R), and runs the norms, the residual
+  // sums and their saves over those rows alone; its arrays of them (the stream, the norms' outputs
+  // and saves, dresidual_) start at row first. A whole model holds every row.
+  struct HeldRows {
+    int first = 0, n = 0;
+  };
+  bool stream_cut() const { return cfg_.tensor_ranks > 1; }
+  HeldRows held_rows(int rank, int N) const;
+  HeldRows held_rows(int N) const { return held_rows(cfg_.tensor_rank, N); }
+  // Rows of those arrays: the most any rank holds of the largest microbatch.
+  size_t held_capacity() const {
+    const size_t rows = static_cast<size_t>(max_batch_) * max_seq_, R = static_cast<size_t>(cfg_.tensor_ranks);
+    return (rows + R - 1) / R;
+  }
+  // Rows [g0, g1) of width floats whole on every rank, into whole (row g0 first), from each
+  // holder's array `held` (held_rows).
+  void gather_held_rows(float* whole, const float* held, int g0, int g1, int width);
+  // Rows [g0, g1) of whole (row g0 first), complete on the last rank (a chain's end), sent to
+  // their holders: each rank's whole is then right at the rows it holds.
+  void send_rows_to_holders(float* whole, int g0, int g1, int width);
+  // The norm's backward over rows [g0, g1) of its input gradient dout (row g0 first): the input
+  // gradient added into dinp and the parameter gradient into dw, held arrays for inp, dinp, mean
+  // and rstd. Under sequence parallelism the holders add the rows to dw in row order, one after
+  // another, as one process does, and the last sends the sum to every rank.
+  void norm_backward_rows(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int g0, int g1);
+  // Sequence b's rows of the final norm's output, whole (gathered_ under sequence parallelism).
+  const float* lnf_rows(int b);
   // Rows per link of a chain: a few links per rank, so that the ranks work on different rows at once.
   int chain_rows(int N) const;
   // A row-parallel product's output over the microbatch: rank 0 forms its part (with the bias) a
   // link of rows at a time, each next rank adds its part to the partial sum it receives and hands
-  // it on, and the last rank's sum, one process's product, goes to every rank.
+  // it on, and the last rank's sum is one process's product (its rows then go to their holders:
+  // send_rows_to_holders).
   void chained_forward(const Linear& f, float* out, const float* inp);
-  // A column-parallel product's input gradient over N rows, the same chain through every part's
-  // ranks in the whole product's output order.
-  void chained_input_grad(const Linear& f, float* dinp, const float* dout, int N);
+  // A column-parallel product's input gradient over rows [g0, g0 + N), the same chain through
+  // every part's ranks in the whole product's output order, each row's sum then to its holder.
+  void chained_input_grad(const Linear& f, float* dinp, const float* dout, int g0, int N);
   // The vocabulary cut among the ranks (cfg_.vocab_cut(); model/tensor_parallel.h). The
-  // microbatch's token embeddings: each rank looks up the tokens it holds, and each rank's rows
-  // go to the others in turn.
-  void vocab_parallel_embedding(const float* wte, const float* wpe);
+  // microbatch's token embeddings (every row, into out): each rank looks up the tokens it holds,
+  // and each rank's rows go to the others in turn.
+  void vocab_parallel_embedding(float* out, const float* wte, const float* wpe);
   // The loss of one sequence's T rows (targets_op: columns of this rank's logits, upload_targets)
   // from this rank's logits (acts_.logits) through the slice cross-entropy, the ranks exchanging
   // each row's maximum and target logit, then their block sums; in evaluation (lse given) the lse
   // too, in training (lse null) the logits' gradient over the logits.
   void vocab_parallel_crossentropy(const int32_t* targets_op, float* losses, float* lse, float dloss);
-  // The LM head's input gradient (T rows into dinp) over every rank's vocabulary: a chain in
-  // vocabulary order, as chained_input_grad's.
-  void chained_head_input_grad(const float* emb, float* dinp);
+  // The LM head's input gradient (sequence b's T rows into dinp) over every rank's vocabulary: a
+  // chain in vocabulary order, as chained_input_grad's.
+  void chained_head_input_grad(const float* emb, float* dinp, int b);
   int vocab_owner(int32_t token) const;
   // Rank root's n floats of buffer, to every rank's (resized to n).
   void share_by_rank(std::vector<float>& buffer, size_t n, int root);
@@ -381,8 +411,9 @@ class Decoder final : public Model {
   Prefix prefix_;
   // forward_logits' rows of the final norm's output, gathered for the LM head; freed by drop_prefix.
   OpArray<float> picked_rows_;
-  // Sequence b's logits (T,V) into acts_.logits; emb: the LM head (hold_lm_head).
-  void lm_head(const float* emb, int b);
+  // The logits (T,V) of a sequence's rows of the final norm's output (lnf_rows) into acts_.logits;
+  // emb: the LM head (hold_lm_head).
+  void lm_head(const float* emb, const float* lnf);
   void check_targets(const int32_t* targets, int N) const;
   // Checks a training pass's targets (B,T) and counts each sequence's into sequence_targets_.
   void count_sequence_targets(const int32_t* targets, int B, int T);
@@ -412,6 +443,10 @@ class Decoder final : public Model {
   std::vector<LoraModule> lora_;
   std::vector<size_t> lora_offset_;
   OpArray<float> act_memory_, grad_act_memory_, compute_params_, rounded_dres_, adapters_rounded_;
+  // Under sequence parallelism, a grain's rows gathered whole (gather_held_rows) from the held
+  // arrays: of a norm's output or of dresidual_; null otherwise.
+  float* gathered_ = nullptr;
+  std::vector<double> rms_weight_sums_;  // norm_backward_rows' under RMSNorm (host: tensor parallelism is the CPU's)
   // A frozen norm's parameter gradient, formed by the norm's backward and not kept.
   OpArray<float> frozen_dnorm_;
   // LoRA's frozen base: all of it in fp32 (base_); or held in bf16, the blocks' values in

@@ -155,6 +155,11 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   const Widths w(cfg);
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean
+  // The residual stream's rows this rank holds (a tensor-parallel share holds at most ceil(BT/R)
+  // of them: sequence parallelism) and the norms' activations over them; a share gathers a grain's
+  // rows of them when a product or the backward pass needs them whole.
+  const size_t R = cfg.tensor_ranks, BS = (BT + R - 1) / R, stream_mean = mean ? BS : 0;
+  const size_t gathered = R > 1 ? GT * C : 0;
   const size_t dfc = cfg.mlp == MlpKind::kSwiglu ? GT * FC : 0;     // GELU's backward runs in place
   const size_t Q = w.q, DS = w.dsmall;
   // The query and key norms: their inputs, and their saves per position (one per head under
@@ -167,12 +172,12 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
   // slot), and the routes' integers (Decoder::MoeRoutes: 7 of BT·K each).
   const size_t E = w.experts, K = w.slots, probs = E * BT, chosen = E ? BT * K : 0, expert_rows = E ? BT * K * C : 0;
   const size_t moe_grads = E ? 2 * GT * K * C + GT * E + GT * K + GT * E : 0;
-  ActivationSizes s{{BT * C, mean, BT, BT * QKV, qk_raw, qk_mean, qk_rows, BT * Q, NH * BT, BT * C, BT * C, mean, BT,
-                     BT * K * FC, probs, chosen, expert_rows},
+  ActivationSizes s{{BS * C, stream_mean, BS, BT * QKV, qk_raw, qk_mean, qk_rows, BT * Q, NH * BT, BS * C, BS * C,
+                     stream_mean, BS, BT * K * FC, probs, chosen, expert_rows},
                     layers,
-                    {BT * C, L * BT * C, BT * C, mean, BT, T * V, BT, V ? T : 0, BT * DS, BT * K * F, probs,
+                    {BS * C, L * BS * C, BS * C, stream_mean, BS, T * V, BT, V ? T : 0, BT * DS, BT * K * F, probs,
                      expert_rows},
-                    BT * C + BT * DS + GT * K * F + K * dfc + GT * QKV + T * C + dqk + moe_grads,
+                    BS * C + BT * DS + GT * K * F + K * dfc + GT * QKV + T * C + gathered + dqk + moe_grads,
                     layers * (E ? 7 * BT * K : 0),
                     {}};
   if (cfg.has_lora()) {

@@ -273,8 +273,9 @@ void Model::set_tensor_exchange(TensorExchange* exchange) {
                 "CPU's k blocks: it runs with kernels cpu");
     ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm == QkNorm::kNone, "tensor parallelism does not "
                 "cut LoRA models, mixtures of experts or QK norms yet");
-    ANVIL_CHECK(exchange->ranks() > 1 && exchange->rank() >= 0 && exchange->rank() < exchange->ranks(),
-                "tensor parallelism: rank {} of {} ranks (at least 2)", exchange->rank(), exchange->ranks());
+    ANVIL_CHECK(exchange->ranks() == cfg_.tensor_ranks && exchange->rank() == cfg_.tensor_rank,
+                "tensor parallelism: this model is rank {}'s share of {} ranks (tensor_share_config), not rank {} of "
+                "{}", cfg_.tensor_rank, cfg_.tensor_ranks, exchange->rank(), exchange->ranks());
   }
   tensor_exchange_ = exchange;
 }

@@ -222,7 +222,8 @@ class Model {
   // share of every block
   // (model/tensor_parallel.h), on the CPU (kernels cpu; ref's products are not cut at k blocks).
   // Its passes then run in lockstep with the other ranks', on the same data, and give every rank
-  // the whole model's activations, losses and (for what it holds) gradients.
+  // the whole model's losses and, for what it holds (its rows of the residual stream among them),
+  // activations and gradients.
   void set_tensor_exchange(TensorExchange* exchange);
   TensorExchange* tensor_exchange() const { return tensor_exchange_; }
   // The model's own full arrays (op memory): null when ModelStorage left them out.

@@ -130,6 +130,8 @@ ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank) {
     s.vocab_first = v.first;
     s.vocab_size = v.size;
     s.vocab_whole = cfg.vocab_size;
+    s.tensor_ranks = ranks;
+    s.tensor_rank = rank;
   }
   return s;
 }

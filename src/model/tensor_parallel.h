@@ -5,8 +5,12 @@
 // the down product. The vocabulary is cut too (vocabulary-parallel): rank r holds the rows of the
 // token embeddings and of the LM head for its token ids (tensor_vocab_slice), looks up its tokens'
 // rows, forms its columns of the logits and takes its part in a cross-entropy whose per-row max
-// and sums the ranks exchange (kernels/crossentropy.h's slice steps). Everything else (positional
-// embeddings, norms, the row-parallel products' biases) every rank holds and computes whole.
+// and sums the ranks exchange (kernels/crossentropy.h's slice steps). The rest of the parameters
+// (positional embeddings, norms, the row-parallel products' biases) every rank holds whole. The
+// residual stream is cut by rows (sequence parallelism): rank r holds rows [N·r/R, N·(r+1)/R) of
+// a pass's N, and runs the norms and residual sums over them (Decoder's held rows); a norm's
+// output is gathered whole for the product it feeds, and a row-parallel product's output goes to
+// each row's holder.
 //
 // A rank's share of a block is a block of the same kind with fewer heads and a narrower MLP, and
 // its share of the vocabulary a smaller vocabulary starting at vocab_first, so a rank's model is
@@ -15,7 +19,8 @@
 // product's output, and each column-parallel product's input gradient (the LM head's too, whose k
 // is the vocabulary), is the sum over the ranks' parts of its k, which the ranks form as a chain in
 // k order, each adding its part to the partial sum the previous rank hands on (matmul_forward's
-// accumulate). With every part starting at a multiple of kMatmulSumBlock the sum has the bits of
+// accumulate); a norm's weight gradient over rows held by several ranks is a chain of them in row
+// order. With every part starting at a multiple of kMatmulSumBlock the sum has the bits of
 // one process's product, and with every vocabulary slice starting at a multiple of
 // kCrossentropySumBlock the loss and its gradient have one process's bits, so the weights are one
 // process's for any R.

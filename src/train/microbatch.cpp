@@ -40,7 +40,7 @@ void resolve_batch_sizes(TrainConfig& c, int world) {
 }
 
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing,
-                               const PipelineStage& stage, int held_microbatches) {
+                               const PipelineStage& stage, int held_microbatches, const ModelConfig* tensor_share) {
   MicrobatchPlan plan;
   const int T = cfg.max_seq_len;
   const bool gpu = cfg.kernels == KernelImpl::kGpu;
@@ -54,7 +54,8 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
   storage.stage = stage;
   auto activations = [&](int microbatch, int eval_batch) {
     const int rows = std::max(microbatch, eval_batch);
-    return gpu_scratch + held_microbatches * model_activation_bytes(cfg.model, rows, T, storage) +
+    return gpu_scratch +
+           held_microbatches * model_activation_bytes(tensor_share ? *tensor_share : cfg.model, rows, T, storage) +
            (cfg.icl_tasks.empty() ? 0 : model_evaluation_bytes(cfg.model, rows, T));
   };
   const bool given = cfg.memory_limit > 0;

@@ -28,9 +28,12 @@ struct MicrobatchPlan {
 // local_batch: this rank's sequences per step; model_bytes: what the rank holds besides
 // activations; ranks_sharing: how many ranks share this rank's memory, the host's or under
 // kernels=gpu its GPU's (for the default limit); stage: the blocks the rank runs, of which it
-// holds the activations of held_microbatches microbatches at once (a pipeline stage's models).
-// Errors name the limit and what does not fit in it.
+// holds the activations of held_microbatches microbatches at once (a pipeline stage's models);
+// tensor_share: the rank's share of the model under tensor parallelism (tensor_share_config),
+// whose activations it holds (null: cfg.model's). Errors name the limit and what does not fit in
+// it.
 MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t model_bytes, int ranks_sharing,
-                               const PipelineStage& stage = {}, int held_microbatches = 1);
+                               const PipelineStage& stage = {}, int held_microbatches = 1,
+                               const ModelConfig* tensor_share = nullptr);
 
 }  // namespace anvil

@@ -31,7 +31,7 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   // A pipeline stage holds the activations of up to P - s microbatches at once.
   const int held = pipeline ? pipeline->stages - pipeline->stage : 1;
   s.plan = plan_microbatch(cfg, local_batch, mem.model_states() + mem.working + model.base_bytes(), sharing,
-                           storage.stage, held);
+                           storage.stage, held, tensor ? &model_cfg : nullptr);
   int microbatch = s.plan.microbatch;
   // Every rank cuts its batch alike: ZeRO-2/3 communicate per microbatch, a pipeline's stages
   // pass microbatches on, and a tensor group's ranks run each one together. The groups are the

@@ -490,9 +490,10 @@ void TrainingRun::build_model() {
     const ModelConfig& share = model.config();
     const int r = tensor_->rank, q = share.n_heads, kv = share.kv_heads(), h = share.mlp_width();
     log_info("tensor parallelism: {} ranks share each of {} copies of the model; this rank holds query heads {}..{}, "
-             "key/value heads {}..{} and MLP units {}..{} of every block, and token ids {}..{} of the embeddings and "
-             "the LM head", tensor_->ranks, D_, r * q, (r + 1) * q - 1, r * kv, (r + 1) * kv - 1, r * h,
-             (r + 1) * h - 1, share.vocab_first, share.vocab_first + share.vocab_size - 1);
+             "key/value heads {}..{} and MLP units {}..{} of every block, token ids {}..{} of the embeddings and "
+             "the LM head, and 1/{} of each microbatch's rows of the residual stream", tensor_->ranks, D_, r * q,
+             (r + 1) * q - 1, r * kv, (r + 1) * kv - 1, r * h,
+             (r + 1) * h - 1, share.vocab_first, share.vocab_first + share.vocab_size - 1, tensor_->ranks);
   }
   std::string loss_scaler;
   const std::string loaded_dir = resume_ ? resume_->dir : "";

@@ -23,8 +23,8 @@ OpRun::~OpRun() {
     for (Array& a : arrays_) gpu_release(a.data);
 }
 
-void* OpRun::add(const char* name, const void* host, size_t bytes, Role role, bool is_float, Check check) {
-  Array a{name, {}, nullptr, bytes, role == Role::kInput, is_float, check};
+void* OpRun::add(const char* name, const void* host, size_t bytes, Role role, size_t real_bytes, Check check) {
+  Array a{name, {}, nullptr, bytes, role == Role::kInput, real_bytes, check};
   a.initial.assign(static_cast<const unsigned char*>(host), static_cast<const unsigned char*>(host) + bytes);
   if (backend_ == Backend::kGpu) {
     a.data = gpu_alloc(std::max<size_t>(bytes, 1));
@@ -67,12 +67,17 @@ Ran run_once(const OpCase& c, Backend b, std::vector<OpRun::Array>* arrays, std:
   return ran;
 }
 
-std::vector<double> as_doubles(const std::vector<unsigned char>& bytes) {
-  std::vector<double> v(bytes.size() / sizeof(float));
+// An array of floats (real_bytes 4) or doubles (8) as doubles.
+std::vector<double> as_doubles(const std::vector<unsigned char>& bytes, size_t real_bytes) {
+  std::vector<double> v(bytes.size() / real_bytes);
   for (size_t i = 0; i < v.size(); i++) {
-    float f;
-    std::memcpy(&f, bytes.data() + i * sizeof(float), sizeof f);
-    v[i] = f;
+    if (real_bytes == sizeof(double)) {
+      std::memcpy(&v[i], bytes.data() + i * sizeof(double), sizeof(double));
+    } else {
+      float f;
+      std::memcpy(&f, bytes.data() + i * sizeof(float), sizeof f);
+      v[i] = f;
+    }
   }
   return v;
 }
@@ -147,11 +152,12 @@ void run_op_case(const OpCase& c, Backend b) {
       EXPECT_TRUE(want.arrays[k] == a.initial) << "the reference wrote an input";
       continue;
     }
-    if (!a.is_float) {  // integers and their sums: the reference's bits
+    if (!a.real_bytes) {  // integers and their sums: the reference's bits
       EXPECT_TRUE(got.arrays[k] == want.arrays[k]) << "not the reference's bits";
       continue;
     }
-    const std::vector<double> g = as_doubles(got.arrays[k]), w = as_doubles(want.arrays[k]);
+    const std::vector<double> g = as_doubles(got.arrays[k], a.real_bytes),
+                              w = as_doubles(want.arrays[k], a.real_bytes);
     EXPECT_TRUE(agrees(g, w, a.check, b));
     if (a.check.values_of != ComputeDtype::kFp32) {
       EXPECT_TRUE(values_of(w, a.check.values_of)) << "the reference";

@@ -60,7 +60,7 @@ class OpRun {
   // An input: a copy of host in this backend's memory, which the op must leave as it is.
   template <class T>
   const T* in(const char* name, const std::vector<T>& host) {
-    return static_cast<const T*>(add(name, host.data(), host.size() * sizeof(T), Role::kInput, false, {}));
+    return static_cast<const T*>(add(name, host.data(), host.size() * sizeof(T), Role::kInput, 0, {}));
   }
   // An output the op writes (=): starts as NaN.
   float* out(const char* name, size_t n, Check check) {
@@ -69,8 +69,8 @@ class OpRun {
   // An output the op reads first (+=, in place): starts as initial.
   template <class T>
   T* inout(const char* name, const std::vector<T>& initial, Check check) {
-    return static_cast<T*>(add(name, initial.data(), initial.size() * sizeof(T), Role::kOutput,
-                               std::is_same_v<T, float>, check));
+    const size_t real = std::is_same_v<T, float> || std::is_same_v<T, double> ? sizeof(T) : 0;
+    return static_cast<T*>(add(name, initial.data(), initial.size() * sizeof(T), Role::kOutput, real, check));
   }
   // A value the op returns.
   void result(const char* name, double value, Check check);
@@ -80,7 +80,8 @@ class OpRun {
     std::vector<unsigned char> initial;  // as given, host bytes
     void* data;                          // in the backend's memory
     size_t bytes;
-    bool is_input, is_float;
+    bool is_input;
+    size_t real_bytes;  // of its values: float's or double's (checked as Check says); 0: integers (bits)
     Check check;
   };
   const std::vector<Array>& arrays() const { return arrays_; }
@@ -95,7 +96,7 @@ class OpRun {
 
  private:
   enum class Role { kInput, kOutput };
-  void* add(const char* name, const void* host, size_t bytes, Role role, bool is_float, Check check);
+  void* add(const char* name, const void* host, size_t bytes, Role role, size_t real_bytes, Check check);
   Backend backend_;
   std::vector<Array> arrays_;
   std::vector<std::unique_ptr<unsigned char[]>> host_memory_;

@@ -153,6 +153,14 @@ void norm_cases(std::vector<OpCase>& cases) {
         ANVIL_RUN_OP(r, rmsnorm_backward, dinp, dw, r.in("dout", randn(NC, 4)), r.in("inp", inp), r.in("weight", w),
                      r.in("rstd", rstd), s.N, s.C);
       }});
+      cases.push_back({case_name("rmsnorm_weight_sums", dims, variant), [=](OpRun& r) {
+        std::vector<float> out(NC), rstd(s.N);
+        ref::rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), eps, s.N, s.C);
+        const std::vector<float> start = randn(s.C, 6);
+        double* sums = r.inout("sums", std::vector<double>(start.begin(), start.end()), close(kFp32Reduction));
+        ANVIL_RUN_OP(r, rmsnorm_weight_sums, sums, r.in("dout", randn(NC, 4)), r.in("inp", inp), r.in("rstd", rstd),
+                     s.N, s.C);
+      }});
     }
   }
 }

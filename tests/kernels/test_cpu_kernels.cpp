@@ -16,6 +16,8 @@
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/matmul.h"
+#include "kernels/layernorm.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/round.h"
 
@@ -391,6 +393,40 @@ TEST(CrossEntropySlices, CutAtSumBlocksGiveTheWholeRowsBits) {
 
 // RoPE's convention is Hugging Face's rotate-half: channel i pairs with i + HS/2 (not i + 1), the
 // pair turned by t·theta^(-2i/HS); position 0 is left alone, and the backward undoes the forward.
+// Sequence parallelism's norms (Decoder::norm_backward_rows): rows split among ranks, each rank's
+// added in turn (LayerNorm's weight and bias gradients in fp32, RMSNorm's as double sums added
+// once), give the bits of the backward pass over all the rows, wherever the rows are cut.
+TEST(NormBackward, RowsSplitAndAddedInTurnGiveTheWholeRowsBits) {
+  const int N = 37, C = 70;
+  const auto inp = randn(static_cast<size_t>(N) * C, 3, 2.0f), dout = randn(static_cast<size_t>(N) * C, 4);
+  const auto w = randn(C, 5), b = randn(C, 6), start = randn(2 * C, 7);
+  std::vector<float> out(inp.size()), mean(N), rstd(N), rms_rstd(N);
+  layernorm_forward(KernelImpl::kCpu, out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+  rmsnorm_forward(KernelImpl::kCpu, out.data(), rms_rstd.data(), inp.data(), w.data(), 1e-5f, N, C);
+  std::vector<float> dinp(inp.size()), ln_whole = start, rms_whole(start.begin(), start.begin() + C);
+  layernorm_backward(KernelImpl::kCpu, dinp.data(), ln_whole.data(), ln_whole.data() + C, dout.data(), inp.data(),
+                     w.data(), mean.data(), rstd.data(), N, C);
+  rmsnorm_backward(KernelImpl::kCpu, dinp.data(), rms_whole.data(), dout.data(), inp.data(), w.data(),
+                   rms_rstd.data(), N, C);
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 1, N}, std::vector<int>{0, 18, N},
+                                       std::vector<int>{0, 5, 30, N}}) {
+    SCOPED_TRACE(::testing::Message() << cuts.size() - 1 << " parts, the first of " << cuts[1] << " rows");
+    std::vector<float> ln = start, rms(start.begin(), start.begin() + C);
+    std::vector<double> sums(C, 0.0);
+    for (size_t k = 0; k + 1 < cuts.size(); k++) {
+      const size_t at = static_cast<size_t>(cuts[k]) * C;
+      const int n = cuts[k + 1] - cuts[k];
+      layernorm_backward(KernelImpl::kCpu, dinp.data() + at, ln.data(), ln.data() + C, dout.data() + at,
+                         inp.data() + at, w.data(), mean.data() + cuts[k], rstd.data() + cuts[k], n, C);
+      rmsnorm_weight_sums(KernelImpl::kCpu, sums.data(), dout.data() + at, inp.data() + at, rms_rstd.data() + cuts[k],
+                          n, C);
+    }
+    for (int c = 0; c < C; c++) rms[c] = static_cast<float>(rms[c] + sums[c]);
+    EXPECT_EQ(0, std::memcmp(ln.data(), ln_whole.data(), ln.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(rms.data(), rms_whole.data(), rms.size() * sizeof(float)));
+  }
+}
+
 TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
   const int HS = 4, T = 2;
   std::vector<float> x = {9, 8, 7, 6,  // position 0: unchanged

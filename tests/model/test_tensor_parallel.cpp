@@ -25,7 +25,9 @@
 namespace anvil {
 namespace {
 
-constexpr int kBatch = 2, kSeq = 24, kRanks = 2;
+// Three sequences over two ranks: each rank holds 36 rows of the residual stream (sequence
+// parallelism), the second sequence's rows on both.
+constexpr int kBatch = 3, kSeq = 24, kRanks = 2;
 
 // Each family's tiny model, wide enough that a rank's share of each product's k is a whole
 // number of the GEMM's k blocks: 4 heads of 128 (the Llama 2 key/value heads of 256 beside 4
@@ -127,8 +129,10 @@ class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, C
     return m;
   }
   // Rank r's share of `from`'s parameters.
-  std::unique_ptr<Model> share(const Model& from, int r) const {
-    auto m = make_model(tensor_share_config(cfg_, kRanks, r), kBatch, kSeq, testing::storage_on(KernelImpl::kCpu));
+  std::unique_ptr<Model> share(const Model& from, int r, bool checkpointing = false) const {
+    ModelStorage storage = testing::storage_on(KernelImpl::kCpu);
+    storage.activation_checkpointing = checkpointing;
+    auto m = make_model(tensor_share_config(cfg_, kRanks, r), kBatch, kSeq, storage);
     take_tensor_share(cfg_, kRanks, r, from.params(), m->params());
     m->set_compute_dtype(dtype_);
     m->zero_grad();
@@ -158,13 +162,36 @@ class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, C
     for (int r = 0; r < kRanks; r++) EXPECT_EQ(errors[r], "") << "rank " << r;
     EXPECT_TRUE(queues.drained()) << "a message was sent and never received";
   }
+  // A training pass on the whole model and on its shares (built with activation checkpointing or
+  // not): the same losses, and each share's gradients its part of the whole's.
+  void train_and_compare(bool checkpointing);
 };
 
+// With activation checkpointing on the ranks too (their recomputed blocks exchange rows again).
 TEST_P(TensorParallel, GiveTheWholeModelsLossesAndGradients) {
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "activation checkpointing" : "activations kept");
+    train_and_compare(checkpointing);
+  }
+}
+
+// Sequence parallelism: a share keeps its rows of the residual stream and of the norms'
+// activations, besides its columns of the products' and its vocabulary's logits. The bar
+// is 55% of one process's at 2 ranks; this vocabulary's slices are unequal (4096 and 902 ids), so
+// the bar applies to the ranks' mean (measured: GPT-2 and MPT 56.5% and 51.2%, Llama 54.1% and
+// 48.6%).
+TEST_P(TensorParallel, HoldAtMost55PercentOfTheActivations) {
+  auto w = whole();
+  double sum = 0;
+  for (int r = 0; r < kRanks; r++) sum += static_cast<double>(share(*w, r)->activation_bytes());
+  EXPECT_LE(sum / kRanks / w->activation_bytes(), 0.55);
+}
+
+void TensorParallel::train_and_compare(bool checkpointing) {
   auto w = whole();
   const double want = w->forward_backward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, 0.25f, nullptr);
   std::vector<std::unique_ptr<Model>> shares;
-  for (int r = 0; r < kRanks; r++) shares.push_back(share(*w, r));
+  for (int r = 0; r < kRanks; r++) shares.push_back(share(*w, r, checkpointing));
   std::vector<double> got(kRanks);
   run_ranks(shares, [&](Model& m, int r) {
     got[r] = m.forward_backward(data_.tokens.data(), data_.targets.data(), kBatch, kSeq, 0.25f, nullptr);

@@ -151,6 +151,20 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
   }
 }
 
+namespace {
+// Columns [c0, c1) of RMSNorm's weight sums (rmsnorm_weight_sums), each over the N rows in order,
+// added into sums[0, c1 - c0).
+constexpr int kRmsWeightChunk = 16;
+void rms_weight_sums(double* sums, const float* dout, const float* inp, const float* rstd, int N, int C, int c0,
+                     int c1) {
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<long>(n) * C;
+    const float* d = dout + static_cast<long>(n) * C;
+    for (int c = c0; c < c1; c++) sums[c - c0] += static_cast<double>(d[c] * x[c] * rstd[n]);
+  }
+}
+}  // namespace
+
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
@@ -166,20 +180,25 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 #pragma omp simd
     for (int c = 0; c < C; c++) dx[c] += s * (d[c] * weight[c] - x[c] * s * gx_mean);
   }
+  if (!dweight) return;
   // The weight's gradient: threads own channel ranges and sum rows in order, in double (a long
   // column's terms cancel), added once.
-  constexpr int kChunk = 16;
-  const int chunks = (C + kChunk - 1) / kChunk;
+  const int chunks = (C + kRmsWeightChunk - 1) / kRmsWeightChunk;
 #pragma omp parallel for schedule(static)
   for (int ch = 0; ch < chunks; ch++) {
-    const int c0 = ch * kChunk, c1 = std::min(C, c0 + kChunk);
-    double sums[kChunk] = {};
-    for (int n = 0; n < N; n++) {
-      const float* x = inp + static_cast<long>(n) * C;
-      const float* d = dout + static_cast<long>(n) * C;
-      for (int c = c0; c < c1; c++) sums[c - c0] += static_cast<double>(d[c] * x[c] * rstd[n]);
-    }
+    double sums[kRmsWeightChunk] = {};
+    const int c0 = ch * kRmsWeightChunk, c1 = std::min(C, c0 + kRmsWeightChunk);
+    rms_weight_sums(sums, dout, inp, rstd, N, C, c0, c1);
     for (int c = c0; c < c1; c++) dweight[c] = static_cast<float>(dweight[c] + sums[c - c0]);
+  }
+}
+
+void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, const float* rstd, int N, int C) {
+  const int chunks = (C + kRmsWeightChunk - 1) / kRmsWeightChunk;
+#pragma omp parallel for schedule(static)
+  for (int ch = 0; ch < chunks; ch++) {
+    const int c0 = ch * kRmsWeightChunk;
+    rms_weight_sums(sums + c0, dout, inp, rstd, N, C, c0, std::min(C, c0 + kRmsWeightChunk));
   }
 }
 

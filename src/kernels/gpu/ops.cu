@@ -206,6 +206,19 @@ __global__ void rmsnorm_backward_dinp_kernel(float* dinp, const float* dout, con
     dinp[base + c] += (weight[c] * dout[base + c] - inp[base + c] * r * gx_mean) * r;
 }
 
+// A thread per column, its rows in order (rmsnorm_weight_sums: a chain of ranks continues the sums).
+__global__ void rmsnorm_weight_sums_kernel(double* sums, const float* dout, const float* inp, const float* rstd,
+                                           int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double s = sums[c];
+  for (int n = 0; n < N; n++) {
+    const long i = static_cast<long>(n) * C + c;
+    s += static_cast<double>(dout[i] * inp[i] * rstd[n]);
+  }
+  sums[c] = s;
+}
+
 __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
                                                const float* mean, const float* rstd, int N, int C) {
   const int lane = threadIdx.x % kWarpSize;
@@ -746,7 +759,12 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   GPU_LAUNCH(rmsnorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(dinp, dout, inp, weight, rstd, N,
                                                                                       C);
   GPU_CHECK_LAUNCH();
-  norm_param_grads(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+  if (dweight) norm_param_grads(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+}
+
+void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, const float* rstd, int N, int C) {
+  GPU_LAUNCH(rmsnorm_weight_sums_kernel, blocks_for(C), kThreads)(sums, dout, inp, rstd, N, C);
+  GPU_CHECK_LAUNCH();
 }
 
 void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {

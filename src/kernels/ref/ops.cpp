@@ -138,12 +138,16 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     for (int c = 0; c < C; c++)
       dx[c] += static_cast<float>(s * (static_cast<double>(d[c]) * weight[c] - x[c] * s * gx_mean));
   }
-  for (int c = 0; c < C; c++) {  // each column summed over the rows in double, added once
-    double dw = 0;
+  if (!dweight) return;
+  std::vector<double> sums(C, 0.0);
+  rmsnorm_weight_sums(sums.data(), dout, inp, rstd, N, C);
+  for (int c = 0; c < C; c++) dweight[c] = static_cast<float>(dweight[c] + sums[c]);  // added once
+}
+
+void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, const float* rstd, int N, int C) {
+  for (int c = 0; c < C; c++)  // each column summed over the rows in double
     for (int n = 0; n < N; n++)
-      dw += static_cast<double>(dout[static_cast<long>(n) * C + c]) * inp[static_cast<long>(n) * C + c] * rstd[n];
-    dweight[c] = static_cast<float>(dweight[c] + dw);
-  }
+      sums[c] += static_cast<double>(dout[static_cast<long>(n) * C + c]) * inp[static_cast<long>(n) * C + c] * rstd[n];
 }
 
 void matmul_forward(MatmulContext&, float* out, const float* inp, const float* weight, const float* bias, int N,

@@ -144,6 +144,14 @@ void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float*
   });
 }
 
+void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, float* share) {
+  // Each value depends only on the seed, its tensor and its place in the whole tensor.
+  const std::vector<ParamTensor> whole = model_param_layout(cfg);
+  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+    model_init_params(whole, seed, w, w + n, share + s);
+  });
+}
+
 void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole) {
   for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
     std::memcpy(whole + w, share + s, n * sizeof(float));

@@ -25,6 +25,7 @@
 // kCrossentropySumBlock the loss and its gradient have one process's bits, so the weights are one
 // process's for any R.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "config/model_config.h"
@@ -58,6 +59,10 @@ void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* 
 // elements i in it.
 void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
                             float* out);
+
+// Rank `rank`'s share of the whole model's initial values (model_init_params with seed), formed
+// alone: the whole model is never built.
+void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, float* share);
 
 // Whether the tensor of this name (model_param_layout's) is cut among the ranks; if not, every
 // rank holds it whole.

@@ -248,6 +248,22 @@ TEST(TensorShare, SharesPutBackAreTheWholeModel) {
   }
 }
 
+// A share's initial values, formed alone, are its part of the whole model's.
+TEST(TensorShare, InitialValuesAreTheWholeModelsPart) {
+  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+    const ModelConfig cfg = wide_model(f);
+    std::vector<float> whole(model_num_params(cfg));
+    model_init_params(model_param_layout(cfg), 17, 0, whole.size(), whole.data());
+    for (int r = 0; r < kRanks; r++) {
+      const size_t n = model_num_params(tensor_share_config(cfg, kRanks, r));
+      std::vector<float> want(n), got(n, -1.0f);
+      take_tensor_share(cfg, kRanks, r, whole.data(), want.data());
+      init_tensor_share(cfg, kRanks, r, 17, got.data());
+      EXPECT_TRUE(same_bits(got.data(), want.data(), n)) << "rank " << r;
+    }
+  }
+}
+
 // The vocabulary goes in whole sum blocks, as evenly as they divide, the partial last block to
 // the last rank: GPT-2's padded 50304 ids are 25 blocks (24 and 1152 ids).
 TEST(TensorShare, VocabularySlicesAreWholeSumBlocks) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <limits>
 
 #include "core/dtype.h"
@@ -157,7 +158,11 @@ void Decoder::set_max_batch(int max_batch) {
   dqkv_ = dbig_ + GK * w.hidden + (swiglu ? GK * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
   gathered_ = stream_cut() ? demb_rows_ + T * C : nullptr;
-  rms_weight_sums_.assign(stream_cut() && cfg_.norm == NormKind::kRmsNorm ? C : 0, 0.0);
+  rms_weight_sums_.assign(stream_cut() && cfg_.norm == NormKind::kRmsNorm ? std::max<size_t>(C, cfg_.head_size()) : 0,
+                          0.0);
+  holders_.reserve(static_cast<size_t>(cfg_.tensor_ranks));
+  all_ranks_.resize(static_cast<size_t>(cfg_.tensor_ranks));
+  std::iota(all_ranks_.begin(), all_ranks_.end(), 0);
   dqk_ = demb_rows_ + T * C + (stream_cut() ? GT * C : 0);
   if (cfg_.has_moe()) {
     dexpert_out_ = dqk_ + (cfg_.qk_norm != QkNorm::kNone ? GT * w.q : 0);
@@ -530,16 +535,34 @@ Decoder::QkNormPart Decoder::qk_norm_part(bool keys) const {
           keys ? BT * (per_head ? cfg_.n_heads : 1) : 0};
 }
 
+void Decoder::qk_part_rows(const QkNormPart& q, float* grain_rows, float* qkv, int n, bool to_grain_rows) {
+  const int N = n * T_, qkv_width = Widths(cfg_).qkv;
+  for (int h = 0; h < q.per_position; h++) {
+    float* rows = grain_rows + static_cast<size_t>(h) * N * q.norm;
+    float* columns = qkv + q.col0 + static_cast<size_t>(h) * q.norm;
+    if (to_grain_rows)
+      copy_columns(kernels(), rows, q.norm, columns, qkv_width, N, q.norm);
+    else
+      copy_columns(kernels(), columns, qkv_width, rows, q.norm, N, q.norm);
+  }
+}
+
 void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
-  const int N = B_ * T_;
+  const int N = B_ * T_, G = grain_sequences();
   const Widths w(cfg_);
   for (const bool keys : {false, true}) {
     const QkNormPart q = qk_norm_part(keys);
     float *raw = x.qk_raw + q.raw, *mean = x.qk_mean + q.save, *rstd = x.qk_rstd + q.save;
-    copy_columns(kernels(), raw, q.width, x.qkv + q.col0, w.qkv, N, q.width);
+    for (int b = 0; b < B_; b += G) {
+      const size_t r = static_cast<size_t>(b) * T_;
+      qk_part_rows(q, raw + r * q.width, x.qkv + r * w.qkv, std::min(G, B_ - b), true);
+    }
     norm_forward(acts_.scratch, mean, rstd, raw, keys ? p.klnw : p.qlnw, keys ? p.klnb : p.qlnb,
                  N * q.per_position, q.norm);
-    copy_columns(kernels(), x.qkv + q.col0, w.qkv, acts_.scratch, q.width, N, q.width);
+    for (int b = 0; b < B_; b += G) {
+      const size_t r = static_cast<size_t>(b) * T_;
+      qk_part_rows(q, acts_.scratch + r * q.width, x.qkv + r * w.qkv, std::min(G, B_ - b), false);
+    }
   }
   round_to_dtype(kernels(), x.qkv, static_cast<long>(N) * w.qkv, dtype());
 }
@@ -554,13 +577,17 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const float* weight = keys ? p.klnw : p.qlnw;
     const size_t span = norm_params(q.norm), at = static_cast<size_t>(weight - p.ln1w);
     const size_t saves = q.save + r * q.per_position;
-    copy_columns(kernels(), dnormed, q.width, dqkv_ + q.col0, w.qkv, N, q.width);
+    qk_part_rows(q, dnormed, dqkv_, n, true);
     op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
-    norm_backward(dqk_, dw, dnormed, x.qk_raw + q.raw + r * q.width, weight, x.qk_mean + saves, x.qk_rstd + saves,
-                  N * q.per_position, q.norm);
+    const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
+    // Every rank's heads add to the weight's gradient, in head order: a chain of the ranks.
+    if (tensor_exchange_)
+      chained_norm_backward(all_ranks_, dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
+    else
+      norm_backward(dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
     if (!frozen()) units_in_stage_.grain_done(1 + l, at, span);
-    copy_columns(kernels(), dqkv_ + q.col0, w.qkv, dqk_, q.width, N, q.width);
+    qk_part_rows(q, dqk_, dqkv_, n, false);
   }
   round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
 }
@@ -654,43 +681,50 @@ void Decoder::norm_backward_rows(float* dinp, float* dw, const float* dout, cons
   const size_t c = static_cast<size_t>(C);
   if (!stream_cut())
     return norm_backward(dinp + g0 * c, dw, dout, inp + g0 * c, w, mean + g0, rstd + g0, g1 - g0, C);
-  TensorExchange& x = *tensor_exchange_;
   const int N = B_ * T_;
-  const size_t span = norm_params();
-  std::vector<int> holders;
-  for (int q = 0; q < x.ranks(); q++) {
+  holders_.clear();
+  for (int q = 0; q < tensor_exchange_->ranks(); q++) {
     const HeldRows h = held_rows(q, N);
-    if (std::max(g0, h.first) < std::min(g1, h.first + h.n)) holders.push_back(q);
+    if (std::max(g0, h.first) < std::min(g1, h.first + h.n)) holders_.push_back(q);
   }
-  const auto me = std::find(holders.begin(), holders.end(), x.rank());
-  if (me != holders.end()) {
-    const HeldRows h = held_rows(N);
-    const int a = std::max(g0, h.first), e = std::min(g1, h.first + h.n);
-    const size_t at = static_cast<size_t>(a - h.first);
-    const bool first_holder = me == holders.begin(), last_holder = me + 1 == holders.end();
-    const float* d = dout + static_cast<size_t>(a - g0) * c;
+  // This rank's rows of [g0, g1), if any (none: it only receives the gradient).
+  const HeldRows h = held_rows(N);
+  const int a = std::max(g0, h.first), e = std::max(a, std::min(g1, h.first + h.n));
+  const size_t at = static_cast<size_t>(a - h.first), from = static_cast<size_t>(a - g0);
+  chained_norm_backward(holders_, dinp + at * c, dw, dout + from * c, inp + at * c, w, mean + at, rstd + at, e - a,
+                        C);
+}
+
+void Decoder::chained_norm_backward(const std::vector<int>& order, float* dinp, float* dw, const float* dout,
+                                    const float* inp, const float* w, const float* mean, const float* rstd, int rows,
+                                    int width) {
+  TensorExchange& x = *tensor_exchange_;
+  const size_t c = static_cast<size_t>(width), span = norm_params(width);
+  const auto me = std::find(order.begin(), order.end(), x.rank());
+  if (me != order.end()) {
+    const bool first = me == order.begin(), last = me + 1 == order.end();
     if (cfg_.norm == NormKind::kRmsNorm) {
       // RMSNorm adds its weight's terms in double and the sum to dw once: the double sums go
-      // from holder to holder (as the bytes of twice as many floats), and the last adds them.
+      // from rank to rank (as the bytes of twice as many floats), and the last adds them.
       double* sums = rms_weight_sums_.data();
       float* sums_bytes = reinterpret_cast<float*>(sums);
-      std::fill(rms_weight_sums_.begin(), rms_weight_sums_.end(), 0.0);
-      if (!first_holder) x.receive(me[-1], sums_bytes, 2 * c);
-      norm_backward(dinp + at * c, nullptr, d, inp + at * c, w, mean + at, rstd + at, e - a, C);
-      rmsnorm_weight_sums(kernels(), sums, d, inp + at * c, rstd + at, e - a, C);
-      if (last_holder)
+      std::fill_n(sums, c, 0.0);
+      if (!first) x.receive(me[-1], sums_bytes, 2 * c);
+      norm_backward(dinp, nullptr, dout, inp, w, mean, rstd, rows, width);
+      rmsnorm_weight_sums(kernels(), sums, dout, inp, rstd, rows, width);
+      if (last)
         for (size_t k = 0; k < c; k++) dw[k] = static_cast<float>(dw[k] + sums[k]);
       else
         x.send(me[1], sums_bytes, 2 * c);
     } else {
-      // LayerNorm adds each row's terms to dw in fp32: dw goes from holder to holder.
-      if (!first_holder) x.receive(me[-1], dw, span);
-      norm_backward(dinp + at * c, dw, d, inp + at * c, w, mean + at, rstd + at, e - a, C);
-      if (!last_holder) x.send(me[1], dw, span);
+      // LayerNorm adds each row's terms to dw in fp32: dw goes from rank to rank.
+      if (!first) x.receive(me[-1], dw, span);
+      norm_backward(dinp, dw, dout, inp, w, mean, rstd, rows, width);
+      if (!last) x.send(me[1], dw, span);
     }
     x.wait_sends();
   }
-  x.broadcast(dw, span, holders.back());
+  x.broadcast(dw, span, order.back());
 }
 
 const float* Decoder::lnf_rows(int b) {

@@ -199,6 +199,14 @@ class Decoder final : public Model {
   // another, as one process does, and the last sends the sum to every rank.
   void norm_backward_rows(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int g0, int g1);
+  // The norm's backward over this rank's rows of a weight gradient that sums over the ranks in
+  // `order` (this rank among them or not): each adds its rows in turn, as norm_backward_rows says,
+  // and the last sends the gradient to every rank.
+  void chained_norm_backward(const std::vector<int>& order, float* dinp, float* dw, const float* dout,
+                             const float* inp, const float* w, const float* mean, const float* rstd, int rows,
+                             int width);
+  std::vector<int> all_ranks_;  // 0 .. tensor_ranks - 1
+  std::vector<int> holders_;    // norm_backward_rows' ranks holding its rows
   // Sequence b's rows of the final norm's output, whole (gathered_ under sequence parallelism).
   const float* lnf_rows(int b);
   // Rows per link of a chain: a few links per rank, so that the ranks work on different rows at once.
@@ -269,12 +277,18 @@ class Decoder final : public Model {
   void norm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* mean,
                      const float* rstd, int N, int width);
   // QK LayerNorm over the microbatch: x.qkv's query and key columns, kept in x.qk_raw, replaced
-  // by their norms' outputs.
+  // by their norms' outputs. A part's rows (the norms' inputs, outputs and saves) go grain by
+  // grain of the backward pass (grain_sequences), and within a grain head by head, so that a
+  // per-head norm's weight gradient sums over one head's rows after another's: under tensor
+  // parallelism a chain of the ranks, each holding some of the heads.
   struct QkNormPart {
     int col0, width, norm, per_position;
     size_t raw, save;
   };
   QkNormPart qk_norm_part(bool keys) const;
+  // Between n sequences' qkv rows (B,T,qkv) and the part's grain rows (heads, n·T, norm): out to
+  // the grain rows, or back into qkv's columns.
+  void qk_part_rows(const QkNormPart& q, float* grain_rows, float* qkv, int n, bool to_grain_rows);
   void qk_norm_forward(const BlockActs& x, const Block& p);
   // Its backward over the grain of n sequences from b: dqkv_'s query and key columns from the
   // norms' outputs' gradients to their inputs', and the norms' parameter gradients.

@@ -271,8 +271,8 @@ void Model::set_tensor_exchange(TensorExchange* exchange) {
   if (exchange) {
     ANVIL_CHECK(kernels() == KernelImpl::kCpu, "tensor parallelism chains the ranks' parts of a product through the "
                 "CPU's k blocks: it runs with kernels cpu");
-    ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm == QkNorm::kNone, "tensor parallelism does not "
-                "cut LoRA models, mixtures of experts or QK norms yet");
+    ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm != QkNorm::kWhole, "tensor parallelism does "
+                "not cut LoRA models, mixtures of experts or QK norms over all the heads' channels yet");
     ANVIL_CHECK(exchange->ranks() == cfg_.tensor_ranks && exchange->rank() == cfg_.tensor_rank,
                 "tensor parallelism: this model is rank {}'s share of {} ranks (tensor_share_config), not rank {} of "
                 "{}", cfg_.tensor_rank, cfg_.tensor_ranks, exchange->rank(), exchange->ranks());

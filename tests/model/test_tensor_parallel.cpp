@@ -41,6 +41,11 @@ ModelConfig wide_model(ModelFamily family) {
   c.d_model = 512;
   c.vocab_size = kWideVocab;
   c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
+  if (family == ModelFamily::kQwen3) {  // a Llama with per-head QK norms
+    c = wide_model(ModelFamily::kLlama);
+    c.name = family;
+    c.qk_norm = QkNorm::kPerHead;
+  }
   if (family == ModelFamily::kLlama) {
     c.head_dim = 256;
     c.mlp_hidden = 512;
@@ -223,11 +228,16 @@ TEST_P(TensorParallel, EvaluateAsTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, TensorParallel,
-    ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt, ModelFamily::kLlama),
+    ::testing::Combine(::testing::Values(ModelFamily::kGpt2, ModelFamily::kMpt, ModelFamily::kLlama,
+                                         ModelFamily::kQwen3),
                        ::testing::Values(ComputeDtype::kFp32, ComputeDtype::kBf16)),
     [](const auto& info) {
       const ModelFamily f = std::get<0>(info.param);
-      return std::string(f == ModelFamily::kGpt2 ? "gpt2" : f == ModelFamily::kMpt ? "mpt" : "llama") +
+      const char* name = f == ModelFamily::kGpt2   ? "gpt2"
+                         : f == ModelFamily::kMpt  ? "mpt"
+                         : f == ModelFamily::kLlama ? "llama"
+                                                    : "qwen3";
+      return std::string(name) +
              (std::get<1>(info.param) == ComputeDtype::kFp32 ? "_fp32" : "_bf16");
     });
 
@@ -288,9 +298,11 @@ TEST(TensorShare, WhatCannotBeCutIsNamed) {
   EXPECT_EQ(tensor_parallel_problem(gpt2, 3), "");  // 4 heads of 64, and 1024 of the MLP
   EXPECT_NE(tensor_parallel_problem(gpt2, 5).find("5 must divide each"), std::string::npos);
   ModelConfig qk = wide_model(ModelFamily::kLlama);
-  qk.qk_norm = QkNorm::kPerHead;
-  EXPECT_NE(tensor_parallel_problem(qk, 2).find("QK norms"), std::string::npos);
+  qk.qk_norm = QkNorm::kWhole;  // one norm over all the heads' channels (MPT's qk_ln)
+  EXPECT_NE(tensor_parallel_problem(qk, 2).find("QK norm over all the heads' channels"), std::string::npos);
   EXPECT_EQ(tensor_parallel_problem(qk, 1), "");
+  qk.qk_norm = QkNorm::kPerHead;  // Qwen3's
+  EXPECT_EQ(tensor_parallel_problem(qk, 2), "");
   ModelConfig small_vocab = wide_model(ModelFamily::kGpt2);
   small_vocab.vocab_size = kCrossentropySumBlock;
   EXPECT_NE(tensor_parallel_problem(small_vocab, 2).find("vocab_size 2048 must be more than 2048"), std::string::npos)

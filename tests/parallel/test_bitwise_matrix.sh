@@ -108,7 +108,8 @@ family llama model.n_kv_heads=2 model.attention_dropout=0.1
 # 2 sharing ranks (ZeRO-1); and stopped at step 8 on 2 ranks sharing the blocks, resumed on 3
 # without. Then a Llama with grouped-query heads (q, k and v each cut; SwiGLU's gate and up each
 # cut; its own LM head on the last stage) on 1 rank and as 2 stages of 2 sharing ranks with
-# activation checkpointing.
+# activation checkpointing; and a Qwen3 (the Llama with per-head QK norms) on 1 rank and on 2
+# sharing ranks, in microbatches of 3 (a sequence's rows of the residual stream on both ranks).
 tp=(model.n_layers=2 model.d_model=512 model.n_heads=2 model.resid_pdrop=0.1 model.attn_pdrop=0.1
     model.embd_pdrop=0.1 model.vocab_size=4200)
 OMP_NUM_THREADS=2 train tp_w1_mb8_z0 1 8 0 "${tp[@]}"
@@ -131,6 +132,11 @@ train tp_llama_w4_tp2_pp2_mb2_z1_ckpt 4 2 1 "${tp_llama[@]}" distributed.tensor_
   distributed.pipeline_parallel=2 activation_checkpointing=true
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_llama_w1_mb8_z0" "$tmp/tp_llama_w4_tp2_pp2_mb2_z1_ckpt" \
   || fail "tensor parallelism: the Llama's runs do not end with the same bits"
+tp_qwen3=("${tp_llama[@]}" model.name=qwen3)
+OMP_NUM_THREADS=2 train tp_qwen3_w1_mb8_z0 1 8 0 "${tp_qwen3[@]}"
+train tp_qwen3_w2_tp2_mb3_z1 2 3 1 "${tp_qwen3[@]}" distributed.tensor_parallel=2
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_qwen3_w1_mb8_z0" "$tmp/tp_qwen3_w2_tp2_mb3_z1" \
+  || fail "tensor parallelism: the Qwen3's runs do not end with the same bits"
 echo "tensor parallelism: weights sha256 $("$anvil" inspect "$tmp/tp_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 
 # A mixture of experts (mb_moe: four experts, top 2, capacity factor 1, so that experts fill and

@@ -389,6 +389,7 @@ examples:
 )";
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
+       mpirun -np N anvil bench train CONFIG.yaml distributed.tensor_parallel=N [...]
        anvil bench data LOCATION [options]
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
        anvil bench gemm [--rounds N] [--seconds S]
@@ -397,6 +398,8 @@ train: runs the config's training step on synthetic tokens (no dataset needed) a
 tokens/s, achieved GFLOP/s, the measured GEMM peak (on the CPU the faster of OpenBLAS's sgemm
 and anvil's GEMM in the precision's mode; with kernels=gpu, cuBLASLt in that mode), MFU and peak memory
 (host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
+Under mpirun with distributed.tensor_parallel=N on N ranks, the ranks share one copy of the model
+(tensor and sequence parallelism) and rank 0 reports the copy's speed and every rank's memory.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
   --profile     also print the time per op over the timed steps (every op timed: on the GPU by
@@ -977,6 +980,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const int steps = number_flag(a, "--steps", 10, kBenchHelp), warmup = number_flag(a, "--warmup", 2, kBenchHelp);
   const bool profile = std::find(a.switches.begin(), a.switches.end(), "--profile") != a.switches.end();
   const BenchTrainResult r = bench_train(cfg, warmup, steps, profile);
+  if (r.rank > 0) return 0;  // rank 0 reports for the ranks sharing the model
   if (profile) {
     std::printf("time per step by op (%d steps of %.1f ms):\n", steps, r.step_ms);
     double in_ops = 0;
@@ -999,6 +1003,12 @@ int cmd_bench(const std::vector<std::string>& args) {
               r.frozen_base_mib > 0 ? fmt::format(" + LoRA's frozen base {:.1f} MiB = {:.1f} MiB", r.frozen_base_mib,
                                                   r.model_states_mib + r.frozen_base_mib).c_str() : "");
   if (r.gpu_peak_mib > 0) std::printf("peak GPU memory: %.0f MiB (anvil's allocator)\n", r.gpu_peak_mib);
+  if (r.ranks > 1) {
+    std::printf("tensor parallel: %d ranks share the model; memory per rank:\n", r.ranks);
+    for (size_t k = 0; k < r.per_rank.size(); k++)
+      std::printf("  rank %zu: peak %.0f MiB, activations %.1f MiB, model states %.1f MiB\n", k,
+                  r.per_rank[k].peak_rss_mib, r.per_rank[k].activation_mib, r.per_rank[k].model_states_mib);
+  }
   std::printf("%s\n", bench_train_json(cfg, r, steps).c_str());
   return 0;
 }

@@ -18,8 +18,11 @@
 #include "device/device.h"
 #include "kernels/impl.h"
 #include "kernels/matmul.h"
+#include "parallel/collectives.h"
 #include "parallel/communicator.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 #include "train/microbatch.h"
 #include "train/stack.h"
 #include "train/step.h"
@@ -33,25 +36,35 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   cfg.device_eval_batch_size = 0;  // no evaluation here: activations for the microbatch alone
   prepare_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  std::unique_ptr<Communicator> comm = make_communicator();
-  ANVIL_CHECK(comm->size() == 1, "bench train runs on one process; use anvil train for data-parallel runs");
+  const int sharing = cfg.distributed.tensor_parallel;
+  std::unique_ptr<Communicator> comm = make_communicator(/*require_mpi=*/false, /*threads_at_once=*/sharing > 1);
+  ANVIL_CHECK(comm->size() == sharing, "bench train runs one copy of the model: on one process, or under mpirun on "
+              "as many ranks as distributed.tensor_parallel ({}) to share it; {} ranks here (anvil train runs "
+              "data-parallel copies)", sharing, comm->size());
   ANVIL_CHECK(cfg.distributed.pipeline_parallel == 1, "bench train runs the whole model on one process, not "
               "distributed.pipeline_parallel {} stages; anvil train logs a pipeline run's speed and memory per rank",
               cfg.distributed.pipeline_parallel);
   ANVIL_CHECK(cfg.distributed.expert_parallel == 1, "bench train runs one process, which runs every expert; "
               "distributed.expert_parallel {} needs as many ranks under anvil train", cfg.distributed.expert_parallel);
-  ANVIL_CHECK(cfg.distributed.tensor_parallel == 1, "bench train runs the whole model on one process; "
-              "distributed.tensor_parallel {} needs as many ranks under anvil train", cfg.distributed.tensor_parallel);
-  TrainingStack stack = build_training_stack(cfg, *comm, GB, T, [&](Model& model) {
+  std::unique_ptr<TensorGroups> tensor;
+  if (sharing > 1) tensor = std::make_unique<TensorGroups>(make_tensor_groups(*comm, cfg.model, sharing));
+  TrainingStack stack = build_training_stack(cfg, tensor ? *tensor->data : *comm, GB, T, [&](Model& model) {
     // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));
     model_init_params(model_param_layout(cfg.model.base()), cfg.seed, 0, base.size(), base.data());
     model.set_base_weights(base, cfg.precision == ComputeDtype::kBf16);
-  });
+  }, nullptr, tensor.get());
   Model& model = *stack.model;
   DataParallel& dp = *stack.dp;
   const MemoryReport mem = dp.memory();
-  dp.init_weights(cfg.seed);
+  if (tensor) {  // the rank's share of the whole model's initial weights, as anvil train forms it
+    std::vector<float> share(model.num_params());
+    init_tensor_share(cfg.model, sharing, tensor->rank, cfg.seed, share.data());
+    const std::vector<float> zeros(share.size(), 0.0f);
+    dp.load_full_state(share, zeros, zeros, 0);
+  } else {
+    dp.init_weights(cfg.seed);
+  }
   TrainStep step(cfg, model, dp, LrSchedule::constant());
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.
@@ -67,10 +80,12 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.model_states_mib = static_cast<double>(mem.model_states()) / (1 << 20);
   r.frozen_base_mib = static_cast<double>(model.base_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
-  log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters; {}; {} kernels, {}{}",
-           model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size, model.num_params() / 1e6,
-           r.peak_source, choice_name(cfg.kernels), choice_name(cfg.precision),
-           cfg.activation_checkpointing ? "; activation checkpointing" : "");
+  if (comm->rank() == 0)
+    log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters{}; {}; {} kernels, {}{}",
+             model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size,
+             model_num_params(cfg.model) / 1e6,
+             sharing > 1 ? fmt::format(" shared by {} ranks", sharing) : "", r.peak_source, choice_name(cfg.kernels),
+             choice_name(cfg.precision), cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
   // The timed steps alone are what a GPU profiler started with collection off records
@@ -85,11 +100,17 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.step_ms = 1e3 * secs / steps;
   r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
   r.gflops = r.tokens_per_s * model_train_flops_per_token(cfg.model, T) / 1e9;
-  r.mfu = r.gflops / r.peak_gflops;
+  r.ranks = sharing;
+  r.rank = comm->rank();
+  r.mfu = r.gflops / (r.peak_gflops * sharing);  // each rank measured its own peak
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
   if (gpu) r.gpu_peak_mib = static_cast<double>(gpu_allocator_stats().peak_in_use) / (1 << 20);
+  const std::vector<double> rss = all_gather_values(*comm, r.peak_rss_mib),
+                            act = all_gather_values(*comm, r.activation_mib),
+                            states = all_gather_values(*comm, r.model_states_mib);
+  for (size_t k = 0; k < rss.size(); k++) r.per_rank.push_back({rss[k], act[k], states[k]});
   return r;
 }
 
@@ -118,7 +139,7 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
       {"peak_rss_mib", r.peak_rss_mib}, {"activation_mib", r.activation_mib},
       {"model_states_mib", r.model_states_mib}, {"frozen_base_mib", r.frozen_base_mib},
       {"gpu_peak_mib", r.gpu_peak_mib},
-      {"microbatch", r.microbatch}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
+      {"microbatch", r.microbatch}, {"tensor_parallel", r.ranks}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
       {"batch", cfg.global_train_batch_size}, {"precision", choice_name(cfg.precision)},
       {"kernels", choice_name(cfg.kernels)},
       {"model",
@@ -129,6 +150,10 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
         {"mlp_hidden", m.mlp_width()}, {"linear_bias", m.linear_bias}, {"qkv_bias", m.qkv_bias}, {"tied_embeddings", m.tied_embeddings},
         {"init_std", float_as_written(m.init_std)}, {"emb_pdrop", float_as_written(m.emb_pdrop)},
         {"attn_pdrop", float_as_written(m.attn_pdrop)}, {"resid_pdrop", float_as_written(m.resid_pdrop)}}}};
+  if (r.ranks > 1)
+    for (const BenchTrainResult::RankMemory& k : r.per_rank)
+      j["per_rank"].push_back({{"peak_rss_mib", k.peak_rss_mib}, {"activation_mib", k.activation_mib},
+                               {"model_states_mib", k.model_states_mib}});
   if (m.has_moe())
     j["model"]["moe"] = {{"experts", m.moe.experts},
                          {"top_k", m.moe.top_k},

@@ -19,6 +19,14 @@ struct BenchTrainResult {
   std::string peak_source;    // what the peak was measured on (the matmul backend)
   double gpu_peak_mib = 0;    // kernels=gpu: the most GPU memory the allocator held
   double step_ms = 0;         // mean time of a timed step
+  // The ranks sharing the model (distributed.tensor_parallel: the speed is the copy's, MFU
+  // against the ranks' peaks together, the memory figures above this rank's) and this one; and
+  // every rank's memory, on every rank.
+  int ranks = 1, rank = 0;
+  struct RankMemory {
+    double peak_rss_mib, activation_mib, model_states_mib;
+  };
+  std::vector<RankMemory> per_rank;
   std::vector<OpTime> profile;  // with profile: the timed steps' time per op
 };
 

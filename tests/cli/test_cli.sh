@@ -77,6 +77,25 @@ if grep -q "^  matmul_backward " "$tmp/profile.out" && grep -q "^  fixed_point_a
 else
   fail "bench train --profile: $(cat "$tmp/profile.out")"
 fi
+# bench train on 2 ranks sharing a model (tensor parallelism): the copy's speed and each rank's
+# memory, the activations about half of one process's.
+wide=(model.d_model=512 model.n_heads=2 model.vocab_size=4200)
+"$anvil" bench train "${tiny[@]}" "${wide[@]}" --steps 2 --warmup 1 > "$tmp/bench1.out" 2>&1
+if have_mpirun; then
+  OMP_NUM_THREADS=1 mpirun_anvil 2 "$anvil" bench train "${tiny[@]}" "${wide[@]}" distributed.tensor_parallel=2 \
+    --steps 2 --warmup 1 > "$tmp/bench_tp2.out" 2>&1
+  one=$(sed -n 's/.*"activation_mib":\([0-9.]*\).*/\1/p' "$tmp/bench1.out")
+  ranks=$(grep -c '^  rank [01]: peak' "$tmp/bench_tp2.out" || true)
+  share=$(sed -n 's/^  rank 0: .*activations \([0-9.]*\) MiB.*/\1/p' "$tmp/bench_tp2.out")
+  if [ "$ranks" = 2 ] && grep -q '"tensor_parallel":2' "$tmp/bench_tp2.out" \
+      && awk -v a="${share:-0}" -v b="${one:-0}" 'BEGIN { exit !(b > 0 && a > 0 && a / b < 0.6) }'; then
+    pass "bench train with distributed.tensor_parallel=2: rank 0 holds ${share} of one process's ${one} MiB of activations"
+  else
+    fail "bench train with distributed.tensor_parallel=2: $(cat "$tmp/bench_tp2.out") one process: $one"
+  fi
+else
+  skip "bench train with distributed.tensor_parallel=2 (no mpirun)"
+fi
 
 # bench gemm: every product timed on both sides, in fp32 and bf16 (on each instruction set that
 # runs bf16, training's among them), each row also as JSON.

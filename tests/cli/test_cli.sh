@@ -89,7 +89,7 @@ if have_mpirun; then
   share=$(sed -n 's/^  rank 0: .*activations \([0-9.]*\) MiB.*/\1/p' "$tmp/bench_tp2.out")
   if [ "$ranks" = 2 ] && grep -q '"tensor_parallel":2' "$tmp/bench_tp2.out" \
       && awk -v a="${share:-0}" -v b="${one:-0}" 'BEGIN { exit !(b > 0 && a > 0 && a / b < 0.6) }'; then
-    pass "bench train with distributed.tensor_parallel=2: rank 0 holds ${share} of one process's ${one} MiB of activations"
+    pass "bench train, distributed.tensor_parallel=2: rank 0 holds ${share} MiB of activations, one process ${one}"
   else
     fail "bench train with distributed.tensor_parallel=2: $(cat "$tmp/bench_tp2.out") one process: $one"
   fi

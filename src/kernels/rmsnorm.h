@@ -9,13 +9,14 @@ namespace anvil {
 void rmsnorm_forward(KernelImpl impl, float* out, float* rstd, const float* inp, const float* weight, float eps, int N,
                      int C);
 // dinp (N,C) +=, dweight (C) += (null: not formed), given dout (N,C), the forward's input and its
-// rstd. The weight's gradient is each column's terms dout·inp·rstd (fp32 products) summed over the
-// rows in double, then added to dweight once.
+// rstd. The weight's gradient is each column's terms dout·inp·rstd summed over the rows in double,
+// then added to dweight once.
 void rmsnorm_backward(KernelImpl impl, float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int N, int C);
 // Those sums alone: sums (C) += each column's terms over the N rows, in row order. Rows split
 // among ranks (sequence parallelism) add up, one rank's after another's, to the sums of all the
-// rows at once; float(dweight + sums) is then rmsnorm_backward's weight gradient.
+// rows at once; on the CPU, whose rmsnorm_backward sums the rows in that order too (fp32 terms),
+// float(dweight + sums) is then its weight gradient to the bit.
 void rmsnorm_weight_sums(KernelImpl impl, double* sums, const float* dout, const float* inp, const float* rstd, int N,
                          int C);
 

@@ -213,8 +213,8 @@ class Decoder final : public Model {
   int chain_rows(int N) const;
   // A row-parallel product's output over the microbatch: rank 0 forms its part (with the bias) a
   // link of rows at a time, each next rank adds its part to the partial sum it receives and hands
-  // it on, and the last rank's sum is one process's product (its rows then go to their holders:
-  // send_rows_to_holders).
+  // it on, and the last rank's sum is one process's product (block_forward applies the residual
+  // dropout there and sends the rows to their holders: send_rows_to_holders).
   void chained_forward(const Linear& f, float* out, const float* inp);
   // A column-parallel product's input gradient over rows [g0, g0 + N), the same chain through
   // every part's ranks in the whole product's output order, each row's sum then to its holder.
@@ -460,7 +460,8 @@ class Decoder final : public Model {
   // Under sequence parallelism, a grain's rows gathered whole (gather_held_rows) from the held
   // arrays: of a norm's output or of dresidual_; null otherwise.
   float* gathered_ = nullptr;
-  std::vector<double> rms_weight_sums_;  // norm_backward_rows' under RMSNorm (host: tensor parallelism is the CPU's)
+  // chained_norm_backward's sums under RMSNorm (host memory: tensor parallelism runs on the CPU).
+  std::vector<double> rms_weight_sums_;
   // A frozen norm's parameter gradient, formed by the norm's backward and not kept.
   OpArray<float> frozen_dnorm_;
   // LoRA's frozen base: all of it in fp32 (base_); or held in bf16, the blocks' values in
@@ -479,10 +480,11 @@ class Decoder final : public Model {
   MatmulContext matmul_;  // the operand dtype (the compute dtype) and the held LM head
   bool lm_head_held_rounded_ = false;  // amp, and matmul_.hold_rounds_weight(): no copy of unit 0
   Acts acts_{};
-  // Gradients of activations: dresidual_ and dsmall_ for the microbatch; dbig_ (the activation's
-  // output), dfc_ (its input: dbig_ itself for GELU, in place) and dqkv_ for one grain (the blocks'
-  // backward works a grain at a time); demb_rows_ the token embedding's gradient for one
-  // sequence, a row per distinct token of it (touched_rows_); dqk_ a QK norm's input gradient for a grain.
+  // Gradients of activations: dresidual_ for the microbatch's rows held (held_rows), dsmall_ for
+  // the microbatch; dbig_ (the activation's output), dfc_ (its input: dbig_ itself for GELU, in
+  // place) and dqkv_ for one grain (the blocks' backward works a grain at a time); demb_rows_ the
+  // token embedding's gradient for one sequence, a row per distinct token of it (touched_rows_);
+  // gathered_ (above) under sequence parallelism; dqk_ a QK norm's input gradient for a grain.
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,
         *demb_rows_ = nullptr, *dqk_ = nullptr;
   // Under MoE, for a grain: the experts' output and input gradients (rows in MoeRoutes' grain

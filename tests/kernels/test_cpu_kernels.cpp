@@ -391,8 +391,6 @@ TEST(CrossEntropySlices, CutAtSumBlocksGiveTheWholeRowsBits) {
     }
 }
 
-// RoPE's convention is Hugging Face's rotate-half: channel i pairs with i + HS/2 (not i + 1), the
-// pair turned by t·theta^(-2i/HS); position 0 is left alone, and the backward undoes the forward.
 // Sequence parallelism's norms (Decoder::norm_backward_rows): rows split among ranks, each rank's
 // added in turn (LayerNorm's weight and bias gradients in fp32, RMSNorm's as double sums added
 // once), give the bits of the backward pass over all the rows, wherever the rows are cut.
@@ -427,6 +425,8 @@ TEST(NormBackward, RowsSplitAndAddedInTurnGiveTheWholeRowsBits) {
   }
 }
 
+// RoPE's convention is Hugging Face's rotate-half: channel i pairs with i + HS/2 (not i + 1), the
+// pair turned by t·theta^(-2i/HS); position 0 is left alone, and the backward undoes the forward.
 TEST(RopeReference, RotatesHalvesByPositionTimesFrequency) {
   const int HS = 4, T = 2;
   std::vector<float> x = {9, 8, 7, 6,  // position 0: unchanged

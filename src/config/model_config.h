@@ -126,8 +126,10 @@ struct ModelConfig {
   bool has_dropout() const { return emb_pdrop > 0 || attn_pdrop > 0 || resid_pdrop > 0; }
   bool has_lora() const { return lora.r > 0; }
   bool has_moe() const { return moe.experts > 0; }
-  bool vocab_cut() const { return vocab_whole > 0; }
-  int whole_vocab() const { return vocab_cut() ? vocab_whole : vocab_size; }
+  // A rank's share of a tensor-parallel model (model/tensor_parallel.h): its vocabulary slice, its
+  // heads and units, its rows of the residual stream.
+  bool tensor_share() const { return tensor_ranks > 1; }
+  int whole_vocab() const { return tensor_share() ? vocab_whole : vocab_size; }
   // The model without its adapters: the base that LoRA freezes.
   ModelConfig base() const {
     ModelConfig b = *this;

@@ -59,9 +59,9 @@ AttentionHeads Decoder::attention_heads(int l, int b0) const {
   a.alibi_bias_max = cfg_.alibi_bias_max;
   a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
   a.operands = dtype();  // amp's q, k, v and their gradients are 16-bit values: docs/precision.md
-  if (tensor_exchange_) {
-    a.first_head = tensor_exchange_->rank() * cfg_.n_heads;
-    a.all_heads = tensor_exchange_->ranks() * cfg_.n_heads;
+  if (cfg_.tensor_share()) {
+    a.first_head = cfg_.tensor_rank * cfg_.n_heads;
+    a.all_heads = cfg_.tensor_ranks * cfg_.n_heads;
   }
   return a;
 }
@@ -157,13 +157,13 @@ void Decoder::set_max_batch(int max_batch) {
   dfc_ = swiglu ? dbig_ + GK * w.hidden : dbig_;  // GELU's backward runs in place
   dqkv_ = dbig_ + GK * w.hidden + (swiglu ? GK * w.fc : 0);
   demb_rows_ = dqkv_ + GT * w.qkv;
-  gathered_ = stream_cut() ? demb_rows_ + T * C : nullptr;
-  rms_weight_sums_.assign(stream_cut() && cfg_.norm == NormKind::kRmsNorm ? std::max<size_t>(C, cfg_.head_size()) : 0,
-                          0.0);
+  gathered_ = cfg_.tensor_share() ? demb_rows_ + T * C : nullptr;
+  const bool rms_chain = cfg_.tensor_share() && cfg_.norm == NormKind::kRmsNorm;
+  rms_weight_sums_.assign(rms_chain ? std::max<size_t>(C, cfg_.head_size()) : 0, 0.0);
   holders_.reserve(static_cast<size_t>(cfg_.tensor_ranks));
   all_ranks_.resize(static_cast<size_t>(cfg_.tensor_ranks));
   std::iota(all_ranks_.begin(), all_ranks_.end(), 0);
-  dqk_ = demb_rows_ + T * C + (stream_cut() ? GT * C : 0);
+  dqk_ = demb_rows_ + T * C + (cfg_.tensor_share() ? GT * C : 0);
   if (cfg_.has_moe()) {
     dexpert_out_ = dqk_ + (cfg_.qk_norm != QkNorm::kNone ? GT * w.q : 0);
     dexpert_in_ = dexpert_out_ + GK * C;
@@ -397,8 +397,8 @@ void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, co
 void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
   ANVIL_CHECK(B >= 1 && B <= max_batch_ && T >= 1 && T <= max_seq_,
               "batch {}x{} exceeds the model's buffers ({}x{})", B, T, max_batch_, max_seq_);
-  ANVIL_CHECK(!stream_cut() || tensor_exchange_, "a tensor-parallel share of {} ranks runs with the other ranks: "
-              "set_tensor_exchange first", cfg_.tensor_ranks);
+  ANVIL_CHECK(!cfg_.tensor_share() || tensor_exchange_, "a tensor-parallel share of {} ranks runs with the other "
+              "ranks: set_tensor_exchange first", cfg_.tensor_ranks);
   const int C = cfg_.d_model, V = cfg_.whole_vocab(), L = cfg_.n_layers;
   const int N = B * T;
   ANVIL_CHECK(first_stage() ? tokens != nullptr : input != nullptr, "the pipeline stage of blocks [{}, {}) starts "
@@ -435,9 +435,9 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
   if (first_stage()) {
     // A tensor-parallel share forms every row (its tokens' from its vocabulary, the others' from
     // their ranks) and keeps the rows it holds.
-    float* encoded = stream_cut() ? a.scratch : a.encoded;
+    float* encoded = cfg_.tensor_share() ? a.scratch : a.encoded;
     const float* emb = acquire_base(0, 1);
-    if (cfg_.vocab_cut())
+    if (cfg_.tensor_share())
       vocab_parallel_embedding(encoded, emb, learned ? emb + wpe_offset : nullptr);
     else
       encoder_forward(kernels(), encoded, tokens_op_.data(), positions_op(0), emb,
@@ -445,10 +445,10 @@ void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, co
     release_base(0);
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, 0);
     if (emb_drop.active()) dropout_apply(kernels(), encoded, encoded, B, static_cast<long>(T) * C, emb_drop);
-    if (stream_cut())
+    if (cfg_.tensor_share())
       op_copy(kernels(), a.encoded, encoded + static_cast<size_t>(held.first) * C, held_floats * sizeof(float));
   } else {
-    op_copy_from_host(kernels(), a.encoded, input + static_cast<size_t>(held.first) * C, held_floats * sizeof(float));
+    op_copy_from_host(kernels(), a.encoded, input, held_floats * sizeof(float));
   }
   for (int l = stage().first_layer; l < stage().end_layer; l++) {
     const Block p = bind_block(compute_params(1 + l, acquire_base(1 + l, 2 + l)));
@@ -484,15 +484,15 @@ void Decoder::block_forward(int l, const Block& p, const float* adapters, const 
   const long HC = static_cast<long>(held.n) * C;
   const size_t first = static_cast<size_t>(held.first) * C;
   auto whole = [&](const float* normed) {
-    if (!stream_cut()) return normed;
+    if (!cfg_.tensor_share()) return normed;
     gather_held_rows(scratch, normed, 0, N, C);
     return static_cast<const float*>(scratch);
   };
   auto add_branch = [&](float* out, const float* in, DropoutKind kind) {
     const DropoutSite drop = dropout_site(1 + l, kind, cfg_.resid_pdrop, 0);
-    const bool last = !stream_cut() || tensor_exchange_->rank() + 1 == tensor_exchange_->ranks();
+    const bool last = !cfg_.tensor_share() || tensor_exchange_->rank() + 1 == tensor_exchange_->ranks();
     if (drop.active() && last) dropout_apply(kernels(), scratch, scratch, B, static_cast<long>(T) * C, drop);
-    if (stream_cut()) send_rows_to_holders(scratch, 0, N, C);
+    if (cfg_.tensor_share()) send_rows_to_holders(scratch, 0, N, C);
     residual_forward(kernels(), out, in, scratch + first, HC);
   };
   norm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b, held.n, C);
@@ -582,7 +582,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
     const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
     // Every rank's heads add to the weight's gradient, in head order: a chain of the ranks.
-    if (tensor_exchange_)
+    if (cfg_.tensor_share())
       chained_norm_backward(all_ranks_, dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
     else
       norm_backward(dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
@@ -609,7 +609,7 @@ Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
 }
 
 void Decoder::linear_forward(int l, const Linear& f, float* out, const float* inp, const float* adapters) {
-  if (tensor_exchange_ && row_parallel(f.product))
+  if (cfg_.tensor_share() && row_parallel(f.product))
     chained_forward(f, out, inp);
   else
     matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
@@ -624,7 +624,7 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     matmul_backward(matmul_, dinp, nullptr, nullptr, dout, f.out, inp, f.weight, N, f.in, f.out, false);
     lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
   } else {
-    const bool chained = tensor_exchange_ && column_parallel(f.product);
+    const bool chained = cfg_.tensor_share() && column_parallel(f.product);
     float* dw = units_in_stage_.grads(1 + l, f.offset, f.span());
     matmul_backward(matmul_, chained ? nullptr : dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out,
                     inp, f.weight, N, f.in, f.out, false);
@@ -637,13 +637,6 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
 std::vector<int> Decoder::column_parts(BlockProduct p) const {
   const Widths w(cfg_);
   return p == BlockProduct::kQkv ? w.qkv_parts() : w.fc_parts();
-}
-
-Decoder::HeldRows Decoder::held_rows(int rank, int N) const {
-  if (!stream_cut()) return {0, N};
-  const int64_t R = cfg_.tensor_ranks;
-  const int first = static_cast<int>(int64_t{N} * rank / R), end = static_cast<int>(int64_t{N} * (rank + 1) / R);
-  return {first, end - first};
 }
 
 void Decoder::gather_held_rows(float* whole, const float* held, int g0, int g1, int width) {
@@ -679,7 +672,7 @@ void Decoder::norm_backward_rows(float* dinp, float* dw, const float* dout, cons
                                  const float* mean, const float* rstd, int g0, int g1) {
   const int C = cfg_.d_model;
   const size_t c = static_cast<size_t>(C);
-  if (!stream_cut())
+  if (!cfg_.tensor_share())
     return norm_backward(dinp + g0 * c, dw, dout, inp + g0 * c, w, mean + g0, rstd + g0, g1 - g0, C);
   const int N = B_ * T_;
   holders_.clear();
@@ -729,7 +722,7 @@ void Decoder::chained_norm_backward(const std::vector<int>& order, float* dinp, 
 
 const float* Decoder::lnf_rows(int b) {
   const int T = T_, C = cfg_.d_model;
-  if (!stream_cut()) return acts_.lnf + static_cast<size_t>(b) * T * C;
+  if (!cfg_.tensor_share()) return acts_.lnf + static_cast<size_t>(b) * T * C;
   gather_held_rows(gathered_, acts_.lnf, b * T, (b + 1) * T, C);
   return gathered_;
 }
@@ -942,7 +935,7 @@ void Decoder::count_sequence_targets(const int32_t* targets, int B, int T) {
 }
 
 const int32_t* Decoder::upload_targets(const int32_t* targets, int N) {
-  if (cfg_.vocab_cut()) {  // as columns of this rank's logits, -1 where another rank's
+  if (cfg_.tensor_share()) {  // as columns of this rank's logits, -1 where another rank's
     const int first = cfg_.vocab_first, held = cfg_.vocab_size;
     vocab_.columns.resize(N);
     for (int i = 0; i < N; i++) {
@@ -978,7 +971,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int B, in
 
 double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
   const int B = B_, T = T_;
-  ANVIL_CHECK(targets || !cfg_.vocab_cut(), "a tensor-parallel share holds some of the vocabulary's logits: its "
+  ANVIL_CHECK(targets || !cfg_.tensor_share(), "a tensor-parallel share holds some of the vocabulary's logits: its "
               "forward pass needs the targets");
   const int32_t* targets_op = targets ? upload_targets(targets, B * T) : nullptr;
   const float* emb = hold_lm_head(acquire_base(head_unit(), -1) + head_offset());
@@ -986,7 +979,7 @@ double Decoder::head_forward(const int32_t* targets, int64_t* n_targets) {
   for (int b = targets ? 0 : B - 1; b < B; b++) {
     lm_head(emb, lnf_rows(b));
     const size_t r = static_cast<size_t>(b) * T;
-    if (targets && cfg_.vocab_cut())
+    if (targets && cfg_.tensor_share())
       vocab_parallel_crossentropy(targets_op + r, acts_.losses + r, acts_.ce_lse, 0.0f);
     else if (targets)
       crossentropy_forward(kernels(), acts_.losses + r, acts_.ce_lse, acts_.logits, targets_op + r, T, cfg_.vocab_size,
@@ -1055,7 +1048,7 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
   for (const int64_t r : rows)
     ANVIL_CHECK(r >= 0 && r < int64_t{B} * T, "forward_logits: row {} is outside the {} x {} tokens", r, B, T);
   require_whole_model("forward_logits");
-  ANVIL_CHECK(!cfg_.vocab_cut(), "forward_logits gives the whole vocabulary's logits; a tensor-parallel share holds "
+  ANVIL_CHECK(!cfg_.tensor_share(), "forward_logits gives the whole vocabulary's logits; a tensor-parallel share holds "
               "some of them");
   training_ = false;
   forward_to_lnf(tokens, nullptr, nullptr, B, T);
@@ -1134,12 +1127,8 @@ void Decoder::stage_forward(const int32_t* tokens, const int32_t* positions, con
   training_ = false;
   stage_trained_ = training;
   if (last_stage()) return;
-  const float* out = block_output(stage().end_layer - 1);
-  if (stream_cut()) {
-    gather_held_rows(acts_.scratch, out, 0, B * T, cfg_.d_model);
-    out = acts_.scratch;
-  }
-  op_copy_to_host(kernels(), output, out, static_cast<size_t>(B) * T * cfg_.d_model * sizeof(float));
+  op_copy_to_host(kernels(), output, block_output(stage().end_layer - 1),
+                  static_cast<size_t>(held_rows(B * T).n) * cfg_.d_model * sizeof(float));
 }
 
 double Decoder::stage_loss(const int32_t* targets, int64_t* n_targets) {
@@ -1164,8 +1153,7 @@ double Decoder::stage_backward(const int32_t* targets, float dloss, const float*
     check_targets(targets, N);
     targets_op = upload_targets(targets, N);
   } else {
-    op_copy_from_host(kernels(), dresidual_, doutput + static_cast<size_t>(held.first) * C,
-                      static_cast<size_t>(held.n) * C * sizeof(float));
+    op_copy_from_host(kernels(), dresidual_, doutput, static_cast<size_t>(held.n) * C * sizeof(float));
   }
   training_ = true;
   try {
@@ -1175,14 +1163,7 @@ double Decoder::stage_backward(const int32_t* targets, float dloss, const float*
     throw;
   }
   training_ = false;
-  if (!first_stage()) {
-    const float* d = dresidual_;
-    if (stream_cut()) {
-      gather_held_rows(acts_.scratch, dresidual_, 0, N, C);
-      d = acts_.scratch;
-    }
-    op_copy_to_host(kernels(), dinput, d, static_cast<size_t>(N) * C * sizeof(float));
-  }
+  if (!first_stage()) op_copy_to_host(kernels(), dinput, dresidual_, static_cast<size_t>(held.n) * C * sizeof(float));
   return last_stage() ? sum_losses(targets, N, n_targets) : 0.0;
 }
 
@@ -1224,7 +1205,7 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     // accumulate in fp32.
     // Under a cut vocabulary the input gradient sums over every rank's columns: a chain after
     // the weight's gradient.
-    const bool cut = cfg_.vocab_cut();
+    const bool cut = cfg_.tensor_share();
     if (cut)
       vocab_parallel_crossentropy(targets_op + r, a.losses + r, nullptr, dloss);
     else
@@ -1293,7 +1274,7 @@ void Decoder::block_backward(int l) {
     // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:
     // under sequence parallelism gathered into gathered_, in use until the next call.
     auto grain_rows = [&](const float* held) -> const float* {
-      if (!stream_cut()) return held + r * C;
+      if (!cfg_.tensor_share()) return held + r * C;
       gather_held_rows(gathered_, held, g0, g0 + N, C);
       return gathered_;
     };
@@ -1367,10 +1348,10 @@ void Decoder::embedding_backward() {
     const size_t r = b * rows;
     const size_t n_touched = touched_offsets_[b + 1] - touched_offsets_[b];
     // (a spare row is needed only where some token is not held, so it fits in the sequence's T)
-    op_zero(kernels(), demb_rows_, std::min(n_touched + cfg_.vocab_cut(), rows) * C * sizeof(float));
+    op_zero(kernels(), demb_rows_, std::min(n_touched + cfg_.tensor_share(), rows) * C * sizeof(float));
     // The sequence's rows of the stream's gradient, whole (gathered under sequence parallelism).
     float* dres = dresidual_ + r * C;
-    if (stream_cut()) {
+    if (cfg_.tensor_share()) {
       gather_held_rows(gathered_, dresidual_, b * T, (b + 1) * T, C);
       dres = gathered_;
     }

@@ -26,6 +26,7 @@
 #include "kernels/matmul.h"
 #include "model/decoder_layout.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 namespace anvil {
 
@@ -176,11 +177,7 @@ class Decoder final : public Model {
   // of the residual stream (N·r/R to N·(r+1)/R for rank r of R), and runs the norms, the residual
   // sums and their saves over those rows alone; its arrays of them (the stream, the norms' outputs
   // and saves, dresidual_) start at row first. A whole model holds every row.
-  struct HeldRows {
-    int first = 0, n = 0;
-  };
-  bool stream_cut() const { return cfg_.tensor_ranks > 1; }
-  HeldRows held_rows(int rank, int N) const;
+  HeldRows held_rows(int rank, int N) const { return tensor_held_rows(cfg_, rank, N); }
   HeldRows held_rows(int N) const { return held_rows(cfg_.tensor_rank, N); }
   // Rows of those arrays: the most any rank holds of the largest microbatch.
   size_t held_capacity() const {
@@ -219,7 +216,7 @@ class Decoder final : public Model {
   // A column-parallel product's input gradient over rows [g0, g0 + N), the same chain through
   // every part's ranks in the whole product's output order, each row's sum then to its holder.
   void chained_input_grad(const Linear& f, float* dinp, const float* dout, int g0, int N);
-  // The vocabulary cut among the ranks (cfg_.vocab_cut(); model/tensor_parallel.h). The
+  // The vocabulary cut among the ranks (cfg_.tensor_share(); model/tensor_parallel.h). The
   // microbatch's token embeddings (every row, into out): each rank looks up the tokens it holds,
   // and each rank's rows go to the others in turn.
   void vocab_parallel_embedding(float* out, const float* wte, const float* wpe);

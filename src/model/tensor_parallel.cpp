@@ -117,10 +117,17 @@ VocabSlice tensor_vocab_slice(int vocab, int ranks, int rank) {
   return {first, std::min(vocab, b1 * kCrossentropySumBlock) - first};
 }
 
+HeldRows tensor_held_rows(const ModelConfig& cfg, int rank, int N) {
+  if (!cfg.tensor_share()) return {0, N};
+  const int64_t R = cfg.tensor_ranks;
+  const int first = static_cast<int>(int64_t{N} * rank / R), end = static_cast<int>(int64_t{N} * (rank + 1) / R);
+  return {first, end - first};
+}
+
 ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank) {
   const std::string problem = tensor_parallel_problem(cfg, ranks);
   ANVIL_CHECK(problem.empty(), "{}", problem);
-  ANVIL_CHECK(!cfg.vocab_cut(), "internal: a tensor-parallel share cut again");
+  ANVIL_CHECK(!cfg.tensor_share(), "internal: a tensor-parallel share cut again");
   ModelConfig s = cfg;
   s.head_dim = cfg.head_size();
   s.n_heads = cfg.n_heads / ranks;
@@ -145,11 +152,12 @@ void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float*
   });
 }
 
-void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, float* share) {
+void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, size_t lo, size_t hi, float* out) {
   // Each value depends only on the seed, its tensor and its place in the whole tensor.
   const std::vector<ParamTensor> whole = model_param_layout(cfg);
   for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
-    model_init_params(whole, seed, w, w + n, share + s);
+    const size_t a = std::max(s, lo), b = std::min(s + n, hi);
+    if (a < b) model_init_params(whole, seed, w + (a - s), w + (b - s), out + (a - lo));
   });
 }
 

@@ -35,7 +35,8 @@ namespace anvil {
 // Why R ranks cannot share cfg's blocks, or empty when they can: R must divide the query heads,
 // the key/value heads and the MLP width, each rank's parts of them must start at a multiple of
 // kMatmulSumBlock, the vocabulary must span at least R of the cross-entropy's sum blocks, and the
-// blocks must be of a kind built for it (no QK norms, no mixture of experts, no LoRA yet).
+// blocks must be of a kind built for it (no QK norm over all the heads' channels, no mixture of
+// experts, no LoRA yet).
 std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks);
 
 // Rank `rank`'s token ids: whole sum blocks (kCrossentropySumBlock) of the vocabulary, as many to
@@ -45,6 +46,15 @@ struct VocabSlice {
   int first = 0, size = 0;
 };
 VocabSlice tensor_vocab_slice(int vocab, int ranks, int rank);
+
+// Sequence parallelism's cut of a pass's N token rows: rank r of a share's R ranks holds rows
+// [N·r/R, N·(r+1)/R) of the residual stream; a whole model (cfg not a share) holds all N. A
+// pipeline stage's output and input gradient carry the rank's rows alone, which its peer in the
+// neighbouring stage (a share of the same rank) holds too.
+struct HeldRows {
+  int first = 0, n = 0;
+};
+HeldRows tensor_held_rows(const ModelConfig& cfg, int rank, int N);
 
 // The model of rank's share: cfg with 1/R of the heads and of the MLP's width, and its slice of
 // the vocabulary.
@@ -60,9 +70,9 @@ void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* 
 void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
                             float* out);
 
-// Rank `rank`'s share of the whole model's initial values (model_init_params with seed), formed
-// alone: the whole model is never built.
-void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, float* share);
+// Elements [lo, hi) of rank `rank`'s share of the whole model's initial values (model_init_params
+// with seed) into out, formed alone: the whole model is never built.
+void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, size_t lo, size_t hi, float* out);
 
 // Whether the tensor of this name (model_param_layout's) is cut among the ranks; if not, every
 // rank holds it whole.

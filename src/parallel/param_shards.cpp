@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/tensor_parallel.h"
 #include "parallel/data_parallel.h"
 
 namespace anvil {
@@ -33,15 +34,42 @@ void ParamShards::mark_stale() {
   for (Slot* s : {&emb_slot_, &block_slots_[0], &block_slots_[1]}) s->unit = -1;
 }
 
-void ParamShards::init(uint64_t seed) {
-  if (ctx_.options.zero_stage == 3) {
-    std::vector<float> host(ctx_.shards.hi - ctx_.shards.lo);
-    model_init_params(ctx_.model.tensors(), seed, ctx_.shards.lo, ctx_.shards.hi, host.data());
-    op_copy_from_host(impl_, shard_.data(), host.data(), host.size() * sizeof(float));
-    mark_stale();
-  } else {
-    ctx_.model.init_weights(seed);
+namespace {
+
+// The initial values of [lo, hi) of the model's parameters. Each is a function of the seed, its
+// tensor and its place in the whole model's tensor, so a pipeline stage or a tensor-parallel share
+// forms its part of one process's values alone.
+void init_params_range(const DataParallelContext& ctx, uint64_t seed, size_t lo, size_t hi, float* out) {
+  const TensorGroups* tensor = ctx.options.tensor;
+  if (!tensor || tensor->ranks == 1) {
+    model_init_params(ctx.model.tensors(), seed, lo, hi, out);
+    return;
   }
+  // The model's tensors are runs of the whole share's (a pipeline stage holds some of them): each
+  // run at its place in the share.
+  const std::vector<ParamTensor> share = model_param_layout(ctx.model.config());
+  const std::vector<ParamTensor>& mine = ctx.model.tensors();
+  for (size_t i = 0; i < mine.size();) {
+    const size_t first = mine[i].offset, at = share[mine[i].index].offset;
+    size_t end = first + mine[i].numel;
+    for (i++; i < mine.size() && mine[i].offset == end && share[mine[i].index].offset == at + (end - first); i++)
+      end += mine[i].numel;
+    const size_t a = std::max(lo, first), b = std::min(hi, end);
+    if (a < b)
+      init_tensor_share(tensor->model, tensor->ranks, tensor->rank, seed, at + (a - first), at + (b - first),
+                        out + (a - lo));
+  }
+}
+
+}  // namespace
+
+void ParamShards::init(uint64_t seed) {
+  const bool sharded = ctx_.options.zero_stage == 3;
+  const size_t lo = sharded ? ctx_.shards.lo : 0, hi = sharded ? ctx_.shards.hi : ctx_.model.num_params();
+  std::vector<float> host(hi - lo);
+  init_params_range(ctx_, seed, lo, hi, host.data());
+  op_copy_from_host(impl_, sharded ? shard_.data() : ctx_.model.params(), host.data(), host.size() * sizeof(float));
+  if (sharded) mark_stale();
 }
 
 void ParamShards::share_update() {

@@ -41,6 +41,7 @@ TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int
               "gradients are reduced, from two threads at once, and this MPI library does not provide "
               "MPI_THREAD_MULTIPLE");
   TensorGroups g;
+  g.model = cfg;
   g.ranks = N;
   g.rank = world.rank() % N;
   std::vector<int> tensor(N), data(W / N);

@@ -38,6 +38,7 @@ class TensorGroup final : public TensorExchange {
 };
 
 struct TensorGroups {
+  ModelConfig model;        // the whole model whose copies the groups share
   int ranks = 1, rank = 0;  // in the tensor group
   std::unique_ptr<TensorGroup> tensor;   // the N ranks that share a copy of the model
   std::unique_ptr<Communicator> data;    // the D ranks with this rank's r

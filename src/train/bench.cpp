@@ -21,7 +21,6 @@
 #include "parallel/collectives.h"
 #include "parallel/communicator.h"
 #include "model/model.h"
-#include "model/tensor_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/microbatch.h"
 #include "train/stack.h"
@@ -57,14 +56,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   Model& model = *stack.model;
   DataParallel& dp = *stack.dp;
   const MemoryReport mem = dp.memory();
-  if (tensor) {  // the rank's share of the whole model's initial weights, as anvil train forms it
-    std::vector<float> share(model.num_params());
-    init_tensor_share(cfg.model, sharing, tensor->rank, cfg.seed, share.data());
-    const std::vector<float> zeros(share.size(), 0.0f);
-    dp.load_full_state(share, zeros, zeros, 0);
-  } else {
-    dp.init_weights(cfg.seed);
-  }
+  dp.init_weights(cfg.seed);
   TrainStep step(cfg, model, dp, LrSchedule::constant());
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/tensor_parallel.h"
 #include "parallel/collectives.h"
 
 namespace anvil {
@@ -19,7 +20,6 @@ PipelineSchedule::PipelineSchedule(const PipelineGroups& groups, std::vector<std
     m->set_unit_access(&dp);
     slots_.push_back(m.get());
   }
-  row_floats_ = static_cast<size_t>(first_slot.config().d_model);
   inputs_.resize(slots_.size());
   output_grads_.resize(slots_.size());
   outputs_.resize(slots_.size());
@@ -44,6 +44,11 @@ size_t PipelineSchedule::activation_bytes() const {
   size_t bytes = 0;
   for (const Model* m : slots_) bytes += m->activation_bytes();
   return bytes;
+}
+
+size_t PipelineSchedule::crossing_floats(int rows) const {
+  const ModelConfig& cfg = slots_[0]->config();
+  return static_cast<size_t>(tensor_held_rows(cfg, cfg.tensor_rank, rows).n) * cfg.d_model;
 }
 
 void PipelineSchedule::receive(std::vector<float>& rows, size_t n, int peer, int tag, const char* what) {
@@ -79,7 +84,7 @@ void PipelineSchedule::train(const int32_t* tokens, const int32_t* targets, cons
   const int warmup = std::min(P - s - 1, M);
   ANVIL_CHECK(std::min(P - s, M) <= K, "stage {} holds {} microbatches at once, and has models for {}", s,
               std::min(P - s, M), K);
-  auto rows_of = [&](int i) { return static_cast<size_t>(std::min(microbatch, B - i * microbatch)) * T * row_floats_; };
+  auto rows_of = [&](int i) { return crossing_floats(std::min(microbatch, B - i * microbatch) * T); };
   auto forward = [&](int i) {
     const int k = i % K, b0 = i * microbatch, n = std::min(microbatch, B - b0);
     const size_t rows = rows_of(i), at_token = static_cast<size_t>(b0) * T;
@@ -117,7 +122,7 @@ void PipelineSchedule::train(const int32_t* tokens, const int32_t* targets, cons
 void PipelineSchedule::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, const TakeLosses& take) {
   const int s = groups_.stage;
   const bool first = groups_.first(), last = groups_.last();
-  const size_t rows = static_cast<size_t>(B) * T * row_floats_;
+  const size_t rows = crossing_floats(B * T);
   Model& m = *slots_[0];
   if (!first) receive(inputs_[0], rows, s - 1, kTagActivations, "pipeline: activations from the previous stage");
   float* out = last ? nullptr : ready(outputs_[0], rows);

@@ -55,12 +55,15 @@ class PipelineSchedule {
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, const TakeLosses& take);
 
  private:
-  // A buffer of B·T rows of d_model floats sent to a neighbour, and whether its send is in flight.
+  // A buffer of rows sent to a neighbour (crossing_floats), and whether its send is in flight.
   struct Outbox {
     std::vector<float> rows;
     PeerRequest send;
     bool pending = false;
   };
+  // The floats a stage's output or input gradient carries for a pass of this many token rows:
+  // the rank's rows (tensor_held_rows) of d_model floats.
+  size_t crossing_floats(int rows) const;
   void receive(std::vector<float>& rows, size_t n, int peer, int tag, const char* what);
   float* ready(Outbox& box, size_t n);  // the box's rows, once its last send is done
   void post(Outbox& box, size_t n, int peer, int tag);
@@ -71,7 +74,6 @@ class PipelineSchedule {
   DataParallel& dp_;
   std::vector<std::unique_ptr<Model>> owned_;
   std::vector<Model*> slots_;
-  size_t row_floats_ = 0;  // d_model
   // Per slot: the activations received and the gradients received, and the outboxes.
   std::vector<std::vector<float>> inputs_, output_grads_;
   std::vector<Outbox> outputs_, input_grads_;

@@ -511,13 +511,6 @@ void TrainingRun::build_model() {
     else
       log_info("loaded the weights of {} (weights only: a fresh optimizer and data order, from step 0)", r.dir);
     resume_.reset();  // the state now lives in the model and optimizer
-  } else if (tensor_) {
-    // The rank's share of the whole model's initial values (of its pipeline stage's blocks).
-    std::vector<float> share(model_num_params(model.config()));
-    init_tensor_share(cfg_.model, tensor_->ranks, tensor_->rank, cfg_.seed, share.data());
-    if (groups_) share = stage_part(*model_, share);
-    const std::vector<float> zeros(model.num_params(), 0.0f);
-    dp_->load_full_state(share, zeros, zeros, 0);
   } else {
     dp_->init_weights(cfg_.seed);
   }

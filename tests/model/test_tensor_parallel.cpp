@@ -268,8 +268,13 @@ TEST(TensorShare, InitialValuesAreTheWholeModelsPart) {
       const size_t n = model_num_params(tensor_share_config(cfg, kRanks, r));
       std::vector<float> want(n), got(n, -1.0f);
       take_tensor_share(cfg, kRanks, r, whole.data(), want.data());
-      init_tensor_share(cfg, kRanks, r, 17, got.data());
+      init_tensor_share(cfg, kRanks, r, 17, 0, n, got.data());
       EXPECT_TRUE(same_bits(got.data(), want.data(), n)) << "rank " << r;
+      // A range of it alone (a ZeRO-3 shard's), cut inside tensors.
+      const size_t lo = n / 3 + 5, hi = 2 * n / 3 + 11;
+      std::vector<float> part(hi - lo, -1.0f);
+      init_tensor_share(cfg, kRanks, r, 17, lo, hi, part.data());
+      EXPECT_TRUE(same_bits(part.data(), want.data() + lo, hi - lo)) << "rank " << r;
     }
   }
 }

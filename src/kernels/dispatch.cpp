@@ -178,8 +178,9 @@ void lora_delta_forward(KernelImpl impl, float* out, long ld, const float* delta
 void lora_delta_backward(KernelImpl impl, float* ddelta, const float* dout, long ld, int N, int cols, float scale) {
   ANVIL_DISPATCH(impl, lora_delta_backward, ddelta, dout, ld, N, cols, scale);
 }
-void copy_columns(KernelImpl impl, float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
-  ANVIL_DISPATCH(impl, copy_columns, dst, ld_dst, src, ld_src, N, cols);
+void copy_columns(KernelImpl impl, float* dst, long ld_dst, long dst_part, const float* src, long ld_src, long src_part,
+                  int N, int cols, int parts) {
+  ANVIL_DISPATCH(impl, copy_columns, dst, ld_dst, dst_part, src, ld_src, src_part, N, cols, parts);
 }
 namespace {
 // A rank's share of a layer's heads (tensor parallelism) is within the layer, and the GPU's kernels

@@ -536,15 +536,14 @@ Decoder::QkNormPart Decoder::qk_norm_part(bool keys) const {
 }
 
 void Decoder::qk_part_rows(const QkNormPart& q, float* grain_rows, float* qkv, int n, bool to_grain_rows) {
+  // Head h's columns of qkv are its block of N rows.
   const int N = n * T_, qkv_width = Widths(cfg_).qkv;
-  for (int h = 0; h < q.per_position; h++) {
-    float* rows = grain_rows + static_cast<size_t>(h) * N * q.norm;
-    float* columns = qkv + q.col0 + static_cast<size_t>(h) * q.norm;
-    if (to_grain_rows)
-      copy_columns(kernels(), rows, q.norm, columns, qkv_width, N, q.norm);
-    else
-      copy_columns(kernels(), columns, qkv_width, rows, q.norm, N, q.norm);
-  }
+  const long block = static_cast<long>(N) * q.norm;
+  float* columns = qkv + q.col0;
+  if (to_grain_rows)
+    copy_columns(kernels(), grain_rows, q.norm, block, columns, qkv_width, q.norm, N, q.norm, q.per_position);
+  else
+    copy_columns(kernels(), columns, qkv_width, q.norm, grain_rows, q.norm, block, N, q.norm, q.per_position);
 }
 
 void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {

@@ -295,20 +295,24 @@ void elementwise_cases(std::vector<OpCase>& cases) {
     }});
   }
   // Columns [5, 5 + cols) of rows of ld_src copied out to rows of their own, and back into rows of
-  // ld_dst; whole rows too; and an odd width from the start of aligned rows (the GPU's padded LM
-  // head output).
-  for (auto [N, cols, ld] : {std::tuple{1, 1, 1}, std::tuple{37, 8, 24}, std::tuple{129, 768, 1536},
-                             std::tuple{9, 13, 16}}) {
+  // ld_dst; whole rows too; an odd width from the start of aligned rows (the GPU's padded LM head
+  // output); and 4 blocks of columns side by side, each to a block of rows of its own (Qwen3's
+  // heads).
+  for (auto [N, cols, ld, parts] : {std::tuple{1, 1, 1, 1}, std::tuple{37, 8, 24, 1}, std::tuple{129, 768, 1536, 1},
+                                    std::tuple{9, 13, 16, 1}, std::tuple{37, 8, 40, 4}}) {
     const int col0 = cols == ld || cols % 4 != 0 ? 0 : 5;
-    const auto dims = {std::pair<const char*, long>{"N", N}, {"cols", cols}, {"ld", ld}};
+    const size_t block = static_cast<size_t>(N) * cols;
+    const auto dims = {std::pair<const char*, long>{"N", N}, {"cols", cols}, {"ld", ld}, {"parts", parts}};
     cases.push_back({case_name("copy_columns_out", dims), [=](OpRun& r) {
-      float* dst = r.out("dst", static_cast<size_t>(N) * cols, exact());
-      ANVIL_RUN_OP(r, copy_columns, dst, cols, r.in("src", randn(static_cast<size_t>(N) * ld, 6)) + col0, ld, N, cols);
+      float* dst = r.out("dst", parts * block, exact());
+      ANVIL_RUN_OP(r, copy_columns, dst, cols, block, r.in("src", randn(static_cast<size_t>(N) * ld, 6)) + col0, ld,
+                   cols, N, cols, parts);
     }});
     cases.push_back({case_name("copy_columns_in", dims), [=](OpRun& r) {
-      // Only the block is written: the rest of each row keeps its values.
+      // Only the blocks are written: the rest of each row keeps its values.
       float* dst = r.inout("dst", randn(static_cast<size_t>(N) * ld, 7), exact());
-      ANVIL_RUN_OP(r, copy_columns, dst + col0, ld, r.in("src", randn(static_cast<size_t>(N) * cols, 8)), cols, N, cols);
+      ANVIL_RUN_OP(r, copy_columns, dst + col0, ld, cols, r.in("src", randn(parts * block, 8)), cols, block, N, cols,
+                   parts);
     }});
   }
   // RoPE on the query and key heads of fused qkv rows (the value heads untouched), at positions

@@ -447,9 +447,14 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
   }
 }
 
-void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+void copy_columns(float* dst, long ld_dst, long dst_part, const float* src, long ld_src, long src_part, int N, int cols,
+                  int parts) {
+  const long rows = static_cast<long>(parts) * N;
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; n++) std::copy_n(src + n * ld_src, cols, dst + n * ld_dst);
+  for (long k = 0; k < rows; k++) {
+    const long p = k / N, n = k % N;
+    std::copy_n(src + p * src_part + n * ld_src, cols, dst + p * dst_part + n * ld_dst);
+  }
 }
 
 }  // namespace anvil::cpu

@@ -241,7 +241,7 @@ void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const floa
   }
   auto* aligned = static_cast<float*>(scratch_out.get(static_cast<size_t>(N) * M * sizeof(float)));
   gemm(data_type(d), true, false, M, N, C, 1.0f, w, x, 0.0f, aligned, M, 0, 1, bias_m);
-  copy_columns(out, OC, aligned, M, N, OC);
+  copy_columns(out, OC, 0, aligned, M, 0, N, OC, 1);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,

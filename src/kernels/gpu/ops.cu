@@ -433,14 +433,15 @@ __global__ void lora_delta_backward_kernel(float* ddelta, const float* dout, lon
   if (k < total) ddelta[k] = scale * dout[(k / cols) * ld + k % cols];
 }
 
-// Thread k copies the k-th quad of the rows' cols values (quads_per_row a row).
-__global__ void copy_columns_kernel(float* dst, long ld_dst, const float* src, long ld_src, long total,
-                                    int quads_per_row, int cols) {
+// Thread k copies the k-th quad of the parts' rows' cols values (quads_per_row a row, N rows a
+// part).
+__global__ void copy_columns_kernel(float* dst, long ld_dst, long dst_part, const float* src, long ld_src,
+                                    long src_part, long total, int N, int quads_per_row, int cols) {
   const long k = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= total) return;
-  const long row = k / quads_per_row;
+  const long row = k / quads_per_row, p = row / N, n = row % N;
   const int at = 4 * static_cast<int>(k % quads_per_row);
-  store_quad(dst + row * ld_dst, at, cols, load_quad(src + row * ld_src, at, cols));
+  store_quad(dst + p * dst_part + n * ld_dst, at, cols, load_quad(src + p * src_part + n * ld_src, at, cols));
 }
 
 __global__ void widen_bf16_kernel(float* out, const uint16_t* in, long N) {
@@ -850,11 +851,13 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
   GPU_CHECK_LAUNCH();
 }
 
-void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
+void copy_columns(float* dst, long ld_dst, long dst_part, const float* src, long ld_src, long src_part, int N, int cols,
+                  int parts) {
   const int quads_per_row = static_cast<int>(quads(cols));
-  const long total = static_cast<long>(N) * quads_per_row;
+  const long total = static_cast<long>(parts) * N * quads_per_row;
   if (total == 0) return;
-  GPU_LAUNCH(copy_columns_kernel, blocks_for(total), kThreads)(dst, ld_dst, src, ld_src, total, quads_per_row, cols);
+  GPU_LAUNCH(copy_columns_kernel, blocks_for(total), kThreads)(dst, ld_dst, dst_part, src, ld_src, src_part, total, N,
+                                                               quads_per_row, cols);
   GPU_CHECK_LAUNCH();
 }
 

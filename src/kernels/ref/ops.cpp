@@ -297,9 +297,11 @@ void lora_delta_backward(float* ddelta, const float* dout, long ld, int N, int c
     for (int c = 0; c < cols; c++) ddelta[static_cast<long>(n) * cols + c] = scale * dout[n * ld + c];
 }
 
-void copy_columns(float* dst, long ld_dst, const float* src, long ld_src, int N, int cols) {
-  for (int n = 0; n < N; n++)
-    for (int c = 0; c < cols; c++) dst[n * ld_dst + c] = src[n * ld_src + c];
+void copy_columns(float* dst, long ld_dst, long dst_part, const float* src, long ld_src, long src_part, int N, int cols,
+                  int parts) {
+  for (long p = 0; p < parts; p++)
+    for (long n = 0; n < N; n++)
+      for (int c = 0; c < cols; c++) dst[p * dst_part + n * ld_dst + c] = src[p * src_part + n * ld_src + c];
 }
 
 namespace {

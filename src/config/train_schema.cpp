@@ -749,9 +749,9 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
       D::value("tensor_parallel", &DistributedConfig::tensor_parallel, "tensor parallelism (Megatron's): groups of "
                "this many consecutive ranks share one copy of the model, each rank holding 1/N of every block's "
                "heads and MLP width and of the vocabulary (embeddings, LM head, cross-entropy); the ranks' parts of "
-               "each sum are added in a fixed order, so the weights are one process's, bit for bit. Each rank's "
-               "share of a head group and of the MLP must be a multiple of 256 channels, and `vocab_size` must "
-               "exceed 2048·(N − 1). Composes with `pipeline_parallel` (3D). Needs `deterministic_mode` and a "
+               "each sum are added in a fixed order, so the weights are one process's, bit for bit. N must divide "
+               "the query heads, the key/value heads and the MLP width, and `vocab_size` must exceed "
+               "2048·(N − 1). Composes with `pipeline_parallel` (3D). Needs `deterministic_mode` and a "
                "CPU run; see [distributed.md](distributed.md)",
                positive<int>()),
   };

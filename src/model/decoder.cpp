@@ -732,39 +732,135 @@ int Decoder::chain_rows(int N) const {
 }
 
 void Decoder::chained_forward(const Linear& f, float* out, const float* inp) {
-  TensorExchange& x = *tensor_exchange_;
-  const int R = x.ranks(), r = x.rank(), N = B_ * T_, rows = chain_rows(N);
-  for (int n0 = 0; n0 < N; n0 += rows) {
-    const int m = std::min(rows, N - n0);
-    float* o = out + static_cast<size_t>(n0) * f.out;
-    if (r > 0) x.receive(r - 1, o, static_cast<size_t>(m) * f.out);
-    matmul_forward(matmul_, o, inp + static_cast<size_t>(n0) * f.in, f.weight, r == 0 ? f.bias : nullptr, m, f.in,
-                   f.out, r > 0);
-    if (r + 1 < R) x.send(r + 1, o, static_cast<size_t>(m) * f.out);
-  }
-  x.wait_sends();
+  std::vector<KSegment> whole_k;
+  for (int q = 0; q < tensor_exchange_->ranks(); q++) whole_k.push_back({q, 0, f.in});
+  chained_product(f, true, out, inp, f.in, B_ * T_, whole_k);
 }
 
 void Decoder::chained_input_grad(const Linear& f, float* dinp, const float* dout, int g0, int N) {
-  TensorExchange& x = *tensor_exchange_;
-  const int R = x.ranks(), r = x.rank(), rows = chain_rows(N);
-  const std::vector<int> parts = column_parts(f.product);
+  std::vector<KSegment> whole_k;
   int at = 0;  // the part's first output in this rank's share
-  for (size_t p = 0; p < parts.size(); p++) {
-    const bool first = p == 0 && r == 0, last = p + 1 == parts.size() && r + 1 == R;
+  for (int part : column_parts(f.product)) {
+    for (int q = 0; q < tensor_exchange_->ranks(); q++) whole_k.push_back({q, at, part});
+    at += part;
+  }
+  chained_product(f, false, dinp, dout, f.out, N, whole_k);
+  send_rows_to_holders(dinp, g0, g0 + N, f.in);
+}
+
+float* Decoder::chain_scratch(size_t n) {
+  if (chain_scratch_used_ == chain_scratch_.size()) chain_scratch_.emplace_back();
+  std::vector<float>& v = chain_scratch_[chain_scratch_used_++];
+  v.resize(n);
+  return v.data();
+}
+
+void Decoder::chained_product(const Linear& f, bool forward, float* out, const float* a, long lda, int N,
+                              const std::vector<KSegment>& whole_k) {
+  TensorExchange& x = *tensor_exchange_;
+  const int me = x.rank(), J = forward ? f.out : f.in, rows = chain_rows(N);
+  const std::vector<KChainPiece> pieces = tensor_k_chain(whole_k);
+  ANVIL_CHECK(!pieces.empty() && pieces.back().rank == x.ranks() - 1, "internal: a k chain ends on rank {}",
+              pieces.empty() ? -1 : pieces.back().rank);
+  chain_scratch_used_ = 0;
+  const size_t n_rows = static_cast<size_t>(N), j = static_cast<size_t>(J);
+  // This rank's k [local, local + len) of A (N × len) and of B (forward J × len, else len × J),
+  // into a block of K columns (or K rows of B) at k offset `at`.
+  auto place_a = [&](float* dst, int K, int at, int local, int len) {
+    copy_columns(kernels(), dst + at, K, 0, a + local, lda, 0, N, len, 1);
+  };
+  auto place_b = [&](float* dst, int K, int at, int local, int len) {
+    if (forward)
+      copy_columns(kernels(), dst + at, K, 0, f.weight + local, f.in, 0, J, len, 1);
+    else
+      op_copy(kernels(), dst + at * j, f.weight + static_cast<size_t>(local) * f.in, len * j * sizeof(float));
+  };
+  // Every rank sends its segments of the pieces others add...
+  for (const KChainPiece& p : pieces) {
+    if (p.rank == me) continue;
+    for (const KSegment& s : p.segments) {
+      if (s.rank != me) continue;
+      float* sa = chain_scratch(n_rows * s.len);
+      float* sb = chain_scratch(j * s.len);
+      place_a(sa, s.len, 0, s.local, s.len);
+      place_b(sb, s.len, 0, s.local, s.len);
+      x.send(p.rank, sa, n_rows * s.len);
+      x.send(p.rank, sb, j * s.len);
+    }
+  }
+  // ...then forms the operands of its own: a run of its k where it can be read in place, else a
+  // copy (the forward pass reads a contiguous A, k columns a row), a straddling block assembled.
+  struct Operands {
+    const float* a;
+    long lda;
+    const float* b;
+    int K;
+  };
+  std::vector<Operands> mine(pieces.size());
+  for (size_t i = 0; i < pieces.size(); i++) {
+    const KChainPiece& p = pieces[i];
+    if (p.rank != me) continue;
+    if (!p.assembled()) {
+      const KSegment& s = p.segments[0];
+      if (!forward) {
+        mine[i] = {a + s.local, lda, f.weight + static_cast<size_t>(s.local) * f.in, s.len};
+      } else if (s.local == 0 && s.len == f.in) {
+        mine[i] = {a, lda, f.weight, s.len};
+      } else {
+        float* pa = chain_scratch(n_rows * s.len);
+        float* pb = chain_scratch(j * s.len);
+        place_a(pa, s.len, 0, s.local, s.len);
+        place_b(pb, s.len, 0, s.local, s.len);
+        mine[i] = {pa, s.len, pb, s.len};
+      }
+      continue;
+    }
+    int K = 0;
+    for (const KSegment& s : p.segments) K += s.len;
+    float* ba = chain_scratch(n_rows * K);
+    float* bb = chain_scratch(j * K);
+    int at = 0;
+    for (const KSegment& s : p.segments) {
+      if (s.rank == me) {
+        place_a(ba, K, at, s.local, s.len);
+        place_b(bb, K, at, s.local, s.len);
+      } else {
+        float* ra = chain_scratch(n_rows * s.len);
+        float* rb = chain_scratch(j * s.len);
+        x.receive(s.rank, ra, n_rows * s.len);
+        x.receive(s.rank, rb, j * s.len);
+        copy_columns(kernels(), ba + at, K, 0, ra, s.len, 0, N, s.len, 1);
+        if (forward)
+          copy_columns(kernels(), bb + at, K, 0, rb, s.len, 0, J, s.len, 1);
+        else
+          op_copy(kernels(), bb + at * j, rb, s.len * j * sizeof(float));
+      }
+      at += s.len;
+    }
+    mine[i] = {ba, K, bb, K};
+  }
+  x.wait_sends();
+  // The chain: each piece's rank takes the partial sum from the previous piece's, adds its piece
+  // and hands the sum to the next piece's, a link of rows at a time.
+  for (size_t i = 0; i < pieces.size(); i++) {
+    if (pieces[i].rank != me) continue;
+    const Operands& o = mine[i];
+    const bool first = i == 0;
+    const int from = first ? me : pieces[i - 1].rank, to = i + 1 < pieces.size() ? pieces[i + 1].rank : me;
     for (int n0 = 0; n0 < N; n0 += rows) {
       const int m = std::min(rows, N - n0);
-      float* d = dinp + static_cast<size_t>(n0) * f.in;
-      if (!first) x.receive(r > 0 ? r - 1 : R - 1, d, static_cast<size_t>(m) * f.in);
-      matmul_backward(matmul_, d, nullptr, nullptr, dout + static_cast<size_t>(n0) * f.out + at, f.out, nullptr,
-                      f.weight + static_cast<size_t>(at) * f.in, m, f.in, parts[p], !first);
-      if (!last) x.send(r + 1 < R ? r + 1 : 0, d, static_cast<size_t>(m) * f.in);
+      float* c = out + static_cast<size_t>(n0) * J;
+      const float* an = o.a + static_cast<size_t>(n0) * o.lda;
+      if (from != me) x.receive(from, c, static_cast<size_t>(m) * J);
+      if (forward)
+        matmul_forward(matmul_, c, an, o.b, first ? f.bias : nullptr, m, o.K, J, !first);
+      else
+        matmul_backward(matmul_, c, nullptr, nullptr, an, o.lda, nullptr, o.b, m, J, o.K, !first);
+      if (to != me) x.send(to, c, static_cast<size_t>(m) * J);
     }
-    // A part's sends are taken before this rank receives into the same rows for the next part.
+    // Its sends are taken before this rank receives into the same rows for a later piece.
     x.wait_sends();
-    at += parts[p];
   }
-  send_rows_to_holders(dinp, g0, g0 + N, f.in);
 }
 
 int Decoder::vocab_owner(int32_t token) const {

@@ -18,6 +18,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -203,19 +204,31 @@ class Decoder final : public Model {
                              const float* inp, const float* w, const float* mean, const float* rstd, int rows,
                              int width);
   std::vector<int> all_ranks_;  // 0 .. tensor_ranks - 1
+  std::deque<std::vector<float>> chain_scratch_;  // chain_scratch's (a deque: earlier ones stay put)
+  size_t chain_scratch_used_ = 0;
   std::vector<int> holders_;    // norm_backward_rows' ranks holding its rows
   // Sequence b's rows of the final norm's output, whole (gathered_ under sequence parallelism).
   const float* lnf_rows(int b);
   // Rows per link of a chain: a few links per rank, so that the ranks work on different rows at once.
   int chain_rows(int N) const;
-  // A row-parallel product's output over the microbatch: rank 0 forms its part (with the bias) a
-  // link of rows at a time, each next rank adds its part to the partial sum it receives and hands
-  // it on, and the last rank's sum is one process's product (block_forward applies the residual
-  // dropout there and sends the rows to their holders: send_rows_to_holders).
+  // A row-parallel product's output over the microbatch: the ranks add the pieces of its k
+  // (tensor_k_chain) to the partial sum in turn, a link of rows at a time (the first piece's rank
+  // with the bias), each handing the sum on, and the last rank's sum is one process's product
+  // (block_forward applies the residual dropout there and sends the rows to their holders:
+  // send_rows_to_holders).
   void chained_forward(const Linear& f, float* out, const float* inp);
   // A column-parallel product's input gradient over rows [g0, g0 + N), the same chain through
   // every part's ranks in the whole product's output order, each row's sum then to its holder.
   void chained_input_grad(const Linear& f, float* dinp, const float* dout, int g0, int N);
+  // The chain of both: out (N × J) = A (N × k) · B (k × J) over the whole k (whole_k: the ranks'
+  // runs of it), this rank's A its k columns of a (row stride lda) and its B f.weight's columns
+  // (forward: J = f.out) or rows (input gradient: J = f.in). A piece assembled from several ranks'
+  // segments gets their columns of A and B first: every rank sends what others assemble, then
+  // takes what it assembles, before the chain starts.
+  void chained_product(const Linear& f, bool forward, float* out, const float* a, long lda, int N,
+                       const std::vector<KSegment>& whole_k);
+  // Scratch of n floats for chained_product, valid until its next call.
+  float* chain_scratch(size_t n);
   // The vocabulary cut among the ranks (cfg_.tensor_share(); model/tensor_parallel.h). The
   // microbatch's token embeddings (every row, into out): each rank looks up the tokens it holds,
   // and each rank's rows go to the others in turn.

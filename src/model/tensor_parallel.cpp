@@ -94,11 +94,6 @@ std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks) {
     return fmt::format("tensor parallelism over {} ranks cuts the {} query heads, the {} key/value heads and the "
                        "MLP's {} hidden units into equal shares: {} must divide each", ranks, cfg.n_heads, kv,
                        w.hidden, ranks);
-  const int q = w.q / ranks, k = w.kv / ranks, h = w.hidden / ranks;
-  if (q % kMatmulSumBlock || k % kMatmulSumBlock || h % kMatmulSumBlock)
-    return fmt::format("tensor parallelism over {} ranks gives each rank {} query, {} key/value and {} MLP channels; "
-                       "each must be a multiple of {} (the matrix product's k block), so that the ranks' parts of "
-                       "a product add up to one process's bits", ranks, q, k, h, kMatmulSumBlock);
   const int blocks = (cfg.vocab_size + kCrossentropySumBlock - 1) / kCrossentropySumBlock;
   if (blocks < ranks)
     return fmt::format("tensor parallelism over {} ranks cuts the vocabulary at multiples of {} (the cross-entropy's "
@@ -122,6 +117,38 @@ HeldRows tensor_held_rows(const ModelConfig& cfg, int rank, int N) {
   const int64_t R = cfg.tensor_ranks;
   const int first = static_cast<int>(int64_t{N} * rank / R), end = static_cast<int>(int64_t{N} * (rank + 1) / R);
   return {first, end - first};
+}
+
+std::vector<KChainPiece> tensor_k_chain(const std::vector<KSegment>& whole_k) {
+  std::vector<KChainPiece> pieces;
+  size_t s = 0;
+  int used = 0;  // of segment s
+  while (s < whole_k.size()) {
+    KChainPiece block;
+    for (int room = kMatmulSumBlock; room > 0 && s < whole_k.size();) {
+      const KSegment& seg = whole_k[s];
+      const int take = std::min(room, seg.len - used);
+      if (take > 0) block.segments.push_back({seg.rank, seg.local + used, take});
+      used += take;
+      room -= take;
+      if (used == seg.len) {
+        s++;
+        used = 0;
+      }
+    }
+    if (block.segments.empty()) break;
+    block.rank = block.segments.back().rank;
+    // A whole block of one rank's k, right after the same rank's run, lengthens that run.
+    if (!block.assembled() && !pieces.empty() && !pieces.back().assembled() && pieces.back().rank == block.rank) {
+      KSegment& run = pieces.back().segments[0];
+      if (run.local + run.len == block.segments[0].local) {
+        run.len += block.segments[0].len;
+        continue;
+      }
+    }
+    pieces.push_back(std::move(block));
+  }
+  return pieces;
 }
 
 ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank) {

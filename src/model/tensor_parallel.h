@@ -19,22 +19,23 @@
 // product's output, and each column-parallel product's input gradient (the LM head's too, whose k
 // is the vocabulary), is the sum over the ranks' parts of its k, which the ranks form as a chain in
 // k order, each adding its part to the partial sum the previous rank hands on (matmul_forward's
-// accumulate); a norm's weight gradient over rows held by several ranks is a chain of them in row
-// order. With every part starting at a multiple of kMatmulSumBlock the sum has the bits of
-// one process's product, and with every vocabulary slice starting at a multiple of
-// kCrossentropySumBlock the loss and its gradient have one process's bits, so the weights are one
-// process's for any R.
+// accumulate) in the GEMM's own k blocks (tensor_k_chain: a block that straddles two ranks' parts
+// is added whole by one of them); a norm's weight gradient over rows held by several ranks is a
+// chain of them in row order. So each product's sum has the bits of one process's, and with every
+// vocabulary slice starting at a multiple of kCrossentropySumBlock the loss and its gradient have
+// one process's bits: the weights are one process's for any R.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/model_config.h"
 
 namespace anvil {
 
 // Why R ranks cannot share cfg's blocks, or empty when they can: R must divide the query heads,
-// the key/value heads and the MLP width, each rank's parts of them must start at a multiple of
-// kMatmulSumBlock, the vocabulary must span at least R of the cross-entropy's sum blocks, and the
+// the key/value heads and the MLP width, the vocabulary must span at least R of the
+// cross-entropy's sum blocks, and the
 // blocks must be of a kind built for it (no QK norm over all the heads' channels, no mixture of
 // experts, no LoRA yet).
 std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks);
@@ -55,6 +56,26 @@ struct HeldRows {
   int first = 0, n = 0;
 };
 HeldRows tensor_held_rows(const ModelConfig& cfg, int rank, int N);
+
+// A product whose k is cut among the ranks (a row-parallel product's forward pass, a
+// column-parallel one's input gradient) is summed as one process's GEMM sums it: in blocks of
+// kMatmulSumBlock of the whole k, each block's chain started from zero and added to the output in
+// order. The ranks hold runs of the whole k (KSegment: rank's k [local, local + len)), in the
+// whole k's order. A block within one rank's run is that rank's to add; a block that straddles
+// ranks is added by the rank holding its end, which the others send their columns of it to. So
+// the ranks' parts need not be whole blocks.
+struct KSegment {
+  int rank = 0, local = 0, len = 0;
+};
+// The pieces the ranks add to the output in turn, in order: a run of whole blocks of one rank's
+// own k (one segment), or one block assembled from several ranks' segments, added by the rank of
+// its last (`rank`).
+struct KChainPiece {
+  int rank = 0;
+  std::vector<KSegment> segments;
+  bool assembled() const { return segments.size() > 1; }
+};
+std::vector<KChainPiece> tensor_k_chain(const std::vector<KSegment>& whole_k);
 
 // The model of rank's share: cfg with 1/R of the heads and of the MLP's width, and its slice of
 // the vocabulary.

@@ -129,9 +129,11 @@ void run(GemmPrecision precision, GemmIsa isa, GemmCall call) {
   kernels.fp32(call);
 }
 
-// The B block a team of threads packs together (parallel_gemm), allocated on first use.
+// The B block a team of threads packs together (parallel_gemm), allocated on first use: one per
+// calling thread, so that products called from several threads at once (tensor parallelism's
+// ranks as threads of one process) do not share it.
 void* team_b_buffer() {
-  static const std::unique_ptr<void, PackBuffers::Free> buffer{
+  thread_local const std::unique_ptr<void, PackBuffers::Free> buffer{
       std::aligned_alloc(64, sizeof(float) * kGemmTeamMaxN * kGemmTeamBlocks * kGemmKc)};
   ANVIL_CHECK(buffer, "out of memory for the GEMM packing buffers");
   return buffer.get();

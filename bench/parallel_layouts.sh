@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Tensor parallelism against data parallelism and one process, in one sitting on this machine: a
 # GPT-2 of 4 layers, d_model 1024 and 4 heads of 256 (at 2 ranks a share of every product is a
-# whole number of the GEMM's k blocks) with GPT-2's padded vocabulary of 50304 (102M parameters)
-# on the Brown news documents in sequences of 64 (ids from the 1024-token cut of tests/lib.sh),
-# global batch 16, fp32, deterministic, 10 steps. Prints each run's tokens/s (its "trained" line), memory per rank and weight digest, in
-# alternating rounds; the digests must all agree, or the script fails.
-# Usage: bench/parallel_layouts.sh [ROUNDS]   (default 2)
+# whole number of the GEMM's k blocks; D_MODEL=768 N_HEADS=12, GPT-2 124M's width and heads, gives
+# each rank 384 channels, so that blocks straddle the ranks) with GPT-2's padded vocabulary of 50304
+# (102M parameters) on the Brown news documents in sequences of 64 (ids from the 1024-token cut of
+# tests/lib.sh), global batch 16, fp32, deterministic, 10 steps. Prints each run's tokens/s (its
+# "trained" line), memory per rank and weight digest, in alternating rounds; the digests must all
+# agree, or the script fails.
+# Usage: [D_MODEL=1024 N_HEADS=4] bench/parallel_layouts.sh [ROUNDS]   (default 2)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 rounds="${1:-2}"
@@ -19,7 +21,8 @@ source "$root/tests/lib.sh"
 small_gpt2_vocab "$root" "$tmp/vocab"
 prepare_brown_news "$anvil" "$root" "$tmp" 64 "$tmp/vocab"
 m=(variables.data="$tmp/data" variables.tokenizer="$tmp/vocab" max_seq_len=64 eval_loader=null max_duration=10ba
-   global_train_batch_size=16 seed=5 model.n_layers=4 model.d_model=1024 model.n_heads=4 model.vocab_size=50304
+   global_train_batch_size=16 seed=5 model.n_layers=4 model.d_model="${D_MODEL:-1024}" model.n_heads="${N_HEADS:-4}"
+   model.vocab_size=50304
    progress_bar=false)
 digests=()
 run() {

@@ -546,6 +546,28 @@ void Decoder::qk_part_rows(const QkNormPart& q, float* grain_rows, float* qkv, i
     copy_columns(kernels(), columns, qkv_width, q.norm, grain_rows, q.norm, block, N, q.norm, q.per_position);
 }
 
+bool Decoder::qk_norm_spans_ranks() const { return cfg_.tensor_share() && cfg_.qk_norm == QkNorm::kWhole; }
+
+float* Decoder::qk_whole(int k, size_t n) {
+  qk_whole_[k].resize(n);
+  return qk_whole_[k].data();
+}
+
+void Decoder::gather_qk_columns(float* whole, const float* mine, int rows, int width) {
+  TensorExchange& x = *tensor_exchange_;
+  const int R = x.ranks();
+  const size_t n = static_cast<size_t>(rows) * width;
+  for (int q = 0; q < R; q++) {
+    if (q == x.rank())
+      qk_part_.assign(mine, mine + n);
+    else
+      qk_part_.resize(n);
+    x.broadcast(qk_part_.data(), n, q);
+    copy_columns(kernels(), whole + q * width, static_cast<long>(width) * R, 0, qk_part_.data(), width, 0, rows, width,
+                 1);
+  }
+}
+
 void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
   const int N = B_ * T_, G = grain_sequences();
   const Widths w(cfg_);
@@ -556,8 +578,18 @@ void Decoder::qk_norm_forward(const BlockActs& x, const Block& p) {
       const size_t r = static_cast<size_t>(b) * T_;
       qk_part_rows(q, raw + r * q.width, x.qkv + r * w.qkv, std::min(G, B_ - b), true);
     }
-    norm_forward(acts_.scratch, mean, rstd, raw, keys ? p.klnw : p.qlnw, keys ? p.klnb : p.qlnb,
-                 N * q.per_position, q.norm);
+    const float *weight = keys ? p.klnw : p.qlnw, *bias = keys ? p.klnb : p.qlnb;
+    if (qk_norm_spans_ranks()) {
+      // Every rank norms the whole rows (all the heads' columns) alike and keeps its columns.
+      const int R = cfg_.tensor_ranks, W = q.width * R;
+      float* whole_raw = qk_whole(0, static_cast<size_t>(N) * W);
+      float* whole_out = qk_whole(1, static_cast<size_t>(N) * W);
+      gather_qk_columns(whole_raw, raw, N, q.width);
+      norm_forward(whole_out, mean, rstd, whole_raw, weight, bias, N, W);
+      copy_columns(kernels(), acts_.scratch, q.width, 0, whole_out + cfg_.tensor_rank * q.width, W, 0, N, q.width, 1);
+    } else {
+      norm_forward(acts_.scratch, mean, rstd, raw, weight, bias, N * q.per_position, q.norm);
+    }
     for (int b = 0; b < B_; b += G) {
       const size_t r = static_cast<size_t>(b) * T_;
       qk_part_rows(q, acts_.scratch + r * q.width, x.qkv + r * w.qkv, std::min(G, B_ - b), false);
@@ -574,16 +606,29 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
   for (const bool keys : {false, true}) {
     const QkNormPart q = qk_norm_part(keys);
     const float* weight = keys ? p.klnw : p.qlnw;
-    const size_t span = norm_params(q.norm), at = static_cast<size_t>(weight - p.ln1w);
+    const bool spans = qk_norm_spans_ranks();
+    const int W = spans ? q.width * cfg_.tensor_ranks : q.norm;  // the norm's width
+    const size_t span = norm_params(W), at = static_cast<size_t>(weight - p.ln1w);
     const size_t saves = q.save + r * q.per_position;
     qk_part_rows(q, dnormed, dqkv_, n, true);
     op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
     const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
-    // Every rank's heads add to the weight's gradient, in head order: a chain of the ranks.
-    if (cfg_.tensor_share())
+    if (spans) {
+      // Every rank runs the whole rows' backward alike (the weight's gradient is one process's on
+      // each) and keeps its columns of the input gradient.
+      float* whole_raw = qk_whole(0, static_cast<size_t>(N) * W);
+      float* whole_dout = qk_whole(1, static_cast<size_t>(N) * W);
+      float* whole_dinp = qk_whole(2, static_cast<size_t>(N) * W);
+      gather_qk_columns(whole_raw, raw, N, q.width);
+      gather_qk_columns(whole_dout, dnormed, N, q.width);
+      std::fill_n(whole_dinp, static_cast<size_t>(N) * W, 0.0f);
+      norm_backward(whole_dinp, dw, whole_dout, whole_raw, weight, mean, rstd, N, W);
+      copy_columns(kernels(), dqk_, q.width, 0, whole_dinp + cfg_.tensor_rank * q.width, W, 0, N, q.width, 1);
+    } else if (cfg_.tensor_share()) {
+      // Every rank's heads add to the weight's gradient, in head order: a chain of the ranks.
       chained_norm_backward(all_ranks_, dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
-    else
+    } else
       norm_backward(dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
     if (!frozen()) units_in_stage_.grain_done(1 + l, at, span);
     qk_part_rows(q, dqk_, dqkv_, n, false);

@@ -204,6 +204,8 @@ class Decoder final : public Model {
                              const float* inp, const float* w, const float* mean, const float* rstd, int rows,
                              int width);
   std::vector<int> all_ranks_;  // 0 .. tensor_ranks - 1
+  std::array<std::vector<float>, 3> qk_whole_;
+  std::vector<float> qk_part_;
   std::deque<std::vector<float>> chain_scratch_;  // chain_scratch's (a deque: earlier ones stay put)
   size_t chain_scratch_used_ = 0;
   std::vector<int> holders_;    // norm_backward_rows' ranks holding its rows
@@ -300,6 +302,15 @@ class Decoder final : public Model {
   // the grain rows, or back into qkv's columns.
   void qk_part_rows(const QkNormPart& q, float* grain_rows, float* qkv, int n, bool to_grain_rows);
   void qk_norm_forward(const BlockActs& x, const Block& p);
+  // A QK norm over all the heads' channels (MPT's qk_ln) under tensor parallelism: its statistics
+  // span the ranks, so each rank's columns of a pass's rows go to every rank (gather_qk_columns:
+  // rows of `width` floats into rows of width·R, rank order being the heads' order), and every
+  // rank norms the whole rows (forward and backward) alike, keeping its columns. Its buffers
+  // (qk_whole: host memory, a pass's rows of all the heads' channels) are not among the
+  // activations' arrays.
+  bool qk_norm_spans_ranks() const;
+  void gather_qk_columns(float* whole, const float* mine, int rows, int width);
+  float* qk_whole(int k, size_t n);
   // Its backward over the grain of n sequences from b: dqkv_'s query and key columns from the
   // norms' outputs' gradients to their inputs', and the norms' parameter gradients.
   void qk_norm_backward(int l, const BlockActs& x, const Block& p, int b, int n);

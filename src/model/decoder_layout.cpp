@@ -38,9 +38,11 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const int64_t C = cfg.d_model;
   const Widths w(cfg);
   const bool nb = has_norm_bias(cfg), lb = cfg.linear_bias, qk = cfg.qk_norm != QkNorm::kNone;
-  // The query and key norms' widths: the whole part's, or one head's (shared by the heads).
+  // The query and key norms' widths: the whole part's (all the ranks' heads' in a tensor-parallel
+  // share, whose rows it norms whole), or one head's (shared by the heads).
   const bool per_head = cfg.qk_norm == QkNorm::kPerHead;
-  const int64_t qn = per_head ? cfg.head_size() : w.q, kn = per_head ? cfg.head_size() : w.kv;
+  const int64_t R = cfg.tensor_ranks;
+  const int64_t qn = per_head ? cfg.head_size() : w.q * R, kn = per_head ? cfg.head_size() : w.kv * R;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
   const bool moe = cfg.has_moe();
   const int64_t E = moe ? cfg.moe.experts : 1;

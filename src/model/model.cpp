@@ -271,8 +271,8 @@ void Model::set_tensor_exchange(TensorExchange* exchange) {
   if (exchange) {
     ANVIL_CHECK(kernels() == KernelImpl::kCpu, "tensor parallelism chains the ranks' parts of a product through the "
                 "CPU's k blocks: it runs with kernels cpu");
-    ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora() && cfg_.qk_norm != QkNorm::kWhole, "tensor parallelism does "
-                "not cut LoRA models, mixtures of experts or QK norms over all the heads' channels yet");
+    ANVIL_CHECK(!cfg_.has_moe() && !cfg_.has_lora(), "tensor parallelism does not cut LoRA models or mixtures of "
+                "experts yet");
     ANVIL_CHECK(cfg_.tensor_share(), "tensor parallelism needs a rank's share of the model (tensor_share_config "
                 "over at least 2 ranks); this model is whole");
     ANVIL_CHECK(exchange->ranks() == cfg_.tensor_ranks && exchange->rank() == cfg_.tensor_rank,

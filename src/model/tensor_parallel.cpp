@@ -85,9 +85,6 @@ std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks) {
   if (ranks == 1) return "";
   if (cfg.has_lora()) return "tensor parallelism does not cut a LoRA model's adapters yet";
   if (cfg.has_moe()) return "tensor parallelism does not cut a mixture of experts' blocks yet";
-  if (cfg.qk_norm == QkNorm::kWhole)
-    return "tensor parallelism does not cut a QK norm over all the heads' channels yet (its statistics span the ranks; "
-           "per-head norms, Qwen3's, it cuts)";
   const Widths w(cfg);
   const int kv = cfg.kv_heads();
   if (cfg.n_heads % ranks || kv % ranks || w.hidden % ranks)

@@ -36,8 +36,7 @@ namespace anvil {
 // Why R ranks cannot share cfg's blocks, or empty when they can: R must divide the query heads,
 // the key/value heads and the MLP width, the vocabulary must span at least R of the
 // cross-entropy's sum blocks, and the
-// blocks must be of a kind built for it (no QK norm over all the heads' channels, no mixture of
-// experts, no LoRA yet).
+// blocks must be of a kind built for it (no mixture of experts, no LoRA yet).
 std::string tensor_parallel_problem(const ModelConfig& cfg, int ranks);
 
 // Rank `rank`'s token ids: whole sum blocks (kCrossentropySumBlock) of the vocabulary, as many to

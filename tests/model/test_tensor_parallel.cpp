@@ -43,6 +43,7 @@ ModelConfig wide_model(ModelFamily family) {
   c.d_model = 512;
   c.vocab_size = kWideVocab;
   c.emb_pdrop = c.attn_pdrop = c.resid_pdrop = 0.1f;
+  if (family == ModelFamily::kMpt) c.qk_norm = QkNorm::kWhole;  // qk_ln: its norms span the ranks
   if (family == ModelFamily::kQwen3) {  // a Llama with per-head QK norms
     c = wide_model(ModelFamily::kLlama);
     c.name = family;
@@ -349,12 +350,12 @@ TEST(TensorShare, WhatCannotBeCutIsNamed) {
   EXPECT_EQ(tensor_parallel_problem(gpt2, 2), "");  // 6 heads of 64 a rank: 384 channels, not whole k blocks
   EXPECT_EQ(tensor_parallel_problem(gpt2, 3), "");
   EXPECT_NE(tensor_parallel_problem(gpt2, 5).find("5 must divide each"), std::string::npos);
-  ModelConfig qk = wide_model(ModelFamily::kLlama);
-  qk.qk_norm = QkNorm::kWhole;  // one norm over all the heads' channels (MPT's qk_ln)
-  EXPECT_NE(tensor_parallel_problem(qk, 2).find("QK norm over all the heads' channels"), std::string::npos);
-  EXPECT_EQ(tensor_parallel_problem(qk, 1), "");
-  qk.qk_norm = QkNorm::kPerHead;  // Qwen3's
-  EXPECT_EQ(tensor_parallel_problem(qk, 2), "");
+  ModelConfig moe = wide_model(ModelFamily::kMpt);
+  moe.moe.experts = 4;
+  moe.moe.top_k = 2;
+  EXPECT_NE(tensor_parallel_problem(moe, 2).find("mixture of experts"), std::string::npos)
+      << tensor_parallel_problem(moe, 2);
+  EXPECT_EQ(tensor_parallel_problem(moe, 1), "");
   ModelConfig small_vocab = wide_model(ModelFamily::kGpt2);
   small_vocab.vocab_size = kCrossentropySumBlock;
   EXPECT_NE(tensor_parallel_problem(small_vocab, 2).find("vocab_size 2048 must be more than 2048"), std::string::npos)

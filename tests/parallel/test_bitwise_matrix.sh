@@ -14,7 +14,8 @@
 # ranks (ZeRO-1), as 4 stages of one rank (4 microbatches through them, the whole 1F1B
 # schedule), and resumed as 2 stages of 2 from a run stopped on 3 ranks at step 8; each family
 # as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
-# stages, resumed on 3 ranks without stages. Then tensor parallelism, on models wide enough for it.
+# stages, resumed on 3 ranks without stages. Then tensor parallelism, on models whose ranks hold
+# whole k blocks and on ones whose blocks straddle ranks.
 # Last, an MPT whose MLPs are mixtures of experts, with and without expert parallelism, as 2
 # pipeline stages, and fine-tuned with LoRA.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
@@ -110,6 +111,8 @@ family llama model.n_kv_heads=2 model.attention_dropout=0.1
 # cut; its own LM head on the last stage) on 1 rank and as 2 stages of 2 sharing ranks with
 # activation checkpointing; and a Qwen3 (the Llama with per-head QK norms) on 1 rank and on 2
 # sharing ranks, in microbatches of 3 (a sequence's rows of the residual stream on both ranks).
+# Then a narrower GPT-2 whose ranks' channels are not whole k blocks, on 1, 2 and 3 ranks, and an
+# MPT of that width with qk_ln on 1, 2 and 3 ranks.
 tp=(model.n_layers=2 model.d_model=512 model.n_heads=2 model.resid_pdrop=0.1 model.attn_pdrop=0.1
     model.embd_pdrop=0.1 model.vocab_size=4200)
 OMP_NUM_THREADS=2 train tp_w1_mb8_z0 1 8 0 "${tp[@]}"
@@ -137,6 +140,24 @@ OMP_NUM_THREADS=2 train tp_qwen3_w1_mb8_z0 1 8 0 "${tp_qwen3[@]}"
 train tp_qwen3_w2_tp2_mb3_z1 2 3 1 "${tp_qwen3[@]}" distributed.tensor_parallel=2
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_qwen3_w1_mb8_z0" "$tmp/tp_qwen3_w2_tp2_mb3_z1" \
   || fail "tensor parallelism: the Qwen3's runs do not end with the same bits"
+# A GPT-2 of 6 heads of 64: 192 query channels a rank on 2 ranks and 128 on 3, so blocks of the
+# GEMM's k straddle the ranks (added whole by the rank holding a block's end).
+tp_narrow=("${tp[@]}" model.d_model=384 model.n_heads=6)
+OMP_NUM_THREADS=2 train tp_narrow_w1_mb8_z0 1 8 0 "${tp_narrow[@]}"
+train tp_narrow_w2_tp2_mb3_z1 2 3 1 "${tp_narrow[@]}" distributed.tensor_parallel=2
+train tp_narrow_w3_tp3_mb4_z0 3 4 0 "${tp_narrow[@]}" distributed.tensor_parallel=3
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_narrow_w1_mb8_z0" "$tmp/tp_narrow_w2_tp2_mb3_z1" \
+  "$tmp/tp_narrow_w3_tp3_mb4_z0" || fail "tensor parallelism: the narrow GPT-2's runs do not end with the same bits"
+# An MPT with qk_ln (one norm over all the heads' queries, and one over the keys, whose statistics
+# span the ranks) and ALiBi, as narrow: 1 rank, 2 and 3 sharing ranks.
+tp_mpt=(model.name=mpt_causal_lm model.n_layers=2 model.d_model=384 model.n_heads=6 model.vocab_size=4200
+        model.no_bias=true model.attn_config.alibi=true model.attn_config.qk_ln=true model.emb_pdrop=0.1
+        model.resid_pdrop=0.1 model.attn_config.attn_pdrop=0.1)
+OMP_NUM_THREADS=2 train tp_mpt_w1_mb8_z0 1 8 0 "${tp_mpt[@]}"
+train tp_mpt_w2_tp2_mb4_z2 2 4 2 "${tp_mpt[@]}" distributed.tensor_parallel=2
+train tp_mpt_w3_tp3_mb4_z0 3 4 0 "${tp_mpt[@]}" distributed.tensor_parallel=3
+/usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/tp_mpt_w1_mb8_z0" "$tmp/tp_mpt_w2_tp2_mb4_z2" \
+  "$tmp/tp_mpt_w3_tp3_mb4_z0" || fail "tensor parallelism: the MPT's runs (qk_ln) do not end with the same bits"
 echo "tensor parallelism: weights sha256 $("$anvil" inspect "$tmp/tp_w1_mb8_z0" | sed -n 's/^weights sha256: //p')"
 
 # A mixture of experts (mb_moe: four experts, top 2, capacity factor 1, so that experts fill and

@@ -611,7 +611,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const size_t span = norm_params(W), at = static_cast<size_t>(weight - p.ln1w);
     const size_t saves = q.save + r * q.per_position;
     qk_part_rows(q, dnormed, dqkv_, n, true);
-    op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
+    if (!spans) op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
     const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
     if (spans) {

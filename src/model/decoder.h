@@ -206,7 +206,7 @@ class Decoder final : public Model {
   std::vector<int> all_ranks_;  // 0 .. tensor_ranks - 1
   std::array<std::vector<float>, 3> qk_whole_;
   std::vector<float> qk_part_;
-  std::deque<std::vector<float>> chain_scratch_;  // chain_scratch's (a deque: earlier ones stay put)
+  std::deque<std::vector<float>> chain_scratch_;  // chain_scratch's
   size_t chain_scratch_used_ = 0;
   std::vector<int> holders_;    // norm_backward_rows' ranks holding its rows
   // Sequence b's rows of the final norm's output, whole (gathered_ under sequence parallelism).
@@ -229,7 +229,9 @@ class Decoder final : public Model {
   // takes what it assembles, before the chain starts.
   void chained_product(const Linear& f, bool forward, float* out, const float* a, long lda, int N,
                        const std::vector<KSegment>& whole_k);
-  // Scratch of n floats for chained_product, valid until its next call.
+  // Scratch of n floats for chained_product, valid until the next chained_product call (host
+  // memory outside the activations' arrays: the straddling blocks' columns and the copies of
+  // runs that are not a rank's whole k, which a forward product reads contiguous).
   float* chain_scratch(size_t n);
   // The vocabulary cut among the ranks (cfg_.tensor_share(); model/tensor_parallel.h). The
   // microbatch's token embeddings (every row, into out): each rank looks up the tokens it holds,

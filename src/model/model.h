@@ -305,9 +305,9 @@ class Model {
   // Pipeline stages (ModelStorage::stage; parallel/pipeline.h runs them): the passes cut at the
   // stages' boundaries, a stage's input and output (and their gradients) crossing in host memory
   // as B·T rows of d_model floats, or a tensor-parallel share's held rows of them
-  // (tensor_held_rows), which its peers in the other stages hold too. Run stage after stage, they give every loss and gradient the bits forward() and
-  // forward_backward() give the whole model. Those two, and the evaluations above, need the
-  // whole model.
+  // (tensor_held_rows), which its peers in the other stages hold too. Run stage after stage,
+  // they give every loss and gradient the bits forward() and forward_backward() give the whole
+  // model. Those two, and the evaluations above, need the whole model.
   //
   // The stage's forward pass over B sequences of T tokens: the first stage embeds tokens (host,
   // kept until its backward pass), any other starts from input, the previous stage's output;

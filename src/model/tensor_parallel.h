@@ -19,8 +19,8 @@
 // product's output, and each column-parallel product's input gradient (the LM head's too, whose k
 // is the vocabulary), is the sum over the ranks' parts of its k, which the ranks form as a chain in
 // k order, each adding its part to the partial sum the previous rank hands on (matmul_forward's
-// accumulate) in the GEMM's own k blocks (tensor_k_chain: a block that straddles two ranks' parts
-// is added whole by one of them); a norm's weight gradient over rows held by several ranks is a
+// accumulate) in the GEMM's own k blocks (tensor_k_chain: a block that straddles several ranks'
+// parts is added whole by one of them); a norm's weight gradient over rows held by several ranks is a
 // chain of them in row order. So each product's sum has the bits of one process's, and with every
 // vocabulary slice starting at a multiple of kCrossentropySumBlock the loss and its gradient have
 // one process's bits: the weights are one process's for any R.

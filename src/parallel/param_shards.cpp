@@ -65,6 +65,7 @@ void init_params_range(const DataParallelContext& ctx, uint64_t seed, size_t lo,
 
 void ParamShards::init(uint64_t seed) {
   const bool sharded = ctx_.options.zero_stage == 3;
+  ANVIL_CHECK(sharded || ctx_.model.params(), "internal: below ZeRO-3 the model holds its own parameters");
   const size_t lo = sharded ? ctx_.shards.lo : 0, hi = sharded ? ctx_.shards.hi : ctx_.model.num_params();
   std::vector<float> host(hi - lo);
   init_params_range(ctx_, seed, lo, hi, host.data());

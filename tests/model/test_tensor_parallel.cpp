@@ -88,6 +88,8 @@ ShareBatch share_batch() {
   return b;
 }
 
+bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
 // The ranks as threads: each ordered pair of ranks a queue of messages, a send a copy.
 class ThreadRanks {
  public:
@@ -118,26 +120,36 @@ class ThreadRanks {
   std::map<std::pair<int, int>, std::deque<std::vector<float>>> queues_;
 };
 
+// A send is taken at once (a copy), but as over MPI its buffer must stay unchanged until
+// wait_sends: wait_sends checks that it did.
 class ThreadExchange : public TensorExchange {
  public:
   ThreadExchange(ThreadRanks& ranks, int n, int rank) : all_(ranks), n_(n), rank_(rank) {}
   int ranks() const override { return n_; }
   int rank() const override { return rank_; }
-  void send(int to, const float* data, size_t n) override { all_.push(rank_, to, data, n); }
+  void send(int to, const float* data, size_t n) override {
+    all_.push(rank_, to, data, n);
+    in_flight_.push_back({data, std::vector<float>(data, data + n)});
+  }
   void receive(int from, float* data, size_t n) override { all_.pop(from, rank_, data, n); }
-  void wait_sends() override {}
+  void wait_sends() override {
+    for (const auto& [data, sent] : in_flight_)
+      EXPECT_TRUE(same_bits(data, sent.data(), sent.size())) << "rank " << rank_ << " changed a send's buffer before "
+                                                             << "wait_sends";
+    in_flight_.clear();
+  }
   void broadcast(float* data, size_t n, int root) override {
     if (rank_ != root) return receive(root, data, n);
     for (int r = 0; r < n_; r++)
-      if (r != root) send(r, data, n);
+      if (r != root) all_.push(rank_, r, data, n);
   }
 
  private:
   ThreadRanks& all_;
   int n_, rank_;
+  std::vector<std::pair<const float*, std::vector<float>>> in_flight_;
 };
 
-bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, ComputeDtype, Cut>> {
  protected:

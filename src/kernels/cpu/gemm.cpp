@@ -130,8 +130,8 @@ void run(GemmPrecision precision, GemmIsa isa, GemmCall call) {
 }
 
 // The B block a team of threads packs together (parallel_gemm), allocated on first use: one per
-// calling thread, so that products called from several threads at once (tensor parallelism's
-// ranks as threads of one process) do not share it.
+// calling thread, so that products called from several threads at once (the tests run
+// tensor-parallel ranks as threads of one process) do not share it.
 void* team_b_buffer() {
   thread_local const std::unique_ptr<void, PackBuffers::Free> buffer{
       std::aligned_alloc(64, sizeof(float) * kGemmTeamMaxN * kGemmTeamBlocks * kGemmKc)};

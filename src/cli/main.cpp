@@ -389,7 +389,7 @@ examples:
 )";
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
-       mpirun -np N anvil bench train CONFIG.yaml distributed.tensor_parallel=N [...]
+       mpirun -np N anvil bench train CONFIG.yaml distributed.tensor_parallel=T distributed.pipeline_parallel=P [...]
        anvil bench data LOCATION [options]
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
        anvil bench gemm [--rounds N] [--seconds S]
@@ -398,8 +398,9 @@ train: runs the config's training step on synthetic tokens (no dataset needed) a
 tokens/s, achieved GFLOP/s, the measured GEMM peak (on the CPU the faster of OpenBLAS's sgemm
 and anvil's GEMM in the precision's mode; with kernels=gpu, cuBLASLt in that mode), MFU and peak memory
 (host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
-Under mpirun with distributed.tensor_parallel=N on N ranks, the ranks share one copy of the model
-(tensor and sequence parallelism) and rank 0 reports the copy's speed and every rank's memory.
+Under mpirun on T·P ranks with distributed.tensor_parallel=T and distributed.pipeline_parallel=P,
+the ranks share one copy of the model (T ranks share each stage's blocks, P stages in the 1F1B
+order) and rank 0 reports the copy's speed, every rank's memory and the pipeline's bubble.
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2)
   --profile     also print the time per op over the timed steps (every op timed: on the GPU by
@@ -1004,7 +1005,12 @@ int cmd_bench(const std::vector<std::string>& args) {
                                                   r.model_states_mib + r.frozen_base_mib).c_str() : "");
   if (r.gpu_peak_mib > 0) std::printf("peak GPU memory: %.0f MiB (anvil's allocator)\n", r.gpu_peak_mib);
   if (r.ranks > 1) {
-    std::printf("tensor parallel: %d ranks share the model; memory per rank:\n", r.ranks);
+    std::string layout;
+    if (r.tensor_parallel > 1) layout = fmt::format("tensor parallel {}", r.tensor_parallel);
+    if (r.pipeline_parallel > 1)
+      layout += fmt::format("{}{} pipeline stages (1F1B bubble {:.0f}%)", layout.empty() ? "" : ", ", r.pipeline_parallel,
+                            100 * r.bubble);
+    std::printf("%s: %d ranks share the model; memory per rank:\n", layout.c_str(), r.ranks);
     for (size_t k = 0; k < r.per_rank.size(); k++)
       std::printf("  rank %zu: peak %.0f MiB, activations %.1f MiB, model states %.1f MiB\n", k,
                   r.per_rank[k].peak_rss_mib, r.per_rank[k].activation_mib, r.per_rank[k].model_states_mib);

@@ -35,29 +35,33 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   cfg.device_eval_batch_size = 0;  // no evaluation here: activations for the microbatch alone
   prepare_kernel_impl(cfg.kernels, 0);
   const int T = cfg.max_seq_len, GB = cfg.global_train_batch_size;
-  const int sharing = cfg.distributed.tensor_parallel;
-  std::unique_ptr<Communicator> comm = make_communicator(/*require_mpi=*/false, /*threads_at_once=*/sharing > 1);
-  ANVIL_CHECK(comm->size() == sharing, "bench train runs one copy of the model: on one process, or under mpirun on "
-              "as many ranks as distributed.tensor_parallel ({}) to share it; {} ranks here (anvil train runs "
-              "data-parallel copies)", sharing, comm->size());
-  ANVIL_CHECK(cfg.distributed.pipeline_parallel == 1, "bench train runs the whole model on one process, not "
-              "distributed.pipeline_parallel {} stages; anvil train logs a pipeline run's speed and memory per rank",
-              cfg.distributed.pipeline_parallel);
-  ANVIL_CHECK(cfg.distributed.expert_parallel == 1, "bench train runs one process, which runs every expert; "
-              "distributed.expert_parallel {} needs as many ranks under anvil train", cfg.distributed.expert_parallel);
+  const int sharing = cfg.distributed.tensor_parallel, stages = cfg.distributed.pipeline_parallel;
+  const int ranks = sharing * stages;
+  std::unique_ptr<Communicator> comm = make_communicator(/*require_mpi=*/false, /*threads_at_once=*/ranks > 1);
+  ANVIL_CHECK(comm->size() == ranks, "bench train runs one copy of the model: on one process, or under mpirun on as "
+              "many ranks as distributed.tensor_parallel × distributed.pipeline_parallel ({} × {}) to share it; {} "
+              "ranks here (anvil train runs data-parallel copies)", sharing, stages, comm->size());
+  ANVIL_CHECK(cfg.distributed.expert_parallel == 1, "bench train runs one copy of the model, which runs every "
+              "expert; distributed.expert_parallel {} shares them among data-parallel copies under anvil train",
+              cfg.distributed.expert_parallel);
+  // The groups as anvil train forms them: pipeline stages, then the ranks sharing each stage.
+  std::unique_ptr<PipelineGroups> pipeline;
+  if (stages > 1) pipeline = std::make_unique<PipelineGroups>(make_pipeline_groups(*comm, cfg.model, stages));
   std::unique_ptr<TensorGroups> tensor;
-  if (sharing > 1) tensor = std::make_unique<TensorGroups>(make_tensor_groups(*comm, cfg.model, sharing));
-  TrainingStack stack = build_training_stack(cfg, tensor ? *tensor->data : *comm, GB, T, [&](Model& model) {
+  if (sharing > 1)
+    tensor = std::make_unique<TensorGroups>(make_tensor_groups(pipeline ? *pipeline->data : *comm, cfg.model, sharing));
+  Communicator& data = tensor ? *tensor->data : pipeline ? *pipeline->data : *comm;
+  TrainingStack stack = build_training_stack(cfg, data, GB, T, [&](Model& model) {
     // A base from the seed: the speed and memory are those of any base.
     std::vector<float> base(model_num_params(cfg.model.base()));
     model_init_params(model_param_layout(cfg.model.base()), cfg.seed, 0, base.size(), base.data());
     model.set_base_weights(base, cfg.precision == ComputeDtype::kBf16);
-  }, nullptr, tensor.get());
+  }, pipeline.get(), tensor.get());
   Model& model = *stack.model;
   DataParallel& dp = *stack.dp;
   const MemoryReport mem = dp.memory();
   dp.init_weights(cfg.seed);
-  TrainStep step(cfg, model, dp, LrSchedule::constant());
+  TrainStep step(cfg, model, dp, LrSchedule::constant(), stack.pipeline.get());
 
   // Synthetic data: uniform random tokens, the next-token targets of a random stream.
   std::vector<int32_t> stream(static_cast<size_t>(GB) * T + 1);
@@ -68,15 +72,23 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   BenchTrainResult r;
   r.peak_gflops = matmul_peak_gflops(cfg.kernels, cfg.precision);
   r.peak_source = matmul_backend_description(cfg.kernels);
-  r.activation_mib = static_cast<double>(model.activation_bytes()) / (1 << 20);
+  r.activation_mib = static_cast<double>(stack.pipeline ? stack.pipeline->activation_bytes()
+                                                        : model.activation_bytes()) / (1 << 20);
   r.model_states_mib = static_cast<double>(mem.model_states()) / (1 << 20);
   r.frozen_base_mib = static_cast<double>(model.base_bytes()) / (1 << 20);
   r.microbatch = cfg.device_train_microbatch_size;
+  r.ranks = ranks;
+  r.rank = comm->rank();
+  r.tensor_parallel = sharing;
+  r.pipeline_parallel = stages;
+  // 1F1B keeps each stage idle for P - 1 of the M + P - 1 microbatch slots of a step.
+  const int M = (GB + r.microbatch - 1) / r.microbatch;
+  r.bubble = stages > 1 ? static_cast<double>(stages - 1) / (M + stages - 1) : 0.0;
   if (comm->rank() == 0)
     log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters{}; {}; {} kernels, {}{}",
              model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size,
              model_num_params(cfg.model) / 1e6,
-             sharing > 1 ? fmt::format(" shared by {} ranks", sharing) : "", r.peak_source, choice_name(cfg.kernels),
+             ranks > 1 ? fmt::format(" shared by {} ranks", ranks) : "", r.peak_source, choice_name(cfg.kernels),
              choice_name(cfg.precision), cfg.activation_checkpointing ? "; activation checkpointing" : "");
   for (int i = 0; i < warmup_steps; i++) step.run(tokens.data(), targets.data(), GB, T, i);
   if (profile) op_profile_start();
@@ -92,9 +104,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.step_ms = 1e3 * secs / steps;
   r.tokens_per_s = static_cast<double>(GB) * T * steps / secs;
   r.gflops = r.tokens_per_s * model_train_flops_per_token(cfg.model, T) / 1e9;
-  r.ranks = sharing;
-  r.rank = comm->rank();
-  r.mfu = r.gflops / (r.peak_gflops * sharing);  // each rank measured its own peak
+  r.mfu = r.gflops / (r.peak_gflops * ranks);  // each rank measured its own peak
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   r.peak_rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
@@ -131,7 +141,8 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
       {"peak_rss_mib", r.peak_rss_mib}, {"activation_mib", r.activation_mib},
       {"model_states_mib", r.model_states_mib}, {"frozen_base_mib", r.frozen_base_mib},
       {"gpu_peak_mib", r.gpu_peak_mib},
-      {"microbatch", r.microbatch}, {"tensor_parallel", r.ranks}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
+      {"microbatch", r.microbatch}, {"tensor_parallel", r.tensor_parallel}, {"pipeline_parallel", r.pipeline_parallel},
+      {"bubble", r.bubble}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
       {"batch", cfg.global_train_batch_size}, {"precision", choice_name(cfg.precision)},
       {"kernels", choice_name(cfg.kernels)},
       {"model",

@@ -93,8 +93,19 @@ if have_mpirun; then
   else
     fail "bench train with distributed.tensor_parallel=2: $(cat "$tmp/bench_tp2.out") one process: $one"
   fi
+  # The same model as 2 pipeline stages: each rank's memory, and the bubble of 4 microbatches
+  # through 2 stages (1 of 5 slots idle).
+  OMP_NUM_THREADS=1 mpirun_anvil 2 "$anvil" bench train "${tiny[@]}" "${wide[@]}" distributed.pipeline_parallel=2 \
+    device_train_microbatch_size=4 --steps 2 --warmup 1 > "$tmp/bench_pp2.out" 2>&1
+  if [ "$(grep -c '^  rank [01]: peak' "$tmp/bench_pp2.out")" = 2 ] \
+      && grep -q '"pipeline_parallel":2,"bubble":0.2,' "$tmp/bench_pp2.out" \
+      && grep -q '^2 pipeline stages (1F1B bubble 20%): 2 ranks share the model' "$tmp/bench_pp2.out"; then
+    pass "bench train, distributed.pipeline_parallel=2: $(grep '^  rank 1:' "$tmp/bench_pp2.out" | sed 's/^ *//')"
+  else
+    fail "bench train with distributed.pipeline_parallel=2: $(cat "$tmp/bench_pp2.out")"
+  fi
 else
-  skip "bench train with distributed.tensor_parallel=2 (no mpirun)"
+  skip "bench train with distributed.tensor_parallel=2 or pipeline_parallel=2 (no mpirun)"
 fi
 
 # bench gemm: every product timed on both sides, in fp32 and bf16 (on each instruction set that

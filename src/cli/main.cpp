@@ -1008,8 +1008,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::string layout;
     if (r.tensor_parallel > 1) layout = fmt::format("tensor parallel {}", r.tensor_parallel);
     if (r.pipeline_parallel > 1)
-      layout += fmt::format("{}{} pipeline stages (1F1B bubble {:.0f}%)", layout.empty() ? "" : ", ", r.pipeline_parallel,
-                            100 * r.bubble);
+      layout += fmt::format("{}{} pipeline stages (1F1B bubble {:.0f}%)", layout.empty() ? "" : ", ",
+                            r.pipeline_parallel, 100 * r.bubble);
     std::printf("%s: %d ranks share the model; memory per rank:\n", layout.c_str(), r.ranks);
     for (size_t k = 0; k < r.per_rank.size(); k++)
       std::printf("  rank %zu: peak %.0f MiB, activations %.1f MiB, model states %.1f MiB\n", k,

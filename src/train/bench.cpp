@@ -81,9 +81,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.rank = comm->rank();
   r.tensor_parallel = sharing;
   r.pipeline_parallel = stages;
-  // 1F1B keeps each stage idle for P - 1 of the M + P - 1 microbatch slots of a step.
-  const int M = (GB + r.microbatch - 1) / r.microbatch;
-  r.bubble = stages > 1 ? static_cast<double>(stages - 1) / (M + stages - 1) : 0.0;
+  r.bubble = pipeline_bubble(stages, (GB + r.microbatch - 1) / r.microbatch);
   if (comm->rank() == 0)
     log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters{}; {}; {} kernels, {}{}",
              model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size,

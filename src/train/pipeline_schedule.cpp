@@ -12,6 +12,10 @@ namespace {
 constexpr int kTagActivations = 0x5a01, kTagActivationGrads = 0x5a02;
 }  // namespace
 
+double pipeline_bubble(int stages, int microbatches) {
+  return static_cast<double>(stages - 1) / (microbatches + stages - 1);
+}
+
 PipelineSchedule::PipelineSchedule(const PipelineGroups& groups, std::vector<std::unique_ptr<Model>> slots,
                                    Model& first_slot, DataParallel& dp)
     : groups_(groups), comm_(*groups.pipeline), dp_(dp), owned_(std::move(slots)) {

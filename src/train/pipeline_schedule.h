@@ -20,6 +20,10 @@
 
 namespace anvil {
 
+// The share of a step's microbatch slots a stage idles: 1F1B keeps each of P stages idle for
+// P - 1 of the M + P - 1 slots of M microbatches (0 for one stage).
+double pipeline_bubble(int stages, int microbatches);
+
 class PipelineSchedule {
  public:
   // slots: the stage's models, one per microbatch it may hold at once; the first is the one dp

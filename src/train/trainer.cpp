@@ -557,12 +557,11 @@ void TrainingRun::describe() {
              dp_->collectives_description(), cfg_.dist_timeout);
   }
   if (groups_) {
-    // 1F1B keeps each stage idle for P - 1 of the M + P - 1 microbatch slots of a step.
     const int P = groups_->stages, M = (local_batch_ + cfg_.device_train_microbatch_size - 1) /
                                        cfg_.device_train_microbatch_size;
     log_info("pipeline: {} stages of {} data-parallel rank(s), {} microbatches a step in the 1F1B order (bubble "
              "{:.0f}%); this rank: stage {}, blocks {}-{}{}{}, holding up to {} microbatch(es) at once", P, D_, M,
-             100.0 * (P - 1) / (M + P - 1), groups_->stage, groups_->blocks.first_layer,
+             100.0 * pipeline_bubble(P, M), groups_->stage, groups_->blocks.first_layer,
              groups_->blocks.end_layer - 1, groups_->first() ? ", the embeddings" : "",
              groups_->last() ? ", the final norm and LM head" : "", pipeline_->slots());
   }

@@ -44,6 +44,7 @@ using gpublasDataType_t = hipDataType;
 #define gpublasLtMatmulPreferenceDestroy hipblasLtMatmulPreferenceDestroy
 #define gpublasLtMatmulPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
 #define gpublasLtMatmulAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
+#define gpublasLtMatmulAlgoCheck hipblasLtMatmulAlgoCheck
 #define gpublasLtMatmul hipblasLtMatmul
 #define gpublasLtGetVersion hipblasLtGetVersion
 #else
@@ -85,6 +86,7 @@ using gpublasDataType_t = cudaDataType_t;
 #define gpublasLtMatmulPreferenceDestroy cublasLtMatmulPreferenceDestroy
 #define gpublasLtMatmulPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
 #define gpublasLtMatmulAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
+#define gpublasLtMatmulAlgoCheck cublasLtMatmulAlgoCheck
 #define gpublasLtMatmul cublasLtMatmul
 #define gpublasLtGetVersion cublasLtGetVersion
 #endif

@@ -122,6 +122,16 @@ void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const floa
   ANVIL_CHECK(!accumulate || !bias, "matmul_forward: a product accumulated into its output takes no bias");
   ANVIL_DISPATCH(ctx.impl(), matmul_forward, ctx, out, inp, weight, bias, N, C, OC, accumulate);
 }
+void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias,
+                              int B, int T, int C, int OC) {
+#if defined(ANVIL_GPU)
+  if (ctx.impl() == KernelImpl::kGpu) {
+    const OpProfileScope profile_scope("matmul_forward", ctx.impl());  // the same products, batched
+    return gpu::matmul_forward_sequences(ctx, out, inp, weight, bias, B, T, C, OC);
+  }
+#endif
+  matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
+}
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {
   ANVIL_CHECK(ld_dout >= OC, "matmul_backward: dout's row stride {} is below its width {}", ld_dout, OC);

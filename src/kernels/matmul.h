@@ -66,6 +66,12 @@ class MatmulContext {
 // parallelism's row-parallel products chain their ranks' parts so).
 void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, bool accumulate = false);
+// out (B·T, OC) = inp (B·T, C) · weight (OC,C)ᵀ + bias for B sequences of T rows, each sequence's
+// rows the bits that matmul_forward of those T rows alone gives, whatever B (what
+// microbatch-invariant training needs): on the CPU one product, its rows being independent; on
+// the GPU one batched product that runs the algorithm the library picks for one sequence.
+void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias,
+                              int B, int T, int C, int OC);
 // dinp (N,C) = dout · weight, or += with accumulate_dinp (dinp may be null: not needed);
 // dweight (OC,C) += doutᵀ · inp (may be null: a frozen weight); dbias (OC) += column sums of dout
 // (dbias may be null). dout's
@@ -81,8 +87,8 @@ constexpr int kMatmulSumBlock = 256;
 
 // Whether each output row's bits depend on that row's input alone, not on how many rows share
 // the call: true of the CPU's GEMM (kernels/cpu/gemm.h), which lets the model run a whole
-// microbatch in one product; GPU BLAS libraries choose algorithms by shape, so there it goes a
-// sequence at a time.
+// microbatch in one product; GPU BLAS libraries choose algorithms by shape, so there a product
+// whose rows vary in number goes a sequence at a time (matmul_forward_sequences when they do not).
 bool matmul_rows_independent(KernelImpl impl);
 
 // How many of a product's `columns` output columns a caller that splits it into column blocks (the
@@ -103,6 +109,10 @@ std::string matmul_backend_description(KernelImpl impl);
 // held weight; gpu: cuBLASLt / hipBLASLt, on operands narrowed to ctx's operand dtype.
 ANVIL_CONTEXT_OP_IMPLEMENTATIONS(matmul_forward)
 ANVIL_CONTEXT_OP_IMPLEMENTATIONS(matmul_backward)
+
+namespace gpu {
+decltype(::anvil::matmul_forward_sequences) matmul_forward_sequences;
+}
 
 // The backend queries behind matmul_peak_gflops and matmul_backend_description.
 namespace cpu {

@@ -156,7 +156,7 @@ void Decoder::set_max_batch(int max_batch) {
   const bool swiglu = cfg_.mlp == MlpKind::kSwiglu;
   dfc_ = swiglu ? dbig_ + GK * w.hidden : dbig_;  // GELU's backward runs in place
   dqkv_ = dbig_ + GK * w.hidden + (swiglu ? GK * w.fc : 0);
-  demb_rows_ = dqkv_ + GT * w.qkv;
+  demb_rows_ = dqkv_ + BT * w.qkv;
   gathered_ = cfg_.tensor_share() ? demb_rows_ + T * C : nullptr;
   const bool rms_chain = cfg_.tensor_share() && cfg_.norm == NormKind::kRmsNorm;
   rms_weight_sums_.assign(rms_chain ? std::max<size_t>(C, cfg_.head_size()) : 0, 0.0);
@@ -386,12 +386,10 @@ void Decoder::mlp_activation_backward(float* dfc, const float* fch, const float*
                 cfg_.mlp == MlpKind::kGeluErf ? GeluForm::kErf : GeluForm::kTanh, dtype());
 }
 
-void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
-                              const float* bias, int B, int T, int C, int OC) {
-  if (!invariant || matmul_rows_independent(ctx.impl()))
-    return matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
-  const size_t rows = static_cast<size_t>(T);
-  for (int b = 0; b < B; b++) matmul_forward(ctx, out + b * rows * OC, inp + b * rows * C, weight, bias, T, C, OC);
+void matmul_forward_microbatch(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
+                               const float* bias, int B, int T, int C, int OC) {
+  if (invariant) return matmul_forward_sequences(ctx, out, inp, weight, bias, B, T, C, OC);
+  matmul_forward(ctx, out, inp, weight, bias, B * T, C, OC);
 }
 
 void Decoder::forward_to_lnf(const int32_t* tokens, const int32_t* positions, const float* input, int B, int T) {
@@ -603,6 +601,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
   const Widths w(cfg_);
   const size_t r = static_cast<size_t>(b) * T_;
   float* dnormed = dsmall_ + r * w.dsmall;  // free between the attention's backward and qkv's
+  float* dqkv = dqkv_ + r * w.qkv;
   for (const bool keys : {false, true}) {
     const QkNormPart q = qk_norm_part(keys);
     const float* weight = keys ? p.klnw : p.qlnw;
@@ -610,7 +609,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const int W = spans ? q.width * cfg_.tensor_ranks : q.norm;  // the norm's width
     const size_t span = norm_params(W), at = static_cast<size_t>(weight - p.ln1w);
     const size_t saves = q.save + r * q.per_position;
-    qk_part_rows(q, dnormed, dqkv_, n, true);
+    qk_part_rows(q, dnormed, dqkv, n, true);
     if (!spans) op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
     const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
@@ -631,9 +630,9 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     } else
       norm_backward(dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
     if (!frozen()) units_in_stage_.grain_done(1 + l, at, span);
-    qk_part_rows(q, dqk_, dqkv_, n, false);
+    qk_part_rows(q, dqk_, dqkv, n, false);
   }
-  round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
+  round_to_dtype(kernels(), dqkv, static_cast<long>(N) * w.qkv, dtype());
 }
 
 Decoder::Linear Decoder::linear(const Block& p, BlockProduct product) const {
@@ -656,7 +655,7 @@ void Decoder::linear_forward(int l, const Linear& f, float* out, const float* in
   if (cfg_.tensor_share() && row_parallel(f.product))
     chained_forward(f, out, inp);
   else
-    matmul_forward_sequences(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
+    matmul_forward_microbatch(matmul_, microbatch_invariant(), out, inp, f.weight, f.bias, B_, T_, f.in, f.out);
   lora_forward(l, f.product, out, f.out, inp, adapters);
   round_to_dtype(kernels(), out, static_cast<long>(B_) * T_ * f.out, dtype());
 }
@@ -1017,9 +1016,9 @@ void Decoder::lora_forward(int l, BlockProduct product, float* out, int width, c
       x = lora_x_;
     }
     float* u = lora_u(l, static_cast<int>(k));
-    matmul_forward_sequences(matmul_, microbatch_invariant(), u, x, A, nullptr, B, T, m.in, r);
+    matmul_forward_microbatch(matmul_, microbatch_invariant(), u, x, A, nullptr, B, T, m.in, r);
     round_to_dtype(kernels(), u, static_cast<long>(N) * r, dtype());
-    matmul_forward_sequences(matmul_, microbatch_invariant(), lora_v_, u, Bm, nullptr, B, T, r, m.rows);
+    matmul_forward_microbatch(matmul_, microbatch_invariant(), lora_v_, u, Bm, nullptr, B, T, r, m.rows);
     round_to_dtype(kernels(), lora_v_, static_cast<long>(N) * m.rows, dtype());
     lora_delta_forward(kernels(), out + m.row0, width, lora_v_, N, m.rows, cfg_.lora.scaling());
   }
@@ -1401,52 +1400,65 @@ void Decoder::block_backward(int l) {
   // block's (largest_grads_span).
   auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   if (cfg_.has_moe() && expert_parallel()) experts_exchanged_backward(l, x, p);
+  // The norms' backward over the grain of n sequences from b, their input gradients into
+  // dresidual_.
+  auto norm_grad = [&](int b, int n, const float* dout, const float* inp, const float* w, const float* mean,
+                       const float* rstd) {
+    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params());
+    norm_backward_rows(dresidual_, dw, dout, inp, w, mean, rstd, b * T, (b + n) * T);
+    if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params());
+  };
+  // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:
+  // under sequence parallelism gathered into gathered_, in use until the next call.
+  auto grain_rows = [&](const float* held, int b, int n) -> const float* {
+    if (!cfg_.tensor_share()) return held + b * rows * C;
+    gather_held_rows(gathered_, held, b * T, (b + n) * T, C);
+    return gathered_;
+  };
+  // The attention output's gradient, rows of w.q from the microbatch's first: the grains' parts
+  // of dsmall_ that the grains' MLP backward has used by then.
+  float* datty = dsmall_;
+  // The grains' first halves (the MLP, its norm, the attention output's product), attention's
+  // backward over the whole microbatch, then the grains' second halves. Attention sums nothing
+  // across sequences, so one call over the microbatch gives each sequence's bits, and a call per
+  // sequence would leave most of a GPU idle.
   for (int b = 0; b < B; b += grain_sequences()) {
     const int n = std::min(grain_sequences(), B - b);  // sequences in this grain
-    const int N = n * T, g0 = b * T;
     const size_t r = b * rows;
-    // The norms' backward over the rows held, their input gradients into dresidual_.
-    auto norm_grad = [&](const float* dout, const float* inp, const float* w, const float* mean, const float* rstd) {
-      float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params());
-      norm_backward_rows(dresidual_, dw, dout, inp, w, mean, rstd, g0, g0 + N);
-      if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params());
-    };
-    // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:
-    // under sequence parallelism gathered into gathered_, in use until the next call.
-    auto grain_rows = [&](const float* held) -> const float* {
-      if (!cfg_.tensor_share()) return held + r * C;
-      gather_held_rows(gathered_, held, g0, g0 + N, C);
-      return gathered_;
-    };
     float* dsmall = dsmall_ + r * w.dsmall;
     // The residual stream's gradient stays fp32; the projections see it rounded (and masked by
     // the branch's residual dropout). Expert parallelism took the MLP's over the whole microbatch.
     const bool mlp_done = cfg_.has_moe() && expert_parallel();
     const float* dproj =
-        mlp_done ? nullptr : branch_grad(grain_rows(dresidual_), 1 + l, DropoutKind::kMlpOutput, b, n);
+        mlp_done ? nullptr : branch_grad(grain_rows(dresidual_, b, n), 1 + l, DropoutKind::kMlpOutput, b, n);
     if (cfg_.has_moe()) {
       moe_backward(l, x, p, adapters, dproj, dsmall, b, n);
     } else {
       float* fch = x.fch + r * w.fc;
       float* fch_gelu = a.fch_gelu + r * w.hidden;  // this grain's activation output, recomputed
-      mlp_activation(fch_gelu, fch, N);
+      mlp_activation(fch_gelu, fch, n * T);
       linear_backward(l, linear(p, BlockProduct::kFcProj), dbig_, dproj, fch_gelu, adapters, b, n);
-      mlp_activation_backward(dfc_, fch, dbig_, N);
-      linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, grain_rows(x.ln2), adapters, b, n);
+      mlp_activation_backward(dfc_, fch, dbig_, n * T);
+      linear_backward(l, linear(p, BlockProduct::kFc), dsmall, dfc_, grain_rows(x.ln2, b, n), adapters, b, n);
     }
-    norm_grad(dsmall, x.residual2, p.ln2w, x.ln2_mean, x.ln2_rstd);
-    dproj = branch_grad(grain_rows(dresidual_), 1 + l, DropoutKind::kAttentionOutput, b, n);
-    linear_backward(l, linear(p, BlockProduct::kAttnOut), dsmall, dproj, x.atty + r * w.q, adapters, b, n);
-    attention_backward(kernels(), dqkv_, dsmall, x.qkv + r * w.qkv, x.atty + r * w.q, x.att_lse + r * NH,
-                       positions_op(b), n, T, attention_heads(l, b));
-    round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
-    if (cfg_.positions == PositionKind::kRope) {
-      rope_backward(kernels(), dqkv_, positions_op(b), n, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);
-      round_to_dtype(kernels(), dqkv_, static_cast<long>(N) * w.qkv, dtype());
-    }
+    norm_grad(b, n, dsmall, x.residual2, p.ln2w, x.ln2_mean, x.ln2_rstd);
+    dproj = branch_grad(grain_rows(dresidual_, b, n), 1 + l, DropoutKind::kAttentionOutput, b, n);
+    linear_backward(l, linear(p, BlockProduct::kAttnOut), datty + r * w.q, dproj, x.atty + r * w.q, adapters, b, n);
+  }
+  attention_backward(kernels(), dqkv_, datty, x.qkv, x.atty, x.att_lse, positions_op(0), B, T, attention_heads(l, 0));
+  round_to_dtype(kernels(), dqkv_, static_cast<long>(B) * T * w.qkv, dtype());
+  if (cfg_.positions == PositionKind::kRope) {
+    rope_backward(kernels(), dqkv_, positions_op(0), B, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);
+    round_to_dtype(kernels(), dqkv_, static_cast<long>(B) * T * w.qkv, dtype());
+  }
+  for (int b = 0; b < B; b += grain_sequences()) {
+    const int n = std::min(grain_sequences(), B - b);
+    const size_t r = b * rows;
+    float* dsmall = dsmall_ + r * w.dsmall;
     if (cfg_.qk_norm != QkNorm::kNone) qk_norm_backward(l, x, p, b, n);
-    linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_, grain_rows(x.ln1), adapters, b, n);
-    norm_grad(dsmall, residual, p.ln1w, x.ln1_mean, x.ln1_rstd);
+    linear_backward(l, linear(p, BlockProduct::kQkv), dsmall, dqkv_ + r * w.qkv, grain_rows(x.ln1, b, n), adapters,
+                    b, n);
+    norm_grad(b, n, dsmall, residual, p.ln1w, x.ln1_mean, x.ln1_rstd);
   }
   release_adapters(l);
   release_base(1 + l);

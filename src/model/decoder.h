@@ -31,12 +31,12 @@
 
 namespace anvil {
 
-// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: one product for the microbatch where a row's
-// bits do not depend on the rows beside it, or where the model need not be invariant; else one
-// sequence per call, so that a sequence's result never depends on the microbatch it came in
-// (see UnitAccess).
-void matmul_forward_sequences(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
-                              const float* bias, int B, int T, int C, int OC);
+// out (B·T, OC) = inp (B·T, C) · weightᵀ + bias: where the model must be invariant, each
+// sequence's rows the bits of a product of that sequence alone (matmul_forward_sequences), so that
+// a sequence's result never depends on the microbatch it came in (see UnitAccess); else one
+// product for the microbatch.
+void matmul_forward_microbatch(MatmulContext& ctx, bool invariant, float* out, const float* inp, const float* weight,
+                               const float* bias, int B, int T, int C, int OC);
 
 class Decoder final : public Model {
  public:

@@ -179,7 +179,7 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
                     layers,
                     {BS * C, L * BS * C, BS * C, stream_mean, BS, T * V, BT, V ? T : 0, BT * DS, BT * K * F, probs,
                      expert_rows},
-                    BS * C + BT * DS + GT * K * F + K * dfc + GT * QKV + T * C + gathered + dqk + moe_grads,
+                    BS * C + BT * DS + GT * K * F + K * dfc + BT * QKV + T * C + gathered + dqk + moe_grads,
                     layers * (E ? 7 * BT * K : 0),
                     {}};
   if (cfg.has_lora()) {

@@ -58,7 +58,7 @@ struct ActivationSizes {
   // encoded, residual3, lnf, lnf_mean, lnf_rstd, logits, losses, ce_lse, scratch, fch_gelu,
   // router_logits, expert_in
   size_t rest[12];
-  // dresidual (the rows held) and dsmall for the microbatch; dbig, dfc (SwiGLU's own) and dqkv
+  // dresidual (the rows held), dsmall and dqkv for the microbatch; dbig and dfc (SwiGLU's own)
   // for a grain; demb_rows for a sequence; a tensor-parallel share's gathered rows, for a grain;
   // under MoE, for a grain: the experts' output and input gradients, the router's logits', its
   // weights' and its probabilities'

@@ -52,8 +52,9 @@ struct ParamUnit {
 // backward pass has finished with them (ZeRO-2/3), or starts reducing full gradients then.
 //
 // In a microbatch-invariant model (ModelStorage, the default) every matrix product whose rows'
-// bits depend on the rows beside them (GPU BLAS) runs one sequence at a time, and every parameter
-// gradient is formed one sequence at a time: this keeps each sequence's forward pass and gradient
+// bits depend on the rows beside them (GPU BLAS) gives each sequence the bits of its product
+// alone (matmul_forward_sequences, or one sequence at a time), and every parameter gradient is
+// formed one sequence at a time: this keeps each sequence's forward pass and gradient
 // independent of what else shares its microbatch, the basis of bitwise determinism across
 // microbatch sizes. Otherwise the grain below is a whole microbatch.
 class UnitAccess {

@@ -1,13 +1,18 @@
 // The GPU's matrix products with a held weight (MatmulContext::hold_weight): under 16-bit
 // operands the GPU keeps the held weight's 16-bit copy for the products that follow, so a new
 // hold must make a new copy even when the weight is the same array with new values (the LM head
-// after an optimizer step). The op table checks the products themselves against the reference.
+// after an optimizer step). And matmul_forward_sequences: each sequence the bits of its product
+// alone, whatever the number of sequences (on the hardware, the library's batched kernels
+// running one sequence's algorithm). The op table checks the products themselves against the
+// reference.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "compare.h"
+#include "core/dtype.h"
 #include "device/device.h"
 #include "kernels/matmul.h"
 #include "kernels/round.h"
@@ -50,6 +55,55 @@ TEST(GpuMatmul, HeldWeightFollowsEachHold) {
   gpu_release(w);
   gpu_release(x);
   gpu_release(y);
+}
+
+TEST(GpuMatmul, SequencesHaveTheBitsOfTheirOwnProducts) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
+  gpu_select(0);
+  struct Shape {
+    int T, C, OC;
+    bool bias;
+  };
+  // A GPT-2-like block product, one whose outputs 16-bit products pad (196 to 200), a small one.
+  const Shape shapes[] = {{512, 256, 768, true}, {256, 128, 196, true}, {64, 40, 48, false}};
+  constexpr int kMaxB = 5;
+  for (const ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
+    for (const Shape& s : shapes) {
+      const size_t x_n = static_cast<size_t>(kMaxB) * s.T * s.C, w_n = static_cast<size_t>(s.OC) * s.C,
+                   y_n = static_cast<size_t>(kMaxB) * s.T * s.OC;
+      auto* x = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
+      auto* w = static_cast<float*>(gpu_alloc(w_n * sizeof(float)));
+      auto* bias = static_cast<float*>(gpu_alloc(s.OC * sizeof(float)));
+      auto* y = static_cast<float*>(gpu_alloc(y_n * sizeof(float)));
+      gpu_copy_to_device(x, bf16_values(x_n, 4).data(), x_n * sizeof(float));
+      gpu_copy_to_device(w, bf16_values(w_n, 5).data(), w_n * sizeof(float));
+      gpu_copy_to_device(bias, bf16_values(s.OC, 6).data(), s.OC * sizeof(float));
+      MatmulContext ctx(KernelImpl::kGpu, d);
+      const float* b = s.bias ? bias : nullptr;
+      const size_t seq_out = static_cast<size_t>(s.T) * s.OC, seq_in = static_cast<size_t>(s.T) * s.C;
+      // Each sequence's product alone.
+      std::vector<float> alone(y_n);
+      for (int q = 0; q < kMaxB; q++) {
+        gpu::matmul_forward(ctx, y + q * seq_out, x + q * seq_in, w, b, s.T, s.C, s.OC);
+      }
+      gpu_copy_to_host(alone.data(), y, y_n * sizeof(float));
+      for (const int B : {1, 2, kMaxB}) {
+        const std::vector<float> poison(y_n, std::numeric_limits<float>::quiet_NaN());
+        gpu_copy_to_device(y, poison.data(), y_n * sizeof(float));
+        gpu::matmul_forward_sequences(ctx, y, x, w, b, B, s.T, s.C, s.OC);
+        std::vector<float> together(y_n);
+        gpu_copy_to_host(together.data(), y, y_n * sizeof(float));
+        const size_t n = B * seq_out;
+        EXPECT_EQ(0, std::memcmp(together.data(), alone.data(), n * sizeof(float)))
+            << B << " sequences of " << s.T << "x" << s.C << " -> " << s.OC << " in " << dtype_name(d)
+            << ": not each sequence's own bits";
+      }
+      gpu_release(x);
+      gpu_release(w);
+      gpu_release(bias);
+      gpu_release(y);
+    }
+  }
 }
 
 }  // namespace

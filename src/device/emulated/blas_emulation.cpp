@@ -142,7 +142,18 @@ gpublasStatus_t gpublasLtMatmulAlgoGetHeuristic(gpublasLtHandle_t, gpublasLtMatm
       d->type != GPU_R_32F)
     return GPUBLAS_STATUS_INVALID_VALUE;
   results[0].algo.id = 0;
+  results[0].workspaceSize = 0;
   *found = 1;
+  return GPUBLAS_STATUS_SUCCESS;
+}
+
+gpublasStatus_t gpublasLtMatmulAlgoCheck(gpublasLtHandle_t handle, gpublasLtMatmulDesc_t desc,
+                                         gpublasLtMatrixLayout_t a, gpublasLtMatrixLayout_t b,
+                                         gpublasLtMatrixLayout_t c, gpublasLtMatrixLayout_t d,
+                                         const gpublasLtMatmulAlgo_t* algo, gpublasLtMatmulHeuristicResult_t* result) {
+  int found = 0;
+  const gpublasStatus_t status = gpublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, nullptr, 1, result, &found);
+  if (status != GPUBLAS_STATUS_SUCCESS || algo->id != result->algo.id) return GPUBLAS_STATUS_INVALID_VALUE;
   return GPUBLAS_STATUS_SUCCESS;
 }
 

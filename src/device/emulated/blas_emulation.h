@@ -34,6 +34,7 @@ struct gpublasLtMatmulAlgo_t {
 };
 struct gpublasLtMatmulHeuristicResult_t {
   gpublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
 };
 
 gpublasStatus_t gpublasLtCreate(gpublasLtHandle_t* handle);
@@ -59,6 +60,12 @@ gpublasStatus_t gpublasLtMatmulAlgoGetHeuristic(gpublasLtHandle_t handle, gpubla
                                                 gpublasLtMatrixLayout_t c, gpublasLtMatrixLayout_t d,
                                                 gpublasLtMatmulPreference_t pref, int requested,
                                                 gpublasLtMatmulHeuristicResult_t* results, int* found);
+// Whether algo runs the product these descriptors describe (the emulation's one algorithm runs
+// every product whose shapes agree), and the workspace it needs there.
+gpublasStatus_t gpublasLtMatmulAlgoCheck(gpublasLtHandle_t handle, gpublasLtMatmulDesc_t desc,
+                                         gpublasLtMatrixLayout_t a, gpublasLtMatrixLayout_t b,
+                                         gpublasLtMatrixLayout_t c, gpublasLtMatrixLayout_t d,
+                                         const gpublasLtMatmulAlgo_t* algo, gpublasLtMatmulHeuristicResult_t* result);
 // D = alpha · op(A) · op(B) + beta · C [+ bias per row of D], for each matrix of the batch.
 gpublasStatus_t gpublasLtMatmul(gpublasLtHandle_t handle, gpublasLtMatmulDesc_t desc, const void* alpha, const void* A,
                                 gpublasLtMatrixLayout_t a, const void* B, gpublasLtMatrixLayout_t b, const void* beta,

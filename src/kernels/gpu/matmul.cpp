@@ -56,29 +56,15 @@ struct Plan {
   gpublasLtMatmulDesc_t desc;
   gpublasLtMatrixLayout_t la, lb, ld;
   gpublasLtMatmulAlgo_t algo;
+  // False when a batch was to run one matrix's algorithm and the library cannot run it batched:
+  // the matrices then go one at a time.
+  bool batched = true;
 };
-using PlanKey = std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool>;
+using PlanKey =
+    std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool, bool>;
 
-Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, Operand A, Operand B,
-               int ldd, long long stride_d, int count, bool bias) {
-  Plan p;
-  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&p.desc, GPUBLAS_COMPUTE_32F, GPU_R_32F));
-  const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-  const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
-  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.la, operands, trans_a ? k : m, trans_a ? m : k, A.ld));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.lb, operands, trans_b ? n : k, trans_b ? k : n, B.ld));
-  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.ld, GPU_R_32F, m, n, ldd));
-  if (count > 1) {
-    const std::pair<gpublasLtMatrixLayout_t, long long> layouts[] = {{p.la, A.stride}, {p.lb, B.stride}, {p.ld, stride_d}};
-    for (const auto& [layout, stride] : layouts) {
-      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                                      sizeof stride));
-    }
-  }
+// The heuristic's first algorithm for the product the layouts describe now.
+gpublasLtMatmulAlgo_t first_algorithm(const Plan& p, int m, int n, int k) {
   gpublasLtMatmulPreference_t pref;
   GPUBLAS_CHECK(gpublasLtMatmulPreferenceCreate(&pref));
   GPUBLAS_CHECK(gpublasLtMatmulPreferenceSetAttribute(pref, GPUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
@@ -89,21 +75,68 @@ Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, in
                                                 &found));
   gpublasLtMatmulPreferenceDestroy(pref);
   ANVIL_CHECK(found > 0, "the GPU BLAS has no algorithm for a {}x{}x{} matrix product", m, n, k);
-  p.algo = heuristic.algo;
+  return heuristic.algo;
+}
+
+// algo_of_one: a batch runs the algorithm the heuristic picks for one of its matrices, so that
+// each matrix gets the bits a product of it alone gets (the library's batched kernels run each
+// matrix's tiles as the single product does; test_gpu_matmul checks it on the hardware).
+Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, Operand A, Operand B,
+               int ldd, long long stride_d, int count, bool bias, bool algo_of_one) {
+  Plan p;
+  GPUBLAS_CHECK(gpublasLtMatmulDescCreate(&p.desc, GPUBLAS_COMPUTE_32F, GPU_R_32F));
+  const auto op_a = trans_a ? GPUBLAS_OP_T : GPUBLAS_OP_N, op_b = trans_b ? GPUBLAS_OP_T : GPUBLAS_OP_N;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  const gpublasLtEpilogue_t epilogue = bias ? GPUBLASLT_EPILOGUE_BIAS : GPUBLASLT_EPILOGUE_DEFAULT;
+  GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.la, operands, trans_a ? k : m, trans_a ? m : k, A.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.lb, operands, trans_b ? n : k, trans_b ? k : n, B.ld));
+  GPUBLAS_CHECK(gpublasLtMatrixLayoutCreate(&p.ld, GPU_R_32F, m, n, ldd));
+  const bool one_first = algo_of_one && count > 1;
+  if (one_first) p.algo = first_algorithm(p, m, n, k);
+  if (count > 1) {
+    const std::pair<gpublasLtMatrixLayout_t, long long> layouts[] = {{p.la, A.stride}, {p.lb, B.stride}, {p.ld, stride_d}};
+    for (const auto& [layout, stride] : layouts) {
+      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+      GPUBLAS_CHECK(gpublasLtMatrixLayoutSetAttribute(layout, GPUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                      sizeof stride));
+    }
+  }
+  if (!one_first) {
+    p.algo = first_algorithm(p, m, n, k);
+    return p;
+  }
+  gpublasLtMatmulHeuristicResult_t check{};
+  p.batched = gpublasLtMatmulAlgoCheck(blas().handle, p.desc, p.la, p.lb, p.ld, p.ld, &p.algo, &check) ==
+                  GPUBLAS_STATUS_SUCCESS &&
+              check.workspaceSize <= kWorkspaceBytes;
   return p;
 }
 
+size_t element_bytes(gpublasDataType_t type) { return type == GPU_R_32F ? sizeof(float) : sizeof(uint16_t); }
+
 // D (m,n) = alpha·op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], column-major, A and
-// B of type `operands`, D fp32, count times at the given strides.
+// B of type `operands`, D fp32, count times at the given strides; with algo_of_one, each of the
+// count products the bits it has alone (make_plan).
 void gemm(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, float alpha, Operand A,
-          Operand B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias) {
+          Operand B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias,
+          bool algo_of_one = false) {
   static std::map<PlanKey, Plan> plans;
   const PlanKey key{static_cast<int>(operands), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
-                    stride_d, count, bias != nullptr};
+                    stride_d, count, bias != nullptr, algo_of_one && count > 1};
   auto it = plans.find(key);
   if (it == plans.end())
-    it = plans.emplace(key, make_plan(operands, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias)).first;
+    it = plans.emplace(key, make_plan(operands, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias,
+                                      algo_of_one)).first;
   const Plan& p = it->second;
+  if (!p.batched) {
+    const size_t bytes = element_bytes(operands);
+    for (int i = 0; i < count; i++)
+      gemm(operands, trans_a, trans_b, m, n, k, alpha, {static_cast<const char*>(A.p) + i * A.stride * bytes, A.ld, 0},
+           {static_cast<const char*>(B.p) + i * B.stride * bytes, B.ld, 0}, beta, D + i * stride_d, ldd, 0, 1, bias);
+    return;
+  }
   Blas& b = blas();
   if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   GPUBLAS_CHECK(gpublasLtMatmul(b.handle, p.desc, &alpha, A.p, p.la, B.p, p.lb, &beta, D, p.ld, D, p.ld, &p.algo,
@@ -219,15 +252,21 @@ std::string matmul_backend_description() {
                      g.multiprocessors, g.total_bytes / 1073741824.0, gpu_backend_description());
 }
 
+namespace {
+
 // Row-major (N,C) is column-major (C,N): out^T (OC,N) = W (OC,C) · inp^T (C,N), W being
-// column-major (C,OC), hence transposed.
-void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC, bool accumulate) {
+// column-major (C,OC), hence transposed. B sequences of T rows, each with the bits of a product
+// of its rows alone (one batched product running one sequence's algorithm).
+void forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int B, int T,
+             int C, int OC, bool accumulate) {
   const ComputeDtype d = ctx.operand_dtype();
+  const int N = B * T;
   const Operand w = weight_operand(ctx, scratch_a, weight, OC, C), x = operand(scratch_b, d, inp, N, C, C, N);
+  const Operand xs{x.p, x.ld, static_cast<long long>(T) * x.ld};
   const int M = padded_outputs(d, OC);
   if (M == OC)
-    return gemm(data_type(d), true, false, OC, N, C, 1.0f, w, x, accumulate ? 1.0f : 0.0f, out, OC, 0, 1, bias);
+    return gemm(data_type(d), true, false, OC, T, C, 1.0f, w, xs, accumulate ? 1.0f : 0.0f, out, OC,
+                static_cast<long long>(T) * OC, B, bias, true);
   ANVIL_CHECK(!accumulate, "matmul_forward: accumulating into {} outputs, which 16-bit products pad to {}, is not "
               "built", OC, M);
   // Padded outputs: the product into rows of M in scratch (the bias padded with zeros), then one
@@ -240,8 +279,21 @@ void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const floa
     bias_m = padded;
   }
   auto* aligned = static_cast<float*>(scratch_out.get(static_cast<size_t>(N) * M * sizeof(float)));
-  gemm(data_type(d), true, false, M, N, C, 1.0f, w, x, 0.0f, aligned, M, 0, 1, bias_m);
+  gemm(data_type(d), true, false, M, T, C, 1.0f, w, xs, 0.0f, aligned, M, static_cast<long long>(T) * M, B, bias_m,
+       true);
   copy_columns(out, OC, 0, aligned, M, 0, N, OC, 1);
+}
+
+}  // namespace
+
+void matmul_forward(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC, bool accumulate) {
+  forward(ctx, out, inp, weight, bias, 1, N, C, OC, accumulate);
+}
+
+void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, const float* weight, const float* bias,
+                              int B, int T, int C, int OC) {
+  forward(ctx, out, inp, weight, bias, B, T, C, OC, false);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,

@@ -19,7 +19,6 @@
 #include "kernels/columns.h"
 #include "kernels/gpu/internal.h"
 #include "kernels/matmul.h"
-#include "kernels/residual.h"
 
 namespace anvil::gpu {
 
@@ -309,20 +308,10 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   if (dinp)
     gemm(data_type(d), false, false, C, N, K, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), g,
          accumulate_dinp ? 1.0f : 0.0f, dinp, C, 0, 1, nullptr);
-  // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC). Under padding (aligned_ld says why) the
-  // product runs over the K padded outputs into scratch (their columns of dout are zero), and its
-  // first OC are added to dweight: over OC itself the library falls back to Ampere's kernels
-  // (GPT-2's head: 1.76 ms a step on an H100).
-  if (dweight) {
-    const Operand x = operand(scratch_a, d, inp, N, C, C, N);
-    if (K == OC) {
-      gemm(data_type(d), false, true, C, OC, N, 1.0f, x, g, 1.0f, dweight, C, 0, 1, nullptr);
-    } else {
-      auto* padded = static_cast<float*>(scratch_out.get(static_cast<size_t>(C) * K * sizeof(float)));
-      gemm(data_type(d), false, true, C, K, N, 1.0f, x, g, 0.0f, padded, C, 0, 1, nullptr);
-      residual_forward(dweight, dweight, padded, static_cast<long>(C) * OC);
-    }
-  }
+  // dweight^T (C,OC) += inp^T (C,N) · dout (N,OC)
+  if (dweight)
+    gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C, N), g, 1.0f, dweight, C, 0, 1,
+         nullptr);
   if (dbias) column_sums_accumulate(dbias, dout, ld_dout, N, OC);
 }
 

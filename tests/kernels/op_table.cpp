@@ -636,8 +636,7 @@ void optimizer_cases(std::vector<OpCase>& cases) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n, e, max_abs);
     }});
-    // Elements after the last whole quad (the GPU's 16-byte path, then one at a time), and arrays
-    // starting off 16-byte alignment (one at a time throughout).
+    // A length that leaves a partial last block, and arrays starting off 16-byte alignment.
     cases.push_back({case_name("fixed_point_accumulate", dims, "tail"), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n - 3, e,

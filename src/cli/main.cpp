@@ -402,7 +402,9 @@ Under mpirun on T·P ranks with distributed.tensor_parallel=T and distributed.pi
 the ranks share one copy of the model (T ranks share each stage's blocks, P stages in the 1F1B
 order) and rank 0 reports the copy's speed, every rank's memory and the pipeline's bubble.
   --steps N     timed steps (default 10)
-  --warmup N    untimed steps first (default 2)
+  --warmup N    untimed steps first (default 2; under deterministic_mode an early step can run
+                twice when its gradients outgrow their fixed-point scale: the report says how
+                many timed steps did, and a larger --warmup leaves them out)
   --profile     also print the time per op over the timed steps (every op timed: on the GPU by
                 events on its stream), largest first, and what the step spent outside the ops
 
@@ -994,6 +996,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::printf("  %-32s %9.2f ms %6.1f%%\n", "(outside the ops)", r.step_ms - in_ops, 100 * (r.step_ms - in_ops) / r.step_ms);
   }
   std::printf("tokens/s:        %.1f\n", r.tokens_per_s);
+  if (r.steps_run_again > 0)
+    std::printf("                 (%d of the %d timed steps ran twice: their gradients outgrew the fixed-point scale; "
+                "a larger --warmup leaves them out)\n", r.steps_run_again, steps);
   std::printf("achieved:        %.1f GFLOP/s\n", r.gflops);
   std::printf("measured peak:   %.1f GFLOP/s (%s, %s matrix products)\n", r.peak_gflops, r.peak_source.c_str(),
               choice_name(cfg.precision));

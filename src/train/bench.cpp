@@ -95,7 +95,11 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   const bool gpu = cfg.kernels == KernelImpl::kGpu;
   if (gpu) gpu_profiler_start();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; i++) r.final_loss = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i).loss;
+  for (int i = 0; i < steps; i++) {
+    const StepResult s = step.run(tokens.data(), targets.data(), GB, T, warmup_steps + i);
+    r.final_loss = s.loss;
+    r.steps_run_again += s.ran_again;
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (gpu) gpu_profiler_stop();
   if (profile) r.profile = op_profile_stop();
@@ -140,7 +144,7 @@ std::string bench_train_json(const TrainConfig& cfg, const BenchTrainResult& r, 
       {"model_states_mib", r.model_states_mib}, {"frozen_base_mib", r.frozen_base_mib},
       {"gpu_peak_mib", r.gpu_peak_mib},
       {"microbatch", r.microbatch}, {"tensor_parallel", r.tensor_parallel}, {"pipeline_parallel", r.pipeline_parallel},
-      {"bubble", r.bubble}, {"steps", steps}, {"seq_len", cfg.max_seq_len},
+      {"bubble", r.bubble}, {"steps", steps}, {"steps_run_again", r.steps_run_again}, {"seq_len", cfg.max_seq_len},
       {"batch", cfg.global_train_batch_size}, {"precision", choice_name(cfg.precision)},
       {"kernels", choice_name(cfg.kernels)},
       {"model",

@@ -25,6 +25,8 @@ struct BenchTrainResult {
   int ranks = 1, rank = 0;
   int tensor_parallel = 1, pipeline_parallel = 1;
   double bubble = 0;  // under pipeline stages: the share of a step's microbatch slots a stage idles
+  // Timed steps that ran twice (StepResult::ran_again), which the speed above includes.
+  int steps_run_again = 0;
   struct RankMemory {
     double peak_rss_mib, activation_mib, model_states_mib;
   };

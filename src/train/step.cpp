@@ -116,6 +116,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
     }
     outcome = dp_.finish_backward();
     if (outcome != DataParallel::Backward::kRunAgain) break;
+    r.ran_again = true;
     log_info("step {}: gradients outgrew their fixed-point scale; running the step again at the new scale", t);
   }
   if (pipeline_) {  // the loss is the last stage's

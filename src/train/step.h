@@ -35,6 +35,8 @@ struct StepResult {
   // A mixture of experts' (Model::MoeStats): the balancing loss training adds to the loss above (mean over
   // the target tokens, as the loss), and the fraction of the tokens' expert choices skipped.
   double balance_loss = 0, skipped_choices = 0;
+  // Deterministic training: the gradients outgrew their fixed-point scale, so the step ran twice.
+  bool ran_again = false;
 };
 
 class TrainStep {

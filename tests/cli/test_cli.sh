@@ -77,6 +77,17 @@ if grep -q "^  matmul_backward " "$tmp/profile.out" && grep -q "^  fixed_point_a
 else
   fail "bench train --profile: $(cat "$tmp/profile.out")"
 fi
+# bench train counts the timed steps that ran twice under deterministic_mode (gradients that
+# outgrew their fixed-point scale: a high learning rate without warmup makes them grow early).
+"$anvil" bench train "${tiny[@]}" optimizer.lr=0.1 scheduler.t_warmup=0ba --steps 6 --warmup 0 > "$tmp/rerun.out" 2>&1
+reran=$(grep -c 'gradients outgrew their fixed-point scale; running the step again' "$tmp/rerun.out" || true)
+if [ "${reran:-0}" -ge 1 ] && grep -q "\"steps_run_again\":${reran}," "$tmp/rerun.out" \
+    && grep -q "(${reran} of the 6 timed steps ran twice" "$tmp/rerun.out"; then
+  pass "bench train: ${reran} of 6 timed steps ran twice, and the report says so"
+else
+  fail "bench train's count of steps run twice: $(cat "$tmp/rerun.out")"
+fi
+
 # bench train on 2 ranks sharing a model (tensor parallelism): the copy's speed and each rank's
 # memory, the activations about half of one process's.
 wide=(model.d_model=512 model.n_heads=2 model.vocab_size=4200)

@@ -52,12 +52,12 @@ size_t Decoder::norm_params(int width) const {
   return static_cast<size_t>(width ? width : cfg_.d_model) * (has_norm_bias(cfg_) ? 2 : 1);
 }
 
-AttentionHeads Decoder::attention_heads(int l, int b0) const {
+AttentionHeads Decoder::attention_heads(int l) const {
   AttentionHeads a{cfg_.n_heads, cfg_.kv_heads(), cfg_.head_size()};
   a.alibi = cfg_.positions == PositionKind::kAlibi;
   a.window = cfg_.sliding_window;
   a.alibi_bias_max = cfg_.alibi_bias_max;
-  a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, b0);
+  a.dropout = dropout_site(1 + l, DropoutKind::kAttention, cfg_.attn_pdrop, 0);
   a.operands = dtype();  // amp's q, k, v and their gradients are 16-bit values: docs/precision.md
   if (cfg_.tensor_share()) {
     a.first_head = cfg_.tensor_rank * cfg_.n_heads;
@@ -1212,7 +1212,7 @@ void Decoder::forward_logits(const int32_t* tokens, int B, int T, const std::vec
 
 void Decoder::attend(int l, const BlockActs& x) {
   if (!prefix_.after)
-    return attention_forward(kernels(), x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l, 0));
+    return attention_forward(kernels(), x.atty, x.att_lse, x.qkv, positions_op(0), B_, T_, attention_heads(l));
   // Each sequence after the prefix's rows, attention over the whole for the queries after the
   // prefix (those of the prefix gave their outputs in keep_prefix), and those rows of its output.
   const Widths w(cfg_);
@@ -1225,7 +1225,7 @@ void Decoder::attend(int l, const BlockActs& x) {
     op_copy(kernels(), row + static_cast<size_t>(P) * w.qkv, x.qkv + static_cast<size_t>(b) * T_ * w.qkv,
             static_cast<size_t>(T_) * w.qkv * sizeof(float));
   }
-  AttentionHeads heads = attention_heads(l, 0);
+  AttentionHeads heads = attention_heads(l);
   heads.first_query = P;
   attention_forward(kernels(), prefix_.joined_atty.data(), prefix_.joined_lse.data(), joined, nullptr, B_, J, heads);
   for (int b = 0; b < B_; b++)
@@ -1416,7 +1416,8 @@ void Decoder::block_backward(int l) {
     return gathered_;
   };
   // The attention output's gradient, rows of w.q from the microbatch's first: the grains' parts
-  // of dsmall_ that the grains' MLP backward has used by then.
+  // of dsmall_ that the grains' MLP backward has used by then (w.q <= w.dsmall, so a grain's
+  // rows here end before the next grain's rows of dsmall_ start).
   float* datty = dsmall_;
   // The grains' first halves (the MLP, its norm, the attention output's product), attention's
   // backward over the whole microbatch, then the grains' second halves. Attention sums nothing
@@ -1445,7 +1446,7 @@ void Decoder::block_backward(int l) {
     dproj = branch_grad(grain_rows(dresidual_, b, n), 1 + l, DropoutKind::kAttentionOutput, b, n);
     linear_backward(l, linear(p, BlockProduct::kAttnOut), datty + r * w.q, dproj, x.atty + r * w.q, adapters, b, n);
   }
-  attention_backward(kernels(), dqkv_, datty, x.qkv, x.atty, x.att_lse, positions_op(0), B, T, attention_heads(l, 0));
+  attention_backward(kernels(), dqkv_, datty, x.qkv, x.atty, x.att_lse, positions_op(0), B, T, attention_heads(l));
   round_to_dtype(kernels(), dqkv_, static_cast<long>(B) * T * w.qkv, dtype());
   if (cfg_.positions == PositionKind::kRope) {
     rope_backward(kernels(), dqkv_, positions_op(0), B, T, w.qkv, NH + cfg_.kv_heads(), cfg_.head_size(), cfg_.rope);

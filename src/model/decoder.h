@@ -402,8 +402,9 @@ class Decoder final : public Model {
   // dout and fch; both rounded to the compute dtype as they are written.
   void mlp_activation(float* out, const float* fch, int N);
   void mlp_activation_backward(float* dfc, const float* fch, const float* dout, int N);
-  // Layer l's attention (its dropout at sequence b0 of the microbatch when training).
-  AttentionHeads attention_heads(int l, int b0) const;
+  // Layer l's attention over the whole microbatch (its dropout keyed from the microbatch's first
+  // sequence when training).
+  AttentionHeads attention_heads(int l) const;
   // The dropout of a site (layer 0 the embeddings, 1 + l block l) at sequence b0 of the
   // microbatch: inactive outside forward_backward, or where the config's p is 0.
   DropoutSite dropout_site(int layer, DropoutKind kind, float p, int b0) const;
@@ -503,9 +504,9 @@ class Decoder final : public Model {
   MatmulContext matmul_;  // the operand dtype (the compute dtype) and the held LM head
   bool lm_head_held_rounded_ = false;  // amp, and matmul_.hold_rounds_weight(): no copy of unit 0
   Acts acts_{};
-  // Gradients of activations: dresidual_ for the microbatch's rows held (held_rows), dsmall_ for
-  // the microbatch; dbig_ (the activation's output), dfc_ (its input: dbig_ itself for GELU, in
-  // place) and dqkv_ for one grain (the blocks' backward works a grain at a time); demb_rows_ the
+  // Gradients of activations: dresidual_ for the microbatch's rows held (held_rows), dsmall_ and
+  // dqkv_ for the microbatch; dbig_ (the activation's output) and dfc_ (its input: dbig_ itself
+  // for GELU, in place) for one grain (the blocks' backward works a grain at a time); demb_rows_ the
   // token embedding's gradient for one sequence, a row per distinct token of it (touched_rows_);
   // gathered_ (above) under sequence parallelism; dqk_ a QK norm's input gradient for a grain.
   float *dresidual_ = nullptr, *dbig_ = nullptr, *dfc_ = nullptr, *dqkv_ = nullptr, *dsmall_ = nullptr,

@@ -14,6 +14,7 @@
 #include "compare.h"
 #include "core/dtype.h"
 #include "device/device.h"
+#include "kernels/gpu/internal.h"
 #include "kernels/matmul.h"
 #include "kernels/round.h"
 
@@ -98,6 +99,16 @@ TEST(GpuMatmul, SequencesHaveTheBitsOfTheirOwnProducts) {
             << B << " sequences of " << s.T << "x" << s.C << " -> " << s.OC << " in " << dtype_name(d)
             << ": not each sequence's own bits";
       }
+      // The way taken where the library cannot batch them: a sequence at a time.
+      gpu::matmul_split_batches(true);
+      gpu_copy_to_device(y, std::vector<float>(y_n, std::numeric_limits<float>::quiet_NaN()).data(),
+                         y_n * sizeof(float));
+      gpu::matmul_forward_sequences(ctx, y, x, w, b, kMaxB, s.T, s.C, s.OC);
+      gpu::matmul_split_batches(false);
+      std::vector<float> split(y_n);
+      gpu_copy_to_host(split.data(), y, y_n * sizeof(float));
+      EXPECT_EQ(0, std::memcmp(split.data(), alone.data(), y_n * sizeof(float)))
+          << "one at a time, " << s.T << "x" << s.C << " -> " << s.OC << " in " << dtype_name(d);
       gpu_release(x);
       gpu_release(w);
       gpu_release(bias);

@@ -7,12 +7,14 @@
 // the same algorithm from the heuristic, so results repeat bit for bit run to run.
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "device/blas_runtime.h"
 #include "device/device.h"
 #include "device/stream.h"
@@ -56,9 +58,10 @@ struct Plan {
   gpublasLtMatmulDesc_t desc;
   gpublasLtMatrixLayout_t la, lb, ld;
   gpublasLtMatmulAlgo_t algo;
-  // False when a batch was to run one matrix's algorithm and the library cannot run it batched:
-  // the matrices then go one at a time.
+  // False when a batch was to run one matrix's algorithm and the library cannot run it batched,
+  // or ran it with other bits than each matrix's own product: the matrices then go one at a time.
   bool batched = true;
+  bool checked = false;  // the batched bits compared with each matrix's own product's
 };
 using PlanKey =
     std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool, bool>;
@@ -80,7 +83,8 @@ gpublasLtMatmulAlgo_t first_algorithm(const Plan& p, int m, int n, int k) {
 
 // algo_of_one: a batch runs the algorithm the heuristic picks for one of its matrices, so that
 // each matrix gets the bits a product of it alone gets (the library's batched kernels run each
-// matrix's tiles as the single product does; test_gpu_matmul checks it on the hardware).
+// matrix's tiles as the single product does: gemm checks it on a plan's first use, and
+// test_gpu_matmul on the hardware).
 Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, int k, Operand A, Operand B,
                int ldd, long long stride_d, int count, bool bias, bool algo_of_one) {
   Plan p;
@@ -116,6 +120,23 @@ Plan make_plan(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, in
 
 size_t element_bytes(gpublasDataType_t type) { return type == GPU_R_32F ? sizeof(float) : sizeof(uint16_t); }
 
+bool split_batches = false;  // matmul_split_batches
+
+// The matrices of D (each m of its n columns, ldd apart, stride_d between matrices) in host
+// memory, in order.
+std::vector<float> written(const float* D, int m, int n, int ldd, long long stride_d, int count) {
+  std::vector<float> all(static_cast<size_t>((count - 1) * stride_d + static_cast<long long>(n - 1) * ldd + m)),
+      out;
+  gpu_copy_to_host(all.data(), D, all.size() * sizeof(float));
+  out.reserve(static_cast<size_t>(count) * n * m);
+  for (int i = 0; i < count; i++)
+    for (int j = 0; j < n; j++) {
+      const float* column = all.data() + i * stride_d + static_cast<long long>(j) * ldd;
+      out.insert(out.end(), column, column + m);
+    }
+  return out;
+}
+
 // D (m,n) = alpha·op(A) (m,k) · op(B) (k,n) + beta·D [+ bias (m) per column], column-major, A and
 // B of type `operands`, D fp32, count times at the given strides; with algo_of_one, each of the
 // count products the bits it has alone (make_plan).
@@ -123,24 +144,45 @@ void gemm(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, 
           Operand B, float beta, float* D, int ldd, long long stride_d, int count, const float* bias,
           bool algo_of_one = false) {
   static std::map<PlanKey, Plan> plans;
+  const bool one_each = algo_of_one && count > 1;
+  // A single matrix's strides mean nothing: its plan is every single product's of that shape.
+  if (count == 1) A.stride = B.stride = stride_d = 0;
   const PlanKey key{static_cast<int>(operands), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
-                    stride_d, count, bias != nullptr, algo_of_one && count > 1};
+                    stride_d, count, bias != nullptr, one_each};
   auto it = plans.find(key);
   if (it == plans.end())
     it = plans.emplace(key, make_plan(operands, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias,
                                       algo_of_one)).first;
-  const Plan& p = it->second;
-  if (!p.batched) {
-    const size_t bytes = element_bytes(operands);
+  Plan& p = it->second;
+  const size_t bytes = element_bytes(operands);
+  auto one_at_a_time = [&](float* out) {
     for (int i = 0; i < count; i++)
       gemm(operands, trans_a, trans_b, m, n, k, alpha, {static_cast<const char*>(A.p) + i * A.stride * bytes, A.ld, 0},
-           {static_cast<const char*>(B.p) + i * B.stride * bytes, B.ld, 0}, beta, D + i * stride_d, ldd, 0, 1, bias);
-    return;
-  }
+           {static_cast<const char*>(B.p) + i * B.stride * bytes, B.ld, 0}, beta, out + i * stride_d, ldd, 0, 1,
+           bias);
+  };
+  if (one_each && (!p.batched || split_batches)) return one_at_a_time(D);
   Blas& b = blas();
   if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   GPUBLAS_CHECK(gpublasLtMatmul(b.handle, p.desc, &alpha, A.p, p.la, B.p, p.lb, &beta, D, p.ld, D, p.ld, &p.algo,
                                 b.workspace, kWorkspaceBytes, gpu_stream()));
+  if (!one_each || p.checked) return;
+  // The library's check says that the algorithm runs the batch, not that each matrix gets the
+  // bits of its own product: on first use, the batch's output against the products one at a
+  // time on the same operands (outputs written, not accumulated).
+  ANVIL_CHECK(beta == 0.0f, "internal: a batch of products with each one's own bits accumulated into its output");
+  p.checked = true;
+  const size_t extent = static_cast<size_t>((count - 1) * stride_d + static_cast<long long>(n - 1) * ldd + m);
+  auto* alone = static_cast<float*>(gpu_alloc(extent * sizeof(float)));  // once per shape: not kept
+  one_at_a_time(alone);
+  const std::vector<float> together = written(D, m, n, ldd, stride_d, count),
+                           apart = written(alone, m, n, ldd, stride_d, count);
+  gpu_release(alone);
+  if (std::memcmp(together.data(), apart.data(), together.size() * sizeof(float)) == 0) return;
+  p.batched = false;
+  log_warn("the GPU BLAS gave a batch of {} {}x{}x{} products other bits than each product alone: they run one at "
+           "a time", count, m, n, k);
+  one_at_a_time(D);
 }
 
 gpublasDataType_t data_type(ComputeDtype d) {
@@ -295,6 +337,8 @@ void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, 
                               int B, int T, int C, int OC) {
   forward(ctx, out, inp, weight, bias, B, T, C, OC, false);
 }
+
+void matmul_split_batches(bool split) { split_batches = split; }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {

@@ -138,6 +138,22 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   ANVIL_DISPATCH(ctx.impl(), matmul_backward, ctx, dinp, dweight, dbias, dout, ld_dout, inp, weight, N, C, OC,
                  accumulate_dinp);
 }
+void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) {
+  ANVIL_CHECK(B <= 1 || grads_stride >= (dweight ? static_cast<size_t>(OC) * C : static_cast<size_t>(OC)),
+              "matmul_backward_sequences: sequences' {}x{} gradients {} apart overlap", OC, C, grads_stride);
+#if defined(ANVIL_GPU)
+  if (ctx.impl() == KernelImpl::kGpu) {
+    const OpProfileScope profile_scope("matmul_backward", ctx.impl());  // the same products, batched
+    return gpu::matmul_backward_sequences(ctx, dinp, dweight, dbias, grads_stride, dout, inp, weight, B, T, C, OC);
+  }
+#endif
+  for (int b = 0; b < B; b++) {
+    const size_t rows = static_cast<size_t>(b) * T, at = b * grads_stride;
+    matmul_backward(ctx, dinp ? dinp + rows * C : nullptr, dweight ? dweight + at : nullptr, dbias ? dbias + at : nullptr,
+                    dout + rows * OC, OC, inp + rows * C, weight, T, C, OC, false);
+  }
+}
 namespace {
 void check_rope_shape(int row_stride, int n_heads, int HS) {
   ANVIL_CHECK(HS % 2 == 0 && n_heads * HS <= row_stride, "rope: {} heads of {} channels (an even number) must fit "
@@ -254,8 +270,11 @@ bool scale_values_check_finite(KernelImpl impl, float* x, size_t n, float coef) 
   ANVIL_DISPATCH(impl, scale_values_check_finite, x, n, coef);
 }
 
-void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, int s, float* max_abs) {
-  ANVIL_DISPATCH(impl, fixed_point_accumulate, acc, x, n, s, max_abs);
+void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, int copies, size_t stride, int s,
+                            float* max_abs) {
+  ANVIL_CHECK(copies >= 1 && (copies == 1 || stride >= n), "fixed_point_accumulate: {} copies of {} values {} apart",
+              copies, n, stride);
+  ANVIL_DISPATCH(impl, fixed_point_accumulate, acc, x, n, copies, stride, s, max_abs);
 }
 void fixed_point_accumulate_rows(KernelImpl impl, int64_t* acc, float* x, const int32_t* rows, size_t n_rows,
                                  size_t row_len, int s, float* max_abs) {

@@ -79,6 +79,14 @@ void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, 
 // backward goes a vocabulary chunk at a time, its input gradient accumulating over the chunks.
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp);
+// matmul_backward of B sequences of T rows (dout's rows OC apart), each sequence forming its own
+// parameter gradient: sequence b's rows of dinp = dout · weight (dinp may be null), and
+// dweight + b·grads_stride (OC,C) += its doutᵀ · inp, dbias + b·grads_stride (OC) += its column
+// sums (either may be null). Each the bits matmul_backward of that sequence alone gives, whatever B
+// (microbatch-invariant training's backward): on the GPU batched products that run the algorithm
+// the library picks for one sequence (as matmul_forward_sequences), elsewhere a sequence at a time.
+void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC);
 
 // The CPU's products sum k in blocks of this many (kernels/cpu/gemm.h), each added to the output
 // in order: a product split along k at multiples of it, the parts accumulated in order, has
@@ -112,6 +120,7 @@ ANVIL_CONTEXT_OP_IMPLEMENTATIONS(matmul_backward)
 
 namespace gpu {
 decltype(::anvil::matmul_forward_sequences) matmul_forward_sequences;
+decltype(::anvil::matmul_backward_sequences) matmul_backward_sequences;
 }
 
 // The backend queries behind matmul_peak_gflops and matmul_backend_description.

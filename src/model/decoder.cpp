@@ -206,7 +206,7 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
     const bool expert_weight = i >= 14;  // fc's and fcproj's pairs
     largest = std::max(largest, (block_sizes_[i] + block_sizes_[i + 1]) / (expert_weight ? experts : 1));
   }
-  return largest;
+  return (grain_spans(grain_sequences()) - 1) * sequence_span_stride(largest) + largest;
 }
 
 Decoder::BlockActs Decoder::block_acts(int l) const {
@@ -611,7 +611,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
     const size_t saves = q.save + r * q.per_position;
     qk_part_rows(q, dnormed, dqkv, n, true);
     if (!spans) op_zero(kernels(), dqk_, static_cast<size_t>(N) * q.width * sizeof(float));
-    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span);
+    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at, span, 1);
     const float *raw = x.qk_raw + q.raw + r * q.width, *mean = x.qk_mean + saves, *rstd = x.qk_rstd + saves;
     if (spans) {
       // Every rank runs the whole rows' backward alike (the weight's gradient is one process's on
@@ -629,7 +629,7 @@ void Decoder::qk_norm_backward(int l, const BlockActs& x, const Block& p, int b,
       chained_norm_backward(all_ranks_, dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
     } else
       norm_backward(dqk_, dw, dnormed, raw, weight, mean, rstd, N * q.per_position, q.norm);
-    if (!frozen()) units_in_stage_.grain_done(1 + l, at, span);
+    if (!frozen()) units_in_stage_.grain_done(1 + l, at, span, 1);
     qk_part_rows(q, dqk_, dqkv, n, false);
   }
   round_to_dtype(kernels(), dqkv, static_cast<long>(N) * w.qkv, dtype());
@@ -668,10 +668,15 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     lora_backward(l, f.product, dinp, dout, f.out, inp, adapters, b, n);
   } else {
     const bool chained = cfg_.tensor_share() && column_parallel(f.product);
-    float* dw = units_in_stage_.grads(1 + l, f.offset, f.span());
-    matmul_backward(matmul_, chained ? nullptr : dinp, dw, f.bias ? dw + (f.bias - f.weight) : nullptr, dout, f.out,
-                    inp, f.weight, N, f.in, f.out, false);
-    units_in_stage_.grain_done(1 + l, f.offset, f.span());
+    const int spans = grain_spans(n);
+    float* dw = units_in_stage_.grads(1 + l, f.offset, f.span(), spans);
+    float* db = f.bias ? dw + (f.bias - f.weight) : nullptr;
+    if (spans > 1)
+      matmul_backward_sequences(matmul_, dinp, dw, db, sequence_span_stride(f.span()), dout, inp, f.weight, n, T_,
+                                f.in, f.out);
+    else
+      matmul_backward(matmul_, chained ? nullptr : dinp, dw, db, dout, f.out, inp, f.weight, N, f.in, f.out, false);
+    units_in_stage_.grain_done(1 + l, f.offset, f.span(), spans);
     if (chained) chained_input_grad(f, dinp, dout, b * T_, N);
   }
   round_to_dtype(kernels(), dinp, static_cast<long>(N) * f.in, dtype());
@@ -1036,7 +1041,7 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
     // The branch's output gradient, scaled; through B (its gradient, and u's); through A.
     lora_delta_backward(kernels(), lora_v_, dout + m.row0, width, N, m.rows, cfg_.lora.scaling());
     round_to_dtype(kernels(), lora_v_, static_cast<long>(N) * m.rows, dtype());
-    float* dA = units_in_stage_.grads(l, lora_offset_[k], span);
+    float* dA = units_in_stage_.grads(l, lora_offset_[k], span, 1);
     const float* u = lora_u(l, static_cast<int>(k)) + static_cast<size_t>(b) * T * r;
     matmul_backward(matmul_, lora_du_, dA + a_numel, nullptr, lora_v_, m.rows, u, Bm, N, r, m.rows, false);
     round_to_dtype(kernels(), lora_du_, static_cast<long>(N) * r, dtype());
@@ -1052,7 +1057,7 @@ void Decoder::lora_backward(int l, BlockProduct product, float* dinp, const floa
       dropout_apply(kernels(), lora_dx_, lora_dx_, n, n_in, drop);
       residual_forward(kernels(), dinp, dinp, lora_dx_, N * static_cast<long>(m.in));
     }
-    units_in_stage_.grain_done(l, lora_offset_[k], span);
+    units_in_stage_.grain_done(l, lora_offset_[k], span, 1);
   }
 }
 
@@ -1353,10 +1358,10 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int width = std::min(chunk, V - v0);
       const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      float* dw = frozen() ? nullptr : units_in_stage_.grads(hu, at, count);
+      float* dw = frozen() ? nullptr : units_in_stage_.grads(hu, at, count, 1);
       matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
                       emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
-      if (!frozen()) units_in_stage_.grain_done(hu, at, count);
+      if (!frozen()) units_in_stage_.grain_done(hu, at, count, 1);
     }
     if (cut) chained_head_input_grad(emb, dsmall_ + r * C, b);
     round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
@@ -1368,12 +1373,12 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   op_zero(kernels(), dresidual_, sizeof(float) * held_rows(B * T).n * C);
   const float* last = block_output(L - 1);
   const float* lnf = hu == L + 1 ? head_unit_params : acquire_base(L + 1, L);
-  float* dlnf = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(L + 1, 0, norm_params());
+  float* dlnf = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(L + 1, 0, norm_params(), 1);
   for (int b = 0; b < B; b++) {
     const int r = b * T;
     norm_backward_rows(dresidual_, dlnf, dsmall_ + static_cast<size_t>(r) * C, last, lnf, a.lnf_mean, a.lnf_rstd, r,
                        r + T);
-    if (!frozen()) units_in_stage_.grain_done(L + 1, 0, norm_params());
+    if (!frozen()) units_in_stage_.grain_done(L + 1, 0, norm_params(), 1);
   }
   release_base(L + 1);
   if (!frozen()) units_in_stage_.grads_done(L + 1);
@@ -1404,9 +1409,13 @@ void Decoder::block_backward(int l) {
   // dresidual_.
   auto norm_grad = [&](int b, int n, const float* dout, const float* inp, const float* w, const float* mean,
                        const float* rstd) {
-    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params());
-    norm_backward_rows(dresidual_, dw, dout, inp, w, mean, rstd, b * T, (b + n) * T);
-    if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params());
+    const int spans = frozen() ? 1 : grain_spans(n), per_span = n / spans;
+    float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params(), spans);
+    for (int i = 0; i < spans; i++)
+      norm_backward_rows(dresidual_, dw + i * sequence_span_stride(norm_params()),
+                         dout + static_cast<size_t>(i) * per_span * rows * C, inp, w, mean, rstd,
+                         (b + i * per_span) * T, (b + (i + 1) * per_span) * T);
+    if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params(), spans);
   };
   // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:
   // under sequence parallelism gathered into gathered_, in use until the next call.
@@ -1511,9 +1520,9 @@ void Decoder::embedding_backward() {
     const DropoutSite emb_drop = dropout_site(0, DropoutKind::kEmbedding, cfg_.emb_pdrop, b);
     if (emb_drop.active()) dropout_apply(kernels(), dres, dres, 1, static_cast<long>(T) * C, emb_drop);
     if (cfg_.positions == PositionKind::kLearned) {
-      encoder_backward(kernels(), demb_rows_, units_in_stage_.grads(0, wpe_offset, rows * C), dres,
+      encoder_backward(kernels(), demb_rows_, units_in_stage_.grads(0, wpe_offset, rows * C, 1), dres,
                        compact_tokens_op_.data() + r, positions_op(b), 1, T, C);
-      units_in_stage_.grain_done(0, wpe_offset, rows * C);
+      units_in_stage_.grain_done(0, wpe_offset, rows * C, 1);
     } else {
       encoder_backward(kernels(), demb_rows_, nullptr, dres, compact_tokens_op_.data() + r, nullptr, 1, T, C);
     }

@@ -119,11 +119,11 @@ class Decoder final : public Model {
       return d_.access().acquire_params(d_.stage_unit(unit), next_unit < 0 ? -1 : d_.stage_units_[next_unit]);
     }
     void release_params(int unit) override { d_.access().release_params(d_.stage_unit(unit)); }
-    float* grads(int unit, size_t offset, size_t count) override {
-      return d_.access().grads(d_.stage_unit(unit), offset, count);
+    float* grads(int unit, size_t offset, size_t count, int sequences) override {
+      return d_.access().grads(d_.stage_unit(unit), offset, count, sequences);
     }
-    void grain_done(int unit, size_t offset, size_t count) override {
-      d_.access().grain_done(d_.stage_unit(unit), offset, count);
+    void grain_done(int unit, size_t offset, size_t count, int sequences) override {
+      d_.access().grain_done(d_.stage_unit(unit), offset, count, sequences);
     }
     void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
                     size_t row_len) override {
@@ -414,8 +414,11 @@ class Decoder final : public Model {
   // x (n <= one grain's T·C) rounded to the compute dtype, in rounded_dres_ (x itself in fp32).
   const float* rounded(const float* x, long n);
   ComputeDtype dtype() const { return matmul_.operand_dtype(); }
-  // Sequences per grain of the backward pass: 1, or the whole microbatch when not invariant.
-  int grain_sequences() const { return storage_.microbatch_invariant ? 1 : max_batch_; }
+  // Sequences per grain of the backward pass (backward_grain_sequences).
+  int grain_sequences() const { return backward_grain_sequences(cfg_, max_batch_, storage_); }
+  // The parameter gradient spans a grain of n sequences forms (UnitAccess::grads): one per sequence
+  // in an invariant model, else one.
+  int grain_spans(int n) const { return storage_.microbatch_invariant ? n : 1; }
   // rounded_dres_ for the compute dtype and the grain.
   void allocate_rounded_dres();
   // Layer l's activations (slot 0 for every layer under activation checkpointing).

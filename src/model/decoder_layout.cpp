@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/lora_config.h"
+#include "kernels/matmul.h"
 
 namespace anvil {
 
@@ -147,13 +148,19 @@ double decoder_train_flops_per_token(const ModelConfig& cfg, int seq_len) {
   return 4.0 * matmul_params + 6.0 * L * adapters + attention;
 }
 
+int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
+  if (!storage.microbatch_invariant) return max_batch;
+  const bool per_sequence_parts = cfg.has_moe() || cfg.has_lora() || cfg.qk_norm != QkNorm::kNone || cfg.tensor_share();
+  return matmul_rows_independent(storage.kernels) || per_sequence_parts ? 1 : max_batch;
+}
+
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
   const PipelineStage stage = resolved_stage(cfg, storage.stage);
   // The stage's blocks; the LM head's logits and its log-sum-exps on the last stage only.
   const size_t T = max_seq, BT = static_cast<size_t>(max_batch) * T, C = cfg.d_model,
                L = static_cast<size_t>(stage.end_layer - stage.first_layer),
                V = stage.end_layer == cfg.n_layers ? cfg.vocab_size : 0, NH = cfg.n_heads,
-               GT = storage.microbatch_invariant ? T : BT;
+               GT = T * backward_grain_sequences(cfg, max_batch, storage);
   const Widths w(cfg);
   const size_t QKV = w.qkv, F = w.hidden, FC = w.fc;
   const size_t mean = cfg.norm == NormKind::kLayerNorm ? BT : 0;  // RMSNorm keeps no mean

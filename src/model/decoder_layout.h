@@ -82,6 +82,11 @@ struct ActivationSizes {
   }
 };
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
+// Sequences per grain of the backward pass: the whole microbatch, but one sequence in a
+// microbatch-invariant model on the CPU (a sequence's parameter gradients stay in cache while they
+// are accumulated) or with parts whose backward goes a sequence at a time (MoE, LoRA, QK norms, a
+// tensor-parallel share). An invariant model's grain forms a gradient span per sequence.
+int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
 
 // What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
 // sizes are filled in there.

@@ -146,11 +146,11 @@ double Decoder::balance_scale(int b) const {
 }
 
 float* Decoder::weight_grads(int l, const Block& p, const float* w, size_t n) {
-  return frozen() ? nullptr : units_in_stage_.grads(1 + l, static_cast<size_t>(w - p.ln1w), n);
+  return frozen() ? nullptr : units_in_stage_.grads(1 + l, static_cast<size_t>(w - p.ln1w), n, 1);
 }
 
 void Decoder::weight_grads_done(int l, const Block& p, const float* w, size_t n) {
-  if (!frozen()) units_in_stage_.grain_done(1 + l, static_cast<size_t>(w - p.ln1w), n);
+  if (!frozen()) units_in_stage_.grain_done(1 + l, static_cast<size_t>(w - p.ln1w), n, 1);
 }
 
 void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const float* adapters, const float* dout,

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/encoder.h"
+#include "kernels/residual.h"
 #include "model/decoder.h"
 
 namespace anvil {
@@ -221,19 +222,35 @@ class Model::OwnArrays : public UnitAccess {
     return m_.params_.data() + m_.units_[unit].offset;
   }
   void release_params(int) override {}
-  void grain_done(int, size_t, size_t) override {}  // contributions accumulate in place
+  // One span accumulates in place; a grain's spans per sequence are added to it in sequence order.
+  void grain_done(int unit, size_t offset, size_t count, int sequences) override {
+    if (sequences == 1) return;
+    float* g = grads(unit, offset, count, 1);
+    for (int i = 0; i < sequences; i++)
+      residual_forward(m_.kernels(), g, g, sequences_.data() + i * sequence_span_stride(count),
+                       static_cast<long>(count));
+  }
   void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
-    add_rows(m_.kernels(), grads(unit, offset, 0), x, rows_op, n_rows, row_len);
+    add_rows(m_.kernels(), grads(unit, offset, 0, 1), x, rows_op, n_rows, row_len);
   }
-  float* grads(int unit, size_t offset, size_t) override {
+  float* grads(int unit, size_t offset, size_t count, int sequences) override {
     ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
-    return m_.grads_.data() + m_.units_[unit].offset + offset;
+    if (sequences == 1) return m_.grads_.data() + m_.units_[unit].offset + offset;
+    const size_t n = sequences * sequence_span_stride(count);
+    if (sequences_.size() < n) {
+      sequences_.reset();
+      sequences_.assign_zeros(m_.kernels(), n);
+    } else {
+      op_zero(m_.kernels(), sequences_.data(), n * sizeof(float));
+    }
+    return sequences_.data();
   }
   void grads_done(int) override {}
 
  private:
   Model& m_;
+  OpArray<float> sequences_;  // a grain's spans, one per sequence
 };
 
 Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)

@@ -54,9 +54,16 @@ struct ParamUnit {
 // In a microbatch-invariant model (ModelStorage, the default) every matrix product whose rows'
 // bits depend on the rows beside them (GPU BLAS) gives each sequence the bits of its product
 // alone (matmul_forward_sequences, or one sequence at a time), and every parameter gradient is
-// formed one sequence at a time: this keeps each sequence's forward pass and gradient
-// independent of what else shares its microbatch, the basis of bitwise determinism across
-// microbatch sizes. Otherwise the grain below is a whole microbatch.
+// formed a sequence at a time, each in a span of its own: this keeps each sequence's forward pass
+// and gradient independent of what else shares its microbatch, the basis of bitwise determinism
+// across microbatch sizes. The grain below is then one sequence on the CPU, and on a GPU the
+// microbatch with a span per sequence (formed by batched products: matmul_backward_sequences).
+// Otherwise the grain is a whole microbatch with one span.
+// How far apart UnitAccess::grads puts the spans of several sequences' contributions to count
+// values of a gradient: count rounded up to 16 bytes, so that every span is as aligned as the
+// first (GPU BLAS libraries run their fast kernels on 16-byte aligned outputs only).
+inline size_t sequence_span_stride(size_t count) { return (count + 3) / 4 * 4; }
+
 class UnitAccess {
  public:
   virtual ~UnitAccess() = default;
@@ -64,17 +71,19 @@ class UnitAccess {
   // the model will ask for after this one (-1: none), so that it can be fetched ahead.
   virtual const float* acquire_params(int unit, int next_unit) = 0;
   virtual void release_params(int unit) = 0;
-  // Where sequences' contributions to [offset, offset + count) of the unit's gradient are added
-  // (+=): count floats. A span may share memory with the unit's earlier spans whose
-  // contributions were handed over (grain_done), so that deterministic training needs scratch
-  // for the largest span only (Model::largest_grads_span), not for the embedding table.
-  virtual float* grads(int unit, size_t offset, size_t count) = 0;
-  // One sequence's contribution to [offset, offset + count) of the unit's gradient is complete
-  // in the span grads() gave for it. The backward pass works one sequence (grain) at a time and
-  // says so after each, so that contributions can be summed exactly (deterministic training
-  // accumulates them in fixed point and clears the range); parts it did not touch since the last
-  // call need not be named.
-  virtual void grain_done(int unit, size_t offset, size_t count) = 0;
+  // Where a grain's contributions to [offset, offset + count) of the unit's gradient are added
+  // (+=): `sequences` spans of count floats, sequence_span_stride(count) apart, one for each of
+  // the grain's sequences where each forms its gradient apart, or one span. A span may share
+  // memory with the unit's earlier spans whose contributions were handed over (grain_done), so
+  // that deterministic training needs scratch for the largest grain's spans only
+  // (Model::largest_grads_span), not for the embedding table.
+  virtual float* grads(int unit, size_t offset, size_t count, int sequences) = 0;
+  // The grain's contributions to [offset, offset + count) of the unit's gradient are complete in
+  // the spans grads() gave for them. The backward pass says so after each grain, so that
+  // contributions can be summed exactly (deterministic training accumulates each sequence's in
+  // fixed point and clears the spans); parts it did not touch since the last call need not be
+  // named.
+  virtual void grain_done(int unit, size_t offset, size_t count, int sequences) = 0;
   // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
   // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of
   // the unit. rows: distinct, in host memory and the same in op memory (rows_op), so that no copy
@@ -242,7 +251,8 @@ class Model {
   // Bytes of the frozen base where the ops run (0 without LoRA).
   virtual size_t base_bytes() const = 0;
 
-  // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once.
+  // The most floats of the unit's gradient the backward pass asks UnitAccess::grads for at once
+  // (a grain's spans together, from the first's start to the last's end).
   virtual size_t largest_grads_span(int unit) const = 0;
   virtual size_t activation_bytes() const = 0;
   // Reallocates the activations for microbatches of up to max_batch sequences.

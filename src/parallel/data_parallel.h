@@ -141,8 +141,12 @@ class DataParallel : public UnitAccess {
   // (GradientReduction).
   const float* acquire_params(int unit, int next_unit) override { return params_.acquire(unit, next_unit); }
   void release_params(int unit) override { params_.release(unit); }
-  float* grads(int unit, size_t offset, size_t count) override { return grads_.grads(unit, offset, count); }
-  void grain_done(int unit, size_t offset, size_t count) override { grads_.grain_done(unit, offset, count); }
+  float* grads(int unit, size_t offset, size_t count, int sequences) override {
+    return grads_.grads(unit, offset, count, sequences);
+  }
+  void grain_done(int unit, size_t offset, size_t count, int sequences) override {
+    grads_.grain_done(unit, offset, count, sequences);
+  }
   void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
     grads_.grain_rows(unit, offset, x, rows, rows_op, n_rows, row_len);

@@ -281,28 +281,40 @@ int64_t* GradientReduction::open_fixed(int unit) {
   return fixed_dest_[unit];
 }
 
-float* GradientReduction::grads(int unit, size_t offset, size_t count) {
+float* GradientReduction::grads(int unit, size_t offset, size_t count, int sequences) {
   ANVIL_CHECK(offset + count <= units_[unit].numel, "a span [{}, {}) of unit {}'s gradient, which has {} values",
               offset, offset + count, unit, units_[unit].numel);
   if (!ctx_.options.deterministic) {
+    // (only a microbatch-invariant model, which deterministic training builds, forms spans per sequence)
+    ANVIL_CHECK(sequences == 1, "internal: {} sequences' gradient spans outside deterministic mode", sequences);
     if (ctx_.options.zero_stage < 2) return ctx_.model.grads() + units_[unit].offset + offset;
     return open_slot(unit)->buf.data() + offset;
   }
   open_fixed(unit);
   Scratch& s = scratch_for(unit);
-  ANVIL_CHECK(count <= s.buf.size(), "a span of {} values of unit {}'s gradient, scratch for {}", count, unit,
-              s.buf.size());
+  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  if (needed > s.buf.size()) {
+    // A grain's spans grow with the model's microbatch, which is chosen after this is built
+    // (Model::set_max_batch): the first grain that needs more scratch makes it (all zero, unused).
+    ANVIL_CHECK(sequences > 1, "a span of {} values of unit {}'s gradient, scratch for {}", count, unit, s.buf.size());
+    s.buf.reset();
+    s.buf.assign_zeros(impl_, needed);
+  }
   s.origin = offset;
-  return s.buf.data();  // all zero between sequences
+  return s.buf.data();  // all zero between grains
 }
 
-void GradientReduction::grain_done(int unit, size_t offset, size_t count) {
+void GradientReduction::grain_done(int unit, size_t offset, size_t count, int sequences) {
   if (!ctx_.options.deterministic) return;  // float contributions accumulated in place
   int64_t* dest = fixed_dest_[unit];
   ANVIL_CHECK(dest, "unit {}'s gradient finished a sequence without being opened", unit);
   Scratch& s = scratch_for(unit);
   ANVIL_CHECK(offset >= s.origin && offset + count <= s.origin + s.buf.size(),
               "unit {}'s gradient [{}, {}) was handed over outside the span asked for", unit, offset, offset + count);
+  const size_t stride = sequence_span_stride(count);
+  ANVIL_CHECK(sequences == 1 || (offset == s.origin && (sequences - 1) * stride + count <= s.buf.size()),
+              "unit {}'s gradient [{}, {}) was handed over for {} sequences outside the spans asked for", unit, offset,
+              offset + count, sequences);
   const size_t base = units_[unit].offset, lo = base + offset, hi = lo + count;
   float* scratch = s.buf.data();  // from unit offset s.origin
   const auto [first, end] = ctx_.shards.unit_tensors[unit];
@@ -312,7 +324,7 @@ void GradientReduction::grain_done(int unit, size_t offset, size_t count) {
     if (a >= b) continue;
     // The loss scale 2^e comes off exactly here (and off the maxima in finish_backward): the
     // accumulators and so the fixed-point scales are those of the unscaled gradients.
-    fixed_point_accumulate(impl_, dest + (a - base), scratch + (a - base - s.origin), b - a,
+    fixed_point_accumulate(impl_, dest + (a - base), scratch + (a - base - s.origin), b - a, sequences, stride,
                            scale_[k] - loss_scale_log2_, sample_max_.data() + k);
   }
 }
@@ -335,7 +347,7 @@ void GradientReduction::grain_rows(int unit, size_t offset, float* x, const int3
                                     t.offset + t.numel,
                 "row {} lies outside tensor '{}'", rows[r], t.name);
   if (!ctx_.options.deterministic) {
-    add_rows(impl_, grads(unit, offset, 0), x, rows_op, n_rows, row_len);
+    add_rows(impl_, grads(unit, offset, 0, 1), x, rows_op, n_rows, row_len);
     return;
   }
   // Rows may be a unit's first contribution in a microbatch (an untied model's token embedding

@@ -47,8 +47,8 @@ class GradientReduction {
   void set_scales(const std::vector<int>& scales);
 
   // UnitAccess's gradient half.
-  float* grads(int unit, size_t offset, size_t count);
-  void grain_done(int unit, size_t offset, size_t count);
+  float* grads(int unit, size_t offset, size_t count, int sequences);
+  void grain_done(int unit, size_t offset, size_t count, int sequences);
   void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
                   size_t row_len);
   void grads_done(int unit);

@@ -1,14 +1,15 @@
 // The GPU's matrix products with a held weight (MatmulContext::hold_weight): under 16-bit
 // operands the GPU keeps the held weight's 16-bit copy for the products that follow, so a new
 // hold must make a new copy even when the weight is the same array with new values (the LM head
-// after an optimizer step). And matmul_forward_sequences: each sequence the bits of its product
-// alone, whatever the number of sequences (on the hardware, the library's batched kernels
-// running one sequence's algorithm). The op table checks the products themselves against the
-// reference.
+// after an optimizer step). And matmul_forward_sequences and matmul_backward_sequences: each
+// sequence the bits of its own products alone, whatever the number of sequences (on the hardware,
+// the library's batched kernels running one sequence's algorithm). The op table checks the
+// products themselves against the reference.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "compare.h"
@@ -113,6 +114,80 @@ TEST(GpuMatmul, SequencesHaveTheBitsOfTheirOwnProducts) {
       gpu_release(w);
       gpu_release(bias);
       gpu_release(y);
+    }
+  }
+}
+
+// matmul_backward_sequences: each sequence's input gradient, and the weight and bias gradients it
+// adds to a span of its own, the bits of matmul_backward of that sequence alone, whatever the
+// number of sequences; batched and a sequence at a time.
+TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
+  gpu_select(0);
+  struct Shape {
+    int T, C, OC;
+    bool bias;
+  };
+  const Shape shapes[] = {{512, 256, 768, true}, {256, 128, 196, true}, {64, 40, 48, false}};
+  constexpr int kMaxB = 5;
+  for (const ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
+    for (const Shape& s : shapes) {
+      const size_t seq_in = static_cast<size_t>(s.T) * s.C, seq_out = static_cast<size_t>(s.T) * s.OC,
+                   span = static_cast<size_t>(s.OC) * s.C + s.OC, stride = span + 4;  // a gap between spans
+      const size_t x_n = kMaxB * seq_in, g_n = kMaxB * seq_out, w_n = static_cast<size_t>(s.OC) * s.C,
+                   grads_n = kMaxB * stride;
+      auto* x = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
+      auto* dout = static_cast<float*>(gpu_alloc(g_n * sizeof(float)));
+      auto* w = static_cast<float*>(gpu_alloc(w_n * sizeof(float)));
+      auto* dinp = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
+      auto* grads = static_cast<float*>(gpu_alloc(grads_n * sizeof(float)));
+      gpu_copy_to_device(x, bf16_values(x_n, 7).data(), x_n * sizeof(float));
+      gpu_copy_to_device(dout, bf16_values(g_n, 8).data(), g_n * sizeof(float));
+      gpu_copy_to_device(w, bf16_values(w_n, 9).data(), w_n * sizeof(float));
+      const std::vector<float> grads_before = testing::randn(grads_n, 10);  // the products add to them
+      MatmulContext ctx(KernelImpl::kGpu, d);
+      auto bias_of = [&](float* dweight) { return s.bias ? dweight + w_n : nullptr; };
+      struct Result {
+        std::vector<float> dinp, grads;
+      };
+      auto result = [&]() {
+        Result r{std::vector<float>(x_n), std::vector<float>(grads_n)};
+        gpu_copy_to_host(r.dinp.data(), dinp, x_n * sizeof(float));
+        gpu_copy_to_host(r.grads.data(), grads, grads_n * sizeof(float));
+        return r;
+      };
+      auto reset = [&]() {
+        gpu_copy_to_device(dinp, std::vector<float>(x_n, std::numeric_limits<float>::quiet_NaN()).data(),
+                           x_n * sizeof(float));
+        gpu_copy_to_device(grads, grads_before.data(), grads_n * sizeof(float));
+      };
+      reset();
+      for (int q = 0; q < kMaxB; q++)
+        gpu::matmul_backward(ctx, dinp + q * seq_in, grads + q * stride, bias_of(grads + q * stride),
+                             dout + q * seq_out, s.OC, x + q * seq_in, w, s.T, s.C, s.OC, false);
+      const Result alone = result();
+      const std::string what = std::to_string(s.T) + "x" + std::to_string(s.C) + " -> " + std::to_string(s.OC) +
+                               " in " + dtype_name(d);
+      auto expect_alone = [&](const Result& r, int B, const char* how) {
+        EXPECT_EQ(0, std::memcmp(r.dinp.data(), alone.dinp.data(), B * seq_in * sizeof(float)))
+            << how << ", " << B << " sequences of " << what << ": not each input gradient's own bits";
+        EXPECT_EQ(0, std::memcmp(r.grads.data(), alone.grads.data(), B * stride * sizeof(float)))
+            << how << ", " << B << " sequences of " << what << ": not each parameter gradient's own bits";
+        EXPECT_EQ(0, std::memcmp(r.grads.data() + B * stride, grads_before.data() + B * stride,
+                                 (grads_n - B * stride) * sizeof(float)))
+            << how << ": gradients past the " << B << " sequences' changed";
+      };
+      for (const int B : {1, 2, kMaxB}) {
+        reset();
+        gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, B, s.T, s.C, s.OC);
+        expect_alone(result(), B, "batched");
+      }
+      gpu::matmul_split_batches(true);
+      reset();
+      gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, kMaxB, s.T, s.C, s.OC);
+      gpu::matmul_split_batches(false);
+      expect_alone(result(), kMaxB, "one at a time");
+      for (float* a : {x, dout, w, dinp, grads}) gpu_release(a);
     }
   }
 }

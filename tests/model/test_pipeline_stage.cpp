@@ -198,8 +198,11 @@ class CountingAccess : public UnitAccess {
   explicit CountingAccess(Model& m) : m_(m), done(m.units().size(), 0) {}
   const float* acquire_params(int unit, int) override { return m_.params() + m_.units()[unit].offset; }
   void release_params(int) override {}
-  float* grads(int unit, size_t offset, size_t) override { return m_.grads() + m_.units()[unit].offset + offset; }
-  void grain_done(int, size_t, size_t) override {}
+  float* grads(int unit, size_t offset, size_t, int sequences) override {
+    EXPECT_EQ(sequences, 1) << "the CPU's grains are one sequence";
+    return m_.grads() + m_.units()[unit].offset + offset;
+  }
+  void grain_done(int, size_t, size_t, int) override {}
   void grain_rows(int, size_t, float*, const int32_t*, const int32_t*, size_t, size_t) override {}
   void grads_done(int unit) override { done[unit]++; }
 

@@ -39,18 +39,22 @@ ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double
 
 }  // namespace
 
-void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs) {
   const double scale = std::ldexp(1.0, s);
   float m = 0.0f;
-  if (n < kParallelMin) {
-    m = accumulate_range(acc, x, n, scale);
-  } else {
-    // Each element is rounded on its own and the maximum is exact: the split cannot change a bit.
-    over_threads(n, [&](size_t lo, size_t hi) {
-      const float part = accumulate_range(acc + lo, x + lo, hi - lo, scale);
+  // (The CPU's grains are one sequence: copies is 1 there, and a copy at a time costs nothing more.)
+  for (int c = 0; c < copies; c++) {
+    float* xc = x + c * stride;
+    if (n < kParallelMin) {
+      m = std::max(m, accumulate_range(acc, xc, n, scale));
+    } else {
+      // Each element is rounded on its own and the maximum is exact: the split cannot change a bit.
+      over_threads(n, [&](size_t lo, size_t hi) {
+        const float part = accumulate_range(acc + lo, xc + lo, hi - lo, scale);
 #pragma omp critical
-      m = std::max(m, part);
-    });
+        m = std::max(m, part);
+      });
+    }
   }
   *max_abs = std::max(*max_abs, m);
 }

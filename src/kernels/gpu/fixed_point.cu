@@ -48,31 +48,45 @@ __device__ void block_max_into(float m, float* max_abs) {
 
 // Each block takes kPerThread · kThreads consecutive elements (a thread every kThreads of them,
 // so that a warp's reads stay contiguous): the block's maximum and its atomic are paid once per
-// kPerThread elements. A thread issues all its loads before its first store (x and acc are
-// distinct arrays: __restrict__), so that they are in flight together: GPT-2 124M's step on an
-// H200, 12.5 -> 11.7 ms of this pass. 16-byte accesses where both arrays allow them gained
-// nothing more there.
+// kPerThread elements. A thread holds its accumulators while it adds every copy's values (each
+// accumulator read and written once for all the copies) and issues a copy's loads before its
+// stores (x and acc are distinct arrays: __restrict__), so that they are in flight together: GPT-2
+// 124M's step on an H200, 12.5 -> 11.7 ms of this pass at one copy. 16-byte accesses where both
+// arrays allow them gained nothing more there.
 constexpr int kPerThread = 8;
 
-__global__ void accumulate_kernel(int64_t* __restrict__ acc, float* __restrict__ x, size_t n, double scale,
-                                  float* max_abs) {
+__global__ void accumulate_kernel(int64_t* __restrict__ acc, float* __restrict__ x, size_t n, int copies,
+                                  size_t stride, double scale, float* max_abs) {
   const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x * kPerThread + threadIdx.x;
-  float v[kPerThread];
   int64_t a[kPerThread];
   ANVIL_UNROLL
   for (int k = 0; k < kPerThread; k++) {
     const size_t i = first + static_cast<size_t>(k) * blockDim.x;
-    v[k] = i < n ? x[i] : 0.0f;
     a[k] = i < n ? acc[i] : 0;
   }
   float m = 0.0f;
+  for (int c = 0; c < copies; c++) {
+    float* xc = x + c * stride;
+    float v[kPerThread];
+    ANVIL_UNROLL
+    for (int k = 0; k < kPerThread; k++) {
+      const size_t i = first + static_cast<size_t>(k) * blockDim.x;
+      v[k] = i < n ? xc[i] : 0.0f;
+    }
+    ANVIL_UNROLL
+    for (int k = 0; k < kPerThread; k++) {
+      const size_t i = first + static_cast<size_t>(k) * blockDim.x;
+      if (i >= n) break;
+      m = fmaxf(m, magnitude(v[k]));
+      a[k] = wrapping_add(a[k], round_scaled(v[k], scale));
+      xc[i] = 0.0f;
+    }
+  }
   ANVIL_UNROLL
   for (int k = 0; k < kPerThread; k++) {
     const size_t i = first + static_cast<size_t>(k) * blockDim.x;
     if (i >= n) break;
-    m = fmaxf(m, magnitude(v[k]));
-    acc[i] = wrapping_add(a[k], round_scaled(v[k], scale));
-    x[i] = 0.0f;
+    acc[i] = a[k];
   }
   block_max_into(m, max_abs);
 }
@@ -135,10 +149,10 @@ GpuScratch square_partials;
 
 }  // namespace
 
-void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int s, float* max_abs) {
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs) {
   if (n == 0) return;
   const auto blocks = static_cast<unsigned>((n + kThreads * kPerThread - 1) / (kThreads * kPerThread));
-  GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, ldexp(1.0, s), max_abs);
+  GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, copies, stride, ldexp(1.0, s), max_abs);
   GPU_CHECK_LAUNCH();
 }
 

@@ -162,27 +162,35 @@ void gemm(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, 
            bias);
   };
   if (one_each && (!p.batched || split_batches)) return one_at_a_time(D);
+  // The library's check says that the algorithm runs the batch, not that each matrix gets the
+  // bits of its own product: on first use, the batch's output against the products one at a
+  // time on the same operands into a copy of the outputs as they were (what accumulates, and what
+  // lies between the matrices).
+  const bool check = one_each && !p.checked;
+  const size_t extent = static_cast<size_t>((count - 1) * stride_d + static_cast<long long>(n - 1) * ldd + m);
+  float* alone = nullptr;
+  if (check) {
+    alone = static_cast<float*>(gpu_alloc(extent * sizeof(float)));  // once per shape: not kept
+    gpu_copy_on_device(alone, D, extent * sizeof(float));
+  }
   Blas& b = blas();
   if (bias) GPUBLAS_CHECK(gpublasLtMatmulDescSetAttribute(p.desc, GPUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   GPUBLAS_CHECK(gpublasLtMatmul(b.handle, p.desc, &alpha, A.p, p.la, B.p, p.lb, &beta, D, p.ld, D, p.ld, &p.algo,
                                 b.workspace, kWorkspaceBytes, gpu_stream()));
-  if (!one_each || p.checked) return;
-  // The library's check says that the algorithm runs the batch, not that each matrix gets the
-  // bits of its own product: on first use, the batch's output against the products one at a
-  // time on the same operands (outputs written, not accumulated).
-  ANVIL_CHECK(beta == 0.0f, "internal: a batch of products with each one's own bits accumulated into its output");
+  if (!check) return;
   p.checked = true;
-  const size_t extent = static_cast<size_t>((count - 1) * stride_d + static_cast<long long>(n - 1) * ldd + m);
-  auto* alone = static_cast<float*>(gpu_alloc(extent * sizeof(float)));  // once per shape: not kept
   one_at_a_time(alone);
   const std::vector<float> together = written(D, m, n, ldd, stride_d, count),
                            apart = written(alone, m, n, ldd, stride_d, count);
-  gpu_release(alone);
-  if (std::memcmp(together.data(), apart.data(), together.size() * sizeof(float)) == 0) return;
+  if (std::memcmp(together.data(), apart.data(), together.size() * sizeof(float)) == 0) {
+    gpu_release(alone);
+    return;
+  }
   p.batched = false;
   log_warn("the GPU BLAS gave a batch of {} {}x{}x{} products other bits than each product alone: they run one at "
            "a time", count, m, n, k);
-  one_at_a_time(D);
+  gpu_copy_on_device(D, alone, extent * sizeof(float));  // the products one at a time
+  gpu_release(alone);
 }
 
 gpublasDataType_t data_type(ComputeDtype d) {
@@ -339,6 +347,28 @@ void matmul_forward_sequences(MatmulContext& ctx, float* out, const float* inp, 
 }
 
 void matmul_split_batches(bool split) { split_batches = split; }
+
+void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) {
+  const ComputeDtype d = ctx.operand_dtype();
+  const int K = padded_outputs(d, OC), N = B * T;
+  // As matmul_backward, each product a batch of B that runs one sequence's algorithm.
+  const Operand g = operand(scratch_b, d, dout, N, OC, OC, N);
+  const Operand gs{g.p, g.ld, static_cast<long long>(T) * g.ld};
+  // dinp^T (C,T) = W^T (C,K) · dout^T (K,T), a sequence's columns
+  if (dinp)
+    gemm(data_type(d), false, false, C, T, K, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), gs, 0.0f, dinp, C,
+         static_cast<long long>(T) * C, B, nullptr, true);
+  // dweight^T (C,OC) += inp^T (C,T) · dout (T,OC), each sequence's into its own
+  if (dweight) {
+    const Operand x = operand(scratch_a, d, inp, N, C, C, N);
+    gemm(data_type(d), false, true, C, OC, T, 1.0f, {x.p, x.ld, static_cast<long long>(T) * x.ld}, gs, 1.0f, dweight,
+         C, static_cast<long long>(grads_stride), B, nullptr, true);
+  }
+  if (dbias)
+    for (int b = 0; b < B; b++)
+      column_sums_accumulate(dbias + b * grads_stride, dout + static_cast<size_t>(b) * T * OC, OC, T, OC);
+}
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
                      const float* inp, const float* weight, int N, int C, int OC, bool accumulate_dinp) {

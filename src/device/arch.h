@@ -7,10 +7,15 @@
 // Fully unrolls the loop that follows, so that the register arrays of tensor-core fragments it
 // indexes stay in registers (a dynamically indexed array goes to local memory). The emulator runs
 // loops as written.
+// ANVIL_UNROLL_BY(n) unrolls n iterations at a time (a loop of a run-time count whose iterations'
+// loads should be in flight together).
 #if defined(ANVIL_GPU_EMULATION)
 #define ANVIL_UNROLL
+#define ANVIL_UNROLL_BY(n)
 #else
 #define ANVIL_UNROLL _Pragma("unroll")
+#define ANVIL_PRAGMA(x) _Pragma(#x)
+#define ANVIL_UNROLL_BY(n) ANVIL_PRAGMA(unroll n)
 #endif
 
 namespace anvil::gpu {

@@ -89,6 +89,22 @@ void layernorm_backward(KernelImpl impl, float* dinp, float* dweight, float* dbi
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   ANVIL_DISPATCH(impl, layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
+void layernorm_backward_sequences(KernelImpl impl, float* dinp, float* dweight, float* dbias, size_t grads_stride,
+                                  const float* dout, const float* inp, const float* weight, const float* mean,
+                                  const float* rstd, int B, int T, int C) {
+#if defined(ANVIL_GPU)
+  if (impl == KernelImpl::kGpu) {
+    const OpProfileScope profile_scope("layernorm_backward", impl);  // the same op, over every sequence at once
+    return gpu::layernorm_backward_sequences(dinp, dweight, dbias, grads_stride, dout, inp, weight, mean, rstd, B, T,
+                                             C);
+  }
+#endif
+  for (int b = 0; b < B; b++) {
+    const size_t r = static_cast<size_t>(b) * T, at = b * grads_stride;
+    layernorm_backward(impl, dinp + r * C, dweight + at, dbias ? dbias + at : nullptr, dout + r * C, inp + r * C,
+                       weight, mean + r, rstd + r, T, C);
+  }
+}
 void rmsnorm_forward(KernelImpl impl, float* out, float* rstd, const float* inp, const float* weight, float eps, int N,
                      int C) {
   ANVIL_DISPATCH(impl, rmsnorm_forward, out, rstd, inp, weight, eps, N, C);
@@ -96,6 +112,19 @@ void rmsnorm_forward(KernelImpl impl, float* out, float* rstd, const float* inp,
 void rmsnorm_backward(KernelImpl impl, float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int N, int C) {
   ANVIL_DISPATCH(impl, rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+void rmsnorm_backward_sequences(KernelImpl impl, float* dinp, float* dweight, size_t grads_stride, const float* dout,
+                                const float* inp, const float* weight, const float* rstd, int B, int T, int C) {
+#if defined(ANVIL_GPU)
+  if (impl == KernelImpl::kGpu) {
+    const OpProfileScope profile_scope("rmsnorm_backward", impl);  // the same op, over every sequence at once
+    return gpu::rmsnorm_backward_sequences(dinp, dweight, grads_stride, dout, inp, weight, rstd, B, T, C);
+  }
+#endif
+  for (int b = 0; b < B; b++) {
+    const size_t r = static_cast<size_t>(b) * T;
+    rmsnorm_backward(impl, dinp + r * C, dweight + b * grads_stride, dout + r * C, inp + r * C, weight, rstd + r, T, C);
+  }
 }
 void rmsnorm_weight_sums(KernelImpl impl, double* sums, const float* dout, const float* inp, const float* rstd, int N,
                          int C) {

@@ -20,8 +20,17 @@ void rmsnorm_backward(KernelImpl impl, float* dinp, float* dweight, const float*
 void rmsnorm_weight_sums(KernelImpl impl, double* sums, const float* dout, const float* inp, const float* rstd, int N,
                          int C);
 
+// rmsnorm_backward of B sequences of T rows, each forming its own weight gradient at dweight +
+// b·grads_stride, the bits rmsnorm_backward of its rows alone gives (as
+// layernorm_backward_sequences).
+void rmsnorm_backward_sequences(KernelImpl impl, float* dinp, float* dweight, size_t grads_stride, const float* dout,
+                                const float* inp, const float* weight, const float* rstd, int B, int T, int C);
+
 ANVIL_OP_IMPLEMENTATIONS(rmsnorm_forward)
 ANVIL_OP_IMPLEMENTATIONS(rmsnorm_backward)
 ANVIL_OP_IMPLEMENTATIONS(rmsnorm_weight_sums)
+namespace gpu {
+::anvil::detail::WithoutImpl<decltype(::anvil::rmsnorm_backward_sequences)>::type rmsnorm_backward_sequences;
+}
 
 }  // namespace anvil

@@ -717,9 +717,20 @@ void Decoder::send_rows_to_holders(float* whole, int g0, int g1, int width) {
 }
 
 void Decoder::norm_backward_rows(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                                 const float* mean, const float* rstd, int g0, int g1) {
+                                 const float* mean, const float* rstd, int g0, int g1, int spans) {
   const int C = cfg_.d_model;
   const size_t c = static_cast<size_t>(C);
+  if (spans > 1) {
+    ANVIL_CHECK(!cfg_.tensor_share() && (g1 - g0) % spans == 0, "internal: a norm's {} rows in {} spans", g1 - g0,
+                spans);
+    const int T = (g1 - g0) / spans;
+    const size_t stride = sequence_span_stride(norm_params());
+    if (cfg_.norm == NormKind::kRmsNorm)
+      return rmsnorm_backward_sequences(kernels(), dinp + g0 * c, dw, stride, dout, inp + g0 * c, w, rstd + g0, spans,
+                                        T, C);
+    return layernorm_backward_sequences(kernels(), dinp + g0 * c, dw, has_norm_bias(cfg_) ? dw + C : nullptr, stride,
+                                        dout, inp + g0 * c, w, mean + g0, rstd + g0, spans, T, C);
+  }
   if (!cfg_.tensor_share())
     return norm_backward(dinp + g0 * c, dw, dout, inp + g0 * c, w, mean + g0, rstd + g0, g1 - g0, C);
   const int N = B_ * T_;
@@ -1377,7 +1388,7 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   for (int b = 0; b < B; b++) {
     const int r = b * T;
     norm_backward_rows(dresidual_, dlnf, dsmall_ + static_cast<size_t>(r) * C, last, lnf, a.lnf_mean, a.lnf_rstd, r,
-                       r + T);
+                       r + T, 1);
     if (!frozen()) units_in_stage_.grain_done(L + 1, 0, norm_params(), 1);
   }
   release_base(L + 1);
@@ -1409,12 +1420,9 @@ void Decoder::block_backward(int l) {
   // dresidual_.
   auto norm_grad = [&](int b, int n, const float* dout, const float* inp, const float* w, const float* mean,
                        const float* rstd) {
-    const int spans = frozen() ? 1 : grain_spans(n), per_span = n / spans;
+    const int spans = frozen() ? 1 : grain_spans(n);
     float* dw = frozen() ? frozen_dnorm_.data() : units_in_stage_.grads(1 + l, at(w), norm_params(), spans);
-    for (int i = 0; i < spans; i++)
-      norm_backward_rows(dresidual_, dw + i * sequence_span_stride(norm_params()),
-                         dout + static_cast<size_t>(i) * per_span * rows * C, inp, w, mean, rstd,
-                         (b + i * per_span) * T, (b + (i + 1) * per_span) * T);
+    norm_backward_rows(dresidual_, dw, dout, inp, w, mean, rstd, b * T, (b + n) * T, spans);
     if (!frozen()) units_in_stage_.grain_done(1 + l, at(w), norm_params(), spans);
   };
   // The grain's rows of a held array (the residual stream's gradient, a norm's output), whole:

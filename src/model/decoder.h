@@ -194,9 +194,10 @@ class Decoder final : public Model {
   // The norm's backward over rows [g0, g1) of its input gradient dout (row g0 first): the input
   // gradient added into dinp and the parameter gradient into dw, held arrays for inp, dinp, mean
   // and rstd. Under sequence parallelism the holders add the rows to dw in row order, one after
-  // another, as one process does, and the last sends the sum to every rank.
+  // another, as one process does, and the last sends the sum to every rank. spans > 1: the rows
+  // are that many sequences, each adding to a span of its own (UnitAccess::grads).
   void norm_backward_rows(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                          const float* mean, const float* rstd, int g0, int g1);
+                          const float* mean, const float* rstd, int g0, int g1, int spans);
   // The norm's backward over this rank's rows of a weight gradient that sums over the ranks in
   // `order` (this rank among them or not): each adds its rows in turn, as norm_backward_rows says,
   // and the last sends the gradient to every rank.

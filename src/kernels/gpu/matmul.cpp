@@ -365,9 +365,7 @@ void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, 
     gemm(data_type(d), false, true, C, OC, T, 1.0f, {x.p, x.ld, static_cast<long long>(T) * x.ld}, gs, 1.0f, dweight,
          C, static_cast<long long>(grads_stride), B, nullptr, true);
   }
-  if (dbias)
-    for (int b = 0; b < B; b++)
-      column_sums_accumulate(dbias + b * grads_stride, dout + static_cast<size_t>(b) * T * OC, OC, T, OC);
+  if (dbias) column_sums_accumulate(dbias, dout, OC, B, T, OC, grads_stride);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
@@ -386,7 +384,7 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   if (dweight)
     gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C, N), g, 1.0f, dweight, C, 0, 1,
          nullptr);
-  if (dbias) column_sums_accumulate(dbias, dout, ld_dout, N, OC);
+  if (dbias) column_sums_accumulate(dbias, dout, ld_dout, 1, N, OC, 0);
 }
 
 }  // namespace anvil::gpu

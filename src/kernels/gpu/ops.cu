@@ -241,16 +241,28 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
 
 // Column sums in two fixed-order stages (mean null: RMSNorm's, no mean subtracted): each block sums kRowsPerChunk rows of its columns into
 // partial[chunk], then sum_partials_kernel adds the chunks in a fixed order. The sums are in double: the
-// terms of a long column cancel, and fp32 sums missed the reference by 2e-5 on 1000 rows.
+// terms of a long column cancel, and fp32 sums missed the reference by 2e-5 on 1000 rows. The rows
+// may be groups of group_rows (sequences with gradients of their own): a group's chunks start at
+// its first row, so each group's sums are those of a call on its rows alone.
 constexpr int kRowsPerChunk = 32;
 
+// The rows [r0, r1) of chunk `chunk` (blockIdx.y) when groups of group_rows rows are chunked apart.
+struct ChunkRows {
+  int r0, r1;
+};
+__device__ inline ChunkRows chunk_rows(int chunk, int group_rows) {
+  const int per_group = (group_rows + kRowsPerChunk - 1) / kRowsPerChunk;
+  const int g = chunk / per_group, j = chunk % per_group, first = g * group_rows;
+  return {first + j * kRowsPerChunk, first + min(group_rows, (j + 1) * kRowsPerChunk)};
+}
+
 __global__ void layernorm_param_partials_kernel(double* partial, const float* dout, const float* inp,
-                                                const float* mean, const float* rstd, int N, int C) {
+                                                const float* mean, const float* rstd, int group_rows, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
   double dw = 0, db = 0;
-  const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
-  for (int r = chunk * kRowsPerChunk; r < r1; r++) {
+  const ChunkRows rows = chunk_rows(chunk, group_rows);
+  for (int r = rows.r0; r < rows.r1; r++) {
     const long i = static_cast<long>(r) * C + c;
     dw += (mean ? inp[i] - mean[r] : inp[i]) * rstd[r] * dout[i];
     db += dout[i];
@@ -260,32 +272,35 @@ __global__ void layernorm_param_partials_kernel(double* partial, const float* do
   partial[(chunks + chunk) * static_cast<long>(C) + c] = db;
 }
 
-__global__ void column_partials_kernel(double* partial, const float* x, long ld, int N, int C) {
+__global__ void column_partials_kernel(double* partial, const float* x, long ld, int group_rows, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
   if (c >= C) return;
   double s = 0;
-  const int r1 = min(N, (chunk + 1) * kRowsPerChunk);
-  for (int r = chunk * kRowsPerChunk; r < r1; r++) s += x[r * ld + c];
+  const ChunkRows rows = chunk_rows(chunk, group_rows);
+  for (int r = rows.r0; r < rows.r1; r++) s += x[r * ld + c];
   partial[chunk * static_cast<long>(C) + c] = s;
 }
 
 // out[k] (C) += the sum over chunks of partial[k][chunk] for k < outputs: a block per 16 columns
 // (threadIdx.x) and output (blockIdx.y), whose 16 groups (threadIdx.y) sum every 16th chunk, the
 // groups then added in order; a fixed order, the same on every run. (A thread per column summing
-// every chunk ran 3 to 6 blocks: 22 us a call on an H200.)
+// every chunk ran 3 to 6 blocks: 22 us a call on an H200.) Rows in groups (blockIdx.z): group g's
+// chunks, the g-th `chunks` of them, into out + g·stride.
 constexpr int kPartialColumns = 16, kPartialGroups = 16;
-__global__ void sum_partials_kernel(float* out0, float* out1, const double* partial, int chunks, int C) {
+__global__ void sum_partials_kernel(float* out0, float* out1, const double* partial, int chunks, int C,
+                                    size_t stride) {
   __shared__ double group_sums[kPartialGroups][kPartialColumns];
-  const int c = blockIdx.x * kPartialColumns + threadIdx.x, k = blockIdx.y;
+  const int c = blockIdx.x * kPartialColumns + threadIdx.x, k = blockIdx.y, g = blockIdx.z;
+  const long first = (static_cast<long>(k) * gridDim.z + g) * chunks;  // the group's first chunk of output k
   double s = 0;
   if (c < C)
-    for (int j = threadIdx.y; j < chunks; j += kPartialGroups) s += partial[(static_cast<long>(k) * chunks + j) * C + c];
+    for (int j = threadIdx.y; j < chunks; j += kPartialGroups) s += partial[(first + j) * C + c];
   group_sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y != 0 || c >= C) return;
   double all = 0;
   for (int g = 0; g < kPartialGroups; g++) all += group_sums[g][threadIdx.x];
-  float* out = k == 0 ? out0 : out1;
+  float* out = (k == 0 ? out0 : out1) + g * stride;
   out[c] = static_cast<float>(out[c] + all);
 }
 
@@ -726,26 +741,33 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 namespace {
 // A norm's weight (and bias, if dbias) gradients +=, as fixed-order column sums; mean null: RMSNorm.
-void norm_param_grads(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
-                      const float* rstd, int N, int C) {
-  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-  double* partial = scratch(2L * chunks * C);
-  GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(
-      partial, dout, inp, mean, rstd, N, C);
+// The norm's parameter gradients over B groups of T rows, group b's at dweight / dbias + b·stride.
+void norm_param_grads(float* dweight, float* dbias, size_t stride, const float* dout, const float* inp,
+                      const float* mean, const float* rstd, int B, int T, int C) {
+  const int chunks = (T + kRowsPerChunk - 1) / kRowsPerChunk;  // a group's
+  double* partial = scratch(2L * B * chunks * C);
+  GPU_LAUNCH(layernorm_param_partials_kernel, dim3(blocks_for(C), B * chunks), kThreads)(
+      partial, dout, inp, mean, rstd, T, C);
   GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), dbias ? 2 : 1),
-             dim3(kPartialColumns, kPartialGroups))(dweight, dbias, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), dbias ? 2 : 1, B),
+             dim3(kPartialColumns, kPartialGroups))(dweight, dbias, partial, chunks, C, stride);
   GPU_CHECK_LAUNCH();
 }
 }  // namespace
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-  const int rows_per_block = kThreads / kWarpSize;
+  layernorm_backward_sequences(dinp, dweight, dbias, 0, dout, inp, weight, mean, rstd, 1, N, C);
+}
+
+void layernorm_backward_sequences(float* dinp, float* dweight, float* dbias, size_t grads_stride, const float* dout,
+                                  const float* inp, const float* weight, const float* mean, const float* rstd, int B,
+                                  int T, int C) {
+  const int rows_per_block = kThreads / kWarpSize, N = B * T;
   GPU_LAUNCH(layernorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(
       dinp, dout, inp, weight, mean, rstd, N, C);
   GPU_CHECK_LAUNCH();
-  norm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C);
+  norm_param_grads(dweight, dbias, grads_stride, dout, inp, mean, rstd, B, T, C);
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
@@ -756,11 +778,16 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
-  const int rows_per_block = kThreads / kWarpSize;
+  rmsnorm_backward_sequences(dinp, dweight, 0, dout, inp, weight, rstd, 1, N, C);
+}
+
+void rmsnorm_backward_sequences(float* dinp, float* dweight, size_t grads_stride, const float* dout, const float* inp,
+                                const float* weight, const float* rstd, int B, int T, int C) {
+  const int rows_per_block = kThreads / kWarpSize, N = B * T;
   GPU_LAUNCH(rmsnorm_backward_dinp_kernel, blocks_for(N, rows_per_block), kThreads)(dinp, dout, inp, weight, rstd, N,
                                                                                       C);
   GPU_CHECK_LAUNCH();
-  if (dweight) norm_param_grads(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+  if (dweight) norm_param_grads(dweight, nullptr, grads_stride, dout, inp, nullptr, rstd, B, T, C);
 }
 
 void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, const float* rstd, int N, int C) {
@@ -768,13 +795,13 @@ void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, cons
   GPU_CHECK_LAUNCH();
 }
 
-void column_sums_accumulate(float* out, const float* x, long ld, int N, int C) {
-  const int chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
-  double* partial = scratch(static_cast<size_t>(chunks) * C);
-  GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), chunks), kThreads)(partial, x, ld, N, C);
+void column_sums_accumulate(float* out, const float* x, long ld, int B, int T, int C, size_t stride) {
+  const int chunks = (T + kRowsPerChunk - 1) / kRowsPerChunk;  // a group's
+  double* partial = scratch(static_cast<size_t>(B) * chunks * C);
+  GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), B * chunks), kThreads)(partial, x, ld, T, C);
   GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), 1), dim3(kPartialColumns, kPartialGroups))(
-      out, nullptr, partial, chunks, C);
+  GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), 1, B), dim3(kPartialColumns, kPartialGroups))(
+      out, nullptr, partial, chunks, C, stride);
   GPU_CHECK_LAUNCH();
 }
 

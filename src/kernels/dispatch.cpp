@@ -169,8 +169,9 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
 }
 void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
                                const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) {
-  ANVIL_CHECK(B <= 1 || grads_stride >= (dweight ? static_cast<size_t>(OC) * C : static_cast<size_t>(OC)),
-              "matmul_backward_sequences: sequences' {}x{} gradients {} apart overlap", OC, C, grads_stride);
+  const size_t span = (dweight ? static_cast<size_t>(OC) * C : 0) + (dbias ? static_cast<size_t>(OC) : 0);
+  ANVIL_CHECK(B <= 1 || grads_stride >= span, "matmul_backward_sequences: sequences' gradients of {} values {} apart "
+              "overlap", span, grads_stride);
 #if defined(ANVIL_GPU)
   if (ctx.impl() == KernelImpl::kGpu) {
     const OpProfileScope profile_scope("matmul_backward", ctx.impl());  // the same products, batched
@@ -179,8 +180,8 @@ void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, 
 #endif
   for (int b = 0; b < B; b++) {
     const size_t rows = static_cast<size_t>(b) * T, at = b * grads_stride;
-    matmul_backward(ctx, dinp ? dinp + rows * C : nullptr, dweight ? dweight + at : nullptr, dbias ? dbias + at : nullptr,
-                    dout + rows * OC, OC, inp + rows * C, weight, T, C, OC, false);
+    matmul_backward(ctx, dinp ? dinp + rows * C : nullptr, dweight ? dweight + at : nullptr,
+                    dbias ? dbias + at : nullptr, dout + rows * OC, OC, inp + rows * C, weight, T, C, OC, false);
   }
 }
 namespace {

@@ -199,14 +199,7 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
   if (unit == 0)
     return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
   if (unit == cfg_.n_layers + 1) return std::max(norm_params(), cfg_.tied_embeddings ? 0 : head_chunk);
-  // A block's largest op: a product's weight and bias (under MoE one expert's), or a norm.
-  size_t largest = 0;
-  const size_t experts = cfg_.has_moe() ? cfg_.moe.experts : 1;
-  for (size_t i = 0; i < block_sizes_.size(); i += 2) {
-    const bool expert_weight = i >= 14;  // fc's and fcproj's pairs
-    largest = std::max(largest, (block_sizes_[i] + block_sizes_[i + 1]) / (expert_weight ? experts : 1));
-  }
-  return (grain_spans(grain_sequences()) - 1) * sequence_span_stride(largest) + largest;
+  return block_grads_span(cfg_, max_batch_, storage_);
 }
 
 Decoder::BlockActs Decoder::block_acts(int l) const {
@@ -671,6 +664,7 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
     const int spans = grain_spans(n);
     float* dw = units_in_stage_.grads(1 + l, f.offset, f.span(), spans);
     float* db = f.bias ? dw + (f.bias - f.weight) : nullptr;
+    ANVIL_CHECK(spans == 1 || !chained, "internal: a tensor-parallel share's grain of {} sequences", n);
     if (spans > 1)
       matmul_backward_sequences(matmul_, dinp, dw, db, sequence_span_stride(f.span()), dout, inp, f.weight, n, T_,
                                 f.in, f.out);
@@ -1412,8 +1406,8 @@ void Decoder::block_backward(int l) {
   const BlockActs x = block_acts(l);
   // Each op's parameter gradients, a span of the unit (a weight and its bias, or a norm's
   // parameters), are asked for just before the op and handed over (grain_done) right after it,
-  // while in cache: deterministic training's scratch then holds the largest op's, not the
-  // block's (largest_grads_span).
+  // while in cache: deterministic training's scratch then holds the largest op's (one span per
+  // sequence of the grain), not the block's (largest_grads_span).
   auto at = [&](const float* t) { return static_cast<size_t>(t - p.ln1w); };
   if (cfg_.has_moe() && expert_parallel()) experts_exchanged_backward(l, x, p);
   // The norms' backward over the grain of n sequences from b, their input gradients into

@@ -154,6 +154,19 @@ int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelS
   return matmul_rows_independent(storage.kernels) || per_sequence_parts ? 1 : max_batch;
 }
 
+size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
+  const std::vector<BlockTensor> block = block_tensors(cfg);
+  size_t largest = 0;
+  const size_t experts = cfg.has_moe() ? cfg.moe.experts : 1;
+  for (size_t i = 0; i < block.size(); i += 2) {
+    const bool expert_weight = i >= 14;  // fc's and fcproj's pairs
+    const size_t pair = numel_of(block[i].shape) + numel_of(block[i + 1].shape);
+    largest = std::max(largest, pair / (expert_weight ? experts : 1));
+  }
+  const int spans = storage.microbatch_invariant ? backward_grain_sequences(cfg, max_batch, storage) : 1;
+  return (spans - 1) * sequence_span_stride(largest) + largest;
+}
+
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
   const PipelineStage stage = resolved_stage(cfg, storage.stage);
   // The stage's blocks; the LM head's logits and its log-sum-exps on the last stage only.

@@ -87,6 +87,10 @@ ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_
 // are accumulated) or with parts whose backward goes a sequence at a time (MoE, LoRA, QK norms, a
 // tensor-parallel share). An invariant model's grain forms a gradient span per sequence.
 int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
+// The floats of a block's gradient the backward pass asks for at once (UnitAccess::grads): the
+// largest op's span (a product's weight and bias, under MoE one expert's, or a norm's
+// parameters), one per sequence of an invariant model's grain.
+size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
 
 // What model.h's model_* functions give, for the decoder cfg describes. The layout's offsets and
 // sizes are filled in there.

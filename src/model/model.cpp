@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/encoder.h"
+#include "kernels/matmul.h"
 #include "kernels/residual.h"
 #include "model/decoder.h"
 
@@ -160,6 +161,10 @@ size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq
   return decoder_activation_bytes(cfg, max_batch, max_seq, storage);
 }
 
+size_t model_grain_grads_bytes(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
+  return (block_grads_span(cfg, max_batch, storage) - block_grads_span(cfg, 1, storage)) * sizeof(float);
+}
+
 size_t model_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {
   return decoder_evaluation_bytes(cfg, max_batch, max_seq);
 }
@@ -222,35 +227,45 @@ class Model::OwnArrays : public UnitAccess {
     return m_.params_.data() + m_.units_[unit].offset;
   }
   void release_params(int) override {}
-  // One span accumulates in place; a grain's spans per sequence are added to it in sequence order.
+  // Contributions accumulate in place, or (apart) each span is added to the gradient in sequence
+  // order.
   void grain_done(int unit, size_t offset, size_t count, int sequences) override {
-    if (sequences == 1) return;
-    float* g = grads(unit, offset, count, 1);
+    if (!apart()) return;
+    float* g = own(unit, offset);
     for (int i = 0; i < sequences; i++)
-      residual_forward(m_.kernels(), g, g, sequences_.data() + i * sequence_span_stride(count),
-                       static_cast<long>(count));
+      residual_forward(m_.kernels(), g, g, spans_.data() + i * sequence_span_stride(count), static_cast<long>(count));
   }
   void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
-    add_rows(m_.kernels(), grads(unit, offset, 0, 1), x, rows_op, n_rows, row_len);
+    add_rows(m_.kernels(), own(unit, offset), x, rows_op, n_rows, row_len);
   }
   float* grads(int unit, size_t offset, size_t count, int sequences) override {
-    ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
-    if (sequences == 1) return m_.grads_.data() + m_.units_[unit].offset + offset;
+    float* g = own(unit, offset);
+    if (!apart()) return g;
     const size_t n = sequences * sequence_span_stride(count);
-    if (sequences_.size() < n) {
-      sequences_.reset();
-      sequences_.assign_zeros(m_.kernels(), n);
+    if (spans_.size() < n) {
+      spans_.reset();
+      spans_.assign_zeros(m_.kernels(), n);
     } else {
-      op_zero(m_.kernels(), sequences_.data(), n * sizeof(float));
+      op_zero(m_.kernels(), spans_.data(), n * sizeof(float));
     }
-    return sequences_.data();
+    return spans_.data();
   }
   void grads_done(int) override {}
 
  private:
+  float* own(int unit, size_t offset) {
+    ANVIL_CHECK(!m_.grads_.empty(), "the model holds no gradients of its own and has no unit access set");
+    return m_.grads_.data() + m_.units_[unit].offset + offset;
+  }
+  // An invariant model on a GPU forms a gradient span per sequence of its microbatch: every span,
+  // one sequence's or several, is formed apart and added in sequence order, so that a sequence's
+  // contribution reaches the gradient alike whatever the microbatch (in place, a product adds
+  // with one rounding, not two).
+  bool apart() const { return m_.microbatch_invariant() && !matmul_rows_independent(m_.kernels()); }
+
   Model& m_;
-  OpArray<float> sequences_;  // a grain's spans, one per sequence
+  OpArray<float> spans_;  // apart: the grain's spans
 };
 
 Model::Model(const ModelConfig& cfg, int max_seq, const ModelStorage& storage)

@@ -12,7 +12,7 @@ ModelStorage model_storage_for(const DataParallelOptions& options) {
   ModelStorage s;
   s.params = options.zero_stage < 3;
   // In deterministic mode the gradient lives in the fixed-point accumulators, which AdamW reads,
-  // and is summed a sequence at a time.
+  // and is summed a sequence at a time (each sequence's contribution rounded on its own).
   s.grads = options.zero_stage < 2 && !options.deterministic;
   s.microbatch_invariant = options.deterministic;
   return s;
@@ -40,8 +40,11 @@ const DataParallelOptions& checked(const DataParallelOptions& o, Model& model) {
   ANVIL_CHECK(!o.bf16_compression || model.kernels() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
   const ModelStorage want = model_storage_for(o);
-  ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads &&
-                  (model.microbatch_invariant() || !o.deterministic),
+  // (On a GPU an invariant model forms a gradient span per sequence, which only deterministic
+  // mode's fixed-point sums take.)
+  const bool invariant_ok = model.microbatch_invariant() ? o.deterministic || model.kernels() != KernelImpl::kGpu
+                                                         : !o.deterministic;
+  ANVIL_CHECK((model.params() != nullptr) == want.params && (model.grads() != nullptr) == want.grads && invariant_ok,
               "the model was not built for zero_stage {}{} (use model_storage_for)", o.zero_stage,
               o.deterministic ? " in deterministic mode" : "");
   return o;

@@ -19,8 +19,9 @@
 // kernels=gpu, where the same stages and the same fixed-point sums run on the device.
 //
 // Deterministic mode (the default): the model's per-sequence gradient contributions land in a
-// float scratch buffer (the size of the largest span one op forms, Model::largest_grads_span) and
-// are added, one sequence at a time, into int64 fixed-point accumulators (kernels/fixed_point.h),
+// float scratch buffer (the largest spans one op forms, Model::largest_grads_span: one sequence's,
+// or on a GPU one per sequence of the microbatch) and each sequence's is rounded into int64
+// fixed-point accumulators (kernels/fixed_point.h),
 // which are what the stages above reduce (in integers: exact). The gradient norm is summed from
 // the integers, and AdamW reads the rank's gradient from them too (kernels/optimizer.h): no fp32
 // copy of the gradient exists in this mode. A step whose values outgrew the fixed-point scale is
@@ -98,6 +99,9 @@ class DataParallel : public UnitAccess {
   const GpuSharing& gpu_sharing() const { return collectives_.sharing(); }
   int zero_stage() const { return opt_.zero_stage; }
   MemoryReport memory() const;
+  // Sizes what follows the model's microbatch (deterministic training's scratch for a grain's
+  // gradient spans, one per sequence on a GPU) after Model::set_max_batch.
+  void fit_model_batch() { grads_.fit_scratch(); }
 
   // Initial parameters from the seed (each rank computes what it holds).
   void init_weights(uint64_t seed);

@@ -33,11 +33,7 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
   }
   if (opt.deterministic) {
     if (opt.zero_stage < 2) fixed_.assign_zeros(impl_, ctx_.shards.n);
-    emb_scratch_.buf.assign_zeros(impl_, ctx_.model.largest_grads_span(0));
-    size_t largest_span = 0;
-    for (size_t u = 1; u < units_.size(); u++)
-      largest_span = std::max(largest_span, ctx_.model.largest_grads_span(static_cast<int>(u)));
-    block_scratch_.buf.assign_zeros(impl_, largest_span);
+    fit_scratch();
     fixed_dest_.assign(units_.size(), nullptr);
     scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt.global_batch));
     sample_max_.assign_zeros(impl_, tensors_.size());
@@ -69,6 +65,20 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
     tensor_squares_.resize(tensors_.size() * t->ranks);
   }
   if (opt.bf16_compression) error_feedback_.assign(ctx_.shards.n, 0.0f);
+}
+
+void GradientReduction::fit_scratch() {
+  if (!ctx_.options.deterministic) return;
+  size_t largest_span = 0;
+  for (size_t u = 1; u < units_.size(); u++)
+    largest_span = std::max(largest_span, ctx_.model.largest_grads_span(static_cast<int>(u)));
+  const std::pair<Scratch*, size_t> sizes[] = {{&emb_scratch_, ctx_.model.largest_grads_span(0)},
+                                                {&block_scratch_, largest_span}};
+  for (const auto& [s, n] : sizes)
+    if (s->buf.size() != n) {
+      s->buf.reset();  // freed first: never the old and the new at once
+      s->buf.assign_zeros(impl_, n);
+    }
 }
 
 void GradientReduction::add_memory(MemoryReport& m) const {
@@ -293,13 +303,8 @@ float* GradientReduction::grads(int unit, size_t offset, size_t count, int seque
   open_fixed(unit);
   Scratch& s = scratch_for(unit);
   const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
-  if (needed > s.buf.size()) {
-    // A grain's spans grow with the model's microbatch, which is chosen after this is built
-    // (Model::set_max_batch): the first grain that needs more scratch makes it (all zero, unused).
-    ANVIL_CHECK(sequences > 1, "a span of {} values of unit {}'s gradient, scratch for {}", count, unit, s.buf.size());
-    s.buf.reset();
-    s.buf.assign_zeros(impl_, needed);
-  }
+  ANVIL_CHECK(needed <= s.buf.size(), "{} spans of {} values of unit {}'s gradient, scratch for {} (the model's "
+              "microbatch grew without DataParallel::fit_model_batch)", sequences, count, unit, s.buf.size());
   s.origin = offset;
   return s.buf.data();  // all zero between grains
 }

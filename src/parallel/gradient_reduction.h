@@ -18,6 +18,9 @@ class GradientReduction {
   explicit GradientReduction(const DataParallelContext& ctx);
 
   void add_memory(MemoryReport& m) const;
+  // Deterministic mode: the scratch for the model's largest spans (Model::largest_grads_span), which
+  // grow with its microbatch.
+  void fit_scratch();
 
   void begin_step();
   void begin_microbatch(bool last) { last_microbatch_ = last; }
@@ -107,8 +110,9 @@ class GradientReduction {
   std::vector<unsigned __int128> tensor_squares_;
   // The verdict on the step, agreed by every stage: the worst of theirs.
   Backward agreed(Backward mine);
-  // One sequence's contribution to a span of a unit's gradient, before rounding: the embeddings'
-  // spans, and the blocks' and the final norm's.
+  // A grain's contributions to a span of a unit's gradient (one sequence's, or on a GPU a span
+  // per sequence of the microbatch), before rounding: the embeddings' spans, and the blocks' and
+  // the final norm's.
   struct Scratch {
     OpArray<float> buf;
     size_t origin = 0;  // the unit offset buf[0] stands for (the last span asked for)

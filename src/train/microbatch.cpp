@@ -54,8 +54,9 @@ MicrobatchPlan plan_microbatch(const TrainConfig& cfg, int local_batch, size_t m
   storage.stage = stage;
   auto activations = [&](int microbatch, int eval_batch) {
     const int rows = std::max(microbatch, eval_batch);
-    return gpu_scratch +
-           held_microbatches * model_activation_bytes(tensor_share ? *tensor_share : cfg.model, rows, T, storage) +
+    const ModelConfig& model = tensor_share ? *tensor_share : cfg.model;
+    return gpu_scratch + held_microbatches * model_activation_bytes(model, rows, T, storage) +
+           model_grain_grads_bytes(model, rows, storage) +
            (cfg.icl_tasks.empty() ? 0 : model_evaluation_bytes(cfg.model, rows, T));
   };
   const bool given = cfg.memory_limit > 0;

@@ -48,6 +48,7 @@ TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int loc
   if (cfg.device_eval_batch_size <= 0) cfg.device_eval_batch_size = microbatch;
   const int max_batch = std::max(microbatch, cfg.device_eval_batch_size);
   model.set_max_batch(max_batch);
+  s.dp->fit_model_batch();
   if (pipeline) {
     const int slots = std::min(held, (local_batch + microbatch - 1) / microbatch);
     storage.params = storage.grads = false;  // the stage's, through the unit access

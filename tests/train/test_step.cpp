@@ -176,6 +176,24 @@ TEST(Microbatch, AutoPicksTheLargestThatFits) {
                 model_evaluation_bytes(c.model, plan.microbatch, c.max_seq_len));
 }
 
+// On a GPU a microbatch-invariant model's backward forms a gradient span per sequence of its
+// microbatch: what deterministic training's scratch holds beyond one sequence's span grows with
+// the microbatch. (plan_microbatch adds it to the activations; under kernels=gpu it asks the GPU
+// for its free memory, so a build without one cannot plan for it here.)
+TEST(Microbatch, CountsAGpuGrainsGradientSpans) {
+  const TrainConfig c = small_config(0);
+  ModelStorage storage;  // invariant
+  EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), 0u) << "the CPU's grain is one sequence";
+  storage.kernels = KernelImpl::kGpu;
+  const size_t C = c.model.d_model, H = c.model.mlp_width();
+  const size_t largest = C * H + std::max(C, H);  // an MLP product's weight and bias
+  const size_t spans = 3 * sequence_span_stride(largest) * sizeof(float);
+  EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), spans);
+  EXPECT_EQ(model_grain_grads_bytes(c.model, 1, storage), 0u);
+  storage.microbatch_invariant = false;
+  EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), 0u) << "one span for the whole microbatch";
+}
+
 // Fixed-point gradients: the grouping of sequences into microbatches cannot change a bit.
 TEST(TrainStep, MicrobatchSizeDoesNotChangeABit) {
   const std::vector<float> whole = train_steps(4, 3);

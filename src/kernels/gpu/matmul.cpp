@@ -63,8 +63,9 @@ struct Plan {
   bool batched = true;
   bool checked = false;  // the batched bits compared with each matrix's own product's
 };
+// (beta: whether the product accumulates, which a batch's first-use check ran with)
 using PlanKey =
-    std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool, bool>;
+    std::tuple<int, bool, bool, int, int, int, int, int, int, long long, long long, long long, int, bool, bool, bool>;
 
 // The heuristic's first algorithm for the product the layouts describe now.
 gpublasLtMatmulAlgo_t first_algorithm(const Plan& p, int m, int n, int k) {
@@ -148,7 +149,7 @@ void gemm(gpublasDataType_t operands, bool trans_a, bool trans_b, int m, int n, 
   // A single matrix's strides mean nothing: its plan is every single product's of that shape.
   if (count == 1) A.stride = B.stride = stride_d = 0;
   const PlanKey key{static_cast<int>(operands), trans_a, trans_b, m, n, k, A.ld, B.ld, ldd, A.stride, B.stride,
-                    stride_d, count, bias != nullptr, one_each};
+                    stride_d, count, bias != nullptr, one_each, beta != 0.0f};
   auto it = plans.find(key);
   if (it == plans.end())
     it = plans.emplace(key, make_plan(operands, trans_a, trans_b, m, n, k, A, B, ldd, stride_d, count, bias,

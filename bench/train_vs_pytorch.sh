@@ -8,17 +8,21 @@
 # caching allocator, tcmalloc, preloaded; OpenBLAS told to use its AVX-512 kernels where the CPU
 # has them, which its Debian build does not detect on Zen 4/5). Installs Debian's python3-torch
 # and libtcmalloc-minimal4 if they are missing.
-# Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R] [--attention manual|sdpa] [--compile]
-#                                  [key=value ...]   (--compile: PyTorch's model under torch.compile)
+# Usage: bench/train_vs_pytorch.sh [CONFIG] [--steps N] [--rounds R] [--warmup W] [--attention manual|sdpa]
+#                                  [--compile] [key=value ...]   (--compile: PyTorch's model under
+#                                  torch.compile; --warmup: anvil's untimed steps, default its own 2;
+#                                  deterministic_mode wants 4, since a step run again at a new
+#                                  fixed-point scale would be timed)
 #        (default configs/bench-16m.yaml; e.g. precision=amp_bf16, max_seq_len=1024, kernels=gpu)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-config=configs/bench-16m.yaml steps=5 rounds=5 attention=manual compile=() overrides=()
+config=configs/bench-16m.yaml steps=5 rounds=5 attention=manual compile=() overrides=() warmup=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
+    --warmup) warmup=(--warmup "$2"); shift 2 ;;
     --attention) attention="$2"; shift 2 ;;
     --compile) compile=(--compile); shift ;;
     *=*) overrides+=("$1"); shift ;;
@@ -72,7 +76,8 @@ torch_run() {  # torch_run ANVIL_JSON [env ...]
 ratios=() tuned_ratios=()
 best_anvil=0 best_torch=0 best_tuned=0 mem_anvil=0 mem_torch=0 mem_tuned=0
 for r in $(seq "$rounds"); do
-  a=$("$anvil" bench train "$config" ${overrides[@]+"${overrides[@]}"} --steps "$steps" 2>/dev/null | tail -1)
+  a=$("$anvil" bench train "$config" ${overrides[@]+"${overrides[@]}"} --steps "$steps" ${warmup[@]+"${warmup[@]}"} \
+    2>/dev/null | tail -1)
   [ "$r" -gt 1 ] || describe "$a"
   t=$(torch_run "$a")
   echo "round $r: anvil $a"

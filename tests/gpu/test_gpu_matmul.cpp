@@ -192,5 +192,54 @@ TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
   }
 }
 
+// A shape whose first batch has other bits than its products one at a time (forced here; the
+// hardware has not shown one): the outputs are then the products one at a time, accumulated onto
+// what the outputs held, and the shape goes one at a time from then on.
+TEST(GpuMatmul, BatchesWithOtherBitsFallBackToOneAtATime) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
+  gpu_select(0);
+  const int B = 3, T = 48, C = 24, OC = 40;  // a shape no other test uses: its plans are new
+  const size_t seq_in = static_cast<size_t>(T) * C, seq_out = static_cast<size_t>(T) * OC,
+               w_n = static_cast<size_t>(OC) * C, stride = w_n + OC + 8;
+  auto device = [](const std::vector<float>& host) {
+    auto* p = static_cast<float*>(gpu_alloc(host.size() * sizeof(float)));
+    gpu_copy_to_device(p, host.data(), host.size() * sizeof(float));
+    return p;
+  };
+  auto host = [](const float* p, size_t n) {
+    std::vector<float> v(n);
+    gpu_copy_to_host(v.data(), p, n * sizeof(float));
+    return v;
+  };
+  float* x = device(bf16_values(B * seq_in, 11));
+  float* dout = device(bf16_values(B * seq_out, 12));
+  float* w = device(bf16_values(w_n, 13));
+  const std::vector<float> grads_before = testing::randn(B * stride, 14);
+  float* grads = device(grads_before);
+  float* dinp = device(std::vector<float>(B * seq_in));
+  float* y = device(std::vector<float>(B * seq_out));
+  MatmulContext ctx(KernelImpl::kGpu, ComputeDtype::kBf16);
+  for (int q = 0; q < B; q++) {
+    gpu::matmul_forward(ctx, y + q * seq_out, x + q * seq_in, w, nullptr, T, C, OC);
+    gpu::matmul_backward(ctx, dinp + q * seq_in, grads + q * stride, grads + q * stride + w_n, dout + q * seq_out, OC,
+                         x + q * seq_in, w, T, C, OC, false);
+  }
+  const std::vector<float> y_alone = host(y, B * seq_out), dinp_alone = host(dinp, B * seq_in),
+                           grads_alone = host(grads, B * stride);
+  for (const bool first : {true, false}) {
+    gpu_copy_to_device(grads, grads_before.data(), grads_before.size() * sizeof(float));
+    for (float* p : {y, dinp}) gpu_zero(p, (p == y ? B * seq_out : B * seq_in) * sizeof(float));
+    gpu::matmul_batches_differ(first);
+    gpu::matmul_forward_sequences(ctx, y, x, w, nullptr, B, T, C, OC);
+    gpu::matmul_backward_sequences(ctx, dinp, grads, grads + w_n, stride, dout, x, w, B, T, C, OC);
+    gpu::matmul_batches_differ(false);
+    const char* when = first ? "on the first use" : "after it";
+    EXPECT_EQ(host(y, B * seq_out), y_alone) << when;
+    EXPECT_EQ(host(dinp, B * seq_in), dinp_alone) << when;
+    EXPECT_EQ(host(grads, B * stride), grads_alone) << when << ": not the accumulated products one at a time";
+  }
+  for (float* p : {x, dout, w, grads, dinp, y}) gpu_release(p);
+}
+
 }  // namespace
 }  // namespace anvil

@@ -28,9 +28,12 @@ struct Strided {
 void gemm_fp32_batched(bool trans_a, bool trans_b, int m, int n, int k, float alpha, Strided A, Strided B, float beta,
                        float* D, int ldd, long long stride_d, int count);
 
-// Tests: matmul_forward_sequences's products one sequence at a time, as where the library cannot
-// run one sequence's algorithm batched, or gives the batch other bits.
+// Tests: the *_sequences products one sequence at a time, as where the library cannot run one
+// sequence's algorithm batched, or gives the batch other bits.
 void matmul_split_batches(bool split);
+// Tests: each shape's first batch found to have other bits than the products one at a time (the
+// warning, the outputs of the products one at a time, and that shape one at a time from then on).
+void matmul_batches_differ(bool differ);
 
 // Attention's element-wise steps over the scores (count, T, T) of `count` query heads of sequence
 // b from head h0 on, row-major per head (ops.cu): the causal softmax of scale·S (+ ALiBi) in place

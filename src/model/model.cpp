@@ -228,12 +228,14 @@ class Model::OwnArrays : public UnitAccess {
   }
   void release_params(int) override {}
   // Contributions accumulate in place, or (apart) each span is added to the gradient in sequence
-  // order.
+  // order and cleared for the next grain (which may add to the same spans without asking again).
   void grain_done(int unit, size_t offset, size_t count, int sequences) override {
     if (!apart()) return;
     float* g = own(unit, offset);
+    const size_t stride = sequence_span_stride(count);
     for (int i = 0; i < sequences; i++)
-      residual_forward(m_.kernels(), g, g, spans_.data() + i * sequence_span_stride(count), static_cast<long>(count));
+      residual_forward(m_.kernels(), g, g, spans_.data() + i * stride, static_cast<long>(count));
+    op_zero(m_.kernels(), spans_.data(), ((sequences - 1) * stride + count) * sizeof(float));
   }
   void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
@@ -242,12 +244,10 @@ class Model::OwnArrays : public UnitAccess {
   float* grads(int unit, size_t offset, size_t count, int sequences) override {
     float* g = own(unit, offset);
     if (!apart()) return g;
-    const size_t n = sequences * sequence_span_stride(count);
-    if (spans_.size() < n) {
+    const size_t n = (sequences - 1) * sequence_span_stride(count) + count;
+    if (spans_.size() < n) {  // all zero between grains
       spans_.reset();
       spans_.assign_zeros(m_.kernels(), n);
-    } else {
-      op_zero(m_.kernels(), spans_.data(), n * sizeof(float));
     }
     return spans_.data();
   }

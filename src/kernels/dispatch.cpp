@@ -310,8 +310,9 @@ void fixed_point_accumulate_rows(KernelImpl impl, int64_t* acc, float* x, const 
                                  size_t row_len, int s, float* max_abs) {
   ANVIL_DISPATCH(impl, fixed_point_accumulate_rows, acc, x, rows, n_rows, row_len, s, max_abs);
 }
-void fixed_point_squares(KernelImpl impl, const int64_t* acc, size_t n, unsigned __int128* squares) {
-  ANVIL_DISPATCH(impl, fixed_point_squares, acc, n, squares);
+void fixed_point_squares(KernelImpl impl, const int64_t* acc, size_t n, const size_t* bounds, size_t tensors,
+                         unsigned __int128* squares) {
+  ANVIL_DISPATCH(impl, fixed_point_squares, acc, n, bounds, tensors, squares);
 }
 void fixed_point_add_arrays(KernelImpl impl, int64_t* acc, const int64_t* x, size_t n) {
   ANVIL_DISPATCH(impl, fixed_point_add_arrays, acc, x, n);

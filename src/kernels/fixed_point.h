@@ -52,12 +52,16 @@ void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, i
 // must be distinct.
 void fixed_point_accumulate_rows(KernelImpl impl, int64_t* acc, float* x, const int32_t* rows, size_t n_rows,
                                  size_t row_len, int s, float* max_abs);
-// *squares = Σ floor(acc[i]² / 2^kSquareShift) over i < n, exact in 128-bit integers: sums of
-// squares split over shards add up to the same bits. At scale s the squared norm is
-// squares · 2^(kSquareShift - 2s). (Entries below 2^-26 of the largest drop out of the norm: their
-// squares are under 2^-52 of it.) The gradient's floats are read from acc by AdamW itself
+// For each of `tensors` consecutive ranges of acc, range k = [bounds[k], bounds[k + 1]) (bounds[0]
+// = 0, bounds[tensors] = n, non-decreasing; op memory like acc): squares[k] = Σ floor(acc[i]² /
+// 2^kSquareShift) over the range, exact in 128-bit integers, so that sums of squares split over
+// shards add up to the same bits. One call takes every tensor of a gradient (on a GPU, one pass
+// over the array instead of a launch per tensor). At scale s the squared norm is squares[k] ·
+// 2^(kSquareShift - 2s). (Entries below 2^-26 of the largest drop out of the norm: their squares
+// are under 2^-52 of it.) The gradient's floats are read from acc by AdamW itself
 // (kernels/optimizer.h, adamw_update_fixed).
-void fixed_point_squares(KernelImpl impl, const int64_t* acc, size_t n, unsigned __int128* squares);
+void fixed_point_squares(KernelImpl impl, const int64_t* acc, size_t n, const size_t* bounds, size_t tensors,
+                         unsigned __int128* squares);
 // acc[i] += x[i] (wrapping, as fixed_point_add).
 void fixed_point_add_arrays(KernelImpl impl, int64_t* acc, const int64_t* x, size_t n);
 

@@ -194,11 +194,13 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
     return largest;
   }
   const size_t C = cfg_.d_model,
-               head_chunk = static_cast<size_t>(matmul_column_block(kernels(), cfg_.vocab_size, kVocabChunk)) * C;
+               head_chunk = static_cast<size_t>(matmul_column_block(kernels(), cfg_.vocab_size, kVocabChunk)) * C,
+               head_spans = (head_grain_sequences(cfg_, max_batch_, storage_) - 1) * sequence_span_stride(head_chunk) +
+                            head_chunk;
   const bool learned = cfg_.positions == PositionKind::kLearned;
   if (unit == 0)
-    return std::max(cfg_.tied_embeddings ? head_chunk : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
-  if (unit == cfg_.n_layers + 1) return std::max(norm_params(), cfg_.tied_embeddings ? 0 : head_chunk);
+    return std::max(cfg_.tied_embeddings ? head_spans : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);
+  if (unit == cfg_.n_layers + 1) return std::max(norm_params(), cfg_.tied_embeddings ? 0 : head_spans);
   return block_grads_span(cfg_, max_batch_, storage_);
 }
 
@@ -1338,38 +1340,50 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   // pass (written over the logits), and the gradient back through the head a vocabulary chunk at
   // a time, so that a chunk of the logits' gradient is read from memory once for both products
   // and the chunk's rows of the head's gradient are accumulated (grain_done) while they are in
-  // cache (kVocabChunk; on a GPU one chunk of the whole vocabulary). A tied head's unit (the
-  // embeddings) keeps its gradient open for the whole backward pass: the head adds to it first,
-  // the token embedding last.
+  // cache (kVocabChunk; on a GPU one chunk of the whole vocabulary, and the weight gradients of a
+  // group of sequences, each in its own span of the whole head, handed over together:
+  // head_grain_sequences). A tied head's unit (the embeddings) keeps its gradient open for the
+  // whole backward pass: the head adds to it first, the token embedding last.
   const float* head_unit_params = acquire_base(hu, hu == 0 ? L + 1 : L);
   const float* emb = hold_lm_head(head_unit_params + h0);
   const long TC = static_cast<long>(T) * C;
   const int chunk = matmul_column_block(kernels(), V, kVocabChunk);
-  for (int b = 0; b < B; b++) {
-    const size_t r = b * rows;
-    const float* lnf_b = lnf_rows(b);
-    lm_head(emb, lnf_b);
-    // Under amp the gradients entering and leaving each matrix product are rounded to the
-    // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
-    // accumulate in fp32.
-    // Under a cut vocabulary the input gradient sums over every rank's columns: a chain after
-    // the weight's gradient.
-    const bool cut = cfg_.tensor_share();
-    if (cut)
-      vocab_parallel_crossentropy(targets_op + r, a.losses + r, nullptr, dloss);
-    else
-      crossentropy_forward_backward(kernels(), a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V,
-                                    dtype());
-    for (int v0 = 0; v0 < V; v0 += chunk) {
-      const int width = std::min(chunk, V - v0);
-      const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
-      float* dw = frozen() ? nullptr : units_in_stage_.grads(hu, at, count, 1);
-      matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
-                      emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
-      if (!frozen()) units_in_stage_.grain_done(hu, at, count, 1);
+  const int group = frozen() ? 1 : head_grain_sequences(cfg_, max_batch_, storage_);
+  ANVIL_CHECK(group == 1 || chunk == V, "internal: the LM head's gradients of {} sequences at once in chunks of {} "
+              "of its {} columns", group, chunk, V);
+  const size_t head_count = static_cast<size_t>(V) * C;
+  for (int g0 = 0; g0 < B; g0 += group) {
+    const int n = std::min(group, B - g0);  // sequences in this group
+    float* spans = n > 1 ? units_in_stage_.grads(hu, h0, head_count, n) : nullptr;
+    for (int b = g0; b < g0 + n; b++) {
+      const size_t r = b * rows;
+      const float* lnf_b = lnf_rows(b);
+      lm_head(emb, lnf_b);
+      // Under amp the gradients entering and leaving each matrix product are rounded to the
+      // compute dtype too (the logits' by cross-entropy as it writes them); parameter gradients
+      // accumulate in fp32.
+      // Under a cut vocabulary the input gradient sums over every rank's columns: a chain after
+      // the weight's gradient.
+      const bool cut = cfg_.tensor_share();
+      if (cut)
+        vocab_parallel_crossentropy(targets_op + r, a.losses + r, nullptr, dloss);
+      else
+        crossentropy_forward_backward(kernels(), a.losses + r, a.logits, a.logits, targets_op + r, dloss, T, V,
+                                      dtype());
+      for (int v0 = 0; v0 < V; v0 += chunk) {
+        const int width = std::min(chunk, V - v0);
+        const size_t at = h0 + static_cast<size_t>(v0) * C, count = static_cast<size_t>(width) * C;
+        float* dw = frozen() ? nullptr
+                    : spans  ? spans + (b - g0) * sequence_span_stride(head_count)
+                             : units_in_stage_.grads(hu, at, count, 1);
+        matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
+                        emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
+        if (!frozen() && !spans) units_in_stage_.grain_done(hu, at, count, 1);
+      }
+      if (cut) chained_head_input_grad(emb, dsmall_ + r * C, b);
+      round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
     }
-    if (cut) chained_head_input_grad(emb, dsmall_ + r * C, b);
-    round_to_dtype(kernels(), dsmall_ + r * C, TC, dtype());
+    if (spans) units_in_stage_.grain_done(hu, h0, head_count, n);
   }
   matmul_.release_weight();
   if (hu != L + 1) release_base(hu);

@@ -167,6 +167,14 @@ size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorag
   return (spans - 1) * sequence_span_stride(largest) + largest;
 }
 
+int head_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
+  if (!storage.microbatch_invariant || backward_grain_sequences(cfg, max_batch, storage) == 1) return 1;
+  const size_t span_bytes = sequence_span_stride(static_cast<size_t>(cfg.vocab_size) * cfg.d_model) * sizeof(float);
+  const int fit = static_cast<int>(std::clamp<size_t>(kHeadSpansBytes / span_bytes, 1, max_batch));
+  const int groups = (max_batch + fit - 1) / fit;
+  return (max_batch + groups - 1) / groups;
+}
+
 ActivationSizes activation_sizes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage) {
   const PipelineStage stage = resolved_stage(cfg, storage.stage);
   // The stage's blocks; the LM head's logits and its log-sum-exps on the last stage only.

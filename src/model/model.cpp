@@ -162,7 +162,12 @@ size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq
 }
 
 size_t model_grain_grads_bytes(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
-  return (block_grads_span(cfg, max_batch, storage) - block_grads_span(cfg, 1, storage)) * sizeof(float);
+  const size_t blocks = block_grads_span(cfg, max_batch, storage) - block_grads_span(cfg, 1, storage);
+  // The LM head's spans beyond one sequence's (a GPU's head spans the whole vocabulary).
+  const bool head = resolved_stage(cfg, storage.stage).end_layer == cfg.n_layers;
+  const size_t head_spans = head ? head_grain_sequences(cfg, max_batch, storage) - 1 : 0;
+  return (blocks + head_spans * sequence_span_stride(static_cast<size_t>(cfg.vocab_size) * cfg.d_model)) *
+         sizeof(float);
 }
 
 size_t model_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {

@@ -201,7 +201,8 @@ std::vector<float> lora_merged_weights(const ModelConfig& cfg, const std::vector
 size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq, const ModelStorage& storage);
 // Bytes of the gradient spans a grain of the backward pass forms beyond one sequence's, in
 // deterministic training's scratch (an invariant model on a GPU forms a span per sequence of its
-// microbatch): memory that grows with the microbatch, as the activations do.
+// microbatch, and of a group of its sequences for the LM head): memory that grows with the
+// microbatch, as the activations do.
 size_t model_grain_grads_bytes(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
 // Bytes an evaluation that keeps prefixes and picks rows (keep_prefix, forward_after_prefix,
 // forward_logits: the ICL tasks) takes at most beyond the activations, in passes of up to

@@ -38,6 +38,17 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
     scale_.assign(tensors_.size(), fixed_point_scale(0.0f, opt.global_batch));
     sample_max_.assign_zeros(impl_, tensors_.size());
     owned_squares_.assign_zeros(impl_, tensors_.size());
+    // Each tensor's part of the owned range [lo, hi), from the range's start (empty where they
+    // do not meet): the ranges of one fixed_point_squares call.
+    std::vector<size_t> bounds;
+    for (const ParamTensor& t : tensors_) {
+      ANVIL_CHECK(t.offset == (&t == tensors_.data() ? 0 : (&t - 1)->offset + (&t - 1)->numel),
+                  "internal: tensor '{}' does not follow the one before it in the gradient", t.name);
+      bounds.push_back(std::clamp(t.offset, ctx_.shards.lo, ctx_.shards.hi) - ctx_.shards.lo);
+    }
+    bounds.push_back(ctx_.shards.hi - ctx_.shards.lo);
+    owned_bounds_.assign_zeros(impl_, bounds.size());
+    op_copy_from_host(impl_, owned_bounds_.data(), bounds.data(), bounds.size() * sizeof(size_t));
     // Space for the per-step exchanges, so that a step allocates nothing.
     const size_t K = tensors_.size(), W = static_cast<size_t>(ctx_.comm.size());
     next_scale_.resize(K);
@@ -191,15 +202,8 @@ GradientReduction::Backward GradientReduction::agreed(Backward mine) {
 
 // This rank's part of the squared norm per tensor, from what it owns.
 void GradientReduction::sum_owned_squares() {
-  const int64_t* fixed = owned_fixed();
-  const size_t lo = ctx_.shards.lo, hi = ctx_.shards.hi;
-  for (size_t k = 0; k < tensors_.size(); k++) {
-    const ParamTensor& t = tensors_[k];
-    const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + t.numel);
-    // An empty range sums to zero.
-    const size_t at = a < b ? a - lo : 0, count = a < b ? b - a : 0;
-    fixed_point_squares(impl_, fixed + at, count, owned_squares_.data() + k);
-  }
+  fixed_point_squares(impl_, owned_fixed(), ctx_.shards.hi - ctx_.shards.lo, owned_bounds_.data(), tensors_.size(),
+                      owned_squares_.data());
   op_copy_to_host(impl_, host_squares_.data(), owned_squares_.data(), host_squares_.size() * sizeof(unsigned __int128));
 }
 

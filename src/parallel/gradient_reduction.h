@@ -88,6 +88,7 @@ class GradientReduction {
   std::vector<int> step_scale_;    // [tensor]: the exponents of the gradient AdamW reads this step
   OpArray<float> sample_max_;      // [tensor]: largest per-sequence |gradient| this step, this rank (loss-scaled)
   OpArray<unsigned __int128> owned_squares_;  // [tensor]: Σ floor(acc²/2^40) over what this rank owns
+  OpArray<size_t> owned_bounds_;              // [tensor + 1]: where each tensor's part of what it owns starts
   std::vector<unsigned __int128> host_squares_;
   std::vector<int> next_scale_;  // scratch of finish_backward and global_norm
   std::vector<unsigned __int128> squares_, all_squares_;

@@ -662,11 +662,19 @@ void optimizer_cases(std::vector<OpCase>& cases) {
     cases.push_back({case_name("fixed_point_add_arrays", dims), [=](OpRun& r) {
       ANVIL_RUN_OP(r, fixed_point_add_arrays, r.inout("acc", acc, exact()), r.in("x", acc), n);
     }});
+    // One range, and a gradient's many: empty ranges at the start, inside and at the end, ranges
+    // inside one GPU chunk (4,096 values) and across several, starts on a chunk's first value.
     for (size_t len : {size_t{0}, size_t{1}, size_t{1000}, n})
       cases.push_back({case_name("fixed_point_squares", {{"N", static_cast<long>(len)}}, std::to_string(s.rows)), [=](OpRun& r) {
         auto* squares = r.inout("squares", std::vector<unsigned __int128>{123}, exact());
-        ANVIL_RUN_OP(r, fixed_point_squares, r.in("acc", acc), len, squares);
+        ANVIL_RUN_OP(r, fixed_point_squares, r.in("acc", acc), len, r.in("bounds", std::vector<size_t>{0, len}), 1,
+                     squares);
       }});
+    const std::vector<size_t> bounds = {0, 0, 1, 768, 769, 4096, 4096, 8192, 20000, 20001, n - 1, n, n};
+    cases.push_back({case_name("fixed_point_squares", {{"N", static_cast<long>(n)}}, "tensors"), [=](OpRun& r) {
+      auto* squares = r.inout("squares", std::vector<unsigned __int128>(bounds.size() - 1, 123), exact());
+      ANVIL_RUN_OP(r, fixed_point_squares, r.in("acc", acc), n, r.in("bounds", bounds), bounds.size() - 1, squares);
+    }});
     std::vector<AdamWTensor> tensors = adamw_tensors(n);
     for (AdamWTensor& t : tensors) t.exponent += e - 10;
     cases.push_back({case_name("adamw_update_fixed", dims), [=](OpRun& r) {

@@ -125,11 +125,11 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   for (float v : x) direct += static_cast<double>(v) * v;
   float m = 0.0f;
   fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, s, &m);
-  unsigned __int128 whole = 0, head = 0, tail = 0;
-  fixed_point_squares(KernelImpl::kCpu, acc.data(), acc.size(), &whole);
-  fixed_point_squares(KernelImpl::kCpu, acc.data(), 1234, &head);
-  fixed_point_squares(KernelImpl::kCpu, acc.data() + 1234, acc.size() - 1234, &tail);
-  EXPECT_TRUE(whole == head + tail);
+  unsigned __int128 whole = 0, parts[2] = {0, 0};
+  const size_t all[] = {0, acc.size()}, split[] = {0, 1234, acc.size()};
+  fixed_point_squares(KernelImpl::kCpu, acc.data(), acc.size(), all, 1, &whole);
+  fixed_point_squares(KernelImpl::kCpu, acc.data(), acc.size(), split, 2, parts);
+  EXPECT_TRUE(whole == parts[0] + parts[1]);
   const double norm2 = std::ldexp(static_cast<double>(whole), kSquareShift - 2 * s);
   EXPECT_NEAR(norm2, direct, 1e-9 * direct);
 }
@@ -153,9 +153,10 @@ TEST(FixedPoint, SumOfSquaresIsExactOverTheWholeInt64Range) {
                   (u < 0 ? -1 : 1));
   }
   for (size_t n : {acc.size(), size_t{6}, size_t{17}}) {
+    const size_t bounds[] = {0, n};
     unsigned __int128 want = 0, got = 0;
-    ref::fixed_point_squares(acc.data(), n, &want);
-    cpu::fixed_point_squares(acc.data(), n, &got);
+    ref::fixed_point_squares(acc.data(), n, bounds, 1, &want);
+    cpu::fixed_point_squares(acc.data(), n, bounds, 1, &got);
     EXPECT_TRUE(got == want) << n << " values";
   }
 }

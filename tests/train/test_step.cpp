@@ -16,6 +16,7 @@
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/decoder_layout.h"
 #include "train/microbatch.h"
 #include "train/step.h"
 
@@ -187,9 +188,23 @@ TEST(Microbatch, CountsAGpuGrainsGradientSpans) {
   storage.kernels = KernelImpl::kGpu;
   const size_t C = c.model.d_model, H = c.model.mlp_width();
   const size_t largest = C * H + std::max(C, H);  // an MLP product's weight and bias
-  const size_t spans = 3 * sequence_span_stride(largest) * sizeof(float);
+  // and the LM head's, a group of sequences at once (small enough here for all four)
+  const size_t head = static_cast<size_t>(c.model.vocab_size) * C;
+  ASSERT_EQ(head_grain_sequences(c.model, 4, storage), 4);
+  const size_t spans = 3 * (sequence_span_stride(largest) + sequence_span_stride(head)) * sizeof(float);
   EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), spans);
   EXPECT_EQ(model_grain_grads_bytes(c.model, 1, storage), 0u);
+  // The head's groups stay within kHeadSpansBytes, as even as the microbatch allows: GPT-2 124M's
+  // head (154.5 MB a span) six at most, Llama 3.2 1B's (1,051 MB) one.
+  ModelConfig wide = c.model;
+  wide.vocab_size = 50304;
+  wide.d_model = 768;
+  EXPECT_EQ(head_grain_sequences(wide, 8, storage), 4);
+  EXPECT_EQ(head_grain_sequences(wide, 16, storage), 6);
+  EXPECT_EQ(head_grain_sequences(wide, 5, storage), 5);
+  wide.vocab_size = 128256;
+  wide.d_model = 2048;
+  EXPECT_EQ(head_grain_sequences(wide, 8, storage), 1);
   storage.microbatch_invariant = false;
   EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), 0u) << "one span for the whole microbatch";
 }

@@ -103,6 +103,9 @@ struct alignas(16) float4 {
 struct alignas(8) uint2 {
   unsigned x, y;
 };
+struct alignas(16) longlong2 {
+  long long x, y;
+};
 
 namespace anvil::emulation {
 

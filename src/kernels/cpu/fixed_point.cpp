@@ -98,24 +98,28 @@ ANVIL_CPU_CLONES unsigned __int128 squares_range(const int64_t* acc, size_t n) {
 
 }  // namespace
 
-void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
+void fixed_point_squares(const int64_t* acc, size_t, const size_t* bounds, size_t tensors,
+                         unsigned __int128* squares) {
   using u128 = unsigned __int128;
   auto range = [&](size_t lo, size_t hi) {
     u128 total = 0;
     for (size_t i = lo; i < hi; i += kSquaresBlock) total += squares_range(acc + i, std::min(kSquaresBlock, hi - i));
     return total;
   };
-  if (n < kParallelMin) {
-    *squares = range(0, n);
-    return;
-  }
-  u128 total = 0;
-  over_threads(n, [&](size_t lo, size_t hi) {
-    const u128 part = range(lo, hi);
+  for (size_t k = 0; k < tensors; k++) {
+    const size_t lo = bounds[k], hi = bounds[k + 1];
+    if (hi - lo < kParallelMin) {
+      squares[k] = range(lo, hi);
+      continue;
+    }
+    u128 total = 0;
+    over_threads(hi - lo, [&](size_t a, size_t b) {
+      const u128 part = range(lo + a, lo + b);
 #pragma omp critical
-    total += part;  // integers: any order gives the same sum
-  });
-  *squares = total;
+      total += part;  // integers: any order gives the same sum
+    });
+    squares[k] = total;
+  }
 }
 
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {

@@ -8,13 +8,13 @@
 #include "device/device.h"
 #include "device/stream.h"
 #include "kernels/fixed_point.h"
+#include "kernels/gpu/quads.h"
 
 namespace anvil::gpu {
 namespace {
 
 using u128 = unsigned __int128;
 constexpr int kThreads = 256;
-constexpr int kMaxSquareBlocks = 1024;
 
 // round(x · scale) to nearest even, as the CPU computes it: adding 1.5 · 2^52 leaves the integer
 // part in the low mantissa bits (exact for |x · scale| < 2^51, wrapping beyond like the CPU's).
@@ -46,48 +46,47 @@ __device__ void block_max_into(float m, float* max_abs) {
     atomicMax(reinterpret_cast<unsigned int*>(max_abs), __float_as_uint(shared[0]));
 }
 
-// Each block takes kPerThread · kThreads consecutive elements (a thread every kThreads of them,
-// so that a warp's reads stay contiguous): the block's maximum and its atomic are paid once per
-// kPerThread elements. A thread holds its accumulators while it adds every copy's values (each
-// accumulator read and written once for all the copies), and reads every copy before it clears
-// any (x and acc are distinct arrays: __restrict__; the copies' loads, unrolled, are in flight
-// together, not each behind the last copy's stores). One copy: GPT-2 124M's step on an H200,
-// 12.5 -> 11.7 ms of this pass with the loads ahead of the stores; 16-byte accesses where both
-// arrays allow them gained nothing more there.
-constexpr int kPerThread = 8;
+// Each thread takes kQuads quads (four consecutive values, 16-byte accesses: kernels/gpu/quads.h)
+// kThreads quads apart, so that a warp's accesses stay contiguous and the block's maximum and its
+// atomic are paid once per kQuads · 4 · kThreads values. A thread holds its accumulators while it
+// adds every copy's values (each accumulator read and written once for all the copies), and reads
+// every copy before it clears any (x and acc are distinct arrays: __restrict__; the copies' loads,
+// unrolled, are in flight together, not each behind the last copy's stores). GPT-2 124M's passes
+// of a step on an H200 (microbatch 8, a probe of this kernel's shapes): 7.0 ms with a value a
+// thread (eight, 64 registers), 4.6 with four, 3.7 with two quads (42 registers).
+constexpr int kQuads = 2;
+constexpr size_t kBlockValues = static_cast<size_t>(kQuads) * 4 * kThreads;
 
 __global__ void accumulate_kernel(int64_t* __restrict__ acc, float* __restrict__ x, size_t n, int copies,
                                   size_t stride, double scale, float* max_abs) {
-  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x * kPerThread + threadIdx.x;
-  int64_t a[kPerThread];
+  const long first = 4 * (static_cast<long>(blockIdx.x) * blockDim.x * kQuads + threadIdx.x), len = n;
+  auto at = [&](int q) { return first + 4L * q * blockDim.x; };
+  int64_t a[kQuads][4];
   ANVIL_UNROLL
-  for (int k = 0; k < kPerThread; k++) {
-    const size_t i = first + static_cast<size_t>(k) * blockDim.x;
-    a[k] = i < n ? acc[i] : 0;
-  }
+  for (int q = 0; q < kQuads; q++)
+    if (at(q) < len) load_quad(acc, at(q), len, a[q]);
   float m = 0.0f;
-  ANVIL_UNROLL_BY(4)
+  ANVIL_UNROLL_BY(2)
   for (int c = 0; c < copies; c++) {
     const float* xc = x + c * stride;
     ANVIL_UNROLL
-    for (int k = 0; k < kPerThread; k++) {
-      const size_t i = first + static_cast<size_t>(k) * blockDim.x;
-      const float v = i < n ? xc[i] : 0.0f;
-      m = fmaxf(m, magnitude(v));
-      a[k] = wrapping_add(a[k], round_scaled(v, scale));
+    for (int q = 0; q < kQuads; q++) {
+      if (at(q) >= len) continue;
+      const float4 v = load_quad(xc, at(q), len);
+      m = fmaxf(fmaxf(m, fmaxf(magnitude(v.x), magnitude(v.y))), fmaxf(magnitude(v.z), magnitude(v.w)));
+      a[q][0] = wrapping_add(a[q][0], round_scaled(v.x, scale));
+      a[q][1] = wrapping_add(a[q][1], round_scaled(v.y, scale));
+      a[q][2] = wrapping_add(a[q][2], round_scaled(v.z, scale));
+      a[q][3] = wrapping_add(a[q][3], round_scaled(v.w, scale));
     }
   }
   ANVIL_UNROLL
-  for (int k = 0; k < kPerThread; k++) {
-    const size_t i = first + static_cast<size_t>(k) * blockDim.x;
-    if (i < n) acc[i] = a[k];
-  }
+  for (int q = 0; q < kQuads; q++)
+    if (at(q) < len) store_quad(acc, at(q), len, a[q]);
   for (int c = 0; c < copies; c++)
     ANVIL_UNROLL
-    for (int k = 0; k < kPerThread; k++) {
-      const size_t i = first + static_cast<size_t>(k) * blockDim.x;
-      if (i < n) x[c * stride + i] = 0.0f;
-    }
+    for (int q = 0; q < kQuads; q++)
+      if (at(q) < len) store_quad(x + c * stride, at(q), len, float4{0.0f, 0.0f, 0.0f, 0.0f});
   block_max_into(m, max_abs);
 }
 
@@ -107,8 +106,10 @@ __global__ void accumulate_rows_kernel(int64_t* acc, float* x, const int32_t* ro
 }
 
 
+// The block's total of v, in thread 0; every thread may call it again at once.
 __device__ u128 block_sum(u128 v) {
   __shared__ u128 shared[kThreads];
+  __syncthreads();  // the last call's total read
   shared[threadIdx.x] = v;
   __syncthreads();
   for (int half = blockDim.x / 2; half > 0; half >>= 1) {
@@ -118,24 +119,50 @@ __device__ u128 block_sum(u128 v) {
   return shared[0];
 }
 
-// Each block's part of the sum of squares (grid-stride over a fixed grid).
-__global__ void squares_kernel(u128* partial, const int64_t* acc, size_t n) {
+// The sums of squares, every tensor in one pass: block b takes the chunk of kSquaresChunk elements
+// from b · kSquaresChunk. Its part of the tensor that holds the chunk's first element goes to
+// lead[b], and its part of each tensor that starts inside the chunk to head[k]; a tensor's sum is
+// then the leads of the chunks that start in it and its own head (squares_sums_kernel). All are
+// integers, so the sums are the same however the blocks run.
+constexpr size_t kSquaresChunk = kThreads * 16;
+
+__device__ u128 range_squares(const int64_t* acc, size_t lo, size_t hi) {
   u128 s = 0;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+  for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const int64_t v = acc[i];
     const unsigned long long a = v < 0 ? 0ull - static_cast<unsigned long long>(v) : static_cast<unsigned long long>(v);
     s += (static_cast<u128>(a) * a) >> kSquareShift;
   }
-  const u128 total = block_sum(s);
-  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+  return s;
 }
 
-__global__ void sum_partials_kernel(u128* sum, const u128* partial, int count) {
+__global__ void squares_chunks_kernel(u128* lead, u128* head, const int64_t* acc, size_t n, const size_t* bounds,
+                                      size_t tensors) {
+  const size_t c0 = static_cast<size_t>(blockIdx.x) * kSquaresChunk, c1 = min(n, c0 + kSquaresChunk);
+  size_t k = 0, end = tensors;  // the last range that starts at or before c0 (bounds[0] = 0 <= c0 < bounds[tensors])
+  while (end - k > 1) {
+    const size_t mid = (k + end) / 2;
+    if (bounds[mid] <= c0) k = mid;
+    else end = mid;
+  }
+  const u128 first = block_sum(range_squares(acc, c0, min(c1, bounds[k + 1])));
+  if (threadIdx.x == 0) lead[blockIdx.x] = first;
+  for (k++; k < tensors && bounds[k] < c1; k++) {
+    const u128 part = block_sum(range_squares(acc, bounds[k], min(c1, bounds[k + 1])));
+    if (threadIdx.x == 0) head[k] = part;
+  }
+}
+
+// Block k: tensor k's leads (the chunks b with bounds[k] <= b · kSquaresChunk < bounds[k + 1]) and
+// its head where the tensor starts inside a chunk (written by that chunk's block).
+__global__ void squares_sums_kernel(u128* squares, const u128* lead, const u128* head, const size_t* bounds) {
+  const size_t k = blockIdx.x, lo = bounds[k], hi = bounds[k + 1];
   u128 s = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  for (size_t b = (lo + kSquaresChunk - 1) / kSquaresChunk + threadIdx.x; b < (hi + kSquaresChunk - 1) / kSquaresChunk;
+       b += blockDim.x)
+    s += lead[b];
   const u128 total = block_sum(s);
-  if (threadIdx.x == 0) *sum = total;
+  if (threadIdx.x == 0) squares[k] = total + (lo < hi && lo % kSquaresChunk != 0 ? head[k] : 0);
 }
 
 __global__ void add_arrays_kernel(int64_t* acc, const int64_t* x, size_t n) {
@@ -151,7 +178,7 @@ GpuScratch square_partials;
 
 void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs) {
   if (n == 0) return;
-  const auto blocks = static_cast<unsigned>((n + kThreads * kPerThread - 1) / (kThreads * kPerThread));
+  const auto blocks = static_cast<unsigned>((n + kBlockValues - 1) / kBlockValues);
   GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, copies, stride, ldexp(1.0, s), max_abs);
   GPU_CHECK_LAUNCH();
 }
@@ -167,12 +194,17 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   }
 }
 
-void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
-  const int blocks = static_cast<int>(std::min<size_t>(std::max<size_t>(blocks_for(n), 1), kMaxSquareBlocks));
-  u128* partial = static_cast<u128*>(square_partials.get(blocks * sizeof(u128)));
-  GPU_LAUNCH(squares_kernel, blocks, kThreads)(partial, acc, n);
-  GPU_CHECK_LAUNCH();
-  GPU_LAUNCH(sum_partials_kernel, 1, kThreads)(squares, partial, blocks);
+void fixed_point_squares(const int64_t* acc, size_t n, const size_t* bounds, size_t tensors,
+                         unsigned __int128* squares) {
+  if (tensors == 0) return;
+  const size_t chunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+  u128* lead = static_cast<u128*>(square_partials.get((chunks + tensors) * sizeof(u128)));
+  u128* head = lead + chunks;
+  if (chunks > 0) {
+    GPU_LAUNCH(squares_chunks_kernel, static_cast<unsigned>(chunks), kThreads)(lead, head, acc, n, bounds, tensors);
+    GPU_CHECK_LAUNCH();
+  }
+  GPU_LAUNCH(squares_sums_kernel, static_cast<unsigned>(tensors), kThreads)(squares, lead, head, bounds);
   GPU_CHECK_LAUNCH();
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
 #include "kernels/gpu/internal.h"
+#include "kernels/gpu/quads.h"
 #include "kernels/layernorm.h"
 #include "kernels/dropout.h"
 #include "kernels/lora.h"
@@ -32,25 +33,6 @@ constexpr int kThreads = 256;
 constexpr long kMaxGridY = 65535;  // a grid's y extent
 inline int blocks_for(long n, int threads = kThreads) { return static_cast<int>((n + threads - 1) / threads); }
 
-// Element-wise kernels take four consecutive values a thread (blocks_for(quads(N))): one 16-byte
-// access where the quad is whole and starts on 16 bytes, else single ones. These passes are
-// memory-bound, and single accesses left a third of an H200's bandwidth unused.
-inline long quads(long n) { return (n + 3) / 4; }
-__device__ inline long quad_start() { return 4 * (static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x); }
-__device__ inline float4 load_quad(const float* p, long i, long n) {
-  if (i + 4 <= n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) return *reinterpret_cast<const float4*>(p + i);
-  return {p[i], i + 1 < n ? p[i + 1] : 0.0f, i + 2 < n ? p[i + 2] : 0.0f, i + 3 < n ? p[i + 3] : 0.0f};
-}
-__device__ inline void store_quad(float* p, long i, long n, float4 q) {
-  if (i + 4 <= n && reinterpret_cast<uintptr_t>(p + i) % 16 == 0) {
-    *reinterpret_cast<float4*>(p + i) = q;
-    return;
-  }
-  p[i] = q.x;
-  if (i + 1 < n) p[i + 1] = q.y;
-  if (i + 2 < n) p[i + 2] = q.z;
-  if (i + 3 < n) p[i + 3] = q.w;
-}
 template <class F>
 __device__ inline float4 map_quad(float4 a, F f) {
   return {f(a.x), f(a.y), f(a.z), f(a.w)};

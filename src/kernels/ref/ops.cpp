@@ -589,13 +589,16 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
     fixed_point_accumulate(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, 1, 0, s, max_abs);
 }
 
-void fixed_point_squares(const int64_t* acc, size_t n, unsigned __int128* squares) {
-  unsigned __int128 total = 0;
-  for (size_t i = 0; i < n; i++) {
-    const unsigned __int128 a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
-    total += (a * a) >> kSquareShift;
+void fixed_point_squares(const int64_t* acc, size_t, const size_t* bounds, size_t tensors,
+                         unsigned __int128* squares) {
+  for (size_t k = 0; k < tensors; k++) {
+    unsigned __int128 total = 0;
+    for (size_t i = bounds[k]; i < bounds[k + 1]; i++) {
+      const unsigned __int128 a = acc[i] < 0 ? 0 - static_cast<uint64_t>(acc[i]) : static_cast<uint64_t>(acc[i]);
+      total += (a * a) >> kSquareShift;
+    }
+    squares[k] = total;
   }
-  *squares = total;
 }
 
 void fixed_point_add_arrays(int64_t* acc, const int64_t* x, size_t n) {

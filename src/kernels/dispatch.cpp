@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "device/device.h"
 #include "kernels/attention.h"
+#include "kernels/buffer.h"
 #include "kernels/columns.h"
 #include "kernels/crossentropy.h"
 #include "kernels/dropout.h"
@@ -168,18 +169,24 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
                  accumulate_dinp);
 }
 void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
-                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) {
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC,
+                               bool write_grads) {
   const size_t span = (dweight ? static_cast<size_t>(OC) * C : 0) + (dbias ? static_cast<size_t>(OC) : 0);
   ANVIL_CHECK(B <= 1 || grads_stride >= span, "matmul_backward_sequences: sequences' gradients of {} values {} apart "
               "overlap", span, grads_stride);
 #if defined(ANVIL_GPU)
   if (ctx.impl() == KernelImpl::kGpu) {
     const OpProfileScope profile_scope("matmul_backward", ctx.impl());  // the same products, batched
-    return gpu::matmul_backward_sequences(ctx, dinp, dweight, dbias, grads_stride, dout, inp, weight, B, T, C, OC);
+    return gpu::matmul_backward_sequences(ctx, dinp, dweight, dbias, grads_stride, dout, inp, weight, B, T, C, OC,
+                                          write_grads);
   }
 #endif
   for (int b = 0; b < B; b++) {
     const size_t rows = static_cast<size_t>(b) * T, at = b * grads_stride;
+    if (write_grads) {
+      if (dweight) op_zero(ctx.impl(), dweight + at, static_cast<size_t>(OC) * C * sizeof(float));
+      if (dbias) op_zero(ctx.impl(), dbias + at, static_cast<size_t>(OC) * sizeof(float));
+    }
     matmul_backward(ctx, dinp ? dinp + rows * C : nullptr, dweight ? dweight + at : nullptr,
                     dbias ? dbias + at : nullptr, dout + rows * OC, OC, inp + rows * C, weight, T, C, OC, false);
   }
@@ -301,10 +308,10 @@ bool scale_values_check_finite(KernelImpl impl, float* x, size_t n, float coef) 
 }
 
 void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, int copies, size_t stride, int s,
-                            float* max_abs) {
+                            float* max_abs, bool clear) {
   ANVIL_CHECK(copies >= 1 && (copies == 1 || stride >= n), "fixed_point_accumulate: {} copies of {} values {} apart",
               copies, n, stride);
-  ANVIL_DISPATCH(impl, fixed_point_accumulate, acc, x, n, copies, stride, s, max_abs);
+  ANVIL_DISPATCH(impl, fixed_point_accumulate, acc, x, n, copies, stride, s, max_abs, clear);
 }
 void fixed_point_accumulate_rows(KernelImpl impl, int64_t* acc, float* x, const int32_t* rows, size_t n_rows,
                                  size_t row_len, int s, float* max_abs) {

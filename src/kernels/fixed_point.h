@@ -40,13 +40,14 @@ int fixed_point_scale(float max_abs, int64_t samples);
 bool fixed_point_fits(float max_abs, int s, int64_t samples);
 
 // For each of `copies` arrays x_c = x + c · stride (several sequences' contributions, stride >= n):
-// acc[i] += round(x_c[i] · 2^s) (to nearest, ties to even), then x_c[i] = 0, for i < n; *max_abs
+// acc[i] += round(x_c[i] · 2^s) (to nearest, ties to even), then with `clear` x_c[i] = 0 (for
+// contributions that are added to, not written: UnitAccess::grads_to_write), for i < n; *max_abs
 // becomes the larger of itself and every |x_c[i]| as it was (infinity when one is NaN, so that a
 // non-finite gradient is never lost in the maximum). Integer sums in any order are the same, so
 // the copies at once give the bits of one call per copy, reading each accumulator once. Exact while
 // |x_c[i]| · 2^s < 2^51; callers check the maximum against fixed_point_fits before trusting acc.
 void fixed_point_accumulate(KernelImpl impl, int64_t* acc, float* x, size_t n, int copies, size_t stride, int s,
-                            float* max_abs);
+                            float* max_abs, bool clear);
 // The same for the embedding rows one sequence touched, held compact: row r of x (offset
 // r · row_len) goes to row rows[r] of acc (offset rows[r] · row_len), for r < n_rows. The rows
 // must be distinct.

@@ -82,11 +82,14 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
 // matmul_backward of B sequences of T rows (dout's rows OC apart), each sequence forming its own
 // parameter gradient: sequence b's rows of dinp = dout · weight (dinp may be null), and
 // dweight + b·grads_stride (OC,C) += its doutᵀ · inp, dbias + b·grads_stride (OC) += its column
-// sums (either may be null). Each the bits matmul_backward of that sequence alone gives, whatever B
+// sums (either may be null); with write_grads = instead of += (UnitAccess::grads_to_write: the
+// spans' old values are not read). Each the bits of that sequence alone, whatever B
 // (microbatch-invariant training's backward): on the GPU batched products that run the algorithm
-// the library picks for one sequence (as matmul_forward_sequences), elsewhere a sequence at a time.
+// the library picks for one sequence (as matmul_forward_sequences), elsewhere a sequence at a
+// time (matmul_backward's bits; written spans cleared first).
 void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
-                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC);
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC,
+                               bool write_grads);
 
 // The CPU's products sum k in blocks of this many (kernels/cpu/gemm.h), each added to the output
 // in order: a product split along k at multiples of it, the parts accumulated in order, has

@@ -664,12 +664,16 @@ void Decoder::linear_backward(int l, const Linear& f, float* dinp, const float* 
   } else {
     const bool chained = cfg_.tensor_share() && column_parallel(f.product);
     const int spans = grain_spans(n);
-    float* dw = units_in_stage_.grads(1 + l, f.offset, f.span(), spans);
+    // Spans the products write where the access lets them (a GPU's deterministic training: every
+    // sequence's, n of them, whatever the microbatch, so that each product runs alike), else add to.
+    float* written = chained ? nullptr : units_in_stage_.grads_to_write(1 + l, f.offset, f.span(), spans);
+    float* dw = written ? written : units_in_stage_.grads(1 + l, f.offset, f.span(), spans);
     float* db = f.bias ? dw + (f.bias - f.weight) : nullptr;
     ANVIL_CHECK(spans == 1 || !chained, "internal: a tensor-parallel share's grain of {} sequences", n);
-    if (spans > 1)
+    ANVIL_CHECK(!written || spans == n, "internal: {} sequences' gradients written into {} spans", n, spans);
+    if (spans > 1 || written)
       matmul_backward_sequences(matmul_, dinp, dw, db, sequence_span_stride(f.span()), dout, inp, f.weight, n, T_,
-                                f.in, f.out);
+                                f.in, f.out, written != nullptr);
     else
       matmul_backward(matmul_, chained ? nullptr : dinp, dw, db, dout, f.out, inp, f.weight, N, f.in, f.out, false);
     units_in_stage_.grain_done(1 + l, f.offset, f.span(), spans);
@@ -1354,7 +1358,10 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
   const size_t head_count = static_cast<size_t>(V) * C;
   for (int g0 = 0; g0 < B; g0 += group) {
     const int n = std::min(group, B - g0);  // sequences in this group
-    float* spans = n > 1 ? units_in_stage_.grads(hu, h0, head_count, n) : nullptr;
+    // The spans written by the products where the access lets them (a GPU's deterministic
+    // training), else added to.
+    float* written = frozen() || chunk != V ? nullptr : units_in_stage_.grads_to_write(hu, h0, head_count, n);
+    float* spans = written ? written : n > 1 ? units_in_stage_.grads(hu, h0, head_count, n) : nullptr;
     for (int b = g0; b < g0 + n; b++) {
       const size_t r = b * rows;
       const float* lnf_b = lnf_rows(b);
@@ -1376,8 +1383,12 @@ void Decoder::lm_head_backward(const int32_t* targets_op, float dloss) {
         float* dw = frozen() ? nullptr
                     : spans  ? spans + (b - g0) * sequence_span_stride(head_count)
                              : units_in_stage_.grads(hu, at, count, 1);
-        matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
-                        emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
+        if (written)
+          matmul_backward_sequences(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, 0, a.logits, lnf_b, emb, 1,
+                                    T, C, V, true);
+        else
+          matmul_backward(matmul_, cut ? nullptr : dsmall_ + r * C, dw, nullptr, a.logits + v0, V, lnf_b,
+                          emb + static_cast<size_t>(v0) * C, T, C, width, v0 > 0);
         if (!frozen() && !spans) units_in_stage_.grain_done(hu, at, count, 1);
       }
       if (cut) chained_head_input_grad(emb, dsmall_ + r * C, b);

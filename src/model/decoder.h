@@ -122,6 +122,9 @@ class Decoder final : public Model {
     float* grads(int unit, size_t offset, size_t count, int sequences) override {
       return d_.access().grads(d_.stage_unit(unit), offset, count, sequences);
     }
+    float* grads_to_write(int unit, size_t offset, size_t count, int sequences) override {
+      return d_.access().grads_to_write(d_.stage_unit(unit), offset, count, sequences);
+    }
     void grain_done(int unit, size_t offset, size_t count, int sequences) override {
       d_.access().grain_done(d_.stage_unit(unit), offset, count, sequences);
     }

@@ -78,6 +78,11 @@ class UnitAccess {
   // that deterministic training needs scratch for the largest grain's spans only
   // (Model::largest_grads_span), not for the embedding table.
   virtual float* grads(int unit, size_t offset, size_t count, int sequences) = 0;
+  // Spans as grads() gives them, which the caller's ops write (=) whole, every value of each span,
+  // instead of adding to: their old values are not read, so they need not be cleared between
+  // grains (deterministic training on a GPU, where clearing and reading them back cost a pass
+  // over every sequence's spans). Null where contributions must be added (grads()).
+  virtual float* grads_to_write(int, size_t, size_t, int) { return nullptr; }
   // The grain's contributions to [offset, offset + count) of the unit's gradient are complete in
   // the spans grads() gave for them. The backward pass says so after each grain, so that
   // contributions can be summed exactly (deterministic training accumulates each sequence's in

@@ -148,6 +148,9 @@ class DataParallel : public UnitAccess {
   float* grads(int unit, size_t offset, size_t count, int sequences) override {
     return grads_.grads(unit, offset, count, sequences);
   }
+  float* grads_to_write(int unit, size_t offset, size_t count, int sequences) override {
+    return grads_.grads_to_write(unit, offset, count, sequences);
+  }
   void grain_done(int unit, size_t offset, size_t count, int sequences) override {
     grads_.grain_done(unit, offset, count, sequences);
   }

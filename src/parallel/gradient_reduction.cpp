@@ -89,6 +89,7 @@ void GradientReduction::fit_scratch() {
     if (s->buf.size() != n) {
       s->buf.reset();  // freed first: never the old and the new at once
       s->buf.assign_zeros(impl_, n);
+      s->dirty_lo = s->dirty_hi = 0;
     }
 }
 
@@ -304,13 +305,36 @@ float* GradientReduction::grads(int unit, size_t offset, size_t count, int seque
     if (ctx_.options.zero_stage < 2) return ctx_.model.grads() + units_[unit].offset + offset;
     return open_slot(unit)->buf.data() + offset;
   }
+  Scratch& s = spans_for(unit, offset, count, sequences);
+  // Added to: zero, where written spans left values.
+  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  if (s.dirty_lo < std::min(needed, s.dirty_hi)) {
+    op_zero(impl_, s.buf.data() + s.dirty_lo, (std::min(needed, s.dirty_hi) - s.dirty_lo) * sizeof(float));
+    s.dirty_lo = std::min(needed, s.dirty_hi);
+  }
+  s.written = false;
+  return s.buf.data();
+}
+
+float* GradientReduction::grads_to_write(int unit, size_t offset, size_t count, int sequences) {
+  // On the CPU a grain's spans are one sequence's, in cache: clearing them costs nothing.
+  if (!ctx_.options.deterministic || impl_ != KernelImpl::kGpu) return nullptr;
+  Scratch& s = spans_for(unit, offset, count, sequences);
+  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  s.dirty_hi = std::max(s.dirty_hi, needed);
+  s.dirty_lo = 0;  // [0, needed) and what was dirty: an interval that holds both
+  s.written = true;
+  return s.buf.data();
+}
+
+GradientReduction::Scratch& GradientReduction::spans_for(int unit, size_t offset, size_t count, int sequences) {
   open_fixed(unit);
   Scratch& s = scratch_for(unit);
   const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
   ANVIL_CHECK(needed <= s.buf.size(), "{} spans of {} values of unit {}'s gradient, scratch for {} (the model's "
               "microbatch grew without DataParallel::fit_model_batch)", sequences, count, unit, s.buf.size());
   s.origin = offset;
-  return s.buf.data();  // all zero between grains
+  return s;
 }
 
 void GradientReduction::grain_done(int unit, size_t offset, size_t count, int sequences) {
@@ -334,7 +358,7 @@ void GradientReduction::grain_done(int unit, size_t offset, size_t count, int se
     // The loss scale 2^e comes off exactly here (and off the maxima in finish_backward): the
     // accumulators and so the fixed-point scales are those of the unscaled gradients.
     fixed_point_accumulate(impl_, dest + (a - base), scratch + (a - base - s.origin), b - a, sequences, stride,
-                           scale_[k] - loss_scale_log2_, sample_max_.data() + k);
+                           scale_[k] - loss_scale_log2_, sample_max_.data() + k, !s.written);
   }
 }
 

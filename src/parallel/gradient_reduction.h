@@ -51,6 +51,7 @@ class GradientReduction {
 
   // UnitAccess's gradient half.
   float* grads(int unit, size_t offset, size_t count, int sequences);
+  float* grads_to_write(int unit, size_t offset, size_t count, int sequences);
   void grain_done(int unit, size_t offset, size_t count, int sequences);
   void grain_rows(int unit, size_t offset, float* x, const int32_t* rows, const int32_t* rows_op, size_t n_rows,
                   size_t row_len);
@@ -114,10 +115,16 @@ class GradientReduction {
   // A grain's contributions to a span of a unit's gradient (one sequence's, or on a GPU a span
   // per sequence of the microbatch), before rounding: the embeddings' spans, and the blocks' and
   // the final norm's.
+  // Spans asked for to add to are zero; spans written (grads_to_write) are handed over as they are,
+  // and leave buf[dirty_lo, dirty_hi) holding values that spans added to must have cleared first.
   struct Scratch {
     OpArray<float> buf;
     size_t origin = 0;  // the unit offset buf[0] stands for (the last span asked for)
+    bool written = false;  // the last spans asked for are written
+    size_t dirty_lo = 0, dirty_hi = 0;
   };
+  // The scratch's spans for a grain (the checks both kinds share).
+  Scratch& spans_for(int unit, size_t offset, size_t count, int sequences);
   Scratch& scratch_for(int unit) { return unit == 0 ? emb_scratch_ : block_scratch_; }
   Scratch emb_scratch_, block_scratch_;
   OpArray<int64_t> fixed_, fixed_shard_;  // stages 0/1: every gradient; 2/3: the shard

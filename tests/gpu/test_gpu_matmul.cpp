@@ -7,6 +7,7 @@
 // products themselves against the reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -15,6 +16,7 @@
 #include "compare.h"
 #include "core/dtype.h"
 #include "device/device.h"
+#include "gpu_arrays.h"
 #include "kernels/gpu/internal.h"
 #include "kernels/matmul.h"
 #include "kernels/round.h"
@@ -27,6 +29,15 @@ std::vector<float> bf16_values(size_t n, uint64_t stream) {
   ref::round_to_dtype(v.data(), static_cast<long>(v.size()), ComputeDtype::kBf16);
   return v;
 }
+
+// The products of several sequences: a GPT-2-like block product, one whose outputs 16-bit products
+// pad (196 to 200), a small one.
+struct SequenceShape {
+  int T, C, OC;
+  bool bias;
+};
+constexpr SequenceShape kSequenceShapes[] = {{512, 256, 768, true}, {256, 128, 196, true}, {64, 40, 48, false}};
+constexpr int kMaxSequences = 5;
 
 TEST(GpuMatmul, HeldWeightFollowsEachHold) {
   if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
@@ -62,15 +73,9 @@ TEST(GpuMatmul, HeldWeightFollowsEachHold) {
 TEST(GpuMatmul, SequencesHaveTheBitsOfTheirOwnProducts) {
   if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
   gpu_select(0);
-  struct Shape {
-    int T, C, OC;
-    bool bias;
-  };
-  // A GPT-2-like block product, one whose outputs 16-bit products pad (196 to 200), a small one.
-  const Shape shapes[] = {{512, 256, 768, true}, {256, 128, 196, true}, {64, 40, 48, false}};
-  constexpr int kMaxB = 5;
+  constexpr int kMaxB = kMaxSequences;
   for (const ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
-    for (const Shape& s : shapes) {
+    for (const SequenceShape& s : kSequenceShapes) {
       const size_t x_n = static_cast<size_t>(kMaxB) * s.T * s.C, w_n = static_cast<size_t>(s.OC) * s.C,
                    y_n = static_cast<size_t>(kMaxB) * s.T * s.OC;
       auto* x = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
@@ -119,74 +124,84 @@ TEST(GpuMatmul, SequencesHaveTheBitsOfTheirOwnProducts) {
 }
 
 // matmul_backward_sequences: each sequence's input gradient, and the weight and bias gradients it
-// adds to a span of its own, the bits of matmul_backward of that sequence alone, whatever the
-// number of sequences; batched and a sequence at a time.
+// adds to (or writes into) a span of its own, the bits of that sequence alone (matmul_backward
+// adding; one sequence's call writing), whatever the number of sequences; batched and a sequence at
+// a time. Written spans' old values are not read.
 TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
   if (gpu_devices().empty()) GTEST_SKIP() << "no GPU visible (" << gpu_backend_description() << ")";
   gpu_select(0);
-  struct Shape {
-    int T, C, OC;
-    bool bias;
-  };
-  const Shape shapes[] = {{512, 256, 768, true}, {256, 128, 196, true}, {64, 40, 48, false}};
-  constexpr int kMaxB = 5;
+  constexpr int kMaxB = kMaxSequences;
   for (const ComputeDtype d : {ComputeDtype::kFp32, ComputeDtype::kBf16}) {
-    for (const Shape& s : shapes) {
+    for (const SequenceShape& s : kSequenceShapes) {
       const size_t seq_in = static_cast<size_t>(s.T) * s.C, seq_out = static_cast<size_t>(s.T) * s.OC,
                    span = static_cast<size_t>(s.OC) * s.C + s.OC, stride = span + 4;  // a gap between spans
       const size_t x_n = kMaxB * seq_in, g_n = kMaxB * seq_out, w_n = static_cast<size_t>(s.OC) * s.C,
                    grads_n = kMaxB * stride;
-      auto* x = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
-      auto* dout = static_cast<float*>(gpu_alloc(g_n * sizeof(float)));
-      auto* w = static_cast<float*>(gpu_alloc(w_n * sizeof(float)));
-      auto* dinp = static_cast<float*>(gpu_alloc(x_n * sizeof(float)));
-      auto* grads = static_cast<float*>(gpu_alloc(grads_n * sizeof(float)));
-      gpu_copy_to_device(x, bf16_values(x_n, 7).data(), x_n * sizeof(float));
-      gpu_copy_to_device(dout, bf16_values(g_n, 8).data(), g_n * sizeof(float));
-      gpu_copy_to_device(w, bf16_values(w_n, 9).data(), w_n * sizeof(float));
+      float* x = testing::gpu_array(bf16_values(x_n, 7));
+      float* dout = testing::gpu_array(bf16_values(g_n, 8));
+      float* w = testing::gpu_array(bf16_values(w_n, 9));
+      float* dinp = testing::gpu_array(std::vector<float>(x_n));
       const std::vector<float> grads_before = testing::randn(grads_n, 10);  // the products add to them
+      float* grads = testing::gpu_array(grads_before);
       MatmulContext ctx(KernelImpl::kGpu, d);
       auto bias_of = [&](float* dweight) { return s.bias ? dweight + w_n : nullptr; };
       struct Result {
         std::vector<float> dinp, grads;
       };
-      auto result = [&]() {
-        Result r{std::vector<float>(x_n), std::vector<float>(grads_n)};
-        gpu_copy_to_host(r.dinp.data(), dinp, x_n * sizeof(float));
-        gpu_copy_to_host(r.grads.data(), grads, grads_n * sizeof(float));
-        return r;
-      };
-      auto reset = [&]() {
+      auto result = [&]() { return Result{testing::host_array(dinp, x_n), testing::host_array(grads, grads_n)}; };
+      auto reset = [&](const std::vector<float>& grads_now) {
         gpu_copy_to_device(dinp, std::vector<float>(x_n, std::numeric_limits<float>::quiet_NaN()).data(),
                            x_n * sizeof(float));
-        gpu_copy_to_device(grads, grads_before.data(), grads_n * sizeof(float));
+        gpu_copy_to_device(grads, grads_now.data(), grads_n * sizeof(float));
       };
-      reset();
+      // The products added to zero spans: what written spans must come close to.
+      reset(std::vector<float>(grads_n));
       for (int q = 0; q < kMaxB; q++)
         gpu::matmul_backward(ctx, dinp + q * seq_in, grads + q * stride, bias_of(grads + q * stride),
                              dout + q * seq_out, s.OC, x + q * seq_in, w, s.T, s.C, s.OC, false);
-      const Result alone = result();
-      const std::string what = std::to_string(s.T) + "x" + std::to_string(s.C) + " -> " + std::to_string(s.OC) +
-                               " in " + dtype_name(d);
-      auto expect_alone = [&](const Result& r, int B, const char* how) {
-        EXPECT_EQ(0, std::memcmp(r.dinp.data(), alone.dinp.data(), B * seq_in * sizeof(float)))
-            << how << ", " << B << " sequences of " << what << ": not each input gradient's own bits";
-        EXPECT_EQ(0, std::memcmp(r.grads.data(), alone.grads.data(), B * stride * sizeof(float)))
-            << how << ", " << B << " sequences of " << what << ": not each parameter gradient's own bits";
-        EXPECT_EQ(0, std::memcmp(r.grads.data() + B * stride, grads_before.data() + B * stride,
-                                 (grads_n - B * stride) * sizeof(float)))
-            << how << ": gradients past the " << B << " sequences' changed";
-      };
-      for (const int B : {1, 2, kMaxB}) {
-        reset();
-        gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, B, s.T, s.C, s.OC);
-        expect_alone(result(), B, "batched");
+      const std::vector<float> from_zero = testing::host_array(grads, grads_n);
+      for (const bool write : {false, true}) {
+        reset(grads_before);
+        for (int q = 0; q < kMaxB; q++) {
+          float* dw = grads + q * stride;
+          if (write)
+            gpu::matmul_backward_sequences(ctx, dinp + q * seq_in, dw, bias_of(dw), 0, dout + q * seq_out,
+                                           x + q * seq_in, w, 1, s.T, s.C, s.OC, true);
+          else
+            gpu::matmul_backward(ctx, dinp + q * seq_in, dw, bias_of(dw), dout + q * seq_out, s.OC, x + q * seq_in,
+                                 w, s.T, s.C, s.OC, false);
+        }
+        const Result alone = result();
+        const std::string what = std::to_string(s.T) + "x" + std::to_string(s.C) + " -> " + std::to_string(s.OC) +
+                                 " in " + dtype_name(d) + (write ? ", written" : ", added");
+        if (write)
+          for (int q = 0; q < kMaxB; q++)
+            for (size_t i = 0; i < w_n + (s.bias ? s.OC : 0); i++) {
+              const float want = from_zero[q * stride + i];
+              ASSERT_NEAR(alone.grads[q * stride + i], want, 1e-3f * (1.0f + std::fabs(want))) << what << ", " << i;
+            }
+        auto expect_alone = [&](const Result& r, int B, const char* how) {
+          EXPECT_EQ(0, std::memcmp(r.dinp.data(), alone.dinp.data(), B * seq_in * sizeof(float)))
+              << how << ", " << B << " sequences of " << what << ": not each input gradient's own bits";
+          EXPECT_EQ(0, std::memcmp(r.grads.data(), alone.grads.data(), B * stride * sizeof(float)))
+              << how << ", " << B << " sequences of " << what << ": not each parameter gradient's own bits";
+          EXPECT_EQ(0, std::memcmp(r.grads.data() + B * stride, grads_before.data() + B * stride,
+                                   (grads_n - B * stride) * sizeof(float)))
+              << how << ": gradients past the " << B << " sequences' changed";
+        };
+        for (const int B : {1, 2, kMaxB}) {
+          reset(grads_before);
+          gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, B, s.T, s.C, s.OC,
+                                         write);
+          expect_alone(result(), B, "batched");
+        }
+        gpu::matmul_split_batches(true);
+        reset(grads_before);
+        gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, kMaxB, s.T, s.C, s.OC,
+                                       write);
+        gpu::matmul_split_batches(false);
+        expect_alone(result(), kMaxB, "one at a time");
       }
-      gpu::matmul_split_batches(true);
-      reset();
-      gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, kMaxB, s.T, s.C, s.OC);
-      gpu::matmul_split_batches(false);
-      expect_alone(result(), kMaxB, "one at a time");
       for (float* a : {x, dout, w, dinp, grads}) gpu_release(a);
     }
   }
@@ -201,16 +216,8 @@ TEST(GpuMatmul, BatchesWithOtherBitsFallBackToOneAtATime) {
   const int B = 3, T = 48, C = 24, OC = 40;  // a shape no other test uses: its plans are new
   const size_t seq_in = static_cast<size_t>(T) * C, seq_out = static_cast<size_t>(T) * OC,
                w_n = static_cast<size_t>(OC) * C, stride = w_n + OC + 8;
-  auto device = [](const std::vector<float>& host) {
-    auto* p = static_cast<float*>(gpu_alloc(host.size() * sizeof(float)));
-    gpu_copy_to_device(p, host.data(), host.size() * sizeof(float));
-    return p;
-  };
-  auto host = [](const float* p, size_t n) {
-    std::vector<float> v(n);
-    gpu_copy_to_host(v.data(), p, n * sizeof(float));
-    return v;
-  };
+  auto device = testing::gpu_array;
+  auto host = testing::host_array;
   float* x = device(bf16_values(B * seq_in, 11));
   float* dout = device(bf16_values(B * seq_out, 12));
   float* w = device(bf16_values(w_n, 13));
@@ -231,7 +238,7 @@ TEST(GpuMatmul, BatchesWithOtherBitsFallBackToOneAtATime) {
     for (float* p : {y, dinp}) gpu_zero(p, (p == y ? B * seq_out : B * seq_in) * sizeof(float));
     gpu::matmul_batches_differ(first);
     gpu::matmul_forward_sequences(ctx, y, x, w, nullptr, B, T, C, OC);
-    gpu::matmul_backward_sequences(ctx, dinp, grads, grads + w_n, stride, dout, x, w, B, T, C, OC);
+    gpu::matmul_backward_sequences(ctx, dinp, grads, grads + w_n, stride, dout, x, w, B, T, C, OC, false);
     gpu::matmul_batches_differ(false);
     const char* when = first ? "on the first use" : "after it";
     EXPECT_EQ(host(y, B * seq_out), y_alone) << when;

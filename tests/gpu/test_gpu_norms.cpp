@@ -12,6 +12,7 @@
 
 #include "compare.h"
 #include "device/device.h"
+#include "gpu_arrays.h"
 #include "kernels/layernorm.h"
 #include "kernels/rmsnorm.h"
 
@@ -27,11 +28,7 @@ TEST(GpuNorms, SequencesHaveTheBitsOfTheirOwnRows) {
     for (const bool rms : {false, true}) {
       const int C = 96;
       const size_t rows = static_cast<size_t>(kMaxB) * T, n = rows * C, span = rms ? C : 2 * C, stride = span + 4;
-      auto device = [](const std::vector<float>& host) {
-        auto* p = static_cast<float*>(gpu_alloc(host.size() * sizeof(float)));
-        gpu_copy_to_device(p, host.data(), host.size() * sizeof(float));
-        return p;
-      };
+      auto device = testing::gpu_array;
       float* dout = device(testing::randn(n, 1));
       float* inp = device(testing::randn(n, 2));
       float* weight = device(testing::randn(C, 3));
@@ -46,11 +43,7 @@ TEST(GpuNorms, SequencesHaveTheBitsOfTheirOwnRows) {
         gpu_copy_to_device(dinp, dinp_before.data(), n * sizeof(float));
         gpu_copy_to_device(grads, grads_before.data(), grads_before.size() * sizeof(float));
       };
-      auto host = [](const float* p, size_t count) {
-        std::vector<float> v(count);
-        gpu_copy_to_host(v.data(), p, count * sizeof(float));
-        return v;
-      };
+      auto host = testing::host_array;
       for (int q = 0; q < kMaxB; q++) {
         const size_t r = static_cast<size_t>(q) * T;
         float* dw = grads + q * stride;

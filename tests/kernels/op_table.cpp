@@ -635,24 +635,30 @@ void optimizer_cases(std::vector<OpCase>& cases) {
     cases.push_back({case_name("fixed_point_accumulate", dims), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n, 1, 0, e,
-                   max_abs);
+                   max_abs, true);
     }});
     // Three sequences' contributions at once, spans apart with untouched values between them.
     cases.push_back({case_name("fixed_point_accumulate", dims, "copies"), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n / 4, 3, n / 3,
-                   e, max_abs);
+                   e, max_abs, true);
+    }});
+    // The same, the contributions written (not cleared after).
+    cases.push_back({case_name("fixed_point_accumulate", dims, "copies_kept"), [=](OpRun& r) {
+      float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
+      ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n / 4, 3, n / 3,
+                   e, max_abs, false);
     }});
     // A length that leaves a partial last block, and arrays starting off 16-byte alignment.
     cases.push_back({case_name("fixed_point_accumulate", dims, "tail"), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()), r.inout("x", x, exact()), n - 3, 1, 0, e,
-                   max_abs);
+                   max_abs, true);
     }});
     cases.push_back({case_name("fixed_point_accumulate", dims, "unaligned"), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
       ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", acc, exact()) + 1, r.inout("x", x, exact()) + 1, n - 2,
-                   1, 0, e, max_abs);
+                   1, 0, e, max_abs, true);
     }});
     cases.push_back({case_name("fixed_point_accumulate_rows", dims), [=](OpRun& r) {
       float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
@@ -687,7 +693,7 @@ void optimizer_cases(std::vector<OpCase>& cases) {
   cases.push_back({"fixed_point_accumulate_nan", [](OpRun& r) {
     float* max_abs = r.inout("max_abs", std::vector<float>{0.0f}, exact());
     ANVIL_RUN_OP(r, fixed_point_accumulate, r.inout("acc", std::vector<int64_t>(3, 0), unspecified()),
-                 r.inout("x", std::vector<float>{1.0f, std::nanf(""), -2.0f}, exact()), 3, 1, 0, 0, max_abs);
+                 r.inout("x", std::vector<float>{1.0f, std::nanf(""), -2.0f}, exact()), 3, 1, 0, 0, max_abs, true);
   }});
 }
 

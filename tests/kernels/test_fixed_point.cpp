@@ -31,7 +31,7 @@ TEST(FixedPoint, RoundsToNearestEvenAndClearsTheInput) {
   std::vector<float> x = {0.5f, 1.5f, 2.5f, -1.5f, -0.75f, 3.25f, 1e6f, -7.0f};
   std::vector<int64_t> acc(x.size(), 10);
   float m = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, 0, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, 0, &m, true);
   EXPECT_EQ(m, 1e6f);
   const std::vector<int64_t> want = {10, 12, 12, 8, 9, 13, 1000010, 3};
   EXPECT_EQ(acc, want);
@@ -44,7 +44,7 @@ TEST(FixedPoint, MatchesLlrintAtLargeScales) {
   std::vector<int64_t> acc(x.size(), 0);
   const int s = fixed_point_scale(3.0f, 8);
   float m = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, s, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, s, &m, true);
   for (size_t i = 0; i < x.size(); i++) EXPECT_EQ(acc[i], std::llrint(std::ldexp(static_cast<double>(copy[i]), s)));
 }
 
@@ -55,10 +55,10 @@ TEST(FixedPoint, LargeArraysGiveTheSameResult) {
   std::vector<int64_t> whole(n, 0), pieces(n, 0);
   const int s = fixed_point_scale(1e-3f, 64);
   float m1 = 0.0f, m2 = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, whole.data(), a.data(), n, 1, 0, s, &m1);
+  fixed_point_accumulate(KernelImpl::kCpu, whole.data(), a.data(), n, 1, 0, s, &m1, true);
   for (size_t lo = 0; lo < n; lo += 1000) {
     const size_t len = std::min<size_t>(1000, n - lo);
-    fixed_point_accumulate(KernelImpl::kCpu, pieces.data() + lo, b.data() + lo, len, 1, 0, s, &m2);
+    fixed_point_accumulate(KernelImpl::kCpu, pieces.data() + lo, b.data() + lo, len, 1, 0, s, &m2, true);
   }
   EXPECT_EQ(m1, m2);
   EXPECT_EQ(whole, pieces);
@@ -77,9 +77,10 @@ TEST(FixedPoint, CopiesAtOnceAreOneCallPerCopy) {
   acc_apart = acc_together;
   const int s = fixed_point_scale(0.5f, 64);
   float m_together = 0.0f, m_apart = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, acc_together.data(), together.data(), n, copies, stride, s, &m_together);
+  fixed_point_accumulate(KernelImpl::kCpu, acc_together.data(), together.data(), n, copies, stride, s, &m_together,
+                         true);
   for (int c = 0; c < copies; c++)
-    fixed_point_accumulate(KernelImpl::kCpu, acc_apart.data(), apart.data() + c * stride, n, 1, 0, s, &m_apart);
+    fixed_point_accumulate(KernelImpl::kCpu, acc_apart.data(), apart.data() + c * stride, n, 1, 0, s, &m_apart, true);
   EXPECT_EQ(acc_together, acc_apart);
   EXPECT_EQ(m_together, 0.5f);
   EXPECT_EQ(m_apart, 0.5f);
@@ -101,7 +102,7 @@ TEST(FixedPoint, AnyGroupingGivesTheSameBits) {
       for (size_t k : group) {
         std::vector<float> x = g[k];
         float m = 0.0f;
-        fixed_point_accumulate(KernelImpl::kCpu, part.data(), x.data(), n, 1, 0, s, &m);
+        fixed_point_accumulate(KernelImpl::kCpu, part.data(), x.data(), n, 1, 0, s, &m, true);
       }
       for (size_t i = 0; i < n; i++) total[i] += part[i];
     }
@@ -124,7 +125,7 @@ TEST(FixedPoint, SumOfSquaresSplitsExactly) {
   double direct = 0;
   for (float v : x) direct += static_cast<double>(v) * v;
   float m = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, s, &m);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), x.size(), 1, 0, s, &m, true);
   unsigned __int128 whole = 0, parts[2] = {0, 0};
   const size_t all[] = {0, acc.size()}, split[] = {0, 1234, acc.size()};
   fixed_point_squares(KernelImpl::kCpu, acc.data(), acc.size(), all, 1, &whole);
@@ -186,7 +187,7 @@ TEST(FixedPoint, RowsFormAddsEachCompactRowIntoItsRow) {
   EXPECT_EQ(max_abs, biggest_touched);
   x = x0;
   max_abs = 0.0f;
-  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), n, 1, 0, s, &max_abs);
+  fixed_point_accumulate(KernelImpl::kCpu, acc.data(), x.data(), n, 1, 0, s, &max_abs, true);
   EXPECT_EQ(max_abs, biggest);
 }
 

@@ -25,32 +25,33 @@ inline int64_t round_scaled(float x, double scale) {
   return static_cast<int64_t>(static_cast<uint64_t>(bits) - static_cast<uint64_t>(magic_bits));  // wraps out of range
 }
 
-ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double scale) {
+ANVIL_CPU_CLONES float accumulate_range(int64_t* acc, float* x, size_t n, double scale, bool clear) {
   float m = 0.0f;
 #pragma omp simd reduction(max : m)
   for (size_t i = 0; i < n; i++) {
     const float a = std::fabs(x[i]);
     m = std::max(m, a == a ? a : std::numeric_limits<float>::infinity());
     acc[i] = fixed_point_add(acc[i], round_scaled(x[i], scale));
-    x[i] = 0.0f;
+    if (clear) x[i] = 0.0f;
   }
   return m;
 }
 
 }  // namespace
 
-void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs) {
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs,
+                            bool clear) {
   const double scale = std::ldexp(1.0, s);
   float m = 0.0f;
   // (The CPU's grains are one sequence: copies is 1 there, and a copy at a time costs nothing more.)
   for (int c = 0; c < copies; c++) {
     float* xc = x + c * stride;
     if (n < kParallelMin) {
-      m = std::max(m, accumulate_range(acc, xc, n, scale));
+      m = std::max(m, accumulate_range(acc, xc, n, scale, clear));
     } else {
       // Each element is rounded on its own and the maximum is exact: the split cannot change a bit.
       over_threads(n, [&](size_t lo, size_t hi) {
-        const float part = accumulate_range(acc + lo, xc + lo, hi - lo, scale);
+        const float part = accumulate_range(acc + lo, xc + lo, hi - lo, scale, clear);
 #pragma omp critical
         m = std::max(m, part);
       });
@@ -64,7 +65,8 @@ void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, si
   const double scale = std::ldexp(1.0, s);
   float m = 0.0f;
   for (size_t r = 0; r < n_rows; r++)
-    m = std::max(m, accumulate_range(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, scale));
+    m = std::max(m, accumulate_range(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, scale,
+                                     true));
   *max_abs = std::max(*max_abs, m);
 }
 

@@ -58,7 +58,7 @@ constexpr int kQuads = 2;
 constexpr size_t kBlockValues = static_cast<size_t>(kQuads) * 4 * kThreads;
 
 __global__ void accumulate_kernel(int64_t* __restrict__ acc, float* __restrict__ x, size_t n, int copies,
-                                  size_t stride, double scale, float* max_abs) {
+                                  size_t stride, double scale, float* max_abs, bool clear) {
   const long first = 4 * (static_cast<long>(blockIdx.x) * blockDim.x * kQuads + threadIdx.x), len = n;
   auto at = [&](int q) { return first + 4L * q * blockDim.x; };
   int64_t a[kQuads][4];
@@ -83,7 +83,7 @@ __global__ void accumulate_kernel(int64_t* __restrict__ acc, float* __restrict__
   ANVIL_UNROLL
   for (int q = 0; q < kQuads; q++)
     if (at(q) < len) store_quad(acc, at(q), len, a[q]);
-  for (int c = 0; c < copies; c++)
+  for (int c = 0; c < copies && clear; c++)
     ANVIL_UNROLL
     for (int q = 0; q < kQuads; q++)
       if (at(q) < len) store_quad(x + c * stride, at(q), len, float4{0.0f, 0.0f, 0.0f, 0.0f});
@@ -176,10 +176,11 @@ GpuScratch square_partials;
 
 }  // namespace
 
-void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs) {
+void fixed_point_accumulate(int64_t* acc, float* x, size_t n, int copies, size_t stride, int s, float* max_abs,
+                            bool clear) {
   if (n == 0) return;
   const auto blocks = static_cast<unsigned>((n + kBlockValues - 1) / kBlockValues);
-  GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, copies, stride, ldexp(1.0, s), max_abs);
+  GPU_LAUNCH(accumulate_kernel, blocks, kThreads)(acc, x, n, copies, stride, ldexp(1.0, s), max_abs, clear);
   GPU_CHECK_LAUNCH();
 }
 

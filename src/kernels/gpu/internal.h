@@ -6,9 +6,9 @@
 
 namespace anvil::gpu {
 
-// out + b·stride (C) += the column sums of x's rows [b·T, (b + 1)·T) (rows ld >= C apart), in a
-// fixed order, for b < B: each group's sums those of a call on its rows alone.
-void column_sums_accumulate(float* out, const float* x, long ld, int B, int T, int C, size_t stride);
+// out + b·stride (C) = (+= with accumulate) the column sums of x's rows [b·T, (b + 1)·T) (rows
+// ld >= C apart), in a fixed order, for b < B: each group's sums those of a call on its rows alone.
+void column_sums(float* out, const float* x, long ld, int B, int T, int C, size_t stride, bool accumulate);
 
 // `vectors` runs of len floats, ld >= len apart, as 16-bit values of dtype d (bf16 or fp16;
 // rounded to nearest even as round_to_dtype rounds, so exact for values of d) into vectors_out >=

@@ -353,7 +353,8 @@ void matmul_split_batches(bool split) { split_batches = split; }
 void matmul_batches_differ(bool differ) { batches_differ = differ; }
 
 void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, size_t grads_stride,
-                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC) {
+                               const float* dout, const float* inp, const float* weight, int B, int T, int C, int OC,
+                               bool write_grads) {
   const ComputeDtype d = ctx.operand_dtype();
   const int K = padded_outputs(d, OC), N = B * T;
   // As matmul_backward, each product a batch of B that runs one sequence's algorithm.
@@ -363,13 +364,13 @@ void matmul_backward_sequences(MatmulContext& ctx, float* dinp, float* dweight, 
   if (dinp)
     gemm(data_type(d), false, false, C, T, K, 1.0f, weight_operand(ctx, scratch_a, weight, OC, C), gs, 0.0f, dinp, C,
          static_cast<long long>(T) * C, B, nullptr, true);
-  // dweight^T (C,OC) += inp^T (C,T) · dout (T,OC), each sequence's into its own
+  // dweight^T (C,OC) = (or +=) inp^T (C,T) · dout (T,OC), each sequence's into its own
   if (dweight) {
     const Operand x = operand(scratch_a, d, inp, N, C, C, N);
-    gemm(data_type(d), false, true, C, OC, T, 1.0f, {x.p, x.ld, static_cast<long long>(T) * x.ld}, gs, 1.0f, dweight,
-         C, static_cast<long long>(grads_stride), B, nullptr, true);
+    gemm(data_type(d), false, true, C, OC, T, 1.0f, {x.p, x.ld, static_cast<long long>(T) * x.ld}, gs,
+         write_grads ? 0.0f : 1.0f, dweight, C, static_cast<long long>(grads_stride), B, nullptr, true);
   }
-  if (dbias) column_sums_accumulate(dbias, dout, OC, B, T, OC, grads_stride);
+  if (dbias) column_sums(dbias, dout, OC, B, T, OC, grads_stride, !write_grads);
 }
 
 void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout, long ld_dout,
@@ -388,7 +389,7 @@ void matmul_backward(MatmulContext& ctx, float* dinp, float* dweight, float* dbi
   if (dweight)
     gemm(data_type(d), false, true, C, OC, N, 1.0f, operand(scratch_a, d, inp, N, C, C, N), g, 1.0f, dweight, C, 0, 1,
          nullptr);
-  if (dbias) column_sums_accumulate(dbias, dout, ld_dout, 1, N, OC, 0);
+  if (dbias) column_sums(dbias, dout, ld_dout, 1, N, OC, 0, true);
 }
 
 }  // namespace anvil::gpu

@@ -270,7 +270,7 @@ __global__ void column_partials_kernel(double* partial, const float* x, long ld,
 // chunks, the g-th `chunks` of them, into out + g·stride.
 constexpr int kPartialColumns = 16, kPartialGroups = 16;
 __global__ void sum_partials_kernel(float* out0, float* out1, const double* partial, int chunks, int C,
-                                    size_t stride) {
+                                    size_t stride, bool accumulate) {
   __shared__ double group_sums[kPartialGroups][kPartialColumns];
   const int c = blockIdx.x * kPartialColumns + threadIdx.x, k = blockIdx.y, g = blockIdx.z;
   const long first = (static_cast<long>(k) * gridDim.z + g) * chunks;  // the group's first chunk of output k
@@ -283,7 +283,7 @@ __global__ void sum_partials_kernel(float* out0, float* out1, const double* part
   double all = 0;
   for (int g = 0; g < kPartialGroups; g++) all += group_sums[g][threadIdx.x];
   float* out = (k == 0 ? out0 : out1) + g * stride;
-  out[c] = static_cast<float>(out[c] + all);
+  out[c] = static_cast<float>(accumulate ? out[c] + all : all);
 }
 
 // The same bit operations as the CPU's rounding (kernels/cpu/round_value.h).
@@ -732,7 +732,7 @@ void norm_param_grads(float* dweight, float* dbias, size_t stride, const float* 
       partial, dout, inp, mean, rstd, T, C);
   GPU_CHECK_LAUNCH();
   GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), dbias ? 2 : 1, B),
-             dim3(kPartialColumns, kPartialGroups))(dweight, dbias, partial, chunks, C, stride);
+             dim3(kPartialColumns, kPartialGroups))(dweight, dbias, partial, chunks, C, stride, true);
   GPU_CHECK_LAUNCH();
 }
 }  // namespace
@@ -777,13 +777,13 @@ void rmsnorm_weight_sums(double* sums, const float* dout, const float* inp, cons
   GPU_CHECK_LAUNCH();
 }
 
-void column_sums_accumulate(float* out, const float* x, long ld, int B, int T, int C, size_t stride) {
+void column_sums(float* out, const float* x, long ld, int B, int T, int C, size_t stride, bool accumulate) {
   const int chunks = (T + kRowsPerChunk - 1) / kRowsPerChunk;  // a group's
   double* partial = scratch(static_cast<size_t>(B) * chunks * C);
   GPU_LAUNCH(column_partials_kernel, dim3(blocks_for(C), B * chunks), kThreads)(partial, x, ld, T, C);
   GPU_CHECK_LAUNCH();
   GPU_LAUNCH(sum_partials_kernel, dim3(blocks_for(C, kPartialColumns), 1, B), dim3(kPartialColumns, kPartialGroups))(
-      out, nullptr, partial, chunks, C, stride);
+      out, nullptr, partial, chunks, C, stride, accumulate);
   GPU_CHECK_LAUNCH();
 }
 

@@ -571,7 +571,8 @@ bool scale_values_check_finite(float* x, size_t n, float coef) {
 
 namespace anvil::ref {
 
-void fixed_point_accumulate(int64_t* acc, float* x_all, size_t n, int copies, size_t stride, int s, float* max_abs) {
+void fixed_point_accumulate(int64_t* acc, float* x_all, size_t n, int copies, size_t stride, int s, float* max_abs,
+                            bool clear) {
   for (int c = 0; c < copies; c++)
     for (size_t i = 0; i < n; i++) {
       float* x = x_all + c * stride;
@@ -579,14 +580,15 @@ void fixed_point_accumulate(int64_t* acc, float* x_all, size_t n, int copies, si
       *max_abs = std::max(*max_abs, a);
       // llrint rounds to nearest even in the default rounding mode; the product is exact in double.
       acc[i] = fixed_point_add(acc[i], std::llrint(std::ldexp(static_cast<double>(x[i]), s)));
-      x[i] = 0.0f;
+      if (clear) x[i] = 0.0f;
     }
 }
 
 void fixed_point_accumulate_rows(int64_t* acc, float* x, const int32_t* rows, size_t n_rows, size_t row_len, int s,
                                  float* max_abs) {
   for (size_t r = 0; r < n_rows; r++)
-    fixed_point_accumulate(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, 1, 0, s, max_abs);
+    fixed_point_accumulate(acc + static_cast<size_t>(rows[r]) * row_len, x + r * row_len, row_len, 1, 0, s, max_abs,
+                           true);
 }
 
 void fixed_point_squares(const int64_t* acc, size_t, const size_t* bounds, size_t tensors,

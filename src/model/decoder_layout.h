@@ -93,9 +93,9 @@ int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelS
 size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
 // How many sequences' LM head weight gradients the backward pass forms, each in a span of the
 // whole head's, before it hands them over together: where the block's grain is several sequences
-// (a GPU), as many as the spans fit in kHeadSpansBytes, in groups as even as the microbatch
-// allows, so that the head's fixed-point pass reads its accumulators once a group and not once a
-// sequence; otherwise one.
+// (a GPU), as many as the spans fit in kHeadSpansBytes (one where a span alone is larger), in the
+// fewest groups and the smallest group size that gives them, so that the head's fixed-point pass
+// reads its accumulators once a group and not once a sequence; otherwise one.
 int head_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage);
 constexpr size_t kHeadSpansBytes = size_t{1} << 30;
 

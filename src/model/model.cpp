@@ -162,12 +162,20 @@ size_t model_activation_bytes(const ModelConfig& cfg, int max_batch, int max_seq
 }
 
 size_t model_grain_grads_bytes(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
-  const size_t blocks = block_grads_span(cfg, max_batch, storage) - block_grads_span(cfg, 1, storage);
-  // The LM head's spans beyond one sequence's (a GPU's head spans the whole vocabulary).
+  const size_t blocks = block_grads_span(cfg, max_batch, storage), blocks_one = block_grads_span(cfg, 1, storage);
+  // The LM head's spans beyond one sequence's: a GPU's head span is the whole vocabulary's, and
+  // more than one only where the head goes by groups, so only there does it grow. A tied head's
+  // spans are the embeddings' scratch (beside the blocks'); an untied head's share the blocks'
+  // (GradientReduction::fit_scratch: the larger of the two).
   const bool head = resolved_stage(cfg, storage.stage).end_layer == cfg.n_layers;
-  const size_t head_spans = head ? head_grain_sequences(cfg, max_batch, storage) - 1 : 0;
-  return (blocks + head_spans * sequence_span_stride(static_cast<size_t>(cfg.vocab_size) * cfg.d_model)) *
-         sizeof(float);
+  const size_t group = head ? head_grain_sequences(cfg, max_batch, storage) : 1;
+  const size_t head_one = static_cast<size_t>(cfg.vocab_size) * cfg.d_model,
+               head_group = (group - 1) * sequence_span_stride(head_one) + head_one;
+  const size_t growth = group == 1 ? blocks - blocks_one
+                        : cfg.tied_embeddings
+                            ? blocks - blocks_one + head_group - head_one
+                            : std::max(blocks, head_group) - std::max(blocks_one, head_one);
+  return growth * sizeof(float);
 }
 
 size_t model_evaluation_bytes(const ModelConfig& cfg, int max_batch, int max_seq) {

@@ -84,10 +84,10 @@ class UnitAccess {
   // over every sequence's spans). Null where contributions must be added (grads()).
   virtual float* grads_to_write(int, size_t, size_t, int) { return nullptr; }
   // The grain's contributions to [offset, offset + count) of the unit's gradient are complete in
-  // the spans grads() gave for them. The backward pass says so after each grain, so that
-  // contributions can be summed exactly (deterministic training accumulates each sequence's in
-  // fixed point and clears the spans); parts it did not touch since the last call need not be
-  // named.
+  // the spans grads() or grads_to_write() gave for them. The backward pass says so after each
+  // grain, so that contributions can be summed exactly (deterministic training accumulates each
+  // sequence's in fixed point and clears the spans added to; written ones are left as they are);
+  // parts it did not touch since the last call need not be named.
   virtual void grain_done(int unit, size_t offset, size_t count, int sequences) = 0;
   // One sequence's contribution to rows of one tensor, as the token embedding rows it touched,
   // held compact in x (op memory): row r of x is for [offset + rows[r]·row_len, + row_len) of

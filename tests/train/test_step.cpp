@@ -194,6 +194,12 @@ TEST(Microbatch, CountsAGpuGrainsGradientSpans) {
   const size_t spans = 3 * (sequence_span_stride(largest) + sequence_span_stride(head)) * sizeof(float);
   EXPECT_EQ(model_grain_grads_bytes(c.model, 4, storage), spans);
   EXPECT_EQ(model_grain_grads_bytes(c.model, 1, storage), 0u);
+  // An untied head's spans share the blocks' scratch: it grows to the larger of the two.
+  ModelConfig untied = c.model;
+  untied.tied_embeddings = false;
+  const size_t blocks_4 = 3 * sequence_span_stride(largest) + largest, head_4 = 3 * sequence_span_stride(head) + head;
+  EXPECT_EQ(model_grain_grads_bytes(untied, 4, storage),
+            (std::max(blocks_4, head_4) - std::max(largest, head)) * sizeof(float));
   // The head's groups stay within kHeadSpansBytes, as even as the microbatch allows: GPT-2 124M's
   // head (154.5 MB a span) six at most, Llama 3.2 1B's (1,051 MB) one.
   ModelConfig wide = c.model;

@@ -106,7 +106,7 @@ __global__ void accumulate_rows_kernel(int64_t* acc, float* x, const int32_t* ro
 }
 
 
-// The block's total of v, in thread 0; every thread may call it again at once.
+// The block's total of v, returned to every thread, each of which may call it again at once.
 __device__ u128 block_sum(u128 v) {
   __shared__ u128 shared[kThreads];
   __syncthreads();  // the last call's total read

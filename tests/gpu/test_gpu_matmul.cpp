@@ -141,7 +141,7 @@ TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
       float* dout = testing::gpu_array(bf16_values(g_n, 8));
       float* w = testing::gpu_array(bf16_values(w_n, 9));
       float* dinp = testing::gpu_array(std::vector<float>(x_n));
-      const std::vector<float> grads_before = testing::randn(grads_n, 10);  // the products add to them
+      const std::vector<float> grads_before = testing::randn(grads_n, 10);  // products that add add to them
       float* grads = testing::gpu_array(grads_before);
       MatmulContext ctx(KernelImpl::kGpu, d);
       auto bias_of = [&](float* dweight) { return s.bias ? dweight + w_n : nullptr; };
@@ -161,7 +161,10 @@ TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
                              dout + q * seq_out, s.OC, x + q * seq_in, w, s.T, s.C, s.OC, false);
       const std::vector<float> from_zero = testing::host_array(grads, grads_n);
       for (const bool write : {false, true}) {
-        reset(grads_before);
+        // Written spans start as NaN: any value read from them would show.
+        const std::vector<float> before =
+            write ? std::vector<float>(grads_n, std::numeric_limits<float>::quiet_NaN()) : grads_before;
+        reset(before);
         for (int q = 0; q < kMaxB; q++) {
           float* dw = grads + q * stride;
           if (write)
@@ -185,18 +188,18 @@ TEST(GpuMatmul, SequencesGradientsHaveTheBitsOfTheirOwnProducts) {
               << how << ", " << B << " sequences of " << what << ": not each input gradient's own bits";
           EXPECT_EQ(0, std::memcmp(r.grads.data(), alone.grads.data(), B * stride * sizeof(float)))
               << how << ", " << B << " sequences of " << what << ": not each parameter gradient's own bits";
-          EXPECT_EQ(0, std::memcmp(r.grads.data() + B * stride, grads_before.data() + B * stride,
+          EXPECT_EQ(0, std::memcmp(r.grads.data() + B * stride, before.data() + B * stride,
                                    (grads_n - B * stride) * sizeof(float)))
               << how << ": gradients past the " << B << " sequences' changed";
         };
         for (const int B : {1, 2, kMaxB}) {
-          reset(grads_before);
+          reset(before);
           gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, B, s.T, s.C, s.OC,
                                          write);
           expect_alone(result(), B, "batched");
         }
         gpu::matmul_split_batches(true);
-        reset(grads_before);
+        reset(before);
         gpu::matmul_backward_sequences(ctx, dinp, grads, bias_of(grads), stride, dout, x, w, kMaxB, s.T, s.C, s.OC,
                                        write);
         gpu::matmul_split_batches(false);

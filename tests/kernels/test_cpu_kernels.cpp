@@ -79,6 +79,32 @@ TEST(Matmul, ColumnBlocksOfDoutAccumulateToTheWholeProduct) {
   EXPECT_TRUE(db == db_whole);
 }
 
+// matmul_backward_sequences off the GPU: a sequence at a time, each the bits of matmul_backward of
+// its rows alone, adding to its span or (write_grads) writing it whatever it held.
+TEST(Matmul, SequencesBackwardIsEachSequencesOwnProduct) {
+  const int B = 3, T = 16, C = 24, OC = 40;
+  const size_t span = static_cast<size_t>(OC) * C + OC, stride = span + 3;
+  auto inp = randn(B * T * C, 21), w = randn(OC * C, 22, 0.1f), dout = randn(B * T * OC, 23);
+  const std::vector<float> before = randn(B * stride, 24);
+  MatmulContext ctx(KernelImpl::kCpu);
+  for (const bool write : {false, true}) {
+    std::vector<float> want = before, dinp_want(inp.size());
+    for (int b = 0; b < B; b++) {
+      float* dw = want.data() + b * stride;
+      if (write) std::fill(dw, dw + span, 0.0f);
+      matmul_backward(ctx, dinp_want.data() + b * T * C, dw, dw + OC * C, dout.data() + b * T * OC, OC,
+                      inp.data() + b * T * C, w.data(), T, C, OC, false);
+    }
+    std::vector<float> grads = write ? std::vector<float>(before.size(), NAN) : before, dinp(inp.size(), NAN);
+    for (int b = 0; b < B; b++)  // what lies between the spans stays as it was
+      std::copy(before.begin() + b * stride + span, before.begin() + (b + 1) * stride, grads.begin() + b * stride + span);
+    matmul_backward_sequences(ctx, dinp.data(), grads.data(), grads.data() + OC * C, stride, dout.data(), inp.data(),
+                              w.data(), B, T, C, OC, write);
+    EXPECT_TRUE(grads == want) << (write ? "written" : "added");
+    EXPECT_TRUE(dinp == dinp_want);
+  }
+}
+
 // Tensor parallelism's row-parallel product: the input's k cut at multiples of the GEMM's k block,
 // the first part formed with the bias, each next one accumulated into the output, gives the whole
 // product's bits, in fp32 and with bf16 operands; ref accumulates too.

@@ -97,7 +97,8 @@ TEST(Matmul, SequencesBackwardIsEachSequencesOwnProduct) {
     }
     std::vector<float> grads = write ? std::vector<float>(before.size(), NAN) : before, dinp(inp.size(), NAN);
     for (int b = 0; b < B; b++)  // what lies between the spans stays as it was
-      std::copy(before.begin() + b * stride + span, before.begin() + (b + 1) * stride, grads.begin() + b * stride + span);
+      std::copy(before.begin() + b * stride + span, before.begin() + (b + 1) * stride,
+                grads.begin() + b * stride + span);
     matmul_backward_sequences(ctx, dinp.data(), grads.data(), grads.data() + OC * C, stride, dout.data(), inp.data(),
                               w.data(), B, T, C, OC, write);
     EXPECT_TRUE(grads == want) << (write ? "written" : "added");

@@ -195,8 +195,7 @@ size_t Decoder::largest_grads_span(int stage_unit) const {
   }
   const size_t C = cfg_.d_model,
                head_chunk = static_cast<size_t>(matmul_column_block(kernels(), cfg_.vocab_size, kVocabChunk)) * C,
-               head_spans = (head_grain_sequences(cfg_, max_batch_, storage_) - 1) * sequence_span_stride(head_chunk) +
-                            head_chunk;
+               head_spans = sequence_spans_extent(head_chunk, head_grain_sequences(cfg_, max_batch_, storage_));
   const bool learned = cfg_.positions == PositionKind::kLearned;
   if (unit == 0)
     return std::max(cfg_.tied_embeddings ? head_spans : 0, learned ? static_cast<size_t>(max_seq_) * C : 0);

@@ -164,7 +164,7 @@ size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorag
     largest = std::max(largest, pair / (expert_weight ? experts : 1));
   }
   const int spans = storage.microbatch_invariant ? backward_grain_sequences(cfg, max_batch, storage) : 1;
-  return (spans - 1) * sequence_span_stride(largest) + largest;
+  return sequence_spans_extent(largest, spans);
 }
 
 int head_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {

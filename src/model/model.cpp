@@ -170,7 +170,7 @@ size_t model_grain_grads_bytes(const ModelConfig& cfg, int max_batch, const Mode
   const bool head = resolved_stage(cfg, storage.stage).end_layer == cfg.n_layers;
   const size_t group = head ? head_grain_sequences(cfg, max_batch, storage) : 1;
   const size_t head_one = static_cast<size_t>(cfg.vocab_size) * cfg.d_model,
-               head_group = (group - 1) * sequence_span_stride(head_one) + head_one;
+               head_group = sequence_spans_extent(head_one, static_cast<int>(group));
   const size_t growth = group == 1 ? blocks - blocks_one
                         : cfg.tied_embeddings
                             ? blocks - blocks_one + head_group - head_one
@@ -248,7 +248,7 @@ class Model::OwnArrays : public UnitAccess {
     const size_t stride = sequence_span_stride(count);
     for (int i = 0; i < sequences; i++)
       residual_forward(m_.kernels(), g, g, spans_.data() + i * stride, static_cast<long>(count));
-    op_zero(m_.kernels(), spans_.data(), ((sequences - 1) * stride + count) * sizeof(float));
+    op_zero(m_.kernels(), spans_.data(), sequence_spans_extent(count, sequences) * sizeof(float));
   }
   void grain_rows(int unit, size_t offset, float* x, const int32_t*, const int32_t* rows_op, size_t n_rows,
                   size_t row_len) override {
@@ -257,7 +257,7 @@ class Model::OwnArrays : public UnitAccess {
   float* grads(int unit, size_t offset, size_t count, int sequences) override {
     float* g = own(unit, offset);
     if (!apart()) return g;
-    const size_t n = (sequences - 1) * sequence_span_stride(count) + count;
+    const size_t n = sequence_spans_extent(count, sequences);
     if (spans_.size() < n) {  // all zero between grains
       spans_.reset();
       spans_.assign_zeros(m_.kernels(), n);

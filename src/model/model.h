@@ -63,6 +63,10 @@ struct ParamUnit {
 // values of a gradient: count rounded up to 16 bytes, so that every span is as aligned as the
 // first (GPU BLAS libraries run their fast kernels on 16-byte aligned outputs only).
 inline size_t sequence_span_stride(size_t count) { return (count + 3) / 4 * 4; }
+// The floats from the first of `sequences` such spans to the end of the last.
+inline size_t sequence_spans_extent(size_t count, int sequences) {
+  return (sequences - 1) * sequence_span_stride(count) + count;
+}
 
 class UnitAccess {
  public:

@@ -307,7 +307,7 @@ float* GradientReduction::grads(int unit, size_t offset, size_t count, int seque
   }
   Scratch& s = spans_for(unit, offset, count, sequences);
   // Added to: zero, where written spans left values.
-  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  const size_t needed = sequence_spans_extent(count, sequences);
   if (s.dirty_lo < std::min(needed, s.dirty_hi)) {
     op_zero(impl_, s.buf.data() + s.dirty_lo, (std::min(needed, s.dirty_hi) - s.dirty_lo) * sizeof(float));
     s.dirty_lo = std::min(needed, s.dirty_hi);
@@ -320,7 +320,7 @@ float* GradientReduction::grads_to_write(int unit, size_t offset, size_t count, 
   // On the CPU a grain's spans are one sequence's, in cache: clearing them costs nothing.
   if (!ctx_.options.deterministic || impl_ != KernelImpl::kGpu) return nullptr;
   Scratch& s = spans_for(unit, offset, count, sequences);
-  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  const size_t needed = sequence_spans_extent(count, sequences);
   s.dirty_hi = std::max(s.dirty_hi, needed);
   s.dirty_lo = 0;  // [0, needed) and what was dirty: an interval that holds both
   s.written = true;
@@ -330,7 +330,7 @@ float* GradientReduction::grads_to_write(int unit, size_t offset, size_t count, 
 GradientReduction::Scratch& GradientReduction::spans_for(int unit, size_t offset, size_t count, int sequences) {
   open_fixed(unit);
   Scratch& s = scratch_for(unit);
-  const size_t needed = (sequences - 1) * sequence_span_stride(count) + count;
+  const size_t needed = sequence_spans_extent(count, sequences);
   ANVIL_CHECK(needed <= s.buf.size(), "{} spans of {} values of unit {}'s gradient, scratch for {} (the model's "
               "microbatch grew without DataParallel::fit_model_batch)", sequences, count, unit, s.buf.size());
   s.origin = offset;
@@ -345,7 +345,7 @@ void GradientReduction::grain_done(int unit, size_t offset, size_t count, int se
   ANVIL_CHECK(offset >= s.origin && offset + count <= s.origin + s.buf.size(),
               "unit {}'s gradient [{}, {}) was handed over outside the span asked for", unit, offset, offset + count);
   const size_t stride = sequence_span_stride(count);
-  ANVIL_CHECK(sequences == 1 || (offset == s.origin && (sequences - 1) * stride + count <= s.buf.size()),
+  ANVIL_CHECK(sequences == 1 || (offset == s.origin && sequence_spans_extent(count, sequences) <= s.buf.size()),
               "unit {}'s gradient [{}, {}) was handed over for {} sequences outside the spans asked for", unit, offset,
               offset + count, sequences);
   const size_t base = units_[unit].offset, lo = base + offset, hi = lo + count;

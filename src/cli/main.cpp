@@ -95,7 +95,8 @@ SLURM); distributed.zero_stage=0..3 chooses what is sharded (docs/distributed.md
 distributed.pipeline_parallel=P cuts the blocks into P stages, each trained by N/P ranks, with
 the same weights as one process (deterministic mode, ZeRO 0 or 1, kernels=cpu).
 distributed.expert_parallel=R shares a mixture of experts' experts among groups of R ranks,
-rows exchanged all-to-all in each layer; the same weights as one process (kernels=cpu).
+each rank holding its own experts' weights alone, rows exchanged all-to-all in each layer; the
+same weights as one process (deterministic mode, kernels=cpu).
 distributed.tensor_parallel=N shares each block's heads and MLP, and the vocabulary, among
 groups of N ranks (Megatron's split), the parts of each sum added in a fixed order; the same
 weights as one process (deterministic mode, kernels=cpu).
@@ -390,6 +391,7 @@ examples:
 
 constexpr const char* kBenchHelp = R"(usage: anvil bench train CONFIG.yaml [key=value ...] [--steps N] [--warmup N] [--profile]
        mpirun -np N anvil bench train CONFIG.yaml distributed.tensor_parallel=T distributed.pipeline_parallel=P [...]
+       mpirun -np R anvil bench train CONFIG.yaml distributed.expert_parallel=R [...]
        anvil bench data LOCATION [options]
        mpirun -np N anvil bench comm [--min-bytes B] [--max-bytes B]
        anvil bench gemm [--rounds N] [--seconds S]
@@ -400,7 +402,10 @@ and anvil's GEMM in the precision's mode; with kernels=gpu, cuBLASLt in that mod
 (host RSS, and the GPU allocator's peak). The last line is the same figures as JSON, for scripts.
 Under mpirun on T·P ranks with distributed.tensor_parallel=T and distributed.pipeline_parallel=P,
 the ranks share one copy of the model (T ranks share each stage's blocks, P stages in the 1F1B
-order) and rank 0 reports the copy's speed, every rank's memory and the pipeline's bubble.
+order) and rank 0 reports the copy's speed, every rank's memory and the pipeline's bubble. With
+distributed.expert_parallel=R instead of T (a mixture of experts), R ranks share each stage's
+experts, each taking its block of the batch as in training, and the report adds the MiB the
+ranks sent each other a step (all-to-all).
   --steps N     timed steps (default 10)
   --warmup N    untimed steps first (default 2; under deterministic_mode an early step can run
                 twice when its gradients outgrow their fixed-point scale: the report says how
@@ -1012,6 +1017,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (r.ranks > 1) {
     std::string layout;
     if (r.tensor_parallel > 1) layout = fmt::format("tensor parallel {}", r.tensor_parallel);
+    if (r.expert_parallel > 1)
+      layout = fmt::format("expert parallel {} (all-to-all {:.2f} MiB a step)", r.expert_parallel, r.all_to_all_mib);
     if (r.pipeline_parallel > 1)
       layout += fmt::format("{}{} pipeline stages (1F1B bubble {:.0f}%)", layout.empty() ? "" : ", ",
                             r.pipeline_parallel, 100 * r.bubble);

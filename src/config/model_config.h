@@ -115,6 +115,12 @@ struct ModelConfig {
   // norms' activations (sequence parallelism; Decoder's held rows). 1: the model is whole.
   int tensor_ranks = 1;
   int tensor_rank = 0;
+  // An expert-parallel share's rank among the expert_ranks ranks that share a mixture of
+  // experts (model/tensor_parallel.h: expert_share_config): it holds the weights of experts
+  // [first_expert(), first_expert() + held_experts()) of moe.experts, the ones it runs; the router
+  // still scores every expert. 1: the model holds every expert.
+  int expert_ranks = 1;
+  int expert_rank = 0;
 
   int kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int head_size() const { return head_dim ? head_dim : d_model / n_heads; }
@@ -130,6 +136,9 @@ struct ModelConfig {
   // heads and units, its rows of the residual stream.
   bool tensor_share() const { return tensor_ranks > 1; }
   int whole_vocab() const { return tensor_share() ? vocab_whole : vocab_size; }
+  bool expert_share() const { return expert_ranks > 1; }
+  int held_experts() const { return moe.experts / expert_ranks; }
+  int first_expert() const { return expert_rank * held_experts(); }
   // The model without its adapters: the base that LoRA freezes.
   ModelConfig base() const {
     ModelConfig b = *this;

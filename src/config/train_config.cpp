@@ -153,6 +153,9 @@ void check_values(TrainConfig& c, const MapReader& blame, const std::string& pat
                 "experts, which its ranks share evenly", where, expert_ranks, c.model.moe.experts);
     ANVIL_CHECK(c.kernels != KernelImpl::kGpu, "{}: distributed.expert_parallel exchanges rows through host memory: "
                 "it runs on the CPU (kernels=cpu) for now", where);
+    ANVIL_CHECK(c.deterministic_mode, "{}: distributed.expert_parallel needs deterministic_mode: true (the ranks "
+                "holding different experts sum the rest of the gradient, and agree on its scales and norm, in fixed "
+                "point)", where);
   }
   // ZeRO-Offload keeps the optimizer states (and the parameters) in host memory: where a CPU run
   // keeps them anyway.

@@ -743,8 +743,9 @@ const std::vector<Field<DistributedConfig>>& distributed_fields() {
       D::value("expert_parallel", &DistributedConfig::expert_parallel, "expert parallelism for a mixture of experts: "
                "groups of this many consecutive ranks share the experts, each rank running experts / N of them for "
                "the group's tokens, which cross to it and back (all-to-all) in every layer; the same weights, bit "
-               "for bit, as one process. Every rank still holds all the parameters (ZeRO shards them). A CPU run; "
-               "see [distributed.md](distributed.md)",
+               "for bit, as one process. A rank holds its own experts' weights alone (with their gradients and "
+               "optimizer states, which ZeRO shards over the ranks holding the same experts). Needs "
+               "`deterministic_mode`; a CPU run; see [distributed.md](distributed.md)",
                positive<int>()),
       D::value("tensor_parallel", &DistributedConfig::tensor_parallel, "tensor parallelism (Megatron's): groups of "
                "this many consecutive ranks share one copy of the model, each rank holding 1/N of every block's "

@@ -46,7 +46,8 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
   const int64_t qn = per_head ? cfg.head_size() : w.q * R, kn = per_head ? cfg.head_size() : w.kv * R;
   auto opt = [](bool present, int64_t n) { return present ? std::vector<int64_t>{n} : std::vector<int64_t>{}; };
   const bool moe = cfg.has_moe();
-  const int64_t E = moe ? cfg.moe.experts : 1;
+  // The router scores every expert; an expert-parallel share holds its own experts' weights alone.
+  const int64_t E = moe ? cfg.moe.experts : 1, held = moe ? cfg.held_experts() : 1;
   return {{"ln1w", {C}, false, false, 1.0f},
           {"ln1b", opt(nb, C)},
           {"qlnw", opt(qk, qn), false, false, 1.0f},
@@ -59,13 +60,14 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& cfg) {
           {"attprojb", opt(lb, C)},
           {"ln2w", {C}, false, false, 1.0f},
           {"ln2b", opt(nb, C)},
-          // Under MoE the router, then every expert's fc weight (expert e's rows from e·fc), then
-          // every expert's fcproj weight (expert e's (C, hidden) from e·C·hidden); no biases.
+          // Under MoE the router, then every held expert's fc weight (the i-th held expert's rows
+          // from i·fc), then every held expert's fcproj weight (its (C, hidden) from i·C·hidden); no
+          // biases.
           {"routerw", moe ? std::vector<int64_t>{E, C} : std::vector<int64_t>{}, true},
           {"routerb", {}},
-          {"fcw", {E * w.fc, C}, true},
+          {"fcw", {held * w.fc, C}, true},
           {"fcb", opt(lb && !moe, w.fc)},
-          {"fcprojw", {E * C, w.hidden}, true, true},
+          {"fcprojw", {held * C, w.hidden}, true, true},
           {"fcprojb", opt(lb && !moe, C)}};
 }
 
@@ -157,7 +159,7 @@ int backward_grain_sequences(const ModelConfig& cfg, int max_batch, const ModelS
 size_t block_grads_span(const ModelConfig& cfg, int max_batch, const ModelStorage& storage) {
   const std::vector<BlockTensor> block = block_tensors(cfg);
   size_t largest = 0;
-  const size_t experts = cfg.has_moe() ? cfg.moe.experts : 1;
+  const size_t experts = cfg.has_moe() ? cfg.held_experts() : 1;
   for (size_t i = 0; i < block.size(); i += 2) {
     const bool expert_weight = i >= 14;  // fc's and fcproj's pairs
     const size_t pair = numel_of(block[i].shape) + numel_of(block[i + 1].shape);

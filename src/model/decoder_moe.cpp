@@ -106,6 +106,8 @@ void Decoder::expert_products(const float* weights, int e, float* out, const flo
 void Decoder::moe_forward(int l, const BlockActs& x, const Block& p, const float* adapters, float* out) {
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, E = cfg_.moe.experts, k = cfg_.moe.top_k;
   const Widths w(cfg_);
+  ANVIL_CHECK(!cfg_.expert_share() || expert_parallel(), "a share of the experts (expert_share_config) runs with "
+              "the exchange to the ranks holding the others: set_expert_exchange first");
   linear_forward(l, linear(p, BlockProduct::kRouter), acts_.router_logits, x.ln2, adapters);
   const MoeRoutes r = moe_routes(l);
   moe_route(kernels(), x.probs, r.experts, x.route_weights, acts_.router_logits, N, E, k, cfg_.moe.normalize_p);
@@ -252,7 +254,7 @@ void Decoder::exchange_expert_rows(int l, float* local, float* remote, int width
 
 void Decoder::experts_exchanged_forward(int l, const BlockActs& x, const Block& p) {
   ExpertExchange& ex = *expert_exchange_;
-  const int R = ex.ranks(), El = cfg_.moe.experts / R, first = ex.rank() * El, B = B_, C = cfg_.d_model;
+  const int R = ex.ranks(), El = cfg_.held_experts(), B = B_, C = cfg_.d_model;
   const Widths w(cfg_);
   const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   ExpertRows& o = expert_rows_[layer_slot(l)];
@@ -291,20 +293,20 @@ void Decoder::experts_exchanged_forward(int l, const BlockActs& x, const Block& 
   std::vector<std::vector<int32_t>> runs(El);
   for (int j = 0; j < El; j++) {
     runs[j] = received_runs(o, j);
-    expert_products(p.fcw, first + j, o.fch.data(), o.in.data(), C, w.fc, runs[j].data(),
+    expert_products(p.fcw, j, o.fch.data(), o.in.data(), C, w.fc, runs[j].data(),
                     static_cast<int>(runs[j].size()) - 1);
   }
   round_to_dtype(kernels(), o.fch.data(), S * w.fc, dtype());
   mlp_activation(ep_act_.data(), o.fch.data(), rows);
   for (int j = 0; j < El; j++)
-    expert_products(p.fcprojw, first + j, ep_out_.data(), ep_act_.data(), w.hidden, C, runs[j].data(),
+    expert_products(p.fcprojw, j, ep_out_.data(), ep_act_.data(), w.hidden, C, runs[j].data(),
                     static_cast<int>(runs[j].size()) - 1);
   round_to_dtype(kernels(), ep_out_.data(), S * C, dtype());
   exchange_expert_rows(l, x.expert_out, ep_out_.data(), C, false, "expert parallelism: outputs from the experts");
 }
 
 void Decoder::experts_exchanged_backward(int l, const BlockActs& x, const Block& p) {
-  const int R = expert_exchange_->ranks(), El = cfg_.moe.experts / R, first = expert_exchange_->rank() * El;
+  const int El = cfg_.held_experts();
   const int B = B_, T = T_, N = B * T, C = cfg_.d_model, k = cfg_.moe.top_k, G = grain_sequences();
   const Widths w(cfg_);
   const size_t F = w.hidden, FC = w.fc, TC = static_cast<size_t>(T) * C;
@@ -332,8 +334,8 @@ void Decoder::experts_exchanged_backward(int l, const BlockActs& x, const Block&
                        "expert parallelism: output gradients to the experts");
   // Each run (a sequence of a rank) forms its weight gradients as one process forms that sequence's.
   for (int j = 0; j < El; j++) {
-    const float* w2 = p.fcprojw + static_cast<size_t>(first + j) * C * F;
-    const float* w1 = p.fcw + static_cast<size_t>(first + j) * FC * C;
+    const float* w2 = p.fcprojw + static_cast<size_t>(j) * C * F;
+    const float* w1 = p.fcw + static_cast<size_t>(j) * FC * C;
     std::vector<int32_t> runs = received_runs(o, j);
     if (!microbatch_invariant()) runs = {runs.front(), runs.back()};
     for (size_t i = 0; i + 1 < runs.size(); i++) {

@@ -304,8 +304,10 @@ void Model::set_expert_exchange(ExpertExchange* exchange) {
   if (exchange) {
     ANVIL_CHECK(cfg_.has_moe(), "expert parallelism shares a mixture of experts' experts among ranks; this model's "
                 "blocks have a dense MLP");
-    ANVIL_CHECK(cfg_.moe.experts % exchange->ranks() == 0, "expert parallelism over {} ranks: the {} experts must "
-                "divide evenly among them", exchange->ranks(), cfg_.moe.experts);
+    ANVIL_CHECK(exchange->ranks() == cfg_.expert_ranks && exchange->rank() == cfg_.expert_rank,
+                "expert parallelism: this model is rank {}'s share of the experts among {} ranks "
+                "(expert_share_config), not rank {} of {}", cfg_.expert_rank, cfg_.expert_ranks, exchange->rank(),
+                exchange->ranks());
     ANVIL_CHECK(kernels() != KernelImpl::kGpu, "expert parallelism exchanges rows through host memory: it runs "
                 "with kernels cpu or ref for now");
   }

@@ -46,23 +46,36 @@ Cut cut_of(const ModelConfig& cfg, const std::string& name) {
   return {kind, block_tensor_name(name).rfind("qkv", 0) == 0 ? w.qkv_parts() : w.fc_parts()};
 }
 
-// Calls copy(whole_offset, share_offset, n) for every run of n floats of rank's share.
+// Whether the block tensor is an expert's weight: a mixture of experts' fc and fcproj, which an
+// expert-parallel share holds its own experts of.
+bool expert_tensor(const ModelConfig& cfg, const std::string& name) {
+  const std::string t = block_tensor_name(name);
+  return cfg.has_moe() && (t == "fcw" || t == "fcprojw");
+}
+
+// Calls copy(whole_offset, share_offset, n) for every run of n floats of a share of whole's model.
 template <class Copy>
-void for_each_share_run(const ModelConfig& cfg, int ranks, int rank, const Copy& copy) {
-  ANVIL_CHECK(rank >= 0 && rank < ranks, "internal: tensor-parallel rank {} of {}", rank, ranks);
-  const std::vector<ParamTensor> whole = model_param_layout(cfg);
-  const std::vector<ParamTensor> share = model_param_layout(tensor_share_config(cfg, ranks, rank));
-  const VocabSlice vocab = tensor_vocab_slice(cfg.vocab_size, ranks, rank);
-  ANVIL_CHECK(whole.size() == share.size(), "internal: a tensor-parallel share has {} tensors, the model {}",
-              share.size(), whole.size());
+void for_each_share_run(const ModelConfig& whole_cfg, const ModelConfig& share_cfg, const Copy& copy) {
+  const std::vector<ParamTensor> whole = model_param_layout(whole_cfg);
+  const std::vector<ParamTensor> share = model_param_layout(share_cfg);
+  ANVIL_CHECK(whole.size() == share.size(), "internal: a share of a model has {} tensors, the model {}", share.size(),
+              whole.size());
+  const int ranks = share_cfg.tensor_ranks, rank = share_cfg.tensor_rank;
   for (size_t k = 0; k < whole.size(); k++) {
     const ParamTensor &t = whole[k], &s = share[k];
-    const Cut cut = cut_of(cfg, t.name);
+    if (share_cfg.expert_share()) {
+      // The held experts' weights, one run of the whole tensor's.
+      const bool cut = expert_tensor(share_cfg, t.name);
+      copy(t.offset + (cut ? t.numel / share_cfg.moe.experts * share_cfg.first_expert() : 0), s.offset, s.numel);
+      continue;
+    }
+    const Cut cut = share_cfg.tensor_share() ? cut_of(whole_cfg, t.name) : Cut{};
     const size_t row = t.shape.size() > 1 ? static_cast<size_t>(t.shape[1]) : 1;
     if (cut.kind == Cut::kWhole) {
       copy(t.offset, s.offset, t.numel);
     } else if (cut.kind == Cut::kVocabRows) {
-      copy(t.offset + static_cast<size_t>(vocab.first) * row, s.offset, static_cast<size_t>(vocab.size) * row);
+      copy(t.offset + static_cast<size_t>(share_cfg.vocab_first) * row, s.offset,
+           static_cast<size_t>(share_cfg.vocab_size) * row);
     } else if (cut.kind == Cut::kRows) {
       size_t section = 0, at = s.offset;
       for (int rows : cut.sections) {
@@ -168,34 +181,47 @@ ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank) {
   return s;
 }
 
-bool tensor_parallel_cut(const std::string& name) { return cut_kind(name) != Cut::kWhole; }
+ModelConfig expert_share_config(const ModelConfig& cfg, int ranks, int rank) {
+  ANVIL_CHECK(cfg.has_moe() && ranks >= 1 && cfg.moe.experts % ranks == 0 && rank >= 0 && rank < ranks,
+              "internal: rank {} of {} sharing {} experts", rank, ranks, cfg.moe.experts);
+  ANVIL_CHECK(!cfg.expert_share() && !cfg.tensor_share(), "internal: a share of a model cut again");
+  ModelConfig s = cfg;
+  s.expert_ranks = ranks;
+  s.expert_rank = ranks > 1 ? rank : 0;
+  return s;
+}
 
-void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share) {
-  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
-    std::memcpy(share + s, whole + w, n * sizeof(float));
+bool share_cut(const ModelConfig& share, const std::string& name) {
+  if (share.expert_share()) return expert_tensor(share, name);
+  return share.tensor_share() && cut_kind(name) != Cut::kWhole;
+}
+
+void take_share(const ModelConfig& whole, const ModelConfig& share, const float* from, float* to) {
+  for_each_share_run(whole, share, [&](size_t w, size_t s, size_t n) {
+    std::memcpy(to + s, from + w, n * sizeof(float));
   });
 }
 
-void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, size_t lo, size_t hi, float* out) {
+void init_share(const ModelConfig& whole, const ModelConfig& share, uint64_t seed, size_t lo, size_t hi, float* out) {
   // Each value depends only on the seed, its tensor and its place in the whole tensor.
-  const std::vector<ParamTensor> whole = model_param_layout(cfg);
-  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+  const std::vector<ParamTensor> layout = model_param_layout(whole);
+  for_each_share_run(whole, share, [&](size_t w, size_t s, size_t n) {
     const size_t a = std::max(s, lo), b = std::min(s + n, hi);
-    if (a < b) model_init_params(whole, seed, w + (a - s), w + (b - s), out + (a - lo));
+    if (a < b) model_init_params(layout, seed, w + (a - s), w + (b - s), out + (a - lo));
   });
 }
 
-void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole) {
-  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
-    std::memcpy(whole + w, share + s, n * sizeof(float));
+void put_share(const ModelConfig& whole, const ModelConfig& share, const float* from, float* to) {
+  for_each_share_run(whole, share, [&](size_t w, size_t s, size_t n) {
+    std::memcpy(to + w, from + s, n * sizeof(float));
   });
 }
 
-void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
-                            float* out) {
-  for_each_share_run(cfg, ranks, rank, [&](size_t w, size_t s, size_t n) {
+void put_share_range(const ModelConfig& whole, const ModelConfig& share, const float* from, size_t lo, size_t hi,
+                     float* out) {
+  for_each_share_run(whole, share, [&](size_t w, size_t s, size_t n) {
     const size_t a = std::max(w, lo), b = std::min(w + n, hi);
-    if (a < b) std::memcpy(out + (a - lo), share + s + (a - w), (b - a) * sizeof(float));
+    if (a < b) std::memcpy(out + (a - lo), from + s + (a - w), (b - a) * sizeof(float));
   });
 }
 

@@ -80,22 +80,28 @@ std::vector<KChainPiece> tensor_k_chain(const std::vector<KSegment>& whole_k);
 // the vocabulary.
 ModelConfig tensor_share_config(const ModelConfig& cfg, int ranks, int rank);
 
-// Rank `rank`'s share of a whole model's parameters (model_param_layout(cfg) order) into share
-// (model_param_layout(tensor_share_config(cfg, ranks, rank)) order), and back: put_tensor_share
-// writes the share's values to their places in whole, leaving the rest.
-void take_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* whole, float* share);
-void put_tensor_share(const ModelConfig& cfg, int ranks, int rank, const float* share, float* whole);
+// Expert parallelism's cut of a mixture of experts: R ranks share its experts, rank r running
+// and holding experts [r·E/R, (r+1)·E/R) (ModelConfig::first_expert, held_experts); the rest of
+// the parameters, the router's included, every rank holds whole.
+ModelConfig expert_share_config(const ModelConfig& cfg, int ranks, int rank);
+
+// A share of whole's model (tensor_share_config's or expert_share_config's, share) from the
+// whole model's parameters (model_param_layout(whole) order) into the share's
+// (model_param_layout(share) order), and back: put_share writes the share's values to their
+// places in the whole array, leaving the rest.
+void take_share(const ModelConfig& whole, const ModelConfig& share, const float* from, float* to);
+void put_share(const ModelConfig& whole, const ModelConfig& share, const float* from, float* to);
 // The same into a range [lo, hi) of the whole array alone: out[i - lo] = whole[i] for the share's
 // elements i in it.
-void put_tensor_share_range(const ModelConfig& cfg, int ranks, int rank, const float* share, size_t lo, size_t hi,
-                            float* out);
+void put_share_range(const ModelConfig& whole, const ModelConfig& share, const float* from, size_t lo, size_t hi,
+                     float* out);
 
-// Elements [lo, hi) of rank `rank`'s share of the whole model's initial values (model_init_params
+// Elements [lo, hi) of the share's part of the whole model's initial values (model_init_params
 // with seed) into out, formed alone: the whole model is never built.
-void init_tensor_share(const ModelConfig& cfg, int ranks, int rank, uint64_t seed, size_t lo, size_t hi, float* out);
+void init_share(const ModelConfig& whole, const ModelConfig& share, uint64_t seed, size_t lo, size_t hi, float* out);
 
-// Whether the tensor of this name (model_param_layout's) is cut among the ranks; if not, every
-// rank holds it whole.
-bool tensor_parallel_cut(const std::string& name);
+// Whether the tensor of this name (model_param_layout's) is cut among the share's ranks; if not,
+// every rank holds it whole.
+bool share_cut(const ModelConfig& share, const std::string& name);
 
 }  // namespace anvil

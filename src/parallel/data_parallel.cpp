@@ -18,6 +18,14 @@ ModelStorage model_storage_for(const DataParallelOptions& options) {
   return s;
 }
 
+const ModelConfig* DataParallelOptions::whole_model() const {
+  return tensor ? &tensor->model : experts ? &experts->model : nullptr;
+}
+
+Communicator* DataParallelOptions::share_group() const {
+  return tensor ? &tensor->tensor->comm() : experts ? &experts->experts->comm() : nullptr;
+}
+
 namespace {
 
 // The most bytes one collective of the step moves: a unit's gradient (int64 in deterministic mode)
@@ -39,6 +47,9 @@ const DataParallelOptions& checked(const DataParallelOptions& o, Model& model) {
   ANVIL_CHECK(o.global_batch >= 1, "global batch {} must be at least one sequence", o.global_batch);
   ANVIL_CHECK(!o.bf16_compression || model.kernels() != KernelImpl::kGpu,
               "gradient compression (bf16) runs on host memory: use kernels=cpu with it, or leave it off on the GPU");
+  ANVIL_CHECK(!o.experts || (!o.tensor && o.deterministic && model.kernels() != KernelImpl::kGpu),
+              "an expert share's gradients are reduced in deterministic mode, in host memory, and not under tensor "
+              "parallelism");
   const ModelStorage want = model_storage_for(o);
   // (On a GPU an invariant model forms a gradient span per sequence, which only deterministic
   // mode's fixed-point sums take.)

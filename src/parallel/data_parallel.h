@@ -41,6 +41,7 @@
 
 #include "parallel/collectives.h"
 #include "parallel/comm_thread.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/communicator.h"
 #include "device/device.h"
 #include "parallel/gradient_reduction.h"
@@ -74,6 +75,14 @@ struct DataParallelOptions {
   // with the other shares (with pipeline too: a stage of the share). Deterministic mode only.
   // Null: the model is whole.
   const TensorGroups* tensor = nullptr;
+  // The model is a rank's share of a mixture of experts' experts and the group the ranks holding
+  // the same experts (parallel/expert_parallel.h): the expert groups, over which the rest of the
+  // gradient is summed too (with pipeline too: a stage of the share). Deterministic mode, host
+  // memory. Null: the model holds every expert.
+  const ExpertGroups* experts = nullptr;
+  // The whole model and the group of ranks sharing a copy of it: tensor's or experts', else null.
+  const ModelConfig* whole_model() const;
+  Communicator* share_group() const;
 };
 
 // Which arrays the model should allocate for itself under these options, and whether it must be

@@ -13,16 +13,25 @@ namespace {
 constexpr int kTagExperts = 0x5a10;
 }  // namespace
 
-ExpertGroup::ExpertGroup(Communicator& world, int ranks_per_group) {
-  const int W = world.size(), R = ranks_per_group;
+ExpertGroups make_expert_groups(Communicator& world, const ModelConfig& cfg, int ranks) {
+  const int W = world.size(), R = ranks;
   ANVIL_CHECK(R >= 1 && W % R == 0, "distributed.expert_parallel {} does not divide the {} ranks: the experts are "
               "shared by groups of that many consecutive ranks", R, W);
+  ANVIL_CHECK(cfg.has_moe() && cfg.moe.experts % R == 0, "distributed.expert_parallel {} must divide the {} experts, "
+              "which its ranks share evenly", R, cfg.moe.experts);
   ANVIL_CHECK(R == 1 || world.threads_may_talk_at_once(), "distributed.expert_parallel exchanges the experts' rows "
               "while gradients are reduced, from two threads at once, and this MPI library does not provide "
               "MPI_THREAD_MULTIPLE");
-  std::vector<int> members(R);
+  ExpertGroups g;
+  g.model = cfg;
+  g.ranks = R;
+  g.rank = world.rank() % R;
+  std::vector<int> members(R), holders(W / R);
   std::iota(members.begin(), members.end(), world.rank() / R * R);
-  comm_ = make_group_communicator(world, members);
+  for (int d = 0; d < W / R; d++) holders[d] = d * R + g.rank;
+  g.experts = std::make_unique<ExpertGroup>(make_group_communicator(world, members));
+  g.data = make_group_communicator(world, holders);
+  return g;
 }
 
 void ExpertGroup::exchange(const std::vector<Message>& sends, const std::vector<Message>& receives, const char* what) {

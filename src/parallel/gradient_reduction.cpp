@@ -69,11 +69,22 @@ GradientReduction::GradientReduction(const DataParallelContext& ctx)
     }
     stage_squares_.resize(static_cast<size_t>(p->stages) * model_param_layout(ctx_.model.config()).size());
   }
-  if (const TensorGroups* t = opt.tensor) {
-    ANVIL_CHECK(opt.deterministic, "a tensor-parallel share's gradients are reduced in deterministic mode");
-    for (const ParamTensor& k : tensors_) tensor_cut_.push_back(tensor_parallel_cut(k.name));
-    tensor_max_.resize(tensors_.size() * t->ranks);
-    tensor_squares_.resize(tensors_.size() * t->ranks);
+  if ((share_group_ = opt.share_group())) {
+    ANVIL_CHECK(opt.deterministic, "a share's gradients are reduced in deterministic mode");
+    const ModelConfig& share = ctx_.model.config();
+    for (const ParamTensor& k : tensors_) share_cut_.push_back(share_cut(share, k.name));
+    share_max_.resize(tensors_.size() * share_group_->size());
+    share_squares_.resize(tensors_.size() * share_group_->size());
+    if (opt.experts)
+      for (size_t k = 0; k < tensors_.size(); k++) {
+        const size_t a = std::clamp(tensors_[k].offset, ctx_.shards.lo, ctx_.shards.hi);
+        const size_t b = std::clamp(tensors_[k].offset + tensors_[k].numel, ctx_.shards.lo, ctx_.shards.hi);
+        if (share_cut_[k] || a == b) continue;
+        if (!whole_runs_.empty() && whole_runs_.back().first + whole_runs_.back().second == a - ctx_.shards.lo)
+          whole_runs_.back().second += b - a;
+        else
+          whole_runs_.push_back({a - ctx_.shards.lo, b - a});
+      }
   }
   if (opt.bf16_compression) error_feedback_.assign(ctx_.shards.n, 0.0f);
 }
@@ -165,12 +176,14 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
     all_gather_blocks(tied, tied_max_.data(), tied_tensors_ * sizeof(float));
     for (size_t k = 0; k < tied_tensors_; k++) max[k] = std::max(tied_max_[k], tied_max_[tied_tensors_ + k]);
   }
-  if (const TensorGroups* t = opt.tensor) {
-    // A cut tensor's scale is the whole tensor's: from the largest of its shares' maxima.
-    std::copy(max.begin(), max.end(), tensor_max_.begin() + static_cast<std::ptrdiff_t>(K * t->rank));
-    all_gather_blocks(t->tensor->comm(), tensor_max_.data(), K * sizeof(float));
+  if (share_group_) {
+    // A cut tensor's scale is the whole tensor's: from the largest of its shares' maxima. (An
+    // expert share's whole tensors take the largest of every member's too: their sums' ranges.)
+    const int R = share_group_->size();
+    std::copy(max.begin(), max.end(), share_max_.begin() + static_cast<std::ptrdiff_t>(K * share_group_->rank()));
+    all_gather_blocks(*share_group_, share_max_.data(), K * sizeof(float));
     for (size_t k = 0; k < K; k++)
-      for (int r = 0; r < t->ranks; r++) max[k] = std::max(max[k], tensor_max_[K * r + k]);
+      for (int r = 0; r < R; r++) max[k] = std::max(max[k], share_max_[K * r + k]);
   }
   bool fits = true, finite = true;
   std::vector<int>& next = next_scale_;
@@ -187,6 +200,8 @@ GradientReduction::Backward GradientReduction::finish_backward(int64_t step) {
   if (verdict == Backward::kDone) {
     if (opt.pipeline && opt.pipeline->tied)  // integers: the exact sum, the same on both stages
       all_reduce(*opt.pipeline->tied, fixed_.data() + units_[0].offset, units_[0].numel);
+    // An expert share's whole tensors: every member's sum, exact in integers, the same on each.
+    for (const auto& [at, n] : whole_runs_) all_reduce(*share_group_, owned_fixed() + at, n);
     sum_owned_squares();
     step_scale_ = scale_;
   }
@@ -226,14 +241,16 @@ double GradientReduction::global_norm() {
         for (int r = 0; r < comm.size(); r++) squares[k] += all[r * K + k];
       }
     }
-    if (const TensorGroups* t = opt.tensor) {
+    if (share_group_) {
       // A cut tensor's squares are the sum of its shares'; a whole one's, any rank's.
-      std::copy(squares.begin(), squares.end(), tensor_squares_.begin() + static_cast<std::ptrdiff_t>(K * t->rank));
-      all_gather_blocks(t->tensor->comm(), tensor_squares_.data(), K * sizeof(unsigned __int128));
+      const int R = share_group_->size();
+      std::copy(squares.begin(), squares.end(),
+                share_squares_.begin() + static_cast<std::ptrdiff_t>(K * share_group_->rank()));
+      all_gather_blocks(*share_group_, share_squares_.data(), K * sizeof(unsigned __int128));
       for (size_t k = 0; k < K; k++) {
-        if (!tensor_cut_[k]) continue;
+        if (!share_cut_[k]) continue;
         squares[k] = 0;
-        for (int r = 0; r < t->ranks; r++) squares[k] += tensor_squares_[K * r + k];
+        for (int r = 0; r < R; r++) squares[k] += share_squares_[K * r + k];
       }
     }
     double sq = 0;

@@ -104,12 +104,15 @@ class GradientReduction {
     int64_t scale, held;  // 64-bit: no padding bytes go on the wire
   };
   std::vector<StageSquares> stage_squares_;
-  // Tensor parallelism (DataParallelOptions::tensor): which tensors are cut among the tensor
-  // group's ranks (the rest every rank holds whole), and every rank's maxima and squares
-  // ([rank · tensors + tensor]).
-  std::vector<bool> tensor_cut_;
-  std::vector<float> tensor_max_;
-  std::vector<unsigned __int128> tensor_squares_;
+  // A share of a model cut among ranks (DataParallelOptions::tensor or experts): which tensors
+  // are cut among the share group's ranks (the rest every rank holds whole), and every rank's
+  // maxima and squares ([rank · tensors + tensor]). An expert share's whole tensors have each
+  // member's gradient, summed over the group once reduced (whole_runs_: their owned runs).
+  Communicator* share_group_ = nullptr;
+  std::vector<bool> share_cut_;
+  std::vector<float> share_max_;
+  std::vector<unsigned __int128> share_squares_;
+  std::vector<std::pair<size_t, size_t>> whole_runs_;  // [offset from the owned range's start, length)
   // The verdict on the step, agreed by every stage: the worst of theirs.
   Backward agreed(Backward mine);
   // A grain's contributions to a span of a unit's gradient (one sequence's, or on a GPU a span

@@ -40,14 +40,15 @@ namespace {
 // tensor and its place in the whole model's tensor, so a pipeline stage or a tensor-parallel share
 // forms its part of one process's values alone.
 void init_params_range(const DataParallelContext& ctx, uint64_t seed, size_t lo, size_t hi, float* out) {
-  const TensorGroups* tensor = ctx.options.tensor;
-  if (!tensor || tensor->ranks == 1) {
+  const ModelConfig* whole = ctx.options.whole_model();
+  if (!whole) {
     model_init_params(ctx.model.tensors(), seed, lo, hi, out);
     return;
   }
   // The model's tensors are runs of the whole share's (a pipeline stage holds some of them): each
   // run at its place in the share.
-  const std::vector<ParamTensor> share = model_param_layout(ctx.model.config());
+  const ModelConfig& share_cfg = ctx.model.config();
+  const std::vector<ParamTensor> share = model_param_layout(share_cfg);
   const std::vector<ParamTensor>& mine = ctx.model.tensors();
   for (size_t i = 0; i < mine.size();) {
     const size_t first = mine[i].offset, at = share[mine[i].index].offset;
@@ -55,9 +56,7 @@ void init_params_range(const DataParallelContext& ctx, uint64_t seed, size_t lo,
     for (i++; i < mine.size() && mine[i].offset == end && share[mine[i].index].offset == at + (end - first); i++)
       end += mine[i].numel;
     const size_t a = std::max(lo, first), b = std::min(hi, end);
-    if (a < b)
-      init_tensor_share(tensor->model, tensor->ranks, tensor->rank, seed, at + (a - first), at + (b - first),
-                        out + (a - lo));
+    if (a < b) init_share(*whole, share_cfg, seed, at + (a - first), at + (b - first), out + (a - lo));
   }
 }
 

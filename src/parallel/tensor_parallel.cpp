@@ -52,20 +52,21 @@ TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int
   return g;
 }
 
-void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const float* share, size_t share_n, size_t lo,
-                          size_t hi, float* out) {
-  // The shares differ in size (their slices of the vocabulary): each rank's goes out in turn.
+void gather_shares(Communicator& group, const ModelConfig& whole, const std::vector<ModelConfig>& shares,
+                   const float* mine, size_t lo, size_t hi, float* out) {
+  ANVIL_CHECK(shares.size() == static_cast<size_t>(group.size()), "internal: {} shares for a group of {} ranks",
+              shares.size(), group.size());
+  // The shares may differ in size (tensor parallelism's slices of the vocabulary): each rank's
+  // goes out in turn.
   std::vector<float> buffer;
-  for (int r = 0; r < groups.ranks; r++) {
-    const size_t n = model_num_params(tensor_share_config(cfg, groups.ranks, r));
-    if (r == groups.rank) {
-      ANVIL_CHECK(n == share_n, "internal: a tensor-parallel share of {} parameters, expected {}", share_n, n);
-      buffer.assign(share, share + n);
-    } else {
+  for (int r = 0; r < group.size(); r++) {
+    const size_t n = model_num_params(shares[r]);
+    if (r == group.rank())
+      buffer.assign(mine, mine + n);
+    else
       buffer.resize(n);
-    }
-    groups.tensor->broadcast(buffer.data(), n, r);
-    put_tensor_share_range(cfg, groups.ranks, r, buffer.data(), lo, hi, out);
+    broadcast(group, buffer.data(), n * sizeof(float), r);
+    put_share_range(whole, shares[r], buffer.data(), lo, hi, out);
   }
 }
 

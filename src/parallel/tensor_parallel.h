@@ -49,10 +49,11 @@ struct TensorGroups {
 // the training thread's chains run while the communication thread reduces gradients.
 TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int ranks);
 
-// Every rank's share of an array (this rank's: share_n floats, model_param_layout(
-// tensor_share_config) order) into the range [lo, hi) of the whole array (model_param_layout(cfg)
-// order) at out, on every rank of the tensor group: a collective of groups.tensor.
-void gather_tensor_shares(TensorGroups& groups, const ModelConfig& cfg, const float* share, size_t share_n, size_t lo,
-                          size_t hi, float* out);
+// Every rank's share of an array (this rank's, mine: model_param_layout(shares[group.rank()])
+// order; shares: the group's ranks' share configs, tensor or expert parallelism's) into the range
+// [lo, hi) of the whole array (model_param_layout(whole) order) at out, on every rank of the
+// group: a collective of group.
+void gather_shares(Communicator& group, const ModelConfig& whole, const std::vector<ModelConfig>& shares,
+                   const float* mine, size_t lo, size_t hi, float* out);
 
 }  // namespace anvil

@@ -19,11 +19,13 @@ struct BenchTrainResult {
   std::string peak_source;    // what the peak was measured on (the matmul backend)
   double gpu_peak_mib = 0;    // kernels=gpu: the most GPU memory the allocator held
   double step_ms = 0;         // mean time of a timed step
-  // The ranks sharing the model (distributed.tensor_parallel × distributed.pipeline_parallel: the
-  // speed is the copy's, MFU against the ranks' peaks together, the memory figures above this
-  // rank's) and this one; and every rank's memory, on every rank.
+  // The ranks sharing the model (distributed.tensor_parallel × distributed.pipeline_parallel ×
+  // distributed.expert_parallel: the speed is the copy's, MFU against the ranks' peaks together,
+  // the memory figures above this rank's) and this one; and every rank's memory, on every rank.
+  // The experts' ranks each take their block of the batch, as in training.
   int ranks = 1, rank = 0;
-  int tensor_parallel = 1, pipeline_parallel = 1;
+  int tensor_parallel = 1, pipeline_parallel = 1, expert_parallel = 1;
+  double all_to_all_mib = 0;  // under expert parallelism: the MiB the ranks sent each other a step
   double bubble = 0;  // under pipeline stages: the share of a step's microbatch slots a stage idles
   // Timed steps that ran twice (StepResult::ran_again), which the speed above includes.
   int steps_run_again = 0;

@@ -33,9 +33,12 @@ struct TrainingStack {
 // the smallest of every rank's).
 // With tensor groups, the model is this rank's share of a copy (model/tensor_parallel.h), or of
 // its pipeline stage, set to chain its products through the group, and comm the share's
-// data-parallel group.
+// data-parallel group. With expert groups, the model is this rank's share of the experts
+// (expert_share_config), set to exchange rows through the group, and comm the ranks holding the
+// same experts.
 TrainingStack build_training_stack(TrainConfig& cfg, Communicator& comm, int local_batch, int seq_len,
                                    const std::function<void(Model&)>& set_base,
-                                   const PipelineGroups* pipeline = nullptr, TensorGroups* tensor = nullptr);
+                                   const PipelineGroups* pipeline = nullptr, TensorGroups* tensor = nullptr,
+                                   ExpertGroups* experts = nullptr);
 
 }  // namespace anvil

@@ -13,9 +13,14 @@
 
 namespace anvil {
 
-TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule,
-                     PipelineSchedule* pipeline)
-    : model_(model), dp_(dp), pipeline_(pipeline), schedule_(schedule), microbatch_(cfg.device_train_microbatch_size),
+TrainStep::TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, Communicator& batch,
+                     const LrSchedule& schedule, PipelineSchedule* pipeline)
+    : model_(model),
+      dp_(dp),
+      batch_(batch),
+      pipeline_(pipeline),
+      schedule_(schedule),
+      microbatch_(cfg.device_train_microbatch_size),
       lr_(cfg.optimizer.lr), clip_(cfg.clipping_threshold), seed_(cfg.seed),
       scaler_(cfg.loss_scaler, cfg.precision == ComputeDtype::kFp16) {
   model_.set_compute_dtype(cfg.precision);
@@ -65,7 +70,7 @@ StepResult TrainStep::run(const int32_t* tokens, const int32_t* targets, int bat
   const int64_t n = static_cast<int64_t>(batch) * seq_len;
   int64_t local_targets = 0;
   for (int64_t i = 0; i < n; i++) local_targets += targets[i] != kIgnoreIndex;
-  Communicator& comm = dp_.comm();
+  Communicator& comm = batch_;
   r.target_tokens = sum_exact(comm, local_targets);
   ANVIL_CHECK(r.target_tokens > 0, "step {}: every target of the batch is ignored", t);
   // amp_fp16: the loss is scaled (a power of two) and the gradients unscaled exactly on their way

@@ -41,9 +41,11 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // Also sets the model's compute dtype from cfg.precision. pipeline: when the model is a
-  // pipeline stage, the schedule that runs the step's microbatches through the stages.
-  TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, const LrSchedule& schedule,
+  // Also sets the model's compute dtype from cfg.precision. batch: the data-parallel ranks, each
+  // taking its block of the global batch (dp's group, or under expert parallelism the job's,
+  // whose ranks hold different experts). pipeline: when the model is a pipeline stage, the
+  // schedule that runs the step's microbatches through the stages.
+  TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, Communicator& batch, const LrSchedule& schedule,
             PipelineSchedule* pipeline = nullptr);
   // tokens, targets: (batch, seq_len), this rank's block of the global batch; positions, when its
   // sequences hold packed examples (Model::forward_backward), else null. t: 0-based step. The
@@ -55,6 +57,7 @@ class TrainStep {
  private:
   Model& model_;
   DataParallel& dp_;
+  Communicator& batch_;
   PipelineSchedule* pipeline_;
   LrSchedule schedule_;
   int microbatch_;

@@ -47,12 +47,13 @@ namespace {
 // of W takes batches r, r + W, ...; under ZeRO-3 a forward pass gathers parameters with every
 // rank (and under expert parallelism exchanges rows with its group), so a rank past the last
 // batch runs its first batch again and discards it. A pipeline stage's ranks pass each batch
-// through the stages; the last stage's losses are every stage's result.
-double evaluate(Model& model, DataParallel& dp, PipelineSchedule* pipeline, const DataPipeline& eval_data,
-                const TrainConfig& cfg, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+// through the stages; the last stage's losses are every stage's result. comm: the data-parallel
+// ranks (TrainStep's batch).
+double evaluate(Model& model, DataParallel& dp, Communicator& comm, PipelineSchedule* pipeline,
+                const DataPipeline& eval_data, const TrainConfig& cfg, std::vector<int32_t>& tokens,
+                std::vector<int32_t>& targets) {
   StreamingDataset& data = *eval_data.data;
   const int T = cfg.max_seq_len, B = cfg.device_eval_batch_size;
-  Communicator& comm = dp.comm();
   const int W = comm.size(), rank = comm.rank();
   int64_t samples = data.num_samples();
   if (cfg.eval_subset_num_batches > 0) samples = std::min<int64_t>(samples, int64_t{cfg.eval_subset_num_batches} * B);
@@ -229,6 +230,11 @@ LoraBaseRef load_frozen_base(const TrainConfig& cfg, const LoadedCheckpoint* res
   ANVIL_CHECK(same_architecture(base.config, cfg.model.base()), "{}: the base '{}' is another model ({}) than the "
               "config's ({})", what, path, model_architecture_summary(base.config),
               model_architecture_summary(cfg.model));
+  if (model.config().expert_share()) {  // the base's weights of the rank's experts alone
+    std::vector<float> share(model_num_params(model.config().base()));
+    take_share(cfg.model.base(), model.config().base(), base.params.data(), share.data());
+    base.params = std::move(share);
+  }
   // Under amp_bf16 the products round the base's weights to bf16 anyway: held so, the same bits.
   model.set_base_weights(base.params, cfg.precision == ComputeDtype::kBf16);
   if (writer)
@@ -339,6 +345,18 @@ class TrainingRun {
   // pipeline parallelism), else null.
   std::unique_ptr<TensorGroups> tensor_;
   Communicator& data_comm() { return tensor_ ? *tensor_->data : groups_ ? *groups_->data : comm_; }
+  // Expert parallelism's groups (distributed.expert_parallel > 1; within a stage's ranks under
+  // pipeline parallelism), else null.
+  std::unique_ptr<ExpertGroups> experts_;
+  // The ranks holding this rank's parameters, over which data parallelism reduces and shards them:
+  // the data-parallel group, or under expert parallelism those of its ranks holding the same experts.
+  Communicator& holders_comm() { return experts_ ? *experts_->data : data_comm(); }
+  // The group of ranks sharing a copy of the model (tensor or expert parallelism's), else null; and
+  // the share configs of its ranks, in their order.
+  Communicator* share_comm() {
+    return tensor_ ? &tensor_->tensor->comm() : experts_ ? &experts_->experts->comm() : nullptr;
+  }
+  std::vector<ModelConfig> group_shares() const;
   // A whole-model array (model_param_layout(cfg_.model) order), or its range [from, to), from
   // every rank's part of the same array (its stage's, its share's), each part given as this rank's
   // range [lo, hi) of it (its ZeRO shard); a collective of the job.
@@ -366,7 +384,6 @@ class TrainingRun {
   FILE* metrics_ = nullptr;
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0 writes the global figures
   std::unique_ptr<Model> model_;
-  std::unique_ptr<ExpertGroup> experts_;  // under distributed.expert_parallel
   int64_t step_exchange_bytes_ = 0;        // the last step's, sent between ranks, every rank's summed
   LoraBaseRef lora_base_;  // under LoRA, what the checkpoints name as the adapters' base
   std::unique_ptr<DataParallel> dp_;
@@ -396,6 +413,9 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& comm)
   if (cfg_.distributed.tensor_parallel > 1)
     tensor_ = std::make_unique<TensorGroups>(
         make_tensor_groups(groups_ ? *groups_->data : comm, cfg_.model, cfg_.distributed.tensor_parallel));
+  if (cfg_.distributed.expert_parallel > 1)  // under pipeline stages, groups of a stage's ranks (in lockstep)
+    experts_ = std::make_unique<ExpertGroups>(
+        make_expert_groups(groups_ ? *groups_->data : comm, cfg_.model, cfg_.distributed.expert_parallel));
   D_ = data_comm().size();
   data_rank_ = data_comm().rank();
   resolve_batch_sizes(cfg_, D_);  // DeepSpeed's rule counts the data-parallel ranks
@@ -470,21 +490,20 @@ void TrainingRun::open_datasets() {
 }
 
 void TrainingRun::build_model() {
-  TrainingStack stack = build_training_stack(cfg_, data_comm(), local_batch_, T_, [&](Model& model) {
+  TrainingStack stack = build_training_stack(cfg_, holders_comm(), local_batch_, T_, [&](Model& model) {
     lora_base_ = load_frozen_base(cfg_, resume_ ? &*resume_ : nullptr, model, writer_);
-  }, groups_.get(), tensor_.get());
+  }, groups_.get(), tensor_.get(), experts_.get());
   model_ = std::move(stack.model);
   dp_ = std::move(stack.dp);
   pipeline_ = std::move(stack.pipeline);
   plan_ = stack.plan;
   Model& model = *model_;
-  if (cfg_.distributed.expert_parallel > 1) {
-    // Under pipeline stages, groups of a stage's ranks (which run the same schedule in lockstep).
-    experts_ = std::make_unique<ExpertGroup>(groups_ ? *groups_->data : comm_, cfg_.distributed.expert_parallel);
-    model.set_expert_exchange(experts_.get());
-    log_info("expert parallelism: {} ranks share the experts, {} each (this rank experts {}..{})", experts_->ranks(),
-             cfg_.model.moe.experts / experts_->ranks(), experts_->rank() * cfg_.model.moe.experts / experts_->ranks(),
-             (experts_->rank() + 1) * cfg_.model.moe.experts / experts_->ranks() - 1);
+  if (experts_) {
+    const ModelConfig& share = model.config();
+    log_info("expert parallelism: {} ranks share the experts, {} each (this rank holds and runs experts {}..{}; its "
+             "parameters, gradients and optimizer states are shared with the {} ranks holding the same experts)",
+             experts_->ranks, share.held_experts(), share.first_expert(),
+             share.first_expert() + share.held_experts() - 1, holders_comm().size());
   }
   if (tensor_) {
     const ModelConfig& share = model.config();
@@ -524,7 +543,7 @@ void TrainingRun::build_model() {
     icl_ = std::make_unique<IclSuite>(icl_tasks_, icl_examples_, *icl_tokenizer_, cfg_.model.vocab_size, so);
     icl_examples_.clear();
   }
-  step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, *schedule_, pipeline_.get());
+  step_ = std::make_unique<TrainStep>(cfg_, model, *dp_, data_comm(), *schedule_, pipeline_.get());
   if (step_->loss_scaler().enabled() && !loss_scaler.empty())
     step_->loss_scaler().restore(loss_scaler, loaded_dir + "/manifest.json");
   flops_per_token_ = model_train_flops_per_token(cfg_.model, T_);
@@ -602,6 +621,7 @@ void TrainingRun::describe() {
                                       {"world_size", W_},
                                       {"pipeline_parallel", cfg_.distributed.pipeline_parallel},
                                       {"tensor_parallel", cfg_.distributed.tensor_parallel},
+                                      {"expert_parallel", cfg_.distributed.expert_parallel},
                                       {"by_stage", stages}}}});
 }
 
@@ -624,7 +644,7 @@ void TrainingRun::evaluate_at(int64_t at_step) {
   std::vector<std::pair<std::string, double>> scalars;
   if (eval_data_.data) {
     auto t0 = std::chrono::steady_clock::now();
-    const double loss = evaluate(*model_, *dp_, pipeline_.get(), eval_data_, cfg_, tokens_, targets_);
+    const double loss = evaluate(*model_, *dp_, data_comm(), pipeline_.get(), eval_data_, cfg_, tokens_, targets_);
     if (at_step == 0) summary_.first_eval_loss = loss;
     summary_.last_eval_loss = loss;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -700,18 +720,28 @@ void TrainingRun::evaluate_icl_at(int64_t at_step, nlohmann::json& row,
 
 std::vector<float> TrainingRun::own_part(const std::vector<float>& whole) const {
   std::vector<float> share;
-  if (tensor_) {
+  const bool shared = tensor_ || experts_;
+  if (shared) {
     share.resize(model_num_params(model_->config()));
-    take_tensor_share(cfg_.model, tensor_->ranks, tensor_->rank, whole.data(), share.data());
+    take_share(cfg_.model, model_->config(), whole.data(), share.data());
   }
-  const std::vector<float>& mine = tensor_ ? share : whole;
+  const std::vector<float>& mine = shared ? share : whole;
   return groups_ ? stage_part(*model_, mine) : mine;
+}
+
+std::vector<ModelConfig> TrainingRun::group_shares() const {
+  std::vector<ModelConfig> shares;
+  if (tensor_)
+    for (int r = 0; r < tensor_->ranks; r++) shares.push_back(tensor_share_config(cfg_.model, tensor_->ranks, r));
+  if (experts_)
+    for (int r = 0; r < experts_->ranks; r++) shares.push_back(expert_share_config(cfg_.model, experts_->ranks, r));
+  return shares;
 }
 
 std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::vector<float>& mine, size_t from,
                                              size_t to) {
   // The data-parallel ranks' ranges follow one another in rank order: the rank's whole part.
-  Communicator& data = data_comm();
+  Communicator& data = holders_comm();
   std::vector<size_t> counts;
   for (double n : all_gather_values(data, static_cast<double>(hi - lo))) counts.push_back(static_cast<size_t>(n));
   std::vector<float> part(model_->num_params());
@@ -723,11 +753,12 @@ std::vector<float> TrainingRun::gather_whole(size_t lo, size_t hi, const std::ve
     part = std::move(stages);
   }
   to = std::min(to, model_num_params(cfg_.model));
-  if (!tensor_ && from == 0 && to == part.size()) return part;
-  if (!tensor_) return std::vector<float>(part.begin() + static_cast<std::ptrdiff_t>(from),
-                                          part.begin() + static_cast<std::ptrdiff_t>(to));
+  Communicator* shares = share_comm();
+  if (!shares && from == 0 && to == part.size()) return part;
+  if (!shares) return std::vector<float>(part.begin() + static_cast<std::ptrdiff_t>(from),
+                                         part.begin() + static_cast<std::ptrdiff_t>(to));
   std::vector<float> range(to - from);
-  gather_tensor_shares(*tensor_, cfg_.model, part.data(), part.size(), from, to, range.data());
+  gather_shares(*shares, cfg_.model, group_shares(), part.data(), from, to, range.data());
   return range;
 }
 
@@ -737,9 +768,9 @@ void TrainingRun::save(int64_t at_step) {
   shard.world = W_;
   dp_->copy_shard(shard.lo, shard.hi, shard.params, &shard.exp_avg, &shard.exp_avg_sq);  // what training waits for
   std::vector<int> grad_scales = dp_->grad_scales();
-  if (tensor_) {
+  if (tensor_ || experts_) {
     // The whole model's state, of which this rank gathers and writes the rank-th of W even ranges.
-    // The shares' scales are the whole tensors' (parallel/tensor_parallel.h).
+    // The shares' scales are the whole tensors' (parallel/gradient_reduction.h).
     const size_t n = model_num_params(cfg_.model), lo = n * rank_ / W_, hi = n * (rank_ + 1) / W_;
     for (std::vector<float>* v : {&shard.params, &shard.exp_avg, &shard.exp_avg_sq})
       *v = gather_whole(shard.lo, shard.hi, *v, lo, hi);
@@ -797,10 +828,10 @@ bool TrainingRun::step(int64_t t) {
   if (t == start_step_ && writer_) report_first_batch();
   const int step_len = trim_batch(t);
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t sent = experts_ ? experts_->bytes_sent() : 0;
+  const int64_t sent = experts_ ? experts_->experts->bytes_sent() : 0;
   const StepResult r = step_->run(tokens_.data(), targets_.data(), local_batch_, step_len, t, positions);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (experts_) step_exchange_bytes_ = sum_exact(comm_, experts_->bytes_sent() - sent);
+  if (experts_) step_exchange_bytes_ = sum_exact(comm_, experts_->experts->bytes_sent() - sent);
   ANVIL_CHECK(r.skipped || std::isfinite(r.loss), "step {}: the loss is {} (diverged); lower optimizer.lr or "
               "enable algorithms.gradient_clipping", t + 1, r.loss);
   if (r.skipped) {

@@ -115,8 +115,28 @@ if have_mpirun; then
   else
     fail "bench train with distributed.pipeline_parallel=2: $(cat "$tmp/bench_pp2.out")"
   fi
+  # A mixture of experts on 2 ranks sharing its experts: each rank's model states without the
+  # other rank's 2 experts, and the rows the ranks sent each other.
+  moe=(model.name=mpt_causal_lm model.no_bias=true model.vocab_size=1024 model.ffn_config.ffn_type=mb_moe
+       model.ffn_config.moe_num_experts=4 model.ffn_config.moe_top_k=2 global_train_batch_size=4
+       device_train_microbatch_size=2)
+  "$anvil" bench train "${tiny[@]}" "${moe[@]}" --steps 2 --warmup 1 > "$tmp/bench_moe1.out" 2>&1
+  OMP_NUM_THREADS=1 mpirun_anvil 2 "$anvil" bench train "${tiny[@]}" "${moe[@]}" distributed.expert_parallel=2 \
+    --steps 2 --warmup 1 > "$tmp/bench_ep2.out" 2>&1
+  one=$(sed -n 's/.*"model_states_mib":\([0-9.]*\).*/\1/p' "$tmp/bench_moe1.out")
+  mine=$(sed -n 's/^  rank 1: .*model states \([0-9.]*\) MiB.*/\1/p' "$tmp/bench_ep2.out")
+  sent=$(sed -n 's/.*"all_to_all_mib":\([0-9.]*\).*/\1/p' "$tmp/bench_ep2.out")
+  if grep -q '^expert parallel 2 (all-to-all [0-9.]* MiB a step): 2 ranks share the model' "$tmp/bench_ep2.out" \
+      && grep -q '"expert_parallel":2' "$tmp/bench_ep2.out" \
+      && awk -v a="${mine:-0}" -v b="${one:-0}" -v s="${sent:-0}" 'BEGIN { exit !(a > 0 && a < 0.8 * b && s > 0) }'
+  then
+    pass "bench train, distributed.expert_parallel=2: model states ${mine} MiB a rank (one process ${one}), $(
+      )all-to-all ${sent} MiB a step"
+  else
+    fail "bench train with distributed.expert_parallel=2: $(cat "$tmp/bench_ep2.out") one process: $one"
+  fi
 else
-  skip "bench train with distributed.tensor_parallel=2 or pipeline_parallel=2 (no mpirun)"
+  skip "bench train with distributed.tensor_parallel=2, pipeline_parallel=2 or expert_parallel=2 (no mpirun)"
 fi
 
 # bench gemm: every product timed on both sides, in fp32 and bf16 (on each instruction set that

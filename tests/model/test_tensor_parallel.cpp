@@ -173,7 +173,7 @@ class TensorParallel : public ::testing::TestWithParam<std::tuple<ModelFamily, C
     ModelStorage storage = testing::storage_on(KernelImpl::kCpu);
     storage.activation_checkpointing = checkpointing;
     auto m = make_model(tensor_share_config(cfg_, ranks_, r), kBatch, kSeq, storage);
-    take_tensor_share(cfg_, ranks_, r, from.params(), m->params());
+    take_share(cfg_, m->config(), from.params(), m->params());
     m->set_compute_dtype(dtype_);
     m->zero_grad();
     m->set_dropout_position({42, 3, 5});
@@ -243,7 +243,7 @@ void TensorParallel::train_and_compare(bool checkpointing) {
     EXPECT_TRUE(same_bits(shares[r]->losses(), w->losses(), n)) << "rank " << r;
     // Each rank's gradients are its share of the whole model's, the replicated tensors' whole.
     std::vector<float> expected(shares[r]->num_params());
-    take_tensor_share(cfg_, ranks_, r, w->grads(), expected.data());
+    take_share(cfg_, shares[r]->config(), w->grads(), expected.data());
     for (const ParamTensor& t : shares[r]->tensors())
       EXPECT_TRUE(same_bits(shares[r]->grads() + t.offset, expected.data() + t.offset, t.numel))
           << "rank " << r << ": " << t.name;
@@ -279,40 +279,86 @@ INSTANTIATE_TEST_SUITE_P(
              (cut == Cut::kWide2 ? "" : cut == Cut::kStraddling2 ? "_straddling_2_ranks" : "_straddling_3_ranks");
     });
 
-// The shares cover the whole model: every rank's share put back rebuilds it.
-TEST(TensorShare, SharesPutBackAreTheWholeModel) {
+// The shares a model is cut into: tensor parallelism's of GPT-2 and Llama, expert parallelism's
+// of a mixture of experts (4 experts, a rank's 2).
+std::vector<std::pair<ModelConfig, std::vector<ModelConfig>>> models_and_shares() {
+  std::vector<std::pair<ModelConfig, std::vector<ModelConfig>>> out;
   for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
     const ModelConfig cfg = wide_model(f);
+    out.push_back({cfg, {}});
+    for (int r = 0; r < kRanks; r++) out.back().second.push_back(tensor_share_config(cfg, kRanks, r));
+  }
+  ModelConfig moe = testing::tiny_model(ModelFamily::kMpt, kSeq);
+  moe.moe.experts = 4;
+  moe.moe.top_k = 2;
+  out.push_back({moe, {}});
+  for (int r = 0; r < kRanks; r++) out.back().second.push_back(expert_share_config(moe, kRanks, r));
+  return out;
+}
+
+// The shares cover the whole model: every rank's share put back rebuilds it.
+TEST(TensorShare, SharesPutBackAreTheWholeModel) {
+  for (const auto& [cfg, shares] : models_and_shares()) {
     const size_t n = model_num_params(cfg);
     std::vector<float> whole(n), rebuilt(n, -1.0f);
     for (size_t i = 0; i < n; i++) whole[i] = static_cast<float>(i);
-    for (int r = 0; r < kRanks; r++) {
-      std::vector<float> share(model_num_params(tensor_share_config(cfg, kRanks, r)));
-      take_tensor_share(cfg, kRanks, r, whole.data(), share.data());
-      put_tensor_share(cfg, kRanks, r, share.data(), rebuilt.data());
+    for (const ModelConfig& s : shares) {
+      std::vector<float> share(model_num_params(s));
+      take_share(cfg, s, whole.data(), share.data());
+      put_share(cfg, s, share.data(), rebuilt.data());
       EXPECT_LT(share.size(), n);
+      // A range of the whole array alone: its values from the share where the share holds them.
+      const size_t lo = n / 3 + 5, hi = 2 * n / 3 + 11;
+      std::vector<float> part(hi - lo, -1.0f), want(hi - lo, -1.0f), only(n, -1.0f);
+      put_share(cfg, s, share.data(), only.data());
+      std::copy(only.begin() + static_cast<std::ptrdiff_t>(lo), only.begin() + static_cast<std::ptrdiff_t>(hi),
+                want.begin());
+      put_share_range(cfg, s, share.data(), lo, hi, part.data());
+      EXPECT_EQ(part, want);
     }
     EXPECT_EQ(rebuilt, whole);
   }
 }
 
+// An expert share holds its experts' weights alone, and every other tensor whole.
+TEST(TensorShare, ExpertShareHoldsItsExperts) {
+  ModelConfig cfg = testing::tiny_model(ModelFamily::kMpt, kSeq);
+  cfg.moe.experts = 4;
+  cfg.moe.top_k = 2;
+  const ModelConfig s = expert_share_config(cfg, 2, 1);
+  EXPECT_EQ(s.held_experts(), 2);
+  EXPECT_EQ(s.first_expert(), 2);
+  const std::vector<ParamTensor> whole = model_param_layout(cfg), share = model_param_layout(s);
+  std::vector<float> values(model_num_params(cfg)), mine(model_num_params(s));
+  for (size_t i = 0; i < values.size(); i++) values[i] = static_cast<float>(i);
+  take_share(cfg, s, values.data(), mine.data());
+  for (size_t k = 0; k < whole.size(); k++) {
+    const bool expert = whole[k].name.ends_with(".fcw") || whole[k].name.ends_with(".fcprojw");
+    EXPECT_EQ(share_cut(s, whole[k].name), expert) << whole[k].name;
+    EXPECT_EQ(share[k].numel, expert ? whole[k].numel / 2 : whole[k].numel) << whole[k].name;
+    // Experts 2 and 3: the second half of the whole tensor.
+    const size_t first = whole[k].offset + (expert ? whole[k].numel / 2 : 0);
+    EXPECT_EQ(mine[share[k].offset], values[first]) << whole[k].name;
+    EXPECT_EQ(mine[share[k].offset + share[k].numel - 1], values[first + share[k].numel - 1]) << whole[k].name;
+  }
+}
+
 // A share's initial values, formed alone, are its part of the whole model's.
 TEST(TensorShare, InitialValuesAreTheWholeModelsPart) {
-  for (ModelFamily f : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
-    const ModelConfig cfg = wide_model(f);
+  for (const auto& [cfg, shares] : models_and_shares()) {
     std::vector<float> whole(model_num_params(cfg));
     model_init_params(model_param_layout(cfg), 17, 0, whole.size(), whole.data());
-    for (int r = 0; r < kRanks; r++) {
-      const size_t n = model_num_params(tensor_share_config(cfg, kRanks, r));
+    for (const ModelConfig& s : shares) {
+      const size_t n = model_num_params(s);
       std::vector<float> want(n), got(n, -1.0f);
-      take_tensor_share(cfg, kRanks, r, whole.data(), want.data());
-      init_tensor_share(cfg, kRanks, r, 17, 0, n, got.data());
-      EXPECT_TRUE(same_bits(got.data(), want.data(), n)) << "rank " << r;
+      take_share(cfg, s, whole.data(), want.data());
+      init_share(cfg, s, 17, 0, n, got.data());
+      EXPECT_TRUE(same_bits(got.data(), want.data(), n)) << "rank " << s.tensor_rank << s.expert_rank;
       // A range of it alone (a ZeRO-3 shard's), cut inside tensors.
       const size_t lo = n / 3 + 5, hi = 2 * n / 3 + 11;
       std::vector<float> part(hi - lo, -1.0f);
-      init_tensor_share(cfg, kRanks, r, 17, lo, hi, part.data());
-      EXPECT_TRUE(same_bits(part.data(), want.data() + lo, hi - lo)) << "rank " << r;
+      init_share(cfg, s, 17, lo, hi, part.data());
+      EXPECT_TRUE(same_bits(part.data(), want.data() + lo, hi - lo)) << "rank " << s.tensor_rank << s.expert_rank;
     }
   }
 }

@@ -16,8 +16,8 @@
 # as 2 stages of 2 ranks (the Llama with activation checkpointing), and stopped at step 8 as 2
 # stages, resumed on 3 ranks without stages. Then tensor parallelism, on models whose ranks hold
 # whole k blocks and on ones whose blocks straddle ranks.
-# Last, an MPT whose MLPs are mixtures of experts, with and without expert parallelism, as 2
-# pipeline stages, and fine-tuned with LoRA.
+# Last, an MPT whose MLPs are mixtures of experts, with and without expert parallelism (each rank
+# holding its experts' weights alone), as 2 pipeline stages, and fine-tuned with LoRA.
 # Usage: test_bitwise_matrix.sh ANVIL_BIN SOURCE_DIR
 set -uo pipefail
 anvil="$1" src="$2"
@@ -204,6 +204,21 @@ for r in rows[2]:
     assert 0.8 * expected < r["moe_all_to_all_mib"] < 1.2 * expected, (r["moe_all_to_all_mib"], expected)
 assert "moe_all_to_all_mib" not in rows[0][0]
 print(f"  all-to-all: {rows[2][0]['moe_all_to_all_mib']:.2f} MiB at step 1 on 4 ranks of one expert each")
+PY
+# Each rank holds its experts alone: on 4 ranks of one expert each (ZeRO-1 over the one rank
+# holding the same expert), the parameters and both moments of 3 of the 4 experts of each of the 2
+# layers (fc 512x128 and fcproj 128x512 each) are not there; with 2 ranks of 2 experts under ZeRO-3,
+# half of them.
+/usr/bin/python3 - "$tmp/moe_w1_mb8_z0/metrics.jsonl" "$tmp/moe_w4_ep4_mb2_z1/metrics.jsonl" \
+  "$tmp/moe_w2_ep2_mb1_z3_ckpt/metrics.jsonl" <<'PY' || fail "moe: a rank under expert parallelism holds other experts"
+import json, sys
+mem = [next(r["memory_per_rank"] for r in map(json.loads, open(p)) if "memory_per_rank" in r) for p in sys.argv[1:]]
+expert = 2 * 4 * 2 * 512 * 128 * 4  # bytes of every expert's weights
+for m, held in ((mem[1], 1 / 4), (mem[2], 2 / 4)):
+    assert m["expert_parallel"] == round(1 / held), m
+    assert mem[0]["params"] - m["params"] == expert * (1 - held), (mem[0], m)
+    assert mem[0]["optimizer"] - m["optimizer"] == 2 * expert * (1 - held), (mem[0], m)
+print(f"  params per rank: {mem[0]['params']} bytes on 1 rank, {mem[1]['params']} with one expert of 4")
 PY
 # LoRA on the trained mixture of experts (all-linear: attention and router adapted, the experts
 # frozen): 1 rank, and 2 ranks sharing the experts under ZeRO-3, end with the same adapters.

@@ -79,7 +79,7 @@ std::vector<float> train_steps(int microbatch, int steps, bool deterministic = t
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
   if (forced_scale) dp.set_grad_scales(std::vector<int>(model.tensors().size(), forced_scale));
-  TrainStep step(c, model, dp, LrSchedule::constant());
+  TrainStep step(c, model, dp, dp.comm(), LrSchedule::constant());
   Batch b(c);
   for (int t = 0; t < steps; t++) step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, t);
   return std::vector<float>(model.params(), model.params() + model.num_params());
@@ -96,7 +96,7 @@ TEST(TrainStep, DoesNotAllocateOnceWarm) {
       model.init_weights(1);
       auto comm = make_communicator();
       DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-      TrainStep step(c, model, dp, LrSchedule::constant());
+      TrainStep step(c, model, dp, dp.comm(), LrSchedule::constant());
       Batch b(c);
       step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);  // warm-up
       const long before = g_allocations.load();
@@ -263,7 +263,7 @@ TEST(TrainStep, NonFiniteGradientIsAnError) {
   model.params()[model.tensors().back().offset] = std::numeric_limits<float>::quiet_NaN();  // lnfb[0]
   auto comm = make_communicator();
   DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-  TrainStep step(c, model, dp, LrSchedule::constant());
+  TrainStep step(c, model, dp, dp.comm(), LrSchedule::constant());
   Batch b(c);
   try {
     step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
@@ -309,7 +309,7 @@ TEST(TrainStep, Fp16LossScalerSkipsOverflowsAndRecovers) {
     const std::vector<float> initial(model.params(), model.params() + model.num_params());
     auto comm = make_communicator();
     DataParallel dp(*comm, model, c.optimizer, data_parallel_options(c));
-    TrainStep step(c, model, dp, LrSchedule::constant());
+    TrainStep step(c, model, dp, dp.comm(), LrSchedule::constant());
     Batch b(c);
     StepResult r = step.run(b.tokens.data(), b.targets.data(), 4, c.max_seq_len, 0);
     EXPECT_TRUE(r.skipped);

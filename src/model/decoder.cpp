@@ -927,11 +927,6 @@ int Decoder::vocab_owner(int32_t token) const {
   return static_cast<int>(std::upper_bound(b.begin(), b.end(), token) - b.begin()) - 1;
 }
 
-void Decoder::share_by_rank(std::vector<float>& buffer, size_t n, int root) {
-  buffer.resize(n);
-  tensor_exchange_->broadcast(buffer.data(), n, root);
-}
-
 void Decoder::vocab_parallel_embedding(float* out, const float* wte, const float* wpe) {
   TensorExchange& x = *tensor_exchange_;
   const int B = B_, T = T_, C = cfg_.d_model, N = B * T, R = x.ranks(), me = x.rank();
@@ -945,22 +940,27 @@ void Decoder::vocab_parallel_embedding(float* out, const float* wte, const float
   op_copy_from_host(kernels(), compact_tokens_op_.data(), vocab_.columns.data(),
                     static_cast<size_t>(N) * sizeof(int32_t));
   encoder_forward(kernels(), out, compact_tokens_op_.data(), positions_op(0), wte, wpe, B, T, C);
+  // Each rank's rows of its tokens, in token order, gathered from every rank in rank order.
   const size_t row = static_cast<size_t>(C);
-  for (int root = 0; root < R; root++) {
-    std::vector<int>& rows = vocab_.rows;
-    rows.clear();
+  std::vector<int>& rows = vocab_.rows;
+  std::vector<size_t>& counts = vocab_.counts;
+  rows.clear();
+  counts.assign(R, 0);
+  for (int root = 0; root < R; root++)
     for (int i = 0; i < N; i++)
-      if (vocab_owner(tokens_[i]) == root) rows.push_back(i);
-    std::vector<float>& buffer = vocab_.buffer;
-    buffer.resize(rows.size() * row);
-    if (root == me)
-      for (size_t k = 0; k < rows.size(); k++)
-        std::copy_n(out + rows[k] * row, row, buffer.begin() + static_cast<std::ptrdiff_t>(k * row));
-    share_by_rank(buffer, rows.size() * row, root);
-    if (root != me)
-      for (size_t k = 0; k < rows.size(); k++)
-        std::copy_n(buffer.begin() + static_cast<std::ptrdiff_t>(k * row), row, out + rows[k] * row);
-  }
+      if (vocab_owner(tokens_[i]) == root) {
+        rows.push_back(i);
+        counts[root] += row;
+      }
+  std::vector<float>& buffer = vocab_.buffer;
+  buffer.resize(rows.size() * row);
+  size_t first = 0;  // this rank's first row in rows
+  for (int r = 0; r < me; r++) first += counts[r] / row;
+  for (size_t k = first; k < first + counts[me] / row; k++)
+    std::copy_n(out + rows[k] * row, row, buffer.begin() + static_cast<std::ptrdiff_t>(k * row));
+  x.all_gather(buffer.data(), counts);
+  for (size_t k = 0; k < rows.size(); k++)
+    std::copy_n(buffer.begin() + static_cast<std::ptrdiff_t>(k * row), row, out + rows[k] * row);
 }
 
 void Decoder::vocab_parallel_crossentropy(const int32_t* targets_op, float* losses, float* lse, float dloss) {
@@ -970,29 +970,37 @@ void Decoder::vocab_parallel_crossentropy(const int32_t* targets_op, float* loss
   VocabShare& v = vocab_;
   const size_t rows = static_cast<size_t>(T);
   // The rows' maxima and target logits: the elementwise maximum of every rank's.
-  v.mine.resize(2 * rows);
-  crossentropy_slice_max(kernels(), v.mine.data(), v.mine.data() + rows, acts_.logits, targets_op, T, V, dtype());
-  v.max.assign(2 * rows, -INFINITY);
-  for (int root = 0; root < R; root++) {
-    if (root == me) v.buffer = v.mine;
-    share_by_rank(v.buffer, 2 * rows, root);
-    for (size_t i = 0; i < 2 * rows; i++) v.max[i] = std::max(v.max[i], v.buffer[i]);
-  }
+  const size_t pair = 2 * rows;
+  v.buffer.resize(R * pair);
+  crossentropy_slice_max(kernels(), v.buffer.data() + me * pair, v.buffer.data() + me * pair + rows, acts_.logits,
+                         targets_op, T, V, dtype());
+  v.counts.assign(R, pair);
+  x.all_gather(v.buffer.data(), v.counts);
+  v.max.assign(pair, -INFINITY);
+  for (int r = 0; r < R; r++)
+    for (size_t i = 0; i < pair; i++) v.max[i] = std::max(v.max[i], v.buffer[r * pair + i]);
   // The block sums (the exps kept over the logits in training), every rank's in vocabulary order.
   const bool training = lse == nullptr;
-  const int mine = (V + block - 1) / block;
-  v.mine.resize(rows * mine);
-  crossentropy_slice_sums(kernels(), v.mine.data(), training ? acts_.logits : nullptr, acts_.logits, v.max.data(), T,
-                          V, dtype());
+  size_t at = 0, mine_at = 0;
+  for (int r = 0; r < R; r++) {
+    const VocabSlice slice = tensor_vocab_slice(cfg_.whole_vocab(), R, r);
+    v.counts[r] = rows * ((slice.size + block - 1) / block);
+    if (r == me) mine_at = at;
+    at += v.counts[r];
+  }
+  v.buffer.resize(at);
+  crossentropy_slice_sums(kernels(), v.buffer.data() + mine_at, training ? acts_.logits : nullptr, acts_.logits,
+                          v.max.data(), T, V, dtype());
+  x.all_gather(v.buffer.data(), v.counts);
   v.sums.resize(rows * NB);
-  for (int root = 0; root < R; root++) {
-    const VocabSlice slice = tensor_vocab_slice(cfg_.whole_vocab(), R, root);
+  at = 0;
+  for (int r = 0; r < R; r++) {
+    const VocabSlice slice = tensor_vocab_slice(cfg_.whole_vocab(), R, r);
     const int n = (slice.size + block - 1) / block, k0 = slice.first / block;
-    if (root == me) v.buffer = v.mine;
-    share_by_rank(v.buffer, rows * n, root);
     for (size_t t = 0; t < rows; t++)
-      std::copy_n(v.buffer.begin() + static_cast<std::ptrdiff_t>(t * n), n,
+      std::copy_n(v.buffer.begin() + static_cast<std::ptrdiff_t>(at + t * n), n,
                   v.sums.begin() + static_cast<std::ptrdiff_t>(t * NB + k0));
+    at += v.counts[r];
   }
   crossentropy_slice_finish(kernels(), losses, lse, training ? acts_.logits : nullptr, v.sums.data(), NB, v.max.data(),
                             v.max.data() + rows, targets_op, dloss, T, V, dtype());

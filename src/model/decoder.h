@@ -250,8 +250,6 @@ class Decoder final : public Model {
   // chain in vocabulary order, as chained_input_grad's.
   void chained_head_input_grad(const float* emb, float* dinp, int b);
   int vocab_owner(int32_t token) const;
-  // Rank root's n floats of buffer, to every rank's (resized to n).
-  void share_by_rank(std::vector<float>& buffer, size_t n, int root);
   // The base's unit: through UnitAccess, or the frozen copy under LoRA (a block held in bf16
   // widened into base_block_).
   bool frozen() const { return cfg_.has_lora(); }
@@ -535,7 +533,8 @@ class Decoder final : public Model {
   struct VocabShare {
     std::vector<int> bounds, rows;
     std::vector<int32_t> columns;
-    std::vector<float> mine, max, sums, buffer;
+    std::vector<size_t> counts;  // of an all-gather over the ranks
+    std::vector<float> max, sums, buffer;
   } vocab_;
   int B_ = 0, T_ = 0;
   bool training_ = false;  // inside forward_backward: dropout applies

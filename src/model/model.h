@@ -153,6 +153,9 @@ class TensorExchange {
   virtual void wait_sends() = 0;
   // Rank root's n floats at data, to every rank's data.
   virtual void broadcast(float* data, size_t n, int root) = 0;
+  // Every rank's segment of data (counts[r] floats for rank r, the segments in rank order; this
+  // rank's filled in) to every rank.
+  virtual void all_gather(float* data, const std::vector<size_t>& counts) = 0;
 };
 
 // Which full arrays the model allocates for itself, and how it works. A sharded run leaves out

@@ -31,6 +31,10 @@ void TensorGroup::broadcast(float* data, size_t n, int root) {
   anvil::broadcast(*comm_, data, n * sizeof(float), root);
 }
 
+void TensorGroup::all_gather(float* data, const std::vector<size_t>& counts) {
+  anvil::all_gather(*comm_, data, counts);
+}
+
 TensorGroups make_tensor_groups(Communicator& world, const ModelConfig& cfg, int ranks) {
   const int W = world.size(), N = ranks;
   ANVIL_CHECK(N >= 1 && W % N == 0, "distributed.tensor_parallel {} does not divide the {} ranks: each copy of the "

@@ -30,6 +30,7 @@ class TensorGroup final : public TensorExchange {
   void receive(int from, float* data, size_t n) override;
   void wait_sends() override;
   void broadcast(float* data, size_t n, int root) override;
+  void all_gather(float* data, const std::vector<size_t>& counts) override;
   Communicator& comm() { return *comm_; }
 
  private:

@@ -143,6 +143,14 @@ class ThreadExchange : public TensorExchange {
     for (int r = 0; r < n_; r++)
       if (r != root) all_.push(rank_, r, data, n);
   }
+  void all_gather(float* data, const std::vector<size_t>& counts) override {
+    ASSERT_EQ(counts.size(), static_cast<size_t>(n_));
+    size_t at = 0;
+    for (int r = 0; r < n_; r++) {
+      broadcast(data + at, counts[r], r);
+      at += counts[r];
+    }
+  }
 
  private:
   ThreadRanks& all_;

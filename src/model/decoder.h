@@ -102,7 +102,7 @@ class Decoder final : public Model {
   // One block's tensors inside its unit, in layout order; null where the architecture has none
   // (norm biases, product biases, the QK norms, the router and its absent bias). The norms come
   // before the products they feed, so that a block is its first norms, then qkv and attproj, ln2,
-  // then the router under MoE, fc and fcproj (under MoE every expert's, one after another).
+  // then the router under MoE, fc and fcproj (under MoE every held expert's, one after another).
   struct Block {
     float *ln1w, *ln1b, *qlnw, *qlnb, *klnw, *klnb, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *routerw,
         *routerb, *fcw, *fcb, *fcprojw, *fcprojb;

@@ -220,7 +220,7 @@ void Decoder::moe_backward(int l, const BlockActs& x, const Block& p, const floa
 }
 
 std::vector<int32_t> Decoder::received_runs(const ExpertRows& o, int j) const {
-  const int R = expert_exchange_->ranks(), El = cfg_.moe.experts / R;
+  const int R = expert_exchange_->ranks(), El = cfg_.held_experts();
   const size_t stride = 1 + static_cast<size_t>(El) * max_batch_;
   std::vector<int32_t> bounds{o.start[static_cast<size_t>(j) * R]};
   for (int q = 0; q < R; q++) {
@@ -232,7 +232,7 @@ std::vector<int32_t> Decoder::received_runs(const ExpertRows& o, int j) const {
 }
 
 void Decoder::exchange_expert_rows(int l, float* local, float* remote, int width, bool to_experts, const char* what) {
-  const int R = expert_exchange_->ranks(), El = cfg_.moe.experts / R, B = B_;
+  const int R = expert_exchange_->ranks(), El = cfg_.held_experts(), B = B_;
   const MoeHostRoutes& h = moe_host_[layer_slot(l)];
   const ExpertRows& o = expert_rows_[layer_slot(l)];
   const size_t row = static_cast<size_t>(width) * sizeof(float);

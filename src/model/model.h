@@ -239,8 +239,9 @@ class Model {
   KernelImpl kernels() const { return storage_.kernels; }
   // Replaces how units are reached (nullptr: the model's own arrays). Not owned.
   void set_unit_access(UnitAccess* access);
-  // Expert parallelism over exchange's ranks (not owned; null: this model runs every expert):
-  // a mixture of experts whose experts divide among the ranks, on host memory (kernels cpu/ref).
+  // Expert parallelism over exchange's ranks (not owned; null: this model runs every expert): the
+  // model is the exchange's rank's share of a mixture of experts (expert_share_config over as many
+  // ranks), on host memory (kernels cpu/ref).
   void set_expert_exchange(ExpertExchange* exchange);
   // Whether passes exchange rows with other ranks, and so must run in lockstep with theirs.
   bool expert_parallel() const { return expert_exchange_ != nullptr; }

@@ -34,7 +34,8 @@
 // (DataParallelContext). A model split into pipeline stages gives each stage its data-parallel
 // group and its own part of the parameters, and these parts work the same on it
 // (DataParallelOptions::pipeline); so does a rank's share of a tensor-parallel model
-// (DataParallelOptions::tensor).
+// (DataParallelOptions::tensor), and of a mixture of experts' experts
+// (DataParallelOptions::experts).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -103,6 +104,8 @@ class DataParallel : public UnitAccess {
   DataParallel(Communicator& comm, Model& model, const OptimizerConfig& optimizer, DataParallelOptions options);
   ~DataParallel() override;
 
+  // The group it reduces and shards over: the data-parallel ranks, or under expert parallelism
+  // those of them holding the same experts (not then the ranks that split the batch).
   Communicator& comm() { return comm_; }
   std::string collectives_description() const { return collectives_.description(); }
   const GpuSharing& gpu_sharing() const { return collectives_.sharing(); }

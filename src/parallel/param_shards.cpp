@@ -37,8 +37,8 @@ void ParamShards::mark_stale() {
 namespace {
 
 // The initial values of [lo, hi) of the model's parameters. Each is a function of the seed, its
-// tensor and its place in the whole model's tensor, so a pipeline stage or a tensor-parallel share
-// forms its part of one process's values alone.
+// tensor and its place in the whole model's tensor, so a pipeline stage or a share (tensor or
+// expert parallelism's) forms its part of one process's values alone.
 void init_params_range(const DataParallelContext& ctx, uint64_t seed, size_t lo, size_t hi, float* out) {
   const ModelConfig* whole = ctx.options.whole_model();
   if (!whole) {

@@ -99,7 +99,7 @@ BenchTrainResult bench_train(const TrainConfig& config, int warmup_steps, int st
   r.tensor_parallel = sharing;
   r.pipeline_parallel = stages;
   r.expert_parallel = expert_ranks;
-  r.bubble = pipeline_bubble(stages, (GB + r.microbatch - 1) / r.microbatch);
+  r.bubble = pipeline_bubble(stages, (local_batch + r.microbatch - 1) / r.microbatch);
   if (comm->rank() == 0)
     log_info("bench train: {}; seq {}, batch {} (microbatch {}), {:.2f}M parameters{}; {}; {} kernels, {}{}",
              model_architecture_summary(cfg.model), T, GB, cfg.device_train_microbatch_size,

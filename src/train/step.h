@@ -42,8 +42,8 @@ struct StepResult {
 class TrainStep {
  public:
   // Also sets the model's compute dtype from cfg.precision. batch: the data-parallel ranks, each
-  // taking its block of the global batch (dp's group, or under expert parallelism the job's,
-  // whose ranks hold different experts). pipeline: when the model is a pipeline stage, the
+  // taking its block of the global batch (dp's group, but under expert parallelism the ranks of
+  // every expert group, which hold different experts: the job's, or a pipeline stage's). pipeline: when the model is a pipeline stage, the
   // schedule that runs the step's microbatches through the stages.
   TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, Communicator& batch, const LrSchedule& schedule,
             PipelineSchedule* pipeline = nullptr);

@@ -164,8 +164,9 @@ echo "tensor parallelism: weights sha256 $("$anvil" inspect "$tmp/tp_w1_mb8_z0" 
 # skip choices; residual dropout): 1 rank; 2 ranks sharing the experts (expert parallelism) under
 # ZeRO-3 with activation checkpointing; 4 ranks running an expert each; 3 ranks; 2 pipeline
 # stages of 2 ranks (each stage's blocks report their balancing loss and skips), with and without
-# the stage's 2 ranks sharing the experts; and 2 ranks sharing the experts stopped at step 8 and
-# resumed on 4 as two groups of 2.
+# the stage's 2 ranks sharing the experts; 4 ranks as two groups of 2 sharing the experts (each
+# expert held by 2 ranks) under ZeRO-1, 2 and 3; and 2 ranks sharing the experts stopped at step 8
+# and resumed on 4 as two groups of 2.
 moe=(model.name=mpt_causal_lm model.n_layers=2 model.d_model=128 model.no_bias=true model.attn_config.alibi=true
      model.ffn_config.ffn_type=mb_moe model.ffn_config.moe_num_experts=4 model.ffn_config.moe_top_k=2
      model.ffn_config.moe_capacity_factor=1.0 model.resid_pdrop=0.1)
@@ -175,6 +176,9 @@ train moe_w4_ep4_mb2_z1 4 2 1 "${moe[@]}" distributed.expert_parallel=4
 train moe_w3_mb4_z2 3 4 2 "${moe[@]}"
 train moe_w4_pp2_mb2_z1 4 2 1 "${moe[@]}" distributed.pipeline_parallel=2
 train moe_w4_pp2_ep2_mb1_z1 4 1 1 "${moe[@]}" distributed.pipeline_parallel=2 distributed.expert_parallel=2
+train moe_w4_ep2_mb2_z1 4 2 1 "${moe[@]}" distributed.expert_parallel=2
+train moe_w4_ep2_mb1_z2 4 1 2 "${moe[@]}" distributed.expert_parallel=2
+train moe_w4_ep2_mb2_z3 4 2 3 "${moe[@]}" distributed.expert_parallel=2
 train moe_w2_then_w4 2 2 1 "${moe[@]}" distributed.expert_parallel=2 max_duration=8ba scheduler.t_max=20ba
 train moe_w2_then_w4 4 1 0 "${moe[@]}" distributed.expert_parallel=2 scheduler.t_max=20ba autoresume=true
 grep -q "resumed from .*step-00000008" "$tmp/moe_w2_then_w4.out" \
@@ -183,7 +187,7 @@ grep -q "expert parallelism: 4 ranks share the experts, 1 each" "$tmp/moe_w4_ep4
   || fail "moe: the run log does not say how the experts are shared"
 /usr/bin/python3 "$here/compare_runs.py" 0 "$tmp/moe_w1_mb8_z0" "$tmp/moe_w2_ep2_mb1_z3_ckpt" \
   "$tmp/moe_w4_ep4_mb2_z1" "$tmp/moe_w3_mb4_z2" "$tmp/moe_w4_pp2_mb2_z1" "$tmp/moe_w4_pp2_ep2_mb1_z1" \
-  "$tmp/moe_w2_then_w4" \
+  "$tmp/moe_w4_ep2_mb2_z1" "$tmp/moe_w4_ep2_mb1_z2" "$tmp/moe_w4_ep2_mb2_z3" "$tmp/moe_w2_then_w4" \
   || fail "moe: the runs do not all end with the same bits"
 # Every step logs the balancing loss (near loss_weight 0.1, its value when balanced) and the
 # share of choices skipped, the same in every layout, and under expert parallelism the MiB the

@@ -43,8 +43,9 @@ class TrainStep {
  public:
   // Also sets the model's compute dtype from cfg.precision. batch: the data-parallel ranks, each
   // taking its block of the global batch (dp's group, but under expert parallelism the ranks of
-  // every expert group, which hold different experts: the job's, or a pipeline stage's). pipeline: when the model is a pipeline stage, the
-  // schedule that runs the step's microbatches through the stages.
+  // every expert group, which hold different experts: the job's, or a pipeline stage's).
+  // pipeline: when the model is a pipeline stage, the schedule that runs the step's microbatches
+  // through the stages.
   TrainStep(const TrainConfig& cfg, Model& model, DataParallel& dp, Communicator& batch, const LrSchedule& schedule,
             PipelineSchedule* pipeline = nullptr);
   // tokens, targets: (batch, seq_len), this rank's block of the global batch; positions, when its

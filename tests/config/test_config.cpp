@@ -815,6 +815,8 @@ TEST_F(FamilyConfigTest, MptMixtureOfExperts) {
                                                                   "experts"), std::string::npos);
   EXPECT_NE(error_of(run, {"distributed.expert_parallel=2", "kernels=gpu"}).find("runs on the CPU"), std::string::npos);
   EXPECT_NE(error_of(run, {"distributed.expert_parallel=0"}).find("expert_parallel"), std::string::npos);
+  EXPECT_NE(error_of(run, {"distributed.expert_parallel=2", "deterministic_mode=false"})
+                .find("distributed.expert_parallel needs deterministic_mode: true"), std::string::npos);
   // Pipeline stages run the experts, shared among a stage's ranks or not.
   EXPECT_EQ(load_train_config(write(run), {"distributed.pipeline_parallel=2"}).distributed.pipeline_parallel, 2);
   EXPECT_EQ(load_train_config(write(run), {"distributed.pipeline_parallel=2", "distributed.expert_parallel=2"})
